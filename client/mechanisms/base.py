@@ -1,0 +1,151 @@
+"""The mechanism contract shared by the device, the collector and the aggregator.
+
+A mechanism is one immutable object built from validated parameters taken from a
+signed policy. It holds, side by side and written once:
+
+* the randomizer (`perturb`, device side; `perturb_batch`, simulation side),
+* its privacy cost (`epsilon`, exact decimal, what the ledger charges per report),
+* the output-domain check the collector runs on every report (`check_output`),
+* the additive sufficient statistic (`new_statistic`, `accumulate`),
+* the unbiased estimator and its exact variance (`estimate`).
+
+The aggregator never re-derives a mechanism's probabilities: it calls these.
+
+Randomness is an argument. Device code passes nothing and gets the OS CSPRNG
+(`secrets.SystemRandom`); tests and simulations pass a seeded `random.Random`
+(single values) or `numpy.random.Generator` (batches). The single-value paths must
+import and run without numpy.
+"""
+
+from __future__ import annotations
+
+import random
+import secrets
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from decimal import Decimal
+from typing import TYPE_CHECKING, ClassVar, Generic, TypeVar, Union
+
+if TYPE_CHECKING:  # numpy is only needed on batch / estimation paths
+    import numpy as np
+    import numpy.typing as npt
+
+
+# --- Outputs: what a randomizer emits; exactly the payload kinds of the wire contract ---
+
+
+@dataclass(frozen=True, slots=True)
+class CategoryOutput:
+    """An index in the mechanism's output range (wire: CategoryPayload)."""
+
+    index: int
+
+
+@dataclass(frozen=True, slots=True)
+class BitVectorOutput:
+    """`length` bits packed little-endian in each byte (wire: BitVectorPayload)."""
+
+    bits: bytes
+    length: int
+
+
+@dataclass(frozen=True, slots=True)
+class HashedOutput:
+    """A hash seed and a perturbed hash value (wire: HashedPayload)."""
+
+    seed: int
+    value: int
+
+
+@dataclass(frozen=True, slots=True)
+class NumericOutput:
+    """A perturbed real number (wire: NumericPayload)."""
+
+    value: float
+
+
+@dataclass(frozen=True, slots=True)
+class IndexBitOutput:
+    """An index and one bit (wire: IndexBitPayload), e.g. Hadamard response."""
+
+    index: int
+    bit: bool
+
+
+Output = Union[CategoryOutput, BitVectorOutput, HashedOutput, NumericOutput, IndexBitOutput]
+
+
+class OutputDomainError(ValueError):
+    """A report's payload is not a possible output of the mechanism.
+
+    `reason` is the name of a `fedldp.v1.RejectReason` value without its prefix
+    (e.g. "OUT_OF_DOMAIN", "WRONG_LENGTH", "WRONG_PAYLOAD_TYPE", "NON_FINITE").
+    The message never contains the payload itself.
+    """
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+def system_random() -> random.Random:
+    """The device's randomness: the OS CSPRNG behind the `random.Random` API."""
+    return secrets.SystemRandom()
+
+
+StatT = TypeVar("StatT")
+ValueT = TypeVar("ValueT")
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """An unbiased estimate and its exact variance, per output coordinate.
+
+    For a frequency oracle: `values[v]` estimates the fraction of users holding v
+    and `variances[v]` is the exact variance of that estimate (including the
+    frequency-dependent term, evaluated at the estimate unless the caller supplies
+    the truth). For a numeric mechanism: one coordinate, the mean.
+    """
+
+    n: int
+    values: npt.NDArray[np.float64]
+    variances: npt.NDArray[np.float64]
+
+
+class Mechanism(ABC, Generic[ValueT, StatT]):
+    """Base of every registered mechanism. Subclasses are frozen after __init__."""
+
+    #: Stable wire id; the registry key, the policy's MechanismSpec.id, ledger rows.
+    wire_id: ClassVar[str]
+
+    def __init__(self, epsilon: Decimal) -> None:
+        if not isinstance(epsilon, Decimal):
+            raise TypeError("epsilon must be a decimal.Decimal (exact), not a float")
+        if not epsilon.is_finite() or epsilon <= 0:
+            raise ValueError(f"epsilon must be finite and positive, got {epsilon}")
+        self._epsilon = epsilon
+
+    @property
+    def epsilon(self) -> Decimal:
+        """The privacy cost of one report, exact; what the ledger charges."""
+        return self._epsilon
+
+    @abstractmethod
+    def perturb(self, value: ValueT, *, rng: random.Random | None = None) -> Output:
+        """Randomize one true value. `rng=None` means the OS CSPRNG."""
+
+    @abstractmethod
+    def check_output(self, output: Output) -> None:
+        """Raise OutputDomainError unless `output` is a possible output."""
+
+    @abstractmethod
+    def new_statistic(self) -> StatT:
+        """An empty additive sufficient statistic."""
+
+    @abstractmethod
+    def accumulate(self, statistic: StatT, output: Output) -> None:
+        """Add one checked report to `statistic` in place."""
+
+    @abstractmethod
+    def estimate(self, statistic: StatT) -> Estimate:
+        """The unbiased estimate and its exact variance from a statistic."""
