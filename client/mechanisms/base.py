@@ -19,6 +19,8 @@ import and run without numpy.
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import random
 import secrets
 from abc import ABC, abstractmethod
@@ -149,3 +151,23 @@ class Mechanism(ABC, Generic[ValueT, StatT]):
     @abstractmethod
     def estimate(self, statistic: StatT) -> Estimate:
         """The unbiased estimate and its exact variance from a statistic."""
+
+    def merge_statistics(self, into: StatT, other: StatT) -> None:
+        """Add partial statistic `other` into `into` (statistics are additive)."""
+        into.merge(other)  # type: ignore[attr-defined]
+
+    def statistic_to_json(self, statistic: StatT) -> str:
+        """Serialize a statistic for storage (the collector's statistics table).
+
+        The default covers dataclass statistics whose fields are JSON values
+        (ints, lists of ints, decimal strings). Exact: no float rounding may enter
+        anything that is merged; a mechanism with other fields overrides this.
+        """
+        return json.dumps(dataclasses.asdict(statistic), separators=(",", ":"))  # type: ignore[call-overload]
+
+    def statistic_from_json(self, text: str) -> StatT:
+        """Inverse of `statistic_to_json`."""
+        statistic = self.new_statistic()
+        for name, value in json.loads(text).items():
+            setattr(statistic, name, value)
+        return statistic
