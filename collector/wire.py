@@ -1,0 +1,97 @@
+"""Conversion between the wire's `Report` and mechanism outputs, and report digests.
+
+`output_from_report` is the one decoder of the `payload` oneof (it lives in
+`fedldp.client.wire` so the SDK needs no server code; it is re-exported here).
+`payload_fields` gives the keyword arguments that build a `Report` with a
+payload, e.g. ``collector_pb2.Report(report_id=..., **payload_fields(output))``.
+`content_digest` is the canonical digest the ledger uses for idempotency: two
+reports with the same id and the same digest are the same report.
+
+Compatibility rule (stored in the ledger): the digest encoding below never
+changes meaning; a new payload kind gets a new tag byte.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+from typing import Any
+
+from fedldp.client.mechanisms.base import (
+    BitVectorOutput,
+    CategoryOutput,
+    HashedOutput,
+    IndexBitOutput,
+    NumericOutput,
+    Output,
+)
+from fedldp.client.wire import REPORT_ID_BYTES, fill_payload, output_from_report
+from fedldp.v1 import collector_pb2
+
+__all__ = [
+    "REPORT_ID_BYTES",
+    "content_digest",
+    "fill_payload",
+    "output_from_report",
+    "payload_fields",
+]
+
+_DIGEST_DOMAIN = b"fedldp.report.v1\x00"
+
+
+def payload_fields(output: Output) -> dict[str, Any]:
+    """Keyword arguments setting a `Report`'s payload oneof to `output`."""
+    if isinstance(output, CategoryOutput):
+        return {"category": collector_pb2.CategoryPayload(index=output.index)}
+    if isinstance(output, BitVectorOutput):
+        return {"bits": collector_pb2.BitVectorPayload(bits=output.bits, length=output.length)}
+    if isinstance(output, HashedOutput):
+        return {"hashed": collector_pb2.HashedPayload(seed=output.seed, value=output.value)}
+    if isinstance(output, NumericOutput):
+        return {"numeric": collector_pb2.NumericPayload(value=output.value)}
+    if isinstance(output, IndexBitOutput):
+        return {"index_bit": collector_pb2.IndexBitPayload(index=output.index, bit=output.bit)}
+    raise TypeError(f"unknown output type {type(output).__name__}")
+
+
+def _output_encoding(output: Output) -> bytes:
+    if isinstance(output, CategoryOutput):
+        return b"C" + struct.pack("<Q", output.index)
+    if isinstance(output, BitVectorOutput):
+        return b"B" + struct.pack("<Q", output.length) + output.bits
+    if isinstance(output, HashedOutput):
+        return b"H" + struct.pack("<QQ", output.seed, output.value)
+    if isinstance(output, NumericOutput):
+        return b"N" + struct.pack("<d", output.value)
+    if isinstance(output, IndexBitOutput):
+        return b"I" + struct.pack("<Q?", output.index, output.bit)
+    raise TypeError(f"unknown output type {type(output).__name__}")
+
+
+def content_digest(
+    *, policy_id: str, policy_version: int, policy_digest: bytes, coarse_time: int, output: Output
+) -> bytes:
+    """SHA-256 over a canonical, length-prefixed encoding of a report's content.
+
+    Everything but the report id: the policy (id, version, digest), the coarse
+    time and the payload. Independent of protobuf serialization details.
+    """
+    pid = policy_id.encode("utf-8")
+    h = hashlib.sha256(_DIGEST_DOMAIN)
+    h.update(struct.pack("<I", len(pid)) + pid)
+    h.update(struct.pack("<Q", policy_version))
+    h.update(struct.pack("<I", len(policy_digest)) + policy_digest)
+    h.update(struct.pack("<q", coarse_time))
+    h.update(_output_encoding(output))
+    return h.digest()
+
+
+def report_digest(report: collector_pb2.Report, output: Output) -> bytes:
+    """`content_digest` of a wire report whose payload decoded to `output`."""
+    return content_digest(
+        policy_id=report.policy_id,
+        policy_version=report.policy_version,
+        policy_digest=report.policy_digest,
+        coarse_time=report.coarse_time,
+        output=output,
+    )
