@@ -1,0 +1,44 @@
+# The two quickstart commands: `make demo` and `make test`. Each creates .venv and
+# installs what it needs (pinned through constraints.txt), so a fresh machine with
+# Python 3.10+ needs nothing else prepared.
+
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+PIP := $(BIN)/python -m pip install --quiet --disable-pip-version-check -c constraints.txt
+DEPS := pyproject.toml setup.py constraints.txt
+
+.PHONY: demo test lint proto bench-quick clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check --upgrade pip
+
+# The demo needs the collector and aggregator roles.
+$(VENV)/.demo-installed: $(BIN)/python $(DEPS)
+	$(PIP) -e '.[aggregator]'
+	touch $@
+
+# Tests need every role (training included) and the dev tools.
+$(VENV)/.test-installed: $(BIN)/python $(DEPS)
+	$(PIP) -e '.[all]'
+	touch $@ $(VENV)/.demo-installed
+
+demo: $(VENV)/.demo-installed
+	$(BIN)/fedldp demo $(ARGS)
+
+test: $(VENV)/.test-installed
+	$(BIN)/python -m pytest $(ARGS)
+
+lint: $(VENV)/.test-installed
+	$(BIN)/ruff check .
+	$(BIN)/mypy fedldp client collector aggregator bench scripts
+
+proto: $(VENV)/.test-installed
+	$(BIN)/python scripts/gen_proto.py
+
+bench-quick: $(VENV)/.test-installed
+	for b in mechanisms collector sdk aggregator training; do $(BIN)/python -m bench.$$b --quick || exit 1; done
+
+clean:
+	rm -rf $(VENV) build *.egg-info fedldp-demo
