@@ -14,6 +14,7 @@ changes meaning; a new payload kind gets a new tag byte.
 from __future__ import annotations
 
 import hashlib
+import json
 import struct
 from typing import Any
 
@@ -32,7 +33,9 @@ __all__ = [
     "REPORT_ID_BYTES",
     "content_digest",
     "fill_payload",
+    "output_from_json",
     "output_from_report",
+    "output_to_json",
     "payload_fields",
 ]
 
@@ -95,3 +98,41 @@ def report_digest(report: collector_pb2.Report, output: Output) -> bytes:
         coarse_time=report.coarse_time,
         output=output,
     )
+
+
+def output_to_json(output: Output) -> str:
+    """The stored form of a randomized output (the ledger's `reports.payload`).
+
+    Exact: integers as JSON integers, bits as hex, a numeric value as the shortest
+    repr that round-trips the double.
+    """
+    if isinstance(output, CategoryOutput):
+        obj: dict[str, Any] = {"k": "category", "index": output.index}
+    elif isinstance(output, BitVectorOutput):
+        obj = {"k": "bits", "bits": output.bits.hex(), "length": output.length}
+    elif isinstance(output, HashedOutput):
+        obj = {"k": "hashed", "seed": output.seed, "value": output.value}
+    elif isinstance(output, NumericOutput):
+        obj = {"k": "numeric", "value": output.value}
+    elif isinstance(output, IndexBitOutput):
+        obj = {"k": "index_bit", "index": output.index, "bit": output.bit}
+    else:
+        raise TypeError(f"unknown output type {type(output).__name__}")
+    return json.dumps(obj, separators=(",", ":"))
+
+
+def output_from_json(text: str) -> Output:
+    """Inverse of `output_to_json`."""
+    obj = json.loads(text)
+    kind = obj["k"]
+    if kind == "category":
+        return CategoryOutput(int(obj["index"]))
+    if kind == "bits":
+        return BitVectorOutput(bytes.fromhex(obj["bits"]), int(obj["length"]))
+    if kind == "hashed":
+        return HashedOutput(int(obj["seed"]), int(obj["value"]))
+    if kind == "numeric":
+        return NumericOutput(float(obj["value"]))
+    if kind == "index_bit":
+        return IndexBitOutput(int(obj["index"]), bool(obj["bit"]))
+    raise ValueError(f"unknown stored payload kind {kind!r}")

@@ -1,0 +1,114 @@
+"""The ledger's tables (SQLAlchemy Core), the single source for queries.
+
+Compatibility rules (this is stored data): a column's meaning never changes; new
+columns are nullable or have a default; every change is an Alembic migration in
+collector/migrations/versions that `open_ledger` applies. Amounts of privacy
+(ε, δ) are exact decimal strings (TEXT) in every dialect: never a float, and
+never SQLite's NUMERIC affinity, which would round them to doubles.
+"""
+
+from __future__ import annotations
+
+import sqlalchemy as sa
+
+metadata = sa.MetaData()
+
+#: One row per accepted report: the raw evidence that reconcile recomputes from.
+reports = sa.Table(
+    "reports",
+    metadata,
+    sa.Column("report_id", sa.LargeBinary(16), primary_key=True),
+    sa.Column("subject", sa.Text, nullable=False),
+    sa.Column("policy_id", sa.Text, nullable=False),
+    sa.Column("policy_version", sa.BigInteger, nullable=False),
+    sa.Column("policy_digest", sa.LargeBinary(32), nullable=False),
+    sa.Column("window_start", sa.BigInteger, nullable=False),
+    sa.Column("coarse_time", sa.BigInteger, nullable=False),
+    sa.Column("charge", sa.Text, nullable=False),  # exact decimal ε charged for this report
+    sa.Column(
+        "epsilon_cap", sa.Text, nullable=False
+    ),  # the verified policy's cap it was charged under
+    sa.Column("content_digest", sa.LargeBinary(32), nullable=False),
+    sa.Column(
+        "payload", sa.Text, nullable=False
+    ),  # the randomized output, JSON (never a raw value)
+    sa.Column("shard", sa.Text, nullable=False),
+    sa.Column("received_at", sa.BigInteger, nullable=False),
+    sa.Index("ix_reports_subject_window", "subject", "policy_id", "window_start"),
+    sa.Index("ix_reports_policy_window", "policy_id", "policy_version", "window_start"),
+)
+
+#: Running ε spent per (subject, policy id, window): what the cap is checked against.
+spend = sa.Table(
+    "spend",
+    metadata,
+    sa.Column("subject", sa.Text, primary_key=True),
+    sa.Column("policy_id", sa.Text, primary_key=True),
+    sa.Column("window_start", sa.BigInteger, primary_key=True),
+    sa.Column("epsilon_spent", sa.Text, nullable=False),
+    sa.Column("report_count", sa.BigInteger, nullable=False),
+    sa.Column("epsilon_cap", sa.Text, nullable=False),  # cap of the last charge (informational)
+    sa.Column("updated_at", sa.BigInteger, nullable=False),
+)
+
+#: A report id reused with other content (or by another subject): refused, recorded.
+conflicts = sa.Table(
+    "conflicts",
+    metadata,
+    sa.Column(
+        "id",
+        sa.BigInteger().with_variant(sa.Integer, "sqlite"),
+        primary_key=True,
+        autoincrement=True,
+    ),
+    sa.Column("report_id", sa.LargeBinary(16), nullable=False),
+    sa.Column("subject", sa.Text, nullable=False),
+    sa.Column("content_digest", sa.LargeBinary(32), nullable=False),
+    sa.Column("seen_at", sa.BigInteger, nullable=False),
+)
+
+#: Additive sufficient statistics, one row per collector shard (no hot row across collectors).
+statistics = sa.Table(
+    "statistics",
+    metadata,
+    sa.Column("policy_id", sa.Text, primary_key=True),
+    sa.Column("policy_version", sa.BigInteger, primary_key=True),
+    sa.Column("window_start", sa.BigInteger, primary_key=True),
+    sa.Column("shard", sa.Text, primary_key=True),
+    sa.Column("n", sa.BigInteger, nullable=False),
+    sa.Column("statistic_json", sa.Text, nullable=True),  # NULL until the first report
+    sa.Column("updated_at", sa.BigInteger, nullable=False),
+)
+
+#: Central-release caps per (subject, purpose), set by an operator, with running totals.
+central_caps = sa.Table(
+    "central_caps",
+    metadata,
+    sa.Column("subject", sa.Text, primary_key=True),
+    sa.Column("purpose", sa.Text, primary_key=True),
+    sa.Column("epsilon_cap", sa.Text, nullable=False),
+    sa.Column("delta_cap", sa.Text, nullable=False),
+    sa.Column("epsilon_committed", sa.Text, nullable=False),  # reserved + settled
+    sa.Column("delta_committed", sa.Text, nullable=False),
+    sa.Column("updated_at", sa.BigInteger, nullable=False),
+)
+
+#: Every central reservation and its history (reserved, then settled or cancelled).
+central_reservations = sa.Table(
+    "central_reservations",
+    metadata,
+    sa.Column("id", sa.Text, primary_key=True),
+    sa.Column("subject", sa.Text, nullable=False),
+    sa.Column("purpose", sa.Text, nullable=False),
+    sa.Column("epsilon", sa.Text, nullable=False),
+    sa.Column("delta", sa.Text, nullable=False),
+    sa.Column("status", sa.Text, nullable=False),  # 'reserved' | 'settled' | 'cancelled'
+    sa.Column("epsilon_spent", sa.Text, nullable=True),
+    sa.Column("delta_spent", sa.Text, nullable=True),
+    sa.Column("idempotency_key", sa.Text, nullable=False, unique=True),
+    sa.Column("metadata_json", sa.Text, nullable=False),
+    sa.Column("events_json", sa.Text, nullable=True),
+    sa.Column("created_at", sa.BigInteger, nullable=False),
+    sa.Column("closed_at", sa.BigInteger, nullable=True),
+    sa.Index("ix_central_subject_purpose", "subject", "purpose"),
+)

@@ -1,0 +1,1303 @@
+"""The privacy ledger: the collector's authority on privacy spent.
+
+Invariants (../../DESIGN.md, "Ledger"):
+
+* exact decimal arithmetic: amounts are `decimal.Decimal`, stored as TEXT, added
+  in a context that traps any rounding (`EXACT`);
+* check-and-charge and the stored report are one transaction: no charge without
+  its report, no report without its charge; statistics move in the same one;
+* idempotent: the same report id with the same content (and subject) is a
+  DUPLICATE and charges nothing; the same id with other content is a CONFLICT,
+  refused and recorded;
+* the cap comes from the verified policy passed in, never from a request;
+* `reconcile` recomputes every running total from the raw rows.
+
+Concurrency. Each call is one named transaction, safe to rerun, retried on
+serialization failure (janus `run_tx`). SQLite: WAL, synchronous=FULL and
+BEGIN IMMEDIATE, so writers are serialized by the file lock and every commit is
+durable. PostgreSQL: SERIALIZABLE with the touched spend rows locked FOR UPDATE
+(fewer aborts) and a retry on SQLSTATE 40001/40P01/23505, so many collectors
+sharing one ledger never over-spend.
+
+Group commit: `submit_many` charges several requests (e.g. every request that
+arrived while the previous commit was in flight) in one transaction, so the
+durable throughput is not one fsync per report.
+"""
+
+from __future__ import annotations
+
+import decimal
+import json
+import logging
+import os
+import random
+import secrets
+import socket
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from decimal import Decimal
+from typing import TYPE_CHECKING, Any, Protocol, TypeAlias, TypeVar
+
+import sqlalchemy as sa
+from fedldp.collector.ledger import migrate
+from fedldp.collector.ledger.schema import (
+    central_caps,
+    central_reservations,
+    conflicts,
+    reports,
+    spend,
+    statistics,
+)
+from fedldp.collector.wire import output_from_json, output_to_json
+from fedldp.v1 import collector_pb2
+from sqlalchemy import event
+from sqlalchemy.dialects import postgresql as pg_dialect
+from sqlalchemy.dialects import sqlite as sqlite_dialect
+
+if TYPE_CHECKING:
+    from fedldp.client.mechanisms.base import Mechanism, Output
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+#: Decimal context for every sum and comparison: any rounding raises (never silent).
+EXACT = decimal.Context(
+    prec=200,
+    traps=[decimal.Inexact, decimal.InvalidOperation, decimal.Overflow, decimal.DivisionByZero],
+)
+
+OutcomeValue: TypeAlias = collector_pb2.Outcome.ValueType
+ACCEPTED: OutcomeValue = collector_pb2.OUTCOME_ACCEPTED
+DUPLICATE: OutcomeValue = collector_pb2.OUTCOME_DUPLICATE
+BUDGET_EXHAUSTED: OutcomeValue = collector_pb2.OUTCOME_BUDGET_EXHAUSTED
+CONFLICT: OutcomeValue = collector_pb2.OUTCOME_CONFLICT
+
+#: PostgreSQL SQLSTATEs after which a transaction is simply rerun.
+_PG_RETRYABLE = {"40001", "40P01", "23505"}
+_MAX_ATTEMPTS = 64
+_CHUNK = 400  # bound on IN-list sizes
+
+
+# --- public types --------------------------------------------------------------------
+
+
+class LedgerPolicy(Protocol):
+    """What the ledger needs of a verified policy (fedldp.client.policy.VerifiedPolicy)."""
+
+    @property
+    def policy_id(self) -> str: ...
+    @property
+    def version(self) -> int: ...
+    @property
+    def digest(self) -> bytes: ...
+    @property
+    def epsilon(self) -> Decimal: ...
+    @property
+    def epsilon_cap(self) -> Decimal: ...
+    @property
+    def window_seconds(self) -> int: ...
+    @property
+    def mechanism(self) -> Mechanism[Any, Any]: ...
+
+    def window_start(self, now: int) -> int: ...
+
+
+@dataclass(frozen=True)
+class CheckedReport:
+    """A report that passed the policy and output-domain checks.
+
+    `content_digest` is `fedldp.collector.wire.content_digest` of the report
+    (everything but its id); it decides DUPLICATE versus CONFLICT.
+    """
+
+    report_id: bytes
+    policy: LedgerPolicy
+    output: Output
+    content_digest: bytes
+    coarse_time: int
+
+    def __post_init__(self) -> None:
+        if len(self.report_id) != 16:
+            raise ValueError("report_id must be exactly 16 bytes")
+        if len(self.content_digest) != 32:
+            raise ValueError("content_digest must be a 32-byte SHA-256")
+
+
+@dataclass(frozen=True)
+class SubmitBatch:
+    """One request's reports for one authenticated subject, charged at `now`."""
+
+    subject: str
+    reports: Sequence[CheckedReport]
+    now: int
+
+
+@dataclass(frozen=True)
+class PartialStatistic:
+    """One collector shard's additive statistic for (policy, version, window)."""
+
+    policy_id: str
+    version: int
+    window_start: int
+    shard: str
+    n: int
+    statistic_json: str
+
+
+@dataclass(frozen=True)
+class SpendRow:
+    """What a subject spent in one window of one policy."""
+
+    subject: str
+    policy_id: str
+    window_start: int
+    epsilon_spent: Decimal
+    report_count: int
+    epsilon_cap: Decimal  # the cap of the last charge, from the verified policy
+
+
+@dataclass(frozen=True)
+class Mismatch:
+    """A disagreement between a running total and the raw rows it summarizes.
+
+    kind: "spend" (ε or count differs), "over_cap" (raw spend above the cap it was
+    charged under), "statistic_count" (statistics n differs from stored reports),
+    "central" (central running totals differ from the reservations),
+    "central_over_cap".
+    """
+
+    kind: str
+    subject: str | None
+    scope: str
+    recomputed: str
+    recorded: str
+
+    def __str__(self) -> str:
+        who = f" subject={self.subject}" if self.subject is not None else ""
+        return (
+            f"{self.kind}:{who} {self.scope}: "
+            f"recomputed {self.recomputed}, recorded {self.recorded}"
+        )
+
+
+@dataclass(frozen=True)
+class Reservation:
+    """A central release's (ε, δ) reservation and its history."""
+
+    id: str
+    subject: str
+    purpose: str
+    epsilon: Decimal
+    delta: Decimal
+    status: str  # 'reserved' | 'settled' | 'cancelled'
+    epsilon_spent: Decimal | None
+    delta_spent: Decimal | None
+    idempotency_key: str
+    created_at: int
+    metadata: Mapping[str, str] = field(default_factory=dict)
+    closed_at: int | None = None
+
+
+@dataclass(frozen=True)
+class CentralEvent:
+    """One event of a settled central release, for RDP/PLD recomposition."""
+
+    reservation_id: str
+    subject: str
+    purpose: str
+    epsilon_spent: Decimal
+    delta_spent: Decimal
+    settled_at: int
+    event: Mapping[str, object]
+
+
+class LedgerError(Exception):
+    """Base of the ledger's domain errors."""
+
+
+class NoCentralCapError(LedgerError):
+    """No central cap is set for (subject, purpose); an operator must set one first."""
+
+
+class CentralBudgetExhaustedError(LedgerError):
+    """The reservation would take (subject, purpose) above its central cap."""
+
+
+class IdempotencyConflictError(LedgerError):
+    """The idempotency key was used before for a different reservation."""
+
+
+class ReservationNotFoundError(LedgerError, KeyError):
+    """No reservation has this id."""
+
+
+class ReservationStateError(LedgerError, ValueError):
+    """The reservation is not in a state that allows this transition."""
+
+
+# --- helpers ---------------------------------------------------------------------------
+
+
+def _dec(text: str) -> Decimal:
+    return Decimal(text)
+
+
+def _s(value: Decimal) -> str:
+    return str(value)
+
+
+def _exact_decimal(name: str, value: object, *, positive: bool) -> Decimal:
+    if not isinstance(value, Decimal):
+        raise TypeError(f"{name} must be a decimal.Decimal (exact), not {type(value).__name__}")
+    if not value.is_finite():
+        raise ValueError(f"{name} must be finite")
+    if positive and value <= 0:
+        raise ValueError(f"{name} must be positive")
+    if value < 0:
+        raise ValueError(f"{name} must not be negative")
+    return value
+
+
+def _chunks(items: Sequence[T], size: int = _CHUNK) -> Iterator[Sequence[T]]:
+    for i in range(0, len(items), size):
+        yield items[i : i + size]
+
+
+def default_shard() -> str:
+    """A collector instance id: host name and process id."""
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+@dataclass
+class _SpendState:
+    spent: Decimal
+    count: int
+    cap: Decimal
+    dirty: bool = False
+
+
+# --- the ledger ------------------------------------------------------------------------
+
+
+class Ledger:
+    """A privacy ledger on one database (open with `open_ledger`)."""
+
+    def __init__(self, url: str, *, shard: str | None = None, pool_size: int = 8) -> None:
+        self.url = url
+        self.shard = shard or default_shard()
+        parsed = sa.make_url(url)
+        self.dialect = parsed.get_backend_name()
+        if self.dialect == "sqlite":
+            database = parsed.database or ""
+            if database in ("", ":memory:") or database.startswith("file::memory:"):
+                raise ValueError(
+                    "the ledger needs a durable SQLite file, not an in-memory database"
+                )
+            self._write_engine = sa.create_engine(url, pool_size=pool_size, max_overflow=0)
+            self._read_engine = sa.create_engine(url, pool_size=pool_size, max_overflow=4)
+            _configure_sqlite(self._write_engine, begin="BEGIN IMMEDIATE")
+            _configure_sqlite(self._read_engine, begin="BEGIN")
+        elif self.dialect == "postgresql":
+            self._write_engine = sa.create_engine(
+                url,
+                isolation_level="SERIALIZABLE",
+                pool_size=pool_size,
+                max_overflow=4,
+                pool_pre_ping=True,
+            )
+            self._read_engine = self._write_engine
+        else:
+            raise ValueError(
+                f"unsupported ledger database {self.dialect!r}: use sqlite or postgresql"
+            )
+        migrate.upgrade(self._write_engine)
+        self.retries = 0  # serialization failures retried so far (observability)
+
+    # -- lifecycle --
+
+    def close(self) -> None:
+        """Release every connection."""
+        self._write_engine.dispose()
+        if self._read_engine is not self._write_engine:
+            self._read_engine.dispose()
+
+    def __enter__(self) -> Ledger:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- the unit of work --
+
+    def _retryable(self, exc: sa.exc.DBAPIError) -> bool:
+        if self.dialect == "postgresql":
+            return getattr(exc.orig, "sqlstate", None) in _PG_RETRYABLE
+        return isinstance(exc, sa.exc.OperationalError) and "locked" in str(exc.orig)
+
+    def transaction(self, fn: Callable[[sa.Connection], T], *, write: bool = True) -> T:
+        """Run `fn` in one transaction, rerunning it on a serialization failure.
+
+        `fn` must be safe to rerun: it reads what it needs inside the transaction
+        and has no effect outside it.
+        """
+        engine = self._write_engine if write else self._read_engine
+        attempt = 0
+        while True:
+            try:
+                with engine.begin() as conn:
+                    return fn(conn)
+            except sa.exc.DBAPIError as exc:
+                attempt += 1
+                if not self._retryable(exc) or attempt >= _MAX_ATTEMPTS:
+                    raise
+                self.retries += 1
+                # Jittered exponential backoff (capped at ~50 ms).
+                time.sleep(random.uniform(0, min(0.05, 0.0005 * 2 ** min(attempt, 10))))
+
+    def _insert_ignore(self, table: sa.Table) -> Any:
+        if self.dialect == "postgresql":
+            return pg_dialect.insert(table).on_conflict_do_nothing()
+        return sqlite_dialect.insert(table).on_conflict_do_nothing()
+
+    # -- LDP ingestion --
+
+    def submit(
+        self, subject: str, reports_in: Sequence[CheckedReport], *, now: int
+    ) -> list[OutcomeValue]:
+        """Charge and store `reports_in` for `subject` in one transaction.
+
+        Returns one Outcome per report, in order: ACCEPTED (stored and charged
+        now), DUPLICATE (same id and content as a stored report: nothing charged),
+        BUDGET_EXHAUSTED (charging it would exceed the policy's cap for the
+        window: nothing stored) or CONFLICT (id used before with other content or
+        by another subject: nothing stored; the attempt is recorded). Acknowledge
+        only after this returns: it returns after the commit.
+        """
+        return self.submit_many([SubmitBatch(subject, reports_in, now)])[0]
+
+    def submit_many(self, batches: Sequence[SubmitBatch]) -> list[list[OutcomeValue]]:
+        """`submit` for several requests in one transaction (group commit)."""
+        if not any(b.reports for b in batches):
+            return [[] for _ in batches]
+        for b in batches:
+            if not b.subject:
+                raise ValueError("subject must be non-empty")
+        return self.transaction(lambda conn: self._submit_tx(conn, batches))
+
+    def _submit_tx(
+        self, conn: sa.Connection, batches: Sequence[SubmitBatch]
+    ) -> list[list[OutcomeValue]]:
+        ids = sorted({r.report_id for b in batches for r in b.reports})
+        known: dict[bytes, tuple[str, bytes]] = {}
+        for chunk in _chunks(ids):
+            rows = conn.execute(
+                sa.select(reports.c.report_id, reports.c.subject, reports.c.content_digest).where(
+                    reports.c.report_id.in_(chunk)
+                )
+            )
+            for rid, subj, digest in rows:
+                known[bytes(rid)] = (subj, bytes(digest))
+
+        keys = sorted(
+            {
+                (b.subject, r.policy.policy_id, r.policy.window_start(b.now))
+                for b in batches
+                for r in b.reports
+                if r.report_id not in known
+            }
+        )
+        latest_now = max(b.now for b in batches)
+        state = self._lock_spend(conn, keys, latest_now)
+
+        outcomes: list[list[OutcomeValue]] = []
+        new_reports: list[dict[str, Any]] = []
+        new_conflicts: list[dict[str, Any]] = []
+        accepted: dict[tuple[str, int, int], tuple[LedgerPolicy, list[Output]]] = {}
+        for b in batches:
+            out: list[OutcomeValue] = []
+            for r in b.reports:
+                prior = known.get(r.report_id)
+                if prior is not None:
+                    if prior == (b.subject, r.content_digest):
+                        out.append(DUPLICATE)
+                    else:
+                        out.append(CONFLICT)
+                        new_conflicts.append(
+                            {
+                                "report_id": r.report_id,
+                                "subject": b.subject,
+                                "content_digest": r.content_digest,
+                                "seen_at": b.now,
+                            }
+                        )
+                    continue
+                pol = r.policy
+                window = pol.window_start(b.now)
+                st = state[(b.subject, pol.policy_id, window)]
+                charge = pol.epsilon
+                total = EXACT.add(st.spent, charge)
+                if EXACT.compare(total, pol.epsilon_cap) > 0:
+                    out.append(BUDGET_EXHAUSTED)
+                    continue
+                st.spent, st.count, st.cap, st.dirty = total, st.count + 1, pol.epsilon_cap, True
+                known[r.report_id] = (b.subject, r.content_digest)
+                new_reports.append(
+                    {
+                        "report_id": r.report_id,
+                        "subject": b.subject,
+                        "policy_id": pol.policy_id,
+                        "policy_version": pol.version,
+                        "policy_digest": pol.digest,
+                        "window_start": window,
+                        "coarse_time": r.coarse_time,
+                        "charge": _s(charge),
+                        "epsilon_cap": _s(pol.epsilon_cap),
+                        "content_digest": r.content_digest,
+                        "payload": output_to_json(r.output),
+                        "shard": self.shard,
+                        "received_at": b.now,
+                    }
+                )
+                slot = accepted.setdefault((pol.policy_id, pol.version, window), (pol, []))
+                slot[1].append(r.output)
+                out.append(ACCEPTED)
+            outcomes.append(out)
+
+        if new_reports:
+            conn.execute(sa.insert(reports), new_reports)
+        if new_conflicts:
+            conn.execute(sa.insert(conflicts), new_conflicts)
+        dirty = [
+            {
+                "k_subject": k[0],
+                "k_policy": k[1],
+                "k_window": k[2],
+                "v_spent": _s(s.spent),
+                "v_count": s.count,
+                "v_cap": _s(s.cap),
+                "v_now": latest_now,
+            }
+            for k, s in state.items()
+            if s.dirty
+        ]
+        if dirty:
+            conn.execute(
+                sa.update(spend)
+                .where(
+                    spend.c.subject == sa.bindparam("k_subject"),
+                    spend.c.policy_id == sa.bindparam("k_policy"),
+                    spend.c.window_start == sa.bindparam("k_window"),
+                )
+                .values(
+                    epsilon_spent=sa.bindparam("v_spent"),
+                    report_count=sa.bindparam("v_count"),
+                    epsilon_cap=sa.bindparam("v_cap"),
+                    updated_at=sa.bindparam("v_now"),
+                ),
+                dirty,
+            )
+        if accepted:
+            self._merge_statistics(conn, accepted, latest_now)
+        return outcomes
+
+    def _lock_spend(
+        self, conn: sa.Connection, keys: Sequence[tuple[str, str, int]], now: int
+    ) -> dict[tuple[str, str, int], _SpendState]:
+        """Ensure spend rows exist for `keys`, lock them (FOR UPDATE), return their state."""
+        state: dict[tuple[str, str, int], _SpendState] = {}
+        if not keys:
+            return state
+        conn.execute(
+            self._insert_ignore(spend),
+            [
+                {
+                    "subject": s,
+                    "policy_id": p,
+                    "window_start": w,
+                    "epsilon_spent": "0",
+                    "report_count": 0,
+                    "epsilon_cap": "0",
+                    "updated_at": now,
+                }
+                for s, p, w in keys
+            ],
+        )
+        for chunk in _chunks(keys):
+            rows = conn.execute(
+                sa.select(
+                    spend.c.subject,
+                    spend.c.policy_id,
+                    spend.c.window_start,
+                    spend.c.epsilon_spent,
+                    spend.c.report_count,
+                    spend.c.epsilon_cap,
+                )
+                .where(
+                    sa.tuple_(spend.c.subject, spend.c.policy_id, spend.c.window_start).in_(
+                        list(chunk)
+                    )
+                )
+                .order_by(spend.c.subject, spend.c.policy_id, spend.c.window_start)
+                .with_for_update()
+            )
+            for subj, pid, win, spent_text, count, cap in rows:
+                state[(subj, pid, int(win))] = _SpendState(_dec(spent_text), int(count), _dec(cap))
+        missing = set(keys) - set(state)
+        if missing:  # cannot happen: the rows were just ensured inside this transaction
+            raise RuntimeError(f"spend rows vanished inside a transaction: {len(missing)}")
+        return state
+
+    def _merge_statistics(
+        self,
+        conn: sa.Connection,
+        accepted: Mapping[tuple[str, int, int], tuple[LedgerPolicy, list[Output]]],
+        now: int,
+    ) -> None:
+        keys = sorted(accepted)
+        conn.execute(
+            self._insert_ignore(statistics),
+            [
+                {
+                    "policy_id": p,
+                    "policy_version": v,
+                    "window_start": w,
+                    "shard": self.shard,
+                    "n": 0,
+                    "statistic_json": None,
+                    "updated_at": now,
+                }
+                for p, v, w in keys
+            ],
+        )
+        stored: dict[tuple[str, int, int], tuple[int, str | None]] = {}
+        for chunk in _chunks(keys):
+            rows = conn.execute(
+                sa.select(
+                    statistics.c.policy_id,
+                    statistics.c.policy_version,
+                    statistics.c.window_start,
+                    statistics.c.n,
+                    statistics.c.statistic_json,
+                )
+                .where(
+                    statistics.c.shard == self.shard,
+                    sa.tuple_(
+                        statistics.c.policy_id,
+                        statistics.c.policy_version,
+                        statistics.c.window_start,
+                    ).in_(list(chunk)),
+                )
+                .with_for_update()
+            )
+            for p, v, w, n, text in rows:
+                stored[(p, int(v), int(w))] = (int(n), text)
+        updates = []
+        for key in keys:
+            policy, outputs = accepted[key]
+            mech = policy.mechanism
+            stat = mech.new_statistic()
+            for o in outputs:
+                mech.accumulate(stat, o)
+            n0, text = stored[key]
+            if text is not None:
+                merged = mech.statistic_from_json(text)
+                mech.merge_statistics(merged, stat)
+                stat = merged
+            updates.append(
+                {
+                    "k_policy": key[0],
+                    "k_version": key[1],
+                    "k_window": key[2],
+                    "v_n": n0 + len(outputs),
+                    "v_json": mech.statistic_to_json(stat),
+                    "v_now": now,
+                }
+            )
+        conn.execute(
+            sa.update(statistics)
+            .where(
+                statistics.c.policy_id == sa.bindparam("k_policy"),
+                statistics.c.policy_version == sa.bindparam("k_version"),
+                statistics.c.window_start == sa.bindparam("k_window"),
+                statistics.c.shard == self.shard,
+            )
+            .values(
+                n=sa.bindparam("v_n"),
+                statistic_json=sa.bindparam("v_json"),
+                updated_at=sa.bindparam("v_now"),
+            ),
+            updates,
+        )
+
+    # -- reads --
+
+    def spent(self, subject: str, policy_id: str, window_start: int) -> Decimal:
+        """ε charged to `subject` under `policy_id` in the window starting at `window_start`."""
+
+        def tx(conn: sa.Connection) -> Decimal:
+            text = conn.execute(
+                sa.select(spend.c.epsilon_spent).where(
+                    spend.c.subject == subject,
+                    spend.c.policy_id == policy_id,
+                    spend.c.window_start == window_start,
+                )
+            ).scalar_one_or_none()
+            return Decimal(0) if text is None else _dec(text)
+
+        return self.transaction(tx, write=False)
+
+    def subject_spend(self, subject: str) -> list[SpendRow]:
+        """Every window `subject` was charged in, newest first."""
+
+        def tx(conn: sa.Connection) -> list[SpendRow]:
+            rows = conn.execute(
+                sa.select(spend)
+                .where(spend.c.subject == subject, spend.c.report_count > 0)
+                .order_by(spend.c.window_start.desc(), spend.c.policy_id)
+            )
+            return [
+                SpendRow(
+                    r.subject,
+                    r.policy_id,
+                    int(r.window_start),
+                    _dec(r.epsilon_spent),
+                    int(r.report_count),
+                    _dec(r.epsilon_cap),
+                )
+                for r in rows
+            ]
+
+        return self.transaction(tx, write=False)
+
+    def statistics(
+        self, policy_id: str, version: int, window_start: int | None = None
+    ) -> list[PartialStatistic]:
+        """Every shard's partial statistic for (policy, version[, window]); merge them."""
+
+        def tx(conn: sa.Connection) -> list[PartialStatistic]:
+            q = sa.select(statistics).where(
+                statistics.c.policy_id == policy_id,
+                statistics.c.policy_version == version,
+                statistics.c.n > 0,
+            )
+            if window_start is not None:
+                q = q.where(statistics.c.window_start == window_start)
+            q = q.order_by(statistics.c.window_start, statistics.c.shard)
+            return [
+                PartialStatistic(
+                    r.policy_id,
+                    int(r.policy_version),
+                    int(r.window_start),
+                    r.shard,
+                    int(r.n),
+                    r.statistic_json,
+                )
+                for r in conn.execute(q)
+            ]
+
+        return self.transaction(tx, write=False)
+
+    def report_count(self, policy_id: str, version: int, window_start: int | None = None) -> int:
+        """Number of stored (accepted) reports for (policy, version[, window])."""
+
+        def tx(conn: sa.Connection) -> int:
+            q = (
+                sa.select(sa.func.count())
+                .select_from(reports)
+                .where(reports.c.policy_id == policy_id, reports.c.policy_version == version)
+            )
+            if window_start is not None:
+                q = q.where(reports.c.window_start == window_start)
+            return int(conn.execute(q).scalar_one())
+
+        return self.transaction(tx, write=False)
+
+    def iter_outputs(
+        self, policy_id: str, version: int, window_start: int | None = None
+    ) -> list[Output]:
+        """Every stored output for (policy, version[, window]), in no particular order."""
+
+        def tx(conn: sa.Connection) -> list[Output]:
+            q = sa.select(reports.c.payload).where(
+                reports.c.policy_id == policy_id, reports.c.policy_version == version
+            )
+            if window_start is not None:
+                q = q.where(reports.c.window_start == window_start)
+            return [output_from_json(text) for (text,) in conn.execute(q)]
+
+        return self.transaction(tx, write=False)
+
+    def recompute_statistics(self, policy: LedgerPolicy, window_start: int | None = None) -> Any:
+        """The statistic recomputed from the raw report rows (audit of `statistics`)."""
+        mech = policy.mechanism
+        stat = mech.new_statistic()
+        for output in self.iter_outputs(policy.policy_id, policy.version, window_start):
+            mech.accumulate(stat, output)
+        return stat
+
+    def conflict_count(self, subject: str | None = None) -> int:
+        """How many conflicting report-id reuses were recorded (for `subject`, or all)."""
+
+        def tx(conn: sa.Connection) -> int:
+            q = sa.select(sa.func.count()).select_from(conflicts)
+            if subject is not None:
+                q = q.where(conflicts.c.subject == subject)
+            return int(conn.execute(q).scalar_one())
+
+        return self.transaction(tx, write=False)
+
+    def has_report(self, report_id: bytes) -> bool:
+        """Whether a report with this id is stored."""
+
+        def tx(conn: sa.Connection) -> bool:
+            return (
+                conn.execute(
+                    sa.select(reports.c.report_id).where(reports.c.report_id == report_id)
+                ).first()
+                is not None
+            )
+
+        return self.transaction(tx, write=False)
+
+    # -- reconcile --
+
+    def reconcile(self) -> list[Mismatch]:
+        """Recompute every running total from the raw rows; every disagreement.
+
+        Independent of the running totals: sums each subject's `reports.charge`
+        per (policy, window) exactly and compares with `spend`; checks the raw sum
+        against the cap the reports were charged under; compares each statistics
+        n with the stored report count; recomputes central commitments from the
+        reservations. An empty list means the ledger is consistent.
+        """
+        return self.transaction(self._reconcile_tx, write=False)
+
+    def _reconcile_tx(self, conn: sa.Connection) -> list[Mismatch]:
+        out: list[Mismatch] = []
+        raw: dict[tuple[str, str, int], list[Any]] = defaultdict(lambda: [Decimal(0), 0, None])
+        count_by_policy: dict[tuple[str, int, int], int] = defaultdict(int)
+        rows = conn.execution_options(stream_results=True, yield_per=5000).execute(
+            sa.select(
+                reports.c.subject,
+                reports.c.policy_id,
+                reports.c.policy_version,
+                reports.c.window_start,
+                reports.c.charge,
+                reports.c.epsilon_cap,
+            )
+        )
+        for subj, pid, ver, win, charge, cap in rows:
+            acc = raw[(subj, pid, int(win))]
+            acc[0] = EXACT.add(acc[0], _dec(charge))
+            acc[1] += 1
+            capd = _dec(cap)
+            acc[2] = capd if acc[2] is None else max(acc[2], capd)
+            count_by_policy[(pid, int(ver), int(win))] += 1
+        recorded = {
+            (r.subject, r.policy_id, int(r.window_start)): (
+                _dec(r.epsilon_spent),
+                int(r.report_count),
+            )
+            for r in conn.execute(sa.select(spend))
+        }
+        for key in sorted(set(raw) | set(recorded)):
+            spent_raw, n_raw, cap = raw[key] if key in raw else (Decimal(0), 0, None)
+            spent_rec, n_rec = recorded.get(key, (Decimal(0), 0))
+            scope = f"policy={key[1]} window={key[2]}"
+            if spent_raw != spent_rec or n_raw != n_rec:
+                out.append(
+                    Mismatch(
+                        "spend",
+                        key[0],
+                        scope,
+                        f"{spent_raw} ({n_raw} reports)",
+                        f"{spent_rec} ({n_rec} reports)",
+                    )
+                )
+            if cap is not None and spent_raw > cap:
+                out.append(Mismatch("over_cap", key[0], scope, str(spent_raw), f"cap {cap}"))
+        stat_n: dict[tuple[str, int, int], int] = defaultdict(int)
+        for pid, ver, win, n in conn.execute(
+            sa.select(
+                statistics.c.policy_id,
+                statistics.c.policy_version,
+                statistics.c.window_start,
+                statistics.c.n,
+            )
+        ):
+            stat_n[(pid, int(ver), int(win))] += int(n)
+        for key in sorted(set(stat_n) | set(count_by_policy)):
+            if stat_n.get(key, 0) != count_by_policy.get(key, 0):
+                out.append(
+                    Mismatch(
+                        "statistic_count",
+                        None,
+                        f"policy={key[0]} version={key[1]} window={key[2]}",
+                        str(count_by_policy.get(key, 0)),
+                        str(stat_n.get(key, 0)),
+                    )
+                )
+        committed: dict[tuple[str, str], list[Decimal]] = defaultdict(
+            lambda: [Decimal(0), Decimal(0)]
+        )
+        for r in conn.execute(sa.select(central_reservations)):
+            acc2 = committed[(r.subject, r.purpose)]
+            if r.status == "reserved":
+                eps, delta = _dec(r.epsilon), _dec(r.delta)
+            elif r.status == "settled":
+                eps, delta = _dec(r.epsilon_spent), _dec(r.delta_spent)
+            else:
+                continue
+            acc2[0] = EXACT.add(acc2[0], eps)
+            acc2[1] = EXACT.add(acc2[1], delta)
+        caps = {(r.subject, r.purpose): r for r in conn.execute(sa.select(central_caps))}
+        for ckey in sorted(set(committed) | set(caps)):
+            eps_raw, delta_raw = committed[ckey] if ckey in committed else (Decimal(0), Decimal(0))
+            scope = f"purpose={ckey[1]}"
+            cap_row = caps.get(ckey)
+            if cap_row is None:
+                out.append(
+                    Mismatch(
+                        "central", ckey[0], scope, f"eps={eps_raw} delta={delta_raw}", "no cap row"
+                    )
+                )
+                continue
+            eps_rec, delta_rec = _dec(cap_row.epsilon_committed), _dec(cap_row.delta_committed)
+            if eps_raw != eps_rec or delta_raw != delta_rec:
+                out.append(
+                    Mismatch(
+                        "central",
+                        ckey[0],
+                        scope,
+                        f"eps={eps_raw} delta={delta_raw}",
+                        f"eps={eps_rec} delta={delta_rec}",
+                    )
+                )
+            if eps_raw > _dec(cap_row.epsilon_cap) or delta_raw > _dec(cap_row.delta_cap):
+                out.append(
+                    Mismatch(
+                        "central_over_cap",
+                        ckey[0],
+                        scope,
+                        f"eps={eps_raw} delta={delta_raw}",
+                        f"cap eps={cap_row.epsilon_cap} delta={cap_row.delta_cap}",
+                    )
+                )
+        return out
+
+    # -- central releases --
+
+    def set_central_cap(
+        self,
+        subject: str,
+        purpose: str,
+        *,
+        epsilon_cap: Decimal,
+        delta_cap: Decimal,
+        now: int | None = None,
+    ) -> None:
+        """Set (or change) the central (ε, δ) cap of (subject, purpose): an operator action.
+
+        Lowering a cap below what is already committed is allowed (no new
+        reservation will fit) but never releases anything.
+        """
+        _exact_decimal("epsilon_cap", epsilon_cap, positive=False)
+        _exact_decimal("delta_cap", delta_cap, positive=False)
+        if delta_cap >= 1:
+            raise ValueError("delta_cap must be below 1")
+        if not subject or not purpose:
+            raise ValueError("subject and purpose must be non-empty")
+        stamp = int(time.time()) if now is None else now
+
+        def tx(conn: sa.Connection) -> None:
+            conn.execute(
+                self._insert_ignore(central_caps),
+                [
+                    {
+                        "subject": subject,
+                        "purpose": purpose,
+                        "epsilon_cap": _s(epsilon_cap),
+                        "delta_cap": _s(delta_cap),
+                        "epsilon_committed": "0",
+                        "delta_committed": "0",
+                        "updated_at": stamp,
+                    }
+                ],
+            )
+            conn.execute(
+                sa.update(central_caps)
+                .where(central_caps.c.subject == subject, central_caps.c.purpose == purpose)
+                .values(epsilon_cap=_s(epsilon_cap), delta_cap=_s(delta_cap), updated_at=stamp)
+            )
+
+        self.transaction(tx)
+
+    def central_cap(self, subject: str, purpose: str) -> tuple[Decimal, Decimal] | None:
+        """The (ε, δ) cap of (subject, purpose), or None when none is set."""
+
+        def tx(conn: sa.Connection) -> tuple[Decimal, Decimal] | None:
+            row = conn.execute(
+                sa.select(central_caps.c.epsilon_cap, central_caps.c.delta_cap).where(
+                    central_caps.c.subject == subject, central_caps.c.purpose == purpose
+                )
+            ).first()
+            return None if row is None else (_dec(row[0]), _dec(row[1]))
+
+        return self.transaction(tx, write=False)
+
+    def reserve(
+        self,
+        *,
+        subject: str,
+        purpose: str,
+        epsilon: Decimal,
+        delta: Decimal,
+        idempotency_key: str,
+        now: int,
+        metadata: Mapping[str, str] | None = None,
+    ) -> Reservation:
+        """Reserve (ε, δ) for a central release before any protected data is read.
+
+        The cap is read from the ledger (`set_central_cap`), never from the caller.
+        Raises NoCentralCapError when none is set, CentralBudgetExhaustedError when
+        reserved + settled + this would exceed the cap (basic composition), and
+        IdempotencyConflictError when `idempotency_key` was used for a different
+        (subject, purpose, ε, δ). The same key with the same content returns the
+        original reservation and reserves nothing more.
+        """
+        _exact_decimal("epsilon", epsilon, positive=True)
+        _exact_decimal("delta", delta, positive=False)
+        if not idempotency_key:
+            raise ValueError("idempotency_key must be non-empty")
+        meta = dict(metadata or {})
+
+        def tx(conn: sa.Connection) -> Reservation:
+            prior = conn.execute(
+                sa.select(central_reservations).where(
+                    central_reservations.c.idempotency_key == idempotency_key
+                )
+            ).first()
+            if prior is not None:
+                res = _reservation(prior)
+                if (res.subject, res.purpose, res.epsilon, res.delta) != (
+                    subject,
+                    purpose,
+                    epsilon,
+                    delta,
+                ):
+                    raise IdempotencyConflictError(
+                        "this idempotency key was used for a different reservation; "
+                        "use a new key for a new release"
+                    )
+                return res
+            cap = conn.execute(
+                sa.select(central_caps)
+                .where(central_caps.c.subject == subject, central_caps.c.purpose == purpose)
+                .with_for_update()
+            ).first()
+            if cap is None:
+                raise NoCentralCapError(
+                    f"no central cap for subject {subject!r}, purpose {purpose!r}; "
+                    "an operator sets one with `fedldp ledger set-cap`"
+                )
+            eps_total = EXACT.add(_dec(cap.epsilon_committed), epsilon)
+            delta_total = EXACT.add(_dec(cap.delta_committed), delta)
+            if eps_total > _dec(cap.epsilon_cap) or delta_total > _dec(cap.delta_cap):
+                raise CentralBudgetExhaustedError(
+                    f"reserving eps={epsilon} delta={delta} would exceed the cap "
+                    f"(eps={cap.epsilon_cap}, delta={cap.delta_cap}); committed "
+                    f"eps={cap.epsilon_committed}, delta={cap.delta_committed}"
+                )
+            rid = secrets.token_hex(16)
+            conn.execute(
+                sa.insert(central_reservations).values(
+                    id=rid,
+                    subject=subject,
+                    purpose=purpose,
+                    epsilon=_s(epsilon),
+                    delta=_s(delta),
+                    status="reserved",
+                    epsilon_spent=None,
+                    delta_spent=None,
+                    idempotency_key=idempotency_key,
+                    metadata_json=json.dumps(meta, sort_keys=True),
+                    events_json=None,
+                    created_at=now,
+                    closed_at=None,
+                )
+            )
+            conn.execute(
+                sa.update(central_caps)
+                .where(central_caps.c.subject == subject, central_caps.c.purpose == purpose)
+                .values(
+                    epsilon_committed=_s(eps_total), delta_committed=_s(delta_total), updated_at=now
+                )
+            )
+            return Reservation(
+                rid,
+                subject,
+                purpose,
+                epsilon,
+                delta,
+                "reserved",
+                None,
+                None,
+                idempotency_key,
+                now,
+                meta,
+                None,
+            )
+
+        return self.transaction(tx)
+
+    def settle(
+        self,
+        reservation_id: str,
+        *,
+        epsilon_spent: Decimal,
+        delta_spent: Decimal,
+        events: Sequence[Mapping[str, object]] = (),
+        now: int,
+    ) -> Reservation:
+        """Record what a release really spent (≤ reserved); the rest is released.
+
+        `events` (JSON-serializable mappings, e.g. {"kind": "gaussian",
+        "noise_multiplier": ..., "sample_rate": ..., "steps": ...}) are kept for
+        replay by an RDP/PLD accountant. Settling again with the same amounts
+        returns the settled reservation; any other transition raises
+        ReservationStateError. Spent above reserved raises ValueError.
+        """
+        _exact_decimal("epsilon_spent", epsilon_spent, positive=False)
+        _exact_decimal("delta_spent", delta_spent, positive=False)
+        events_json = json.dumps([dict(e) for e in events], sort_keys=True, default=str)
+
+        def tx(conn: sa.Connection) -> Reservation:
+            row = self._locked_reservation(conn, reservation_id)
+            res = _reservation(row)
+            if res.status == "settled" and (res.epsilon_spent, res.delta_spent) == (
+                epsilon_spent,
+                delta_spent,
+            ):
+                return res
+            if res.status != "reserved":
+                raise ReservationStateError(f"reservation {reservation_id} is {res.status}")
+            if epsilon_spent > res.epsilon or delta_spent > res.delta:
+                raise ValueError(
+                    f"spent (eps={epsilon_spent}, delta={delta_spent}) exceeds reserved "
+                    f"(eps={res.epsilon}, delta={res.delta})"
+                )
+            self._release(
+                conn,
+                res,
+                EXACT.subtract(res.epsilon, epsilon_spent),
+                EXACT.subtract(res.delta, delta_spent),
+                now,
+            )
+            conn.execute(
+                sa.update(central_reservations)
+                .where(central_reservations.c.id == reservation_id)
+                .values(
+                    status="settled",
+                    epsilon_spent=_s(epsilon_spent),
+                    delta_spent=_s(delta_spent),
+                    events_json=events_json,
+                    closed_at=now,
+                )
+            )
+            return Reservation(
+                res.id,
+                res.subject,
+                res.purpose,
+                res.epsilon,
+                res.delta,
+                "settled",
+                epsilon_spent,
+                delta_spent,
+                res.idempotency_key,
+                res.created_at,
+                res.metadata,
+                now,
+            )
+
+        return self.transaction(tx)
+
+    def cancel(self, reservation_id: str, *, now: int) -> Reservation:
+        """Release a whole reservation (an aborted run); its history is kept.
+
+        Cancelling a cancelled reservation returns it; a settled one raises
+        ReservationStateError.
+        """
+
+        def tx(conn: sa.Connection) -> Reservation:
+            row = self._locked_reservation(conn, reservation_id)
+            res = _reservation(row)
+            if res.status == "cancelled":
+                return res
+            if res.status != "reserved":
+                raise ReservationStateError(f"reservation {reservation_id} is {res.status}")
+            self._release(conn, res, res.epsilon, res.delta, now)
+            conn.execute(
+                sa.update(central_reservations)
+                .where(central_reservations.c.id == reservation_id)
+                .values(status="cancelled", closed_at=now)
+            )
+            return Reservation(
+                res.id,
+                res.subject,
+                res.purpose,
+                res.epsilon,
+                res.delta,
+                "cancelled",
+                None,
+                None,
+                res.idempotency_key,
+                res.created_at,
+                res.metadata,
+                now,
+            )
+
+        return self.transaction(tx)
+
+    def _locked_reservation(self, conn: sa.Connection, reservation_id: str) -> Any:
+        row = conn.execute(
+            sa.select(central_reservations)
+            .where(central_reservations.c.id == reservation_id)
+            .with_for_update()
+        ).first()
+        if row is None:
+            raise ReservationNotFoundError(f"no reservation {reservation_id!r}")
+        return row
+
+    def _release(
+        self, conn: sa.Connection, res: Reservation, eps: Decimal, delta: Decimal, now: int
+    ) -> None:
+        cap = conn.execute(
+            sa.select(central_caps)
+            .where(central_caps.c.subject == res.subject, central_caps.c.purpose == res.purpose)
+            .with_for_update()
+        ).one()
+        conn.execute(
+            sa.update(central_caps)
+            .where(central_caps.c.subject == res.subject, central_caps.c.purpose == res.purpose)
+            .values(
+                epsilon_committed=_s(EXACT.subtract(_dec(cap.epsilon_committed), eps)),
+                delta_committed=_s(EXACT.subtract(_dec(cap.delta_committed), delta)),
+                updated_at=now,
+            )
+        )
+
+    def central_spend(self, subject: str, purpose: str) -> tuple[Decimal, Decimal]:
+        """(ε, δ) reserved + settled for (subject, purpose), by basic composition."""
+
+        def tx(conn: sa.Connection) -> tuple[Decimal, Decimal]:
+            row = conn.execute(
+                sa.select(central_caps.c.epsilon_committed, central_caps.c.delta_committed).where(
+                    central_caps.c.subject == subject, central_caps.c.purpose == purpose
+                )
+            ).first()
+            return (Decimal(0), Decimal(0)) if row is None else (_dec(row[0]), _dec(row[1]))
+
+        return self.transaction(tx, write=False)
+
+    def reservations(self, subject: str, purpose: str | None = None) -> list[Reservation]:
+        """Every reservation of `subject` (for `purpose`), oldest first."""
+
+        def tx(conn: sa.Connection) -> list[Reservation]:
+            q = sa.select(central_reservations).where(central_reservations.c.subject == subject)
+            if purpose is not None:
+                q = q.where(central_reservations.c.purpose == purpose)
+            q = q.order_by(central_reservations.c.created_at, central_reservations.c.id)
+            return [_reservation(r) for r in conn.execute(q)]
+
+        return self.transaction(tx, write=False)
+
+    def central_events(self, subject: str, purpose: str) -> list[CentralEvent]:
+        """Every event of every settled release of (subject, purpose), oldest first."""
+        out: list[CentralEvent] = []
+        for res in self.reservations(subject, purpose):
+            if res.status != "settled":
+                continue
+            assert res.epsilon_spent is not None and res.delta_spent is not None
+            out.extend(
+                CentralEvent(
+                    res.id,
+                    res.subject,
+                    res.purpose,
+                    res.epsilon_spent,
+                    res.delta_spent,
+                    res.closed_at or res.created_at,
+                    ev,
+                )
+                for ev in self._events_of(res.id)
+            )
+        return out
+
+    def _events_of(self, reservation_id: str) -> list[dict[str, object]]:
+        def tx(conn: sa.Connection) -> list[dict[str, object]]:
+            text = conn.execute(
+                sa.select(central_reservations.c.events_json).where(
+                    central_reservations.c.id == reservation_id
+                )
+            ).scalar_one()
+            return list(json.loads(text)) if text else []
+
+        return self.transaction(tx, write=False)
+
+
+def _reservation(row: Any) -> Reservation:
+    return Reservation(
+        id=row.id,
+        subject=row.subject,
+        purpose=row.purpose,
+        epsilon=_dec(row.epsilon),
+        delta=_dec(row.delta),
+        status=row.status,
+        epsilon_spent=None if row.epsilon_spent is None else _dec(row.epsilon_spent),
+        delta_spent=None if row.delta_spent is None else _dec(row.delta_spent),
+        idempotency_key=row.idempotency_key,
+        created_at=int(row.created_at),
+        metadata=json.loads(row.metadata_json),
+        closed_at=None if row.closed_at is None else int(row.closed_at),
+    )
+
+
+def _configure_sqlite(engine: sa.Engine, *, begin: str) -> None:
+    """WAL, synchronous=FULL, a busy timeout, and our own BEGIN statement."""
+
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_conn: Any, _record: Any) -> None:
+        dbapi_conn.isolation_level = None  # we issue BEGIN ourselves
+        cur = dbapi_conn.cursor()
+        cur.execute("PRAGMA journal_mode=WAL")
+        cur.execute("PRAGMA synchronous=FULL")
+        cur.execute("PRAGMA busy_timeout=30000")
+        cur.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(conn: sa.Connection) -> None:
+        conn.exec_driver_sql(begin)
+
+
+def open_ledger(url: str, *, shard: str | None = None, pool_size: int = 8) -> Ledger:
+    """Open (creating or migrating the schema) the ledger at `url`.
+
+    `url` is a SQLAlchemy URL: ``sqlite:////abs/path/ledger.db`` or
+    ``postgresql+psycopg://user@host:port/db``. `shard` names this collector
+    instance in the statistics table (default: host:pid).
+    """
+    return Ledger(url, shard=shard, pool_size=pool_size)
+
+
+def iter_batches(items: Iterable[T], size: int) -> Iterator[list[T]]:
+    """Split `items` into lists of at most `size` (helper for bulk callers)."""
+    batch: list[T] = []
+    for item in items:
+        batch.append(item)
+        if len(batch) >= size:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
