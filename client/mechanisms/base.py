@@ -26,7 +26,7 @@ import secrets
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from decimal import Decimal
-from typing import TYPE_CHECKING, ClassVar, Generic, TypeVar, Union
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar, Union
 
 if TYPE_CHECKING:  # numpy is only needed on batch / estimation paths
     import numpy as np
@@ -114,6 +114,42 @@ class Estimate:
     variances: npt.NDArray[np.float64]
 
 
+@dataclass
+class CountStatistic:
+    """Additive counts per coordinate (output index or support), and the number of reports.
+
+    Partial statistics from several collectors merge by addition (`merge`).
+    """
+
+    counts: list[int]
+    n: int = 0
+
+    def merge(self, other: CountStatistic) -> None:
+        """Add another partial statistic (e.g. another collector's) in place."""
+        if len(other.counts) != len(self.counts):
+            raise ValueError("cannot merge statistics of different domain sizes")
+        self.counts = [a + b for a, b in zip(self.counts, other.counts, strict=True)]
+        self.n += other.n
+
+
+@dataclass
+class MomentStatistic:
+    """Additive sums of a numeric mechanism's outputs: count, sum and sum of squares.
+
+    Outputs are in the mechanism's normalized unit (see `fedldp.client.mechanisms.numeric`).
+    """
+
+    n: int = 0
+    total: float = 0.0
+    total_sq: float = 0.0
+
+    def merge(self, other: MomentStatistic) -> None:
+        """Add another partial statistic in place."""
+        self.n += other.n
+        self.total += other.total
+        self.total_sq += other.total_sq
+
+
 class Mechanism(ABC, Generic[ValueT, StatT]):
     """Base of every registered mechanism. Subclasses are frozen after __init__."""
 
@@ -151,6 +187,20 @@ class Mechanism(ABC, Generic[ValueT, StatT]):
     @abstractmethod
     def estimate(self, statistic: StatT) -> Estimate:
         """The unbiased estimate and its exact variance from a statistic."""
+
+    # --- Optional fast paths (numpy); every registered mechanism implements them ---
+
+    def perturb_batch(self, values: Any, rng: np.random.Generator) -> Any:
+        """Vectorized `perturb` for simulation and benchmarks (same distribution).
+
+        The batch output layout is mechanism-specific and documented by each
+        mechanism; `accumulate_batch` takes exactly that layout.
+        """
+        raise NotImplementedError(f"{type(self).__name__} has no batch path")
+
+    def accumulate_batch(self, statistic: StatT, outputs: Any) -> None:
+        """Add a batch of outputs (as returned by `perturb_batch`) to `statistic`."""
+        raise NotImplementedError(f"{type(self).__name__} has no batch path")
 
     def merge_statistics(self, into: StatT, other: StatT) -> None:
         """Add partial statistic `other` into `into` (statistics are additive)."""

@@ -10,79 +10,64 @@ so p / q = e^ε exactly, and the false answer is uniform over the *other* k-1
 values (never the full domain, which would lower the ratio below e^ε).
 
 With n reports and C(v) of them equal to v, the unbiased estimate of v's
-frequency f_v is (C(v)/n - q) / (p - q). Its exact variance (ibid., eq. (3)
+frequency f_v is (C(v)/n - q)/(p - q). Its exact variance (ibid., eq. (3)
 before the f_v = 0 approximation) is
 
-    Var[f̂_v] = q(1 - q) / (n (p - q)^2)  +  f_v (1 - p - q) / (n (p - q)).
+    Var[f̂_v] = q(1 - q) / (n (p - q)^2)  +  f_v (1 - p - q) / (n (p - q)),
+
+which equals the support-count form of `oracle.FrequencyOracle`.
+
+Wire: CategoryPayload, index in [0, k). Batch layout: int64 array of indices.
 """
 
 from __future__ import annotations
 
-import math
 import random
-from dataclasses import dataclass, field
+from collections.abc import Iterator
 from decimal import Decimal
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+from fedldp.client.mechanisms._common import check_index, exp_epsilon
 from fedldp.client.mechanisms.base import (
     CategoryOutput,
-    Estimate,
-    Mechanism,
+    CountStatistic,
     Output,
     OutputDomainError,
     system_random,
 )
+from fedldp.client.mechanisms.oracle import FrequencyOracle
 
 if TYPE_CHECKING:
     import numpy as np
     import numpy.typing as npt
 
-
-@dataclass
-class CountStatistic:
-    """Additive counts per output index, and the number of reports."""
-
-    counts: list[int]
-    n: int = 0
-
-    def merge(self, other: CountStatistic) -> None:
-        """Add another partial statistic (e.g. another collector's) in place."""
-        if len(other.counts) != len(self.counts):
-            raise ValueError("cannot merge statistics of different domain sizes")
-        self.counts = [a + b for a, b in zip(self.counts, other.counts, strict=True)]
-        self.n += other.n
+__all__ = ["GRR", "CountStatistic"]
 
 
-@dataclass(frozen=True)
-class GRRProbabilities:
-    """The probability contract of GRR, computed once."""
-
-    p: float
-    q: float = field()
-
-
-class GRR(Mechanism[int, CountStatistic]):
+class GRR(FrequencyOracle):
     """k-ary randomized response over indices 0..k-1."""
 
     wire_id = "grr"
 
     def __init__(self, epsilon: Decimal, k: int) -> None:
-        super().__init__(epsilon)
-        if isinstance(k, bool) or not isinstance(k, int) or k < 2:
-            raise ValueError(f"domain size k must be an integer >= 2, got {k!r}")
-        self.k = k
-        e = math.exp(float(epsilon))
+        super().__init__(epsilon, k)
+        e = exp_epsilon(epsilon)
         # Wang et al. 2017, Section 4.1.
         self.p = e / (e + k - 1)
         self.q = 1.0 / (e + k - 1)
+        self.support_p = self.p
+        self.support_q = self.q
 
-    def output_probability(self, true_index: int, output_index: int) -> float:
-        """P[output = output_index | value = true_index], the contract tests check."""
-        return self.p if output_index == true_index else self.q
+    def output_probability(self, value: int, output: Output) -> float:
+        """P[output | value], the probability contract the tests check."""
+        assert isinstance(output, CategoryOutput)
+        return self.p if output.index == value else self.q
+
+    def outputs(self) -> Iterator[Output]:
+        return (CategoryOutput(i) for i in range(self.k))
 
     def perturb(self, value: int, *, rng: random.Random | None = None) -> CategoryOutput:
-        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < self.k:
-            raise ValueError(f"value must be an index in [0, {self.k})")
+        check_index(value, self.k)
         r = rng if rng is not None else system_random()
         if r.random() < self.p:
             return CategoryOutput(value)
@@ -96,10 +81,13 @@ class GRR(Mechanism[int, CountStatistic]):
         """Vectorized `perturb` for simulation; same distribution, numpy generator."""
         import numpy as np
 
+        values = np.asarray(values, dtype=np.int64)
+        if values.size and (values.min() < 0 or values.max() >= self.k):
+            raise ValueError(f"values must be indices in [0, {self.k})")
         keep = rng.random(values.shape[0]) < self.p
-        other = rng.integers(0, self.k - 1, size=values.shape[0])
-        other = other + (other >= values)
-        return np.where(keep, values, other).astype(np.int64)
+        other = rng.integers(0, self.k - 1, size=values.shape[0], dtype=np.int64)
+        other += other >= values
+        return np.where(keep, values, other)
 
     def check_output(self, output: Output) -> None:
         if not isinstance(output, CategoryOutput):
@@ -107,27 +95,18 @@ class GRR(Mechanism[int, CountStatistic]):
         if not 0 <= output.index < self.k:
             raise OutputDomainError("OUT_OF_DOMAIN", f"category index outside [0, {self.k})")
 
-    def new_statistic(self) -> CountStatistic:
-        return CountStatistic(counts=[0] * self.k)
-
     def accumulate(self, statistic: CountStatistic, output: Output) -> None:
+        self.check_output(output)
         assert isinstance(output, CategoryOutput)
         statistic.counts[output.index] += 1
         statistic.n += 1
 
-    def variance(self, n: int, frequency: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
-        """Exact Var[f̂_v] at true frequency f_v (Wang et al. 2017, Section 4.1)."""
-        p, q = self.p, self.q
-        return q * (1 - q) / (n * (p - q) ** 2) + frequency * (1 - p - q) / (n * (p - q))
-
-    def estimate(self, statistic: CountStatistic) -> Estimate:
+    def accumulate_batch(self, statistic: CountStatistic, outputs: Any) -> None:
+        """Add an int array of output indices (as from `perturb_batch`)."""
         import numpy as np
 
-        n = statistic.n
-        if n <= 0:
-            raise ValueError("cannot estimate from zero reports")
-        counts = np.asarray(statistic.counts, dtype=np.float64)
-        values = (counts / n - self.q) / (self.p - self.q)
-        # Plug-in variance at the estimate, clipped to [0, 1] for the f-dependent term.
-        variances = self.variance(n, np.clip(values, 0.0, 1.0))
-        return Estimate(n=n, values=values, variances=variances)
+        outputs = np.asarray(outputs, dtype=np.int64)
+        counts = np.bincount(outputs, minlength=self.k)
+        if counts.shape[0] != self.k or (outputs.size and outputs.min() < 0):
+            raise OutputDomainError("OUT_OF_DOMAIN", f"category index outside [0, {self.k})")
+        self._add_counts(statistic, counts, outputs.shape[0])

@@ -1,0 +1,258 @@
+"""Shared building blocks of the mechanisms: validation, bit packing, exact samplers.
+
+Pure Python at import time; numpy is imported lazily inside the batch helpers.
+
+Packed bits follow the wire contract (collector.proto, BitVectorPayload): bit i of a
+vector of `length` bits is ``(bits[i // 8] >> (i % 8)) & 1``, exactly
+``ceil(length / 8)`` bytes, padding bits zero. A Python int whose bit i is bit i of
+the vector converts with ``int.to_bytes(ceil(length / 8), "little")``.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Mapping
+from decimal import Decimal
+from typing import TYPE_CHECKING, Any
+
+from fedldp.client.mechanisms.base import BitVectorOutput, Output, OutputDomainError
+
+if TYPE_CHECKING:
+    import numpy as np
+    import numpy.typing as npt
+
+#: Binary digits of a probability used by the exact Bernoulli bit samplers: a
+#: probability `prob` is realized as floor(prob * 2**64) / 2**64 (error < 2**-64).
+PROB_BITS = 64
+
+
+def exp_epsilon(epsilon: Decimal) -> float:
+    """e^ε in floating point (the probabilities are floats; ε itself stays exact)."""
+    return math.exp(float(epsilon))
+
+
+def check_domain_size(k: object, *, minimum: int = 2) -> int:
+    """Validate a categorical domain size; return it."""
+    if isinstance(k, bool) or not isinstance(k, int) or k < minimum:
+        raise ValueError(f"domain size k must be an integer >= {minimum}, got {k!r}")
+    return k
+
+
+def check_index(value: object, k: int) -> int:
+    """Validate a true categorical value (an index in [0, k)); the message omits the value."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < k:
+        raise ValueError(f"value must be an integer index in [0, {k})")
+    return value
+
+
+def byte_length(length: int) -> int:
+    """Bytes of a packed vector of `length` bits."""
+    return (length + 7) // 8
+
+
+def check_bit_vector(output: Output, length: int, *, name: str) -> int:
+    """Check a BitVectorOutput's type, length and padding; return its bits as an int."""
+    if not isinstance(output, BitVectorOutput):
+        raise OutputDomainError("WRONG_PAYLOAD_TYPE", f"{name} expects a bit-vector payload")
+    if output.length != length:
+        raise OutputDomainError("WRONG_LENGTH", f"{name} expects exactly {length} bits")
+    if not isinstance(output.bits, bytes) or len(output.bits) != byte_length(length):
+        raise OutputDomainError(
+            "WRONG_LENGTH", f"{name} expects exactly {byte_length(length)} packed bytes"
+        )
+    value = int.from_bytes(output.bits, "little")
+    if value >> length:
+        raise OutputDomainError("OUT_OF_DOMAIN", f"{name}: padding bits must be zero")
+    return value
+
+
+def int_to_bits(value: int, length: int) -> BitVectorOutput:
+    """Pack an int (bit i = vector bit i) into a BitVectorOutput."""
+    return BitVectorOutput(value.to_bytes(byte_length(length), "little"), length)
+
+
+def _prob_digits(prob: float) -> int:
+    if not 0.0 <= prob <= 1.0:
+        raise ValueError("probability outside [0, 1]")
+    if prob == 1.0:
+        return (1 << PROB_BITS) - 1  # 1 - 2**-64: indistinguishable in any test
+    return int(math.ldexp(prob, PROB_BITS))
+
+
+def bernoulli_bits(prob: float, length: int, rng: random.Random) -> int:
+    """`length` independent Bernoulli(prob) bits as an int, from random words.
+
+    Exact bit-sliced comparison U < prob for a uniform U = 0.R1 R2 R3... whose
+    binary digits come from `rng.getrandbits(length)` (one word per digit level,
+    every bit position in parallel), most significant digit first. A position is
+    decided at the first level where its random digit differs from prob's digit.
+    Costs about log2(length) + 2 calls of getrandbits instead of `length` calls
+    of random(); the number of calls does not depend on any true value.
+    """
+    digits = _prob_digits(prob)
+    result = 0
+    undecided = (1 << length) - 1
+    for level in range(PROB_BITS - 1, -1, -1):
+        if not undecided:
+            break
+        word = rng.getrandbits(length)
+        if (digits >> level) & 1:
+            result |= undecided & ~word
+            undecided &= word
+        else:
+            undecided &= ~word
+    return result
+
+
+def bernoulli_words(
+    prob: float, rows: int, length: int, rng: np.random.Generator
+) -> npt.NDArray[np.uint64]:
+    """`rows` x `length` Bernoulli(prob) bits packed in little-endian uint64 words.
+
+    The numpy counterpart of `bernoulli_bits`: shape (rows, ceil(length / 64)),
+    bit j of word w of a row is vector bit 64 w + j; padding bits are zero. Words
+    whose bits are all decided drop out of the loop, so the cost is about two
+    random words per output word, not one random draw per bit.
+    """
+    import numpy as np
+
+    words = (length + 63) // 64
+    total = rows * words
+    digits = _prob_digits(prob)
+    full = np.uint64(0xFFFFFFFFFFFFFFFF)
+    result = np.zeros(total, dtype=np.uint64)
+    undecided = np.full(total, full, dtype=np.uint64)
+    tail = length % 64
+    if tail and rows:
+        undecided.reshape(rows, words)[:, -1] = np.uint64((1 << tail) - 1)
+    active: npt.NDArray[np.intp] | None = None  # None: every word is active
+    und = undecided
+    res = result
+    for level in range(PROB_BITS - 1, -1, -1):
+        size = und.shape[0]
+        if size == 0:
+            break
+        word = rng.integers(0, full, size=size, dtype=np.uint64, endpoint=True)
+        if (digits >> level) & 1:
+            res |= und & ~word
+            und &= word
+        else:
+            und &= ~word
+        if level % 4 == 0:
+            keep = np.flatnonzero(und)
+            if keep.shape[0] < size // 2:
+                # Compact: write back the decided words, keep the undecided ones.
+                if active is None:
+                    active = keep
+                    und = und[keep]
+                    res = res[keep]
+                else:
+                    result[active] = res
+                    active = active[keep]
+                    und = und[keep]
+                    res = res[keep]
+    if active is not None:
+        result[active] = res
+    return result.reshape(rows, words)
+
+
+def words_to_bytes(words: npt.NDArray[np.uint64], length: int) -> npt.NDArray[np.uint8]:
+    """Packed uint64 rows -> packed little-endian byte rows of ceil(length / 8) bytes."""
+    import numpy as np
+
+    little = words.astype("<u8", copy=False)
+    as_bytes = little.view(np.uint8).reshape(words.shape[0], -1)
+    return np.ascontiguousarray(as_bytes[:, : byte_length(length)])
+
+
+def column_counts(packed: npt.NDArray[np.uint8], length: int) -> npt.NDArray[np.int64]:
+    """Number of rows with bit i set, for each i < length (packed little-endian rows)."""
+    import numpy as np
+
+    counts = np.zeros(length, dtype=np.int64)
+    chunk = 8192
+    for start in range(0, packed.shape[0], chunk):
+        block = np.unpackbits(packed[start : start + chunk], axis=1, bitorder="little")
+        counts += block[:, :length].sum(axis=0, dtype=np.int64)
+    return counts
+
+
+def support_variance(
+    n: int, frequency: Any, p: float, q: float
+) -> npt.NDArray[np.float64]:
+    """Exact variance of a support-count frequency estimate.
+
+    A report "supports" v with probability p when the true value is v and q
+    otherwise, independently across users. With f̂_v = (C(v)/n - q)/(p - q),
+    summing the Bernoulli variances of the n reports gives
+
+        Var[f̂_v] = (f_v p (1 - p) + (1 - f_v) q (1 - q)) / (n (p - q)^2)
+
+    (Wang et al., USENIX Security 2017, Section 3, eq. (2), kept with its
+    frequency-dependent term).
+    """
+    import numpy as np
+
+    if n <= 0:
+        raise ValueError("n must be positive")
+    f = np.asarray(frequency, dtype=np.float64)
+    return np.asarray(
+        (f * p * (1 - p) + (1 - f) * q * (1 - q)) / (n * (p - q) ** 2), dtype=np.float64
+    )
+
+
+def no_params(wire_id: str, params: Mapping[str, str]) -> None:
+    """Refuse any parameter for a mechanism that takes none."""
+    if params:
+        raise ValueError(f"{wire_id} takes no parameters, got {sorted(params)}")
+
+
+def only_params(wire_id: str, params: Mapping[str, str], allowed: set[str]) -> None:
+    """Refuse parameters outside `allowed`."""
+    unknown = sorted(set(params) - allowed)
+    if unknown:
+        raise ValueError(
+            f"{wire_id} does not take parameter(s) {unknown}; allowed: {sorted(allowed)}"
+        )
+
+
+def int_param(wire_id: str, params: Mapping[str, str], name: str) -> int | None:
+    """An optional non-negative integer parameter in plain decimal digits."""
+    text = params.get(name)
+    if text is None:
+        return None
+    if not isinstance(text, str) or not text.isascii() or not text.isdigit() or len(text) > 19:
+        raise ValueError(f"{wire_id} parameter {name!r} must be a plain integer, got {text!r}")
+    return int(text)
+
+
+def decimal_param(wire_id: str, params: Mapping[str, str], name: str) -> Decimal | None:
+    """An optional positive decimal parameter in plain notation ("2", "0.5")."""
+    text = params.get(name)
+    if text is None:
+        return None
+    ok = isinstance(text, str) and 0 < len(text) <= 40 and text.isascii()
+    ok = ok and all(c.isdigit() or c == "." for c in text) and text.count(".") <= 1
+    ok = ok and not text.startswith(".") and not text.endswith(".")
+    if not ok:
+        raise ValueError(f"{wire_id} parameter {name!r} must be a plain decimal, got {text!r}")
+    return Decimal(text)
+
+
+def categorical_metric(wire_id: str, metric: object) -> int:
+    """The domain size of a categorical metric, or a clear error."""
+    if isinstance(metric, bool) or not isinstance(metric, int):
+        raise ValueError(f"{wire_id} needs a categorical metric (a domain size k)")
+    return metric
+
+
+def numeric_metric(wire_id: str, metric: object) -> tuple[Decimal, Decimal]:
+    """The (lo, hi) of a numeric metric, or a clear error."""
+    if (
+        not isinstance(metric, tuple)
+        or len(metric) != 2
+        or not all(isinstance(x, Decimal) for x in metric)
+    ):
+        raise ValueError(f"{wire_id} needs a numeric metric (lo, hi) as Decimals")
+    return metric[0], metric[1]

@@ -1,0 +1,95 @@
+"""The common frame of every frequency oracle over a categorical domain [0, k).
+
+Every oracle here is a *support-count* oracle (Wang et al., "Locally
+Differentially Private Protocols for Frequency Estimation", USENIX Security
+2017, Section 3, the "pure" protocols): each report supports a set of values,
+and
+
+    P[report supports v | true value = v] = p*      (`support_p`)
+    P[report supports v | true value != v] = q*     (`support_q`)
+
+the same for every v and independent across users. With C(v) the number of
+the n reports supporting v, the unbiased estimate and its exact variance are
+
+    f̂_v = (C(v)/n - q*) / (p* - q*)
+    Var[f̂_v] = (f_v p*(1 - p*) + (1 - f_v) q*(1 - q*)) / (n (p* - q*)^2).
+
+A subclass says how to perturb, how to check an output, how to count support
+(`support_counts`), and gives its exact output probabilities for the tests.
+"""
+
+from __future__ import annotations
+
+from abc import abstractmethod
+from collections.abc import Iterator
+from decimal import Decimal
+from typing import TYPE_CHECKING, Any
+
+from fedldp.client.mechanisms._common import check_domain_size, support_variance
+from fedldp.client.mechanisms.base import CountStatistic, Estimate, Mechanism, Output
+
+if TYPE_CHECKING:
+    import numpy as np
+    import numpy.typing as npt
+
+
+class FrequencyOracle(Mechanism[int, CountStatistic]):
+    """Base of the categorical mechanisms: estimator and variance written once."""
+
+    #: P[a report supports v | value = v] and P[... | value != v].
+    support_p: float
+    support_q: float
+
+    def __init__(self, epsilon: Decimal, k: int) -> None:
+        super().__init__(epsilon)
+        self.k = check_domain_size(k)
+
+    # --- contract pieces a subclass provides ---
+
+    @abstractmethod
+    def output_probability(self, value: int, output: Output) -> float:
+        """P[perturb(value) == output], exactly as the randomizer draws it."""
+
+    @abstractmethod
+    def outputs(self) -> Iterator[Output]:
+        """Every possible output (for exhaustive tests with small parameters)."""
+
+    def statistic_size(self) -> int:
+        """Length of the statistic's `counts` (k unless the oracle counts outputs)."""
+        return self.k
+
+    def support_counts(self, statistic: CountStatistic) -> npt.NDArray[np.float64]:
+        """C(v) for every v in [0, k) from the statistic."""
+        import numpy as np
+
+        return np.asarray(statistic.counts, dtype=np.float64)
+
+    # --- written once ---
+
+    def new_statistic(self) -> CountStatistic:
+        return CountStatistic(counts=[0] * self.statistic_size())
+
+    def variance(self, n: int, frequency: Any) -> npt.NDArray[np.float64]:
+        """Exact Var[f̂_v] at true frequency f_v (array or scalar), n reports."""
+        return support_variance(n, frequency, self.support_p, self.support_q)
+
+    def estimate(self, statistic: CountStatistic) -> Estimate:
+        import numpy as np
+
+        n = statistic.n
+        if n <= 0:
+            raise ValueError("cannot estimate from zero reports")
+        if len(statistic.counts) != self.statistic_size():
+            raise ValueError("statistic does not belong to this mechanism's parameters")
+        support = self.support_counts(statistic)
+        p, q = self.support_p, self.support_q
+        values = (support / n - q) / (p - q)
+        # Plug-in variance at the estimate, clipped to [0, 1] for the f-dependent term.
+        variances = self.variance(n, np.clip(values, 0.0, 1.0))
+        return Estimate(n=n, values=values, variances=variances)
+
+    def _add_counts(self, statistic: CountStatistic, counts: Any, reports: int) -> None:
+        if len(statistic.counts) != len(counts):
+            raise ValueError("statistic does not belong to this mechanism's parameters")
+        statistic.counts = [a + int(b) for a, b in zip(statistic.counts, counts, strict=True)]
+        statistic.n += int(reports)
