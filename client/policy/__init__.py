@@ -42,6 +42,18 @@ from fedldp.client.policy.errors import (
     RootRotationError,
     UnknownKeyError,
 )
+from fedldp.client.policy.files import (
+    KeyFileError,
+    load_policy_folder,
+    load_private_key,
+    load_public_key,
+    load_trust,
+    load_trust_folder,
+    read_envelope,
+    write_envelope,
+    write_private_key,
+    write_public_key,
+)
 from fedldp.client.policy.trust import TrustStore
 from fedldp.client.policy.validation import parse_decimal, policy_problems
 from fedldp.client.policy.verify import VerifiedPolicy, verify_policy
@@ -57,6 +69,7 @@ __all__ = [
     "ExpiredKeyError",
     "ExpiredPolicyError",
     "InvalidPolicyError",
+    "KeyFileError",
     "NotYetValidPolicyError",
     "PayloadTypeError",
     "PolicyError",
@@ -68,14 +81,23 @@ __all__ = [
     "domain_digest",
     "generate_key",
     "key_id_of",
+    "load_policy_folder",
     "load_policy_toml",
+    "load_private_key",
+    "load_public_key",
+    "load_trust",
+    "load_trust_folder",
     "make_root",
     "pae",
     "parse_decimal",
     "policy_digest",
     "policy_from_dict",
     "policy_problems",
+    "read_envelope",
     "sign_envelope",
     "sign_policy",
     "verify_policy",
+    "write_envelope",
+    "write_private_key",
+    "write_public_key",
 ]
