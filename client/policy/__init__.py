@@ -15,6 +15,7 @@ from fedldp.client.policy.authoring import (
     generate_key,
     load_policy_toml,
     make_root,
+    next_root,
     policy_from_dict,
     sign_policy,
 )
@@ -88,6 +89,7 @@ __all__ = [
     "load_trust",
     "load_trust_folder",
     "make_root",
+    "next_root",
     "pae",
     "parse_decimal",
     "policy_digest",

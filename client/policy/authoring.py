@@ -111,6 +111,69 @@ def sign_root(
     return sign_envelope(ROOT_PAYLOAD_TYPE, root.SerializeToString(), signers)
 
 
+def next_root(
+    current: policy_pb2.Root,
+    *,
+    signers: Sequence[Ed25519PrivateKey],
+    expires_at: int | None = None,
+    add_root_keys: Sequence[Ed25519PublicKey] = (),
+    remove_root_keys: Sequence[str] = (),
+    threshold: int | None = None,
+    add_policy_keys: Sequence[tuple[Ed25519PublicKey, int]] = (),
+    remove_policy_keys: Sequence[str] = (),
+) -> policy_pb2.SignedEnvelope:
+    """Root version current + 1 with the given changes, signed by `signers`.
+
+    `signers` must hold a threshold of the current root keys *and* a threshold of
+    the new root's keys (the TUF rule devices enforce); this is checked here too,
+    so an envelope devices would refuse is never produced. Key ids in
+    `remove_*` must exist. An added policy key already listed gets the new
+    expiry (how a key's life is extended). Raises InvalidPolicyError listing
+    every problem.
+    """
+    problems: list[str] = []
+    root = policy_pb2.Root()
+    root.CopyFrom(current)
+    root.version = current.version + 1
+    if expires_at is not None:
+        root.expires_at = expires_at
+    for role, entries, removals in (
+        ("root", root.root_keys, remove_root_keys),
+        ("policy", root.policy_keys, remove_policy_keys),
+    ):
+        listed = {entry.key_id for entry in entries}
+        for key_id in removals:
+            if key_id not in listed:
+                problems.append(f"cannot remove {role} key {key_id[:16]}…: it is not listed")
+        kept = [entry for entry in entries if entry.key_id not in set(removals)]
+        del entries[:]
+        entries.extend(kept)
+    for key in add_root_keys:
+        if key_id_of(key) not in {entry.key_id for entry in root.root_keys}:
+            root.root_keys.append(public_key_entry(key))
+    for key, key_expires_at in add_policy_keys:
+        key_id = key_id_of(key)
+        existing = [entry for entry in root.policy_keys if entry.key_id == key_id]
+        if existing:
+            existing[0].expires_at = key_expires_at
+        else:
+            root.policy_keys.append(public_key_entry(key, expires_at=key_expires_at))
+    if threshold is not None:
+        root.root_threshold = threshold
+    problems.extend(root_problems(root))
+    signer_ids = {key_id_of(key.public_key()) for key in signers}
+    for label, old_or_new in (("current", current), ("new", root)):
+        have = len(signer_ids & {entry.key_id for entry in old_or_new.root_keys})
+        if have < old_or_new.root_threshold:
+            problems.append(
+                f"signers include {have} of the {label} root keys, the {label} root needs "
+                f"{old_or_new.root_threshold}; sign with the {label} root private keys too"
+            )
+    if problems:
+        raise InvalidPolicyError(problems, subject=f"root v{root.version}")
+    return sign_envelope(ROOT_PAYLOAD_TYPE, root.SerializeToString(), signers)
+
+
 def sign_policy(policy: policy_pb2.Policy, key: Ed25519PrivateKey) -> policy_pb2.SignedEnvelope:
     """Validate `policy` (every problem at once) and sign its serialized bytes."""
     problems, _ = policy_problems(policy)
