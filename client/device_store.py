@@ -1,0 +1,484 @@
+"""The device's durable state: one SQLite file in the SDK's state directory.
+
+Everything the SDK must not forget across crashes and restarts lives here, in one
+database, so that one transaction can make several changes atomically:
+
+* ``trust``            the serialized `TrustStore` (pinned root + current verified root);
+* ``policies``         the verified policy envelopes, exact bytes, one row per policy id;
+* ``highest_versions`` the highest version accepted per policy id (rollback protection,
+                       kept even after a policy disappears from the collector);
+* ``outbox``           randomized reports waiting for acknowledgement, as the exact
+                       serialized ``fedldp.v1.Report`` bytes that go on the wire;
+* ``budget``           the device's own privacy ledger: epsilon spent per policy and
+                       window, exact decimal strings (never floats);
+* ``memo``             permanent responses of memoized (RAPPOR-style) mechanisms;
+* ``events``           a bounded log of what was dropped or refused and why;
+* ``counters``         monotone counters (records, acknowledgements, refusals, drops).
+
+Durability: WAL journal with ``synchronous=FULL``, so a transaction that returned
+is on disk and survives a power cut or SIGKILL; every write runs in a
+``BEGIN IMMEDIATE`` transaction, so two processes sharing a state directory
+serialize their writes and cannot overspend the budget together.
+
+Privacy: no table stores a raw value. The outbox holds randomizer outputs only;
+memo rows are keyed by a keyed hash of the value (see ``memo_key``), so even the
+state file does not list the values a user recorded, only their permanent
+responses.
+
+Compatibility rules (the file outlives SDK upgrades): ``meta.schema_version`` is
+bumped by every change; a migration only adds tables or nullable columns; a column
+never changes meaning. An SDK that finds a newer schema than it knows refuses to
+open the file rather than guess.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import hmac
+import os
+import secrets
+import sqlite3
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from decimal import Decimal
+from pathlib import Path
+
+#: File name of the state database inside the state directory.
+STATE_FILE_NAME = "fedldp-device.sqlite3"
+#: Version of the schema below; see the compatibility rules in the module docstring.
+SCHEMA_VERSION = 1
+#: Most event rows kept; older events are pruned (their counters stay).
+MAX_EVENTS = 1000
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (
+    key   TEXT PRIMARY KEY,
+    value TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS trust (
+    id           INTEGER PRIMARY KEY CHECK (id = 1),
+    store        BLOB    NOT NULL,
+    root_version INTEGER NOT NULL,
+    updated_at   INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS policies (
+    policy_id  TEXT    PRIMARY KEY,
+    version    INTEGER NOT NULL,
+    metric     TEXT    NOT NULL,
+    envelope   BLOB    NOT NULL,
+    digest     BLOB    NOT NULL,
+    epsilon    TEXT    NOT NULL,
+    expires_at INTEGER NOT NULL,
+    fetched_at INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS highest_versions (
+    policy_id TEXT    PRIMARY KEY,
+    version   INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS outbox (
+    seq             INTEGER PRIMARY KEY AUTOINCREMENT,
+    report_id       BLOB    NOT NULL UNIQUE CHECK (length(report_id) = 16),
+    policy_id       TEXT    NOT NULL,
+    policy_version  INTEGER NOT NULL,
+    window_start    INTEGER NOT NULL,
+    epsilon         TEXT    NOT NULL,
+    report          BLOB    NOT NULL,
+    created_at      INTEGER NOT NULL,
+    attempts        INTEGER NOT NULL DEFAULT 0,
+    next_attempt_at REAL    NOT NULL DEFAULT 0,
+    last_error      TEXT
+);
+CREATE INDEX IF NOT EXISTS outbox_due ON outbox (next_attempt_at, seq);
+CREATE TABLE IF NOT EXISTS budget (
+    policy_id      TEXT    NOT NULL,
+    window_start   INTEGER NOT NULL,
+    window_seconds INTEGER NOT NULL,
+    spent          TEXT    NOT NULL,
+    reports        INTEGER NOT NULL,
+    PRIMARY KEY (policy_id, window_start)
+);
+CREATE TABLE IF NOT EXISTS memo (
+    policy_id  TEXT    NOT NULL,
+    scope      BLOB    NOT NULL,
+    value_key  BLOB    NOT NULL,
+    state      BLOB    NOT NULL,
+    created_at INTEGER NOT NULL,
+    PRIMARY KEY (policy_id, scope, value_key)
+);
+CREATE TABLE IF NOT EXISTS events (
+    seq       INTEGER PRIMARY KEY AUTOINCREMENT,
+    at        INTEGER NOT NULL,
+    kind      TEXT    NOT NULL,
+    reason    TEXT    NOT NULL,
+    policy_id TEXT,
+    report_id BLOB,
+    detail    TEXT    NOT NULL
+);
+CREATE TABLE IF NOT EXISTS counters (
+    name  TEXT    PRIMARY KEY,
+    value INTEGER NOT NULL
+);
+"""
+
+
+class StateError(Exception):
+    """The device state file cannot be used (newer schema, corrupt, wrong kind of file)."""
+
+
+@dataclass(frozen=True)
+class StoredPolicy:
+    """A cached policy envelope as stored (re-verified on load, never trusted blindly)."""
+
+    policy_id: str
+    version: int
+    metric: str
+    envelope: bytes
+    digest: bytes
+    epsilon: Decimal
+    expires_at: int
+    fetched_at: int
+
+
+@dataclass(frozen=True)
+class Event:
+    """Something the SDK dropped or refused, and why. Never carries a raw value.
+
+    `kind` is one of "record_refused", "report_refused", "policy_rejected",
+    "root_rejected", "transport_error", "protocol_error"; `reason` a stable
+    upper-case code (e.g. "OUTBOX_FULL", "BUDGET_EXHAUSTED", "OUTCOME_INVALID").
+    """
+
+    at: int
+    kind: str
+    reason: str
+    detail: str
+    policy_id: str | None = None
+    report_id: bytes | None = None
+
+
+@dataclass(frozen=True)
+class BudgetRow:
+    """The device ledger's spend for one policy and window (exact decimal)."""
+
+    policy_id: str
+    window_start: int
+    window_seconds: int
+    spent: Decimal
+    reports: int
+
+
+class DeviceStore:
+    """The SQLite state file; thread-safe (one connection behind a re-entrant lock).
+
+    Reads and writes go through `transaction()`, which holds the lock and a
+    ``BEGIN IMMEDIATE`` transaction, so a sequence of checks and writes inside it
+    is atomic against other threads and other processes.
+    """
+
+    def __init__(self, state_dir: str | os.PathLike[str]) -> None:
+        directory = Path(state_dir)
+        directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self.path = directory / STATE_FILE_NAME
+        self._lock = threading.RLock()
+        self._closed = False
+        self._conn = sqlite3.connect(
+            self.path, timeout=30.0, isolation_level=None, check_same_thread=False
+        )
+        try:
+            with contextlib.suppress(OSError):
+                os.chmod(self.path, 0o600)
+            self._conn.execute("PRAGMA journal_mode=WAL")
+            self._conn.execute("PRAGMA synchronous=FULL")
+            self._conn.execute("PRAGMA foreign_keys=ON")
+            self._migrate()
+        except sqlite3.DatabaseError as exc:
+            self._conn.close()
+            raise StateError(
+                f"{self.path} is not a usable fedldp device state file: {exc}"
+            ) from exc
+        except StateError:
+            self._conn.close()
+            raise
+
+    # --- lifecycle ---
+
+    def _migrate(self) -> None:
+        with self.transaction() as conn:
+            row = conn.execute(
+                "SELECT name FROM sqlite_master WHERE type='table' AND name='meta'"
+            ).fetchone()
+            if row is not None:
+                found = conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
+                if found is not None and int(found[0]) > SCHEMA_VERSION:
+                    raise StateError(
+                        f"{self.path} has schema version {found[0]}, newer than this SDK's "
+                        f"{SCHEMA_VERSION}; upgrade the SDK (the file is left untouched)"
+                    )
+            for statement in _SCHEMA.split(";"):
+                if statement.strip():
+                    conn.execute(statement)
+            conn.execute(
+                "INSERT OR IGNORE INTO meta (key, value) VALUES ('schema_version', ?)",
+                (str(SCHEMA_VERSION),),
+            )
+            conn.execute(
+                "INSERT OR IGNORE INTO meta (key, value) VALUES ('memo_secret', ?)",
+                (secrets.token_hex(32),),
+            )
+
+    def close(self) -> None:
+        """Close the database (idempotent)."""
+        with self._lock:
+            if not self._closed:
+                self._closed = True
+                self._conn.close()
+
+    @contextlib.contextmanager
+    def transaction(self) -> Iterator[sqlite3.Connection]:
+        """An exclusive write transaction (``BEGIN IMMEDIATE``), committed on success.
+
+        Any exception rolls everything back: a failed operation changes nothing.
+        """
+        with self._lock:
+            if self._closed:
+                raise StateError("the device store is closed")
+            self._conn.execute("BEGIN IMMEDIATE")
+            try:
+                yield self._conn
+            except BaseException:
+                self._conn.execute("ROLLBACK")
+                raise
+            else:
+                self._conn.execute("COMMIT")
+
+    # --- meta, counters, events ---
+
+    def memo_secret(self, conn: sqlite3.Connection) -> bytes:
+        """The device-local key of `memo_key` (random, made once per state file)."""
+        row = conn.execute("SELECT value FROM meta WHERE key='memo_secret'").fetchone()
+        return bytes.fromhex(row[0])
+
+    def get_meta(self, key: str) -> str | None:
+        """A free-form meta value (e.g. the time of the last policy fetch)."""
+        with self.transaction() as conn:
+            row = conn.execute("SELECT value FROM meta WHERE key=?", (key,)).fetchone()
+        return None if row is None else str(row[0])
+
+    @staticmethod
+    def set_meta(conn: sqlite3.Connection, key: str, value: str) -> None:
+        """Set a meta value inside a transaction."""
+        conn.execute(
+            "INSERT INTO meta (key, value) VALUES (?, ?) "
+            "ON CONFLICT(key) DO UPDATE SET value=excluded.value",
+            (key, value),
+        )
+
+    @staticmethod
+    def bump(conn: sqlite3.Connection, name: str, by: int = 1) -> None:
+        """Add `by` to counter `name` inside a transaction."""
+        conn.execute(
+            "INSERT INTO counters (name, value) VALUES (?, ?) "
+            "ON CONFLICT(name) DO UPDATE SET value=value+excluded.value",
+            (name, by),
+        )
+
+    def counters(self) -> dict[str, int]:
+        """Every counter, by name."""
+        with self.transaction() as conn:
+            rows = conn.execute("SELECT name, value FROM counters ORDER BY name").fetchall()
+        return {str(name): int(value) for name, value in rows}
+
+    @staticmethod
+    def add_event(conn: sqlite3.Connection, event: Event) -> None:
+        """Append `event` inside a transaction, and prune the log to `MAX_EVENTS` rows."""
+        conn.execute(
+            "INSERT INTO events (at, kind, reason, policy_id, report_id, detail) "
+            "VALUES (?, ?, ?, ?, ?, ?)",
+            (event.at, event.kind, event.reason, event.policy_id, event.report_id, event.detail),
+        )
+        conn.execute(
+            "DELETE FROM events WHERE seq <= (SELECT MAX(seq) FROM events) - ?", (MAX_EVENTS,)
+        )
+
+    def events(self, limit: int = 100) -> list[Event]:
+        """The most recent events, newest first."""
+        with self.transaction() as conn:
+            rows = conn.execute(
+                "SELECT at, kind, reason, detail, policy_id, report_id FROM events "
+                "ORDER BY seq DESC LIMIT ?",
+                (limit,),
+            ).fetchall()
+        return [
+            Event(
+                at=int(at),
+                kind=str(kind),
+                reason=str(reason),
+                detail=str(detail),
+                policy_id=None if pid is None else str(pid),
+                report_id=None if rid is None else bytes(rid),
+            )
+            for at, kind, reason, detail, pid, rid in rows
+        ]
+
+    # --- trust store and policies ---
+
+    def trust_bytes(self) -> bytes | None:
+        """The stored serialized `TrustStore`, or None before the first run."""
+        with self.transaction() as conn:
+            row = conn.execute("SELECT store FROM trust WHERE id=1").fetchone()
+        return None if row is None else bytes(row[0])
+
+    @staticmethod
+    def save_trust(conn: sqlite3.Connection, data: bytes, root_version: int) -> None:
+        """Replace the stored trust store inside a transaction."""
+        conn.execute(
+            "INSERT INTO trust (id, store, root_version, updated_at) VALUES (1, ?, ?, ?) "
+            "ON CONFLICT(id) DO UPDATE SET store=excluded.store, "
+            "root_version=excluded.root_version, updated_at=excluded.updated_at",
+            (data, root_version, int(time.time())),
+        )
+
+    def highest_versions(self) -> dict[str, int]:
+        """The highest accepted version per policy id (for rollback checks)."""
+        with self.transaction() as conn:
+            rows = conn.execute("SELECT policy_id, version FROM highest_versions").fetchall()
+        return {str(pid): int(version) for pid, version in rows}
+
+    @staticmethod
+    def save_policy(conn: sqlite3.Connection, policy: StoredPolicy) -> None:
+        """Cache a verified policy and raise its highest accepted version.
+
+        The highest version only ever grows (``MAX``), so a later stale write
+        cannot lower the rollback floor.
+        """
+        conn.execute(
+            "INSERT INTO policies (policy_id, version, metric, envelope, digest, epsilon, "
+            "expires_at, fetched_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?) "
+            "ON CONFLICT(policy_id) DO UPDATE SET version=excluded.version, "
+            "metric=excluded.metric, envelope=excluded.envelope, digest=excluded.digest, "
+            "epsilon=excluded.epsilon, expires_at=excluded.expires_at, "
+            "fetched_at=excluded.fetched_at WHERE excluded.version >= policies.version",
+            (
+                policy.policy_id,
+                policy.version,
+                policy.metric,
+                policy.envelope,
+                policy.digest,
+                str(policy.epsilon),
+                policy.expires_at,
+                policy.fetched_at,
+            ),
+        )
+        conn.execute(
+            "INSERT INTO highest_versions (policy_id, version) VALUES (?, ?) "
+            "ON CONFLICT(policy_id) DO UPDATE SET version=MAX(version, excluded.version)",
+            (policy.policy_id, policy.version),
+        )
+
+    @staticmethod
+    def delete_policy(conn: sqlite3.Connection, policy_id: str) -> None:
+        """Forget a cached policy (its highest version is kept)."""
+        conn.execute("DELETE FROM policies WHERE policy_id=?", (policy_id,))
+
+    def policies(self) -> list[StoredPolicy]:
+        """Every cached policy, by policy id."""
+        with self.transaction() as conn:
+            rows = conn.execute(
+                "SELECT policy_id, version, metric, envelope, digest, epsilon, expires_at, "
+                "fetched_at FROM policies ORDER BY policy_id"
+            ).fetchall()
+        return [
+            StoredPolicy(
+                policy_id=str(r[0]),
+                version=int(r[1]),
+                metric=str(r[2]),
+                envelope=bytes(r[3]),
+                digest=bytes(r[4]),
+                epsilon=Decimal(r[5]),
+                expires_at=int(r[6]),
+                fetched_at=int(r[7]),
+            )
+            for r in rows
+        ]
+
+    # --- memo state (memoized mechanisms) ---
+
+    def memo_key(self, conn: sqlite3.Connection, policy_id: str, value_bytes: bytes) -> bytes:
+        """HMAC-SHA256 of a value under the device-local memo secret.
+
+        The memo table never holds the value itself, only this keyed digest, so a
+        copy of the state file does not enumerate what was recorded by hashing
+        candidate values (the secret never leaves the file's own meta row).
+        """
+        message = policy_id.encode("utf-8") + b"\x00" + value_bytes
+        return hmac.new(self.memo_secret(conn), message, hashlib.sha256).digest()
+
+    @staticmethod
+    def load_memo(
+        conn: sqlite3.Connection, policy_id: str, scope: bytes, value_key: bytes
+    ) -> bytes | None:
+        """The stored memo state (a permanent response), or None."""
+        row = conn.execute(
+            "SELECT state FROM memo WHERE policy_id=? AND scope=? AND value_key=?",
+            (policy_id, scope, value_key),
+        ).fetchone()
+        return None if row is None else bytes(row[0])
+
+    @staticmethod
+    def save_memo(
+        conn: sqlite3.Connection, policy_id: str, scope: bytes, value_key: bytes, state: bytes
+    ) -> None:
+        """Store a memo state; an existing one is never replaced (permanent means permanent)."""
+        conn.execute(
+            "INSERT OR IGNORE INTO memo (policy_id, scope, value_key, state, created_at) "
+            "VALUES (?, ?, ?, ?, ?)",
+            (policy_id, scope, value_key, state, int(time.time())),
+        )
+
+    def memo_count(self) -> int:
+        """How many permanent responses are stored."""
+        with self.transaction() as conn:
+            return int(conn.execute("SELECT COUNT(*) FROM memo").fetchone()[0])
+
+    # --- budget ledger ---
+
+    @staticmethod
+    def spent(conn: sqlite3.Connection, policy_id: str, window_start: int) -> Decimal:
+        """Epsilon charged on this device for a policy and window (exact)."""
+        row = conn.execute(
+            "SELECT spent FROM budget WHERE policy_id=? AND window_start=?",
+            (policy_id, window_start),
+        ).fetchone()
+        return Decimal(0) if row is None else Decimal(row[0])
+
+    @staticmethod
+    def charge(
+        conn: sqlite3.Connection,
+        policy_id: str,
+        window_start: int,
+        window_seconds: int,
+        epsilon: Decimal,
+    ) -> Decimal:
+        """Add `epsilon` to the window's spend inside a transaction; returns the new total."""
+        total = DeviceStore.spent(conn, policy_id, window_start) + epsilon
+        conn.execute(
+            "INSERT INTO budget (policy_id, window_start, window_seconds, spent, reports) "
+            "VALUES (?, ?, ?, ?, 1) ON CONFLICT(policy_id, window_start) DO UPDATE SET "
+            "spent=excluded.spent, reports=reports+1",
+            (policy_id, window_start, window_seconds, str(total)),
+        )
+        return total
+
+    def budget_rows(self) -> list[BudgetRow]:
+        """Every budget row, newest window first."""
+        with self.transaction() as conn:
+            rows = conn.execute(
+                "SELECT policy_id, window_start, window_seconds, spent, reports FROM budget "
+                "ORDER BY window_start DESC, policy_id"
+            ).fetchall()
+        return [
+            BudgetRow(str(p), int(w), int(s), Decimal(spent), int(n)) for p, w, s, spent, n in rows
+        ]

@@ -1,0 +1,206 @@
+"""The durable outbox: randomized reports waiting for the collector's acknowledgement.
+
+A row is the exact serialized ``fedldp.v1.Report`` bytes made when the value was
+randomized. Those bytes are what every send and every retry puts on the wire, with
+the same report id, until the collector acknowledges them (ACCEPTED or
+DUPLICATE) or refuses them for good; a value is never randomized twice for one
+report. Rows are written in the same SQLite transaction as the device budget
+charge (see `fedldp.client.sdk`), so there is no charge without its report and no
+report without its charge.
+
+Bounded size, policy when full: **refuse new records**. When `max_reports` rows
+are pending, `record()` raises `OutboxFullError` *before* randomizing: nothing is
+randomized, charged or stored, and the app learns it at once. We refuse rather
+than drop the oldest report because the oldest report has already spent privacy
+budget (its randomized output exists and is charged on the device); throwing it
+away would waste that budget silently, while refusing the new value spends
+nothing. Every refusal bumps the ``dropped_outbox_full`` counter and emits an
+event (log line and callback), so nothing is ever lost without a trace.
+
+Reports that the collector refuses permanently (invalid, budget exhausted,
+unknown or expired policy, id conflict) leave the outbox with an event and a
+counter; their budget is not refunded, because the randomized output did reach
+the collector's network endpoint.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Sequence
+from dataclasses import dataclass
+from decimal import Decimal
+
+from fedldp.client.device_store import DeviceStore, Event
+
+#: Default bound on pending reports.
+DEFAULT_MAX_REPORTS = 10_000
+
+
+class RecordRefusedError(Exception):
+    """`Client.record` refused; nothing was randomized, charged or stored.
+
+    `reason` is a stable upper-case code (e.g. "OUTBOX_FULL", "NO_POLICY",
+    "BUDGET_EXHAUSTED", "BAD_VALUE"). Messages never contain the value.
+    """
+
+    reason: str = "REFUSED"
+
+    def __init__(self, message: str, *, reason: str | None = None) -> None:
+        super().__init__(message)
+        if reason is not None:
+            self.reason = reason
+
+
+class OutboxFullError(RecordRefusedError):
+    """The outbox holds its maximum number of pending reports (policy: refuse new)."""
+
+    reason = "OUTBOX_FULL"
+
+
+@dataclass(frozen=True)
+class OutboxEntry:
+    """One pending report: exact wire bytes plus bookkeeping that never goes on the wire."""
+
+    seq: int
+    report_id: bytes
+    policy_id: str
+    policy_version: int
+    window_start: int
+    epsilon: Decimal
+    report: bytes
+    created_at: int
+    attempts: int
+    next_attempt_at: float
+    last_error: str | None
+
+
+_COLUMNS = (
+    "seq, report_id, policy_id, policy_version, window_start, epsilon, report, created_at, "
+    "attempts, next_attempt_at, last_error"
+)
+
+
+def _entry(row: Sequence[object]) -> OutboxEntry:
+    return OutboxEntry(
+        seq=int(row[0]),  # type: ignore[call-overload]
+        report_id=bytes(row[1]),  # type: ignore[call-overload]
+        policy_id=str(row[2]),
+        policy_version=int(row[3]),  # type: ignore[call-overload]
+        window_start=int(row[4]),  # type: ignore[call-overload]
+        epsilon=Decimal(str(row[5])),
+        report=bytes(row[6]),  # type: ignore[call-overload]
+        created_at=int(row[7]),  # type: ignore[call-overload]
+        attempts=int(row[8]),  # type: ignore[call-overload]
+        next_attempt_at=float(row[9]),  # type: ignore[arg-type]
+        last_error=None if row[10] is None else str(row[10]),
+    )
+
+
+class Outbox:
+    """Outbox operations over a `DeviceStore`. Thread-safe through the store's lock."""
+
+    def __init__(self, store: DeviceStore, *, max_reports: int = DEFAULT_MAX_REPORTS) -> None:
+        if isinstance(max_reports, bool) or not isinstance(max_reports, int) or max_reports < 1:
+            raise ValueError(f"max_reports must be a positive integer, got {max_reports!r}")
+        self.store = store
+        self.max_reports = max_reports
+
+    # --- writing (inside the caller's transaction) ---
+
+    def ensure_room(self, conn: sqlite3.Connection) -> None:
+        """Raise `OutboxFullError` when `max_reports` reports are pending."""
+        pending = int(conn.execute("SELECT COUNT(*) FROM outbox").fetchone()[0])
+        if pending >= self.max_reports:
+            raise OutboxFullError(
+                f"the outbox holds {pending} unsent reports (max_reports={self.max_reports}); "
+                "the value was not recorded; call flush() when the collector is reachable "
+                "or raise max_reports"
+            )
+
+    @staticmethod
+    def add(
+        conn: sqlite3.Connection,
+        *,
+        report_id: bytes,
+        policy_id: str,
+        policy_version: int,
+        window_start: int,
+        epsilon: Decimal,
+        report: bytes,
+        created_at: int,
+    ) -> None:
+        """Insert a randomized report inside the caller's transaction."""
+        conn.execute(
+            "INSERT INTO outbox (report_id, policy_id, policy_version, window_start, epsilon, "
+            "report, created_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
+            (report_id, policy_id, policy_version, window_start, str(epsilon), report, created_at),
+        )
+
+    # --- reading ---
+
+    def due(self, now: float, limit: int) -> list[OutboxEntry]:
+        """Up to `limit` reports whose next attempt is due, oldest first."""
+        with self.store.transaction() as conn:
+            rows = conn.execute(
+                f"SELECT {_COLUMNS} FROM outbox WHERE next_attempt_at <= ? ORDER BY seq LIMIT ?",
+                (now, limit),
+            ).fetchall()
+        return [_entry(r) for r in rows]
+
+    def entries(self, limit: int | None = None) -> list[OutboxEntry]:
+        """Pending reports, oldest first (all of them when `limit` is None)."""
+        with self.store.transaction() as conn:
+            rows = conn.execute(
+                f"SELECT {_COLUMNS} FROM outbox ORDER BY seq LIMIT ?",
+                (-1 if limit is None else limit,),
+            ).fetchall()
+        return [_entry(r) for r in rows]
+
+    def pending(self) -> int:
+        """Number of reports not yet acknowledged."""
+        with self.store.transaction() as conn:
+            return int(conn.execute("SELECT COUNT(*) FROM outbox").fetchone()[0])
+
+    def next_due_at(self) -> float | None:
+        """When the earliest pending report may next be sent (None: outbox empty)."""
+        with self.store.transaction() as conn:
+            row = conn.execute("SELECT MIN(next_attempt_at) FROM outbox").fetchone()
+        return None if row[0] is None else float(row[0])
+
+    # --- outcomes ---
+
+    def acknowledge(self, report_ids: Sequence[bytes], *, duplicates: int = 0) -> None:
+        """The collector committed these reports: remove them, count them."""
+        if not report_ids:
+            return
+        with self.store.transaction() as conn:
+            conn.executemany("DELETE FROM outbox WHERE report_id=?", [(r,) for r in report_ids])
+            DeviceStore.bump(conn, "acknowledged", len(report_ids))
+            if duplicates:
+                DeviceStore.bump(conn, "acknowledged_duplicate", duplicates)
+
+    def refuse(self, entry: OutboxEntry, *, outcome: str, detail: str, now: int) -> Event:
+        """The collector refused a report for good: remove it, count it, log an event."""
+        event = Event(
+            at=now,
+            kind="report_refused",
+            reason=outcome,
+            detail=detail,
+            policy_id=entry.policy_id,
+            report_id=entry.report_id,
+        )
+        with self.store.transaction() as conn:
+            conn.execute("DELETE FROM outbox WHERE report_id=?", (entry.report_id,))
+            DeviceStore.bump(conn, "refused")
+            DeviceStore.bump(conn, f"refused_{outcome.lower()}")
+            DeviceStore.add_event(conn, event)
+        return event
+
+    def defer(self, delays: Sequence[tuple[OutboxEntry, float]], *, now: float, error: str) -> None:
+        """A transient failure: count an attempt and schedule each report's next try."""
+        with self.store.transaction() as conn:
+            conn.executemany(
+                "UPDATE outbox SET attempts=attempts+1, next_attempt_at=?, last_error=? "
+                "WHERE report_id=?",
+                [(now + delay, error, entry.report_id) for entry, delay in delays],
+            )

@@ -1,0 +1,1016 @@
+"""The device SDK: record values under local differential privacy, send them reliably.
+
+A few lines to use::
+
+    import fedldp
+    from decimal import Decimal
+
+    with fedldp.Client(
+        collector="collector.example:443",
+        trust_root="/app/trust",                 # pinned root keys + root envelopes
+        state_dir="/data/app/fedldp",            # the on-device state (one SQLite file)
+        credentials="device-token",              # bearer token over TLS
+        max_epsilon=Decimal("2"),                # this device's own per-report maximum
+    ) as client:
+        client.record("browser.homepage", "news.example")   # randomized now, sent later
+        client.record("session.minutes", 42.5)               # numbers for numeric metrics
+        client.flush()                                       # or background=True
+
+What happens, in order (see docs/sdk.md for the full contract):
+
+1. **Policy.** `record(metric, value)` looks up the cached, verified policy for
+   `metric` (fetched with GetPolicies, verified by `verify_policy` against the
+   pinned trust root, the stored highest versions and this device's maximum
+   epsilon). Without one it raises `NoPolicyError`, saying why.
+2. **Budget guard.** The device keeps its own ledger of epsilon per policy and
+   window, and refuses (`BudgetGuardError`) before randomizing when the charge
+   would pass the policy's cap, whatever the collector would accept.
+3. **Randomize once.** The value is randomized now (OS CSPRNG), the report gets
+   16 random bytes as its id, and its exact serialized bytes are written to the
+   outbox together with the budget charge in one SQLite transaction (WAL,
+   synchronous FULL). Nothing is sent before that transaction commits.
+4. **Send.** `flush()` (or the background sender) submits the stored bytes,
+   unchanged, until the collector acknowledges them; transient failures back off
+   exponentially with full jitter, honouring ``retry-after-ms`` hints; permanent
+   refusals are not retried and leave an event.
+
+The wire carries only the randomizer's output and the policy's identity: the
+report's fields are the id, the policy (id, version, digest), the hour-truncated
+time and the payload, serialized the same way whatever the true value was; sends
+happen on the sender's schedule, never inside `record()`.
+
+Thread-safe: every method may be called from any thread. For asyncio see
+`fedldp.client.aio.AsyncClient`. Base install only: grpcio, protobuf,
+cryptography and the standard library.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import random
+import secrets
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from decimal import Decimal, InvalidOperation
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Protocol, runtime_checkable
+
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+from fedldp.client.device_store import DeviceStore, Event, StoredPolicy
+from fedldp.client.mechanisms.base import Output
+from fedldp.client.outbox import (
+    DEFAULT_MAX_REPORTS,
+    Outbox,
+    OutboxEntry,
+    OutboxFullError,
+    RecordRefusedError,
+)
+from fedldp.client.policy import (
+    PolicyError,
+    TrustStore,
+    VerifiedPolicy,
+    verify_policy,
+)
+from fedldp.client.transport import Backoff, Credentials, Transport, TransportError, jitter_rng
+from fedldp.client.wire import REPORT_ID_BYTES, fill_payload
+from fedldp.v1 import collector_pb2, policy_pb2
+from google.protobuf.message import DecodeError
+
+logger = logging.getLogger("fedldp.client")
+
+#: Reports carry their creation time truncated to this many seconds (one hour).
+COARSE_TIME_SECONDS = 3600
+
+#: Outcomes that acknowledge a report (the collector committed it, now or before).
+_ACKNOWLEDGED = frozenset({collector_pb2.OUTCOME_ACCEPTED, collector_pb2.OUTCOME_DUPLICATE})
+#: Outcomes that refuse a report for good: retrying the same bytes cannot succeed.
+_PERMANENT = frozenset(
+    {
+        collector_pb2.OUTCOME_BUDGET_EXHAUSTED,
+        collector_pb2.OUTCOME_INVALID,
+        collector_pb2.OUTCOME_UNKNOWN_POLICY,
+        collector_pb2.OUTCOME_EXPIRED_POLICY,
+        collector_pb2.OUTCOME_CONFLICT,
+    }
+)
+
+
+# --- errors -------------------------------------------------------------------------------
+
+
+class NoPolicyError(RecordRefusedError):
+    """No verified, active policy covers the metric; the message says why.
+
+    `reason` is "NO_POLICY" (none fetched), "POLICY_REJECTED" (fetched but failed
+    verification), "POLICY_INACTIVE" (expired, not yet valid, or its key expired),
+    "AMBIGUOUS_POLICY" (several policies cover the metric: pass `policy_id`) or
+    "UNSUPPORTED_POLICY" (this SDK cannot run the policy's mechanism).
+    """
+
+    reason = "NO_POLICY"
+
+
+class BudgetGuardError(RecordRefusedError):
+    """Recording would pass the policy's epsilon cap in this window (device's own ledger)."""
+
+    reason = "BUDGET_EXHAUSTED"
+
+
+class BadValueError(RecordRefusedError, ValueError):
+    """The value does not fit the metric (wrong type, unknown label, not finite).
+
+    The message never contains the value itself.
+    """
+
+    reason = "BAD_VALUE"
+
+
+class ClientClosedError(RuntimeError):
+    """The client was closed; create a new one."""
+
+
+# --- configuration and results --------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TrustRoot:
+    """Pinned root public keys and the root envelope they signed (shipped with the app).
+
+    `pinned_keys` are Ed25519 public keys (objects or raw 32 bytes); `root_envelope`
+    a `fedldp.v1.SignedEnvelope` (object or serialized bytes). Later roots arrive
+    from the collector and are accepted only by the TUF rotation rule.
+    """
+
+    root_envelope: policy_pb2.SignedEnvelope | bytes
+    pinned_keys: Sequence[Ed25519PublicKey | bytes]
+
+    def trust_store(self, *, now: int) -> TrustStore:
+        """Verify the root against the pinned keys."""
+        envelope = (
+            policy_pb2.SignedEnvelope.FromString(self.root_envelope)
+            if isinstance(self.root_envelope, bytes)
+            else self.root_envelope
+        )
+        keys = [
+            Ed25519PublicKey.from_public_bytes(k) if isinstance(k, bytes) else k
+            for k in self.pinned_keys
+        ]
+        return TrustStore.from_pinned_root(envelope, keys, now=now)
+
+
+TrustRootLike = TrustStore | TrustRoot | str | os.PathLike[str]
+
+
+def _trust_from(trust_root: TrustRootLike, *, now: int) -> TrustStore:
+    """Build the configured trust store (see `Client`'s `trust_root`)."""
+    if isinstance(trust_root, TrustStore):
+        return TrustStore.from_bytes(trust_root.to_bytes())  # a private copy
+    if isinstance(trust_root, TrustRoot):
+        return trust_root.trust_store(now=now)
+    from fedldp.client.policy.files import load_trust_folder, read_envelope
+
+    path = Path(trust_root)
+    if path.is_dir():
+        return load_trust_folder(path, now=now)
+    envelope = read_envelope(path)
+    try:
+        root = policy_pb2.Root.FromString(envelope.payload)
+    except DecodeError as exc:
+        raise PolicyError(f"{path.name} does not hold a root envelope ({exc})") from None
+    # A lone root file ships inside the app: its own root keys are the pins.
+    pins = [Ed25519PublicKey.from_public_bytes(k.ed25519) for k in root.root_keys]
+    return TrustStore.from_pinned_root(envelope, pins, now=now)
+
+
+@dataclass(frozen=True)
+class RecordResult:
+    """What `record()` stored. Contains no value, only bookkeeping."""
+
+    report_id: bytes
+    policy_id: str
+    policy_version: int
+    window_start: int
+    epsilon_charged: Decimal
+    epsilon_spent: Decimal
+    epsilon_remaining: Decimal
+    #: True when a numeric value was outside the policy's range and was clipped to it.
+    clipped: bool = False
+
+
+@dataclass(frozen=True)
+class FlushResult:
+    """What one `flush()` achieved."""
+
+    acknowledged: int = 0
+    duplicates: int = 0
+    refused: int = 0
+    failed_attempts: int = 0
+    pending: int = 0
+    last_error: str | None = None
+
+
+@dataclass(frozen=True)
+class PolicyRefresh:
+    """Outcome of `refresh_policies()`: policy ids accepted, rejections with reasons."""
+
+    accepted: tuple[str, ...]
+    rejected: Mapping[str, str]
+    root_version: int
+
+
+@dataclass(frozen=True)
+class BudgetStatus:
+    """The device ledger's view of one policy's current window."""
+
+    policy_id: str
+    policy_version: int
+    window_start: int
+    window_end: int
+    epsilon_cap: Decimal
+    epsilon_spent: Decimal
+    epsilon_remaining: Decimal
+    epsilon_per_report: Decimal
+
+
+@runtime_checkable
+class MemoizedMechanism(Protocol):
+    """The seam for memoized (RAPPOR-style) mechanisms.
+
+    Erlingsson, Pihur, Korolova, "RAPPOR", CCS 2014, Section 3: a *permanent*
+    randomized response is drawn once per distinct value and stored; every report
+    is an *instantaneous* randomization of that permanent response. The device
+    store keeps the permanent state (`memo` table, keyed by a keyed hash of the
+    value) in the same transaction as the report and the charge, so a value's
+    permanent response is drawn exactly once for the policy's `memo_scope`.
+    """
+
+    def memo_scope(self) -> bytes:
+        """Identifies the permanent randomization's parameters (a new scope, a new draw)."""
+
+    def permanent_response(self, value: Any, *, rng: random.Random | None = None) -> bytes:
+        """Draw the permanent state for `value` (serialized)."""
+
+    def perturb_memoized(self, permanent: bytes, *, rng: random.Random | None = None) -> Output:
+        """One instantaneous report from the stored permanent state."""
+
+
+EventCallback = Callable[[Event], None]
+
+
+# --- the client -----------------------------------------------------------------------------
+
+
+class Client:
+    """The device SDK. See the module docstring for the lifecycle of a value.
+
+    Parameters:
+        collector: the collector's ``host:port``.
+        trust_root: what this device trusts to sign policies: a folder with
+            ``pinned/*.pem`` and ``*.root`` files, a single root envelope file
+            (its own root keys are pinned: ship it inside the app), a `TrustRoot`
+            or a `TrustStore`. On later starts the stored trust (which may have
+            followed root rotations) is used as long as its pins match.
+        state_dir: directory of the device state file (created, mode 0700).
+        credentials: a bearer token (TLS with system roots) or `Credentials`.
+        max_epsilon: this device's per-report maximum; policies above it are refused.
+        max_epsilon_cap: this device's maximum cap per window; policies above it are
+            refused.
+        audience: the collector deployment this device talks to; policies not
+            addressed to it are refused (None: no check).
+        max_outbox: bound on unsent reports; when full, `record()` refuses (see
+            `fedldp.client.outbox` for why refuse-new rather than drop-oldest).
+        batch_size: reports per Submit call.
+        backoff: retry timing (`Backoff`).
+        timeout_seconds: a call's deadline, enforced on the device.
+        background: start a sender thread that flushes every
+            `send_interval_seconds` and refreshes policies every
+            `policy_refresh_seconds`.
+        fetch_policies: fetch policies in the constructor when the cache is older
+            than `policy_refresh_seconds` (a failure is logged, not raised: an
+            offline device still records under cached policies).
+        on_event: called with each `Event` (drops, refusals, rejected policies,
+            transport errors); exceptions in it are logged and swallowed.
+        rng: randomness for the mechanisms. None (default) is the OS CSPRNG; pass a
+            seeded `random.Random` only in tests and simulations. Report ids and
+            backoff jitter always come from the OS CSPRNG.
+        clock: Unix time in seconds for policy validity, budget windows and report
+            times (tests pass a fake clock). Retry scheduling uses the real clock.
+    """
+
+    def __init__(
+        self,
+        collector: str,
+        *,
+        trust_root: TrustRootLike,
+        state_dir: str | os.PathLike[str],
+        credentials: Credentials | str,
+        max_epsilon: Decimal | None = None,
+        max_epsilon_cap: Decimal | None = None,
+        audience: str | None = None,
+        max_outbox: int = DEFAULT_MAX_REPORTS,
+        batch_size: int = 100,
+        backoff: Backoff | None = None,
+        timeout_seconds: float = 30.0,
+        background: bool = False,
+        send_interval_seconds: float = 60.0,
+        policy_refresh_seconds: float = 3600.0,
+        fetch_policies: bool = True,
+        on_event: EventCallback | None = None,
+        rng: random.Random | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        for name, limit in (("max_epsilon", max_epsilon), ("max_epsilon_cap", max_epsilon_cap)):
+            if limit is not None and (
+                not isinstance(limit, Decimal) or not limit.is_finite() or limit <= 0
+            ):
+                raise TypeError(f"{name} must be a positive, finite decimal.Decimal (exact)")
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError("batch_size must be a positive integer")
+        if send_interval_seconds <= 0 or policy_refresh_seconds <= 0:
+            raise ValueError("send_interval_seconds and policy_refresh_seconds must be positive")
+        if isinstance(credentials, str):
+            credentials = Credentials.bearer(credentials)
+        self._clock = clock
+        self._rng = rng
+        self._jitter = jitter_rng()
+        self._max_epsilon = max_epsilon
+        self._max_epsilon_cap = max_epsilon_cap
+        self._audience = audience
+        self._batch_size = batch_size
+        self._backoff = backoff or Backoff()
+        self._send_interval = send_interval_seconds
+        self._policy_refresh = policy_refresh_seconds
+        self._on_event = on_event
+        self._lock = threading.RLock()  # policy cache and trust store
+        self._send_lock = threading.Lock()  # one sender at a time
+        self._closing = threading.Event()
+        self._wake = threading.Event()
+        self._closed = False
+        self._thread: threading.Thread | None = None
+        self._policies: dict[str, VerifiedPolicy] = {}
+        self._rejections: dict[str, str] = {}
+
+        self._store = DeviceStore(state_dir)
+        try:
+            self._outbox = Outbox(self._store, max_reports=max_outbox)
+            self._trust = self._load_trust(trust_root)
+            self._load_cached_policies()
+            self._transport = Transport(collector, credentials, timeout_seconds=timeout_seconds)
+        except BaseException:
+            self._store.close()
+            raise
+        if fetch_policies and self._policies_stale():
+            try:
+                self.refresh_policies()
+            except TransportError as exc:
+                logger.warning("fedldp: policy fetch failed (%s); using cached policies", exc.code)
+        if background:
+            self.start_background()
+
+    # --- lifecycle ---
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Stop the background sender, close the channel and the state file (idempotent).
+
+        Unsent reports stay in the outbox and are sent by the next Client on the
+        same `state_dir`.
+        """
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        self._closing.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join()
+        with self._send_lock:
+            self._transport.close()
+            self._store.close()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ClientClosedError("this fedldp.Client is closed; create a new one")
+
+    @property
+    def state_path(self) -> Path:
+        """The device state file."""
+        return self._store.path
+
+    # --- trust and policies ---
+
+    def _load_trust(self, trust_root: TrustRootLike) -> TrustStore:
+        now = int(self._clock())
+        configured = _trust_from(trust_root, now=now)
+        stored = self._store.trust_bytes()
+        if stored is not None:
+            try:
+                trust = TrustStore.from_bytes(stored)
+            except PolicyError as exc:
+                self._emit(Event(now, "root_rejected", "STORED_TRUST_INVALID", str(exc)))
+            else:
+                if trust.pinned_key_ids == configured.pinned_key_ids and (
+                    trust.root_version >= configured.root_version
+                ):
+                    return trust
+        with self._store.transaction() as conn:
+            DeviceStore.save_trust(conn, configured.to_bytes(), configured.root_version)
+            if stored is not None:
+                # New pins (app update): cached policies were verified under the old
+                # ones, so verify everything afresh.
+                conn.execute("DELETE FROM policies")
+        return configured
+
+    def _verify(
+        self, envelope: policy_pb2.SignedEnvelope, now: int, highest: Mapping[str, int]
+    ) -> VerifiedPolicy:
+        return verify_policy(
+            envelope,
+            self._trust,
+            now=now,
+            highest_versions=highest,
+            max_epsilon=self._max_epsilon,
+            max_epsilon_cap=self._max_epsilon_cap,
+            audience=self._audience,
+        )
+
+    def _load_cached_policies(self) -> None:
+        """Re-verify the cached envelopes (the state file is not trusted blindly)."""
+        now = int(self._clock())
+        highest = self._store.highest_versions()
+        loaded: dict[str, VerifiedPolicy] = {}
+        for stored in self._store.policies():
+            try:
+                envelope = policy_pb2.SignedEnvelope.FromString(stored.envelope)
+                loaded[stored.policy_id] = self._verify(envelope, now, highest)
+            except (PolicyError, DecodeError) as exc:
+                self._rejections[stored.policy_id] = f"cached policy no longer verifies: {exc}"
+        with self._lock:
+            self._policies = loaded
+
+    def _policies_stale(self) -> bool:
+        fetched = self._store.get_meta("policies_fetched_at")
+        return fetched is None or self._clock() - float(fetched) >= self._policy_refresh
+
+    def refresh_policies(self) -> PolicyRefresh:
+        """Fetch roots and policies from the collector, verify them, cache the good ones.
+
+        Newer roots are applied by the TUF rotation rule first; each policy envelope
+        is then verified (`verify_policy`: signature over the exact bytes by a key
+        the trusted root delegates to, content, validity, rollback against the
+        highest version stored for its id, this device's epsilon maximums,
+        audience). Rejected envelopes leave an event and are never used. Cached
+        policies the collector no longer serves are dropped (their highest
+        version stays, so an old version cannot come back).
+
+        Raises `TransportError` when the collector cannot be reached; the cache is
+        then unchanged.
+        """
+        self._check_open()
+        with self._lock:
+            response = self._transport.get_policies(known_root_version=self._trust.root_version)
+            now = int(self._clock())
+            trust = TrustStore.from_bytes(self._trust.to_bytes())
+            try:
+                trust.update_roots(list(response.roots), now=now)
+            except PolicyError as exc:
+                self._emit(Event(now, "root_rejected", type(exc).__name__, str(exc)))
+            self._trust = trust
+            highest = dict(self._store.highest_versions())
+            cached = {p.policy_id: p for p in self._store.policies()}
+            accepted: dict[str, VerifiedPolicy] = {}
+            rejected: dict[str, str] = {}
+            for envelope in response.policies:
+                try:
+                    verified = self._verify(envelope, now, highest)
+                except PolicyError as exc:
+                    label = _unverified_label(envelope)
+                    rejected[label] = str(exc)
+                    self._emit(Event(now, "policy_rejected", type(exc).__name__, str(exc), label))
+                    continue
+                known = cached.get(verified.policy_id)
+                if (
+                    known is not None
+                    and known.version == verified.version
+                    and (known.digest != verified.digest)
+                ):
+                    reason = (
+                        f"policy {verified.policy_id} v{verified.version} differs from the "
+                        "version already accepted under the same number; a changed policy "
+                        "needs a higher version"
+                    )
+                    rejected[verified.policy_id] = reason
+                    self._emit(
+                        Event(
+                            now,
+                            "policy_rejected",
+                            "ConflictingPolicyError",
+                            reason,
+                            verified.policy_id,
+                        )
+                    )
+                    continue
+                previous = accepted.get(verified.policy_id)
+                if previous is None or verified.version > previous.version:
+                    accepted[verified.policy_id] = verified
+            with self._store.transaction() as conn:
+                DeviceStore.save_trust(conn, trust.to_bytes(), trust.root_version)
+                # The collector's list is authoritative for what is active: drop the rest
+                # (their highest versions stay, so they cannot come back older).
+                conn.execute("DELETE FROM policies")
+                for verified in accepted.values():
+                    DeviceStore.save_policy(
+                        conn,
+                        StoredPolicy(
+                            policy_id=verified.policy_id,
+                            version=verified.version,
+                            metric=verified.metric_name,
+                            envelope=verified.envelope.SerializeToString(),
+                            digest=verified.digest,
+                            epsilon=verified.epsilon,
+                            expires_at=verified.expires_at,
+                            fetched_at=now,
+                        ),
+                    )
+                if rejected:
+                    DeviceStore.bump(conn, "policies_rejected", len(rejected))
+                DeviceStore.set_meta(conn, "policies_fetched_at", str(now))
+            self._policies = accepted
+            self._rejections = rejected
+            return PolicyRefresh(tuple(sorted(accepted)), rejected, trust.root_version)
+
+    def policies(self) -> list[VerifiedPolicy]:
+        """The verified policies currently cached (active or not), by policy id."""
+        with self._lock:
+            return [self._policies[k] for k in sorted(self._policies)]
+
+    def _policy_for(self, metric: str, policy_id: str | None, now: int) -> VerifiedPolicy:
+        with self._lock:
+            candidates = [
+                p
+                for p in self._policies.values()
+                if p.metric_name == metric and (policy_id is None or p.policy_id == policy_id)
+            ]
+            rejections = dict(self._rejections)
+            trust = self._trust
+        active: list[VerifiedPolicy] = []
+        inactive: list[str] = []
+        for p in candidates:
+            if not p.is_active(now):
+                inactive.append(
+                    f"policy {p.policy_id} v{p.version} is valid from {p.not_before} until "
+                    f"{p.expires_at}, now is {now}"
+                )
+                continue
+            try:
+                trust.policy_key(p.key_id, now=now)
+            except PolicyError as exc:
+                inactive.append(f"policy {p.policy_id} v{p.version}: {exc}")
+                continue
+            active.append(p)
+        if len(active) == 1:
+            return active[0]
+        if len(active) > 1:
+            ids = ", ".join(sorted(p.policy_id for p in active))
+            raise NoPolicyError(
+                f"several policies cover metric {metric!r} ({ids}); pass policy_id= to choose",
+                reason="AMBIGUOUS_POLICY",
+            )
+        if inactive:
+            raise NoPolicyError(
+                f"no active policy for metric {metric!r}: "
+                + "; ".join(inactive)
+                + "; refresh_policies() fetches newer versions",
+                reason="POLICY_INACTIVE",
+            )
+        if rejections:
+            listing = "; ".join(f"{k}: {v}" for k, v in sorted(rejections.items()))
+            raise NoPolicyError(
+                f"no verified policy for metric {metric!r}; policies fetched but rejected: "
+                f"{listing}",
+                reason="POLICY_REJECTED",
+            )
+        fetched = self._store.get_meta("policies_fetched_at")
+        raise NoPolicyError(
+            f"no policy for metric {metric!r} is cached (last fetch: "
+            f"{'never' if fetched is None else fetched}); call refresh_policies() "
+            "while the collector is reachable, or check the metric name",
+            reason="NO_POLICY",
+        )
+
+    # --- recording ---
+
+    def record(
+        self, metric: str, value: str | int | float | Decimal, *, policy_id: str | None = None
+    ) -> RecordResult:
+        """Randomize `value` for `metric` now and store the report for sending.
+
+        Categorical metrics take the value's label (a string in the policy's
+        domain); numeric metrics take a finite number, clipped to the policy's
+        range (`RecordResult.clipped` says when). Does no network I/O.
+
+        Raises a `RecordRefusedError` subclass, having changed nothing, when
+        there is no usable policy (`NoPolicyError`), the value does not fit
+        (`BadValueError`), the device budget for this window would be passed
+        (`BudgetGuardError`) or the outbox is full (`OutboxFullError`). Every
+        refusal is counted and reported as an event (without the value).
+        """
+        self._check_open()
+        now = int(self._clock())
+        try:
+            policy = self._policy_for(metric, policy_id, now)
+            mechanism_input, clipped = _mechanism_input(policy, value)
+            memo = _memo_adapter(policy)
+            return self._randomize_and_store(policy, mechanism_input, clipped, memo, now)
+        except RecordRefusedError as exc:
+            self._refused(exc, now, metric)
+            raise
+
+    def _randomize_and_store(
+        self,
+        policy: VerifiedPolicy,
+        mechanism_input: Any,
+        clipped: bool,
+        memo: MemoizedMechanism | None,
+        now: int,
+    ) -> RecordResult:
+        window = policy.window_start(now)
+        with self._store.transaction() as conn:
+            # Every check before randomizing: a refused value is never randomized.
+            self._outbox.ensure_room(conn)
+            spent = DeviceStore.spent(conn, policy.policy_id, window)
+            if spent + policy.epsilon > policy.epsilon_cap:
+                raise BudgetGuardError(
+                    f"policy {policy.policy_id}: this device has spent {spent} of its epsilon "
+                    f"cap {policy.epsilon_cap} in the window starting {window}; one more "
+                    f"report costs {policy.epsilon}. Recording resumes at "
+                    f"{window + policy.window_seconds}"
+                )
+            if memo is None:
+                output = policy.mechanism.perturb(mechanism_input, rng=self._rng)
+            else:
+                key = self._store.memo_key(
+                    conn, policy.policy_id, _memo_value_bytes(mechanism_input)
+                )
+                scope = memo.memo_scope()
+                permanent = DeviceStore.load_memo(conn, policy.policy_id, scope, key)
+                if permanent is None:
+                    permanent = memo.permanent_response(mechanism_input, rng=self._rng)
+                    DeviceStore.save_memo(conn, policy.policy_id, scope, key, permanent)
+                output = memo.perturb_memoized(permanent, rng=self._rng)
+            report_id = secrets.token_bytes(REPORT_ID_BYTES)
+            report = collector_pb2.Report(
+                report_id=report_id,
+                policy_id=policy.policy_id,
+                policy_version=policy.version,
+                policy_digest=policy.digest,
+                coarse_time=now - now % COARSE_TIME_SECONDS,
+            )
+            fill_payload(report, output)
+            Outbox.add(
+                conn,
+                report_id=report_id,
+                policy_id=policy.policy_id,
+                policy_version=policy.version,
+                window_start=window,
+                epsilon=policy.epsilon,
+                report=report.SerializeToString(),
+                created_at=now,
+            )
+            total = DeviceStore.charge(
+                conn, policy.policy_id, window, policy.window_seconds, policy.epsilon
+            )
+            DeviceStore.bump(conn, "recorded")
+        return RecordResult(
+            report_id=report_id,
+            policy_id=policy.policy_id,
+            policy_version=policy.version,
+            window_start=window,
+            epsilon_charged=policy.epsilon,
+            epsilon_spent=total,
+            epsilon_remaining=policy.epsilon_cap - total,
+            clipped=clipped,
+        )
+
+    def _refused(self, exc: RecordRefusedError, now: int, metric: str) -> None:
+        event = Event(now, "record_refused", exc.reason, f"metric {metric!r}: {exc}")
+        try:
+            with self._store.transaction() as conn:
+                DeviceStore.bump(conn, f"record_refused_{exc.reason.lower()}")
+                if isinstance(exc, OutboxFullError):
+                    DeviceStore.bump(conn, "dropped_outbox_full")
+                DeviceStore.add_event(conn, event)
+        finally:
+            self._emit(event)
+
+    # --- sending ---
+
+    def flush(self, timeout: float | None = 30.0) -> FlushResult:
+        """Send pending reports until the outbox is empty or `timeout` seconds pass.
+
+        Waits out backoff delays within the timeout (None: no limit). Returns
+        counts; reports still pending stay in the outbox for the next flush.
+        Never raises for transport failures (they are counted and logged).
+        """
+        self._check_open()
+        deadline = None if timeout is None else time.monotonic() + timeout
+        totals = _Totals()
+        with self._send_lock:
+            while not self._closing.is_set():
+                self._send_due(totals)
+                next_due = self._outbox.next_due_at()
+                if next_due is None:
+                    break
+                wait = max(0.0, next_due - time.time())
+                if deadline is not None and time.monotonic() + wait > deadline:
+                    break
+                if wait > 0 and self._closing.wait(wait):
+                    break
+        return totals.result(self._outbox.pending())
+
+    def _send_due(self, totals: _Totals) -> None:
+        """Send every report due now, batch by batch (caller holds the send lock)."""
+        while not self._closing.is_set():
+            batch = self._outbox.due(time.time(), self._batch_size)
+            if not batch:
+                return
+            if not self._send_batch(batch, totals):
+                return
+
+    def _send_batch(self, batch: Sequence[OutboxEntry], totals: _Totals) -> bool:
+        """Submit one batch; False when the call failed (stop sending for now)."""
+        try:
+            response = self._transport.submit_raw([e.report for e in batch])
+        except TransportError as exc:
+            self._defer(batch, f"{exc.code.name}: {exc.detail}", exc.retry_after, totals)
+            return False
+        outcomes = list(response.outcomes)
+        if len(outcomes) != len(batch) or any(
+            o.report_id != e.report_id for o, e in zip(outcomes, batch, strict=False)
+        ):
+            self._defer(batch, "PROTOCOL: outcomes do not match the batch", None, totals)
+            return False
+        acknowledged: list[bytes] = []
+        duplicates = 0
+        retry: list[OutboxEntry] = []
+        now = int(self._clock())
+        for entry, outcome in zip(batch, outcomes, strict=True):
+            if outcome.outcome in _ACKNOWLEDGED:
+                acknowledged.append(entry.report_id)
+                duplicates += outcome.outcome == collector_pb2.OUTCOME_DUPLICATE
+            elif outcome.outcome in _PERMANENT:
+                name = collector_pb2.Outcome.Name(outcome.outcome)
+                detail = outcome.detail
+                if outcome.outcome == collector_pb2.OUTCOME_INVALID:
+                    detail = f"{collector_pb2.RejectReason.Name(outcome.reason)}: {detail}"
+                self._emit(self._outbox.refuse(entry, outcome=name, detail=detail, now=now))
+                totals.refused += 1
+            else:
+                retry.append(entry)
+        self._outbox.acknowledge(acknowledged, duplicates=duplicates)
+        totals.acknowledged += len(acknowledged)
+        totals.duplicates += duplicates
+        if retry:
+            self._defer(retry, "PROTOCOL: unknown outcome", None, totals)
+        return True
+
+    def _defer(
+        self,
+        batch: Sequence[OutboxEntry],
+        error: str,
+        retry_after: float | None,
+        totals: _Totals,
+    ) -> None:
+        failures = max(e.attempts for e in batch) + 1
+        delay = self._backoff.delay(failures, rng=self._jitter, retry_after=retry_after)
+        self._outbox.defer([(e, delay) for e in batch], now=time.time(), error=error)
+        totals.failed_attempts += 1
+        totals.last_error = error
+        with self._store.transaction() as conn:
+            DeviceStore.bump(conn, "send_failures")
+        logger.info(
+            "fedldp: send of %d report(s) failed (%s); next try in %.2f s",
+            len(batch),
+            error,
+            delay,
+        )
+
+    # --- background sender ---
+
+    def start_background(self) -> None:
+        """Start the sender thread (idempotent): flushes and refreshes policies periodically.
+
+        Sends happen on the thread's own schedule (every `send_interval_seconds`
+        with ±50 % jitter, or when a backoff delay ends), never triggered by
+        `record()`, so the timing of sends does not follow the timing of values.
+        """
+        self._check_open()
+        with self._lock:
+            if self._thread is not None:
+                return
+            self._thread = threading.Thread(
+                target=self._run_background, name="fedldp-sender", daemon=True
+            )
+            self._thread.start()
+
+    def wake(self) -> None:
+        """Ask the background sender to run now (e.g. when the network comes back)."""
+        self._wake.set()
+
+    def _run_background(self) -> None:
+        next_refresh = time.monotonic()
+        while not self._closing.is_set():
+            if time.monotonic() >= next_refresh:
+                next_refresh = time.monotonic() + self._policy_refresh
+                try:
+                    self.refresh_policies()
+                except TransportError as exc:
+                    next_refresh = time.monotonic() + min(self._policy_refresh, 60.0)
+                    logger.info("fedldp: policy refresh failed (%s)", exc.code)
+                except ClientClosedError:
+                    return
+            with self._send_lock:
+                if self._closing.is_set():
+                    return
+                self._send_due(_Totals())
+                next_due = self._outbox.next_due_at()
+            wait = self._send_interval * self._jitter.uniform(0.5, 1.5)
+            if next_due is not None:
+                wait = min(wait, max(0.05, next_due - time.time()))
+            self._wake.wait(wait)
+            self._wake.clear()
+
+    # --- inspection ---
+
+    def pending(self) -> int:
+        """Reports in the outbox, not yet acknowledged."""
+        self._check_open()
+        return self._outbox.pending()
+
+    def counters(self) -> dict[str, int]:
+        """The device's counters (recorded, acknowledged, refusals, drops, failures)."""
+        self._check_open()
+        return self._store.counters()
+
+    def events(self, limit: int = 100) -> list[Event]:
+        """The most recent events, newest first."""
+        self._check_open()
+        return self._store.events(limit)
+
+    def budget(self) -> list[BudgetStatus]:
+        """The device ledger's spend and what is left, per cached policy, current window."""
+        self._check_open()
+        now = int(self._clock())
+        out: list[BudgetStatus] = []
+        with self._store.transaction() as conn:
+            for p in self.policies():
+                window = p.window_start(now)
+                spent = DeviceStore.spent(conn, p.policy_id, window)
+                out.append(
+                    BudgetStatus(
+                        policy_id=p.policy_id,
+                        policy_version=p.version,
+                        window_start=window,
+                        window_end=window + p.window_seconds,
+                        epsilon_cap=p.epsilon_cap,
+                        epsilon_spent=spent,
+                        epsilon_remaining=max(Decimal(0), p.epsilon_cap - spent),
+                        epsilon_per_report=p.epsilon,
+                    )
+                )
+        return out
+
+    # --- events ---
+
+    def _emit(self, event: Event) -> None:
+        logger.warning(
+            "fedldp event %s/%s%s: %s",
+            event.kind,
+            event.reason,
+            f" policy={event.policy_id}" if event.policy_id else "",
+            event.detail,
+        )
+        if self._on_event is not None:
+            try:
+                self._on_event(event)
+            except Exception:
+                logger.exception("fedldp: on_event callback raised; ignored")
+
+
+@dataclass
+class _Totals:
+    acknowledged: int = 0
+    duplicates: int = 0
+    refused: int = 0
+    failed_attempts: int = 0
+    last_error: str | None = None
+
+    def result(self, pending: int) -> FlushResult:
+        return FlushResult(
+            acknowledged=self.acknowledged,
+            duplicates=self.duplicates,
+            refused=self.refused,
+            failed_attempts=self.failed_attempts,
+            pending=pending,
+            last_error=self.last_error,
+        )
+
+
+# --- values ---------------------------------------------------------------------------------
+
+
+def _mechanism_input(policy: VerifiedPolicy, value: object) -> tuple[Any, bool]:
+    """The mechanism's input for `value`, and whether it was clipped. Never echoes it."""
+    if policy.labels is not None:
+        if not isinstance(value, str):
+            raise BadValueError(
+                f"metric {policy.metric_name!r} is categorical: pass the value's label as a "
+                f"str, not {type(value).__name__}"
+            )
+        try:
+            return policy.label_index(value), False
+        except ValueError as exc:
+            raise BadValueError(str(exc)) from None
+    assert policy.numeric_range is not None
+    if isinstance(value, bool) or not isinstance(value, (int, float, Decimal)):
+        raise BadValueError(
+            f"metric {policy.metric_name!r} is numeric: pass an int, float or Decimal, "
+            f"not {type(value).__name__}"
+        )
+    try:
+        exact = value if isinstance(value, Decimal) else Decimal(value)
+    except (InvalidOperation, ValueError, OverflowError):
+        raise BadValueError(f"metric {policy.metric_name!r}: value is not a number") from None
+    if not exact.is_finite() or (isinstance(value, float) and not math.isfinite(value)):
+        raise BadValueError(f"metric {policy.metric_name!r}: value must be finite")
+    lo, hi = policy.numeric_range
+    clipped = min(max(exact, lo), hi)
+    return float(clipped), clipped != exact
+
+
+def _memo_adapter(policy: VerifiedPolicy) -> MemoizedMechanism | None:
+    """The memo seam of a memoized policy; refuses a memoized policy this SDK cannot run."""
+    if policy.memo_charging != policy_pb2.MEMO_CHARGING_INSTANTANEOUS:
+        return None
+    mechanism = policy.mechanism
+    if isinstance(mechanism, MemoizedMechanism):
+        return mechanism
+    raise NoPolicyError(
+        f"policy {policy.policy_id} v{policy.version} is memoized but mechanism "
+        f"{policy.mechanism_id!r} has no permanent-response support in this SDK; "
+        "upgrade the SDK",
+        reason="UNSUPPORTED_POLICY",
+    )
+
+
+def _memo_value_bytes(mechanism_input: object) -> bytes:
+    """A canonical encoding of a mechanism input, hashed into the memo key."""
+    return repr(mechanism_input).encode("utf-8")
+
+
+def _unverified_label(envelope: policy_pb2.SignedEnvelope) -> str:
+    """A label for a rejected envelope in messages: its claimed id (unverified) or digest."""
+    try:
+        claimed = policy_pb2.Policy.FromString(envelope.payload)
+    except DecodeError:
+        claimed = None
+    if claimed is not None and claimed.policy_id:
+        return f"{claimed.policy_id[:64]} v{claimed.version} (unverified)"
+    import hashlib
+
+    return f"envelope {hashlib.sha256(envelope.payload).hexdigest()[:16]}"
+
+
+__all__ = [
+    "COARSE_TIME_SECONDS",
+    "BadValueError",
+    "BudgetGuardError",
+    "BudgetStatus",
+    "Client",
+    "ClientClosedError",
+    "Credentials",
+    "Event",
+    "FlushResult",
+    "MemoizedMechanism",
+    "NoPolicyError",
+    "OutboxFullError",
+    "PolicyRefresh",
+    "RecordRefusedError",
+    "RecordResult",
+    "TrustRoot",
+]

@@ -1,0 +1,310 @@
+"""The SDK's gRPC transport: channel, credentials, deadlines, retry hints, backoff.
+
+Three rules shape this module:
+
+1. **Stored bytes go on the wire unchanged.** `Transport.submit_raw` takes the
+   serialized ``Report`` messages from the outbox and builds the
+   ``SubmitRequest`` by concatenating them as field 1 (a repeated message field is
+   the concatenation of its length-delimited elements, protobuf encoding spec,
+   "Length-Delimited Records"), and hands those bytes to a generic unary call
+   with no serializer. No message is parsed and re-serialized, so a retry sends
+   exactly the bytes of the first attempt.
+2. **No value- or timing-dependent request metadata.** Deadlines are enforced on
+   the device (``future.result(timeout)`` then cancel), not sent as a
+   ``grpc-timeout`` header whose text would depend on when the send started.
+   The request headers are the method, the authority, the user agent and the
+   bearer token: the same for every report.
+3. **Retry hints are honoured, never trusted blindly.** A ``retry-after-ms``
+   trailer on RESOURCE_EXHAUSTED or UNAVAILABLE sets a floor on the next delay,
+   capped at `Backoff.max_hint_seconds` so a hostile server cannot park the
+   device forever.
+
+Backoff is exponential with "full jitter" (Brooker, "Exponential Backoff And
+Jitter", AWS Architecture Blog, 2015): ``delay = uniform(0, min(cap, base·2^n))``
+after the n-th consecutive failure, which spreads a fleet's retries evenly
+instead of synchronizing them.
+"""
+
+from __future__ import annotations
+
+import random
+import secrets
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+from fedldp.v1 import collector_pb2
+
+_SERVICE = "/fedldp.v1.Collector/"
+
+#: Status codes worth retrying with backoff: the call may succeed later unchanged.
+TRANSIENT_CODES = frozenset(
+    {
+        grpc.StatusCode.UNAVAILABLE,
+        grpc.StatusCode.DEADLINE_EXCEEDED,
+        grpc.StatusCode.RESOURCE_EXHAUSTED,
+        grpc.StatusCode.ABORTED,
+        grpc.StatusCode.INTERNAL,
+        grpc.StatusCode.UNKNOWN,
+        grpc.StatusCode.CANCELLED,
+    }
+)
+#: Trailing metadata key carrying the server's retry hint, in milliseconds.
+RETRY_AFTER_KEY = "retry-after-ms"
+#: Largest message the device accepts (policy domains may be large).
+MAX_RECEIVE_BYTES = 64 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class Credentials:
+    """How the device authenticates to the collector and authenticates the collector.
+
+    * `token`: a bearer token sent as ``authorization: Bearer <token>`` on every
+      call; the collector derives the privacy-budget subject from it.
+    * TLS (the default): `root_certificates` (PEM; None = the system's roots) and,
+      for mutual TLS, `private_key` + `certificate_chain` (PEM).
+    * `insecure=True`: plaintext HTTP/2, for loopback tests and development only;
+      a token sent this way is readable by anyone on the path.
+    """
+
+    token: str | None = None
+    root_certificates: bytes | None = None
+    private_key: bytes | None = None
+    certificate_chain: bytes | None = None
+    insecure: bool = False
+
+    def __post_init__(self) -> None:
+        if self.token is not None and (not self.token or any(c in self.token for c in "\r\n")):
+            raise ValueError("token must be a non-empty single-line string")
+        if (self.private_key is None) != (self.certificate_chain is None):
+            raise ValueError("mutual TLS needs both private_key and certificate_chain")
+        if self.insecure and (self.root_certificates or self.private_key):
+            raise ValueError("insecure=True cannot be combined with TLS material")
+
+    @classmethod
+    def bearer(cls, token: str, *, root_certificates: bytes | None = None) -> Credentials:
+        """A bearer token over TLS (system roots unless `root_certificates` is given)."""
+        return cls(token=token, root_certificates=root_certificates)
+
+    @classmethod
+    def insecure_bearer(cls, token: str) -> Credentials:
+        """A bearer token over plaintext: loopback tests and development only."""
+        return cls(token=token, insecure=True)
+
+    def metadata(self) -> tuple[tuple[str, str], ...]:
+        """Per-call metadata (the same bytes for every call)."""
+        return () if self.token is None else (("authorization", f"Bearer {self.token}"),)
+
+    def __repr__(self) -> str:  # never print the token
+        return (
+            f"Credentials(token={'<set>' if self.token else None}, "
+            f"tls={'off' if self.insecure else 'on'}, "
+            f"mtls={'on' if self.private_key else 'off'})"
+        )
+
+
+@dataclass(frozen=True)
+class Backoff:
+    """Exponential backoff with full jitter (Brooker 2015), honouring retry hints."""
+
+    base_seconds: float = 0.5
+    max_seconds: float = 300.0
+    max_hint_seconds: float = 3600.0
+
+    def __post_init__(self) -> None:
+        if not 0 < self.base_seconds <= self.max_seconds:
+            raise ValueError("need 0 < base_seconds <= max_seconds")
+        if self.max_hint_seconds < 0:
+            raise ValueError("max_hint_seconds must be >= 0")
+
+    def ceiling(self, failures: int) -> float:
+        """The upper end of the jitter range after `failures` consecutive failures (>= 1)."""
+        exponent = min(max(failures, 1) - 1, 62)
+        return min(self.max_seconds, self.base_seconds * float(2**exponent))
+
+    def delay(
+        self, failures: int, *, rng: random.Random, retry_after: float | None = None
+    ) -> float:
+        """Seconds to wait before the next attempt.
+
+        ``uniform(0, ceiling(failures))``, raised to the server's hint when one was
+        given (hint capped at `max_hint_seconds`).
+        """
+        d = rng.uniform(0.0, self.ceiling(failures))
+        if retry_after is not None:
+            d = max(d, min(retry_after, self.max_hint_seconds))
+        return d
+
+
+class TransportError(Exception):
+    """A call failed as a whole; no report in it is known to be acknowledged.
+
+    `code` is the gRPC status; `retry_after` the server's hint in seconds, if any;
+    `transient` whether the same request may succeed later.
+    """
+
+    def __init__(self, code: grpc.StatusCode, detail: str, retry_after: float | None) -> None:
+        super().__init__(f"{code.name}: {detail}")
+        self.code = code
+        self.detail = detail
+        self.retry_after = retry_after
+
+    @property
+    def transient(self) -> bool:
+        """Whether retrying the identical call may succeed."""
+        return self.code in TRANSIENT_CODES
+
+
+def retry_after_seconds(metadata: Sequence[tuple[str, str | bytes]] | None) -> float | None:
+    """The ``retry-after-ms`` hint in trailing metadata, in seconds (None if absent or bad)."""
+    for key, value in metadata or ():
+        if key.lower() != RETRY_AFTER_KEY:
+            continue
+        text = value.decode("ascii", "replace") if isinstance(value, bytes) else value
+        if text.isdigit() and len(text) <= 12:
+            return int(text) / 1000.0
+    return None
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        byte = n & 0x7F
+        n >>= 7
+        if n:
+            out.append(byte | 0x80)
+        else:
+            out.append(byte)
+            return bytes(out)
+
+
+def submit_request_bytes(reports: Sequence[bytes]) -> bytes:
+    """A serialized ``SubmitRequest`` whose ``reports`` are exactly these serialized Reports.
+
+    Field 1, wire type 2 (tag byte 0x0A), then the length as a varint, then the
+    bytes, for each report in order (protobuf encoding: repeated embedded messages).
+    """
+    return b"".join(b"\x0a" + _varint(len(r)) + r for r in reports)
+
+
+class Transport:
+    """A gRPC channel to one collector and the three calls the SDK makes.
+
+    Thread-safe (gRPC channels are). Each Client owns one Transport, with a
+    private subchannel pool, so its connection is its own and `close()` ends it.
+    """
+
+    def __init__(
+        self,
+        target: str,
+        credentials: Credentials,
+        *,
+        timeout_seconds: float = 30.0,
+        options: Sequence[tuple[str, int | str]] = (),
+    ) -> None:
+        if not target or any(c.isspace() for c in target):
+            raise ValueError("collector must be a 'host:port' target without spaces")
+        if timeout_seconds <= 0:
+            raise ValueError("timeout_seconds must be positive")
+        self.target = target
+        self.credentials = credentials
+        self.timeout_seconds = timeout_seconds
+        channel_options: list[tuple[str, int | str]] = [
+            ("grpc.use_local_subchannel_pool", 1),
+            ("grpc.enable_retries", 0),  # retries are ours: same bytes, persisted backoff
+            ("grpc.max_receive_message_length", MAX_RECEIVE_BYTES),
+            *options,
+        ]
+        if credentials.insecure:
+            self._channel = grpc.insecure_channel(target, options=channel_options)
+        else:
+            channel_credentials = grpc.ssl_channel_credentials(
+                root_certificates=credentials.root_certificates,
+                private_key=credentials.private_key,
+                certificate_chain=credentials.certificate_chain,
+            )
+            self._channel = grpc.secure_channel(
+                target, channel_credentials, options=channel_options
+            )
+        self._metadata = credentials.metadata()
+        self._get_policies = self._channel.unary_unary(
+            _SERVICE + "GetPolicies",
+            request_serializer=collector_pb2.GetPoliciesRequest.SerializeToString,
+            response_deserializer=collector_pb2.GetPoliciesResponse.FromString,
+        )
+        # No request serializer: the request *is* the stored bytes.
+        self._submit = self._channel.unary_unary(
+            _SERVICE + "Submit",
+            request_serializer=None,
+            response_deserializer=collector_pb2.SubmitResponse.FromString,
+        )
+        self._get_budget = self._channel.unary_unary(
+            _SERVICE + "GetBudget",
+            request_serializer=collector_pb2.GetBudgetRequest.SerializeToString,
+            response_deserializer=collector_pb2.GetBudgetResponse.FromString,
+        )
+
+    def _call(self, method: grpc.UnaryUnaryMultiCallable[Any, Any], request: object) -> object:
+        future = method.future(request, metadata=self._metadata)
+        try:
+            return future.result(timeout=self.timeout_seconds)
+        except grpc.FutureTimeoutError:
+            future.cancel()  # type: ignore[no-untyped-call]
+            raise TransportError(
+                grpc.StatusCode.DEADLINE_EXCEEDED,
+                f"no answer within {self.timeout_seconds} s",
+                None,
+            ) from None
+        except grpc.RpcError as exc:
+            call: grpc.Call = exc  # type: ignore[assignment]
+            raise TransportError(
+                call.code(),
+                call.details() or "",
+                retry_after_seconds(call.trailing_metadata()),
+            ) from None
+
+    def get_policies(
+        self, *, known_root_version: int = 0, metric: str = ""
+    ) -> collector_pb2.GetPoliciesResponse:
+        """The collector's active policy envelopes and any newer roots."""
+        request = collector_pb2.GetPoliciesRequest(
+            metric=metric, known_root_version=known_root_version
+        )
+        response = self._call(self._get_policies, request)
+        assert isinstance(response, collector_pb2.GetPoliciesResponse)
+        return response
+
+    def submit_raw(self, reports: Sequence[bytes]) -> collector_pb2.SubmitResponse:
+        """Submit serialized Reports exactly as given; one outcome per report expected."""
+        response = self._call(self._submit, submit_request_bytes(reports))
+        assert isinstance(response, collector_pb2.SubmitResponse)
+        return response
+
+    def get_budget(self, policy_id: str = "") -> collector_pb2.GetBudgetResponse:
+        """What the collector's ledger says this device's subject has left."""
+        response = self._call(self._get_budget, collector_pb2.GetBudgetRequest(policy_id=policy_id))
+        assert isinstance(response, collector_pb2.GetBudgetResponse)
+        return response
+
+    def close(self) -> None:
+        """Close the channel (idempotent)."""
+        self._channel.close()
+
+
+def jitter_rng() -> random.Random:
+    """The randomness for backoff jitter: the OS CSPRNG (unpredictable retry times)."""
+    return secrets.SystemRandom()
+
+
+__all__ = [
+    "RETRY_AFTER_KEY",
+    "TRANSIENT_CODES",
+    "Backoff",
+    "Credentials",
+    "Transport",
+    "TransportError",
+    "jitter_rng",
+    "retry_after_seconds",
+    "submit_request_bytes",
+]
