@@ -130,10 +130,7 @@ def test_validity_interval_must_be_sane() -> None:
     assert any("after not_before" in p for p in _problems(_with(expires_at=1_796_083_200)))
     too_long = _with(expires_at=1_796_083_200 + 6 * 366 * 86400)
     assert any("longer than" in p for p in _problems(too_long))
-    assert any(
-        "offset" in p
-        for p in _problems(_with(not_before=datetime.datetime(2026, 12, 1)))
-    )
+    assert any("offset" in p for p in _problems(_with(not_before=datetime.datetime(2026, 12, 1))))
 
 
 def test_label_size_limits() -> None:

@@ -1,0 +1,225 @@
+"""`fedldp policy`: sign a policy TOML file, verify an envelope, show what it holds.
+
+`sign` reads the human-writable TOML schema (docs/policies.md,
+deploy/policies/example-policy.toml), validates it (every problem at once) and
+writes the signed envelope (serialized `fedldp.v1.SignedEnvelope`). `verify`
+runs exactly the device/collector verification. `show` decodes an envelope
+without trusting it, with its digest and signing key ids.
+"""
+
+from __future__ import annotations
+
+import json
+from decimal import Decimal, InvalidOperation
+from typing import Any
+
+import click
+from google.protobuf import json_format
+from google.protobuf.message import DecodeError
+
+from fedldp.cli_keys import load_keys, now_option, passphrase_from_env
+from fedldp.client.policy import (
+    POLICY_PAYLOAD_TYPE,
+    ROOT_PAYLOAD_TYPE,
+    InvalidPolicyError,
+    KeyFileError,
+    PolicyError,
+    TrustStore,
+    key_id_of,
+    load_policy_toml,
+    load_public_key,
+    load_trust,
+    load_trust_folder,
+    policy_digest,
+    read_envelope,
+    sign_policy,
+    verify_policy,
+    write_envelope,
+)
+from fedldp.v1 import policy_pb2
+
+
+@click.group(name="policy")
+def policy() -> None:
+    """Signed collection policies: sign, verify, show."""
+
+
+@policy.command()
+@click.argument("policy_file", type=click.Path(exists=True, dir_okay=False))
+@click.option(
+    "--key",
+    required=True,
+    type=click.Path(exists=True, dir_okay=False),
+    help="Policy-signing private key (listed in the current root).",
+)
+@click.option(
+    "--out",
+    required=True,
+    type=click.Path(dir_okay=False),
+    help="Envelope to write, e.g. policies/browser-homepage-v3.policy.",
+)
+@click.option("--passphrase-env", metavar="VAR", help="Passphrase of an encrypted key.")
+def sign(policy_file: str, key: str, out: str, passphrase_env: str | None) -> None:
+    """Validate POLICY_FILE (TOML) and write its signed envelope to --out.
+
+    Every problem in the file is listed at once; nothing is written unless the
+    policy is valid.
+    """
+    (private_key,) = load_keys((key,), passphrase_from_env(passphrase_env))
+    try:
+        envelope = sign_policy(load_policy_toml(policy_file), private_key)
+    except InvalidPolicyError as exc:
+        lines = "\n".join(f"  - {problem}" for problem in exc.problems)
+        raise click.ClickException(f"{policy_file} is not a valid policy:\n{lines}") from None
+    write_envelope(envelope, out)
+    message = policy_pb2.Policy.FromString(envelope.payload)
+    click.echo(f"wrote {out}: policy {message.policy_id} v{message.version}")
+    click.echo(f"digest: {policy_digest(envelope.payload).hex()}")
+    click.echo(f"key id: {key_id_of(private_key.public_key())}")
+
+
+def _trust(
+    trust_dir: str | None, roots: tuple[str, ...], pins: tuple[str, ...], now: int
+) -> TrustStore:
+    try:
+        if trust_dir is not None:
+            return load_trust_folder(trust_dir, now=now)
+        if not roots or not pins:
+            raise click.UsageError("give --trust-dir, or --root and --pin")
+        return load_trust(
+            [load_public_key(p) for p in pins], [read_envelope(r) for r in roots], now=now
+        )
+    except (PolicyError, KeyFileError, OSError) as exc:
+        raise click.ClickException(f"cannot build the trust store: {exc}") from None
+
+
+def _decimal(_ctx: click.Context, _param: click.Parameter, value: str | None) -> Decimal | None:
+    if value is None:
+        return None
+    try:
+        parsed = Decimal(value)
+    except InvalidOperation:
+        raise click.BadParameter(f"{value!r} is not a decimal") from None
+    if not parsed.is_finite() or parsed <= 0:
+        raise click.BadParameter("must be finite and positive")
+    return parsed
+
+
+@policy.command()
+@click.argument("envelope_file", type=click.Path(exists=True, dir_okay=False))
+@click.option(
+    "--trust-dir",
+    type=click.Path(exists=True, file_okay=False),
+    help="Trust folder: pinned/*.pem|*.pub root keys and *.root envelopes.",
+)
+@click.option(
+    "--root",
+    "roots",
+    multiple=True,
+    type=click.Path(exists=True, dir_okay=False),
+    help="Root envelope (repeat for the chain, any order).",
+)
+@click.option(
+    "--pin",
+    "pins",
+    multiple=True,
+    type=click.Path(exists=True, dir_okay=False),
+    help="Pinned root public key (repeat for several).",
+)
+@click.option("--now", type=int, help="Unix time to verify at (default: the clock).")
+@click.option("--audience", help="Collector deployment name the policy must be addressed to.")
+@click.option("--max-epsilon", callback=_decimal, help="Device maximum per-report epsilon.")
+@click.option("--max-epsilon-cap", callback=_decimal, help="Device maximum epsilon per window.")
+@click.option(
+    "--highest-version",
+    type=int,
+    help="Highest version already accepted for this policy id (rollback check).",
+)
+def verify(
+    envelope_file: str,
+    trust_dir: str | None,
+    roots: tuple[str, ...],
+    pins: tuple[str, ...],
+    now: int | None,
+    audience: str | None,
+    max_epsilon: Decimal | None,
+    max_epsilon_cap: Decimal | None,
+    highest_version: int | None,
+) -> None:
+    """Verify ENVELOPE_FILE as a device or collector would; exit 1 if refused."""
+    clock = now_option(now)
+    trust = _trust(trust_dir, roots, pins, clock)
+    try:
+        envelope = read_envelope(envelope_file)
+        highest: dict[str, int] | None = None
+        if highest_version is not None:
+            unverified_id = policy_pb2.Policy.FromString(envelope.payload).policy_id
+            highest = {unverified_id: highest_version}
+        verified = verify_policy(
+            envelope,
+            trust,
+            now=clock,
+            highest_versions=highest,
+            max_epsilon=max_epsilon,
+            max_epsilon_cap=max_epsilon_cap,
+            audience=audience,
+        )
+    except (PolicyError, DecodeError) as exc:
+        click.echo(f"REFUSED ({type(exc).__name__}): {exc}", err=True)
+        raise SystemExit(1) from None
+    click.echo(
+        f"OK: policy {verified.policy_id} v{verified.version}, metric {verified.metric_name}, "
+        f"mechanism {verified.mechanism_id} epsilon {verified.epsilon} per report, "
+        f"cap {verified.epsilon_cap} per {verified.window_seconds} s, "
+        f"valid [{verified.not_before}, {verified.expires_at})"
+    )
+    click.echo(f"digest: {verified.digest.hex()}")
+    click.echo(f"key id: {verified.key_id} (trusted by root v{trust.root_version})")
+
+
+def describe_envelope(envelope: policy_pb2.SignedEnvelope) -> dict[str, Any]:
+    """A JSON-ready description of an envelope, decoded WITHOUT verification."""
+    info: dict[str, Any] = {
+        "verified": False,
+        "payload_type": envelope.payload_type,
+        "payload_bytes": len(envelope.payload),
+        "digest": policy_digest(envelope.payload).hex(),
+        "signatures": [{"key_id": s.key_id, "sig_bytes": len(s.sig)} for s in envelope.signatures],
+    }
+    kinds: dict[str, type[policy_pb2.Policy] | type[policy_pb2.Root]] = {
+        POLICY_PAYLOAD_TYPE: policy_pb2.Policy,
+        ROOT_PAYLOAD_TYPE: policy_pb2.Root,
+    }
+    kind = kinds.get(envelope.payload_type)
+    if kind is None:
+        info["error"] = "unknown payload type; not decoded"
+        return info
+    try:
+        message = kind.FromString(envelope.payload)
+    except DecodeError as exc:
+        info["error"] = f"payload does not decode: {exc}"
+        return info
+    decoded = json_format.MessageToDict(message, preserving_proto_field_name=True)
+    if isinstance(message, policy_pb2.Policy) and message.metric.HasField("categorical"):
+        decoded["metric"]["categorical"]["digest"] = message.metric.categorical.digest.hex()
+    if isinstance(message, policy_pb2.Root):
+        for role in ("root_keys", "policy_keys"):
+            for entry, raw in zip(decoded.get(role, []), getattr(message, role), strict=True):
+                entry["ed25519"] = raw.ed25519.hex()
+    info["decoded"] = decoded
+    return info
+
+
+@policy.command()
+@click.argument("envelope_file", type=click.Path(exists=True, dir_okay=False))
+def show(envelope_file: str) -> None:
+    """Decode ENVELOPE_FILE (policy or root) as JSON, with its digest and key ids.
+
+    Nothing is verified (use `fedldp policy verify` for that); the output says so.
+    """
+    try:
+        envelope = read_envelope(envelope_file)
+    except PolicyError as exc:
+        raise click.ClickException(str(exc)) from None
+    click.echo(json.dumps(describe_envelope(envelope), indent=2, ensure_ascii=False))
+
