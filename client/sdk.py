@@ -485,11 +485,12 @@ class Client:
         with self._lock:
             response = self._transport.get_policies(known_root_version=self._trust.root_version)
             now = int(self._clock())
+            rejection_events: list[Event] = []
             trust = TrustStore.from_bytes(self._trust.to_bytes())
             try:
                 trust.update_roots(list(response.roots), now=now)
-            except PolicyError as exc:
-                self._emit(Event(now, "root_rejected", type(exc).__name__, str(exc)))
+            except PolicyError as exc:  # the roots applied before the bad one stay
+                rejection_events.append(Event(now, "root_rejected", type(exc).__name__, str(exc)))
             self._trust = trust
             highest = dict(self._store.highest_versions())
             cached = {p.policy_id: p for p in self._store.policies()}
@@ -501,7 +502,9 @@ class Client:
                 except PolicyError as exc:
                     label = _unverified_label(envelope)
                     rejected[label] = str(exc)
-                    self._emit(Event(now, "policy_rejected", type(exc).__name__, str(exc), label))
+                    rejection_events.append(
+                        Event(now, "policy_rejected", type(exc).__name__, str(exc), label)
+                    )
                     continue
                 known = cached.get(verified.policy_id)
                 if (
@@ -515,7 +518,7 @@ class Client:
                         "needs a higher version"
                     )
                     rejected[verified.policy_id] = reason
-                    self._emit(
+                    rejection_events.append(
                         Event(
                             now,
                             "policy_rejected",
@@ -547,12 +550,15 @@ class Client:
                             fetched_at=now,
                         ),
                     )
-                if rejected:
-                    DeviceStore.bump(conn, "policies_rejected", len(rejected))
+                for event in rejection_events:
+                    DeviceStore.bump(conn, f"{event.kind}s")
+                    DeviceStore.add_event(conn, event)
                 DeviceStore.set_meta(conn, "policies_fetched_at", str(now))
             self._policies = accepted
             self._rejections = rejected
-            return PolicyRefresh(tuple(sorted(accepted)), rejected, trust.root_version)
+        for event in rejection_events:
+            self._emit(event)
+        return PolicyRefresh(tuple(sorted(accepted)), rejected, trust.root_version)
 
     def policies(self) -> list[VerifiedPolicy]:
         """The verified policies currently cached (active or not), by policy id."""

@@ -7,7 +7,6 @@ from decimal import Decimal
 from pathlib import Path
 
 import pytest
-
 from fedldp.client.device_store import DeviceStore
 from fedldp.client.outbox import Outbox, OutboxFullError
 
@@ -57,7 +56,8 @@ def test_exact_bytes_and_order(outbox: Outbox) -> None:
     first = _add(outbox, b"\x00\x01first")
     second = _add(outbox, b"second")
     due = outbox.due(now=0, limit=10)
-    assert [(e.report_id, e.report) for e in due] == [(first, b"\x00\x01first"), (second, b"second")]
+    expected = [(first, b"\x00\x01first"), (second, b"second")]
+    assert [(e.report_id, e.report) for e in due] == expected
     assert due[0].epsilon == Decimal("0.5") and due[0].attempts == 0
 
 

@@ -7,7 +7,6 @@ from decimal import Decimal
 from pathlib import Path
 
 import pytest
-
 from fedldp.client.device_store import (
     MAX_EVENTS,
     SCHEMA_VERSION,

@@ -1,0 +1,327 @@
+"""Real infrastructure for the SDK integration tests: a collector, a TCP relay, a gRPC proxy.
+
+Nothing here mocks gRPC or the collector. The collector is the real one
+(`fedldp.collector.server.start_collector`) on a SQLite ledger file; faults are
+injected *between* the SDK and it, by
+
+* `Relay`: a TCP relay that copies bytes both ways, records what the device sent,
+  can cut the first connections, and can run a hook when the collector answers;
+* `FaultProxy`: a real gRPC server that forwards each call's raw request bytes to
+  the collector and can refuse the first calls with UNAVAILABLE (+ retry hint),
+  or forward a call and then lose its answer.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import secrets
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import grpc
+from fedldp.client.policy import Authority
+from fedldp.client.sdk import Client, TrustRoot
+from fedldp.client.transport import Credentials
+from fedldp.collector.auth import TokenAuthority
+from fedldp.collector.config import CollectorConfig
+from fedldp.collector.policies import PolicyRegistry
+from fedldp.collector.server import RunningCollector, start_collector
+from fedldp.v1 import policy_pb2
+
+LABELS = ("news.example", "mail.example", "shop.example", "video.example")
+AUDIENCE = "default"
+
+
+@dataclass
+class Deployment:
+    """An authority, its signed policies, a token secret, and collectors started from them."""
+
+    tmp: Path
+    now: int
+    authority: Authority = field(init=False)
+    secret: bytes = field(default_factory=lambda: secrets.token_bytes(32))
+    envelopes: list[policy_pb2.SignedEnvelope] = field(default_factory=list)
+    collectors: list[RunningCollector] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.authority = Authority.generate(now=self.now - 60)
+
+    def categorical(
+        self,
+        policy_id: str = "homepage",
+        *,
+        epsilon: str = "1",
+        epsilon_cap: str = "3",
+        metric: str = "browser.homepage",
+        window_seconds: int = 86400,
+        version: int = 1,
+        labels: Sequence[str] = LABELS,
+    ) -> policy_pb2.SignedEnvelope:
+        policy = self.authority.categorical_policy(
+            policy_id=policy_id,
+            metric=metric,
+            labels=list(labels),
+            epsilon=epsilon,
+            epsilon_cap=epsilon_cap,
+            window_seconds=window_seconds,
+            now=self.now - 60,
+            version=version,
+            min_reports=1,
+            audience=(AUDIENCE,),
+        )
+        envelope = self.authority.sign(policy)
+        self.envelopes.append(envelope)
+        return envelope
+
+    def start(
+        self,
+        envelopes: Sequence[policy_pb2.SignedEnvelope] | None = None,
+        *,
+        name: str = "ledger",
+        **config: Any,
+    ) -> RunningCollector:
+        trust = self.authority.trust_store(now=self.now)
+        registry = PolicyRegistry.from_envelopes(
+            self.envelopes if envelopes is None else envelopes,
+            trust,
+            now=int(time.time()),
+            audience=AUDIENCE,
+        )
+        settings: dict[str, Any] = {
+            "ledger_url": f"sqlite:///{self.tmp / (name + '.db')}",
+            "token_secret": self.secret.hex(),
+            "audience": AUDIENCE,
+            "workers": 8,
+            "log_level": "WARNING",
+        }
+        settings.update(config)
+        running = start_collector(CollectorConfig(**settings), registry=registry)
+        self.collectors.append(running)
+        return running
+
+    def token(self, subject: str = "device-1") -> str:
+        return TokenAuthority(self.secret).mint(subject, expires_at=int(time.time()) + 86400)
+
+    def trust_root(self) -> TrustRoot:
+        return TrustRoot(self.authority.root_envelope, self.authority.root_public_keys)
+
+    def client(
+        self, target: str, state_dir: Path, *, subject: str = "device-1", **kwargs: Any
+    ) -> Client:
+        kwargs.setdefault("timeout_seconds", 5.0)
+        return Client(
+            target,
+            trust_root=self.trust_root(),
+            state_dir=state_dir,
+            credentials=Credentials.insecure_bearer(self.token(subject)),
+            **kwargs,
+        )
+
+    def stop(self) -> None:
+        for c in self.collectors:
+            c.stop(grace=1.0)
+
+
+# --- TCP relay ---------------------------------------------------------------------------
+
+
+class Relay:
+    """Copies TCP bytes between the device and `upstream`, recording the device's bytes.
+
+    `cut_first`: the first N connections are closed as soon as the device sends
+    anything (nothing reaches the collector). `on_upstream_data(conn_index)` runs
+    before each chunk from the collector is passed on; if it returns False the
+    connection is cut instead (the answer is lost).
+    """
+
+    def __init__(
+        self,
+        upstream: tuple[str, int],
+        *,
+        cut_first: int = 0,
+        on_upstream_data: Callable[[int], bool] | None = None,
+    ) -> None:
+        self.upstream = upstream
+        self.cut_first = cut_first
+        self.on_upstream_data = on_upstream_data
+        self.sent: list[bytearray] = []  # device -> collector bytes, per connection
+        self.connections = 0
+        self._lock = threading.Lock()
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self._listener.getsockname()[1]
+        self._closed = False
+        self._sockets: list[socket.socket] = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def _accept(self) -> None:
+        while not self._closed:
+            try:
+                device, _ = self._listener.accept()
+            except OSError:
+                return
+            with self._lock:
+                index = self.connections
+                self.connections += 1
+                self.sent.append(bytearray())
+            try:
+                server = socket.create_connection(self.upstream)
+            except OSError:
+                device.close()
+                continue
+            self._sockets += [device, server]
+            cut = index < self.cut_first
+            threading.Thread(
+                target=self._pump_up, args=(device, server, index, cut), daemon=True
+            ).start()
+            threading.Thread(
+                target=self._pump_down, args=(server, device, index), daemon=True
+            ).start()
+
+    def _pump_up(self, src: socket.socket, dst: socket.socket, index: int, cut: bool) -> None:
+        try:
+            while data := src.recv(65536):
+                if cut:
+                    break
+                with self._lock:
+                    self.sent[index] += data
+                dst.sendall(data)
+        except OSError:
+            pass
+        _close(src, dst)
+
+    def _pump_down(self, src: socket.socket, dst: socket.socket, index: int) -> None:
+        try:
+            while data := src.recv(65536):
+                if self.on_upstream_data is not None and not self.on_upstream_data(index):
+                    break
+                dst.sendall(data)
+        except OSError:
+            pass
+        _close(src, dst)
+
+    def close(self) -> None:
+        self._closed = True
+        self._listener.close()
+        for s in self._sockets:
+            _close(s)
+
+
+def _close(*socks: socket.socket) -> None:
+    for s in socks:
+        with contextlib.suppress(OSError):
+            s.shutdown(socket.SHUT_RDWR)
+        s.close()
+
+
+# --- gRPC fault proxy --------------------------------------------------------------------
+
+
+class FaultProxy:
+    """A real gRPC server forwarding raw request bytes to the collector, with faults.
+
+    `fail_first`: the first N Submit calls are answered UNAVAILABLE with a
+    ``retry-after-ms`` hint (nothing reaches the collector). `lose_first`: the
+    first N Submit calls (after those) are forwarded and committed, then answered
+    UNAVAILABLE (the acknowledgement is lost). Every Submit request's bytes are
+    recorded in `submits`.
+    """
+
+    def __init__(
+        self,
+        upstream: str,
+        *,
+        fail_first: int = 0,
+        lose_first: int = 0,
+        retry_after_ms: int | None = 50,
+    ) -> None:
+        self.fail_first = fail_first
+        self.lose_first = lose_first
+        self.retry_after_ms = retry_after_ms
+        self.submits: list[bytes] = []
+        self.outcomes: list[str] = []
+        self._lock = threading.Lock()
+        self._channel = grpc.insecure_channel(upstream)
+        self._server = grpc.server(ThreadPoolExecutor(max_workers=4))
+        self._server.add_generic_rpc_handlers((_ProxyHandler(self),))
+        self.port = self._server.add_insecure_port("127.0.0.1:0")
+        self._server.start()
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def forward(self, method: str, request: bytes, context: grpc.ServicerContext) -> bytes:
+        metadata = tuple((k, v) for k, v in context.invocation_metadata() if k == "authorization")
+        fault = None
+        if method.endswith("/Submit"):
+            with self._lock:
+                n = len(self.submits)
+                self.submits.append(request)
+                if n < self.fail_first:
+                    fault = "fail"
+                elif n < self.fail_first + self.lose_first:
+                    fault = "lose"
+                self.outcomes.append(fault or "ok")
+        if fault == "fail":
+            if self.retry_after_ms is not None:
+                context.set_trailing_metadata((("retry-after-ms", str(self.retry_after_ms)),))
+            context.abort(grpc.StatusCode.UNAVAILABLE, "injected: collector unavailable")
+        call = self._channel.unary_unary(
+            method, request_serializer=None, response_deserializer=None
+        )
+        try:
+            response: bytes = call(request, metadata=metadata, timeout=10)
+        except grpc.RpcError as exc:
+            context.abort(exc.code(), exc.details() or "")  # type: ignore[attr-defined]
+        if fault == "lose":
+            context.abort(grpc.StatusCode.UNAVAILABLE, "injected: answer lost after commit")
+        return response
+
+    def close(self) -> None:
+        self._server.stop(None)
+        self._channel.close()
+
+
+class _ProxyHandler(grpc.GenericRpcHandler):
+    def __init__(self, proxy: FaultProxy) -> None:
+        self.proxy = proxy
+
+    def service(self, handler_call_details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler:
+        method = handler_call_details.method
+
+        def behavior(request: bytes, context: grpc.ServicerContext) -> bytes:
+            return self.proxy.forward(method, request, context)
+
+        return grpc.unary_unary_rpc_method_handler(behavior)
+
+
+def ledger_rows(collector: RunningCollector) -> list[tuple[bytes, str, str]]:
+    """(report_id, subject, payload JSON) of every report the collector stored."""
+    import sqlalchemy as sa
+    from fedldp.collector.ledger.schema import reports
+
+    def tx(conn: sa.Connection) -> list[tuple[bytes, str, str]]:
+        q = sa.select(reports.c.report_id, reports.c.subject, reports.c.payload)
+        return [(bytes(r), str(s), str(p)) for r, s, p in conn.execute(q)]
+
+    return collector.ledger.transaction(tx, write=False)
+
+
+@contextlib.contextmanager
+def running_deployment(tmp_path: Path) -> Iterator[Deployment]:
+    """A fresh authority and token secret; every collector it started is stopped after."""
+    d = Deployment(tmp_path, int(time.time()))
+    try:
+        yield d
+    finally:
+        d.stop()
