@@ -1,0 +1,145 @@
+"""Device authentication: bearer tokens verifiable without a database, or mTLS.
+
+Token format (version 1), all parts URL-safe base64 without padding except
+`expiry` (decimal Unix seconds)::
+
+    v1.<b64(subject)>.<expiry>.<b64(mac)>
+    mac = HMAC-SHA256(secret, "fedldp-token-v1\\0" + subject + "\\0" + expiry)
+
+The collector verifies a token with one HMAC and a constant-time comparison: no
+database round trip. Tokens are minted by an operator (or an enrollment service)
+holding the same secret (`fedldp collector mint-token`). The ledger's subject is
+the token's subject, or the client certificate's common name under mutual TLS;
+never a request field.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import hmac
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import grpc
+from fedldp.collector.errors import UnauthenticatedError
+
+TOKEN_VERSION = "v1"
+_DOMAIN = b"fedldp-token-v1\x00"
+#: Subjects: printable, no whitespace, at most 256 characters.
+_SUBJECT_RE = re.compile(r"^[\x21-\x7e]{1,256}$")
+MIN_SECRET_BYTES = 32
+
+
+def _b64(data: bytes) -> str:
+    return base64.urlsafe_b64encode(data).rstrip(b"=").decode("ascii")
+
+
+def _unb64(text: str) -> bytes:
+    return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+
+
+def check_subject(subject: str) -> str:
+    """Return `subject` if it is a valid ledger subject, else raise ValueError."""
+    if not _SUBJECT_RE.match(subject):
+        raise ValueError("a subject is 1-256 printable ASCII characters without spaces")
+    return subject
+
+
+class TokenAuthority:
+    """Mints and verifies HMAC-SHA256 bearer tokens with one shared secret."""
+
+    def __init__(self, secret: bytes) -> None:
+        if len(secret) < MIN_SECRET_BYTES:
+            raise ValueError(f"the token secret must be at least {MIN_SECRET_BYTES} bytes")
+        self._secret = bytes(secret)
+
+    def _mac(self, subject: str, expiry: int) -> bytes:
+        msg = _DOMAIN + subject.encode("ascii") + b"\x00" + str(expiry).encode("ascii")
+        return hmac.new(self._secret, msg, hashlib.sha256).digest()
+
+    def mint(self, subject: str, *, expires_at: int) -> str:
+        """A token for `subject`, valid until `expires_at` (Unix seconds, exclusive)."""
+        check_subject(subject)
+        if expires_at <= 0:
+            raise ValueError("expires_at must be a positive Unix time")
+        mac = self._mac(subject, expires_at)
+        return f"{TOKEN_VERSION}.{_b64(subject.encode('ascii'))}.{expires_at}.{_b64(mac)}"
+
+    def verify(self, token: str, *, now: int) -> str:
+        """The subject of a valid, unexpired token; UnauthenticatedError otherwise.
+
+        The error never echoes the token.
+        """
+        parts = token.split(".")
+        if len(parts) != 4 or parts[0] != TOKEN_VERSION or not parts[2].isdigit():
+            raise UnauthenticatedError("malformed bearer token")
+        try:
+            subject = _unb64(parts[1]).decode("ascii")
+            mac = _unb64(parts[3])
+        except (binascii.Error, UnicodeDecodeError, ValueError):
+            raise UnauthenticatedError("malformed bearer token") from None
+        expiry = int(parts[2])
+        if not _SUBJECT_RE.match(subject):
+            raise UnauthenticatedError("malformed bearer token")
+        if not hmac.compare_digest(mac, self._mac(subject, expiry)):
+            raise UnauthenticatedError("bearer token signature does not verify")
+        if now >= expiry:
+            raise UnauthenticatedError("bearer token expired; mint a new one")
+        return subject
+
+
+class Authenticator:
+    """Derives the ledger subject of a call from its credentials.
+
+    Accepts, in order: a client certificate's common name when mutual TLS is on
+    (`mtls=True`), else an ``authorization: Bearer <token>`` metadata entry.
+    """
+
+    def __init__(self, tokens: TokenAuthority | None, *, mtls: bool = False) -> None:
+        if tokens is None and not mtls:
+            raise ValueError("configure a token secret, mutual TLS, or both")
+        self.tokens = tokens
+        self.mtls = mtls
+
+    def subject_from(
+        self,
+        metadata: Sequence[tuple[str, str | bytes]],
+        auth_context: Mapping[str, Any],
+        *,
+        now: int,
+    ) -> str:
+        """The authenticated subject; UnauthenticatedError when there is none."""
+        if self.mtls:
+            names = auth_context.get("x509_common_name") or []
+            if names:
+                try:
+                    return check_subject(names[0].decode("utf-8"))
+                except (UnicodeDecodeError, ValueError):
+                    raise UnauthenticatedError(
+                        "client certificate common name is not a valid subject"
+                    ) from None
+        if self.tokens is not None:
+            for key, value in metadata:
+                if key == "authorization":
+                    text = value.decode("ascii", "replace") if isinstance(value, bytes) else value
+                    scheme, _, token = text.partition(" ")
+                    if scheme.lower() != "bearer" or not token:
+                        raise UnauthenticatedError("authorization must be 'Bearer <token>'")
+                    return self.tokens.verify(token.strip(), now=now)
+        raise UnauthenticatedError(
+            "missing credentials: send 'authorization: Bearer <token>'"
+            + (" or a client certificate" if self.mtls else "")
+        )
+
+
+def bearer_metadata(token: str) -> tuple[tuple[str, str]]:
+    """Call metadata carrying `token` (for clients and tests)."""
+    return (("authorization", f"Bearer {token}"),)
+
+
+def call_credentials(token: str) -> grpc.CallCredentials:
+    """gRPC call credentials sending `token` as a bearer token (needs a secure channel)."""
+    return grpc.access_token_call_credentials(token)

@@ -1,0 +1,204 @@
+"""Collector configuration: a TOML file, overridden by environment variables.
+
+Every field of `CollectorConfig` can be set in the ``[collector]`` table of the
+TOML file (same name) or by the environment variable
+``FEDLDP_COLLECTOR_<NAME IN UPPER CASE>``; the environment wins. `describe()`
+lists them all (`fedldp collector serve --help` prints it).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import os
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+
+def _toml_loads(text: str) -> dict[str, Any]:
+    name = "tomllib" if sys.version_info >= (3, 11) else "tomli"
+    module = importlib.import_module(name)  # tomli: the collector extra on Python 3.10
+    data: dict[str, Any] = module.loads(text)
+    return data
+
+
+ENV_PREFIX = "FEDLDP_COLLECTOR_"
+
+
+class ConfigError(ValueError):
+    """A configuration value is missing or invalid; the message names it."""
+
+
+@dataclass(frozen=True)
+class CollectorConfig:
+    """Every collector setting (defaults suit a single-machine SQLite deployment)."""
+
+    listen: str = field(
+        default="127.0.0.1:0", metadata={"help": "gRPC address host:port (port 0: OS-chosen)"}
+    )
+    ledger_url: str = field(
+        default="",
+        metadata={
+            "help": "ledger database URL: sqlite:////abs/ledger.db or postgresql+psycopg://..."
+        },
+    )
+    trust_dir: str = field(
+        default="", metadata={"help": "trust folder: pinned/*.pem root keys and *.root envelopes"}
+    )
+    policy_dir: str = field(default="", metadata={"help": "folder of signed *.policy envelopes"})
+    audience: str = field(
+        default="default",
+        metadata={"help": "this deployment's name; policies must list it in their audience"},
+    )
+    token_secret: str = field(
+        default="",
+        metadata={
+            "help": "hex HMAC secret (>= 32 bytes) for bearer tokens (prefer token_secret_file)"
+        },
+    )
+    token_secret_file: str = field(
+        default="", metadata={"help": "file holding the hex token secret"}
+    )
+    tls_cert: str = field(default="", metadata={"help": "server certificate chain (PEM)"})
+    tls_key: str = field(default="", metadata={"help": "server private key (PEM)"})
+    tls_client_ca: str = field(
+        default="", metadata={"help": "CA bundle for client certificates (enables mutual TLS)"}
+    )
+    mtls: bool = field(
+        default=False,
+        metadata={
+            "help": "require client certificates; the subject is the certificate's common name"
+        },
+    )
+    max_message_bytes: int = field(
+        default=4 * 1024 * 1024, metadata={"help": "largest request accepted, bytes"}
+    )
+    max_reports_per_request: int = field(
+        default=1000, metadata={"help": "most reports in one Submit request"}
+    )
+    rate_limit_per_second: float = field(
+        default=50.0, metadata={"help": "requests per second per subject (token bucket rate)"}
+    )
+    rate_limit_burst: float = field(
+        default=100.0, metadata={"help": "requests per subject allowed in a burst"}
+    )
+    max_report_age_seconds: int = field(
+        default=30 * 86400, metadata={"help": "oldest coarse_time accepted, seconds before now"}
+    )
+    max_clock_skew_seconds: int = field(
+        default=3600, metadata={"help": "how far in the future a coarse_time may be"}
+    )
+    workers: int = field(default=64, metadata={"help": "gRPC handler threads"})
+    max_concurrent_rpcs: int = field(
+        default=4096, metadata={"help": "RPCs in progress at most; beyond, RESOURCE_EXHAUSTED"}
+    )
+    group_commit_max_reports: int = field(
+        default=20000, metadata={"help": "most reports in one ledger transaction"}
+    )
+    instance_id: str = field(
+        default="",
+        metadata={"help": "this collector's shard name in the statistics table (default host:pid)"},
+    )
+    metrics_listen: str = field(
+        default="", metadata={"help": "host:port for the Prometheus /metrics endpoint (empty: off)"}
+    )
+    drain_seconds: float = field(
+        default=10.0,
+        metadata={"help": "on SIGTERM, how long in-flight requests may take to finish"},
+    )
+    log_level: str = field(default="INFO", metadata={"help": "DEBUG, INFO, WARNING, ERROR"})
+    log_format: str = field(default="json", metadata={"help": "json or text"})
+
+    def token_secret_bytes(self) -> bytes | None:
+        """The token secret, from `token_secret` or `token_secret_file` (None: tokens off)."""
+        text = self.token_secret
+        if self.token_secret_file:
+            text = Path(self.token_secret_file).read_text(encoding="ascii").strip()
+        if not text:
+            return None
+        try:
+            return bytes.fromhex(text)
+        except ValueError:
+            raise ConfigError("token_secret must be hex") from None
+
+    def validate(self) -> None:
+        """Raise ConfigError naming every missing or inconsistent setting."""
+        problems = []
+        if not self.ledger_url:
+            problems.append("ledger_url is required")
+        if bool(self.tls_cert) != bool(self.tls_key):
+            problems.append("tls_cert and tls_key go together")
+        if self.mtls and not (self.tls_client_ca and self.tls_cert):
+            problems.append("mtls needs tls_cert, tls_key and tls_client_ca")
+        if self.max_reports_per_request < 1 or self.max_message_bytes < 1024:
+            problems.append("max_reports_per_request >= 1 and max_message_bytes >= 1024")
+        if self.log_format not in ("json", "text"):
+            problems.append("log_format is json or text")
+        if problems:
+            raise ConfigError("; ".join(problems))
+
+
+def env_name(name: str) -> str:
+    """The environment variable that sets field `name`."""
+    return ENV_PREFIX + name.upper()
+
+
+def _convert(name: str, kind: Any, raw: Any) -> Any:
+    try:
+        if kind in (bool, "bool"):
+            if isinstance(raw, bool):
+                return raw
+            text = str(raw).strip().lower()
+            if text in ("1", "true", "yes", "on"):
+                return True
+            if text in ("0", "false", "no", "off", ""):
+                return False
+            raise ValueError(text)
+        if kind in (int, "int"):
+            return int(raw)
+        if kind in (float, "float"):
+            return float(raw)
+        return str(raw)
+    except ValueError:
+        raise ConfigError(f"{name}: cannot read {raw!r} as {kind}") from None
+
+
+def load_config(
+    path: str | Path | None = None,
+    *,
+    env: Mapping[str, str] | None = None,
+    overrides: Mapping[str, Any] | None = None,
+) -> CollectorConfig:
+    """TOML file (optional) < environment < explicit overrides; validated."""
+    env = os.environ if env is None else env
+    values: dict[str, Any] = {}
+    known = {f.name: f for f in fields(CollectorConfig)}
+    if path is not None:
+        data = _toml_loads(Path(path).read_text(encoding="utf-8"))
+        table = data.get("collector", data)
+        for key, raw in table.items():
+            if key not in known:
+                raise ConfigError(f"unknown setting {key!r} in {path}")
+            values[key] = _convert(key, known[key].type, raw)
+    for name, f in known.items():
+        if env_name(name) in env:
+            values[name] = _convert(name, f.type, env[env_name(name)])
+    for key, raw in (overrides or {}).items():
+        if key not in known:
+            raise ConfigError(f"unknown setting {key!r}")
+        values[key] = _convert(key, known[key].type, raw)
+    config = CollectorConfig(**values)
+    config.validate()
+    return config
+
+
+def describe() -> str:
+    """One line per setting: name, environment variable, default, help."""
+    lines = []
+    for f in fields(CollectorConfig):
+        default = f.default if f.default is not dataclasses.MISSING else ""
+        lines.append(f"  {f.name} ({env_name(f.name)}, default {default!r}): {f.metadata['help']}")
+    return "\n".join(lines)

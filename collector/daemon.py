@@ -1,0 +1,86 @@
+"""The collector daemon: structured logging, signals, and the serve loop.
+
+SIGTERM (or SIGINT) drains: health turns NOT_SERVING, the server stops taking
+new RPCs, in-flight requests finish and commit (up to `drain_seconds`), the
+group committer flushes, the ledger closes, and the process exits 0.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from fedldp.collector.config import CollectorConfig
+from fedldp.collector.server import start_collector
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line: ts, level, logger, msg and the record's `fields`.
+
+    Callers pass structured data as ``extra={"fields": {...}}``; nothing logs a
+    payload, a token or a subject (a subject appears only as a hashed tag).
+    """
+
+    def format(self, record: logging.LogRecord) -> str:
+        entry: dict[str, Any] = {
+            "ts": round(record.created, 3),
+            "level": record.levelname,
+            "logger": record.name,
+            "msg": record.getMessage(),
+        }
+        fields = getattr(record, "fields", None)
+        if isinstance(fields, dict):
+            entry.update({k: v for k, v in fields.items() if v is not None})
+        if record.exc_info:
+            entry["exc"] = self.formatException(record.exc_info)
+        return json.dumps(entry, default=str)
+
+
+def configure_logging(level: str = "INFO", fmt: str = "json") -> None:
+    """Log to stderr, as JSON lines (default) or plain text."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(
+        JsonFormatter()
+        if fmt == "json"
+        else logging.Formatter("%(asctime)s %(levelname)s %(name)s %(message)s")
+    )
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level.upper())
+
+
+def serve(config: CollectorConfig, *, port_file: str | Path | None = None) -> int:
+    """Run a collector until SIGTERM/SIGINT, then drain; returns the exit status."""
+    configure_logging(config.log_level, config.log_format)
+    running = start_collector(config)
+    if port_file is not None:
+        path = Path(port_file)
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(str(running.port), encoding="ascii")
+        os.replace(tmp, path)
+    stop = threading.Event()
+
+    def _on_signal(signum: int, _frame: FrameType | None) -> None:
+        logging.getLogger("fedldp.collector").info(
+            "draining", extra={"fields": {"signal": signal.Signals(signum).name}}
+        )
+        stop.set()
+
+    signal.signal(signal.SIGTERM, _on_signal)
+    signal.signal(signal.SIGINT, _on_signal)
+    while not stop.wait(1.0):
+        pass
+    started = time.monotonic()
+    running.stop(config.drain_seconds)
+    logging.getLogger("fedldp.collector").info(
+        "drained", extra={"fields": {"seconds": round(time.monotonic() - started, 3)}}
+    )
+    return 0

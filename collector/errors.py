@@ -1,0 +1,63 @@
+"""The collector's request-level domain errors and their gRPC status codes.
+
+`STATUS` is the one table mapping a domain error to a gRPC status code (per-report
+problems are not errors: they are Outcomes and RejectReasons in the response).
+Every error's message is safe to send: it never contains a payload, a token or a
+raw value.
+"""
+
+from __future__ import annotations
+
+import grpc
+
+
+class CollectorError(Exception):
+    """Base of request-level errors; `metadata` goes out as trailing metadata."""
+
+    def __init__(self, message: str, *, metadata: tuple[tuple[str, str], ...] = ()) -> None:
+        super().__init__(message)
+        self.metadata = metadata
+
+
+class UnauthenticatedError(CollectorError):
+    """No credentials, or credentials that do not verify (forged, expired)."""
+
+
+class RateLimitedError(CollectorError):
+    """The subject sent more requests per second than allowed; retry after the hint."""
+
+
+class BatchTooLargeError(CollectorError):
+    """More reports in one request than the collector accepts."""
+
+
+class MalformedRequestError(CollectorError):
+    """The request bytes are not a valid message of the method's type."""
+
+
+class ShuttingDownError(CollectorError):
+    """The collector is draining; retry against another replica or later."""
+
+
+class LedgerUnavailableError(CollectorError):
+    """The ledger database failed; nothing was committed for this request."""
+
+
+#: The one table: domain error -> gRPC status code.
+STATUS: dict[type[CollectorError], grpc.StatusCode] = {
+    UnauthenticatedError: grpc.StatusCode.UNAUTHENTICATED,
+    RateLimitedError: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    BatchTooLargeError: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    MalformedRequestError: grpc.StatusCode.INVALID_ARGUMENT,
+    ShuttingDownError: grpc.StatusCode.UNAVAILABLE,
+    LedgerUnavailableError: grpc.StatusCode.UNAVAILABLE,
+}
+
+
+def status_of(error: CollectorError) -> grpc.StatusCode:
+    """The gRPC status code for `error` (by the most specific class in STATUS)."""
+    for cls in type(error).__mro__:
+        code = STATUS.get(cls)
+        if code is not None:
+            return code
+    return grpc.StatusCode.INTERNAL

@@ -1,0 +1,183 @@
+"""A throwaway collector deployment for tests, benchmarks and the demo.
+
+`Deployment.create(now=...)` makes an `Authority` (root + policy key), signs a
+set of policies, holds a token secret, and can write the trust and policy
+folders a `fedldp collector serve` process reads. `make_report` builds a wire
+report for a verified policy and a mechanism output. Nothing here is for
+production keys.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from fedldp.client.mechanisms.base import Output
+from fedldp.client.policy import Authority, TrustStore, VerifiedPolicy, verify_policy
+from fedldp.client.policy.files import write_envelope, write_public_key
+from fedldp.collector.auth import TokenAuthority
+from fedldp.collector.config import CollectorConfig
+from fedldp.collector.policies import PolicyRegistry
+from fedldp.collector.wire import payload_fields
+from fedldp.v1 import collector_pb2 as pb
+from fedldp.v1 import policy_pb2
+
+COARSE = 3600
+
+
+@dataclass
+class Deployment:
+    """An authority, its signed policies, and a token secret."""
+
+    now: int
+    authority: Authority
+    envelopes: list[policy_pb2.SignedEnvelope] = field(default_factory=list)
+    secret: bytes = field(default_factory=lambda: secrets.token_bytes(32))
+    audience: str = "default"
+
+    @classmethod
+    def create(cls, *, now: int) -> Deployment:
+        """Fresh keys valid from an hour before `now` (so policies are active at `now`)."""
+        return cls(now, Authority.generate(now=now - 3600))
+
+    def add_categorical(
+        self,
+        policy_id: str,
+        *,
+        labels: Sequence[str] = ("a", "b", "c", "d"),
+        epsilon: str = "0.5",
+        epsilon_cap: str = "2",
+        window_seconds: int = 86400,
+        mechanism: str = "grr",
+        version: int = 1,
+        not_before: int | None = None,
+        lifetime_seconds: int = 30 * 86400,
+        params: dict[str, str] | None = None,
+    ) -> policy_pb2.SignedEnvelope:
+        """Sign and keep a categorical policy; returns its envelope."""
+        policy = self.authority.categorical_policy(
+            policy_id=policy_id,
+            metric=f"metric.{policy_id}",
+            labels=list(labels),
+            epsilon=epsilon,
+            epsilon_cap=epsilon_cap,
+            window_seconds=window_seconds,
+            now=self.now - 60 if not_before is None else not_before,
+            mechanism=mechanism,
+            version=version,
+            lifetime_seconds=lifetime_seconds,
+            min_reports=1,
+            audience=(self.audience,),
+            params=params,
+        )
+        env = self.authority.sign(policy)
+        self.envelopes.append(env)
+        return env
+
+    def add_numeric(
+        self,
+        policy_id: str,
+        *,
+        lo: str = "0",
+        hi: str = "1",
+        epsilon: str = "1",
+        epsilon_cap: str = "4",
+        mechanism: str = "piecewise",
+        window_seconds: int = 86400,
+    ) -> policy_pb2.SignedEnvelope:
+        """Sign and keep a numeric policy; returns its envelope."""
+        policy = self.authority.numeric_policy(
+            policy_id=policy_id,
+            metric=f"metric.{policy_id}",
+            lo=lo,
+            hi=hi,
+            epsilon=epsilon,
+            epsilon_cap=epsilon_cap,
+            window_seconds=window_seconds,
+            now=self.now - 60,
+            mechanism=mechanism,
+            min_reports=1,
+            audience=(self.audience,),
+        )
+        env = self.authority.sign(policy)
+        self.envelopes.append(env)
+        return env
+
+    def trust(self) -> TrustStore:
+        """The collector's trust store (pinned to the authority's root key)."""
+        return self.authority.trust_store(now=self.now)
+
+    def verified(
+        self, envelope: policy_pb2.SignedEnvelope, *, now: int | None = None
+    ) -> VerifiedPolicy:
+        """`envelope` verified at `now` (default: the deployment's now)."""
+        return verify_policy(
+            envelope, self.trust(), now=self.now if now is None else now, audience=self.audience
+        )
+
+    def registry(self, *, now: int | None = None) -> PolicyRegistry:
+        """A registry of every policy signed so far."""
+        return PolicyRegistry.from_envelopes(
+            self.envelopes,
+            self.trust(),
+            now=self.now if now is None else now,
+            audience=self.audience,
+        )
+
+    def token(self, subject: str, *, ttl: int = 86400) -> str:
+        """A bearer token for `subject`, valid for `ttl` seconds after `now`."""
+        return TokenAuthority(self.secret).mint(subject, expires_at=self.now + ttl)
+
+    def write_folders(self, base: Path) -> tuple[Path, Path]:
+        """Write trust/ (pinned key + root) and policies/ under `base`; returns both."""
+        trust_dir, policy_dir = base / "trust", base / "policies"
+        (trust_dir / "pinned").mkdir(parents=True, exist_ok=True)
+        policy_dir.mkdir(parents=True, exist_ok=True)
+        for i, key in enumerate(self.authority.root_public_keys):
+            path = trust_dir / "pinned" / f"root{i}.pem"
+            if not path.exists():
+                write_public_key(key, path)
+        write_envelope(self.authority.root_envelope, trust_dir / "1.root")
+        for i, env in enumerate(self.envelopes):
+            write_envelope(env, policy_dir / f"p{i}.policy")
+        return trust_dir, policy_dir
+
+    def config(self, ledger_url: str, **overrides: Any) -> CollectorConfig:
+        """A CollectorConfig for an in-process collector on 127.0.0.1:0."""
+        values: dict[str, Any] = {
+            "ledger_url": ledger_url,
+            "token_secret": self.secret.hex(),
+            "audience": self.audience,
+            "rate_limit_per_second": 100000.0,
+            "rate_limit_burst": 100000.0,
+            "log_format": "text",
+        }
+        values.update(overrides)
+        return CollectorConfig(**values)
+
+
+def make_report(
+    policy: VerifiedPolicy,
+    output: Output,
+    *,
+    report_id: bytes | None = None,
+    coarse_time: int,
+    digest: bytes | None = None,
+) -> pb.Report:
+    """A wire report of `output` under `policy` (random id unless given)."""
+    return pb.Report(
+        report_id=secrets.token_bytes(16) if report_id is None else report_id,
+        policy_id=policy.policy_id,
+        policy_version=policy.version,
+        policy_digest=policy.digest if digest is None else digest,
+        coarse_time=coarse_time,
+        **payload_fields(output),
+    )
+
+
+def coarse(now: int) -> int:
+    """`now` truncated to the hour (a report's coarse_time)."""
+    return now - now % COARSE

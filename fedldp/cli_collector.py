@@ -1,0 +1,212 @@
+"""`fedldp collector` (serve, mint-token) and `fedldp ledger` (reconcile, show, set-cap).
+
+Heavy imports (SQLAlchemy, grpc server code) happen inside the commands so
+`fedldp --help` stays fast.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from decimal import Decimal, InvalidOperation
+from pathlib import Path
+
+import click
+
+
+def _collector_epilog() -> str:
+    from fedldp.collector.config import describe
+
+    return (
+        "\b\nSettings (TOML [collector] table, or environment variables; the environment "
+        "wins):\n" + describe()
+    )
+
+
+@click.group("collector")
+def collector() -> None:
+    """Run the collector daemon and manage device credentials."""
+
+
+class _LazyEpilogCommand(click.Command):
+    def format_epilog(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        self.epilog = _collector_epilog()
+        super().format_epilog(ctx, formatter)
+
+
+@collector.command("serve", cls=_LazyEpilogCommand)
+@click.option(
+    "--config",
+    "config_path",
+    type=click.Path(exists=True, dir_okay=False),
+    help="collector.toml (settings may also come from FEDLDP_COLLECTOR_* variables)",
+)
+@click.option(
+    "--port-file",
+    type=click.Path(dir_okay=False),
+    help="write the bound port here once serving (useful with listen port 0)",
+)
+def serve_cmd(config_path: str | None, port_file: str | None) -> None:
+    """Serve the Collector gRPC API until SIGTERM, then drain and exit."""
+    from fedldp.collector.config import ConfigError, load_config
+    from fedldp.collector.daemon import serve
+
+    try:
+        config = load_config(config_path)
+    except ConfigError as exc:
+        raise click.ClickException(str(exc)) from None
+    sys.exit(serve(config, port_file=port_file))
+
+
+@collector.command("mint-token")
+@click.argument("subject")
+@click.option(
+    "--config",
+    "config_path",
+    type=click.Path(exists=True, dir_okay=False),
+    help="collector.toml holding token_secret / token_secret_file",
+)
+@click.option(
+    "--secret-file",
+    type=click.Path(exists=True, dir_okay=False),
+    help="file with the hex token secret (overrides --config)",
+)
+@click.option("--ttl", default=30 * 86400, show_default=True, help="lifetime in seconds")
+def mint_token_cmd(
+    subject: str, config_path: str | None, secret_file: str | None, ttl: int
+) -> None:
+    """Print a bearer token for SUBJECT, signed with the collector's token secret."""
+    from fedldp.collector.auth import TokenAuthority
+    from fedldp.collector.config import ConfigError, load_config
+
+    try:
+        if secret_file:
+            secret = bytes.fromhex(Path(secret_file).read_text(encoding="ascii").strip())
+        else:
+            cfg = load_config(config_path, overrides={"ledger_url": "unused"})
+            maybe = cfg.token_secret_bytes()
+            if maybe is None:
+                raise click.ClickException(
+                    "no token secret: pass --secret-file or set token_secret_file"
+                )
+            secret = maybe
+        token = TokenAuthority(secret).mint(subject, expires_at=int(time.time()) + ttl)
+    except (ConfigError, ValueError) as exc:
+        raise click.ClickException(str(exc)) from None
+    click.echo(token)
+
+
+@collector.command("gen-secret")
+def gen_secret_cmd() -> None:
+    """Print a fresh random hex token secret (32 bytes)."""
+    import secrets
+
+    click.echo(secrets.token_hex(32))
+
+
+def _ledger_url(url: str | None, config_path: str | None) -> str:
+    if url:
+        return url
+    from fedldp.collector.config import ConfigError, load_config
+
+    try:
+        return load_config(config_path).ledger_url
+    except ConfigError as exc:
+        raise click.ClickException(f"pass --url or a config with ledger_url ({exc})") from None
+
+
+_url_option = click.option(
+    "--url",
+    envvar="FEDLDP_COLLECTOR_LEDGER_URL",
+    help="ledger URL (default: from --config / FEDLDP_COLLECTOR_LEDGER_URL)",
+)
+_config_option = click.option(
+    "--config",
+    "config_path",
+    type=click.Path(exists=True, dir_okay=False),
+    help="collector.toml to read ledger_url from",
+)
+
+
+@click.group("ledger")
+def ledger() -> None:
+    """Inspect and audit the privacy ledger."""
+
+
+@ledger.command("reconcile")
+@_url_option
+@_config_option
+def reconcile_cmd(url: str | None, config_path: str | None) -> None:
+    """Recompute every spend from the raw rows; exit 1 on any mismatch."""
+    from fedldp.collector.ledger import open_ledger
+
+    with open_ledger(_ledger_url(url, config_path)) as led:
+        mismatches = led.reconcile()
+    for m in mismatches:
+        click.echo(f"MISMATCH {m}")
+    if mismatches:
+        click.echo(f"{len(mismatches)} mismatch(es)", err=True)
+        sys.exit(1)
+    click.echo("ledger consistent: every running total matches the raw rows")
+
+
+@ledger.command("show")
+@click.argument("subject")
+@_url_option
+@_config_option
+def show_cmd(subject: str, url: str | None, config_path: str | None) -> None:
+    """What SUBJECT spent and has left, per policy window and central purpose."""
+    from fedldp.collector.ledger import EXACT, open_ledger
+
+    with open_ledger(_ledger_url(url, config_path)) as led:
+        rows = led.subject_spend(subject)
+        reservations = led.reservations(subject)
+        purposes = sorted({r.purpose for r in reservations})
+        central = {
+            p: (led.central_spend(subject, p), led.central_cap(subject, p)) for p in purposes
+        }
+    if not rows and not central:
+        click.echo(f"{subject}: nothing charged")
+        return
+    click.echo(
+        f"{'policy':<28} {'window_start':>12} {'reports':>8} {'spent':>10} {'cap':>8} {'left':>10}"
+    )
+    for r in rows:
+        left = max(EXACT.subtract(r.epsilon_cap, r.epsilon_spent), Decimal(0))
+        click.echo(
+            f"{r.policy_id:<28} {r.window_start:>12} {r.report_count:>8} "
+            f"{r.epsilon_spent!s:>10} {r.epsilon_cap!s:>8} {left!s:>10}"
+        )
+    for purpose, ((eps, delta), cap) in central.items():
+        cap_text = "no cap" if cap is None else f"cap eps={cap[0]} delta={cap[1]}"
+        click.echo(f"central {purpose}: eps={eps} delta={delta} committed; {cap_text}")
+
+
+@ledger.command("set-cap")
+@click.argument("subject")
+@click.argument("purpose")
+@click.option("--epsilon", "epsilon_text", required=True, help="central epsilon cap (decimal)")
+@click.option("--delta", "delta_text", required=True, help="central delta cap (decimal)")
+@_url_option
+@_config_option
+def set_cap_cmd(
+    subject: str,
+    purpose: str,
+    epsilon_text: str,
+    delta_text: str,
+    url: str | None,
+    config_path: str | None,
+) -> None:
+    """Set the central (epsilon, delta) cap of SUBJECT for PURPOSE."""
+    from fedldp.collector.ledger import open_ledger
+
+    try:
+        eps, delta = Decimal(epsilon_text), Decimal(delta_text)
+    except InvalidOperation:
+        raise click.ClickException("--epsilon and --delta must be decimal numbers") from None
+    with open_ledger(_ledger_url(url, config_path)) as led:
+        try:
+            led.set_central_cap(subject, purpose, epsilon_cap=eps, delta_cap=delta)
+        except (TypeError, ValueError) as exc:
+            raise click.ClickException(str(exc)) from None
+    click.echo(f"central cap of {subject} for {purpose}: eps={eps} delta={delta}")
