@@ -15,10 +15,8 @@ import click
 # Add ONE line per command group; keep the list sorted by command name.
 COMMANDS: list[tuple[str, str]] = [
     ("fedldp.cli_collector", "collector"),
-    ("fedldp.cli_collector", "collector"),
     ("fedldp.demo", "demo"),
     ("fedldp.cli_keys", "keys"),
-    ("fedldp.cli_collector", "ledger"),
     ("fedldp.cli_collector", "ledger"),
     ("fedldp.cli_policy", "policy"),
 ]
