@@ -185,6 +185,55 @@ def _metric_problems(
     return None
 
 
+#: The parameter naming a memoized mechanism's permanent-response epsilon (policy.proto).
+EPSILON_PERMANENT = "epsilon_permanent"
+
+
+def permanent_epsilon(spec: policy_pb2.MechanismSpec) -> Decimal | None:
+    """The memoized mechanism's permanent epsilon, if the spec has a valid one."""
+    text = spec.params.get(EPSILON_PERMANENT)
+    if text is None:
+        return None
+    try:
+        value = parse_decimal(text)
+    except ValueError:
+        return None
+    return value if value > 0 else None
+
+
+def _memo_problems(
+    spec: policy_pb2.MechanismSpec, epsilon: Decimal | None, problems: list[str]
+) -> None:
+    """Memoized charging and the permanent epsilon go together.
+
+    RAPPOR (Erlingsson, Pihur, Korolova, CCS 2014, Section 4): the permanent
+    randomized response bounds what any number of reports of one value leak
+    (epsilon_permanent), and one report leaks epsilon_1 <= epsilon_permanent, so
+    the per-report epsilon may not exceed the permanent one.
+    """
+    memoized = spec.memo_charging == policy_pb2.MEMO_CHARGING_INSTANTANEOUS
+    has_permanent = EPSILON_PERMANENT in spec.params
+    if memoized and not has_permanent:
+        problems.append(
+            f"mechanism.memo_charging is instantaneous but mechanism.params.{EPSILON_PERMANENT} "
+            "is missing; set it, or use memo_charging none"
+        )
+    if has_permanent and not memoized:
+        problems.append(
+            f"mechanism.params.{EPSILON_PERMANENT} is set but memo_charging is not "
+            "instantaneous; a memoized mechanism must be charged as memoized"
+        )
+    if has_permanent:
+        permanent = _positive_decimal(
+            spec.params[EPSILON_PERMANENT], f"mechanism.params.{EPSILON_PERMANENT}", problems
+        )
+        if permanent is not None and epsilon is not None and epsilon > permanent:
+            problems.append(
+                f"mechanism.epsilon ({epsilon}) exceeds mechanism.params.{EPSILON_PERMANENT} "
+                f"({permanent}); one report cannot leak more than the permanent response"
+            )
+
+
 def policy_problems(
     policy: policy_pb2.Policy,
 ) -> tuple[list[str], Mechanism | None]:  # type: ignore[type-arg]
@@ -241,6 +290,7 @@ def policy_problems(
             problems.append(
                 "mechanism.memo_charging must be MEMO_CHARGING_NONE or MEMO_CHARGING_INSTANTANEOUS"
             )
+        _memo_problems(spec, epsilon, problems)
         if spec.id and spec.id != "auto" and epsilon is not None and metric_arg is not None:
             try:
                 mechanism = create(spec.id, epsilon, metric_arg, dict(spec.params))

@@ -46,7 +46,7 @@ from fedldp.client.policy.errors import (
     UnknownKeyError,
 )
 from fedldp.client.policy.trust import TrustStore
-from fedldp.client.policy.validation import parse_decimal, policy_problems
+from fedldp.client.policy.validation import parse_decimal, permanent_epsilon, policy_problems
 from fedldp.v1 import policy_pb2
 from google.protobuf.message import DecodeError
 
@@ -179,9 +179,10 @@ def verify_policy(
 
     `highest_versions` maps policy id -> the highest version already accepted
     (a lower version raises RollbackError; the same version is accepted again).
-    `max_epsilon` is the device's own per-report maximum and `max_epsilon_cap` its
-    maximum per window: a policy above either is refused whatever the signature
-    says. `audience` is the collector deployment name (devices pass None).
+    `max_epsilon` is the device's own maximum for any one epsilon the policy names
+    (per report, and the permanent epsilon of a memoized mechanism) and
+    `max_epsilon_cap` its maximum per window: a policy above either is refused
+    whatever the signature says. `audience` is the collector deployment name (devices pass None).
     See the module docstring for the order of checks.
     """
     check_payload_type(envelope, POLICY_PAYLOAD_TYPE)
@@ -217,6 +218,13 @@ def verify_policy(
         raise EpsilonAboveMaximumError(
             f"{name} asks epsilon {mechanism.epsilon} per report, above this device's maximum "
             f"{max_epsilon}; lower mechanism.epsilon or raise the device's configured maximum"
+        )
+    permanent = permanent_epsilon(policy.mechanism)
+    if max_epsilon is not None and permanent is not None and permanent > max_epsilon:
+        raise EpsilonAboveMaximumError(
+            f"{name} asks a permanent (memoized) epsilon of {permanent}, above this device's "
+            f"maximum {max_epsilon}; lower mechanism.params.epsilon_permanent or raise the "
+            "device's configured maximum"
         )
     if max_epsilon_cap is not None and cap > max_epsilon_cap:
         raise EpsilonAboveMaximumError(

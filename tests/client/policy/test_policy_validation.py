@@ -205,3 +205,18 @@ def test_bad_toml_reports_line(tmp_path: Path) -> None:
     path.write_text("policy_id = \n")
     with pytest.raises(InvalidPolicyError, match="not valid TOML"):
         load_policy_toml(path)
+
+
+def test_memoized_charging_needs_a_permanent_epsilon() -> None:
+    problems = _problems(_with(mechanism__memo_charging="instantaneous"))
+    assert any("epsilon_permanent is missing" in p for p in problems)
+    problems = _problems(_with(mechanism__params={"epsilon_permanent": "4"}))
+    assert any("must be charged as memoized" in p for p in problems)
+    problems = _problems(
+        _with(
+            mechanism__memo_charging="instantaneous",
+            mechanism__epsilon="2",
+            mechanism__params={"epsilon_permanent": "1"},
+        )
+    )
+    assert any("cannot leak more than the permanent" in p for p in problems)
