@@ -42,6 +42,7 @@ from fedldp.client.policy.envelope import (
 )
 from fedldp.client.policy.errors import (
     ExpiredKeyError,
+    PolicyError,
     RootRotationError,
     UnknownKeyError,
 )
@@ -186,18 +187,40 @@ class TrustStore:
         self._seen.add(policy_digest(new_root.payload))
 
     def update_roots(self, envelopes: Sequence[policy_pb2.SignedEnvelope], *, now: int) -> int:
-        """Apply a chain of root envelopes given in increasing version order.
+        """Apply a chain of root envelopes (as GetPolicies serves them); returns how many applied.
 
-        Envelopes whose exact payload was already accepted are skipped (re-delivery);
-        every other one must be the next version. Returns the number applied.
-        Stops at the first failure, raising it; the versions applied before stay.
+        Envelopes whose exact payload was already accepted, or whose version is at
+        or below the current one, are skipped (re-delivery, or a chain starting
+        before this device's pinned root); the rest are applied in version order,
+        each by `update_root`. The version is read from the unverified payload only
+        to order and skip: skipping grants no trust, and every envelope applied is
+        verified in full. Stops at the first failure, raising it; the versions
+        applied before it stay.
         """
-        applied = 0
+        by_version: dict[int, list[policy_pb2.SignedEnvelope]] = {}
         for envelope in envelopes:
             if policy_digest(envelope.payload) in self._seen:
                 continue
-            self.update_root(envelope, now=now)
-            applied += 1
+            try:
+                version = int(policy_pb2.Root.FromString(envelope.payload).version)
+            except DecodeError:
+                version = self.root_version + 1  # let update_root refuse it with its reason
+            by_version.setdefault(version, []).append(envelope)
+        applied = 0
+        for version in sorted(by_version):
+            if version <= self.root_version:
+                continue
+            errors: list[PolicyError] = []
+            for envelope in by_version[version]:  # a forged candidate cannot hide the real one
+                try:
+                    self.update_root(envelope, now=now)
+                except PolicyError as exc:
+                    errors.append(exc)
+                    continue
+                applied += 1
+                break
+            else:
+                raise errors[0]
         return applied
 
     # --- queries ---

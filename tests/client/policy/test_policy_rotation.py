@@ -239,3 +239,36 @@ def test_load_trust_takes_roots_in_any_order(authority: Authority, now: int) -> 
     random.Random(4).shuffle(chain)
     trust = load_trust(authority.root_public_keys, chain, now=now)
     assert trust.root_version == 3
+
+
+def test_update_roots_skips_older_roots_and_survives_a_forged_candidate(
+    authority: Authority, now: int
+) -> None:
+    k2 = generate_key()
+    v2 = next_root(
+        _root(authority.root_envelope),
+        signers=[authority.root_key, k2],
+        add_root_keys=[k2.public_key()],
+    )
+    v3 = next_root(_root(v2), signers=[k2])
+    # A device provisioned with v2 directly (never saw v1) gets the whole chain.
+    device = TrustStore.from_pinned_root(v2, [k2.public_key()], now=now)
+    assert device.update_roots([authority.root_envelope, v2, v3], now=now) == 1
+    assert device.root_version == 3
+    # A forged v2 listed before the real one does not block the chain.
+    attacker = generate_key()
+    forged = make_root(
+        version=2,
+        root_keys=[attacker],
+        policy_keys=[(attacker.public_key(), 0)],
+        expires_at=now + YEAR,
+        signers=[attacker],
+    )
+    fresh = authority.trust_store(now=now)
+    assert fresh.update_roots([forged, v3, v2], now=now) == 2
+    assert fresh.root_version == 3
+    # Only forged candidates: refused with the reason, nothing applied.
+    other = authority.trust_store(now=now)
+    with pytest.raises(RootRotationError):
+        other.update_roots([forged], now=now)
+    assert other.root_version == 1
