@@ -1,0 +1,681 @@
+"""Central DP releases over consolidated data: count, sum, mean, private choice.
+
+Every release follows the same order, enforced by this module:
+
+1. validate the request (bounds, ε, δ, mechanism) - bad input changes nothing;
+2. reserve (ε, δ) in the ledger by (subject, purpose) with the caller's
+   idempotency key (`Ledger.reserve`; the cap comes from the ledger, never
+   from the caller); an exhausted budget raises
+   `CentralBudgetExhaustedError` before any data is read;
+3. only then call `load()` to read the protected data, compute the true
+   aggregate exactly (decimal arithmetic on clipped values), round it to the
+   noise lattice and add exact integer noise (`noise.py`);
+4. settle the reservation with the spent (ε, δ) and one event per noise draw
+   (kind, parameters, the released output) so that composition can be
+   recomputed from the ledger alone and a retry can return the same output;
+5. return the noised value. The true aggregate is never logged, stored or
+   returned; an exception raised while computing cancels the reservation
+   (nothing was released) and never carries the true value.
+
+Retrying with the same idempotency key returns the original release, charged
+once, without reading the data again. A key whose reservation was cancelled
+raises `ReleaseCancelledError` (use a new key).
+
+Neighbouring datasets differ by adding or removing one record (unbounded DP).
+Sensitivities: count 1; sum of values clipped to [L, U]: max(|L|, |U|); mean
+= noisy sum / noisy count with ε (and δ) split equally (basic composition);
+the exponential mechanism's utility is the count of each candidate (Δu = 1).
+
+Secure noise: the clipped sum is rounded to the lattice γℤ (round half up,
+which commutes with integer shifts, so the lattice sensitivity is ⌈Δ/γ⌉),
+then exact discrete Laplace or discrete Gaussian noise (CKS20) in lattice
+units is added and the result multiplied by γ as an exact Decimal: the
+released value is always a multiple of γ, whatever the true value, which is
+what defeats Mironov's (2012) least-significant-bit attack on float noise.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import math
+import random
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from decimal import Decimal
+from fractions import Fraction
+from typing import Any, Protocol
+
+from fedldp.aggregator.central.calibration import (
+    GaussianCalibration,
+    calibrate_discrete_gaussian,
+    gaussian_sigma,
+)
+from fedldp.aggregator.central.noise import bernoulli_exp, discrete_gaussian, discrete_laplace
+from fedldp.client.mechanisms.base import system_random
+
+
+class NoiseMechanism(str, enum.Enum):
+    """Additive noise for count, sum and mean."""
+
+    LAPLACE = "laplace"
+    GAUSSIAN = "gaussian"
+
+
+class ReleaseError(Exception):
+    """Base of central-release errors (besides the ledger's own)."""
+
+
+class ReleaseCancelledError(ReleaseError):
+    """The idempotency key names a cancelled release; retry with a new key."""
+
+
+class ReleaseConflictError(ReleaseError):
+    """The idempotency key was used for a different query."""
+
+
+class CentralLedger(Protocol):
+    """What releases need from the ledger (fedldp.collector.ledger.Ledger)."""
+
+    def reserve(
+        self,
+        *,
+        subject: str,
+        purpose: str,
+        epsilon: Decimal,
+        delta: Decimal,
+        idempotency_key: str,
+        now: int,
+        metadata: Mapping[str, str] | None = None,
+    ) -> Any: ...
+
+    def settle(
+        self,
+        reservation_id: str,
+        *,
+        epsilon_spent: Decimal,
+        delta_spent: Decimal,
+        events: Sequence[Mapping[str, object]] = (),
+        now: int,
+    ) -> Any: ...
+
+    def cancel(self, reservation_id: str, *, now: int) -> Any: ...
+
+    def central_events(self, subject: str, purpose: str) -> Sequence[Any]: ...
+
+
+@dataclass(frozen=True)
+class CentralRelease:
+    """A released value and how it was protected. Never holds the true aggregate.
+
+    `value` is the noised release (a Decimal multiple of `granularity`, or the
+    chosen label for a private choice). `noise_scale` is the Laplace scale or
+    Gaussian σ in value units; `calibration` states which bound was applied.
+    """
+
+    kind: str
+    value: Decimal | str
+    mechanism: str
+    epsilon: Decimal
+    delta: Decimal
+    sensitivity: Decimal
+    granularity: Decimal
+    noise_scale: float
+    calibration: str
+    reservation_id: str
+    parts: Mapping[str, Decimal] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready dict (decimals as exact strings)."""
+        return {
+            "kind": self.kind,
+            "value": str(self.value),
+            "mechanism": self.mechanism,
+            "epsilon": str(self.epsilon),
+            "delta": str(self.delta),
+            "sensitivity": str(self.sensitivity),
+            "granularity": str(self.granularity),
+            "noise_scale": self.noise_scale,
+            "calibration": self.calibration,
+            "reservation_id": self.reservation_id,
+            "parts": {k: str(v) for k, v in self.parts.items()},
+        }
+
+
+# --- exact helpers ---
+
+
+def _to_decimal(value: object) -> Decimal:
+    """An exact Decimal from an int, Decimal, str or float (floats convert exactly)."""
+    if isinstance(value, bool):
+        raise TypeError("booleans are not numeric data")
+    if isinstance(value, Decimal):
+        d = value
+    elif isinstance(value, int | float | str):
+        d = Decimal(value)
+    else:
+        raise TypeError("data values must be int, float, str or Decimal")
+    if not d.is_finite():
+        raise ValueError("data contains a non-finite value")
+    return d
+
+
+def _round_half_up(x: Fraction) -> int:
+    """floor(x + 1/2): monotone and shift-equivariant, so |Δ rounded| ≤ ⌈|Δ|⌉."""
+    return math.floor(x + Fraction(1, 2))
+
+
+def _lattice_sensitivity(sensitivity: Decimal, granularity: Decimal) -> int:
+    return math.ceil(Fraction(sensitivity) / Fraction(granularity))
+
+
+def _default_granularity(scale: float) -> Decimal:
+    """A power of ten 10³-10⁴ times finer than the noise scale (output precision)."""
+    return Decimal(1).scaleb(math.floor(math.log10(scale)) - 3)
+
+
+def _check_budget(mechanism: NoiseMechanism, epsilon: Decimal, delta: Decimal) -> None:
+    if not isinstance(epsilon, Decimal) or not isinstance(delta, Decimal):
+        raise TypeError("epsilon and delta must be decimal.Decimal (exact)")
+    if not epsilon.is_finite() or epsilon <= 0:
+        raise ValueError("epsilon must be finite and positive")
+    if mechanism is NoiseMechanism.LAPLACE and delta != 0:
+        raise ValueError("the Laplace mechanism is pure DP: pass delta=0")
+    if mechanism is NoiseMechanism.GAUSSIAN and not 0 < delta < 1:
+        raise ValueError("the Gaussian mechanism needs 0 < delta < 1")
+
+
+@dataclass(frozen=True)
+class _NoisePlan:
+    """Calibrated noise for one additive query, in lattice units."""
+
+    mechanism: NoiseMechanism
+    epsilon: Decimal
+    delta: Decimal
+    sensitivity: Decimal
+    granularity: Decimal
+    lattice_sensitivity: int
+    lattice_scale: Fraction  # Laplace scale t, or σ² for the Gaussian
+    noise_scale: float  # value units: Laplace b or Gaussian σ
+    calibration: str
+
+    def event(self, name: str) -> dict[str, object]:
+        """The ledger event for one draw of this noise (parameters, no data)."""
+        base: dict[str, object] = {
+            "query": name,
+            "epsilon": str(self.epsilon),
+            "delta": str(self.delta),
+            "sensitivity": str(self.sensitivity),
+            "granularity": str(self.granularity),
+            "lattice_sensitivity": self.lattice_sensitivity,
+            "calibration": self.calibration,
+        }
+        if self.mechanism is NoiseMechanism.LAPLACE:
+            base["kind"] = "discrete_laplace"
+            base["scale"] = str(self.lattice_scale)
+        else:
+            base["kind"] = "discrete_gaussian"
+            sigma = math.sqrt(float(self.lattice_scale))
+            base["sigma"] = sigma
+            base["noise_multiplier"] = sigma / self.lattice_sensitivity
+        return base
+
+    def noised(self, true_value: Decimal, rng: random.Random) -> Decimal:
+        """Round `true_value` to the lattice, add exact noise, scale back (exact)."""
+        lattice = _round_half_up(Fraction(true_value) / Fraction(self.granularity))
+        if self.mechanism is NoiseMechanism.LAPLACE:
+            noise = discrete_laplace(self.lattice_scale, rng)
+        else:
+            noise = discrete_gaussian(self.lattice_scale, rng)
+        return Decimal(lattice + noise) * self.granularity
+
+
+def plan_noise(
+    mechanism: NoiseMechanism | str,
+    *,
+    epsilon: Decimal,
+    delta: Decimal,
+    sensitivity: Decimal,
+    granularity: Decimal | None = None,
+    calibration: GaussianCalibration | str = GaussianCalibration.ANALYTIC,
+) -> _NoisePlan:
+    """Calibrate lattice noise for an additive query of `sensitivity` (value units)."""
+    mech = NoiseMechanism(mechanism)
+    _check_budget(mech, epsilon, delta)
+    if not isinstance(sensitivity, Decimal) or sensitivity <= 0:
+        raise ValueError("sensitivity must be a positive Decimal")
+    eps = float(epsilon)
+    if granularity is None:
+        rough = (
+            float(sensitivity) / eps
+            if mech is NoiseMechanism.LAPLACE
+            else gaussian_sigma(float(sensitivity), eps, float(delta), calibration)
+        )
+        granularity = _default_granularity(rough)
+    if not isinstance(granularity, Decimal) or not granularity.is_finite() or granularity <= 0:
+        raise ValueError("granularity must be a positive Decimal")
+    lat = _lattice_sensitivity(sensitivity, granularity)
+    if mech is NoiseMechanism.LAPLACE:
+        scale = Fraction(lat) / Fraction(epsilon)  # Δ/ε, exact rational
+        return _NoisePlan(
+            mech,
+            epsilon,
+            delta,
+            sensitivity,
+            granularity,
+            lat,
+            scale,
+            float(scale) * float(granularity),
+            "laplace: b = Δ/ε (pure ε-DP)",
+        )
+    cal = calibrate_discrete_gaussian(lat, eps, float(delta), calibration)
+    sigma2 = Fraction(cal.sigma) ** 2
+    how = (
+        "analytic Gaussian (Balle and Wang 2018), valid for every ε"
+        if cal.calibration is GaussianCalibration.ANALYTIC
+        else "classic Gaussian bound (Dwork and Roth 2014, Thm A.1), valid for ε < 1"
+    )
+    return _NoisePlan(
+        mech,
+        epsilon,
+        delta,
+        sensitivity,
+        granularity,
+        lat,
+        sigma2,
+        cal.sigma * float(granularity),
+        how + f"; discrete Gaussian δ(ε) = {cal.delta_achieved:.3g}",
+    )
+
+
+# --- the release engine ---
+
+
+def _find_prior_release(
+    ledger: CentralLedger, subject: str, purpose: str, reservation_id: str
+) -> list[Mapping[str, object]]:
+    return [
+        e.event
+        for e in ledger.central_events(subject, purpose)
+        if e.reservation_id == reservation_id
+    ]
+
+
+def _run_release(
+    ledger: CentralLedger,
+    *,
+    subject: str,
+    purpose: str,
+    epsilon: Decimal,
+    delta: Decimal,
+    idempotency_key: str,
+    now: int,
+    metadata: Mapping[str, str],
+    compute: Callable[[], list[dict[str, object]]],
+) -> tuple[str, list[Mapping[str, object]]]:
+    """Reserve, then compute (reading data), then settle; returns (reservation id, events)."""
+    reservation = ledger.reserve(
+        subject=subject,
+        purpose=purpose,
+        epsilon=epsilon,
+        delta=delta,
+        idempotency_key=idempotency_key,
+        now=now,
+        metadata=dict(metadata),
+    )
+    prior_meta = dict(getattr(reservation, "metadata", None) or {})
+    if prior_meta and prior_meta != dict(metadata):
+        raise ReleaseConflictError(
+            "this idempotency key was used for a different query; use a new key"
+        )
+    if reservation.status == "settled":
+        return str(reservation.id), _find_prior_release(ledger, subject, purpose, reservation.id)
+    if reservation.status == "cancelled":
+        raise ReleaseCancelledError(
+            "the release with this idempotency key was cancelled; retry with a new key"
+        )
+    try:
+        events = compute()
+    except BaseException:
+        ledger.cancel(reservation.id, now=now)
+        raise
+    ledger.settle(reservation.id, epsilon_spent=epsilon, delta_spent=delta, events=events, now=now)
+    return str(reservation.id), list(events)
+
+
+def _output(events: Sequence[Mapping[str, object]], query: str) -> Decimal:
+    for e in events:
+        if e.get("query") == query:
+            return Decimal(str(e["output"]))
+    raise ReleaseError(f"the ledger holds no output for part {query!r} of this release")
+
+
+def _clipped_sum(values: Iterable[object], lower: Decimal, upper: Decimal) -> tuple[Decimal, int]:
+    total = Decimal(0)
+    count = 0
+    for v in values:
+        d = _to_decimal(v)
+        total += min(max(d, lower), upper)
+        count += 1
+    return total, count
+
+
+def _check_bounds(lower: Decimal, upper: Decimal) -> Decimal:
+    if not isinstance(lower, Decimal) or not isinstance(upper, Decimal):
+        raise TypeError("clipping bounds must be decimal.Decimal (exact)")
+    if not (lower.is_finite() and upper.is_finite()) or not lower < upper:
+        raise ValueError("clipping bounds must be finite with lower < upper")
+    return max(abs(lower), abs(upper))
+
+
+def _meta(kind: str, mechanism: str, **extra: object) -> dict[str, str]:
+    out = {"kind": kind, "mechanism": mechanism}
+    out.update({k: str(v) for k, v in extra.items()})
+    return out
+
+
+def private_count(
+    ledger: CentralLedger,
+    *,
+    subject: str,
+    purpose: str,
+    epsilon: Decimal,
+    idempotency_key: str,
+    now: int,
+    load: Callable[[], Iterable[object]],
+    mechanism: NoiseMechanism | str = NoiseMechanism.LAPLACE,
+    delta: Decimal = Decimal(0),
+    calibration: GaussianCalibration | str = GaussianCalibration.ANALYTIC,
+    rng: random.Random | None = None,
+) -> CentralRelease:
+    """A noised count of the records `load()` yields (sensitivity 1, granularity 1)."""
+    plan = plan_noise(
+        mechanism,
+        epsilon=epsilon,
+        delta=delta,
+        sensitivity=Decimal(1),
+        granularity=Decimal(1),
+        calibration=calibration,
+    )
+    r = rng if rng is not None else system_random()
+
+    def compute() -> list[dict[str, object]]:
+        count = sum(1 for _ in load())
+        event = plan.event("count")
+        event["output"] = str(plan.noised(Decimal(count), r))
+        return [event]
+
+    rid, events = _run_release(
+        ledger,
+        subject=subject,
+        purpose=purpose,
+        epsilon=epsilon,
+        delta=delta,
+        idempotency_key=idempotency_key,
+        now=now,
+        metadata=_meta("count", plan.mechanism.value, calibration=plan.calibration),
+        compute=compute,
+    )
+    return CentralRelease(
+        "count",
+        _output(events, "count"),
+        plan.mechanism.value,
+        epsilon,
+        delta,
+        plan.sensitivity,
+        plan.granularity,
+        plan.noise_scale,
+        plan.calibration,
+        rid,
+    )
+
+
+def private_sum(
+    ledger: CentralLedger,
+    *,
+    subject: str,
+    purpose: str,
+    epsilon: Decimal,
+    idempotency_key: str,
+    now: int,
+    load: Callable[[], Iterable[object]],
+    lower: Decimal,
+    upper: Decimal,
+    mechanism: NoiseMechanism | str = NoiseMechanism.LAPLACE,
+    delta: Decimal = Decimal(0),
+    granularity: Decimal | None = None,
+    calibration: GaussianCalibration | str = GaussianCalibration.ANALYTIC,
+    rng: random.Random | None = None,
+) -> CentralRelease:
+    """A noised sum of values clipped to [lower, upper]; sensitivity max(|lower|, |upper|)."""
+    sens = _check_bounds(lower, upper)
+    plan = plan_noise(
+        mechanism,
+        epsilon=epsilon,
+        delta=delta,
+        sensitivity=sens,
+        granularity=granularity,
+        calibration=calibration,
+    )
+    r = rng if rng is not None else system_random()
+
+    def compute() -> list[dict[str, object]]:
+        total, _ = _clipped_sum(load(), lower, upper)
+        event = plan.event("sum")
+        event["output"] = str(plan.noised(total, r))
+        return [event]
+
+    rid, events = _run_release(
+        ledger,
+        subject=subject,
+        purpose=purpose,
+        epsilon=epsilon,
+        delta=delta,
+        idempotency_key=idempotency_key,
+        now=now,
+        metadata=_meta(
+            "sum",
+            plan.mechanism.value,
+            lower=lower,
+            upper=upper,
+            granularity=plan.granularity,
+            calibration=plan.calibration,
+        ),
+        compute=compute,
+    )
+    return CentralRelease(
+        "sum",
+        _output(events, "sum"),
+        plan.mechanism.value,
+        epsilon,
+        delta,
+        plan.sensitivity,
+        plan.granularity,
+        plan.noise_scale,
+        plan.calibration,
+        rid,
+    )
+
+
+def private_mean(
+    ledger: CentralLedger,
+    *,
+    subject: str,
+    purpose: str,
+    epsilon: Decimal,
+    idempotency_key: str,
+    now: int,
+    load: Callable[[], Iterable[object]],
+    lower: Decimal,
+    upper: Decimal,
+    mechanism: NoiseMechanism | str = NoiseMechanism.LAPLACE,
+    delta: Decimal = Decimal(0),
+    granularity: Decimal | None = None,
+    calibration: GaussianCalibration | str = GaussianCalibration.ANALYTIC,
+    rng: random.Random | None = None,
+) -> CentralRelease:
+    """Noised sum / noised count, each with half of (ε, δ); clipped into [lower, upper].
+
+    The ratio is post-processing; the result is clipped to the bounds and is
+    the midpoint when the noised count is below 1. `parts` holds the two
+    released parts (noised sum and noised count), which are public too.
+    """
+    sens = _check_bounds(lower, upper)
+    half_eps, half_delta = epsilon / 2, delta / 2
+    sum_plan = plan_noise(
+        mechanism,
+        epsilon=half_eps,
+        delta=half_delta,
+        sensitivity=sens,
+        granularity=granularity,
+        calibration=calibration,
+    )
+    count_plan = plan_noise(
+        mechanism,
+        epsilon=half_eps,
+        delta=half_delta,
+        sensitivity=Decimal(1),
+        granularity=Decimal(1),
+        calibration=calibration,
+    )
+    r = rng if rng is not None else system_random()
+
+    def compute() -> list[dict[str, object]]:
+        total, count = _clipped_sum(load(), lower, upper)
+        e_sum = sum_plan.event("sum")
+        e_sum["output"] = str(sum_plan.noised(total, r))
+        e_count = count_plan.event("count")
+        e_count["output"] = str(count_plan.noised(Decimal(count), r))
+        return [e_sum, e_count]
+
+    rid, events = _run_release(
+        ledger,
+        subject=subject,
+        purpose=purpose,
+        epsilon=epsilon,
+        delta=delta,
+        idempotency_key=idempotency_key,
+        now=now,
+        metadata=_meta(
+            "mean",
+            sum_plan.mechanism.value,
+            lower=lower,
+            upper=upper,
+            granularity=sum_plan.granularity,
+            calibration=sum_plan.calibration,
+        ),
+        compute=compute,
+    )
+    noisy_sum, noisy_count = _output(events, "sum"), _output(events, "count")
+    if noisy_count < 1:
+        mean = (lower + upper) / 2
+    else:
+        mean = min(max(noisy_sum / noisy_count, lower), upper)
+    return CentralRelease(
+        "mean",
+        mean,
+        sum_plan.mechanism.value,
+        epsilon,
+        delta,
+        sens,
+        sum_plan.granularity,
+        sum_plan.noise_scale,
+        sum_plan.calibration,
+        rid,
+        parts={"sum": noisy_sum, "count": noisy_count},
+    )
+
+
+def exponential_choice(
+    utilities: Sequence[int], epsilon: Decimal, rng: random.Random, *, sensitivity: int = 1
+) -> int:
+    """Exact exponential mechanism: index i with probability ∝ exp(ε·u_i / (2Δu)).
+
+    McSherry and Talwar (FOCS 2007), Theorem 6: ε-DP for utilities of
+    sensitivity Δu. Sampled exactly by rejection: propose i uniformly, accept
+    with probability exp(−ε(u_max − u_i)/(2Δu)) via CKS20's exact
+    Bernoulli(exp(−γ)) with rational γ, so no float ever decides the outcome.
+    """
+    if not utilities:
+        raise ValueError("no candidates")
+    if sensitivity < 1:
+        raise ValueError("utility sensitivity must be a positive integer")
+    eps = Fraction(epsilon)
+    top = max(utilities)
+    k = len(utilities)
+    while True:
+        i = rng.randrange(k)
+        if bernoulli_exp(eps * (top - utilities[i]) / (2 * sensitivity), rng):
+            return i
+
+
+def private_choice(
+    ledger: CentralLedger,
+    *,
+    subject: str,
+    purpose: str,
+    epsilon: Decimal,
+    idempotency_key: str,
+    now: int,
+    candidates: Sequence[str],
+    load: Callable[[], Iterable[str]],
+    rng: random.Random | None = None,
+) -> CentralRelease:
+    """Choose the (approximately) most frequent candidate with the exponential mechanism.
+
+    Utility of a candidate = the number of records equal to it (Δu = 1 under
+    add/remove); records that are not candidates count for nothing.
+    """
+    _check_budget(NoiseMechanism.LAPLACE, epsilon, Decimal(0))
+    names = [str(c) for c in candidates]
+    if not names or len(set(names)) != len(names):
+        raise ValueError("candidates must be a non-empty list of distinct labels")
+    index = {c: i for i, c in enumerate(names)}
+    r = rng if rng is not None else system_random()
+
+    def compute() -> list[dict[str, object]]:
+        counts = [0] * len(names)
+        for record in load():
+            i = index.get(str(record))
+            if i is not None:
+                counts[i] += 1
+        chosen = exponential_choice(counts, epsilon, r)
+        return [
+            {
+                "kind": "exponential",
+                "query": "choice",
+                "epsilon": str(epsilon),
+                "delta": "0",
+                "utility_sensitivity": 1,
+                "candidates": len(names),
+                "output": names[chosen],
+            }
+        ]
+
+    digest = json.dumps(names, separators=(",", ":"))
+    rid, events = _run_release(
+        ledger,
+        subject=subject,
+        purpose=purpose,
+        epsilon=epsilon,
+        delta=Decimal(0),
+        idempotency_key=idempotency_key,
+        now=now,
+        metadata=_meta("choice", "exponential", candidates=digest),
+        compute=compute,
+    )
+    chosen_label = next((str(e["output"]) for e in events if e.get("query") == "choice"), None)
+    if chosen_label is None:
+        raise ReleaseError("the ledger holds no output for this release")
+    return CentralRelease(
+        "choice",
+        chosen_label,
+        "exponential",
+        epsilon,
+        Decimal(0),
+        Decimal(1),
+        Decimal(1),
+        float(2 / epsilon),
+        "exponential mechanism, utility = count (Δu = 1), ε-DP",
+        rid,
+    )

@@ -1,0 +1,556 @@
+"""`fedldp report` (analyst reports) and `fedldp release` (central DP releases).
+
+Heavy imports (numpy, SQLAlchemy, matplotlib, scipy) happen inside the commands.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import time
+from collections.abc import Callable, Iterator
+from decimal import Decimal, InvalidOperation
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar, cast
+
+import click
+
+if TYPE_CHECKING:
+    from fedldp.client.policy import VerifiedPolicy
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+_FORMATS = ("table", "json", "csv", "html")
+_CONSISTENCY = ("none", "norm-sub", "base-cut", "project")
+
+
+def _settings(
+    config_path: str | None,
+    ledgers: tuple[str, ...],
+    policies: str | None,
+    trust: str | None,
+    audience: str | None,
+) -> tuple[list[str], str | None, str | None, str]:
+    """Explicit options win; the rest comes from a collector.toml when given."""
+    if config_path is None:
+        return list(ledgers), policies, trust, audience or "default"
+    from fedldp.collector.config import ConfigError, load_config
+
+    try:
+        cfg = load_config(config_path)
+    except ConfigError as exc:
+        raise click.ClickException(f"{config_path}: {exc}") from None
+    return (
+        list(ledgers) or ([cfg.ledger_url] if cfg.ledger_url else []),
+        policies or cfg.policy_dir or None,
+        trust or cfg.trust_dir or None,
+        audience or cfg.audience,
+    )
+
+
+def load_verified_policy(
+    policy_dir: str | Path,
+    trust_dir: str | Path,
+    policy_id: str,
+    *,
+    version: int | None,
+    at: int,
+    audience: str | None,
+) -> VerifiedPolicy:
+    """The signed policy `policy_id` (given version, or the highest) verified at time `at`.
+
+    Verification at `at` (default: the window's start) lets an analyst report on
+    a window of a policy that has since expired.
+    """
+    from fedldp.client.policy import PolicyError, verify_policy
+    from fedldp.client.policy.files import load_trust_folder, read_envelope
+
+    try:
+        trust = load_trust_folder(trust_dir, now=at)
+    except PolicyError as exc:
+        raise click.ClickException(f"trust folder {trust_dir}: {exc}") from None
+    found: list[VerifiedPolicy] = []
+    for path in sorted(Path(policy_dir).glob("*.policy")):
+        try:
+            verified = verify_policy(read_envelope(path), trust, now=at, audience=audience)
+        except PolicyError:
+            continue
+        if verified.policy_id == policy_id and (version is None or verified.version == version):
+            found.append(verified)
+    if not found:
+        which = f"{policy_id!r}" + (f" v{version}" if version is not None else "")
+        raise click.ClickException(
+            f"no valid signed policy {which} in {policy_dir} at time {at} (check the id, "
+            "the version, the trust folder and --at)"
+        )
+    return max(found, key=lambda p: p.version)
+
+
+@click.command("report")
+@click.option("--policy", "policy_id", required=True, help="policy id")
+@click.option("--version", type=int, help="policy version (default: the highest found)")
+@click.option(
+    "--window", "window_start", type=int, help="window start (epoch seconds); default: every window"
+)
+@click.option(
+    "--ledger",
+    "ledgers",
+    multiple=True,
+    help="ledger URL; repeat to merge several collectors' or regions' ledgers",
+)
+@click.option(
+    "--policies",
+    "policy_dir",
+    type=click.Path(file_okay=False),
+    help="folder of signed *.policy envelopes",
+)
+@click.option(
+    "--trust",
+    "trust_dir",
+    type=click.Path(file_okay=False),
+    help="trust folder (pinned/*.pem and *.root)",
+)
+@click.option("--audience", help="deployment name the policy must list (default: 'default')")
+@click.option(
+    "--config",
+    "config_path",
+    type=click.Path(exists=True, dir_okay=False),
+    help="collector.toml supplying ledger_url, policy_dir, trust_dir, audience",
+)
+@click.option(
+    "--at",
+    "at_time",
+    type=int,
+    help="verify the policy as of this time (default: the window start, else now)",
+)
+@click.option("--format", "fmt", type=click.Choice(_FORMATS), default="table", show_default=True)
+@click.option(
+    "--consistency",
+    type=click.Choice(_CONSISTENCY),
+    default="none",
+    show_default=True,
+    help="post-processing of frequencies (Wang et al. NDSS 2020); norm-sub recommended",
+)
+@click.option("--confidence", type=float, default=0.95, show_default=True)
+@click.option("--simultaneous", is_flag=True, help="Bonferroni intervals over all values")
+@click.option("--heavy-hitters", is_flag=True, help="list values above the noise floor")
+@click.option(
+    "--merge",
+    "merge_files",
+    multiple=True,
+    type=click.Path(exists=True, dir_okay=False),
+    help="exported statistics JSON (another region) to merge; repeatable",
+)
+@click.option(
+    "--export-statistics",
+    "export_path",
+    type=click.Path(dir_okay=False),
+    help="write this ledger's partial statistics as JSON instead of a report",
+)
+@click.option("--source", default=None, help="source name written in an export (e.g. the region)")
+@click.option("--audit", is_flag=True, help="also recompute from raw rows; fail on any difference")
+@click.option(
+    "--out",
+    "out_path",
+    type=click.Path(dir_okay=False),
+    help="write here instead of stdout (required for html)",
+)
+def report(
+    policy_id: str,
+    version: int | None,
+    window_start: int | None,
+    ledgers: tuple[str, ...],
+    policy_dir: str | None,
+    trust_dir: str | None,
+    audience: str | None,
+    config_path: str | None,
+    at_time: int | None,
+    fmt: str,
+    consistency: str,
+    confidence: float,
+    simultaneous: bool,
+    heavy_hitters: bool,
+    merge_files: tuple[str, ...],
+    export_path: str | None,
+    source: str | None,
+    audit: bool,
+    out_path: str | None,
+) -> None:
+    """Estimate a policy's metric with error bars from the ledger's statistics.
+
+    Frequencies (categorical policies) or the mean (numeric policies), with
+    standard errors from the mechanism's exact variance. Refused below the
+    policy's minimum report count. Exit status 2 on a refused report.
+    """
+    from fedldp.aggregator.estimation import FrequencyReport
+    from fedldp.aggregator.estimation import heavy_hitters as find_hh
+    from fedldp.aggregator.render import render_html, render_table
+    from fedldp.aggregator.reports import (
+        ReportError,
+        audit_statistics,
+        export_statistics,
+        load_export,
+        report_from_ledgers,
+    )
+    from fedldp.collector.ledger import open_ledger
+
+    urls, policy_dir, trust_dir, aud = _settings(
+        config_path, ledgers, policy_dir, trust_dir, audience
+    )
+    if not policy_dir or not trust_dir:
+        raise click.UsageError("pass --policies and --trust (or --config)")
+    if not urls and not merge_files:
+        raise click.UsageError("pass --ledger URL (or --config, or --merge FILE)")
+    if fmt == "html" and out_path is None:
+        raise click.UsageError("--format html needs --out PATH")
+    at = (
+        at_time
+        if at_time is not None
+        else (window_start if window_start is not None else int(time.time()))
+    )
+    policy = load_verified_policy(
+        policy_dir, trust_dir, policy_id, version=version, at=at, audience=aud
+    )
+    opened = [open_ledger(u) for u in urls]
+    try:
+        if export_path is not None:
+            if len(opened) != 1:
+                raise click.UsageError("--export-statistics reads exactly one --ledger")
+            doc = export_statistics(opened[0], policy, window_start, source=source or "export")
+            Path(export_path).write_text(json.dumps(doc, indent=1), encoding="utf-8")
+            click.echo(f"wrote {len(doc['partials'])} partial statistics to {export_path}")
+            return
+        try:
+            if audit:
+                for ledger in opened:
+                    audit_statistics(ledger, policy, window_start)
+            extra = [p for f in merge_files for p in load_export(Path(f), policy)]
+            names = [f"ledger{i}" if len(opened) > 1 else "ledger" for i in range(len(opened))]
+            result = report_from_ledgers(
+                list(zip(names, opened, strict=True)),
+                policy,
+                window_start=window_start,
+                confidence=confidence,
+                simultaneous=simultaneous,
+                consistency=consistency,
+                extra_partials=extra,
+            )
+        except (ReportError, ValueError) as exc:
+            raise click.ClickException(str(exc)) from None
+    finally:
+        for ledger in opened:
+            ledger.close()
+    hh = find_hh(result) if heavy_hitters and isinstance(result, FrequencyReport) else None
+    if fmt == "html":
+        assert out_path is not None
+        render_html(result, out_path)
+        click.echo(f"wrote {out_path}")
+        return
+    if fmt == "json":
+        data = result.to_dict()
+        if hh is not None:
+            data["heavy_hitters"] = [h.to_dict() for h in hh]
+        text = json.dumps(data, indent=2) + "\n"
+    elif fmt == "csv":
+        text = result.to_csv()
+    else:
+        text = render_table(result)
+        if hh is not None:
+            text += (
+                "heavy hitters (Bonferroni, alpha 0.05): "
+                + (", ".join(f"{h.label} (z={h.z_score:.1f})" for h in hh) or "none")
+                + "\n"
+            )
+    if out_path is not None:
+        Path(out_path).write_text(text, encoding="utf-8")
+        click.echo(f"wrote {out_path}")
+    else:
+        click.echo(text, nl=False)
+
+
+# --- central releases ---
+
+
+def _decimal(text: str | None, name: str) -> Decimal | None:
+    if text is None:
+        return None
+    try:
+        value = Decimal(text)
+    except InvalidOperation:
+        raise click.BadParameter(f"{name} must be a decimal number") from None
+    if not value.is_finite():
+        raise click.BadParameter(f"{name} must be finite")
+    return value
+
+
+def _reader(path: str, column: str | None) -> Any:
+    """A loader over a one-value-per-line file or a CSV column; read only when called."""
+
+    def load() -> Iterator[str]:
+        with open(path, encoding="utf-8", newline="") as fh:
+            if column is None:
+                for line in fh:
+                    text = line.strip()
+                    if text:
+                        yield text
+                return
+            reader = csv.DictReader(fh)
+            if reader.fieldnames is None or column not in reader.fieldnames:
+                raise click.ClickException(f"{path} has no column {column!r}")
+            for row in reader:
+                yield row[column]
+
+    return load
+
+
+_common = [
+    click.option("--ledger", "ledger_url", required=True, help="ledger URL"),
+    click.option("--subject", required=True, help="whose central budget is charged"),
+    click.option("--purpose", required=True, help="the purpose the budget is set for"),
+    click.option("--epsilon", "epsilon_text", required=True, help="epsilon (decimal)"),
+    click.option(
+        "--key",
+        "idempotency_key",
+        required=True,
+        help="idempotency key: a retry with the same key returns the same release",
+    ),
+    click.option(
+        "--data",
+        "data_path",
+        required=True,
+        type=click.Path(exists=True, dir_okay=False),
+        help="one value per line, or a CSV with --column",
+    ),
+    click.option("--column", help="CSV column holding the values"),
+]
+
+
+def _apply(options: list[Any]) -> Callable[[F], F]:
+    def wrap(fn: F) -> F:
+        out: Any = fn
+        for option in reversed(options):
+            out = option(out)
+        return cast(F, out)
+
+    return wrap
+
+
+_noise = [
+    click.option(
+        "--mechanism",
+        type=click.Choice(["laplace", "gaussian"]),
+        default="laplace",
+        show_default=True,
+    ),
+    click.option(
+        "--delta",
+        "delta_text",
+        default="0",
+        show_default=True,
+        help="delta (decimal; > 0 for gaussian)",
+    ),
+    click.option(
+        "--calibration",
+        type=click.Choice(["analytic", "classic"]),
+        default="analytic",
+        show_default=True,
+        help="Gaussian sigma: analytic (any eps) or classic (eps<1)",
+    ),
+]
+_bounds = [
+    click.option("--lower", "lower_text", required=True, help="clipping lower bound"),
+    click.option("--upper", "upper_text", required=True, help="clipping upper bound"),
+    click.option("--granularity", "granularity_text", help="output lattice step (default: auto)"),
+]
+
+
+@click.group("release")
+def release() -> None:
+    """Central DP releases over consolidated data, charged to the ledger first."""
+
+
+def _emit(result: Any) -> None:
+    click.echo(json.dumps(result.to_dict(), indent=2))
+
+
+def _run(fn: Any, **kwargs: Any) -> None:
+    from fedldp.aggregator.central.releases import ReleaseError
+    from fedldp.collector.ledger import open_ledger
+    from fedldp.collector.ledger.store import LedgerError
+
+    ledger = open_ledger(kwargs.pop("ledger_url"))
+    try:
+        _emit(fn(ledger, now=int(time.time()), **kwargs))
+    except (LedgerError, ReleaseError, ValueError, TypeError) as exc:
+        raise click.ClickException(str(exc)) from None
+    finally:
+        ledger.close()
+
+
+@release.command("count")
+@_apply(_common + _noise)
+def count_cmd(
+    ledger_url: str,
+    subject: str,
+    purpose: str,
+    epsilon_text: str,
+    idempotency_key: str,
+    data_path: str,
+    column: str | None,
+    mechanism: str,
+    delta_text: str,
+    calibration: str,
+) -> None:
+    """Noised count of the records."""
+    from fedldp.aggregator.central.releases import private_count
+
+    _run(
+        private_count,
+        ledger_url=ledger_url,
+        subject=subject,
+        purpose=purpose,
+        epsilon=_decimal(epsilon_text, "--epsilon"),
+        idempotency_key=idempotency_key,
+        load=_reader(data_path, column),
+        mechanism=mechanism,
+        delta=_decimal(delta_text, "--delta"),
+        calibration=calibration,
+    )
+
+
+@release.command("sum")
+@_apply(_common + _noise + _bounds)
+def sum_cmd(
+    ledger_url: str,
+    subject: str,
+    purpose: str,
+    epsilon_text: str,
+    idempotency_key: str,
+    data_path: str,
+    column: str | None,
+    mechanism: str,
+    delta_text: str,
+    calibration: str,
+    lower_text: str,
+    upper_text: str,
+    granularity_text: str | None,
+) -> None:
+    """Noised sum of values clipped to [lower, upper]."""
+    from fedldp.aggregator.central.releases import private_sum
+
+    _run(
+        private_sum,
+        ledger_url=ledger_url,
+        subject=subject,
+        purpose=purpose,
+        epsilon=_decimal(epsilon_text, "--epsilon"),
+        idempotency_key=idempotency_key,
+        load=_reader(data_path, column),
+        mechanism=mechanism,
+        delta=_decimal(delta_text, "--delta"),
+        calibration=calibration,
+        lower=_decimal(lower_text, "--lower"),
+        upper=_decimal(upper_text, "--upper"),
+        granularity=_decimal(granularity_text, "--granularity"),
+    )
+
+
+@release.command("mean")
+@_apply(_common + _noise + _bounds)
+def mean_cmd(
+    ledger_url: str,
+    subject: str,
+    purpose: str,
+    epsilon_text: str,
+    idempotency_key: str,
+    data_path: str,
+    column: str | None,
+    mechanism: str,
+    delta_text: str,
+    calibration: str,
+    lower_text: str,
+    upper_text: str,
+    granularity_text: str | None,
+) -> None:
+    """Noised mean of values clipped to [lower, upper] (half the budget each to sum and count)."""
+    from fedldp.aggregator.central.releases import private_mean
+
+    _run(
+        private_mean,
+        ledger_url=ledger_url,
+        subject=subject,
+        purpose=purpose,
+        epsilon=_decimal(epsilon_text, "--epsilon"),
+        idempotency_key=idempotency_key,
+        load=_reader(data_path, column),
+        mechanism=mechanism,
+        delta=_decimal(delta_text, "--delta"),
+        calibration=calibration,
+        lower=_decimal(lower_text, "--lower"),
+        upper=_decimal(upper_text, "--upper"),
+        granularity=_decimal(granularity_text, "--granularity"),
+    )
+
+
+@release.command("choice")
+@_apply(_common)
+@click.option("--candidates", required=True, help="comma-separated candidate labels")
+def choice_cmd(
+    ledger_url: str,
+    subject: str,
+    purpose: str,
+    epsilon_text: str,
+    idempotency_key: str,
+    data_path: str,
+    column: str | None,
+    candidates: str,
+) -> None:
+    """The most frequent candidate, chosen with the exponential mechanism."""
+    from fedldp.aggregator.central.releases import private_choice
+
+    _run(
+        private_choice,
+        ledger_url=ledger_url,
+        subject=subject,
+        purpose=purpose,
+        epsilon=_decimal(epsilon_text, "--epsilon"),
+        idempotency_key=idempotency_key,
+        load=_reader(data_path, column),
+        candidates=[c.strip() for c in candidates.split(",") if c.strip()],
+    )
+
+
+@release.command("spend")
+@click.option("--ledger", "ledger_url", required=True, help="ledger URL")
+@click.option("--subject", required=True)
+@click.option("--purpose", required=True)
+@click.option(
+    "--composition", type=click.Choice(["basic", "rdp", "pld"]), default="basic", show_default=True
+)
+@click.option("--delta", "target_delta", type=float, help="target delta for rdp/pld")
+def spend_cmd(
+    ledger_url: str, subject: str, purpose: str, composition: str, target_delta: float | None
+) -> None:
+    """Composed (epsilon, delta) spent by (subject, purpose), recomputed from the ledger."""
+    from fedldp.aggregator.central.accounting import compose
+    from fedldp.collector.ledger import open_ledger
+
+    ledger = open_ledger(ledger_url)
+    try:
+        spent = compose(ledger, subject, purpose, composition, target_delta=target_delta)
+    finally:
+        ledger.close()
+    click.echo(
+        json.dumps(
+            {
+                "method": spent.method,
+                "epsilon": spent.epsilon,
+                "delta": spent.delta,
+                "basic_epsilon": str(spent.basic_epsilon),
+                "basic_delta": str(spent.basic_delta),
+                "tight_releases": spent.tight_events,
+                "basic_releases": spent.basic_events,
+            },
+            indent=2,
+        )
+    )
