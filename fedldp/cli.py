@@ -19,6 +19,8 @@ COMMANDS: list[tuple[str, str]] = [
     ("fedldp.cli_keys", "keys"),
     ("fedldp.cli_collector", "ledger"),
     ("fedldp.cli_policy", "policy"),
+    ("fedldp.cli_report", "release"),
+    ("fedldp.cli_report", "report"),
 ]
 
 
