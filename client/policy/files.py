@@ -142,8 +142,9 @@ def read_envelope(path: str | Path) -> policy_pb2.SignedEnvelope:
 
 
 def write_envelope(envelope: policy_pb2.SignedEnvelope, path: str | Path) -> Path:
-    """Write a SignedEnvelope's serialized bytes to `path` (replacing it atomically)."""
+    """Write a SignedEnvelope's serialized bytes to `path` (atomic replace; creates folders)."""
     path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_bytes(envelope.SerializeToString())
     os.replace(tmp, path)

@@ -72,8 +72,9 @@ def test_public_key_files(tmp_path: Path) -> None:
 def test_envelope_files_round_trip_exact_bytes(
     tmp_path: Path, envelope: policy_pb2.SignedEnvelope
 ) -> None:
-    path = write_envelope(envelope, tmp_path / "p.policy")
+    path = write_envelope(envelope, tmp_path / "new" / "folder" / "p.policy")
     assert read_envelope(path).payload == envelope.payload
+    assert not list(path.parent.glob("*.tmp"))
     (tmp_path / "junk.policy").write_bytes(b"\xff\xff\xff")
     with pytest.raises(InvalidPolicyError):
         read_envelope(tmp_path / "junk.policy")
