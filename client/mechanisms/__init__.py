@@ -1,30 +1,50 @@
-"""LDP mechanisms: one definition each, behind a registry keyed by wire id."""
+"""LDP mechanisms: one definition each, behind a registry keyed by wire id.
 
+`create(wire_id, epsilon, metric, params)` builds any registered mechanism;
+`resolve` / `choose_frequency_oracle` turn "auto" into a concrete id. Importing
+this package never imports numpy: single-value paths are pure Python, batch and
+estimation paths import numpy lazily. See docs/mechanisms.md.
+"""
+
+from fedldp.client.mechanisms.auto import choose_frequency_oracle, resolve
 from fedldp.client.mechanisms.base import (
     BitVectorOutput,
     CategoryOutput,
+    CountStatistic,
     Estimate,
     HashedOutput,
     IndexBitOutput,
     Mechanism,
+    MomentStatistic,
     NumericOutput,
     Output,
     OutputDomainError,
 )
-from fedldp.client.mechanisms.registry import UnknownMechanismError, create, register, registered_ids
+from fedldp.client.mechanisms.memo import MemoState
+from fedldp.client.mechanisms.registry import (
+    UnknownMechanismError,
+    create,
+    register,
+    registered_ids,
+)
 
 __all__ = [
     "BitVectorOutput",
     "CategoryOutput",
+    "CountStatistic",
     "Estimate",
     "HashedOutput",
     "IndexBitOutput",
     "Mechanism",
+    "MemoState",
+    "MomentStatistic",
     "NumericOutput",
     "Output",
     "OutputDomainError",
     "UnknownMechanismError",
+    "choose_frequency_oracle",
     "create",
     "register",
     "registered_ids",
+    "resolve",
 ]

@@ -129,32 +129,48 @@ def bernoulli_words(
     active: npt.NDArray[np.intp] | None = None  # None: every word is active
     und = undecided
     res = result
-    for level in range(PROB_BITS - 1, -1, -1):
+    draw = _raw_words(rng)
+    scratch = np.empty(total, dtype=np.uint64)
+    for depth, level in enumerate(range(PROB_BITS - 1, -1, -1)):
         size = und.shape[0]
         if size == 0:
             break
-        word = rng.integers(0, full, size=size, dtype=np.uint64, endpoint=True)
+        word = draw(size)
+        tmp = scratch[:size]
         if (digits >> level) & 1:
-            res |= und & ~word
-            und &= word
+            np.bitwise_not(word, out=tmp)
+            np.bitwise_and(tmp, und, out=tmp)
+            np.bitwise_or(res, tmp, out=res)
+            np.bitwise_and(und, word, out=und)
         else:
-            und &= ~word
-        if level % 4 == 0:
+            np.bitwise_not(word, out=word)
+            np.bitwise_and(und, word, out=und)
+        if depth >= 5:
             keep = np.flatnonzero(und)
-            if keep.shape[0] < size // 2:
-                # Compact: write back the decided words, keep the undecided ones.
+            if keep.shape[0] < (size * 3) // 4:
+                # Compact: keep only words with undecided bits (decided ones are final).
                 if active is None:
                     active = keep
-                    und = und[keep]
-                    res = res[keep]
                 else:
                     result[active] = res
                     active = active[keep]
-                    und = und[keep]
-                    res = res[keep]
+                und = und[keep]
+                res = res[keep]
     if active is not None:
         result[active] = res
     return result.reshape(rows, words)
+
+
+def _raw_words(rng: np.random.Generator) -> Any:
+    """A function drawing `size` uniform uint64 words (raw output of 64-bit generators)."""
+    import numpy as np
+
+    bit_generator = rng.bit_generator
+    sixty_four = (np.random.PCG64, np.random.PCG64DXSM, np.random.SFC64, np.random.Philox)
+    if isinstance(bit_generator, sixty_four):
+        return lambda size: bit_generator.random_raw(size)
+    top = np.uint64(0xFFFFFFFFFFFFFFFF)
+    return lambda size: rng.integers(0, top, size=size, dtype=np.uint64, endpoint=True)
 
 
 def words_to_bytes(words: npt.NDArray[np.uint64], length: int) -> npt.NDArray[np.uint8]:
@@ -178,9 +194,7 @@ def column_counts(packed: npt.NDArray[np.uint8], length: int) -> npt.NDArray[np.
     return counts
 
 
-def support_variance(
-    n: int, frequency: Any, p: float, q: float
-) -> npt.NDArray[np.float64]:
+def support_variance(n: int, frequency: Any, p: float, q: float) -> npt.NDArray[np.float64]:
     """Exact variance of a support-count frequency estimate.
 
     A report "supports" v with probability p when the true value is v and q

@@ -74,7 +74,7 @@ class IndexBitOutput:
     bit: bool
 
 
-Output = Union[CategoryOutput, BitVectorOutput, HashedOutput, NumericOutput, IndexBitOutput]
+Output = Union[CategoryOutput, BitVectorOutput, HashedOutput, NumericOutput, IndexBitOutput]  # noqa: UP007
 
 
 class OutputDomainError(ValueError):

@@ -2,6 +2,17 @@
 
 Registering an id twice raises; building an unknown id raises. Ids are never
 reused for a different mechanism (see the compatibility rules in policy.proto).
+"auto" is not an id: resolve it with `auto.resolve` before signing a policy.
+
+Registered ids and their policy params (strings, plain notation):
+
+    grr, oue, sue, hr               categorical, no params
+    olh                             categorical, optional "g" (a prime)
+    ss                              categorical, optional "d" (subset size)
+    rappor-grr, rappor-oue,         categorical, required "epsilon_permanent"
+    rappor-sue                      (memoized; see memo.py)
+    duchi, piecewise, hybrid,       numeric (lo, hi), no params
+    laplace
 """
 
 from __future__ import annotations
@@ -9,6 +20,14 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from decimal import Decimal
 
+from fedldp.client.mechanisms._common import (
+    categorical_metric,
+    decimal_param,
+    int_param,
+    no_params,
+    numeric_metric,
+    only_params,
+)
 from fedldp.client.mechanisms.base import Mechanism
 
 #: Builds a mechanism from (epsilon, metric description, params). `metric` is a
@@ -44,8 +63,11 @@ def create(
     try:
         factory = _REGISTRY[wire_id]
     except KeyError:
+        hint = ""
+        if wire_id == "auto":
+            hint = " ('auto' must be resolved with auto.resolve before signing)"
         raise UnknownMechanismError(
-            f"unknown mechanism id {wire_id!r}; known: {', '.join(registered_ids())}"
+            f"unknown mechanism id {wire_id!r}{hint}; known: {', '.join(registered_ids())}"
         ) from None
     return factory(epsilon, metric, params or {})
 
@@ -55,11 +77,108 @@ def _grr_factory(
 ) -> Mechanism:  # type: ignore[type-arg]
     from fedldp.client.mechanisms.grr import GRR
 
-    if not isinstance(metric, int):
-        raise ValueError("grr needs a categorical metric")
-    if params:
-        raise ValueError(f"grr takes no parameters, got {sorted(params)}")
-    return GRR(epsilon, metric)
+    k = categorical_metric("grr", metric)
+    no_params("grr", params)
+    return GRR(epsilon, k)
+
+
+def _oue_factory(
+    epsilon: Decimal, metric: int | tuple[Decimal, Decimal], params: Mapping[str, str]
+) -> Mechanism:  # type: ignore[type-arg]
+    from fedldp.client.mechanisms.unary import OUE
+
+    k = categorical_metric("oue", metric)
+    no_params("oue", params)
+    return OUE(epsilon, k)
+
+
+def _sue_factory(
+    epsilon: Decimal, metric: int | tuple[Decimal, Decimal], params: Mapping[str, str]
+) -> Mechanism:  # type: ignore[type-arg]
+    from fedldp.client.mechanisms.unary import SUE
+
+    k = categorical_metric("sue", metric)
+    no_params("sue", params)
+    return SUE(epsilon, k)
+
+
+def _olh_factory(
+    epsilon: Decimal, metric: int | tuple[Decimal, Decimal], params: Mapping[str, str]
+) -> Mechanism:  # type: ignore[type-arg]
+    from fedldp.client.mechanisms.olh import OLH
+
+    k = categorical_metric("olh", metric)
+    only_params("olh", params, {"g"})
+    return OLH(epsilon, k, int_param("olh", params, "g"))
+
+
+def _hr_factory(
+    epsilon: Decimal, metric: int | tuple[Decimal, Decimal], params: Mapping[str, str]
+) -> Mechanism:  # type: ignore[type-arg]
+    from fedldp.client.mechanisms.hadamard import HadamardResponse
+
+    k = categorical_metric("hr", metric)
+    no_params("hr", params)
+    return HadamardResponse(epsilon, k)
+
+
+def _ss_factory(
+    epsilon: Decimal, metric: int | tuple[Decimal, Decimal], params: Mapping[str, str]
+) -> Mechanism:  # type: ignore[type-arg]
+    from fedldp.client.mechanisms.subset import SubsetSelection
+
+    k = categorical_metric("ss", metric)
+    only_params("ss", params, {"d"})
+    return SubsetSelection(epsilon, k, int_param("ss", params, "d"))
+
+
+def _memo_factory(wire_id: str) -> Factory:
+    def factory(
+        epsilon: Decimal, metric: int | tuple[Decimal, Decimal], params: Mapping[str, str]
+    ) -> Mechanism:  # type: ignore[type-arg]
+        from fedldp.client.mechanisms.memo import RapporGRR, RapporOUE, RapporSUE
+
+        k = categorical_metric(wire_id, metric)
+        only_params(wire_id, params, {"epsilon_permanent"})
+        permanent = decimal_param(wire_id, params, "epsilon_permanent")
+        if permanent is None:
+            raise ValueError(f"{wire_id} needs parameter 'epsilon_permanent' (lifetime epsilon)")
+        classes: dict[str, type[RapporGRR | RapporOUE | RapporSUE]] = {
+            "rappor-grr": RapporGRR,
+            "rappor-oue": RapporOUE,
+            "rappor-sue": RapporSUE,
+        }
+        return classes[wire_id](epsilon, k, permanent)
+
+    return factory
+
+
+def _numeric_factory(wire_id: str) -> Factory:
+    def factory(
+        epsilon: Decimal, metric: int | tuple[Decimal, Decimal], params: Mapping[str, str]
+    ) -> Mechanism:  # type: ignore[type-arg]
+        from fedldp.client.mechanisms.numeric import Duchi, Hybrid, Laplace, Piecewise
+
+        lo, hi = numeric_metric(wire_id, metric)
+        no_params(wire_id, params)
+        classes: dict[str, type[Duchi | Piecewise | Hybrid | Laplace]] = {
+            "duchi": Duchi,
+            "piecewise": Piecewise,
+            "hybrid": Hybrid,
+            "laplace": Laplace,
+        }
+        return classes[wire_id](epsilon, lo, hi)
+
+    return factory
 
 
 register("grr", _grr_factory)
+register("oue", _oue_factory)
+register("sue", _sue_factory)
+register("olh", _olh_factory)
+register("hr", _hr_factory)
+register("ss", _ss_factory)
+for _memo_id in ("rappor-grr", "rappor-oue", "rappor-sue"):
+    register(_memo_id, _memo_factory(_memo_id))
+for _numeric_id in ("duchi", "piecewise", "hybrid", "laplace"):
+    register(_numeric_id, _numeric_factory(_numeric_id))

@@ -1,0 +1,72 @@
+"""`auto`: the frequency oracle with the least variance for (k, ε).
+
+Resolved when a policy is authored, never signed (policy.proto, MechanismSpec).
+Each candidate is built with its default parameters and compared on n·Var[f̂_v]
+at f_v = 0, the quantity Wang et al. compare (USENIX Security 2017, Section 5,
+Table 1), computed from each mechanism's exact (p*, q*):
+
+* grr:  (e^ε + k - 2) / (e^ε - 1)^2                (Wang et al. 2017, eq. (4))
+* oue:  4 e^ε / (e^ε - 1)^2                        (ibid., eq. (6))
+* sue:  e^{ε/2} / (e^{ε/2} - 1)^2                  (ibid., Section 4.2)
+* olh:  (e^ε - 1 + g)^2 / ((e^ε - 1)^2 (g - 1)), g the prime of `olh.default_g`
+                                                   (ibid., eq. (10))
+* hr:   (e^ε + 1)^2 / (e^ε - 1)^2                  (Acharya, Sun, Zhang, AISTATS 2019)
+* ss:   q*(1-q*)/(p*-q*)^2 with p* = d e^ε/(d e^ε + k - d),
+        q* = (p*(d-1) + (1-p*) d)/(k-1), d = `subset.default_subset_size`
+                                                   (Ye and Barg, IEEE T-IT 2018, Sec. III)
+
+Ties go to the earlier entry of `AUTO_CANDIDATES` (the one with the shorter report).
+"""
+
+from __future__ import annotations
+
+from decimal import Decimal
+
+from fedldp.client.mechanisms.oracle import FrequencyOracle
+
+#: Candidates in tie-break order: shorter reports first.
+AUTO_CANDIDATES: tuple[str, ...] = ("grr", "hr", "olh", "ss", "oue", "sue")
+
+
+def build_candidate(wire_id: str, epsilon: Decimal, k: int) -> FrequencyOracle:
+    """One candidate with its default parameters."""
+    from fedldp.client.mechanisms.registry import create
+
+    mechanism = create(wire_id, epsilon, k, {})
+    assert isinstance(mechanism, FrequencyOracle)
+    return mechanism
+
+
+def f0_variance(mechanism: FrequencyOracle) -> float:
+    """n·Var[f̂_v] at f_v = 0 from the mechanism's exact support probabilities."""
+    p, q = mechanism.support_p, mechanism.support_q
+    return q * (1.0 - q) / (p - q) ** 2
+
+
+def choose_frequency_oracle(k: int, epsilon: Decimal) -> str:
+    """The wire id of the least-variance frequency oracle for domain size k and ε."""
+    best_id = ""
+    best = float("inf")
+    for wire_id in AUTO_CANDIDATES:
+        try:
+            candidate = build_candidate(wire_id, epsilon, k)
+        except ValueError:
+            continue  # e.g. olh when ε is too large for its seed space
+        variance = f0_variance(candidate)
+        if variance < best * (1.0 - 1e-12):
+            best_id, best = wire_id, variance
+    if not best_id:
+        raise ValueError(f"no frequency oracle accepts k={k}, epsilon={epsilon}")
+    return best_id
+
+
+def resolve(wire_id: str, epsilon: Decimal, metric: int | tuple[Decimal, Decimal]) -> str:
+    """`wire_id`, or for "auto" the concrete oracle to sign into the policy."""
+    if wire_id != "auto":
+        return wire_id
+    if isinstance(metric, bool) or not isinstance(metric, int):
+        raise ValueError("auto is defined for categorical metrics only; name a numeric mechanism")
+    return choose_frequency_oracle(metric, epsilon)
+
+
+__all__ = ["AUTO_CANDIDATES", "choose_frequency_oracle", "f0_variance", "resolve"]

@@ -1,0 +1,175 @@
+"""Unary encodings: optimized unary encoding (OUE) and symmetric unary encoding (SUE).
+
+Wang, Blocki, Li, Jha, USENIX Security 2017, Section 4.2 (Unary Encoding). The
+value v is one-hot encoded in k bits and every bit is reported independently:
+
+    P[bit i = 1] = p   if i = v,     q   otherwise.
+
+The privacy ratio of two inputs differs in exactly two bits, so it is
+p(1 - q) / ((1 - p) q), which both variants set to e^ε exactly:
+
+* SUE (basic one-hash RAPPOR, Erlingsson et al. CCS 2014, without memoization):
+  p = e^{ε/2} / (e^{ε/2} + 1), q = 1 / (e^{ε/2} + 1)   (Wang et al. 2017, 4.2).
+* OUE: p = 1/2, q = 1 / (e^ε + 1), minimizing the f = 0 variance
+  4 e^ε / (n (e^ε - 1)^2)  (Wang et al. 2017, Section 4.2, eq. (6)).
+
+Bit v supports v: support_p = p, support_q = q (`oracle.FrequencyOracle`).
+
+Wire: BitVectorPayload of exactly k bits (ceil(k/8) bytes, padding zero) — the
+size never depends on the value. Batch layout: uint8 array (n, ceil(k/8)) of
+packed little-endian rows, produced by the exact bit-sliced sampler in
+`_common.bernoulli_words` (about two random 64-bit words per 64 output bits,
+independent of q), then the true bit redrawn with probability p.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Iterator
+from decimal import Decimal
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from fedldp.client.mechanisms._common import (
+    bernoulli_bits,
+    bernoulli_words,
+    byte_length,
+    check_bit_vector,
+    check_index,
+    column_counts,
+    exp_epsilon,
+    int_to_bits,
+    words_to_bytes,
+)
+from fedldp.client.mechanisms.base import (
+    BitVectorOutput,
+    CountStatistic,
+    Output,
+    OutputDomainError,
+    system_random,
+)
+from fedldp.client.mechanisms.oracle import FrequencyOracle
+
+if TYPE_CHECKING:
+    import numpy as np
+    import numpy.typing as npt
+
+
+def unary_bits_batch(
+    values: npt.NDArray[np.int64],
+    k: int,
+    p: float,
+    q: float,
+    rng: np.random.Generator,
+) -> npt.NDArray[np.uint8]:
+    """Packed rows: bit i ~ Bernoulli(q) for i != value, Bernoulli(p) for i = value."""
+    import numpy as np
+
+    values = np.asarray(values, dtype=np.int64)
+    if values.size and (values.min() < 0 or values.max() >= k):
+        raise ValueError(f"values must be indices in [0, {k})")
+    n = values.shape[0]
+    words = bernoulli_words(q, n, k, rng)
+    rows = np.arange(n)
+    word_index = values >> 6
+    bit = (values & 63).astype(np.uint64)
+    truth = np.asarray(rng.random(n) < p, dtype=np.uint64)
+    current = words[rows, word_index]
+    current &= ~(np.uint64(1) << bit)
+    current |= truth << bit
+    words[rows, word_index] = current
+    return words_to_bytes(words, k)
+
+
+class UnaryEncoding(FrequencyOracle):
+    """Shared body of OUE and SUE; a subclass sets `p` and `q` from ε."""
+
+    _name: ClassVar[str]
+
+    p: float
+    q: float
+
+    def _set_probabilities(self, p: float, q: float) -> None:
+        self.p = p
+        self.q = q
+        self.support_p = p
+        self.support_q = q
+
+    def output_probability(self, value: int, output: Output) -> float:
+        bits = check_bit_vector(output, self.k, name=self._name)
+        prob = 1.0
+        for i in range(self.k):
+            one = (bits >> i) & 1
+            bit_p = self.p if i == value else self.q
+            prob *= bit_p if one else 1.0 - bit_p
+        return prob
+
+    def outputs(self) -> Iterator[Output]:
+        return (int_to_bits(b, self.k) for b in range(1 << self.k))
+
+    def perturb(self, value: int, *, rng: random.Random | None = None) -> BitVectorOutput:
+        check_index(value, self.k)
+        r = rng if rng is not None else system_random()
+        bits = bernoulli_bits(self.q, self.k, r)
+        bits &= ~(1 << value)
+        if r.random() < self.p:
+            bits |= 1 << value
+        return int_to_bits(bits, self.k)
+
+    def perturb_batch(
+        self, values: npt.NDArray[np.int64], rng: np.random.Generator
+    ) -> npt.NDArray[np.uint8]:
+        """Packed rows (n, ceil(k/8)) of uint8, same distribution as `perturb`."""
+        return unary_bits_batch(values, self.k, self.p, self.q, rng)
+
+    def check_output(self, output: Output) -> None:
+        check_bit_vector(output, self.k, name=self._name)
+
+    def accumulate(self, statistic: CountStatistic, output: Output) -> None:
+        bits = check_bit_vector(output, self.k, name=self._name)
+        counts = statistic.counts
+        i = 0
+        while bits:
+            if bits & 1:
+                counts[i] += 1
+            bits >>= 1
+            i += 1
+        statistic.n += 1
+
+    def accumulate_batch(self, statistic: CountStatistic, outputs: Any) -> None:
+        """Add packed rows (n, ceil(k/8)) uint8, as from `perturb_batch`."""
+        import numpy as np
+
+        outputs = np.asarray(outputs, dtype=np.uint8)
+        if outputs.ndim != 2 or outputs.shape[1] != byte_length(self.k):
+            raise OutputDomainError("WRONG_LENGTH", f"{self._name} expects {self.k}-bit rows")
+        self._add_counts(statistic, column_counts(outputs, self.k), outputs.shape[0])
+
+
+class OUE(UnaryEncoding):
+    """Optimized unary encoding: p = 1/2, q = 1/(e^ε + 1)."""
+
+    wire_id = "oue"
+    _name = "oue"
+
+    def __init__(self, epsilon: Decimal, k: int) -> None:
+        super().__init__(epsilon, k)
+        e = exp_epsilon(epsilon)
+        # Wang et al. 2017, Section 4.2 (OUE).
+        self._set_probabilities(0.5, 1.0 / (e + 1.0))
+
+
+class SUE(UnaryEncoding):
+    """Symmetric unary encoding (basic RAPPOR): p = e^{ε/2}/(e^{ε/2}+1), q = 1 - p."""
+
+    wire_id = "sue"
+    _name = "sue"
+
+    def __init__(self, epsilon: Decimal, k: int) -> None:
+        super().__init__(epsilon, k)
+        half = math.exp(float(epsilon) / 2)
+        # Wang et al. 2017, Section 4.2 (SUE); Erlingsson et al. 2014, Section 3.
+        self._set_probabilities(half / (half + 1.0), 1.0 / (half + 1.0))
+
+
+__all__ = ["OUE", "SUE", "UnaryEncoding", "unary_bits_batch"]
