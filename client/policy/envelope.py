@@ -23,7 +23,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import (
     Ed25519PublicKey,
 )
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
-from fedldp.client.policy.errors import PayloadTypeError
+from fedldp.client.policy.errors import InvalidPolicyError, PayloadTypeError
 from fedldp.v1 import policy_pb2
 
 #: Payload type of a signed `fedldp.v1.Policy`.
@@ -104,7 +104,7 @@ def sign_envelope(
 
 
 def check_payload_type(envelope: policy_pb2.SignedEnvelope, expected: str) -> None:
-    """Raise PayloadTypeError unless the envelope carries `expected` (and is not oversized)."""
+    """PayloadTypeError unless the envelope carries `expected`; InvalidPolicyError if oversized."""
     if envelope.payload_type != expected:
         raise PayloadTypeError(
             f"envelope payload type is {envelope.payload_type!r}, expected {expected!r}; "
@@ -112,9 +112,12 @@ def check_payload_type(envelope: policy_pb2.SignedEnvelope, expected: str) -> No
             "a root is expected"
         )
     if len(envelope.payload) > MAX_PAYLOAD_BYTES:
-        raise PayloadTypeError(
-            f"envelope payload is {len(envelope.payload)} bytes, more than the "
-            f"{MAX_PAYLOAD_BYTES} accepted; split the domain or shorten the labels"
+        raise InvalidPolicyError(
+            [
+                f"payload is {len(envelope.payload)} bytes, more than the {MAX_PAYLOAD_BYTES} "
+                "accepted; split the domain or shorten the labels"
+            ],
+            subject="envelope",
         )
 
 

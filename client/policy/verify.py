@@ -3,7 +3,8 @@
 `verify_policy` takes (envelope bytes, trust store, stored versions, now) and
 returns a `VerifiedPolicy` or raises one specific `PolicyError`. Order:
 
-1. payload type is the policy type (PayloadTypeError);
+1. payload type is the policy type (PayloadTypeError) and the payload is at most
+   MAX_PAYLOAD_BYTES (InvalidPolicyError);
 2. a valid Ed25519 signature over PAE(type, exact payload bytes) by a policy key
    the trusted root lists and that has not expired (UnknownKeyError,
    ExpiredKeyError, BadSignatureError) — before the payload is parsed;

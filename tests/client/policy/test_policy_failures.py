@@ -233,3 +233,63 @@ def test_every_failure_is_a_policy_error() -> None:
         AudienceMismatchError,
     ):
         assert issubclass(cls, PolicyError)
+
+
+def test_oversized_payload_is_refused_before_any_crypto(
+    authority: Authority, trust: TrustStore, now: int
+) -> None:
+    from fedldp.client.policy.envelope import MAX_PAYLOAD_BYTES
+
+    envelope = sign_envelope(
+        POLICY_PAYLOAD_TYPE, b"\x00" * (MAX_PAYLOAD_BYTES + 1), [authority.policy_key]
+    )
+    with pytest.raises(InvalidPolicyError, match="bytes, more than"):
+        verify_policy(envelope, trust, now=now)
+
+
+def test_memoized_permanent_epsilon_is_under_the_device_maximum(
+    authority: Authority, trust: TrustStore, now: int
+) -> None:
+    from fedldp.client.mechanisms import registered_ids
+
+    if "rappor-grr" not in registered_ids():
+        pytest.skip("no memoized mechanism registered")
+    policy = authority.categorical_policy(
+        policy_id="memo",
+        metric="m",
+        labels=["a", "b", "c"],
+        epsilon="0.5",
+        epsilon_cap="2",
+        window_seconds=DAY,
+        now=now,
+        mechanism="rappor-grr",
+        params={"epsilon_permanent": "3"},
+        memo_charging=policy_pb2.MEMO_CHARGING_INSTANTANEOUS,
+    )
+    envelope = authority.sign(policy)
+    verified = verify_policy(envelope, trust, now=now, max_epsilon=Decimal("3"))
+    assert verified.epsilon == Decimal("0.5")  # the ledger charges the instantaneous epsilon
+    with pytest.raises(EpsilonAboveMaximumError, match="permanent"):
+        verify_policy(envelope, trust, now=now, max_epsilon=Decimal("2"))
+
+
+def test_numeric_policy(authority: Authority, trust: TrustStore, now: int) -> None:
+    from fedldp.client.mechanisms import registered_ids
+
+    if "piecewise" not in registered_ids():
+        pytest.skip("no numeric mechanism registered")
+    policy = authority.numeric_policy(
+        policy_id="latency",
+        metric="net.latency_ms",
+        lo="-5",
+        hi="250.5",
+        epsilon="1",
+        epsilon_cap="3",
+        window_seconds=DAY,
+        now=now,
+    )
+    verified = verify_policy(authority.sign(policy), trust, now=now)
+    assert verified.labels is None
+    assert verified.numeric_range == (Decimal("-5"), Decimal("250.5"))
+    with pytest.raises(ValueError, match="numeric"):
+        verified.label_index("a")
