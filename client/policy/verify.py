@@ -29,6 +29,7 @@ from decimal import Decimal
 from cryptography.exceptions import InvalidSignature
 from fedldp.client.mechanisms import Mechanism
 from fedldp.client.policy.envelope import (
+    MAX_SIGNATURES,
     POLICY_PAYLOAD_TYPE,
     check_payload_type,
     pae,
@@ -50,8 +51,6 @@ from fedldp.client.policy.trust import TrustStore
 from fedldp.client.policy.validation import parse_decimal, permanent_epsilon, policy_problems
 from fedldp.v1 import policy_pb2
 from google.protobuf.message import DecodeError
-
-_MAX_SIGNATURES = 16
 
 
 @dataclass(frozen=True, eq=False)
@@ -131,7 +130,7 @@ class VerifiedPolicy:
 
 def _verify_signature(envelope: policy_pb2.SignedEnvelope, trust: TrustStore, now: int) -> str:
     """Return the key id of a valid signature by a trusted, unexpired policy key."""
-    signatures = list(envelope.signatures)[:_MAX_SIGNATURES]
+    signatures = list(envelope.signatures)[:MAX_SIGNATURES]
     if not signatures:
         raise BadSignatureError("envelope has no signatures; sign the policy (fedldp policy sign)")
     message = pae(envelope.payload_type, envelope.payload)
@@ -155,7 +154,8 @@ def _verify_signature(envelope: policy_pb2.SignedEnvelope, trust: TrustStore, no
             "signature does not verify over the payload type and payload; the envelope was "
             "altered or signed over other bytes: re-sign the exact payload"
         )
-    assert first_error is not None
+    if first_error is None:  # unreachable: every signature set one of the outcomes
+        raise BadSignatureError("no signature could be checked; re-sign the policy")
     raise first_error
 
 
