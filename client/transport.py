@@ -214,6 +214,9 @@ class Transport:
             ("grpc.use_local_subchannel_pool", 1),
             ("grpc.enable_retries", 0),  # retries are ours: same bytes, persisted backoff
             ("grpc.max_receive_message_length", MAX_RECEIVE_BYTES),
+            # No bandwidth-delay probes: reports are small, and fewer timing-driven
+            # PING frames leave less on the wire that is not the request itself.
+            ("grpc.http2.bdp_probe", 0),
             *options,
         ]
         if credentials.insecure:

@@ -112,14 +112,20 @@ class Deployment:
         return TrustRoot(self.authority.root_envelope, self.authority.root_public_keys)
 
     def client(
-        self, target: str, state_dir: Path, *, subject: str = "device-1", **kwargs: Any
+        self,
+        target: str,
+        state_dir: Path,
+        *,
+        subject: str = "device-1",
+        token: str | None = None,
+        **kwargs: Any,
     ) -> Client:
         kwargs.setdefault("timeout_seconds", 5.0)
         return Client(
             target,
             trust_root=self.trust_root(),
             state_dir=state_dir,
-            credentials=Credentials.insecure_bearer(self.token(subject)),
+            credentials=Credentials.insecure_bearer(token or self.token(subject)),
             **kwargs,
         )
 
@@ -303,6 +309,25 @@ class _ProxyHandler(grpc.GenericRpcHandler):
             return self.proxy.forward(method, request, context)
 
         return grpc.unary_unary_rpc_method_handler(behavior)
+
+
+def http2_frames(stream: bytes) -> list[tuple[int, int, int, bytes]]:
+    """(type, flags, stream id, payload) of each HTTP/2 frame after the client preface.
+
+    RFC 9113, Section 4.1: a 9-byte header (24-bit length, type, flags, 31-bit
+    stream id) then the payload. Section 3.4: the client preface is 24 bytes.
+    """
+    preface = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+    assert stream.startswith(preface)
+    frames, i = [], len(preface)
+    while i + 9 <= len(stream):
+        length = int.from_bytes(stream[i : i + 3], "big")
+        kind, flags = stream[i + 3], stream[i + 4]
+        stream_id = int.from_bytes(stream[i + 5 : i + 9], "big") & 0x7FFFFFFF
+        frames.append((kind, flags, stream_id, stream[i + 9 : i + 9 + length]))
+        i += 9 + length
+    assert i == len(stream), "truncated HTTP/2 frame"
+    return frames
 
 
 def ledger_rows(collector: RunningCollector) -> list[tuple[bytes, str, str]]:
