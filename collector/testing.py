@@ -9,7 +9,11 @@ production keys.
 
 from __future__ import annotations
 
+import os
 import secrets
+import subprocess
+import sys
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -181,3 +185,81 @@ def make_report(
 def coarse(now: int) -> int:
     """`now` truncated to the hour (a report's coarse_time)."""
     return now - now % COARSE
+
+
+# --- collector subprocesses (crash tests, multi-process tests, benchmarks) ---
+
+
+@dataclass
+class CollectorProcess:
+    proc: subprocess.Popen[bytes]
+    port: int
+    log: Path
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+
+def write_config(
+    deployment: Deployment, base: Path, ledger_url: str, name: str, **settings: object
+) -> Path:
+    trust_dir, policy_dir = deployment.write_folders(base)
+    secret_file = base / "token.secret"
+    secret_file.write_text(deployment.secret.hex(), encoding="ascii")
+    values: dict[str, object] = {
+        "listen": "127.0.0.1:0",
+        "ledger_url": ledger_url,
+        "trust_dir": str(trust_dir),
+        "policy_dir": str(policy_dir),
+        "token_secret_file": str(secret_file),
+        "audience": deployment.audience,
+        "rate_limit_per_second": 100000.0,
+        "rate_limit_burst": 100000.0,
+        "instance_id": name,
+        "log_level": "WARNING",
+    }
+    values.update(settings)
+    lines = ["[collector]"]
+    for key, value in values.items():
+        if isinstance(value, bool):
+            lines.append(f"{key} = {'true' if value else 'false'}")
+        elif isinstance(value, (int, float)):
+            lines.append(f"{key} = {value}")
+        else:
+            lines.append(f'{key} = "{value}"')
+    path = base / f"{name}.toml"
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+def spawn(config: Path, name: str, *, timeout: float = 60.0) -> CollectorProcess:
+    """Start a collector process and wait until it has bound its port."""
+    port_file = config.parent / f"{name}.port"
+    port_file.unlink(missing_ok=True)
+    log = config.parent / f"{name}.log"
+    env = dict(os.environ)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "fedldp.collector",
+            "serve",
+            "--config",
+            str(config),
+            "--port-file",
+            str(port_file),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=log.open("ab"),
+        env=env,
+    )
+    deadline = time.monotonic() + timeout
+    while not port_file.exists():
+        if proc.poll() is not None:
+            raise RuntimeError(f"collector exited with {proc.returncode}: {log.read_text()}")
+        if time.monotonic() > deadline:
+            proc.kill()
+            raise RuntimeError(f"collector did not start in {timeout} s: {log.read_text()}")
+        time.sleep(0.05)
+    return CollectorProcess(proc, int(port_file.read_text()), log)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import secrets
 import threading
+from collections.abc import Iterator
 from decimal import Decimal
 
 import pytest
@@ -48,9 +49,9 @@ def tenth_policy(deployment: Deployment) -> VerifiedPolicy:
 
 
 @pytest.fixture
-def ledger(ledger_url: str) -> Ledger:
+def ledger(ledger_url: str) -> Iterator[Ledger]:
     led = open_ledger(ledger_url, shard="test")
-    yield led  # type: ignore[misc]
+    yield led
     led.close()
 
 
@@ -277,8 +278,8 @@ def test_central_amounts_must_be_exact(ledger: Ledger, now: int) -> None:
         ledger.reserve(
             subject="m",
             purpose="p",
-            epsilon=0.5,
-            delta=Decimal(0),  # type: ignore[arg-type]
+            epsilon=0.5,  # type: ignore[arg-type]
+            delta=Decimal(0),
             idempotency_key="f",
             now=now,
         )

@@ -7,6 +7,7 @@ import math
 import time
 from decimal import Decimal
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -214,11 +215,12 @@ def test_unauthenticated_calls_touch_nothing(
     )
     with grpc.insecure_channel(collector.address) as channel:
         stub = collector_pb2_grpc.CollectorStub(channel)
-        for call, req in (
+        calls: list[tuple[Any, Any]] = [
             (stub.Submit, request),
             (stub.GetBudget, pb.GetBudgetRequest()),
             (stub.GetPolicies, pb.GetPoliciesRequest()),
-        ):
+        ]
+        for call, req in calls:
             with pytest.raises(grpc.RpcError) as err:
                 call(req, metadata=metadata)
             assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
@@ -263,7 +265,8 @@ def test_oversize_batch_and_message(deployment: Deployment, tmp_path: Path, now:
             with pytest.raises(grpc.RpcError) as err:
                 stub.Submit.with_call(pb.SubmitRequest(reports=eleven), metadata=auth)
             assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
-            assert ("max-reports-per-request", "10") in tuple(err.value.trailing_metadata())
+            trailing: dict[str, Any] = {m.key: m.value for m in err.value.trailing_metadata()}
+            assert trailing["max-reports-per-request"] == "10"
             big = pb.SubmitRequest(reports=eleven[:1])
             big.reports[0].policy_id = "x" * 5000
             with pytest.raises(grpc.RpcError) as err:
@@ -290,7 +293,7 @@ def test_rate_limit_gives_a_retry_hint(deployment: Deployment, tmp_path: Path) -
             with pytest.raises(grpc.RpcError) as err:
                 stub.GetBudget(pb.GetBudgetRequest(), metadata=auth)
             assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
-            hint = dict(err.value.trailing_metadata())["retry-after-ms"]
+            hint = {m.key: m.value for m in err.value.trailing_metadata()}["retry-after-ms"]
             assert 0 < int(hint) <= 2000
             # Another subject has its own bucket.
             stub.GetBudget(pb.GetBudgetRequest(), metadata=bearer_metadata(deployment.token("bob")))
