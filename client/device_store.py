@@ -11,7 +11,8 @@ database, so that one transaction can make several changes atomically:
                        serialized ``fedldp.v1.Report`` bytes that go on the wire;
 * ``budget``           the device's own privacy ledger: epsilon spent per policy and
                        window, exact decimal strings (never floats);
-* ``memo``             permanent responses of memoized (RAPPOR-style) mechanisms;
+* ``memo``             permanent responses of memoized (RAPPOR-style) mechanisms, per
+                       (metric, mechanism parameters, value), the value as a keyed hash;
 * ``events``           a bounded log of what was dropped or refused and why;
 * ``counters``         monotone counters (records, acknowledgements, refusals, drops).
 
@@ -101,12 +102,12 @@ CREATE TABLE IF NOT EXISTS budget (
     PRIMARY KEY (policy_id, window_start)
 );
 CREATE TABLE IF NOT EXISTS memo (
-    policy_id  TEXT    NOT NULL,
-    scope      BLOB    NOT NULL,
+    metric     TEXT    NOT NULL,
+    scope      TEXT    NOT NULL,
     value_key  BLOB    NOT NULL,
     state      BLOB    NOT NULL,
     created_at INTEGER NOT NULL,
-    PRIMARY KEY (policy_id, scope, value_key)
+    PRIMARY KEY (metric, scope, value_key)
 );
 CREATE TABLE IF NOT EXISTS events (
     seq       INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -406,36 +407,36 @@ class DeviceStore:
 
     # --- memo state (memoized mechanisms) ---
 
-    def memo_key(self, conn: sqlite3.Connection, policy_id: str, value_bytes: bytes) -> bytes:
+    def memo_key(self, conn: sqlite3.Connection, metric: str, value_bytes: bytes) -> bytes:
         """HMAC-SHA256 of a value under the device-local memo secret.
 
         The memo table never holds the value itself, only this keyed digest, so a
         copy of the state file does not enumerate what was recorded by hashing
         candidate values (the secret never leaves the file's own meta row).
         """
-        message = policy_id.encode("utf-8") + b"\x00" + value_bytes
+        message = metric.encode("utf-8") + b"\x00" + value_bytes
         return hmac.new(self.memo_secret(conn), message, hashlib.sha256).digest()
 
     @staticmethod
     def load_memo(
-        conn: sqlite3.Connection, policy_id: str, scope: bytes, value_key: bytes
+        conn: sqlite3.Connection, metric: str, scope: str, value_key: bytes
     ) -> bytes | None:
-        """The stored memo state (a permanent response), or None."""
+        """The stored permanent response for (metric, parameters, value), or None."""
         row = conn.execute(
-            "SELECT state FROM memo WHERE policy_id=? AND scope=? AND value_key=?",
-            (policy_id, scope, value_key),
+            "SELECT state FROM memo WHERE metric=? AND scope=? AND value_key=?",
+            (metric, scope, value_key),
         ).fetchone()
         return None if row is None else bytes(row[0])
 
     @staticmethod
     def save_memo(
-        conn: sqlite3.Connection, policy_id: str, scope: bytes, value_key: bytes, state: bytes
+        conn: sqlite3.Connection, metric: str, scope: str, value_key: bytes, state: bytes
     ) -> None:
-        """Store a memo state; an existing one is never replaced (permanent means permanent)."""
+        """Store a permanent response; an existing one is never replaced."""
         conn.execute(
-            "INSERT OR IGNORE INTO memo (policy_id, scope, value_key, state, created_at) "
+            "INSERT OR IGNORE INTO memo (metric, scope, value_key, state, created_at) "
             "VALUES (?, ?, ?, ?, ?)",
-            (policy_id, scope, value_key, state, int(time.time())),
+            (metric, scope, value_key, state, int(time.time())),
         )
 
     def memo_count(self) -> int:

@@ -51,6 +51,7 @@ import math
 import os
 import random
 import secrets
+import sqlite3
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -58,11 +59,12 @@ from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from fedldp.client.device_store import DeviceStore, Event, StoredPolicy
 from fedldp.client.mechanisms.base import Output
+from fedldp.client.mechanisms.memo import Memoized
 from fedldp.client.outbox import (
     DEFAULT_MAX_REPORTS,
     Outbox,
@@ -235,28 +237,6 @@ class BudgetStatus:
     epsilon_spent: Decimal
     epsilon_remaining: Decimal
     epsilon_per_report: Decimal
-
-
-@runtime_checkable
-class MemoizedMechanism(Protocol):
-    """The seam for memoized (RAPPOR-style) mechanisms.
-
-    Erlingsson, Pihur, Korolova, "RAPPOR", CCS 2014, Section 3: a *permanent*
-    randomized response is drawn once per distinct value and stored; every report
-    is an *instantaneous* randomization of that permanent response. The device
-    store keeps the permanent state (`memo` table, keyed by a keyed hash of the
-    value) in the same transaction as the report and the charge, so a value's
-    permanent response is drawn exactly once for the policy's `memo_scope`.
-    """
-
-    def memo_scope(self) -> bytes:
-        """Identifies the permanent randomization's parameters (a new scope, a new draw)."""
-
-    def permanent_response(self, value: Any, *, rng: random.Random | None = None) -> bytes:
-        """Draw the permanent state for `value` (serialized)."""
-
-    def perturb_memoized(self, permanent: bytes, *, rng: random.Random | None = None) -> Output:
-        """One instantaneous report from the stored permanent state."""
 
 
 EventCallback = Callable[[Event], None]
@@ -652,7 +632,7 @@ class Client:
         policy: VerifiedPolicy,
         mechanism_input: Any,
         clipped: bool,
-        memo: MemoizedMechanism | None,
+        memo: Memoized | None,
         now: int,
     ) -> RecordResult:
         window = policy.window_start(now)
@@ -670,15 +650,7 @@ class Client:
             if memo is None:
                 output = policy.mechanism.perturb(mechanism_input, rng=self._rng)
             else:
-                key = self._store.memo_key(
-                    conn, policy.policy_id, _memo_value_bytes(mechanism_input)
-                )
-                scope = memo.memo_scope()
-                permanent = DeviceStore.load_memo(conn, policy.policy_id, scope, key)
-                if permanent is None:
-                    permanent = memo.permanent_response(mechanism_input, rng=self._rng)
-                    DeviceStore.save_memo(conn, policy.policy_id, scope, key, permanent)
-                output = memo.perturb_memoized(permanent, rng=self._rng)
+                output = self._perturb_memoized(conn, policy, memo, mechanism_input)
             report_id = secrets.token_bytes(REPORT_ID_BYTES)
             report = collector_pb2.Report(
                 report_id=report_id,
@@ -712,6 +684,34 @@ class Client:
             epsilon_remaining=policy.epsilon_cap - total,
             clipped=clipped,
         )
+
+    def _perturb_memoized(
+        self,
+        conn: sqlite3.Connection,
+        policy: VerifiedPolicy,
+        memo: Memoized,
+        index: int,
+    ) -> Output:
+        """RAPPOR-style report: the stored permanent response, randomized again.
+
+        Erlingsson et al., CCS 2014, Section 3. The permanent response of (metric,
+        mechanism parameters, value) is drawn once, saved in this same transaction
+        (with the report and its charge), and reused by every later report of the
+        same value, under any policy version with the same parameters.
+        """
+        value_key = self._store.memo_key(conn, policy.metric_name, index.to_bytes(4, "big"))
+        stored = DeviceStore.load_memo(conn, policy.metric_name, memo.memo_key, value_key)
+        state = memo.new_memo()
+        if stored is not None:
+            state.responses[index] = stored
+        # Every concrete Memoized mechanism takes memo= (memo.py); the base type does not.
+        memoized: Any = memo
+        output: Output = memoized.perturb(index, rng=self._rng, memo=state)
+        if stored is None:
+            DeviceStore.save_memo(
+                conn, policy.metric_name, memo.memo_key, value_key, state.responses[index]
+            )
+        return output
 
     def _refused(self, exc: RecordRefusedError, now: int, metric: str) -> None:
         event = Event(now, "record_refused", exc.reason, f"metric {metric!r}: {exc}")
@@ -969,24 +969,21 @@ def _mechanism_input(policy: VerifiedPolicy, value: object) -> tuple[Any, bool]:
     return float(clipped), clipped != exact
 
 
-def _memo_adapter(policy: VerifiedPolicy) -> MemoizedMechanism | None:
-    """The memo seam of a memoized policy; refuses a memoized policy this SDK cannot run."""
+def _memo_adapter(policy: VerifiedPolicy) -> Memoized | None:
+    """The memoized mechanism of a memoized policy (None: not memoized).
+
+    A policy charged as memoized whose mechanism this SDK cannot memoize is
+    refused rather than run without its permanent responses.
+    """
     if policy.memo_charging != policy_pb2.MEMO_CHARGING_INSTANTANEOUS:
         return None
-    mechanism = policy.mechanism
-    if isinstance(mechanism, MemoizedMechanism):
-        return mechanism
+    if isinstance(policy.mechanism, Memoized):
+        return policy.mechanism
     raise NoPolicyError(
-        f"policy {policy.policy_id} v{policy.version} is memoized but mechanism "
-        f"{policy.mechanism_id!r} has no permanent-response support in this SDK; "
-        "upgrade the SDK",
+        f"policy {policy.policy_id} v{policy.version} is charged as memoized but mechanism "
+        f"{policy.mechanism_id!r} has no permanent responses in this SDK; upgrade the SDK",
         reason="UNSUPPORTED_POLICY",
     )
-
-
-def _memo_value_bytes(mechanism_input: object) -> bytes:
-    """A canonical encoding of a mechanism input, hashed into the memo key."""
-    return repr(mechanism_input).encode("utf-8")
 
 
 def _unverified_label(envelope: policy_pb2.SignedEnvelope) -> str:
@@ -1012,7 +1009,6 @@ __all__ = [
     "Credentials",
     "Event",
     "FlushResult",
-    "MemoizedMechanism",
     "NoPolicyError",
     "OutboxFullError",
     "PolicyRefresh",

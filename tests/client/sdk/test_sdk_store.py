@@ -91,10 +91,10 @@ def test_memo_is_permanent_and_keyed_by_hmac(store: DeviceStore, tmp_path: Path)
         key = store.memo_key(conn, "p", b"3")
         assert key != store.memo_key(conn, "p", b"4")
         assert key != store.memo_key(conn, "q", b"3")
-        DeviceStore.save_memo(conn, "p", b"scope", key, b"first")
-        DeviceStore.save_memo(conn, "p", b"scope", key, b"second")
-        assert DeviceStore.load_memo(conn, "p", b"scope", key) == b"first"
-        assert DeviceStore.load_memo(conn, "p", b"other", key) is None
+        DeviceStore.save_memo(conn, "p", "scope", key, b"first")
+        DeviceStore.save_memo(conn, "p", "scope", key, b"second")
+        assert DeviceStore.load_memo(conn, "p", "scope", key) == b"first"
+        assert DeviceStore.load_memo(conn, "p", "other", key) is None
     # A second state file has its own secret: keys differ for the same value.
     other = DeviceStore(tmp_path / "other")
     with other.transaction() as conn:
