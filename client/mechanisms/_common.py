@@ -216,6 +216,11 @@ def support_variance(n: int, frequency: Any, p: float, q: float) -> npt.NDArray[
     )
 
 
+def f0_variance_scalar(p: float, q: float) -> float:
+    """n·Var[f̂_v] at f_v = 0 for a support-count oracle: q(1-q)/(p-q)^2 (pure Python)."""
+    return q * (1.0 - q) / (p - q) ** 2
+
+
 def no_params(wire_id: str, params: Mapping[str, str]) -> None:
     """Refuse any parameter for a mechanism that takes none."""
     if params:

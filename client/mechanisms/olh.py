@@ -203,7 +203,7 @@ class OLH(FrequencyOracle):
         if values.size and (values.min() < 0 or values.max() >= self.k):
             raise ValueError(f"values must be indices in [0, {self.k})")
         n = values.shape[0]
-        seeds = rng.integers(0, self.seed_space, size=n, dtype=np.int64)
+        seeds = np.asarray(rng.integers(0, self.seed_space, size=n, dtype=np.int64))
         hashed = self._hash_batch(seeds, values)
         keep = rng.random(n) < self.p
         other = rng.integers(0, self.g - 1, size=n, dtype=np.int64)

@@ -39,8 +39,8 @@ from fedldp.client.mechanisms._common import (
     check_index,
     column_counts,
     exp_epsilon,
+    f0_variance_scalar,
     int_to_bits,
-    support_variance,
 )
 from fedldp.client.mechanisms.base import (
     BitVectorOutput,
@@ -71,7 +71,7 @@ def default_subset_size(epsilon: Decimal, k: int) -> int:
 
     def cost(d: int) -> tuple[float, int]:
         p, q = _probabilities(e, k, d)
-        return (float(support_variance(1, 0.0, p, q)), d)
+        return (f0_variance_scalar(p, q), d)
 
     return min(candidates, key=cost)
 

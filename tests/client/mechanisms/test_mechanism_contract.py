@@ -1,0 +1,430 @@
+"""One contract suite that every registered mechanism passes (STYLE.md, point 10).
+
+Statistical checks use fixed seeds and tolerances derived from a stated
+false-failure rate ALPHA = 1e-6 (chi-square / KS quantiles, normal z), so a
+correct mechanism fails with probability below 1e-6 for any seed; each check
+is also shown to fail on a deliberately broken mechanism.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from decimal import Decimal
+from typing import Any
+
+import numpy as np
+import pytest
+from fedldp.client.mechanisms import (
+    CountStatistic,
+    MomentStatistic,
+    OutputDomainError,
+    registered_ids,
+)
+from fedldp.client.mechanisms.base import (
+    BitVectorOutput,
+    CategoryOutput,
+    HashedOutput,
+    IndexBitOutput,
+    NumericOutput,
+    Output,
+)
+from fedldp.client.mechanisms.grr import GRR
+from fedldp.client.mechanisms.numeric import NumericMechanism, Piecewise
+from fedldp.client.mechanisms.oracle import FrequencyOracle
+from fedldp.client.mechanisms.unary import OUE
+from mech_cases import (  # type: ignore[import-not-found]
+    ALL_CASES,
+    CATEGORICAL_CASES,
+    NUMERIC_CASES,
+    Case,
+    batch_to_outputs,
+    exact_law,
+    max_log_ratio,
+    numeric_max_log_ratio,
+    perturb_one,
+)
+
+stats = pytest.importorskip("scipy.stats")
+
+ALPHA = 1e-6
+Z = float(stats.norm.isf(ALPHA / 2))
+
+
+def test_every_registered_mechanism_has_a_contract_case() -> None:
+    assert {c.wire_id for c in ALL_CASES} == set(registered_ids())
+
+
+# --- privacy: exact and tight ---------------------------------------------------------
+
+
+def assert_tight(log_ratio: float, epsilon: Decimal) -> None:
+    assert math.isclose(log_ratio, float(epsilon), rel_tol=1e-9, abs_tol=1e-12), (
+        f"worst-case log ratio {log_ratio} != epsilon {epsilon}"
+    )
+
+
+@pytest.mark.parametrize("case", CATEGORICAL_CASES, ids=str)
+def test_categorical_privacy_ratio_is_exactly_e_to_epsilon(case: Case) -> None:
+    mech = case.build()
+    for x in range(mech.k):
+        assert math.isclose(sum(exact_law(mech, x).values()), 1.0, rel_tol=1e-12)
+    assert_tight(max_log_ratio(mech), case.epsilon)
+
+
+@pytest.mark.parametrize("case", NUMERIC_CASES, ids=str)
+def test_numeric_privacy_ratio_is_exactly_e_to_epsilon(case: Case) -> None:
+    mech = case.build()
+    assert_tight(numeric_max_log_ratio(mech), case.epsilon)
+
+
+class UniformOverAllGRR(GRR):
+    """Broken: the false answer is uniform over all k values (ratio below e^ε)."""
+
+    def output_probability(self, value: int, output: Output) -> float:
+        assert isinstance(output, CategoryOutput)
+        lie = 1.0 - self.p
+        return (self.p if output.index == value else 0.0) + lie / self.k
+
+
+class LeakyOUE(OUE):
+    """Broken: q computed for 2ε, so the true ratio is above e^ε."""
+
+    def __init__(self, epsilon: Decimal, k: int) -> None:
+        super().__init__(epsilon, k)
+        self._set_probabilities(0.5, 1.0 / (math.exp(2 * float(epsilon)) + 1.0))
+
+
+class WidePiecewise(Piecewise):
+    """Broken: the inner density is e^{1.1 ε} times the outer one."""
+
+    def output_probability(self, t: float, y: float) -> float:
+        p = super().output_probability(t, y)
+        return p * math.exp(0.1 * self._eps) if p == self.density_high else p
+
+
+@pytest.mark.parametrize(
+    "broken",
+    [UniformOverAllGRR(Decimal(1), 4), LeakyOUE(Decimal(1), 3)],
+    ids=["grr-uniform-over-all", "oue-wrong-q"],
+)
+def test_privacy_check_fails_on_broken_mechanisms(broken: FrequencyOracle) -> None:
+    with pytest.raises(AssertionError):
+        assert_tight(max_log_ratio(broken), Decimal(1))
+
+
+def test_numeric_privacy_check_fails_on_broken_mechanism() -> None:
+    broken = WidePiecewise(Decimal(1), Decimal(0), Decimal(1))
+    with pytest.raises(AssertionError):
+        assert_tight(numeric_max_log_ratio(broken), Decimal(1))
+
+
+# --- output distributions against the stated probabilities ----------------------------
+
+
+def chi_square_pvalue(counts: dict[Any, int], law: dict[Any, float], n: int) -> float:
+    """Pearson chi-square p-value; cells with expectation < 5 are pooled."""
+    observed, expected = [], []
+    pool_o, pool_e = 0, 0.0
+    for cell, prob in law.items():
+        if prob * n >= 5:
+            observed.append(counts.get(cell, 0))
+            expected.append(prob * n)
+        else:
+            pool_o += counts.get(cell, 0)
+            pool_e += prob * n
+    impossible = sum(c for cell, c in counts.items() if law.get(cell, 0.0) == 0.0)
+    if impossible:
+        return 0.0
+    if pool_e > 0:
+        observed.append(pool_o)
+        expected.append(pool_e)
+    o, e = np.array(observed, dtype=float), np.array(expected, dtype=float)
+    statistic = float(((o - e) ** 2 / e).sum())
+    return float(stats.chi2.sf(statistic, df=len(o) - 1))
+
+
+def sample_counts(
+    mech: FrequencyOracle, value: int, n: int, *, batch: bool, seed: int
+) -> dict[Any, int]:
+    counts: dict[Any, int] = {}
+    if batch:
+        outputs = batch_to_outputs(
+            mech, mech.perturb_batch(np.full(n, value), np.random.default_rng(seed))
+        )
+    else:
+        rng = random.Random(seed)
+        outputs = [perturb_one(mech, value, rng) for _ in range(n)]
+    for o in outputs:
+        counts[o] = counts.get(o, 0) + 1
+    return counts
+
+
+@pytest.mark.parametrize("batch", [False, True], ids=["single", "batch"])
+@pytest.mark.parametrize("case", CATEGORICAL_CASES, ids=str)
+def test_categorical_output_law(case: Case, batch: bool) -> None:
+    mech = case.build()
+    n = 6000
+    for value in (0, mech.k - 1):
+        counts = sample_counts(mech, value, n, batch=batch, seed=7 + value)
+        assert chi_square_pvalue(counts, exact_law(mech, value), n) > ALPHA
+
+
+class BiasedGRR(GRR):
+    """Broken sampler: keeps the truth a little too often."""
+
+    def perturb(self, value: int, *, rng: random.Random | None = None) -> CategoryOutput:
+        assert rng is not None
+        if rng.random() < 0.05:
+            return CategoryOutput(value)
+        return super().perturb(value, rng=rng)
+
+
+def test_output_law_check_fails_on_broken_sampler() -> None:
+    mech = BiasedGRR(Decimal(1), 5)
+    counts = sample_counts(mech, 2, 6000, batch=False, seed=7)
+    assert chi_square_pvalue(counts, exact_law(mech, 2), 6000) < ALPHA
+
+
+def binned_pvalue(mech: NumericMechanism, t: float, ys: np.ndarray) -> float:
+    """Chi-square over bins (a, b] whose probabilities come from output_cdf.
+
+    Right-closed bins match a right-continuous CDF, so point masses (duchi,
+    hybrid) are handled exactly, unlike a KS test.
+    """
+    edges = np.concatenate([[-np.inf], np.linspace(-8.0, 8.0, 41), [np.inf]])
+    cdf = np.array([0.0] + [mech.output_cdf(t, float(e)) for e in edges[1:-1]] + [1.0])
+    law = dict(enumerate(np.diff(cdf)))
+    cells = np.searchsorted(edges, ys, side="left") - 1
+    counts = dict(zip(*np.unique(cells, return_counts=True), strict=True))
+    return chi_square_pvalue({int(c): int(v) for c, v in counts.items()}, law, ys.shape[0])
+
+
+@pytest.mark.parametrize("batch", [False, True], ids=["single", "batch"])
+@pytest.mark.parametrize("case", NUMERIC_CASES, ids=str)
+def test_numeric_output_law(case: Case, batch: bool) -> None:
+    mech = case.build()
+    assert isinstance(mech, NumericMechanism)
+    n = 4000
+    for value in (float(case.metric[0]), 1.0, float(case.metric[1])):
+        t = mech.normalize(value)
+        if batch:
+            ys = mech.perturb_batch(np.full(n, value), np.random.default_rng(3))
+        else:
+            rng = random.Random(3)
+            ys = np.array([mech.perturb(value, rng=rng).value for _ in range(n)])
+        assert binned_pvalue(mech, t, ys) > ALPHA
+
+
+def test_numeric_law_check_fails_on_broken_sampler() -> None:
+    mech = Piecewise(Decimal(1), Decimal(0), Decimal(1))
+    ys = mech.perturb_batch(np.full(4000, 0.5), np.random.default_rng(3)) * 1.1
+    assert binned_pvalue(mech, 0.0, ys) < ALPHA
+
+
+# --- unbiasedness and variance -----------------------------------------------------------
+
+
+def population(mech: Any, n: int, seed: int) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    if isinstance(mech, NumericMechanism):
+        return rng.uniform(float(mech.lo) - 1, float(mech.hi) + 1, size=n)  # some clipped
+    weights = 1.0 / np.arange(1, mech.k + 1) ** 1.1
+    return rng.choice(mech.k, size=n, p=weights / weights.sum())
+
+
+def repeated_estimates(mech: Any, values: np.ndarray, reps: int, seed: int) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(reps):
+        statistic = mech.new_statistic()
+        mech.accumulate_batch(statistic, mech.perturb_batch(values, rng))
+        out.append(mech.estimate(statistic).values)
+    return np.array(out)
+
+
+def check_unbiased_and_variance(mech: Any, values: np.ndarray, reps: int, seed: int) -> None:
+    """Mean within z·σ/√R of the truth, sample variance inside the chi-square band.
+
+    Bonferroni over coordinates and over the two checks keeps the total
+    false-failure rate of one call below ALPHA.
+    """
+    estimates = repeated_estimates(mech, values, reps, seed)
+    n = values.shape[0]
+    if isinstance(mech, NumericMechanism):
+        clipped = np.clip(values, float(mech.lo), float(mech.hi))
+        truth = np.array([clipped.mean()])
+        variance = np.array([mech.variance(values)])
+    else:
+        truth = np.bincount(values, minlength=mech.k) / n
+        variance = mech.variance(n, truth)
+    tests = 2 * truth.shape[0]
+    z = float(stats.norm.isf(ALPHA / (2 * tests)))
+    lo_q = float(stats.chi2.ppf(ALPHA / (2 * tests), reps - 1)) / (reps - 1)
+    hi_q = float(stats.chi2.isf(ALPHA / (2 * tests), reps - 1)) / (reps - 1)
+    mean = estimates.mean(axis=0)
+    assert np.all(np.abs(mean - truth) <= z * np.sqrt(variance / reps)), "biased"
+    ratio = estimates.var(axis=0, ddof=1) / variance
+    assert np.all((ratio > lo_q) & (ratio < hi_q)), f"variance ratio {ratio}"
+
+
+@pytest.mark.parametrize("case", ALL_CASES, ids=str)
+def test_unbiased_with_the_stated_variance(case: Case) -> None:
+    mech = case.build()
+    values = population(mech, 3000, seed=11)
+    check_unbiased_and_variance(mech, values, reps=300, seed=5)
+
+
+class WrongQGRR(GRR):
+    """Broken estimator: debiases with q at 1.2 ε."""
+
+    def __init__(self, epsilon: Decimal, k: int) -> None:
+        super().__init__(epsilon, k)
+        self.support_q = GRR(epsilon * Decimal("1.2"), k).q
+
+
+def test_unbiasedness_check_fails_on_broken_estimator() -> None:
+    mech = WrongQGRR(Decimal(1), 5)
+    with pytest.raises(AssertionError, match="biased"):
+        check_unbiased_and_variance(mech, population(mech, 3000, 11), reps=300, seed=5)
+
+
+class OptimisticPiecewise(Piecewise):
+    """Broken variance: claims half the true variance."""
+
+    def conditional_variance(self, t: Any) -> Any:
+        return super().conditional_variance(t) / 2
+
+
+def test_variance_check_fails_on_broken_variance() -> None:
+    mech = OptimisticPiecewise(Decimal(1), Decimal(0), Decimal(1))
+    with pytest.raises(AssertionError, match="variance ratio"):
+        check_unbiased_and_variance(mech, population(mech, 3000, 11), reps=300, seed=5)
+
+
+@pytest.mark.parametrize("case", CATEGORICAL_CASES, ids=str)
+def test_plug_in_variance_tracks_the_exact_variance(case: Case) -> None:
+    mech = case.build()
+    values = population(mech, 20000, seed=2)
+    statistic = mech.new_statistic()
+    mech.accumulate_batch(statistic, mech.perturb_batch(values, np.random.default_rng(1)))
+    estimate = mech.estimate(statistic)
+    exact = mech.variance(values.shape[0], np.bincount(values, minlength=mech.k) / values.shape[0])
+    assert np.allclose(estimate.variances, exact, rtol=0.2)
+
+
+@pytest.mark.parametrize("case", NUMERIC_CASES, ids=str)
+def test_numeric_plug_in_variance_is_exact_or_an_upper_bound(case: Case) -> None:
+    mech = case.build()
+    values = population(mech, 20000, seed=2)
+    statistic = mech.new_statistic()
+    mech.accumulate_batch(statistic, mech.perturb_batch(values, np.random.default_rng(1)))
+    plug_in = float(mech.estimate(statistic).variances[0])
+    exact = mech.variance(values)
+    assert plug_in >= exact * 0.95
+    if case.wire_id in ("laplace", "piecewise") or (
+        case.wire_id == "hybrid" and case.epsilon > Decimal("0.61")
+    ):
+        assert plug_in == pytest.approx(exact, rel=0.05)
+
+
+# --- single and batch paths agree; statistics merge ----------------------------------
+
+
+@pytest.mark.parametrize("case", ALL_CASES, ids=str)
+def test_single_and_batch_accumulation_agree_and_merge(case: Case) -> None:
+    mech = case.build()
+    values = population(mech, 400, seed=4)
+    batch = mech.perturb_batch(values, np.random.default_rng(9))
+    whole = mech.new_statistic()
+    mech.accumulate_batch(whole, batch)
+    first, second = mech.new_statistic(), mech.new_statistic()
+    outputs = batch_to_outputs(mech, batch)
+    for i, output in enumerate(outputs):
+        mech.check_output(output)
+        mech.accumulate(first if i % 2 else second, output)
+    first.merge(second)
+    if isinstance(whole, CountStatistic):
+        assert first.counts == whole.counts and first.n == whole.n
+    else:
+        assert isinstance(whole, MomentStatistic)
+        assert first.n == whole.n
+        assert first.total == pytest.approx(whole.total)
+        assert first.total_sq == pytest.approx(whole.total_sq)
+
+
+# --- output-domain checks and fixed report shape ---------------------------------------
+
+
+def foreign_outputs(mech: Any) -> list[Output]:
+    candidates: list[Output] = [
+        CategoryOutput(0),
+        BitVectorOutput(b"\x01", 3),
+        HashedOutput(0, 0),
+        NumericOutput(0.0),
+        IndexBitOutput(0, True),
+    ]
+    own = type(perturb_one(mech, population(mech, 1, 0)[0].item(), random.Random(0)))
+    return [c for c in candidates if not isinstance(c, own)]
+
+
+@pytest.mark.parametrize("case", ALL_CASES, ids=str)
+def test_output_domain_check(case: Case) -> None:
+    mech = case.build()
+    for output in foreign_outputs(mech):
+        with pytest.raises(OutputDomainError) as info:
+            mech.check_output(output)
+        assert info.value.reason == "WRONG_PAYLOAD_TYPE"
+    sample = perturb_one(mech, population(mech, 1, 0)[0].item(), random.Random(0))
+    bad: list[tuple[Output, str]] = []
+    if isinstance(sample, CategoryOutput):
+        size = getattr(mech, "K", getattr(mech, "k", 0))
+        bad = [(CategoryOutput(size), "OUT_OF_DOMAIN"), (CategoryOutput(-1), "OUT_OF_DOMAIN")]
+    elif isinstance(sample, BitVectorOutput):
+        k = sample.length
+        bad = [
+            (BitVectorOutput(sample.bits, k + 1), "WRONG_LENGTH"),
+            (BitVectorOutput(sample.bits + b"\x00", k), "WRONG_LENGTH"),
+        ]
+        if k % 8:
+            padded = bytearray(sample.bits)
+            padded[-1] |= 0x80
+            bad.append((BitVectorOutput(bytes(padded), k), "OUT_OF_DOMAIN"))
+        if case.wire_id == "ss":
+            bad.append((BitVectorOutput(b"\x00" * len(sample.bits), k), "OUT_OF_DOMAIN"))
+    elif isinstance(sample, HashedOutput):
+        bad = [
+            (HashedOutput(mech.seed_space, 0), "OUT_OF_DOMAIN"),
+            (HashedOutput(0, mech.g), "OUT_OF_DOMAIN"),
+        ]
+    elif isinstance(sample, NumericOutput):
+        bad = [(NumericOutput(math.nan), "NON_FINITE"), (NumericOutput(math.inf), "NON_FINITE")]
+        if case.wire_id != "laplace":
+            bad.append((NumericOutput(1e6), "OUT_OF_DOMAIN"))
+        if case.wire_id == "duchi":
+            bad.append((NumericOutput(0.0), "OUT_OF_DOMAIN"))
+    for output, reason in bad:
+        with pytest.raises(OutputDomainError) as info:
+            mech.check_output(output)
+        assert info.value.reason == reason
+
+
+@pytest.mark.parametrize("case", ALL_CASES, ids=str)
+def test_report_shape_does_not_depend_on_the_value(case: Case) -> None:
+    mech = case.build()
+    rng = random.Random(1)
+    values = (
+        [float(case.metric[0]), 0.0, float(case.metric[1]), 100.0]
+        if isinstance(mech, NumericMechanism)
+        else list(range(mech.k))
+    )
+    shapes = set()
+    for value in values:
+        for _ in range(20):
+            output = perturb_one(mech, value, rng)
+            mech.check_output(output)
+            shape: tuple[Any, ...] = (type(output),)
+            if isinstance(output, BitVectorOutput):
+                shape += (output.length, len(output.bits))
+            shapes.add(shape)
+    assert len(shapes) == 1
