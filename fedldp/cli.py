@@ -14,6 +14,7 @@ import click
 # (module, attribute) of each command or group attached to the root group.
 # Add ONE line per command group; keep the list sorted by command name.
 COMMANDS: list[tuple[str, str]] = [
+    ("fedldp.cli_client", "client"),
     ("fedldp.cli_collector", "collector"),
     ("fedldp.demo", "demo"),
     ("fedldp.cli_keys", "keys"),
