@@ -204,7 +204,19 @@ Global___BitVectorPayload: _TypeAlias = BitVectorPayload  # noqa: Y015
 @_typing.final
 class HashedPayload(_message.Message):
     """Local hashing (OLH, BLH): the device-drawn hash seed and the perturbed
-    hash value in [0, g). The hash family is specified in the mechanism docs.
+    hash value in [0, g).
+
+    Hash family (mechanism "olh", fedldp.client.mechanisms.olh; fixed for v1):
+    g is a prime (policy param "g", or the default the mechanism derives from
+    epsilon), k the domain size, and m >= 1 the smallest integer with g^m >= k.
+    The device draws `seed` uniformly from [0, g^(m+1)) with its CSPRNG; the
+    collector refuses seed >= g^(m+1) or value >= g. Writing
+      seed = s_0 + s_1 g + ... + s_m g^m   and   v = v_0 + v_1 g + ... + v_(m-1) g^(m-1)
+    with base-g digits 0 <= s_j, v_j < g, the hash of a domain index v is
+      h_seed(v) = (s_m + s_0 v_0 + s_1 v_1 + ... + s_(m-1) v_(m-1)) mod g.
+    Integer arithmetic only (no byte order, no strings, no hashing library).
+    `value` is h_seed(v) with probability e^eps / (e^eps + g - 1), otherwise
+    uniform over the other g - 1 values.
     """
 
     DESCRIPTOR: _descriptor.Descriptor
