@@ -105,9 +105,7 @@ def status(state_dir: Path, as_json: bool) -> None:
             "policies": len(store.policies()),
             "pending_reports": Outbox(store).pending(),
             "memoized_values": store.memo_count(),
-            "policies_fetched_at": _when(
-                float(store.get_meta("policies_fetched_at") or 0) or None
-            ),
+            "policies_fetched_at": _when(float(store.get_meta("policies_fetched_at") or 0) or None),
             "counters": store.counters(),
         }
     if as_json:
