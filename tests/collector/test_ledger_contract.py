@@ -263,7 +263,7 @@ def test_central_reserve_settle_cancel(ledger: Ledger, now: int) -> None:
         epsilon=Decimal("1.75"),
         delta=Decimal("1e-6"),
         idempotency_key="k3",
-        now=now,
+        now=now + 10,
     )
     assert ledger.central_spend("model", "train")[0] == Decimal("3.00")
     assert ledger.cancel(r2.id, now=now).status == "cancelled"
