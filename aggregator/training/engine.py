@@ -1,0 +1,745 @@
+"""Central DP-SGD: reserve, read, train within budget, write model + receipt, settle.
+
+The order of a run is the contract (DESIGN.md, Ledger: central releases):
+
+1. the configuration and the model are validated (nothing else has happened);
+2. (ε, δ) is reserved in the ledger for (subject, purpose) with an idempotency
+   key; a refusal raises BudgetRefusedError and **no data is read**;
+3. the data is read, the sample rate fixed, σ calibrated from the budget (or
+   taken from the config), and the step limit that keeps ε within the
+   reservation computed up front from the accountant;
+4. training runs with Poisson sampling (Opacus DPDataLoader) and Opacus's
+   per-sample clipping and noise; before each policy interval (default: one
+   epoch) the accountant certifies the steps of that interval; the run stops
+   at the step limit, before the budget could be exceeded;
+5. model and receipt are written to temporary names, the spend (≤ reserved)
+   is settled in the ledger (the rest is released), then the files are
+   renamed into place.
+
+Any failure after step 2 — an Opacus or accountant error included — cancels
+the reservation, removes the temporary files and raises TrainingAbortedError:
+there is no fallback to non-private training and no artifact.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import platform
+import time
+import uuid
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from decimal import ROUND_CEILING, Decimal
+from importlib import metadata
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+import torch
+from fedldp.aggregator.training.accounting import (
+    AccountantError,
+    BudgetAccountant,
+    calibrate_noise,
+    epsilon,
+    prv_delta_error,
+    within,
+)
+from fedldp.aggregator.training.config import DataConfig, ModelConfig, TrainConfig
+from fedldp.aggregator.training.data import Dataset, load_dataset, redact_url
+from fedldp.aggregator.training.models import (
+    build_mlp,
+    choose_grad_sample_mode,
+    validate_model,
+)
+from fedldp.aggregator.training.randomness import StepRandomness
+from opacus.accountants import PRVAccountant, RDPAccountant
+from opacus.data_loader import DPDataLoader
+from opacus.grad_sample import prepare_module
+from opacus.optimizers import DPOptimizer, get_optimizer_class
+from opacus.utils.fast_gradient_clipping_utils import DPLossFastGradientClipping
+from opacus.utils.uniform_sampler import UniformWithReplacementSampler
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+RECEIPT_SCHEMA = "fedldp.training-receipt/v1"
+MODEL_FILE = "model.pt"
+RECEIPT_FILE = "receipt.json"
+# ε is charged to the ledger rounded up to this quantum (never below the bound).
+SPEND_QUANTUM = Decimal("1e-12")
+EVENT_KIND = "poisson_subsampled_gaussian"
+
+
+class BudgetRefusedError(RuntimeError):
+    """The ledger refused the reservation: nothing was read, trained or written."""
+
+
+class TrainingAbortedError(RuntimeError):
+    """The run failed after reserving; the reservation was cancelled and no artifact written."""
+
+
+class PoissonSamplingError(ValueError):
+    """A loader does not do the Poisson sampling the accountant assumes."""
+
+
+class OutputExistsError(FileExistsError):
+    """The output folder already holds a model or receipt; a release is never overwritten."""
+
+
+class CentralLedger(Protocol):
+    """The part of fedldp.collector.ledger.Ledger a training run uses."""
+
+    def reserve(
+        self,
+        *,
+        subject: str,
+        purpose: str,
+        epsilon: Decimal,
+        delta: Decimal,
+        idempotency_key: str,
+        now: int,
+        metadata: Mapping[str, str] | None = None,
+    ) -> Any: ...
+
+    def settle(
+        self,
+        reservation_id: str,
+        *,
+        epsilon_spent: Decimal,
+        delta_spent: Decimal,
+        events: Sequence[Mapping[str, object]] = (),
+        now: int,
+    ) -> Any: ...
+
+    def cancel(self, reservation_id: str, *, now: int) -> Any: ...
+
+
+@dataclass(frozen=True)
+class TrainingResult:
+    """A finished private run: where its files are and what it spent."""
+
+    model_path: Path
+    receipt_path: Path
+    receipt: dict[str, Any]
+    reservation_id: str
+    steps: int
+    stop_reason: str
+    epsilon_spent: Decimal
+    model: nn.Module
+    overhead_seconds: float
+    training_seconds: float
+
+
+def _now() -> int:
+    return int(time.time())
+
+
+def library_versions() -> dict[str, str]:
+    """Versions of everything that shapes the result (for the receipt)."""
+    out = {"python": platform.python_version()}
+    for name in ("fedldp", "torch", "opacus", "numpy", "scipy"):
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            out[name] = "not installed"
+    return out
+
+
+class _BatchTensorDataset(TensorDataset):
+    """A TensorDataset that hands out a whole batch in one indexing operation.
+
+    `__getitems__` (torch's batched fetch) returns a one-element list holding the
+    batch, and `_take_batch` unwraps it; an empty index list yields zero-row
+    tensors of the right shape, as Poisson sampling needs.
+    """
+
+    def __getitems__(self, indices: list[int]) -> list[tuple[torch.Tensor, ...]]:
+        idx = torch.as_tensor(indices, dtype=torch.long)
+        return [tuple(t[idx] for t in self.tensors)]
+
+
+def _take_batch(batch: list[tuple[torch.Tensor, ...]]) -> tuple[torch.Tensor, ...]:
+    return batch[0]
+
+
+def poisson_loader(
+    features: torch.Tensor, labels: torch.Tensor, *, sample_rate: float, generator: torch.Generator
+) -> DPDataLoader:
+    """Opacus's DPDataLoader over the tensors: each row joins each batch independently
+    with probability `sample_rate` (the sampled Gaussian mechanism's sampling)."""
+    return DPDataLoader(
+        _BatchTensorDataset(features, labels),
+        sample_rate=sample_rate,
+        collate_fn=_take_batch,
+        generator=generator,
+    )
+
+
+def require_poisson_loader(loader: DataLoader[Any], sample_rate: float) -> None:
+    """Refuse any loader whose batches are not Poisson samples at `sample_rate`.
+
+    A fixed-batch or shuffled DataLoader makes the accountant's assumption false
+    (its ε would not bound the run), so it raises PoissonSamplingError.
+    """
+    sampler = getattr(loader, "batch_sampler", None)
+    if not isinstance(loader, DPDataLoader) or not isinstance(
+        sampler, UniformWithReplacementSampler
+    ):
+        raise PoissonSamplingError(
+            "the loader does not do Poisson sampling (fixed-size or shuffled batches); "
+            "the accountant assumes Poisson sampling, use opacus DPDataLoader"
+        )
+    if sampler.sample_rate != sample_rate or loader.sample_rate != sample_rate:
+        raise PoissonSamplingError(
+            f"the loader samples at rate {sampler.sample_rate}, the accountant at {sample_rate}"
+        )
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as fh:
+        while chunk := fh.read(1 << 20):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _spend(eps: float, budget: Decimal) -> Decimal:
+    """ε as charged: rounded up to SPEND_QUANTUM, never above the reservation."""
+    exact = Decimal(eps)
+    if exact > budget:  # the caller certified eps ≤ budget; refuse to charge otherwise
+        raise AccountantError("final epsilon exceeds the reservation")
+    return min(exact.quantize(SPEND_QUANTUM, rounding=ROUND_CEILING), budget)
+
+
+def _data_description(data: DataConfig, dataset: Dataset | None) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "source": data.source,
+        "label": data.label,
+        "features": list(dataset.feature_names) if dataset else list(data.features or ()),
+        "feature_list_given": data.features is not None,
+        "unit_column": data.unit_column,
+    }
+    if data.source == "sql":
+        assert data.url is not None
+        out["url"] = redact_url(data.url)
+        out["table"] = data.table
+    else:
+        out["path"] = data.path
+    if dataset is not None:
+        out["rows"] = dataset.n_rows
+        out["digest"] = dataset.digest
+        out["source_sha256"] = dataset.source_sha256
+    return out
+
+
+def _probe_model(config: ModelConfig) -> nn.Module:
+    # Layer types do not depend on the data's width: validate before reading anything.
+    return build_mlp(config, num_features=1, num_classes=2)
+
+
+def _cleanup(paths: Sequence[Path]) -> None:
+    for p in paths:
+        with contextlib.suppress(FileNotFoundError):
+            p.unlink()
+
+
+@dataclass
+class _Plan:
+    mechanism: str
+    noise_multiplier: float
+    calibrated: bool
+    accountant: BudgetAccountant
+    step_limit: int
+    fallback_reason: str | None
+
+
+def _plan(config: TrainConfig, *, sample_rate: float, planned_steps: int, mechanism: str) -> _Plan:
+    budget = config.budget
+    delta = float(budget.delta)
+    sigma = config.training.noise_multiplier
+    calibrated = sigma is None
+    eps_planned: float | None = None
+    if sigma is None:
+        sigma, eps_planned = calibrate_noise(
+            mechanism,
+            target_epsilon=float(budget.epsilon),
+            delta=delta,
+            sample_rate=sample_rate,
+            steps=planned_steps,
+            eps_error=config.accountant.eps_error,
+        )
+    acct = BudgetAccountant(
+        mechanism=mechanism,
+        delta=delta,
+        budget=budget.epsilon,
+        sample_rate=sample_rate,
+        noise_multiplier=sigma,
+        eps_error=config.accountant.eps_error,
+    )
+    if eps_planned is not None:
+        acct.remember(planned_steps, eps_planned)
+    limit = acct.step_limit(planned_steps)
+    return _Plan(mechanism, sigma, calibrated, acct, limit, None)
+
+
+def plan_with_fallback(config: TrainConfig, *, sample_rate: float, planned_steps: int) -> _Plan:
+    """Calibrate and compute the step limit with the configured accountant; if PRV
+    fails and fallback_to_rdp is set, redo both with RDP and record why."""
+    try:
+        return _plan(
+            config,
+            sample_rate=sample_rate,
+            planned_steps=planned_steps,
+            mechanism=config.accountant.kind,
+        )
+    except AccountantError as exc:
+        if not config.accountant.fallback_to_rdp:
+            raise
+        plan = _plan(config, sample_rate=sample_rate, planned_steps=planned_steps, mechanism="rdp")
+        plan.fallback_reason = str(exc)
+        return plan
+
+
+def _epsilons(
+    history: list[tuple[float, float, int]], delta: float, eps_error: float, skip: str
+) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for mech in ("prv", "rdp"):
+        if mech == skip:
+            continue
+        try:
+            out[mech] = epsilon(mech, history, delta, eps_error=eps_error)
+        except AccountantError as exc:
+            out[mech] = None
+            out[f"{mech}_error"] = str(exc)
+    return out
+
+
+def train_private(
+    config: TrainConfig,
+    *,
+    ledger: CentralLedger | None = None,
+    model: nn.Module | None = None,
+    load: Callable[[DataConfig], Dataset] = load_dataset,
+    clock: Callable[[], int] = _now,
+    log: Callable[[str], None] = lambda _msg: None,
+) -> TrainingResult:
+    """Run one central DP-SGD release (module docstring) and return its result.
+
+    `model` replaces the built-in MLP (any nn.Module taking a (batch, features)
+    float tensor and returning class logits). `ledger` defaults to
+    open_ledger(config.budget.ledger). `load` reads the data (tests count calls).
+    Raises TrainingConfigError/UnsupportedModelError/OutputExistsError before
+    reserving, BudgetRefusedError when the ledger refuses, TrainingAbortedError
+    after a cancelled run.
+    """
+    started = time.perf_counter()
+    out_dir = config.output_dir
+    model_path, receipt_path = out_dir / MODEL_FILE, out_dir / RECEIPT_FILE
+    for p in (model_path, receipt_path):
+        if p.exists():
+            raise OutputExistsError(f"{p} exists; a released model is never overwritten")
+
+    # 1. the model, validated before anything is reserved or read.
+    fixed: tuple[str, ...] = ()
+    custom = model is not None
+    if model is not None:
+        checked = validate_model(model, fix=config.model.fix_model)
+        model, fixed = checked.module, checked.fixed
+        probe = model
+    else:
+        probe_checked = validate_model(_probe_model(config.model), fix=config.model.fix_model)
+        probe, fixed = probe_checked.module, probe_checked.fixed
+    if config.training.grad_sample_mode == "auto":
+        mode, mode_reason = choose_grad_sample_mode(probe)
+    else:
+        mode, mode_reason = config.training.grad_sample_mode, "set in the configuration"
+    for change in fixed:
+        log(f"fixed for DP-SGD: {change}")
+    log(f"grad-sample mode: {mode_reason}")
+
+    # 2. reserve before reading.
+    own_ledger = ledger is None
+    if ledger is None:
+        from fedldp.collector.ledger import open_ledger
+
+        ledger = open_ledger(config.budget.ledger)
+    try:
+        return _reserved_run(
+            config, ledger, model, custom, fixed, mode, mode_reason, load, clock, log, started
+        )
+    finally:
+        if own_ledger:
+            close = getattr(ledger, "close", None)
+            if close is not None:
+                close()
+
+
+def _reserve(config: TrainConfig, ledger: CentralLedger, clock: Callable[[], int]) -> Any:
+    from fedldp.collector.ledger import LedgerError
+
+    budget = config.budget
+    key = budget.idempotency_key or f"train-{uuid.uuid4().hex}"
+    try:
+        res = ledger.reserve(
+            subject=budget.subject,
+            purpose=budget.purpose,
+            epsilon=budget.epsilon,
+            delta=budget.delta,
+            idempotency_key=key,
+            now=clock(),
+            metadata={"kind": "dp-sgd", "data_source": config.data.source},
+        )
+    except LedgerError as exc:
+        raise BudgetRefusedError(f"the ledger refused the reservation: {exc}") from exc
+    if res.status != "reserved":
+        raise BudgetRefusedError(
+            f"idempotency key {key!r} belongs to reservation {res.id}, which is {res.status}; "
+            "a new release needs a new key"
+        )
+    return res
+
+
+def _reserved_run(
+    config: TrainConfig,
+    ledger: CentralLedger,
+    model: nn.Module | None,
+    custom: bool,
+    fixed: tuple[str, ...],
+    mode: str,
+    mode_reason: str,
+    load: Callable[[DataConfig], Dataset],
+    clock: Callable[[], int],
+    log: Callable[[str], None],
+    started: float,
+) -> TrainingResult:
+    reservation = _reserve(config, ledger, clock)
+    log(
+        f"reserved eps={config.budget.epsilon} delta={config.budget.delta} "
+        f"(reservation {reservation.id})"
+    )
+    out_dir = config.output_dir
+    suffix = f".tmp-{reservation.id}"
+    tmp_model = out_dir / (MODEL_FILE + suffix)
+    tmp_receipt = out_dir / (RECEIPT_FILE + suffix)
+    settled = False
+    try:
+        result = _train_and_write(
+            config,
+            reservation,
+            model,
+            custom,
+            fixed,
+            mode,
+            mode_reason,
+            load,
+            log,
+            tmp_model,
+            tmp_receipt,
+            started,
+        )
+        spent = result.epsilon_spent
+        ledger.settle(
+            reservation.id,
+            epsilon_spent=spent,
+            delta_spent=Decimal(result.receipt["privacy"]["delta_spent"]),
+            events=[
+                {
+                    "kind": EVENT_KIND,
+                    "noise_multiplier": result.receipt["training"]["noise_multiplier"],
+                    "sample_rate": result.receipt["training"]["sample_rate"],
+                    "steps": result.steps,
+                    "accountant": result.receipt["privacy"]["accountant"]["used"],
+                }
+            ],
+            now=clock(),
+        )
+        settled = True
+        os.replace(tmp_model, result.model_path)
+        os.replace(tmp_receipt, result.receipt_path)
+        log(f"settled eps={spent} (reservation {reservation.id}); wrote {result.model_path}")
+        return result
+    except BaseException as exc:
+        _cleanup([tmp_model, tmp_receipt])
+        if settled:
+            raise  # spent and nothing released: safe, but say so through the exception
+        try:
+            ledger.cancel(reservation.id, now=clock())
+        except Exception as cancel_exc:  # the abort must still surface
+            log(f"cancelling reservation {reservation.id} failed: {type(cancel_exc).__name__}")
+        if isinstance(exc, Exception):
+            raise TrainingAbortedError(
+                f"training aborted ({type(exc).__name__}: {exc}); reservation "
+                f"{reservation.id} cancelled, no model written"
+            ) from exc
+        raise
+
+
+def _train_and_write(
+    config: TrainConfig,
+    reservation: Any,
+    model: nn.Module | None,
+    custom: bool,
+    fixed: tuple[str, ...],
+    mode: str,
+    mode_reason: str,
+    load: Callable[[DataConfig], Dataset],
+    log: Callable[[str], None],
+    tmp_model: Path,
+    tmp_receipt: Path,
+    started: float,
+) -> TrainingResult:
+    tp = config.training
+    delta = float(config.budget.delta)
+    rand = StepRandomness(config.randomness.seed if config.randomness.source == "seeded" else None)
+    if rand.seeded:
+        assert config.randomness.seed is not None
+        torch.manual_seed(config.randomness.seed)
+
+    # 3. data, sample rate, noise, step limit.
+    dataset = load(config.data)
+    n = dataset.n_rows
+    q = tp.sample_rate if tp.sample_rate is not None else (tp.expected_batch_size or 0) / n
+    if not 0 < q <= 1:
+        raise ValueError(
+            f"expected_batch_size {tp.expected_batch_size} exceeds the {n} rows: sample rate > 1"
+        )
+    steps_per_epoch = int(1 / q)  # DPDataLoader's epoch length (UniformWithReplacementSampler)
+    planned = tp.epochs * steps_per_epoch
+    plan = plan_with_fallback(config, sample_rate=q, planned_steps=planned)
+    if plan.fallback_reason:
+        log(f"PRV failed ({plan.fallback_reason}); using RDP as configured")
+    if plan.step_limit == 0:
+        raise AccountantError(
+            f"with noise multiplier {plan.noise_multiplier} not even one step fits in the budget"
+        )
+    log(
+        f"rows={n} q={q:.6g} sigma={plan.noise_multiplier:.6g} "
+        f"steps planned={planned} limit={plan.step_limit} ({plan.mechanism})"
+    )
+    check_every = tp.check_every_steps or steps_per_epoch
+
+    # 4. model and Opacus objects.
+    if model is None:
+        built = build_mlp(config.model, dataset.num_features, dataset.num_classes)
+        model = validate_model(built, fix=config.model.fix_model).module
+    model.train()
+    gsm_kwargs: dict[str, Any] = {"batch_first": True, "loss_reduction": "mean"}
+    if mode == "ghost":
+        gsm_kwargs["max_grad_norm"] = tp.max_grad_norm
+    gsm = prepare_module(model, grad_sample_mode=mode, **gsm_kwargs)
+    base_opt: torch.optim.Optimizer
+    if tp.optimizer == "adam":
+        base_opt = torch.optim.Adam(model.parameters(), lr=tp.learning_rate)
+    else:
+        base_opt = torch.optim.SGD(model.parameters(), lr=tp.learning_rate, momentum=tp.momentum)
+    opt_cls = get_optimizer_class(clipping="flat", distributed=False, grad_sample_mode=mode)
+    dp_opt: DPOptimizer = opt_cls(
+        optimizer=base_opt,
+        noise_multiplier=plan.noise_multiplier,
+        max_grad_norm=tp.max_grad_norm,
+        expected_batch_size=max(1, round(q * n)),
+        loss_reduction="mean",
+        generator=rand.noise,
+        secure_mode=True,  # the floating-point-safe noise formula (randomness.py)
+    )
+    recorder = PRVAccountant() if plan.mechanism == "prv" else RDPAccountant()
+    dp_opt.attach_step_hook(recorder.get_optimizer_hook_fn(sample_rate=q))
+    criterion: Callable[[torch.Tensor, torch.Tensor], Any]
+    if mode == "ghost":
+        criterion = DPLossFastGradientClipping(gsm, dp_opt, nn.CrossEntropyLoss(), "mean")
+    else:
+        criterion = nn.CrossEntropyLoss()
+    loader = poisson_loader(
+        torch.from_numpy(dataset.features),
+        torch.from_numpy(dataset.labels),
+        sample_rate=q,
+        generator=rand.sampling,
+    )
+    require_poisson_loader(loader, q)
+
+    # 5. the loop: certify each interval before running it; stop at the limit.
+    # (A worker thread for the next interval's certificate was tried and made runs
+    # slower: the accountants' RDP series are pure Python and hold the GIL.)
+    limit, steps, certified = plan.step_limit, 0, 0
+    stop_reason = "completed" if limit == planned else "budget"
+    batch_sizes: list[int] = []
+    acct_seconds = 0.0
+    train_started = time.perf_counter()
+    while steps < limit:
+        batches: Iterator[tuple[torch.Tensor, torch.Tensor]] = iter(loader)
+        for _ in range(len(loader)):
+            if steps >= limit:
+                break
+            if steps == certified:
+                t0 = time.perf_counter()
+                target = min(steps + check_every, limit)
+                if not within(plan.accountant.epsilon_at(target), config.budget.epsilon):
+                    limit = plan.accountant.step_limit(target)
+                    stop_reason = "budget"
+                    target = limit
+                certified = target
+                acct_seconds += time.perf_counter() - t0
+                if steps >= limit:
+                    break
+            rand.reseed()
+            xb, yb = next(batches)
+            batch_sizes.append(int(yb.shape[0]))
+            dp_opt.zero_grad()
+            loss = criterion(gsm(xb), yb)
+            loss.backward()
+            dp_opt.step()
+            steps += 1
+    train_seconds = time.perf_counter() - train_started - acct_seconds
+    history = [(float(s), float(r), int(t)) for s, r, t in recorder.history]
+    if history != [(plan.noise_multiplier, q, steps)]:
+        raise AccountantError(
+            f"the optimizer's accountant history {history} does not match the plan "
+            f"({plan.noise_multiplier}, {q}, {steps})"
+        )
+
+    # 6. the bound, the artifact, the receipt.
+    eps_used = plan.accountant.epsilon_at(steps)
+    if not within(eps_used, config.budget.epsilon):
+        raise AccountantError("the final epsilon exceeds the reservation")
+    spent = _spend(eps_used, config.budget.epsilon)
+    per_acct = _epsilons(history, delta, config.accountant.eps_error, skip=plan.mechanism)
+    per_acct[plan.mechanism] = eps_used
+    trained: nn.Module = getattr(gsm, "_module", model)
+    tmp_model.parent.mkdir(parents=True, exist_ok=True)
+    torch.save(trained.state_dict(), tmp_model)
+    artifact_digest = _sha256(tmp_model)
+    model_desc: dict[str, Any]
+    if not custom:
+        model_desc = {
+            "kind": "mlp",
+            "hidden": list(config.model.hidden),
+            "activation": config.model.activation,
+            "norm": config.model.norm,
+            "num_features": dataset.num_features,
+            "num_classes": dataset.num_classes,
+        }
+    else:
+        model_desc = {
+            "kind": "custom",
+            "class": f"{type(trained).__module__}.{type(trained).__qualname__}",
+        }
+    model_desc.update(
+        {
+            "fixed": list(fixed),
+            "artifact": MODEL_FILE,
+            "artifact_sha256": artifact_digest,
+            "format": "torch.save(state_dict)",
+        }
+    )
+    receipt: dict[str, Any] = {
+        "schema": RECEIPT_SCHEMA,
+        "libraries": library_versions(),
+        "dataset": _data_description(config.data, dataset),
+        "privacy": {
+            "unit": config.data.privacy_unit,
+            "mechanism": "DP-SGD: Poisson-subsampled Gaussian (Abadi et al. 2016)",
+            "epsilon_budget": str(config.budget.epsilon),
+            "delta": str(config.budget.delta),
+            "epsilon_spent": str(spent),
+            "delta_spent": str(config.budget.delta if steps else Decimal(0)),
+            "accountant": {
+                "requested": config.accountant.kind,
+                "used": plan.mechanism,
+                "fallback_reason": plan.fallback_reason,
+                "prv_eps_error": config.accountant.eps_error,
+                "prv_delta_error": prv_delta_error(delta),
+                "rdp_orders": "opacus RDPAccountant.DEFAULT_ALPHAS",
+                "state": {"mechanism": plan.mechanism, "history": [list(h) for h in history]},
+            },
+            "epsilon": per_acct,
+        },
+        "training": {
+            "rows": n,
+            "sample_rate": q,
+            "expected_batch_size": q * n,
+            "batch_size_min": min(batch_sizes) if batch_sizes else 0,
+            "batch_size_max": max(batch_sizes) if batch_sizes else 0,
+            "steps": steps,
+            "planned_steps": planned,
+            "step_limit": plan.step_limit,
+            "stop_reason": stop_reason,
+            "epochs": tp.epochs,
+            "noise_multiplier": plan.noise_multiplier,
+            "noise_calibrated": plan.calibrated,
+            "max_grad_norm": tp.max_grad_norm,
+            "clipping": "flat, per sample",
+            "optimizer": tp.optimizer,
+            "learning_rate": tp.learning_rate,
+            "momentum": tp.momentum,
+            "grad_sample_mode": {"mode": mode, "reason": mode_reason},
+            "check_every_steps": check_every,
+            "accountant_queries": plan.accountant.queries,
+        },
+        "randomness": rand.describe(),
+        "model": model_desc,
+        "ledger": {
+            "reservation_id": reservation.id,
+            "subject": config.budget.subject,
+            "purpose": config.budget.purpose,
+            "idempotency_key": reservation.idempotency_key,
+        },
+    }
+    tmp_receipt.write_text(json.dumps(receipt, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    total = time.perf_counter() - started
+    return TrainingResult(
+        model_path=config.output_dir / MODEL_FILE,
+        receipt_path=config.output_dir / RECEIPT_FILE,
+        receipt=receipt,
+        reservation_id=reservation.id,
+        steps=steps,
+        stop_reason=stop_reason,
+        epsilon_spent=spent,
+        model=trained,
+        overhead_seconds=max(0.0, total - train_seconds),
+        training_seconds=train_seconds,
+    )
+
+
+def train_nonprivate_baseline(
+    model: nn.Module,
+    features: np.ndarray[Any, Any],
+    labels: np.ndarray[Any, Any],
+    *,
+    epochs: int,
+    batch_size: int,
+    learning_rate: float,
+    optimizer: str = "sgd",
+    momentum: float = 0.0,
+    generator: torch.Generator | None = None,
+) -> nn.Module:
+    """Train `model` WITHOUT privacy, in memory, for reference figures only.
+
+    Used by the digits example, the membership audit and the benchmark as the
+    non-private comparison; it never writes an artifact and is never a fallback
+    of train_private.
+    """
+    x = torch.as_tensor(features, dtype=torch.float32)
+    y = torch.as_tensor(labels, dtype=torch.long)
+    loader = DataLoader(
+        _BatchTensorDataset(x, y),
+        batch_size=batch_size,
+        shuffle=True,
+        collate_fn=_take_batch,
+        generator=generator,
+    )
+    opt: torch.optim.Optimizer
+    if optimizer == "adam":
+        opt = torch.optim.Adam(model.parameters(), lr=learning_rate)
+    else:
+        opt = torch.optim.SGD(model.parameters(), lr=learning_rate, momentum=momentum)
+    loss_fn = nn.CrossEntropyLoss()
+    model.train()
+    for _ in range(epochs):
+        for xb, yb in loader:
+            opt.zero_grad()
+            loss_fn(model(xb), yb).backward()
+            opt.step()
+    return model
