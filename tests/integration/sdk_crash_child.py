@@ -4,6 +4,7 @@ usage: sdk_crash_child.py PHASE TARGET STATE_DIR TRUST_DIR TOKEN
   record  record one value, print "PERSISTED <report id hex>", then wait to be killed
   send    record one value, print "PERSISTED <report id hex>", then flush (killed mid-send)
   resume  flush whatever the outbox holds, print "FLUSHED <acknowledged> <duplicates>"
+  roundtrip  record one value and flush it, print "FLUSHED <acknowledged> <duplicates>"
 """
 
 from __future__ import annotations
@@ -33,6 +34,8 @@ def main() -> None:
         client.flush(timeout=30)
         print("NOT KILLED", flush=True)
     else:
+        if phase == "roundtrip":
+            client.record("browser.homepage", "mail.example")
         result = client.flush(timeout=30)
         print("FLUSHED", result.acknowledged, result.duplicates, flush=True)
     client.close()

@@ -34,6 +34,9 @@ from fedldp.collector.policies import PolicyRegistry
 from fedldp.collector.server import RunningCollector, start_collector
 from fedldp.v1 import policy_pb2
 
+#: The device process used by the crash and light-install tests.
+CHILD = Path(__file__).with_name("sdk_crash_child.py")
+
 LABELS = ("news.example", "mail.example", "shop.example", "video.example")
 AUDIENCE = "default"
 
@@ -128,6 +131,17 @@ class Deployment:
             credentials=Credentials.insecure_bearer(token or self.token(subject)),
             **kwargs,
         )
+
+    def trust_dir(self) -> Path:
+        """A trust folder (pinned/root.pem + 1.root) as an app would ship it."""
+        from fedldp.client.policy.files import write_envelope, write_public_key
+
+        folder = self.tmp / "trust"
+        if not folder.exists():
+            (folder / "pinned").mkdir(parents=True)
+            write_public_key(self.authority.root_public_keys[0], folder / "pinned" / "root.pem")
+            write_envelope(self.authority.root_envelope, folder / "1.root")
+        return folder
 
     def stop(self) -> None:
         for c in self.collectors:

@@ -13,25 +13,14 @@ from pathlib import Path
 import pytest
 from fedldp.client.device_store import DeviceStore
 from fedldp.client.outbox import Outbox
-from fedldp.client.policy.files import write_envelope, write_public_key
 from fedldp.v1 import collector_pb2
-from sdk_testkit import Deployment, Relay, ledger_rows, running_deployment
-
-CHILD = Path(__file__).with_name("sdk_crash_child.py")
+from sdk_testkit import CHILD, Deployment, Relay, ledger_rows, running_deployment
 
 
 @pytest.fixture
 def deployment(tmp_path: Path) -> Iterator[Deployment]:
     with running_deployment(tmp_path) as d:
         yield d
-
-
-def _trust_dir(deployment: Deployment, tmp_path: Path) -> Path:
-    folder = tmp_path / "trust"
-    (folder / "pinned").mkdir(parents=True)
-    write_public_key(deployment.authority.root_public_keys[0], folder / "pinned" / "root.pem")
-    write_envelope(deployment.authority.root_envelope, folder / "1.root")
-    return folder
 
 
 def _start(phase: str, target: str, state: Path, trust: Path, token: str) -> subprocess.Popen[str]:
@@ -72,7 +61,7 @@ def _resume(target: str, state: Path, trust: Path, token: str) -> list[str]:
 def test_killed_after_persist_before_send(deployment: Deployment, tmp_path: Path) -> None:
     deployment.categorical(epsilon="1", epsilon_cap="5")
     collector = deployment.start()
-    trust, state, token = _trust_dir(deployment, tmp_path), tmp_path / "state", deployment.token()
+    trust, state, token = deployment.trust_dir(), tmp_path / "state", deployment.token()
     child = _start("record", collector.address, state, trust, token)
     report_id = _persisted_id(child)
     os.kill(child.pid, signal.SIGKILL)
@@ -95,7 +84,7 @@ def test_killed_after_persist_before_send(deployment: Deployment, tmp_path: Path
 def test_killed_after_commit_before_acknowledgement(deployment: Deployment, tmp_path: Path) -> None:
     deployment.categorical(epsilon="1", epsilon_cap="5")
     collector = deployment.start()
-    trust, state, token = _trust_dir(deployment, tmp_path), tmp_path / "state", deployment.token()
+    trust, state, token = deployment.trust_dir(), tmp_path / "state", deployment.token()
     child: subprocess.Popen[str] | None = None
     killed: list[bytes] = []
 
