@@ -9,10 +9,16 @@ production keys.
 
 from __future__ import annotations
 
+import glob
+import itertools
 import os
+import pwd
 import secrets
+import shutil
+import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -263,3 +269,137 @@ def spawn(config: Path, name: str, *, timeout: float = 60.0) -> CollectorProcess
             raise RuntimeError(f"collector did not start in {timeout} s: {log.read_text()}")
         time.sleep(0.05)
     return CollectorProcess(proc, int(port_file.read_text()), log)
+
+
+# --- a throwaway PostgreSQL server (tests and benchmarks) ---
+
+
+def postgres_bindir() -> Path | None:
+    """The folder holding initdb and pg_ctl (pg_config, /usr/local/bin, /usr/lib/postgresql)."""
+    candidates: list[str] = []
+    pg_config = shutil.which("pg_config")
+    if pg_config:
+        out = subprocess.run([pg_config, "--bindir"], capture_output=True, text=True, check=False)
+        candidates.append(out.stdout.strip())
+    candidates.append("/usr/local/bin")
+    candidates.extend(sorted(glob.glob("/usr/lib/postgresql/*/bin"), reverse=True))
+    for c in candidates:
+        if c and (Path(c) / "initdb").exists() and (Path(c) / "pg_ctl").exists():
+            return Path(c)
+    return None
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class PostgresServer:
+    """A PostgreSQL server in a temporary folder on a free loopback port.
+
+    Started with the installed initdb/pg_ctl; as the ``postgres`` user when we
+    run as root (PostgreSQL refuses to run as root). Superuser ``postgres``,
+    trust authentication on 127.0.0.1, fsync on (commits are durable).
+    """
+
+    host: str
+    port: int
+    base: Path
+    bindir: Path
+    runner: list[str]
+    _counter: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
+
+    @classmethod
+    def start(cls, bindir: Path, *, max_connections: int = 200) -> PostgresServer:
+        """initdb + pg_ctl start; raises RuntimeError with the server log on failure."""
+        runner: list[str] = []
+        base = Path(tempfile.mkdtemp(prefix="fedldp-pg-"))
+        if os.geteuid() == 0:
+            pw = pwd.getpwnam("postgres")  # KeyError: no user to run the server as
+            os.chown(base, pw.pw_uid, pw.pw_gid)
+            runner = ["runuser", "-u", "postgres", "--"]
+        data = base / "data"
+        port = _free_port()
+        subprocess.run(
+            [
+                *runner,
+                str(bindir / "initdb"),
+                "-D",
+                str(data),
+                "-U",
+                "postgres",
+                "-A",
+                "trust",
+                "-E",
+                "UTF8",
+                "--no-sync",
+            ],
+            check=True,
+            capture_output=True,
+        )
+        opts = (
+            f"-p {port} -k {base} -c listen_addresses=127.0.0.1 "
+            f"-c max_connections={max_connections} -c shared_buffers=64MB"
+        )
+        done = subprocess.run(
+            [
+                *runner,
+                str(bindir / "pg_ctl"),
+                "-D",
+                str(data),
+                "-o",
+                opts,
+                "-l",
+                str(base / "server.log"),
+                "-w",
+                "-t",
+                "60",
+                "start",
+            ],
+            capture_output=True,
+            check=False,
+        )
+        if done.returncode != 0:
+            log = (
+                (base / "server.log").read_text(errors="replace")
+                if (base / "server.log").exists()
+                else ""
+            )
+            shutil.rmtree(base, ignore_errors=True)
+            raise RuntimeError(f"PostgreSQL did not start: {done.stderr!r} {log}")
+        return cls("127.0.0.1", port, base, bindir, runner)
+
+    def url(self, database: str = "postgres") -> str:
+        """SQLAlchemy URL of `database` on this server."""
+        return f"postgresql+psycopg://postgres@{self.host}:{self.port}/{database}"
+
+    def create_database(self) -> str:
+        """A fresh empty database; returns its URL."""
+        import psycopg
+
+        name = f"t{next(self._counter)}"
+        with psycopg.connect(
+            host=self.host, port=self.port, user="postgres", dbname="postgres", autocommit=True
+        ) as conn:
+            conn.execute(f'CREATE DATABASE "{name}"')
+        return self.url(name)
+
+    def stop(self) -> None:
+        """Stop the server and delete its folder."""
+        subprocess.run(
+            [
+                *self.runner,
+                str(self.bindir / "pg_ctl"),
+                "-D",
+                str(self.base / "data"),
+                "-m",
+                "immediate",
+                "-w",
+                "stop",
+            ],
+            check=False,
+            capture_output=True,
+        )
+        shutil.rmtree(self.base, ignore_errors=True)
