@@ -35,6 +35,7 @@ open the file rather than guess.
 from __future__ import annotations
 
 import contextlib
+import decimal
 import hashlib
 import hmac
 import os
@@ -53,6 +54,15 @@ STATE_FILE_NAME = "fedldp-device.sqlite3"
 SCHEMA_VERSION = 1
 #: Most event rows kept; older events are pruned (their counters stay).
 MAX_EVENTS = 1000
+
+#: Decimal arithmetic for the budget ledger: any rounding raises instead of
+#: silently changing a sum (policy epsilons are short decimal strings, so exact
+#: sums fit easily in this precision).
+EXACT = decimal.Context(
+    prec=200,
+    rounding=decimal.ROUND_HALF_EVEN,
+    traps=[decimal.Inexact, decimal.InvalidOperation, decimal.Overflow],
+)
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (
@@ -464,7 +474,7 @@ class DeviceStore:
         epsilon: Decimal,
     ) -> Decimal:
         """Add `epsilon` to the window's spend inside a transaction; returns the new total."""
-        total = DeviceStore.spent(conn, policy_id, window_start) + epsilon
+        total = EXACT.add(DeviceStore.spent(conn, policy_id, window_start), epsilon)
         conn.execute(
             "INSERT INTO budget (policy_id, window_start, window_seconds, spent, reports) "
             "VALUES (?, ?, ?, ?, 1) ON CONFLICT(policy_id, window_start) DO UPDATE SET "

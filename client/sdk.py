@@ -62,7 +62,7 @@ from types import TracebackType
 from typing import Any
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
-from fedldp.client.device_store import DeviceStore, Event, StoredPolicy
+from fedldp.client.device_store import EXACT, DeviceStore, Event, StoredPolicy
 from fedldp.client.mechanisms.base import Output
 from fedldp.client.mechanisms.memo import Memoized
 from fedldp.client.outbox import (
@@ -640,7 +640,7 @@ class Client:
             # Every check before randomizing: a refused value is never randomized.
             self._outbox.ensure_room(conn)
             spent = DeviceStore.spent(conn, policy.policy_id, window)
-            if spent + policy.epsilon > policy.epsilon_cap:
+            if EXACT.compare(EXACT.add(spent, policy.epsilon), policy.epsilon_cap) > 0:
                 raise BudgetGuardError(
                     f"policy {policy.policy_id}: this device has spent {spent} of its epsilon "
                     f"cap {policy.epsilon_cap} in the window starting {window}; one more "
@@ -681,7 +681,7 @@ class Client:
             window_start=window,
             epsilon_charged=policy.epsilon,
             epsilon_spent=total,
-            epsilon_remaining=policy.epsilon_cap - total,
+            epsilon_remaining=EXACT.subtract(policy.epsilon_cap, total),
             clipped=clipped,
         )
 
@@ -764,6 +764,12 @@ class Client:
             response = self._transport.submit_raw([e.report for e in batch])
         except TransportError as exc:
             self._defer(batch, f"{exc.code.name}: {exc.detail}", exc.retry_after, totals)
+            if not exc.transient:
+                # Authentication, permission or configuration: retrying alone will not
+                # fix it; the reports stay queued and the app is told.
+                self._record_event(
+                    Event(int(self._clock()), "transport_error", exc.code.name, exc.detail)
+                )
             return False
         outcomes = list(response.outcomes)
         if len(outcomes) != len(batch) or any(
@@ -895,13 +901,20 @@ class Client:
                         window_end=window + p.window_seconds,
                         epsilon_cap=p.epsilon_cap,
                         epsilon_spent=spent,
-                        epsilon_remaining=max(Decimal(0), p.epsilon_cap - spent),
+                        epsilon_remaining=max(Decimal(0), EXACT.subtract(p.epsilon_cap, spent)),
                         epsilon_per_report=p.epsilon,
                     )
                 )
         return out
 
     # --- events ---
+
+    def _record_event(self, event: Event) -> None:
+        """Persist an event (bounded log + counter), then log it and call back."""
+        with self._store.transaction() as conn:
+            DeviceStore.bump(conn, f"{event.kind}s")
+            DeviceStore.add_event(conn, event)
+        self._emit(event)
 
     def _emit(self, event: Event) -> None:
         logger.warning(

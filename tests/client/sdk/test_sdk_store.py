@@ -63,6 +63,16 @@ def test_budget_is_exact_decimal_text(store: DeviceStore) -> None:
     assert (row.spent, row.reports, row.window_seconds) == (Decimal("0.3"), 3, 86400)
 
 
+def test_budget_sums_never_round(store: DeviceStore) -> None:
+    tiny = Decimal("0.0000000000000000000000000000001")  # 1e-31: lost at 28 digits
+    with store.transaction() as conn:
+        DeviceStore.charge(conn, "p", 0, 60, Decimal(1))
+        total = DeviceStore.charge(conn, "p", 0, 60, tiny)
+    assert str(total) == "1.0000000000000000000000000000001"
+    assert Decimal(1) + tiny == Decimal(1)  # what the default 28-digit context would store
+    assert store.budget_rows()[0].spent == total
+
+
 def test_failed_transaction_changes_nothing(store: DeviceStore) -> None:
     with pytest.raises(RuntimeError), store.transaction() as conn:
         DeviceStore.charge(conn, "p", 0, 60, Decimal(1))
