@@ -14,6 +14,7 @@ import click
 # (module, attribute) of each command or group attached to the root group.
 # Add ONE line per command group; keep the list sorted by command name.
 COMMANDS: list[tuple[str, str]] = [
+    ("fedldp.cli_train", "audit"),
     ("fedldp.cli_client", "client"),
     ("fedldp.cli_collector", "collector"),
     ("fedldp.demo", "demo"),
@@ -22,6 +23,8 @@ COMMANDS: list[tuple[str, str]] = [
     ("fedldp.cli_policy", "policy"),
     ("fedldp.cli_report", "release"),
     ("fedldp.cli_report", "report"),
+    ("fedldp.cli_train", "train"),
+    ("fedldp.cli_train", "verify"),
 ]
 
 

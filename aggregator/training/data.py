@@ -248,3 +248,37 @@ def load_dataset(config: DataConfig) -> Dataset:
     assert config.url is not None and config.table is not None
     header, rows = _read_sql(config.url, config.table, config)
     return _columns_from_rows(header, rows, config)
+
+
+def dataset_from_arrays(
+    features: NDArray[Any],
+    labels: NDArray[Any],
+    *,
+    feature_names: Sequence[str] | None = None,
+    label: str = "label",
+) -> Dataset:
+    """A Dataset from in-memory arrays (Python API, examples, tests), digested the same way."""
+    x = np.asarray(features, dtype=np.float64)
+    y = np.asarray(labels)
+    if x.ndim != 2 or y.ndim != 1 or x.shape[0] != y.shape[0] or x.shape[0] == 0:
+        raise DataError("features must be (n, d) and labels (n,), n >= 1")
+    if not np.all(np.isfinite(x)):
+        raise DataError("features must be finite")
+    if not np.issubdtype(y.dtype, np.integer) or (y < 0).any():
+        raise DataError("labels must be integer class ids >= 0")
+    names = (
+        tuple(feature_names)
+        if feature_names is not None
+        else tuple(f"x{i}" for i in range(x.shape[1]))
+    )
+    if len(names) != x.shape[1]:
+        raise DataError("feature_names must name every column")
+    y64 = y.astype(np.int64)
+    return Dataset(
+        features=x.astype(np.float32),
+        labels=y64,
+        feature_names=names,
+        label_name=label,
+        digest=dataset_digest(x, y64, names, label),
+        source_sha256=None,
+    )

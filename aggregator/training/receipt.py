@@ -102,7 +102,6 @@ def verify_receipt(
 ) -> Verification:
     """Verify the receipt at `path` (module docstring); never raises on a failed check."""
     from fedldp.aggregator.training.accounting import AccountantError
-    from fedldp.aggregator.training.config import DataConfig
     from fedldp.aggregator.training.data import DataError, file_sha256, load_dataset
 
     receipt = load_receipt(path)
@@ -192,16 +191,7 @@ def verify_receipt(
         out.add("dataset", False, "the receipt's SQL URL has a hidden password; pass --data-url")
         return out
     try:
-        data_config = DataConfig(
-            source=ds["source"],
-            label=ds["label"],
-            privacy_unit=privacy["unit"],
-            path=ds.get("path"),
-            url=url if ds["source"] == "sql" else None,
-            table=ds.get("table"),
-            features=tuple(ds["features"]) if ds.get("feature_list_given") else None,
-            unit_column=ds.get("unit_column"),
-        )
+        data_config = data_config_from_receipt(receipt, data_url=data_url)
         loaded = load_dataset(data_config)
     except (DataError, ValueError) as exc:
         out.add("dataset", False, f"cannot read the dataset: {exc}")
@@ -217,3 +207,53 @@ def verify_receipt(
         raw = file_sha256(Path(ds["path"]))
         out.add("dataset file", raw == ds["source_sha256"], f"sha256 {raw}")
     return out
+
+
+def load_trained_model(receipt_path: Path) -> Any:
+    """Rebuild the built-in MLP a receipt describes and load its weights (digest checked).
+
+    Raises ReceiptError for a custom model (its class is not reconstructible from
+    the receipt) or an artifact whose sha256 differs from the receipt's.
+    """
+    import torch
+    from fedldp.aggregator.training.config import ModelConfig
+    from fedldp.aggregator.training.models import build_mlp, validate_model
+
+    receipt = load_receipt(receipt_path)
+    desc = receipt["model"]
+    if desc.get("kind") != "mlp":
+        raise ReceiptError("only the built-in MLP can be rebuilt from a receipt")
+    artifact = receipt_path.parent / desc["artifact"]
+    if not artifact.is_file() or _sha256(artifact) != desc["artifact_sha256"]:
+        raise ReceiptError(f"{artifact} is missing or does not match the receipt's sha256")
+    config = ModelConfig(
+        hidden=tuple(desc["hidden"]),
+        activation=desc["activation"],
+        norm=desc["norm"],
+        fix_model=bool(desc["fixed"]),
+    )
+    model: torch.nn.Module = build_mlp(config, desc["num_features"], desc["num_classes"])
+    if desc["fixed"]:
+        model = validate_model(model, fix=True).module
+    state = torch.load(artifact, map_location="cpu", weights_only=True)
+    model.load_state_dict(state)
+    model.eval()
+    return model
+
+
+def data_config_from_receipt(receipt: dict[str, Any], *, data_url: str | None = None) -> Any:
+    """The DataConfig that reads the receipt's training table again (`data_url`
+    replaces a SQL URL, whose password the receipt never holds)."""
+    from fedldp.aggregator.training.config import DataConfig
+
+    ds = receipt["dataset"]
+    return DataConfig(
+        source=ds["source"],
+        label=ds["label"],
+        privacy_unit=receipt["privacy"]["unit"],
+        path=ds.get("path"),
+        url=(data_url or ds.get("url")) if ds["source"] == "sql" else None,
+        table=ds.get("table"),
+        features=tuple(ds["features"]) if ds.get("feature_list_given") else None,
+        unit_column=ds.get("unit_column"),
+    )

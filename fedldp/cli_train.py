@@ -1,0 +1,288 @@
+"""`fedldp train`, `fedldp verify training` and `fedldp audit membership`.
+
+torch and Opacus are imported inside the commands, so `fedldp --help` works
+without the `train` extra; a command that needs them says what to install.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import click
+
+TRAIN_EXTRA_HINT = "pip install 'fedldp[train]'"
+
+
+def _need_train_extra() -> None:
+    """Fail with an install hint when torch/Opacus/scikit-learn are missing."""
+    missing = []
+    for module in ("torch", "opacus"):
+        try:
+            __import__(module)
+        except ModuleNotFoundError:
+            missing.append(module)
+    if missing:
+        raise click.ClickException(
+            f"this command needs {', '.join(missing)}, from the train extra: {TRAIN_EXTRA_HINT}"
+        )
+
+
+@click.command(name="train")
+@click.option(
+    "--config",
+    "config_path",
+    required=True,
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="train.toml (see deploy/examples/train.toml)",
+)
+@click.option(
+    "--fix-model",
+    is_flag=True,
+    help="replace layers DP-SGD cannot train (BatchNorm -> GroupNorm) instead of refusing",
+)
+@click.option("--json", "as_json", is_flag=True, help="print the receipt as JSON")
+def train(config_path: Path, fix_model: bool, as_json: bool) -> None:
+    """Train a model with central DP-SGD under a budget reserved in the ledger.
+
+    The (epsilon, delta) of [budget] is reserved before the data is opened; a
+    refusal reads nothing and writes nothing. The model and its privacy receipt
+    are written to [output] dir.
+    """
+    from fedldp.aggregator.training.config import TrainingConfigError, load_config
+
+    try:
+        config = load_config(config_path)
+    except TrainingConfigError as exc:
+        raise click.ClickException(str(exc)) from exc
+    if fix_model and not config.model.fix_model:
+        config = dataclasses.replace(
+            config, model=dataclasses.replace(config.model, fix_model=True)
+        )
+    _need_train_extra()
+    import warnings
+
+    from fedldp.aggregator.training import (
+        BudgetRefusedError,
+        DataError,
+        OutputExistsError,
+        TrainingAbortedError,
+        UnsupportedModelError,
+        train_private,
+    )
+
+    warnings.filterwarnings("ignore", module="opacus")
+    try:
+        result = train_private(config, log=lambda msg: click.echo(msg, err=True))
+    except (UnsupportedModelError, OutputExistsError, DataError) as exc:
+        raise click.ClickException(str(exc)) from exc
+    except BudgetRefusedError as exc:
+        raise click.ClickException(f"{exc}. Nothing was read or written.") from exc
+    except TrainingAbortedError as exc:
+        raise click.ClickException(str(exc)) from exc
+    if as_json:
+        click.echo(json.dumps(result.receipt, indent=2, sort_keys=True))
+        return
+    r = result.receipt
+    eps = r["privacy"]["epsilon"]
+    click.echo(f"model:   {result.model_path}")
+    click.echo(f"receipt: {result.receipt_path}")
+    tr = r["training"]
+    click.echo(
+        f"steps {result.steps} ({result.stop_reason}), sigma {tr['noise_multiplier']:.6g}, "
+        f"q {tr['sample_rate']:.6g}, grad-sample mode {tr['grad_sample_mode']['mode']}"
+    )
+    click.echo(
+        f"epsilon spent {result.epsilon_spent} of {r['privacy']['epsilon_budget']} at delta "
+        f"{r['privacy']['delta']} ({r['privacy']['accountant']['used']}); "
+        f"prv={eps.get('prv')} rdp={eps.get('rdp')}"
+    )
+
+
+@click.group(name="verify")
+def verify() -> None:
+    """Check evidence an independent reviewer can replay."""
+
+
+@verify.command(name="training")
+@click.argument("receipt", type=click.Path(dir_okay=False, path_type=Path))
+@click.option(
+    "--no-data", is_flag=True, help="do not re-read the dataset (its digest is not checked)"
+)
+@click.option("--data-url", help="SQLAlchemy URL for a SQL source (the receipt hides its password)")
+@click.option("--json", "as_json", is_flag=True, help="print the checks as JSON")
+def verify_training(receipt: Path, no_data: bool, data_url: str | None, as_json: bool) -> None:
+    """Replay a training receipt's accountant and check its artifact and dataset digests.
+
+    Exit status 0 when every check passes, 1 otherwise.
+    """
+    _need_train_extra()
+    from fedldp.aggregator.training.receipt import ReceiptError, verify_receipt
+
+    try:
+        result = verify_receipt(receipt, check_data=not no_data, data_url=data_url)
+    except ReceiptError as exc:
+        raise click.ClickException(str(exc)) from exc
+    if as_json:
+        click.echo(
+            json.dumps(
+                {"ok": result.ok, "checks": [dataclasses.asdict(c) for c in result.checks]},
+                indent=2,
+            )
+        )
+    else:
+        for c in result.checks:
+            mark = "SKIP" if c.skipped else ("ok  " if c.ok else "FAIL")
+            click.echo(f"{mark} {c.name}: {c.detail}")
+        click.echo("receipt verified" if result.ok else "receipt NOT verified")
+    if not result.ok:
+        raise SystemExit(1)
+
+
+@click.group(name="audit")
+def audit() -> None:
+    """Empirical privacy audits of trained models."""
+
+
+@audit.command(name="membership")
+@click.option(
+    "--receipt",
+    "receipt_path",
+    required=True,
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="the private model's receipt (model and training data are found through it)",
+)
+@click.option(
+    "--holdout",
+    required=True,
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="CSV/Parquet rows of the same population that were NOT trained on",
+)
+@click.option(
+    "--baseline/--no-baseline",
+    default=True,
+    help="also train (in memory, never saved) a non-private model of the same architecture "
+    "with the same hyperparameters, and attack it",
+)
+@click.option("--fpr", "fprs", multiple=True, type=float, help="FPRs to report TPR at")
+@click.option("--seed", default=0, show_default=True, help="split/subsample seed of the audit")
+@click.option("--data-url", help="SQLAlchemy URL for a SQL training source")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path))
+def audit_membership(
+    receipt_path: Path,
+    holdout: Path,
+    baseline: bool,
+    fprs: tuple[float, ...],
+    seed: int,
+    data_url: str | None,
+    json_path: Path | None,
+) -> None:
+    """Membership-inference attacks (loss threshold, offline LiRA) beside the (eps, delta) bound.
+
+    The audit reads the private training rows; its figures are for the operator
+    and are not themselves differentially private.
+    """
+    _need_train_extra()
+    import warnings
+
+    import torch
+
+    from fedldp.aggregator.training.audit import DEFAULT_FPRS, format_report, membership_audit
+    from fedldp.aggregator.training.config import DataConfig, ModelConfig
+    from fedldp.aggregator.training.data import DataError, load_dataset
+    from fedldp.aggregator.training.engine import train_nonprivate_baseline
+    from fedldp.aggregator.training.models import build_mlp, validate_model
+    from fedldp.aggregator.training.receipt import (
+        ReceiptError,
+        data_config_from_receipt,
+        load_receipt,
+        load_trained_model,
+    )
+
+    warnings.filterwarnings("ignore", module="opacus")
+    for f in fprs:
+        if not 0 < f < 1:
+            raise click.ClickException("--fpr values must be in (0, 1)")
+    try:
+        receipt = load_receipt(receipt_path)
+        private = load_trained_model(receipt_path)
+        members = load_dataset(data_config_from_receipt(receipt, data_url=data_url))
+        if members.digest != receipt["dataset"]["digest"]:
+            raise click.ClickException("the training data no longer matches the receipt's digest")
+        ds = receipt["dataset"]
+        held = load_dataset(
+            DataConfig(
+                source="parquet" if holdout.suffix == ".parquet" else "csv",
+                label=ds["label"],
+                privacy_unit=receipt["privacy"]["unit"],
+                path=str(holdout.resolve()),
+                features=tuple(ds["features"]),
+            )
+        )
+    except (ReceiptError, DataError) as exc:
+        raise click.ClickException(str(exc)) from exc
+    eps = float(receipt["privacy"]["epsilon"][receipt["privacy"]["accountant"]["used"]])
+    delta = float(receipt["privacy"]["delta"])
+    chosen = tuple(fprs) or DEFAULT_FPRS
+    reports = [
+        membership_audit(
+            private,
+            (members.features, members.labels),
+            (held.features, held.labels),
+            name="private (DP-SGD)",
+            epsilon=eps,
+            delta=delta,
+            fprs=chosen,
+            seed=seed,
+        )
+    ]
+    if baseline:
+        desc, tr = receipt["model"], receipt["training"]
+        model: torch.nn.Module = build_mlp(
+            ModelConfig(
+                hidden=tuple(desc["hidden"]),
+                activation=desc["activation"],
+                norm=desc["norm"],
+                fix_model=bool(desc["fixed"]),
+            ),
+            desc["num_features"],
+            desc["num_classes"],
+        )
+        if desc["fixed"]:
+            model = validate_model(model, fix=True).module
+        gen = torch.Generator().manual_seed(seed)
+        train_nonprivate_baseline(
+            model,
+            members.features,
+            members.labels,
+            epochs=int(tr["epochs"]),
+            batch_size=max(1, round(float(tr["expected_batch_size"]))),
+            learning_rate=float(tr["learning_rate"]),
+            optimizer=str(tr["optimizer"]),
+            momentum=float(tr["momentum"]),
+            generator=gen,
+        )
+        reports.append(
+            membership_audit(
+                model,
+                (members.features, members.labels),
+                (held.features, held.labels),
+                name="non-private baseline (same architecture and hyperparameters)",
+                epsilon=math.inf,
+                delta=0.0,
+                fprs=chosen,
+                seed=seed,
+            )
+        )
+    for rep in reports:
+        click.echo(format_report(rep))
+    if json_path is not None:
+        payload: dict[str, Any] = {
+            "receipt": str(receipt_path),
+            "audits": [r.to_json() for r in reports],
+        }
+        json_path.write_text(json.dumps(payload, indent=2) + "\n", encoding="utf-8")
+        click.echo(f"wrote {json_path}")
