@@ -42,7 +42,7 @@ import math
 import random
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from decimal import Decimal
+from decimal import Decimal, InvalidOperation
 from fractions import Fraction
 from typing import Any, Protocol
 
@@ -152,7 +152,10 @@ def _to_decimal(value: object) -> Decimal:
     if isinstance(value, Decimal):
         d = value
     elif isinstance(value, int | float | str):
-        d = Decimal(value)
+        try:
+            d = Decimal(value)
+        except InvalidOperation:
+            raise ValueError("data contains a value that is not a number") from None
     else:
         raise TypeError("data values must be int, float, str or Decimal")
     if not d.is_finite():

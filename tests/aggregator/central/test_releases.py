@@ -1,0 +1,359 @@
+"""Central releases against a real SQLite ledger: reserve first, idempotency, refusal.
+
+Also sensitivity checks (clipping bounds the change one record can make) and
+composition recomputed from the ledger alone.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import random
+from collections.abc import Callable, Iterator
+from decimal import Decimal
+from fractions import Fraction
+from pathlib import Path
+
+import pytest
+from fedldp.aggregator.central.accounting import compose
+from fedldp.aggregator.central.releases import (
+    ReleaseCancelledError,
+    ReleaseConflictError,
+    _clipped_sum,
+    _round_half_up,
+    plan_noise,
+    private_choice,
+    private_count,
+    private_mean,
+    private_sum,
+)
+from fedldp.collector.ledger import Ledger, open_ledger
+from fedldp.collector.ledger.store import (
+    CentralBudgetExhaustedError,
+    IdempotencyConflictError,
+    NoCentralCapError,
+)
+
+SUBJECT, PURPOSE = "analytics-team", "weekly-stats"
+DATA = [Decimal(x) / 4 for x in range(1, 401)]  # 0.25 .. 100; true sum 20050
+
+
+@pytest.fixture
+def ledger(tmp_path: Path) -> Iterator[Ledger]:
+    led = open_ledger(f"sqlite:///{tmp_path / 'ledger.db'}")
+    led.set_central_cap(SUBJECT, PURPOSE, epsilon_cap=Decimal("3"), delta_cap=Decimal("1e-5"))
+    yield led
+    led.close()
+
+
+def test_budget_is_reserved_before_the_data_is_read(ledger: Ledger) -> None:
+    seen: list[tuple[Decimal, Decimal]] = []
+
+    def load() -> list[Decimal]:
+        # At the moment the protected data is read, the charge is already in the ledger.
+        seen.append(ledger.central_spend(SUBJECT, PURPOSE))
+        assert [r.status for r in ledger.reservations(SUBJECT, PURPOSE)] == ["reserved"]
+        return DATA
+
+    rel = private_sum(
+        ledger,
+        subject=SUBJECT,
+        purpose=PURPOSE,
+        epsilon=Decimal("0.5"),
+        idempotency_key="k1",
+        now=100,
+        load=load,
+        lower=Decimal(0),
+        upper=Decimal(100),
+    )
+    assert seen == [(Decimal("0.5"), Decimal(0))]
+    (res,) = ledger.reservations(SUBJECT, PURPOSE)
+    assert res.status == "settled" and res.id == rel.reservation_id
+    assert rel.sensitivity == Decimal(100) and rel.value % rel.granularity == 0
+
+
+def test_exhausted_budget_refuses_without_reading_data(ledger: Ledger) -> None:
+    private_count(
+        ledger,
+        subject=SUBJECT,
+        purpose=PURPOSE,
+        epsilon=Decimal("2.5"),
+        idempotency_key="a",
+        now=1,
+        load=lambda: DATA,
+    )
+    read: list[bool] = []
+
+    def load() -> list[Decimal]:
+        read.append(True)
+        return DATA
+
+    with pytest.raises(CentralBudgetExhaustedError):
+        private_count(
+            ledger,
+            subject=SUBJECT,
+            purpose=PURPOSE,
+            epsilon=Decimal("0.6"),
+            idempotency_key="b",
+            now=2,
+            load=load,
+        )
+    assert read == []
+    assert ledger.central_spend(SUBJECT, PURPOSE) == (Decimal("2.5"), Decimal(0))
+    with pytest.raises(NoCentralCapError):
+        private_count(
+            ledger,
+            subject="nobody",
+            purpose=PURPOSE,
+            epsilon=Decimal("0.1"),
+            idempotency_key="c",
+            now=3,
+            load=load,
+        )
+    assert read == []
+
+
+def test_retry_with_the_same_key_returns_the_same_release_charged_once(ledger: Ledger) -> None:
+    calls: list[int] = []
+
+    def load() -> list[Decimal]:
+        calls.append(1)
+        return DATA
+
+    args = {
+        "subject": SUBJECT,
+        "purpose": PURPOSE,
+        "epsilon": Decimal("1"),
+        "idempotency_key": "mean-1",
+        "lower": Decimal(0),
+        "upper": Decimal(100),
+        "load": load,
+    }
+    first = private_mean(ledger, now=10, **args)  # type: ignore[arg-type]
+    again = private_mean(ledger, now=20, **args)  # type: ignore[arg-type]
+    assert again == first and calls == [1]
+    assert ledger.central_spend(SUBJECT, PURPOSE) == (Decimal(1), Decimal(0))
+    # Same key, other query: refused, nothing charged.
+    with pytest.raises(ReleaseConflictError):
+        private_sum(ledger, now=30, **args)  # type: ignore[arg-type]
+    with pytest.raises(IdempotencyConflictError):
+        private_count(
+            ledger,
+            subject=SUBJECT,
+            purpose=PURPOSE,
+            epsilon=Decimal("0.2"),
+            idempotency_key="mean-1",
+            now=40,
+            load=load,
+        )
+    assert ledger.central_spend(SUBJECT, PURPOSE) == (Decimal(1), Decimal(0))
+
+
+def test_a_failure_while_computing_cancels_the_reservation(ledger: Ledger) -> None:
+    def load() -> list[object]:
+        return [Decimal(1), "not a number"]
+
+    with pytest.raises(ValueError, match="not a number") as info:
+        private_sum(
+            ledger,
+            subject=SUBJECT,
+            purpose=PURPOSE,
+            epsilon=Decimal("1"),
+            idempotency_key="bad",
+            now=5,
+            load=load,
+            lower=Decimal(0),
+            upper=Decimal(1),
+        )
+    assert "'not a number'" not in str(info.value)  # the value itself is never echoed
+    assert ledger.central_spend(SUBJECT, PURPOSE) == (Decimal(0), Decimal(0))
+    assert [r.status for r in ledger.reservations(SUBJECT, PURPOSE)] == ["cancelled"]
+    with pytest.raises(ReleaseCancelledError):
+        private_sum(
+            ledger,
+            subject=SUBJECT,
+            purpose=PURPOSE,
+            epsilon=Decimal("1"),
+            idempotency_key="bad",
+            now=6,
+            load=lambda: DATA,
+            lower=Decimal(0),
+            upper=Decimal(1),
+        )
+
+
+def test_bad_requests_change_nothing(ledger: Ledger) -> None:
+    cases: list[Callable[[], object]] = [
+        lambda: private_sum(
+            ledger,
+            subject=SUBJECT,
+            purpose=PURPOSE,
+            epsilon=Decimal(1),
+            idempotency_key="x",
+            now=1,
+            load=lambda: DATA,
+            lower=Decimal(5),
+            upper=Decimal(5),
+        ),
+        lambda: private_count(
+            ledger,
+            subject=SUBJECT,
+            purpose=PURPOSE,
+            epsilon=Decimal(1),
+            delta=Decimal("1e-6"),
+            idempotency_key="x",
+            now=1,
+            load=lambda: DATA,
+        ),  # Laplace with δ > 0
+        lambda: private_count(
+            ledger,
+            subject=SUBJECT,
+            purpose=PURPOSE,
+            epsilon=Decimal(1),
+            mechanism="gaussian",
+            idempotency_key="x",
+            now=1,
+            load=lambda: DATA,
+        ),  # Gaussian without δ
+        lambda: private_count(
+            ledger,
+            subject=SUBJECT,
+            purpose=PURPOSE,
+            epsilon=Decimal(2),
+            delta=Decimal("1e-6"),
+            mechanism="gaussian",
+            calibration="classic",
+            idempotency_key="x",
+            now=1,
+            load=lambda: DATA,
+        ),  # classic, ε ≥ 1
+        lambda: private_choice(
+            ledger,
+            subject=SUBJECT,
+            purpose=PURPOSE,
+            epsilon=Decimal(1),
+            idempotency_key="x",
+            now=1,
+            candidates=["a", "a"],
+            load=lambda: ["a"],
+        ),
+    ]
+    for case in cases:
+        with pytest.raises(ValueError):
+            case()
+    assert ledger.reservations(SUBJECT, PURPOSE) == []
+
+
+def test_true_aggregate_is_neither_logged_nor_returned(
+    ledger: Ledger, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    rel = private_sum(
+        ledger,
+        subject=SUBJECT,
+        purpose=PURPOSE,
+        epsilon=Decimal(1),
+        idempotency_key="s",
+        now=1,
+        load=lambda: DATA,
+        lower=Decimal(0),
+        upper=Decimal(100),
+        granularity=Decimal("0.01"),
+    )
+    true_sum = str(sum(DATA))
+    assert true_sum not in caplog.text
+    assert rel.value != Decimal(true_sum)  # noise of scale 100 / 0.01 lattice units
+    assert true_sum not in str(rel.to_dict())
+    events = [e.event for e in ledger.central_events(SUBJECT, PURPOSE)]
+    assert all(true_sum not in str(e) for e in events)
+
+
+def test_sensitivity_of_clipped_sum_on_the_lattice() -> None:
+    """One added record moves the lattice centre by at most ⌈Δ/γ⌉ (what the noise covers)."""
+    rng = random.Random(7)
+    lower, upper = Decimal("-3"), Decimal("10")
+    for granularity in (Decimal("0.01"), Decimal("0.3"), Decimal(1), Decimal(7)):
+        plan = plan_noise(
+            "laplace",
+            epsilon=Decimal(1),
+            delta=Decimal(0),
+            sensitivity=max(abs(lower), abs(upper)),
+            granularity=granularity,
+        )
+        assert plan.lattice_sensitivity == math.ceil(Fraction(10) / Fraction(granularity))
+        for _ in range(300):
+            data = [Decimal(rng.randint(-500, 1500)) / 100 for _ in range(rng.randint(0, 20))]
+            extra = Decimal(rng.choice([-1e9, 1e9, rng.uniform(-3, 10)]))  # may exceed bounds
+            s1, _ = _clipped_sum(data, lower, upper)
+            s2, _ = _clipped_sum([*data, extra], lower, upper)
+            assert abs(s2 - s1) <= 10
+            c1 = _round_half_up(Fraction(s1) / Fraction(granularity))
+            c2 = _round_half_up(Fraction(s2) / Fraction(granularity))
+            assert abs(c2 - c1) <= plan.lattice_sensitivity
+
+
+def test_choice_picks_the_clear_winner(ledger: Ledger) -> None:
+    records = ["blue"] * 300 + ["red"] * 20 + ["green"] * 5
+    rel = private_choice(
+        ledger,
+        subject=SUBJECT,
+        purpose=PURPOSE,
+        epsilon=Decimal(1),
+        idempotency_key="c",
+        now=1,
+        candidates=["red", "green", "blue"],
+        load=lambda: records,
+        rng=random.Random(1),
+    )
+    assert rel.value == "blue" and rel.mechanism == "exponential"
+
+
+def test_composition_recomputed_from_the_ledger_alone(ledger: Ledger, tmp_path: Path) -> None:
+    """Ten Gaussian sums: RDP beats basic composition, and a fresh process gets the same."""
+    for i in range(10):
+        private_sum(
+            ledger,
+            subject=SUBJECT,
+            purpose=PURPOSE,
+            epsilon=Decimal("0.25"),
+            delta=Decimal("1e-7"),
+            mechanism="gaussian",
+            idempotency_key=f"g{i}",
+            now=i,
+            load=lambda: DATA,
+            lower=Decimal(0),
+            upper=Decimal(100),
+        )
+    private_count(
+        ledger,
+        subject=SUBJECT,
+        purpose=PURPOSE,
+        epsilon=Decimal("0.2"),
+        idempotency_key="lap",
+        now=11,
+        load=lambda: DATA,
+    )
+    basic = compose(ledger, SUBJECT, PURPOSE, "basic")
+    assert (basic.basic_epsilon, basic.basic_delta) == (Decimal("2.70"), Decimal("0.0000010"))
+    rdp = compose(ledger, SUBJECT, PURPOSE, "rdp")
+    assert rdp.tight_events == 10 and rdp.basic_events == 1
+    assert rdp.epsilon < basic.epsilon and rdp.delta == pytest.approx(1e-6)
+    # Golden: the same events composed directly with dp-accounting.
+    import dp_accounting
+    from dp_accounting import rdp as rdp_lib
+
+    nm = next(
+        e.event
+        for e in ledger.central_events(SUBJECT, PURPOSE)
+        if e.event["kind"] == "discrete_gaussian"
+    )["noise_multiplier"]
+    acc = rdp_lib.RdpAccountant()
+    acc.compose(dp_accounting.GaussianDpEvent(float(str(nm))), 10)
+    assert rdp.epsilon == pytest.approx(min(2.5, acc.get_epsilon(1e-6)) + 0.2, rel=1e-9)
+    fresh = open_ledger(f"sqlite:///{tmp_path / 'ledger.db'}")
+    try:
+        assert compose(fresh, SUBJECT, PURPOSE, "rdp") == rdp
+    finally:
+        fresh.close()
+    pld = compose(ledger, SUBJECT, PURPOSE, "pld")  # discrete Gaussians compose basically here
+    assert pld.epsilon == pytest.approx(basic.epsilon)
