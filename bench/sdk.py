@@ -1,0 +1,499 @@
+"""Device SDK figures: import cost, record() latency, outbox throughput, state size.
+
+    python -m bench.sdk [--quick] [--json PATH] [--runs N]
+
+What is measured (medians over >= 5 runs, with min and max):
+
+* **Import time and resident memory, core only.** A fresh interpreter with
+  numpy, SciPy, SQLAlchemy, click, torch... blocked (importing them raises)
+  imports `fedldp.client.sdk`; the timed section is that import statement,
+  RSS is VmRSS right after it. The same child then builds a `Client` against a
+  real collector, records and flushes 200 reports, and reports VmHWM (peak RSS).
+  References in the same run: an empty interpreter, the three base dependencies
+  alone (grpc, protobuf, cryptography), and `import numpy` (what the device
+  avoids).
+* **record() latency per call**, for GRR (k=16), OUE (k=64), memoized GRR and
+  Piecewise (numeric). The timed section is `record()` only: policy lookup,
+  budget check, randomization, serialization, and one SQLite transaction with
+  WAL + synchronous=FULL (an fsync). References: the mechanism's `perturb`
+  alone (the randomizer floor) and one bare SQLite INSERT+COMMIT with the same
+  durability settings (the storage floor).
+* **Outbox throughput**: reports/s enqueued (record() in a loop) and drained
+  (`flush()` of N pending reports to a real collector over loopback gRPC, 100
+  per call, every acknowledgement applied to the outbox). Reference: the same
+  stored report bytes submitted straight with `Transport.submit_raw`, no
+  outbox bookkeeping, to the same collector (under another subject).
+* **State size per 1,000 pending reports**: the state file plus its WAL after
+  a checkpoint, minus the size of the empty state, per 1,000 reports; the
+  serialized report bytes themselves are the reference.
+
+The collector is the real one (`start_collector`, SQLite ledger, durable) in
+this process, with its rate limit raised out of the way. Absolute times depend
+on the machine's disk (fsync) and load; the ratios to the references are the
+portable figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import secrets
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from bench._common import Timing, fmt_float, fmt_rate, format_table, summarize, write_json
+
+PACKAGES = ("grpcio", "protobuf", "cryptography", "numpy")
+HEAVY = [
+    "numpy",
+    "scipy",
+    "sqlalchemy",
+    "click",
+    "torch",
+    "opacus",
+    "matplotlib",
+    "psycopg",
+    "alembic",
+    "prometheus_client",
+    "sklearn",
+]
+LABELS_16 = [f"site{i}.example" for i in range(16)]
+LABELS_64 = [f"app{i}" for i in range(64)]
+
+_CHILD_PRELUDE = f"""
+import json, sys, time
+def _status(key):
+    for line in open('/proc/self/status'):
+        if line.startswith(key + ':'):
+            return int(line.split()[1]) * 1024
+    return 0
+for _name in {HEAVY!r}:
+    sys.modules[_name] = None
+"""
+
+
+# --- the world: a real collector, an authority, policies ---------------------------------
+
+
+class World:
+    """A collector with the benchmark's policies, and what a device needs to reach it."""
+
+    def __init__(self, tmp: Path) -> None:
+        from fedldp.client.policy import Authority
+        from fedldp.client.policy.files import write_envelope, write_public_key
+        from fedldp.collector.auth import TokenAuthority
+        from fedldp.collector.config import CollectorConfig
+        from fedldp.collector.policies import PolicyRegistry
+        from fedldp.collector.server import start_collector
+        from fedldp.v1 import policy_pb2
+
+        self.tmp = tmp
+        now = int(time.time()) - 60
+        self.authority = Authority.generate(now=now)
+        a = self.authority
+        common: dict[str, Any] = {
+            "epsilon": "1",
+            "epsilon_cap": "1000000",
+            "window_seconds": 86400,
+            "now": now,
+            "min_reports": 1,
+            "audience": ("default",),
+        }
+        policies = [
+            a.categorical_policy(policy_id="grr", metric="m.grr", labels=LABELS_16, **common),
+            a.categorical_policy(
+                policy_id="oue", metric="m.oue", labels=LABELS_64, mechanism="oue", **common
+            ),
+            a.categorical_policy(
+                policy_id="memo",
+                metric="m.memo",
+                labels=LABELS_16,
+                mechanism="rappor-grr",
+                params={"epsilon_permanent": "2"},
+                memo_charging=policy_pb2.MEMO_CHARGING_INSTANTANEOUS,
+                **common,
+            ),
+            a.numeric_policy(
+                policy_id="num", metric="m.num", lo="0", hi="100", mechanism="piecewise", **common
+            ),
+        ]
+        envelopes = [a.sign(p) for p in policies]
+        secret = secrets.token_bytes(32)
+        self.tokens = TokenAuthority(secret)
+        registry = PolicyRegistry.from_envelopes(
+            envelopes, a.trust_store(now=now + 60), now=int(time.time()), audience="default"
+        )
+        config = CollectorConfig(
+            ledger_url=f"sqlite:///{tmp / 'ledger.db'}",
+            token_secret=secret.hex(),
+            rate_limit_per_second=1e9,
+            rate_limit_burst=1e9,
+            workers=8,
+            log_level="ERROR",
+        )
+        self.collector = start_collector(config, registry=registry)
+        self.trust_dir = tmp / "trust"
+        (self.trust_dir / "pinned").mkdir(parents=True)
+        write_public_key(a.root_public_keys[0], self.trust_dir / "pinned" / "root.pem")
+        write_envelope(a.root_envelope, self.trust_dir / "1.root")
+
+    def token(self, subject: str) -> str:
+        return self.tokens.mint(subject, expires_at=int(time.time()) + 86400)
+
+    def client(self, state: Path, subject: str = "bench-device", **kwargs: Any) -> Any:
+        from fedldp.client.sdk import Client
+        from fedldp.client.transport import Credentials
+
+        return Client(
+            self.collector.address,
+            trust_root=self.trust_dir,
+            state_dir=state,
+            credentials=Credentials.insecure_bearer(self.token(subject)),
+            **kwargs,
+        )
+
+    def close(self) -> None:
+        self.collector.stop(grace=1.0)
+
+
+# --- import time and memory (subprocesses) ------------------------------------------------
+
+
+def _child(code: str) -> dict[str, Any]:
+    out = subprocess.run(
+        [sys.executable, "-c", _CHILD_PRELUDE + code],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=300,
+    )
+    return dict(json.loads(out.stdout.strip().splitlines()[-1]))
+
+
+def _import_probe(statement: str, *, block_heavy: bool = True) -> str:
+    prelude = "" if block_heavy else "for _n in list(sys.modules):\n    pass\n"
+    return prelude + (
+        "t = time.perf_counter()\n"
+        f"{statement}\n"
+        "dt = time.perf_counter() - t\n"
+        "print(json.dumps({'seconds': dt, 'rss': _status('VmRSS')}))\n"
+    )
+
+
+def measure_imports(runs: int) -> dict[str, dict[str, Timing]]:
+    probes = {
+        "empty interpreter (reference)": "pass",
+        "grpc + protobuf + cryptography (reference)": (
+            "import grpc, google.protobuf, cryptography.hazmat.primitives.asymmetric.ed25519"
+        ),
+        "fedldp.client.sdk (core only)": "import fedldp.client.sdk",
+    }
+    results: dict[str, dict[str, Timing]] = {}
+    for name, statement in probes.items():
+        samples = [_child(_import_probe(statement)) for _ in range(runs)]
+        results[name] = {
+            "import_s": summarize([s["seconds"] for s in samples]),
+            "rss_bytes": summarize([s["rss"] for s in samples]),
+        }
+    numpy_code = "del sys.modules['numpy']\n" + _import_probe("import numpy")
+    samples = [_child(numpy_code) for _ in range(runs)]
+    results["numpy (what the device avoids; reference)"] = {
+        "import_s": summarize([s["seconds"] for s in samples]),
+        "rss_bytes": summarize([s["rss"] for s in samples]),
+    }
+    return results
+
+
+def measure_device_peak(world: World, runs: int, reports: int) -> dict[str, Timing]:
+    samples = []
+    for i in range(runs):
+        state = world.tmp / f"peak-{i}"
+        code = (
+            "from fedldp.client.sdk import Client\n"
+            "from fedldp.client.transport import Credentials\n"
+            f"c = Client({world.collector.address!r}, trust_root={str(world.trust_dir)!r},\n"
+            f"           state_dir={str(state)!r},\n"
+            f"           credentials=Credentials.insecure_bearer({world.token(f'peak-{i}')!r}))\n"
+            f"for j in range({reports}):\n"
+            f"    c.record('m.grr', {LABELS_16!r}[j % 16])\n"
+            "r = c.flush(timeout=60)\n"
+            "c.close()\n"
+            "assert r.acknowledged == " + str(reports) + "\n"
+            "heavy = [m for m in " + repr(HEAVY) + " if sys.modules.get(m) is not None]\n"
+            "assert not heavy, heavy\n"
+            "print(json.dumps({'hwm': _status('VmHWM'), 'rss': _status('VmRSS')}))\n"
+        )
+        samples.append(_child(code))
+    return {
+        "peak_rss_bytes": summarize([s["hwm"] for s in samples]),
+        "rss_after_bytes": summarize([s["rss"] for s in samples]),
+    }
+
+
+# --- record() latency ----------------------------------------------------------------------
+
+
+def _values(metric: str, n: int, rng: random.Random) -> list[Any]:
+    if metric == "m.num":
+        return [rng.uniform(-10, 110) for _ in range(n)]
+    labels = LABELS_64 if metric == "m.oue" else LABELS_16
+    return [labels[rng.randrange(len(labels))] for _ in range(n)]
+
+
+def _per_call(fn: Callable[[], None], calls: int, runs: int) -> Timing:
+    samples = []
+    for _ in range(runs):
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        samples.append((time.perf_counter() - start) / calls)
+    return summarize(samples)
+
+
+def measure_record(world: World, runs: int, calls: int) -> dict[str, dict[str, Timing]]:
+    out: dict[str, dict[str, Timing]] = {}
+    rng = random.Random(1)
+    with world.client(world.tmp / "latency", max_outbox=10_000_000) as client:
+        by_metric = {p.metric_name: p for p in client.policies()}
+        for metric, label in (
+            ("m.grr", "GRR k=16"),
+            ("m.oue", "OUE k=64"),
+            ("m.memo", "RAPPOR-GRR k=16 (memoized)"),
+            ("m.num", "Piecewise [0,100]"),
+        ):
+            values = _values(metric, calls * runs, rng)
+            it = iter(values)
+
+            def one(metric: str = metric, it: Any = it) -> None:
+                client.record(metric, next(it))
+
+            record_t = _per_call(one, calls, runs)
+            policy = by_metric[metric]
+            mech_inputs = [policy.label_index(v) if policy.labels else float(v) for v in values]
+            it2 = iter(mech_inputs)
+            mech: Any = policy.mechanism
+            # A memoized mechanism needs its memo state (one per user and metric).
+            extra: dict[str, Any] = {"memo": mech.new_memo()} if metric == "m.memo" else {}
+
+            def perturb(it2: Any = it2, mech: Any = mech, extra: Any = extra) -> None:
+                mech.perturb(next(it2), **extra)
+
+            out[label] = {"record_s": record_t, "perturb_s": _per_call(perturb, calls, runs)}
+    out["SQLite INSERT+COMMIT, WAL, synchronous=FULL (reference)"] = {
+        "commit_s": _sqlite_floor(world.tmp / "floor.db", calls, runs)
+    }
+    return out
+
+
+def _sqlite_floor(path: Path, calls: int, runs: int) -> Timing:
+    conn = sqlite3.connect(path, isolation_level=None)
+    conn.execute("PRAGMA journal_mode=WAL")
+    conn.execute("PRAGMA synchronous=FULL")
+    conn.execute("CREATE TABLE t (id BLOB PRIMARY KEY, body BLOB)")
+    body = os.urandom(60)
+
+    def one() -> None:
+        conn.execute("BEGIN IMMEDIATE")
+        conn.execute("INSERT INTO t VALUES (?, ?)", (os.urandom(16), body))
+        conn.execute("COMMIT")
+
+    try:
+        return _per_call(one, calls, runs)
+    finally:
+        conn.close()
+
+
+# --- outbox throughput and state size ------------------------------------------------------
+
+
+def measure_outbox(world: World, runs: int, pending: int) -> dict[str, Timing]:
+    from fedldp.client.outbox import Outbox
+    from fedldp.client.transport import Credentials, Transport
+
+    rng = random.Random(2)
+    enqueue, drain, raw = [], [], []
+    for i in range(runs):
+        with world.client(
+            world.tmp / f"outbox-{i}", subject=f"outbox-{i}", max_outbox=pending + 1, batch_size=100
+        ) as client:
+            values = _values("m.grr", pending, rng)
+            start = time.perf_counter()
+            for v in values:
+                client.record("m.grr", v)
+            enqueue.append(pending / (time.perf_counter() - start))
+            stored = [e.report for e in Outbox(client._store).entries()]
+            start = time.perf_counter()
+            result = client.flush(timeout=300)
+            drain.append(pending / (time.perf_counter() - start))
+            assert result.acknowledged == pending, result
+        # Reference: the same bytes, straight to the collector (another subject, so
+        # they are new reports there too), no outbox bookkeeping.
+        transport = Transport(
+            world.collector.address, Credentials.insecure_bearer(world.token(f"raw-{i}"))
+        )
+        fresh = [_new_id(r) for r in stored]
+        start = time.perf_counter()
+        for j in range(0, len(fresh), 100):
+            transport.submit_raw(fresh[j : j + 100])
+        raw.append(pending / (time.perf_counter() - start))
+        transport.close()
+    return {
+        "enqueue_reports_per_s": summarize(enqueue),
+        "drain_reports_per_s": summarize(drain),
+        "raw_submit_reports_per_s (reference)": summarize(raw),
+    }
+
+
+def _new_id(report_bytes: bytes) -> bytes:
+    from fedldp.v1 import collector_pb2
+
+    report = collector_pb2.Report.FromString(report_bytes)
+    report.report_id = secrets.token_bytes(16)
+    return report.SerializeToString()
+
+
+def _state_bytes(state: Path) -> int:
+    return sum(p.stat().st_size for p in state.glob("fedldp-device.sqlite3*"))
+
+
+def measure_state_size(world: World, runs: int) -> dict[str, dict[str, Timing]]:
+    from fedldp.client.outbox import Outbox
+
+    out: dict[str, dict[str, Timing]] = {}
+    rng = random.Random(3)
+    for metric, label in (("m.grr", "GRR k=16"), ("m.oue", "OUE k=64")):
+        per_k, payload = [], []
+        for i in range(runs):
+            state = world.tmp / f"size-{metric}-{i}"
+            with world.client(state, max_outbox=2000) as client:
+                _checkpoint(client)
+                empty = _state_bytes(state)
+                for v in _values(metric, 1000, rng):
+                    client.record(metric, v)
+                _checkpoint(client)
+                per_k.append(_state_bytes(state) - empty)
+                payload.append(sum(len(e.report) for e in Outbox(client._store).entries()))
+        out[label] = {
+            "state_bytes_per_1000": summarize(per_k),
+            "report_bytes_per_1000 (reference)": summarize(payload),
+        }
+    return out
+
+
+def _checkpoint(client: Any) -> None:
+    with client._store.transaction():
+        pass
+    client._store._conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+
+
+# --- main -----------------------------------------------------------------------------------
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.sdk",
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=__doc__,
+    )
+    parser.add_argument("--quick", action="store_true", help="small sizes (< 1 minute)")
+    parser.add_argument("--json", type=Path, help="write every figure here")
+    parser.add_argument("--runs", type=int, default=None, help="timed runs per figure (>= 5)")
+    args = parser.parse_args(argv)
+    runs = max(5, args.runs or 5)
+    calls = 30 if args.quick else 500
+    pending = 200 if args.quick else 3000
+    params = {
+        "runs": runs,
+        "record_calls_per_run": calls,
+        "outbox_pending": pending,
+        "quick": args.quick,
+    }
+    with tempfile.TemporaryDirectory(prefix="fedldp-bench-sdk-") as tmp:
+        world = World(Path(tmp))
+        try:
+            figures: dict[str, Any] = {
+                "imports": measure_imports(runs),
+                "device_peak": measure_device_peak(world, runs, 200),
+                "record": measure_record(world, runs, calls),
+                "outbox": measure_outbox(world, runs, pending),
+                "state_size": measure_state_size(world, runs),
+            }
+        finally:
+            world.close()
+    _print(figures)
+    if args.json:
+        write_json(args.json, benchmark="sdk", params=params, figures=figures, packages=PACKAGES)
+    return 0
+
+
+def _mmm(t: Timing, scale: float = 1.0, digits: int = 3) -> str:
+    return (
+        f"{fmt_float(t.median * scale, digits)} "
+        f"[{fmt_float(t.min * scale, digits)}-{fmt_float(t.max * scale, digits)}]"
+    )
+
+
+def _print(figures: dict[str, Any]) -> None:
+    mib = 1 / (1024 * 1024)
+    rows = [
+        [name, _mmm(f["import_s"], 1000), _mmm(f["rss_bytes"], mib)]
+        for name, f in figures["imports"].items()
+    ]
+    peak = figures["device_peak"]
+    rows.append(["Client: 200 records + flush (peak)", "-", _mmm(peak["peak_rss_bytes"], mib)])
+    print("Import time and resident memory, numpy & co. blocked (median [min-max])")
+    print(format_table(["what", "import ms", "RSS MiB"], rows))
+    print()
+    rows = []
+    floor = figures["record"].get("SQLite INSERT+COMMIT, WAL, synchronous=FULL (reference)")
+    for name, f in figures["record"].items():
+        if "record_s" in f:
+            rows.append(
+                [
+                    name,
+                    _mmm(f["record_s"], 1e6),
+                    _mmm(f["perturb_s"], 1e6),
+                    f"{f['record_s'].median / floor['commit_s'].median:.2f}",
+                ]
+            )
+    rows.append(["SQLite commit alone (reference)", _mmm(floor["commit_s"], 1e6), "-", "1.00"])
+    print("record() latency per call, µs (median [min-max])")
+    print(format_table(["policy", "record()", "perturb() alone", "÷ SQLite commit"], rows))
+    print()
+    o = figures["outbox"]
+    ref = o["raw_submit_reports_per_s (reference)"]
+    rows = [
+        ["enqueue (record loop)", fmt_rate(o["enqueue_reports_per_s"].median), "-"],
+        [
+            "drain (flush to collector)",
+            fmt_rate(o["drain_reports_per_s"].median),
+            f"{o['drain_reports_per_s'].median / ref.median:.2f}",
+        ],
+        ["raw submit, same bytes (reference)", fmt_rate(ref.median), "1.00"],
+    ]
+    print("Outbox throughput, reports/s (median)")
+    print(format_table(["path", "reports/s", "÷ raw submit"], rows))
+    print()
+    rows = [
+        [
+            name,
+            _mmm(f["state_bytes_per_1000"], 1 / 1024),
+            _mmm(f["report_bytes_per_1000 (reference)"], 1 / 1024),
+        ]
+        for name, f in figures["state_size"].items()
+    ]
+    print("On-disk state per 1,000 pending reports, KiB (median [min-max])")
+    print(format_table(["policy", "state file + WAL", "report bytes (reference)"], rows))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
