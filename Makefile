@@ -32,7 +32,7 @@ test: $(VENV)/.test-installed
 
 lint: $(VENV)/.test-installed
 	$(BIN)/ruff check .
-	$(BIN)/mypy fedldp client collector aggregator bench scripts
+	$(BIN)/python scripts/typecheck.py
 
 proto: $(VENV)/.test-installed
 	$(BIN)/python scripts/gen_proto.py
