@@ -463,7 +463,10 @@ class Client:
         """
         self._check_open()
         with self._lock:
-            response = self._transport.get_policies(known_root_version=self._trust.root_version)
+            known_root_version = self._trust.root_version
+        # The network call holds no lock: record() keeps working meanwhile.
+        response = self._transport.get_policies(known_root_version=known_root_version)
+        with self._lock:
             now = int(self._clock())
             rejection_events: list[Event] = []
             trust = TrustStore.from_bytes(self._trust.to_bytes())
