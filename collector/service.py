@@ -28,7 +28,12 @@ from fedldp.collector.ledger import CheckedReport, Ledger, SubmitBatch
 from fedldp.collector.ledger.store import EXACT
 from fedldp.collector.metrics import CollectorMetrics
 from fedldp.collector.policies import Lookup, PolicyRegistry
-from fedldp.collector.wire import REPORT_ID_BYTES, output_from_report, report_digest
+from fedldp.collector.wire import (
+    REPORT_ID_BYTES,
+    digest_prefix,
+    digest_with_prefix,
+    output_from_report,
+)
 from fedldp.v1 import collector_pb2 as pb
 
 log = logging.getLogger(__name__)
@@ -98,7 +103,7 @@ class CollectorService:
         outcomes: list[pb.ReportOutcome | None] = [None] * count
         checked: list[CheckedReport] = []
         positions: list[int] = []
-        cache: dict[tuple[str, int, bytes], tuple[Lookup, VerifiedPolicy | None]] = {}
+        cache: dict[tuple[str, int, bytes], tuple[Lookup, VerifiedPolicy | None, bytes]] = {}
         for i, report in enumerate(request.reports):
             result = self._check(report, now, id_counts, cache)
             if isinstance(result, CheckedReport):
@@ -124,7 +129,7 @@ class CollectorService:
         report: pb.Report,
         now: int,
         id_counts: Counter[bytes],
-        cache: dict[tuple[str, int, bytes], tuple[Lookup, VerifiedPolicy | None]],
+        cache: dict[tuple[str, int, bytes], tuple[Lookup, VerifiedPolicy | None, bytes]],
     ) -> CheckedReport | pb.ReportOutcome:
         rid = report.report_id
         if len(rid) != REPORT_ID_BYTES:
@@ -142,8 +147,9 @@ class CollectorService:
         key = (report.policy_id, report.policy_version, report.policy_digest)
         found = cache.get(key)
         if found is None:
-            found = cache[key] = self.registry.lookup(*key, now=now)
-        status, policy = found
+            looked_up = self.registry.lookup(*key, now=now)
+            found = cache[key] = (*looked_up, digest_prefix(*key))
+        status, policy, prefix = found
         if status is Lookup.UNKNOWN:
             return pb.ReportOutcome(
                 report_id=rid,
@@ -182,7 +188,7 @@ class CollectorService:
         except OutputDomainError as exc:
             reason = pb.RejectReason.Value(f"REJECT_REASON_{exc.reason}")
             return _invalid(rid, reason, str(exc))
-        return CheckedReport(rid, policy, output, report_digest(report, output), ct)
+        return CheckedReport(rid, policy, output, digest_with_prefix(prefix, ct, output), ct)
 
     # -- GetPolicies --
 

@@ -71,6 +71,18 @@ def _output_encoding(output: Output) -> bytes:
     raise TypeError(f"unknown output type {type(output).__name__}")
 
 
+def digest_prefix(policy_id: str, policy_version: int, policy_digest: bytes) -> bytes:
+    """The policy part of `content_digest`'s input (computed once per policy and request)."""
+    pid = policy_id.encode("utf-8")
+    return (
+        _DIGEST_DOMAIN
+        + struct.pack("<I", len(pid))
+        + pid
+        + struct.pack("<QI", policy_version, len(policy_digest))
+        + policy_digest
+    )
+
+
 def content_digest(
     *, policy_id: str, policy_version: int, policy_digest: bytes, coarse_time: int, output: Output
 ) -> bytes:
@@ -79,14 +91,15 @@ def content_digest(
     Everything but the report id: the policy (id, version, digest), the coarse
     time and the payload. Independent of protobuf serialization details.
     """
-    pid = policy_id.encode("utf-8")
-    h = hashlib.sha256(_DIGEST_DOMAIN)
-    h.update(struct.pack("<I", len(pid)) + pid)
-    h.update(struct.pack("<Q", policy_version))
-    h.update(struct.pack("<I", len(policy_digest)) + policy_digest)
-    h.update(struct.pack("<q", coarse_time))
-    h.update(_output_encoding(output))
-    return h.digest()
+    prefix = digest_prefix(policy_id, policy_version, policy_digest)
+    return digest_with_prefix(prefix, coarse_time, output)
+
+
+def digest_with_prefix(prefix: bytes, coarse_time: int, output: Output) -> bytes:
+    """`content_digest` given `digest_prefix` of the report's policy."""
+    return hashlib.sha256(
+        prefix + struct.pack("<q", coarse_time) + _output_encoding(output)
+    ).digest()
 
 
 def report_digest(report: collector_pb2.Report, output: Output) -> bytes:
@@ -106,6 +119,8 @@ def output_to_json(output: Output) -> str:
     Exact: integers as JSON integers, bits as hex, a numeric value as the shortest
     repr that round-trips the double.
     """
+    if type(output) is CategoryOutput:  # the common case, without json.dumps
+        return f'{{"k":"category","index":{int(output.index)}}}'
     if isinstance(output, CategoryOutput):
         obj: dict[str, Any] = {"k": "category", "index": output.index}
     elif isinstance(output, BitVectorOutput):

@@ -34,7 +34,6 @@ reports = sa.Table(
     ),  # the randomized output, JSON (never a raw value)
     sa.Column("shard", sa.Text, nullable=False),
     sa.Column("received_at", sa.BigInteger, nullable=False),
-    sa.Index("ix_reports_subject_window", "subject", "policy_id", "window_start"),
     sa.Index("ix_reports_policy_window", "policy_id", "policy_version", "window_start"),
 )
 

@@ -79,6 +79,22 @@ CONFLICT: OutcomeValue = collector_pb2.OUTCOME_CONFLICT
 _PG_RETRYABLE = {"40001", "40P01", "23505"}
 _MAX_ATTEMPTS = 64
 _CHUNK = 400  # bound on IN-list sizes
+#: Column order of the tuples `_submit_tx` inserts into `reports`.
+_REPORT_ROW = (
+    "report_id",
+    "subject",
+    "policy_id",
+    "policy_version",
+    "policy_digest",
+    "window_start",
+    "coarse_time",
+    "charge",
+    "epsilon_cap",
+    "content_digest",
+    "payload",
+    "shard",
+    "received_at",
+)
 
 
 # --- public types --------------------------------------------------------------------
@@ -272,6 +288,15 @@ def default_shard() -> str:
 
 
 @dataclass
+class _PolicyPlan:
+    policy: LedgerPolicy
+    window: int
+    charge_text: str
+    cap_text: str
+    outputs: list[Output] = field(default_factory=list)
+
+
+@dataclass
 class _SpendState:
     spent: Decimal
     count: int
@@ -314,6 +339,16 @@ class Ledger:
                 f"unsupported ledger database {self.dialect!r}: use sqlite or postgresql"
             )
         migrate.upgrade(self._write_engine)
+        # SQLite allows 32766 bound variables (since 3.32); PostgreSQL 65535.
+        self._in_chunk = 2000
+        placeholder = "?" if self.dialect == "sqlite" else "%s"
+        columns = [c.name for c in reports.columns]
+        if columns != list(_REPORT_ROW):
+            raise RuntimeError("reports columns and _REPORT_ROW disagree")
+        self._insert_reports_sql = (
+            f"INSERT INTO reports ({', '.join(columns)}) "
+            f"VALUES ({', '.join([placeholder] * len(columns))})"
+        )
         self.retries = 0  # serialization failures retried so far (observability)
 
     # -- lifecycle --
@@ -392,7 +427,7 @@ class Ledger:
     ) -> list[list[OutcomeValue]]:
         ids = sorted({r.report_id for b in batches for r in b.reports})
         known: dict[bytes, tuple[str, bytes]] = {}
-        for chunk in _chunks(ids):
+        for chunk in _chunks(ids, self._in_chunk):
             rows = conn.execute(
                 sa.select(reports.c.report_id, reports.c.subject, reports.c.content_digest).where(
                     reports.c.report_id.in_(chunk)
@@ -401,73 +436,86 @@ class Ledger:
             for rid, subj, digest in rows:
                 known[bytes(rid)] = (subj, bytes(digest))
 
-        keys = sorted(
-            {
-                (b.subject, r.policy.policy_id, r.policy.window_start(b.now))
-                for b in batches
-                for r in b.reports
-                if r.report_id not in known
-            }
-        )
+        # Per (batch, policy): the window and the exact strings, computed once.
+        plans: list[dict[int, _PolicyPlan]] = []
+        keys: set[tuple[str, str, int]] = set()
+        for b in batches:
+            plan: dict[int, _PolicyPlan] = {}
+            for r in b.reports:
+                pol = r.policy
+                if id(pol) not in plan:
+                    window = pol.window_start(b.now)
+                    plan[id(pol)] = _PolicyPlan(pol, window, _s(pol.epsilon), _s(pol.epsilon_cap))
+                if r.report_id not in known:
+                    keys.add((b.subject, pol.policy_id, plan[id(pol)].window))
+            plans.append(plan)
         latest_now = max(b.now for b in batches)
-        state = self._lock_spend(conn, keys, latest_now)
+        state = self._lock_spend(conn, sorted(keys), latest_now)
 
         outcomes: list[list[OutcomeValue]] = []
-        new_reports: list[dict[str, Any]] = []
+        new_reports: list[tuple[Any, ...]] = []
         new_conflicts: list[dict[str, Any]] = []
         accepted: dict[tuple[str, int, int], tuple[LedgerPolicy, list[Output]]] = {}
-        for b in batches:
+        shard = self.shard
+        add, compare = EXACT.add, EXACT.compare
+        for b, plan in zip(batches, plans, strict=True):
             out: list[OutcomeValue] = []
+            subject, now = b.subject, b.now
             for r in b.reports:
                 prior = known.get(r.report_id)
                 if prior is not None:
-                    if prior == (b.subject, r.content_digest):
+                    if prior == (subject, r.content_digest):
                         out.append(DUPLICATE)
                     else:
                         out.append(CONFLICT)
                         new_conflicts.append(
                             {
                                 "report_id": r.report_id,
-                                "subject": b.subject,
+                                "subject": subject,
                                 "content_digest": r.content_digest,
-                                "seen_at": b.now,
+                                "seen_at": now,
                             }
                         )
                     continue
-                pol = r.policy
-                window = pol.window_start(b.now)
-                st = state[(b.subject, pol.policy_id, window)]
-                charge = pol.epsilon
-                total = EXACT.add(st.spent, charge)
-                if EXACT.compare(total, pol.epsilon_cap) > 0:
+                pp = plan[id(r.policy)]
+                pol = pp.policy
+                st = state[(subject, pol.policy_id, pp.window)]
+                total = add(st.spent, pol.epsilon)
+                if compare(total, pol.epsilon_cap) > 0:
                     out.append(BUDGET_EXHAUSTED)
                     continue
                 st.spent, st.count, st.cap, st.dirty = total, st.count + 1, pol.epsilon_cap, True
-                known[r.report_id] = (b.subject, r.content_digest)
+                known[r.report_id] = (subject, r.content_digest)
                 new_reports.append(
-                    {
-                        "report_id": r.report_id,
-                        "subject": b.subject,
-                        "policy_id": pol.policy_id,
-                        "policy_version": pol.version,
-                        "policy_digest": pol.digest,
-                        "window_start": window,
-                        "coarse_time": r.coarse_time,
-                        "charge": _s(charge),
-                        "epsilon_cap": _s(pol.epsilon_cap),
-                        "content_digest": r.content_digest,
-                        "payload": output_to_json(r.output),
-                        "shard": self.shard,
-                        "received_at": b.now,
-                    }
+                    (
+                        r.report_id,
+                        subject,
+                        pol.policy_id,
+                        pol.version,
+                        pol.digest,
+                        pp.window,
+                        r.coarse_time,
+                        pp.charge_text,
+                        pp.cap_text,
+                        r.content_digest,
+                        output_to_json(r.output),
+                        shard,
+                        now,
+                    )
                 )
-                slot = accepted.setdefault((pol.policy_id, pol.version, window), (pol, []))
-                slot[1].append(r.output)
+                pp.outputs.append(r.output)
                 out.append(ACCEPTED)
             outcomes.append(out)
+            for pp in plan.values():
+                if pp.outputs:
+                    slot = accepted.setdefault(
+                        (pp.policy.policy_id, pp.policy.version, pp.window), (pp.policy, [])
+                    )
+                    slot[1].extend(pp.outputs)
 
         if new_reports:
-            conn.execute(sa.insert(reports), new_reports)
+            # Plain executemany (no per-row SQLAlchemy compilation): the hot path.
+            conn.exec_driver_sql(self._insert_reports_sql, new_reports)
         if new_conflicts:
             conn.execute(sa.insert(conflicts), new_conflicts)
         dirty = [

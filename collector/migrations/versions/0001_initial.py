@@ -41,9 +41,6 @@ def upgrade() -> None:
         sa.Column("received_at", sa.BigInteger, nullable=False),
     )
     op.create_index(
-        "ix_reports_subject_window", "reports", ["subject", "policy_id", "window_start"]
-    )
-    op.create_index(
         "ix_reports_policy_window", "reports", ["policy_id", "policy_version", "window_start"]
     )
     op.create_table(

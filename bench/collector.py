@@ -1,0 +1,494 @@
+"""Collector throughput and latency against a do-nothing gRPC server, in one run.
+
+    python -m bench.collector [--quick] [--json PATH]
+
+What is measured (each figure: median over >= 5 timed runs, with min and max):
+
+* one report per call from many concurrent devices (`--concurrency`, each its own
+  subject and bearer token): calls/s, p50 and p99 latency;
+* 100 reports per call: reports/s;
+* peak resident memory of each collector process (VmHWM, i.e. since its start,
+  under the load above);
+* the same against a PostgreSQL ledger, and with two collector processes
+  sharing one PostgreSQL ledger.
+
+The reference is a do-nothing gRPC server (grpcio sync server, the same thread
+pool size) that parses the same SubmitRequest bytes and answers one ACCEPTED
+outcome per report, so the messages are the same size both ways; it is
+measured in the same run, with the same load generator. The asyncio flavour
+of the do-nothing server is measured too (the server-choice question in
+docs/collector.md).
+
+Durability: the collector runs as a real process (`fedldp collector serve`)
+with its defaults: SQLite in WAL mode with synchronous=FULL, PostgreSQL with
+fsync on; every acknowledged report is committed. The timed section is the
+load phase only: process start, key generation, policy signing and PostgreSQL
+initdb are excluded. The load generator (grpc.aio, in this process) and the
+servers share the machine's cores, so absolute figures depend on the machine;
+the ratios to the do-nothing server are the portable figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import random
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from bench._common import Timing, fmt_rate, format_table, summarize, write_json
+
+SUBMIT = "/fedldp.v1.Collector/Submit"
+PACKAGES = ("grpcio", "protobuf", "sqlalchemy", "psycopg", "prometheus-client")
+
+
+# --- the do-nothing reference server (run as a subprocess: --serve-null) ---
+
+
+def _null_response(request_bytes: bytes) -> bytes:
+    from fedldp.v1 import collector_pb2 as pb
+
+    request = pb.SubmitRequest.FromString(request_bytes)
+    return pb.SubmitResponse(
+        outcomes=[
+            pb.ReportOutcome(report_id=r.report_id, outcome=pb.OUTCOME_ACCEPTED)
+            for r in request.reports
+        ]
+    ).SerializeToString()
+
+
+def serve_null(port_file: str, kind: str, workers: int) -> None:
+    """A gRPC server answering Submit with one ACCEPTED per report, nothing else."""
+    import grpc
+
+    if kind == "sync":
+
+        def behavior(request: bytes, _context: Any) -> bytes:
+            return _null_response(request)
+
+        handler = grpc.method_handlers_generic_handler(
+            "fedldp.v1.Collector", {"Submit": grpc.unary_unary_rpc_method_handler(behavior)}
+        )
+        server = grpc.server(ThreadPoolExecutor(max_workers=workers))
+        server.add_generic_rpc_handlers((handler,))
+        port = server.add_insecure_port("127.0.0.1:0")
+        server.start()
+        Path(port_file).write_text(str(port))
+        signal.signal(signal.SIGTERM, lambda *_: server.stop(0))
+        server.wait_for_termination()
+        return
+
+    async def main() -> None:
+        async def abehavior(request: bytes, _context: Any) -> bytes:
+            return _null_response(request)
+
+        handler = grpc.method_handlers_generic_handler(
+            "fedldp.v1.Collector", {"Submit": grpc.unary_unary_rpc_method_handler(abehavior)}
+        )
+        server = grpc.aio.server()
+        server.add_generic_rpc_handlers((handler,))
+        port = server.add_insecure_port("127.0.0.1:0")
+        await server.start()
+        Path(port_file).write_text(str(port))
+        await server.wait_for_termination()
+
+    asyncio.run(main())
+
+
+# --- servers under test ---
+
+
+@dataclass
+class Server:
+    """A server subprocess (or several) and the addresses to load."""
+
+    name: str
+    procs: list[subprocess.Popen[bytes]]
+    addresses: list[str]
+
+    def peak_rss_mb(self) -> list[float]:
+        """VmHWM (peak resident set since start) of each process, MB."""
+        out = []
+        for p in self.procs:
+            try:
+                for line in Path(f"/proc/{p.pid}/status").read_text().splitlines():
+                    if line.startswith("VmHWM:"):
+                        out.append(int(line.split()[1]) / 1024)
+            except OSError:
+                pass
+        return out
+
+    def stop(self) -> None:
+        for p in self.procs:
+            p.send_signal(signal.SIGTERM)
+        for p in self.procs:
+            try:
+                p.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                p.kill()
+
+
+def start_null(kind: str, base: Path, workers: int) -> Server:
+    port_file = base / f"null-{kind}.port"
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "bench.collector",
+            "--serve-null",
+            str(port_file),
+            "--null-kind",
+            kind,
+            "--workers",
+            str(workers),
+        ],
+        cwd=Path(__file__).parent.parent,
+    )
+    deadline = time.monotonic() + 30
+    while not port_file.exists():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError("the do-nothing server did not start")
+        time.sleep(0.05)
+    time.sleep(0.05)
+    return Server(f"do-nothing ({kind})", [proc], [f"127.0.0.1:{port_file.read_text()}"])
+
+
+def start_collectors(
+    deployment: Any, base: Path, url: str, count: int, name: str, workers: int
+) -> Server:
+    from fedldp.collector.testing import spawn, write_config
+
+    procs, addresses = [], []
+    for i in range(count):
+        config = write_config(
+            deployment, base, url, f"{name}{i}", workers=workers, log_level="ERROR"
+        )
+        p = spawn(config, f"{name}{i}")
+        procs.append(p.proc)
+        addresses.append(p.address)
+    return Server(name, procs, addresses)
+
+
+# --- the load generator ---
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        byte = n & 0x7F
+        n >>= 7
+        if n:
+            out.append(byte | 0x80)
+        else:
+            out.append(byte)
+            return bytes(out)
+
+
+class RequestFactory:
+    """Builds SubmitRequest bytes fast: a serialized report template with a fresh id."""
+
+    def __init__(self, deployment: Any, now: int) -> None:
+        from fedldp.client.mechanisms import CategoryOutput
+        from fedldp.collector.testing import coarse, make_report
+
+        policy = deployment.verified(deployment.envelopes[0])
+        self.tails: list[bytes] = []
+        for index in range(4):
+            report = make_report(
+                policy, CategoryOutput(index), report_id=b"\x00" * 16, coarse_time=coarse(now)
+            )
+            raw = report.SerializeToString()
+            assert raw.startswith(b"\x0a\x10" + b"\x00" * 16)
+            self.tails.append(raw[18:])
+
+    def request(self, reports: int) -> bytes:
+        parts = []
+        for i in range(reports):
+            body = b"\x0a\x10" + os.urandom(16) + self.tails[i & 3]
+            parts.append(b"\x0a" + _varint(len(body)) + body)
+        return b"".join(parts)
+
+
+@dataclass
+class RunResult:
+    calls: int
+    reports: int
+    seconds: float
+    latencies: list[float]
+    errors: int
+
+
+async def _load(
+    addresses: list[str],
+    tokens: list[str],
+    factory: RequestFactory,
+    reports_per_call: int,
+    concurrency: int,
+    seconds: float,
+) -> RunResult:
+    import grpc
+
+    channels = [
+        grpc.aio.insecure_channel(a, options=[("grpc.max_receive_message_length", 64 << 20)])
+        for a in addresses
+    ]
+    calls = [ch.unary_unary(SUBMIT, None, None) for ch in channels]
+    latencies: list[float] = []
+    errors = 0
+    stop_at = 0.0
+
+    async def device(i: int) -> None:
+        nonlocal errors
+        call = calls[i % len(calls)]
+        metadata = (("authorization", f"Bearer {tokens[i]}"),)
+        while time.perf_counter() < stop_at:
+            body = factory.request(reports_per_call)
+            t0 = time.perf_counter()
+            try:
+                await call(body, metadata=metadata, timeout=30)
+            except grpc.aio.AioRpcError:
+                errors += 1
+                continue
+            latencies.append(time.perf_counter() - t0)
+
+    try:
+        for ch in channels:
+            await ch.channel_ready()
+        stop_at = time.perf_counter() + seconds
+        started = time.perf_counter()
+        await asyncio.gather(*(device(i) for i in range(concurrency)))
+        elapsed = time.perf_counter() - started
+    finally:
+        for ch in channels:
+            await ch.close(None)
+    return RunResult(len(latencies), len(latencies) * reports_per_call, elapsed, latencies, errors)
+
+
+@dataclass
+class Figures:
+    server: str
+    reports_per_call: int
+    concurrency: int
+    calls_per_s: Timing
+    reports_per_s: Timing
+    p50_ms: Timing
+    p99_ms: Timing
+    errors: int
+    peak_rss_mb: list[float]
+
+
+def measure(
+    server: Server,
+    tokens: list[str],
+    factory: RequestFactory,
+    *,
+    reports_per_call: int,
+    concurrency: int,
+    seconds: float,
+    runs: int,
+    warmup: float,
+) -> Figures:
+    asyncio.run(_load(server.addresses, tokens, factory, reports_per_call, concurrency, warmup))
+    results = [
+        asyncio.run(
+            _load(server.addresses, tokens, factory, reports_per_call, concurrency, seconds)
+        )
+        for _ in range(runs)
+    ]
+
+    def pct(values: list[float], q: float) -> float:
+        ordered = sorted(values)
+        return ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1000 if ordered else 0.0
+
+    return Figures(
+        server=server.name,
+        reports_per_call=reports_per_call,
+        concurrency=concurrency,
+        calls_per_s=summarize([r.calls / r.seconds for r in results]),
+        reports_per_s=summarize([r.reports / r.seconds for r in results]),
+        p50_ms=summarize([pct(r.latencies, 0.50) for r in results]),
+        p99_ms=summarize([pct(r.latencies, 0.99) for r in results]),
+        errors=sum(r.errors for r in results),
+        peak_rss_mb=server.peak_rss_mb(),
+    )
+
+
+def _fmt(t: Timing, rate: bool = True) -> str:
+    if rate:
+        return f"{fmt_rate(t.median)} [{fmt_rate(t.min)}-{fmt_rate(t.max)}]"
+    return f"{t.median:.2f} [{t.min:.2f}-{t.max:.2f}]"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.collector",
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--quick", action="store_true", help="short runs (< 1 minute in all)")
+    parser.add_argument("--json", type=Path, help="write every figure here")
+    parser.add_argument("--runs", type=int, default=None, help="timed runs per figure (>= 5)")
+    parser.add_argument("--seconds", type=float, default=None, help="length of one timed run")
+    parser.add_argument(
+        "--concurrency",
+        type=int,
+        default=64,
+        help="concurrent devices for the 1-report-per-call figures",
+    )
+    parser.add_argument(
+        "--batch-concurrency",
+        type=int,
+        default=8,
+        help="concurrent devices for the 100-reports-per-call figures",
+    )
+    parser.add_argument("--workers", type=int, default=64, help="server handler threads")
+    parser.add_argument("--no-postgres", action="store_true", help="skip the PostgreSQL figures")
+    parser.add_argument("--serve-null", help=argparse.SUPPRESS)
+    parser.add_argument("--null-kind", default="sync", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.serve_null:
+        serve_null(args.serve_null, args.null_kind, args.workers)
+        return 0
+
+    from fedldp.collector.testing import Deployment, PostgresServer, postgres_bindir
+
+    runs = max(5, args.runs or 5)
+    seconds = args.seconds or (0.6 if args.quick else 3.0)
+    warmup = 0.3 if args.quick else 1.0
+    now = int(time.time())
+    deployment = Deployment.create(now=now)
+    deployment.add_categorical("bench", epsilon="0.001", epsilon_cap="1000000")
+    tokens = [
+        deployment.token(f"device-{i}")
+        for i in range(max(args.concurrency, args.batch_concurrency))
+    ]
+    factory = RequestFactory(deployment, now)
+    random.seed(0)
+    base = Path(tempfile.mkdtemp(prefix="fedldp-bench-collector-"))
+    figures: list[Figures] = []
+    single = {"reports_per_call": 1, "concurrency": args.concurrency}
+    batch = {"reports_per_call": 100, "concurrency": args.batch_concurrency}
+
+    def run(server: Server, shapes: list[dict[str, int]]) -> None:
+        try:
+            for shape in shapes:
+                f = measure(
+                    server, tokens, factory, seconds=seconds, runs=runs, warmup=warmup, **shape
+                )
+                figures.append(f)
+                print(
+                    f"  {f.server:<34} {f.reports_per_call:>3}/call: "
+                    f"{_fmt(f.calls_per_s)} calls/s, {_fmt(f.reports_per_s)} reports/s, "
+                    f"p50 {f.p50_ms.median:.2f} ms, p99 {f.p99_ms.median:.2f} ms",
+                    file=sys.stderr,
+                )
+        finally:
+            server.stop()
+
+    print("measuring (servers are subprocesses; load from this process) ...", file=sys.stderr)
+    run(start_null("sync", base, args.workers), [single, batch])
+    run(start_null("aio", base, args.workers), [single, batch])
+    sqlite_url = f"sqlite:///{base / 'ledger.db'}"
+    run(
+        start_collectors(
+            deployment, base / "sqlite", sqlite_url, 1, "collector (SQLite)", args.workers
+        ),
+        [single, batch],
+    )
+    pg_note = None
+    bindir = None if args.no_postgres else postgres_bindir()
+    if bindir is not None:
+        pg = PostgresServer.start(bindir)
+        try:
+            url = pg.create_database()
+            run(
+                start_collectors(
+                    deployment, base / "pg1", url, 1, "collector (PostgreSQL)", args.workers
+                ),
+                [single, batch],
+            )
+            url2 = pg.create_database()
+            run(
+                start_collectors(
+                    deployment, base / "pg2", url2, 2, "2 collectors (one PostgreSQL)", args.workers
+                ),
+                [single, batch],
+            )
+        finally:
+            pg.stop()
+    else:
+        pg_note = "PostgreSQL figures skipped (--no-postgres or no initdb/pg_ctl installed)"
+
+    by = {(f.server, f.reports_per_call): f for f in figures}
+    null_single = by[("do-nothing (sync)", 1)]
+    null_batch = by[("do-nothing (sync)", 100)]
+    rows = []
+    for f in figures:
+        ref = null_single if f.reports_per_call == 1 else null_batch
+        rows.append(
+            [
+                f.server,
+                f.reports_per_call,
+                f.concurrency,
+                _fmt(f.calls_per_s),
+                _fmt(f.reports_per_s),
+                _fmt(f.p50_ms, rate=False),
+                _fmt(f.p99_ms, rate=False),
+                f"{f.calls_per_s.median / ref.calls_per_s.median:.2f}",
+                "/".join(f"{m:.0f}" for m in f.peak_rss_mb) or "-",
+                f.errors,
+            ]
+        )
+    print(
+        format_table(
+            [
+                "server",
+                "reports/call",
+                "devices",
+                "calls/s",
+                "reports/s",
+                "p50 ms",
+                "p99 ms",
+                "x do-nothing (sync)",
+                "peak RSS MB",
+                "errors",
+            ],
+            rows,
+        )
+    )
+    print(f"\n{runs} runs of {seconds} s each (median [min-max]); cores: {os.cpu_count()}")
+    if pg_note:
+        print(pg_note)
+    if args.json:
+        write_json(
+            args.json,
+            benchmark="collector",
+            params={
+                "quick": args.quick,
+                "runs": runs,
+                "seconds": seconds,
+                "warmup": warmup,
+                "concurrency": args.concurrency,
+                "batch_concurrency": args.batch_concurrency,
+                "workers": args.workers,
+                "durability": "SQLite WAL synchronous=FULL; PostgreSQL fsync=on",
+            },
+            figures=[f.__dict__ for f in figures],
+            packages=PACKAGES,
+        )
+    subprocess.run(["rm", "-rf", str(base)], check=False)
+    _ = statistics  # (median via bench._common.summarize)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
