@@ -1017,6 +1017,7 @@ def _unverified_label(envelope: policy_pb2.SignedEnvelope) -> str:
 
 __all__ = [
     "COARSE_TIME_SECONDS",
+    "Backoff",
     "BadValueError",
     "BudgetGuardError",
     "BudgetStatus",
@@ -1030,5 +1031,6 @@ __all__ = [
     "PolicyRefresh",
     "RecordRefusedError",
     "RecordResult",
+    "TransportError",
     "TrustRoot",
 ]
