@@ -1,0 +1,216 @@
+"""The whole pipeline, real at every step: signed policy → SDK → gRPC → ledger → estimates.
+
+The estimates must cover the truth. The intervals are Bonferroni-simultaneous
+over the k labels at level 1 - ALPHA, so under a correct pipeline the test fails
+with probability at most ALPHA = 1e-6 whatever the seed; the seed is fixed too,
+so a run is reproducible. A pipeline that loses, duplicates or mis-debiases
+reports moves the estimates by many standard errors and fails.
+"""
+
+from __future__ import annotations
+
+import random
+import secrets
+import socket
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import Iterator
+from decimal import Decimal
+from pathlib import Path
+
+import pytest
+from fedldp.aggregator.reports import report_from_ledgers
+from fedldp.client.policy import Authority
+from fedldp.client.sdk import BudgetGuardError, Client, TrustRoot
+from fedldp.client.transport import Credentials
+from fedldp.collector.auth import TokenAuthority
+from fedldp.collector.config import CollectorConfig
+from fedldp.collector.policies import PolicyRegistry
+from fedldp.collector.server import RunningCollector, start_collector
+
+ALPHA = 1e-6
+LABELS = ("news", "mail", "shop", "video", "maps")
+TRUE_WEIGHTS = (0.45, 0.25, 0.15, 0.10, 0.05)
+DEVICES = 400
+AUDIENCE = "pipeline-test"
+
+
+class Pipeline:
+    """An authority, a signed GRR policy and a collector on an OS-chosen port."""
+
+    def __init__(self, tmp: Path) -> None:
+        self.now = int(time.time())
+        self.authority = Authority.generate(now=self.now - 60)
+        policy = self.authority.categorical_policy(
+            policy_id="homepage",
+            metric="browser.homepage",
+            labels=list(LABELS),
+            epsilon="2",
+            epsilon_cap="2",
+            window_seconds=86_400,
+            now=self.now - 60,
+            min_reports=DEVICES // 2,
+            audience=(AUDIENCE,),
+        )
+        self.envelope = self.authority.sign(policy)
+        self.secret = secrets.token_bytes(32)
+        registry = PolicyRegistry.from_envelopes(
+            [self.envelope],
+            self.authority.trust_store(now=self.now),
+            now=self.now,
+            audience=AUDIENCE,
+        )
+        config = CollectorConfig(
+            listen="127.0.0.1:0",
+            ledger_url=f"sqlite:///{tmp / 'ledger.db'}",
+            token_secret=self.secret.hex(),
+            audience=AUDIENCE,
+            log_level="WARNING",
+        )
+        self.collector: RunningCollector = start_collector(config, registry=registry)
+        self.tokens = TokenAuthority(self.secret)
+
+    def client(self, state_dir: Path, subject: str, rng: random.Random) -> Client:
+        return Client(
+            self.collector.address,
+            trust_root=TrustRoot(self.authority.root_envelope, self.authority.root_public_keys),
+            state_dir=state_dir,
+            credentials=Credentials.insecure_bearer(
+                self.tokens.mint(subject, expires_at=self.now + 3600)
+            ),
+            audience=AUDIENCE,
+            rng=rng,
+        )
+
+
+@pytest.fixture
+def pipeline(tmp_path: Path) -> Iterator[Pipeline]:
+    running = Pipeline(tmp_path)
+    try:
+        yield running
+    finally:
+        running.collector.stop(grace=1.0)
+
+
+def test_estimates_cover_the_truth_over_real_grpc(pipeline: Pipeline, tmp_path: Path) -> None:
+    population = random.Random(20261130)
+    values = population.choices(range(len(LABELS)), weights=TRUE_WEIGHTS, k=DEVICES)
+    for device, value in enumerate(values):
+        with pipeline.client(
+            tmp_path / f"device-{device}", f"device-{device}", random.Random(device)
+        ) as client:
+            client.record("browser.homepage", LABELS[value])
+            # The cap is one report per window: the device's own guard refuses a second.
+            with pytest.raises(BudgetGuardError):
+                client.record("browser.homepage", LABELS[value])
+            result = client.flush(timeout=30)
+            assert (result.acknowledged, result.refused, result.pending) == (1, 0, 0)
+
+    policy = next(iter(pipeline.collector.registry.policies.values()))
+    report = report_from_ledgers(
+        [("collector", pipeline.collector.ledger)],
+        policy,
+        window_start=policy.window_start(int(time.time())),
+        confidence=1 - ALPHA,
+        simultaneous=True,
+    )
+    assert report.n == DEVICES
+    counts = Counter(values)
+    for index, label in enumerate(LABELS):
+        row = report.by_label(label)
+        truth = counts[index] / DEVICES
+        assert row.ci_low <= truth <= row.ci_high, (label, truth, row)
+    # The intervals are informative, not vacuous: the head is clearly above zero.
+    assert report.by_label("news").ci_low > 0.2
+
+
+def test_a_wiped_device_is_refused_by_the_collector_ledger(
+    pipeline: Pipeline, tmp_path: Path
+) -> None:
+    with pipeline.client(tmp_path / "first", "device-x", random.Random(1)) as client:
+        client.record("browser.homepage", "news")
+        assert client.flush(timeout=30).acknowledged == 1
+    # Same subject, fresh state: the device guard has forgotten; the ledger has not.
+    with pipeline.client(tmp_path / "reinstalled", "device-x", random.Random(2)) as client:
+        client.record("browser.homepage", "mail")
+        result = client.flush(timeout=30)
+        assert (result.acknowledged, result.refused) == (0, 1)
+        assert client.counters()["refused_outcome_budget_exhausted"] == 1
+    ledger = pipeline.collector.ledger
+    policy = next(iter(pipeline.collector.registry.policies.values()))
+    spent = ledger.spent("device-x", "homepage", policy.window_start(int(time.time())))
+    assert spent == Decimal("2")
+
+
+def _port_is_closed(port: int) -> bool:
+    with socket.socket() as probe:
+        return probe.connect_ex(("127.0.0.1", port)) != 0
+
+
+def test_demo_command_runs_and_stops_its_collector(tmp_path: Path) -> None:
+    out = tmp_path / "demo"
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "fedldp.cli",
+            "demo",
+            "--devices",
+            "300",
+            "--processes",
+            "1",
+            "--seed",
+            "7",
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "reports accepted:                    300" in result.stdout
+    assert "refused by the collector for budget: 6" in result.stdout
+    assert "refused on device by budget guard:   300" in result.stdout
+    html = (out / "report.html").read_text(encoding="utf-8")
+    assert "data:image/png;base64," in html
+    assert _port_is_closed(int((out / "collector.port").read_text()))
+
+
+def test_demo_stops_its_collector_on_ctrl_c(tmp_path: Path) -> None:
+    out = tmp_path / "demo"
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "fedldp.cli",
+            "demo",
+            "--devices",
+            "100000",
+            "--processes",
+            "1",
+            "--out",
+            str(out),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    try:
+        assert process.stdout is not None
+        for line in process.stdout:
+            if line.startswith("collector listening"):
+                break
+        port = int((out / "collector.port").read_text())
+        assert not _port_is_closed(port)
+        time.sleep(2.0)  # devices are being simulated
+        process.send_signal(2)  # SIGINT, as Ctrl-C
+        process.wait(timeout=60)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    assert process.returncode != 0
+    assert _port_is_closed(port)
