@@ -1,0 +1,304 @@
+"""Private training runs end to end on tiny tables with a real SQLite ledger.
+
+Each run is a few steps on 200 rows; runs that only need "some accountant" use
+RDP (fast); the replay test uses PRV, the default.
+"""
+
+from __future__ import annotations
+
+import json
+import warnings
+from collections.abc import Callable
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+pytest.importorskip("torch", reason="needs the train extra: pip install 'fedldp[train]'")
+pytest.importorskip("opacus", reason="needs the train extra: pip install 'fedldp[train]'")
+
+import torch
+from fedldp.aggregator.training import (
+    BudgetRefusedError,
+    PoissonSamplingError,
+    TrainingAbortedError,
+    UnsupportedModelError,
+    epsilon,
+    load_dataset,
+    poisson_loader,
+    require_poisson_loader,
+    train_private,
+    verify_receipt,
+)
+from fedldp.aggregator.training.config import DataConfig
+from fedldp.aggregator.training.data import DataError, Dataset
+from fedldp.collector.ledger import Ledger
+from torch.utils.data import DataLoader, TensorDataset
+
+from .conftest import PURPOSE, SUBJECT
+
+pytestmark = [
+    pytest.mark.train,
+    pytest.mark.filterwarnings("ignore::UserWarning"),
+    pytest.mark.filterwarnings("ignore::DeprecationWarning"),
+]
+warnings.filterwarnings("ignore", module="opacus")
+
+ConfigFactory = Callable[..., Any]
+
+
+class CountingLoader:
+    """The real loader, counting how often the data is opened."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def __call__(self, config: DataConfig) -> Dataset:
+        self.calls += 1
+        return load_dataset(config)
+
+
+def _outputs(cfg: Any) -> list[Path]:
+    return sorted(cfg.output_dir.glob("*")) if cfg.output_dir.exists() else []
+
+
+def test_refused_reservation_reads_nothing_and_writes_nothing(
+    make_config: ConfigFactory, ledger: Ledger, tmp_path: Path
+) -> None:
+    never = tmp_path / "not-created-yet.csv"  # opening it would raise FileNotFoundError
+    counter = CountingLoader()
+    cfg = make_config(budget={"epsilon": "11"}, data={"path": str(never)})  # cap is 10
+    with pytest.raises(BudgetRefusedError, match="exceed the cap"):
+        train_private(cfg, ledger=ledger, load=counter)
+    assert counter.calls == 0
+    assert _outputs(cfg) == []
+    assert ledger.central_spend(SUBJECT, PURPOSE) == (Decimal(0), Decimal(0))
+
+    no_cap = make_config(budget={"purpose": "no-cap-set"}, data={"path": str(never)})
+    with pytest.raises(BudgetRefusedError, match="no central cap"):
+        train_private(no_cap, ledger=ledger, load=counter)
+    assert counter.calls == 0 and not never.exists()
+
+
+def test_run_settles_spend_and_receipt_replays(make_config: ConfigFactory, ledger: Ledger) -> None:
+    counter = CountingLoader()
+    cfg = make_config(accountant={"kind": "prv"}, budget={"idempotency_key": "run-1"})
+    result = train_private(cfg, ledger=ledger, load=counter)
+    assert counter.calls == 1
+    receipt = json.loads(result.receipt_path.read_text())
+    assert receipt["privacy"]["accountant"]["used"] == "prv"
+    assert receipt["ledger"]["reservation_id"] == result.reservation_id
+    assert set(receipt["privacy"]["epsilon"]) >= {"prv", "rdp"}
+    # the ledger holds exactly the settled spend; the rest of the reservation is released
+    eps, delta = ledger.central_spend(SUBJECT, PURPOSE)
+    assert eps == result.epsilon_spent == Decimal(receipt["privacy"]["epsilon_spent"])
+    assert eps <= Decimal("1") and delta == Decimal("1e-5")
+    (res,) = ledger.reservations(SUBJECT, PURPOSE)
+    assert res.status == "settled" and res.epsilon == Decimal("1")
+
+    check = verify_receipt(result.receipt_path)
+    assert check.ok, [c for c in check.checks if not c.ok]
+    assert {c.name for c in check.checks} >= {"epsilon[prv]", "epsilon[rdp]", "artifact", "dataset"}
+
+    # a tampered epsilon (1e-5 relative), artifact or dataset is caught
+    tampered = dict(receipt)
+    tampered["privacy"] = dict(receipt["privacy"])
+    tampered["privacy"]["epsilon"] = dict(receipt["privacy"]["epsilon"])
+    tampered["privacy"]["epsilon"]["prv"] *= 1 + 1e-5
+    result.receipt_path.write_text(json.dumps(tampered))
+    assert not verify_receipt(result.receipt_path).ok
+    result.receipt_path.write_text(json.dumps(receipt))
+    with result.model_path.open("ab") as fh:
+        fh.write(b"\0")
+    bad = verify_receipt(result.receipt_path, check_data=False)
+    assert [c.name for c in bad.checks if not c.ok] == ["artifact"]
+    with Path(cfg.data.path).open("a") as fh:
+        fh.write("0.1,0.2,0.3,0.4,1\n")
+    assert "dataset" in [c.name for c in verify_receipt(result.receipt_path).checks if not c.ok]
+
+    # the same idempotency key after settlement: refused, nothing read
+    again = make_config(
+        accountant={"kind": "prv"},
+        budget={"idempotency_key": "run-1"},
+        output={"dir": str(result.model_path.parent) + "-again"},
+    )
+    with pytest.raises(BudgetRefusedError, match="is settled"):
+        train_private(again, ledger=ledger, load=counter)
+    assert counter.calls == 1
+
+
+def test_stops_before_exceeding_the_budget(make_config: ConfigFactory, ledger: Ledger) -> None:
+    # sigma fixed and far too many epochs: 100 epochs x 5 steps would overshoot
+    sigma = 3.0
+    cfg = make_config(training={"noise_multiplier": sigma, "epochs": 100}, budget={"epsilon": "1"})
+    result = train_private(cfg, ledger=ledger)
+    tr = json.loads(result.receipt_path.read_text())["training"]
+    assert result.stop_reason == "budget"
+    assert 0 < result.steps == tr["step_limit"] < tr["planned_steps"] == 500
+    q, delta = tr["sample_rate"], 1e-5
+    at = epsilon("rdp", [(sigma, q, result.steps)], delta)
+    one_more = epsilon("rdp", [(sigma, q, result.steps + 1)], delta)
+    planned = epsilon("rdp", [(sigma, q, 500)], delta)
+    assert at <= 1.0 < one_more  # tight: one more step would exceed
+    assert planned > 1.0  # the configured run really would have overshot
+    assert result.epsilon_spent <= Decimal("1")
+    assert ledger.central_spend(SUBJECT, PURPOSE)[0] == result.epsilon_spent
+
+
+def test_batchnorm_rejected_and_fixed_only_when_asked(
+    make_config: ConfigFactory, ledger: Ledger
+) -> None:
+    counter = CountingLoader()
+    with pytest.raises(UnsupportedModelError, match="BatchNorm"):
+        train_private(make_config(model={"norm": "batch"}), ledger=ledger, load=counter)
+    assert counter.calls == 0 and ledger.reservations(SUBJECT) == []
+
+    custom = torch.nn.Sequential(
+        torch.nn.Linear(4, 8), torch.nn.BatchNorm1d(8), torch.nn.Linear(8, 2)
+    )
+    with pytest.raises(UnsupportedModelError, match="fix"):
+        train_private(make_config(), ledger=ledger, model=custom, load=counter)
+    assert counter.calls == 0 and ledger.reservations(SUBJECT) == []
+
+    logs: list[str] = []
+    cfg = make_config(model={"norm": "batch", "fix_model": True})
+    result = train_private(cfg, ledger=ledger, log=logs.append)
+    fixed = json.loads(result.receipt_path.read_text())["model"]["fixed"]
+    assert fixed and all("BatchNorm1d -> GroupNorm" in f for f in fixed)
+    assert any("fixed for DP-SGD" in m for m in logs)
+    assert not any(isinstance(m, torch.nn.BatchNorm1d) for m in result.model.modules())
+
+
+def test_injected_accountant_failure_aborts_and_cancels(
+    make_config: ConfigFactory, ledger: Ledger, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from opacus.accountants import PRVAccountant
+
+    def broken(self: Any, delta: float, **kwargs: Any) -> float:
+        raise ValueError("Discrete mean differs from continuous mean significantly.")
+
+    monkeypatch.setattr(PRVAccountant, "get_epsilon", broken)
+    cfg = make_config(accountant={"kind": "prv"})
+    with pytest.raises(TrainingAbortedError, match="cancelled, no model written"):
+        train_private(cfg, ledger=ledger)
+    (res,) = ledger.reservations(SUBJECT, PURPOSE)
+    assert res.status == "cancelled"
+    assert _outputs(cfg) == []
+    assert ledger.central_spend(SUBJECT, PURPOSE) == (Decimal(0), Decimal(0))
+
+    # only when configured, RDP stands in, and the receipt says so
+    fallback = make_config(accountant={"kind": "prv", "fallback_to_rdp": True})
+    result = train_private(fallback, ledger=ledger)
+    acct = json.loads(result.receipt_path.read_text())["privacy"]["accountant"]
+    assert acct["requested"] == "prv" and acct["used"] == "rdp"
+    assert "Discrete mean differs" in acct["fallback_reason"]
+    assert verify_receipt(result.receipt_path).ok
+
+
+def test_injected_opacus_failure_mid_training_aborts(
+    make_config: ConfigFactory, ledger: Ledger, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from opacus.optimizers import DPOptimizer
+
+    calls = {"n": 0}
+    original = DPOptimizer.add_noise
+
+    def failing(self: Any) -> None:
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise RuntimeError("injected noise failure")
+        original(self)
+
+    monkeypatch.setattr(DPOptimizer, "add_noise", failing)
+    cfg = make_config(training={"grad_sample_mode": "hooks"})
+    with pytest.raises(TrainingAbortedError, match="injected noise failure"):
+        train_private(cfg, ledger=ledger)
+    assert calls["n"] == 3
+    (res,) = ledger.reservations(SUBJECT, PURPOSE)
+    assert res.status == "cancelled"
+    assert _outputs(cfg) == []
+
+
+def test_poisson_sampling_in_effect(make_config: ConfigFactory, ledger: Ledger) -> None:
+    result = train_private(make_config(training={"epochs": 4}), ledger=ledger)
+    tr = json.loads(result.receipt_path.read_text())["training"]
+    assert tr["batch_size_min"] < tr["batch_size_max"]  # Poisson: sizes vary around 40
+
+    x, y = torch.zeros(50, 3), torch.zeros(50, dtype=torch.long)
+    gen = torch.Generator().manual_seed(0)
+    loader = poisson_loader(x, y, sample_rate=0.2, generator=gen)
+    require_poisson_loader(loader, 0.2)
+    sizes = {int(b[1].shape[0]) for _ in range(3) for b in loader}
+    assert len(sizes) > 1
+    with pytest.raises(PoissonSamplingError, match="does not do Poisson sampling"):
+        require_poisson_loader(DataLoader(TensorDataset(x, y), batch_size=10), 0.2)
+    with pytest.raises(PoissonSamplingError, match="does not do Poisson sampling"):
+        require_poisson_loader(DataLoader(TensorDataset(x, y), batch_size=10, shuffle=True), 0.2)
+    with pytest.raises(PoissonSamplingError, match="samples at rate"):
+        require_poisson_loader(loader, 0.1)
+
+
+def test_grad_sample_mode_is_chosen_and_reported(
+    make_config: ConfigFactory, ledger: Ledger
+) -> None:
+    mlp = train_private(make_config(), ledger=ledger)
+    mode = json.loads(mlp.receipt_path.read_text())["training"]["grad_sample_mode"]
+    assert mode["mode"] == "ghost" and "Linear" in mode["reason"]
+    cfg = make_config(model={"norm": "layer"}, output={"dir": str(mlp.model_path.parent) + "-ln"})
+    ln = train_private(cfg, ledger=ledger)
+    mode = json.loads(ln.receipt_path.read_text())["training"]["grad_sample_mode"]
+    assert mode["mode"] == "hooks" and "LayerNorm" in mode["reason"]
+
+
+def test_sql_source_and_missing_parquet_support(
+    make_config: ConfigFactory, ledger: Ledger, tmp_path: Path
+) -> None:
+    import sqlalchemy as sa
+
+    url = f"sqlite:///{tmp_path / 'store.db'}"
+    engine = sa.create_engine(url)
+    rng = np.random.default_rng(1)
+    with engine.begin() as conn:
+        conn.execute(sa.text("CREATE TABLE rows (person TEXT, a REAL, b REAL, label INTEGER)"))
+        for i in range(120):
+            a, b = rng.normal(size=2)
+            conn.execute(
+                sa.text("INSERT INTO rows VALUES (:p, :a, :b, :l)"),
+                {"p": f"p{i}", "a": float(a), "b": float(b), "l": int(a > b)},
+            )
+    engine.dispose()
+    data = {
+        "source": "sql",
+        "path": None,
+        "url": url,
+        "table": "rows",
+        "unit_column": "person",
+    }
+    result = train_private(make_config(data=data), ledger=ledger)
+    ds = json.loads(result.receipt_path.read_text())["dataset"]
+    assert ds["rows"] == 120 and ds["features"] == ["a", "b"] and ds["source"] == "sql"
+    assert verify_receipt(result.receipt_path).ok
+
+    try:
+        import pyarrow  # noqa: F401
+    except ImportError:
+        cfg = DataConfig(
+            source="parquet", label="y", privacy_unit="row", path=str(tmp_path / "t.csv")
+        )
+        (tmp_path / "t.csv").write_text("x,y\n1,0\n")
+        with pytest.raises(DataError, match="pip install pyarrow"):
+            load_dataset(cfg)
+
+
+def test_repeated_unit_is_refused_and_cancels(
+    make_config: ConfigFactory, ledger: Ledger, tmp_path: Path
+) -> None:
+    path = tmp_path / "dup.csv"
+    path.write_text("who,f0,label\n" + "".join(f"u{i % 5},{i / 10},{i % 2}\n" for i in range(30)))
+    cfg = make_config(data={"path": str(path), "unit_column": "who"})
+    with pytest.raises(TrainingAbortedError, match="repeats a unit"):
+        train_private(cfg, ledger=ledger)
+    (res,) = ledger.reservations(SUBJECT, PURPOSE)
+    assert res.status == "cancelled"
