@@ -1,6 +1,7 @@
 """The collector daemon: structured logging, signals, and the serve loop.
 
-SIGTERM (or SIGINT) drains: health turns NOT_SERVING, the server stops taking
+SIGHUP reloads the trust and policy folders (a bad new set is refused and
+the loaded one kept). SIGTERM (or SIGINT) drains: health turns NOT_SERVING, the server stops taking
 new RPCs, in-flight requests finish and commit (up to `drain_seconds`), the
 group committer flushes, the ledger closes, and the process exits 0.
 """
@@ -18,6 +19,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from fedldp.client.policy import PolicyError
 from fedldp.collector.config import CollectorConfig
 from fedldp.collector.server import start_collector
 
@@ -74,10 +76,25 @@ def serve(config: CollectorConfig, *, port_file: str | Path | None = None) -> in
         )
         stop.set()
 
+    reload = threading.Event()
+
+    def _on_hup(_signum: int, _frame: FrameType | None) -> None:
+        reload.set()
+
     signal.signal(signal.SIGTERM, _on_signal)
     signal.signal(signal.SIGINT, _on_signal)
-    while not stop.wait(1.0):
-        pass
+    signal.signal(signal.SIGHUP, _on_hup)
+    log = logging.getLogger("fedldp.collector")
+    while not stop.wait(0.2):
+        if reload.is_set():
+            reload.clear()
+            try:
+                running.reload_policies()
+            except (PolicyError, OSError, ValueError) as exc:  # keep the old set; say why
+                log.error(
+                    "policy reload failed; keeping the loaded policies",
+                    extra={"fields": {"error": str(exc)}},
+                )
     started = time.monotonic()
     running.stop(config.drain_seconds)
     logging.getLogger("fedldp.collector").info(

@@ -175,8 +175,29 @@ class RunningCollector:
     health: health.HealthServicer
     registry: PolicyRegistry
     service: CollectorService
+    config: CollectorConfig | None = None
+    clock: Callable[[], int] = field(default=lambda: int(time.time()))
     _metrics_server: Any = None
     _stopped: threading.Event = field(default_factory=threading.Event)
+
+    def reload_policies(self) -> PolicyRegistry:
+        """Reload the trust and policy folders (SIGHUP); on any error keep the old set.
+
+        Requests in progress finish with the registry they started with; later
+        ones see the new one (a single reference swap).
+        """
+        if self.config is None or not (self.config.trust_dir and self.config.policy_dir):
+            raise ValueError("this collector was not started from policy folders")
+        registry = PolicyRegistry.from_folders(
+            self.config.trust_dir,
+            self.config.policy_dir,
+            now=self.clock(),
+            audience=self.config.audience,
+        )
+        self.registry = registry
+        self.service.registry = registry
+        log.info("policies reloaded", extra={"fields": {"policies": len(registry.policies)}})
+        return registry
 
     @property
     def address(self) -> str:
@@ -289,5 +310,15 @@ def start_collector(
         },
     )
     return RunningCollector(
-        port, server, ledger, metrics, committer, health_servicer, registry, service, metrics_server
+        port,
+        server,
+        ledger,
+        metrics,
+        committer,
+        health_servicer,
+        registry,
+        service,
+        config=config,
+        clock=now_fn,
+        _metrics_server=metrics_server,
     )

@@ -357,3 +357,33 @@ def test_stop_drains_and_keeps_acknowledged_reports(
         assert all(led.has_report(rid) for rid in acked)
         assert led.report_count("color", 1) >= len(acked)
         assert led.reconcile() == []
+
+
+def test_policy_folders_and_reload(deployment: Deployment, tmp_path: Path, now: int) -> None:
+    """A collector started from the trust and policy folders picks up a new policy on reload."""
+    d = Deployment.create(now=now)
+    d.add_categorical("first")
+    trust_dir, policy_dir = d.write_folders(tmp_path)
+    config = d.config(
+        f"sqlite:///{tmp_path / 'l.db'}", trust_dir=str(trust_dir), policy_dir=str(policy_dir)
+    )
+    running = start_collector(config)
+    try:
+        auth = bearer_metadata(d.token("alice"))
+        with grpc.insecure_channel(running.address) as channel:
+            stub = collector_pb2_grpc.CollectorStub(channel)
+            assert len(stub.GetPolicies(pb.GetPoliciesRequest(), metadata=auth).policies) == 1
+            d.add_categorical("second")
+            d.write_folders(tmp_path)
+            running.reload_policies()
+            assert len(stub.GetPolicies(pb.GetPoliciesRequest(), metadata=auth).policies) == 2
+            second = d.verified(d.envelopes[1])
+            out = stub.Submit(
+                pb.SubmitRequest(
+                    reports=[make_report(second, CategoryOutput(0), coarse_time=coarse(now))]
+                ),
+                metadata=auth,
+            )
+            assert out.outcomes[0].outcome == pb.OUTCOME_ACCEPTED
+    finally:
+        running.stop(1.0)
