@@ -311,19 +311,22 @@ def frequency_report_from_estimate(
     low = np.clip(raw - z * se, 0.0, 1.0)
     high = np.clip(raw + z * se, 0.0, 1.0)
     point = apply_consistency(method, raw, se)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        zs = np.where(se > 0, raw / np.where(se > 0, se, 1.0), np.inf * np.sign(raw))
+    # z = raw / se; a zero standard error (degenerate) reports z = 0 (no evidence claimed).
+    zs = np.divide(raw, se, out=np.zeros_like(raw), where=se > 0)
     rows = tuple(
         LabelEstimate(
-            label=names[i],
-            estimate=float(point[i]),
-            raw_estimate=float(raw[i]),
-            std_error=float(se[i]),
-            ci_low=float(low[i]),
-            ci_high=float(high[i]),
-            z_score=float(np.nan_to_num(zs[i])),
+            label=name, estimate=e, raw_estimate=r, std_error=s, ci_low=lo, ci_high=hi, z_score=zz
         )
-        for i in range(k)
+        for name, e, r, s, lo, hi, zz in zip(
+            names,
+            point.tolist(),
+            raw.tolist(),
+            se.tolist(),
+            low.tolist(),
+            high.tolist(),
+            zs.tolist(),
+            strict=True,
+        )
     )
     return FrequencyReport(
         mechanism=mechanism_id,
@@ -476,7 +479,7 @@ def heavy_hitters(
         lower = e.raw_estimate - z * e.std_error
         if lower <= 0:
             continue
-        p_one = 1.0 - NormalDist().cdf(e.z_score) if math.isfinite(e.z_score) else 0.0
+        p_one = 1.0 - NormalDist().cdf(e.z_score)
         found.append(
             HeavyHitter(
                 label=e.label,
