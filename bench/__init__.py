@@ -1,0 +1,1 @@
+"""fedldp benchmarks: `python -m bench.<name> --help` (see BENCHMARKS.md and docs/)."""
