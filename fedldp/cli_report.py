@@ -180,7 +180,7 @@ def report(
 
     Frequencies (categorical policies) or the mean (numeric policies), with
     standard errors from the mechanism's exact variance. Refused below the
-    policy's minimum report count. Exit status 2 on a refused report.
+    policy's minimum report count (exit status 1, nothing printed on stdout).
     """
     from fedldp.aggregator.estimation import FrequencyReport
     from fedldp.aggregator.estimation import heavy_hitters as find_hh
