@@ -362,7 +362,13 @@ def test_numeric_distribution_via_bucketized_frequency_oracle() -> None:
     lo, hi, buckets = Decimal(0), Decimal(100), 10
     assert bucket_labels(lo, hi, 4) == ["[0, 25)", "[25, 50)", "[50, 75)", "[75, 100]"]
     assert [bucket_index(v, lo, hi, 4) for v in (-5, 0, 24.99, 25, 99.9, 100, 1e9)] == [
-        0, 0, 0, 1, 3, 3, 3,
+        0,
+        0,
+        0,
+        1,
+        3,
+        3,
+        3,
     ]
     rng = np.random.default_rng(8)
     data = 100 * rng.beta(2, 5, size=20_000)

@@ -357,3 +357,55 @@ def test_composition_recomputed_from_the_ledger_alone(ledger: Ledger, tmp_path: 
         fresh.close()
     pld = compose(ledger, SUBJECT, PURPOSE, "pld")  # discrete Gaussians compose basically here
     assert pld.epsilon == pytest.approx(basic.epsilon)
+
+
+def test_release_cli_count_retry_and_spend(ledger: Ledger, tmp_path: Path) -> None:
+    import json
+
+    from click.testing import CliRunner
+
+    from fedldp.cli_report import release
+
+    data = tmp_path / "data.csv"
+    data.write_text("amount\n" + "\n".join(str(x) for x in DATA) + "\n")
+    url = f"sqlite:///{tmp_path / 'ledger.db'}"
+    base = [
+        "--ledger",
+        url,
+        "--subject",
+        SUBJECT,
+        "--purpose",
+        PURPOSE,
+        "--data",
+        str(data),
+        "--column",
+        "amount",
+    ]
+    runner = CliRunner()
+    first = runner.invoke(
+        release,
+        ["sum", *base, "--epsilon", "1", "--key", "cli-1", "--lower", "0", "--upper", "100"],
+    )
+    assert first.exit_code == 0, first.output
+    again = runner.invoke(
+        release,
+        ["sum", *base, "--epsilon", "1", "--key", "cli-1", "--lower", "0", "--upper", "100"],
+    )
+    assert json.loads(again.output)["value"] == json.loads(first.output)["value"]
+    refused = runner.invoke(release, ["count", *base, "--epsilon", "2.5", "--key", "cli-2"])
+    assert refused.exit_code == 1 and "exceed the cap" in refused.output
+    spend = runner.invoke(
+        release,
+        [
+            "spend",
+            "--ledger",
+            url,
+            "--subject",
+            SUBJECT,
+            "--purpose",
+            PURPOSE,
+            "--composition",
+            "rdp",
+        ],
+    )
+    assert json.loads(spend.output)["basic_epsilon"] == "1"
