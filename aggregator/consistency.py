@@ -8,15 +8,15 @@ not sum to 1. Post-processing makes them *consistent* (non-negative, summing
 to 1) without touching privacy (post-processing of a DP output), at the price
 of a bias. The raw unbiased vector is always kept next to the processed one.
 
-Methods (names as in WLLSL20, Section 4):
+Methods (names and definitions as in WLLSL20, which compares ten such methods):
 
-* ``norm-sub`` (Section 4.3, "Norm-Sub"): set negatives to 0 and subtract the
+* ``norm-sub`` (WLLSL20's "Norm-Sub"): set negatives to 0 and subtract the
   same amount δ from every positive estimate so they sum to 1; repeat until no
   estimate is negative. The fixed point is ``f'_v = max(f̂_v - δ, 0)`` over the
   values never zeroed, with δ chosen so that Σ f'_v = 1. It keeps the *gaps*
   between large values intact, so the head of a skewed distribution survives at
-  large k (the property WLLSL20 Table 3 measures).
-* ``base-cut`` (Section 4.1, "Base-Cut"): keep an estimate only if it is above
+  large k (the property WLLSL20's top-value experiments measure).
+* ``base-cut`` (WLLSL20's "Base-Cut"): keep an estimate only if it is above
   the Bonferroni noise threshold ``Φ⁻¹(1 − α/k)·σ_v`` (α = 0.05), else set it to 0.
   Does not normalize.
 * ``project``: the Euclidean projection onto the probability simplex
@@ -40,7 +40,7 @@ if TYPE_CHECKING:
     import numpy as np
     import numpy.typing as npt
 
-#: Significance level of Base-Cut's threshold (WLLSL20, Section 4.1 uses 0.05).
+#: Significance level of Base-Cut's threshold (0.05, as in WLLSL20).
 BASE_CUT_ALPHA = 0.05
 
 
@@ -67,7 +67,7 @@ class Consistency(str, enum.Enum):
 
 
 def norm_sub(estimates: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
-    """Norm-Sub (WLLSL20, Section 4.3): non-negative, sums to 1, gaps kept.
+    """Norm-Sub (WLLSL20): non-negative, sums to 1, gaps kept.
 
     Runs the paper's iteration to its fixed point exactly: each round zeroes the
     negatives among the still-active values and shifts the active ones by the
@@ -122,7 +122,7 @@ def base_cut(
     *,
     alpha: float = BASE_CUT_ALPHA,
 ) -> npt.NDArray[np.float64]:
-    """Base-Cut (WLLSL20, Section 4.1): zero every estimate below Φ⁻¹(1 − α/k)·σ_v."""
+    """Base-Cut (WLLSL20): zero every estimate below Φ⁻¹(1 − α/k)·σ_v."""
     import numpy as np
 
     f = np.asarray(estimates, dtype=np.float64)

@@ -594,7 +594,7 @@ def exponential_choice(
 ) -> int:
     """Exact exponential mechanism: index i with probability ∝ exp(ε·u_i / (2Δu)).
 
-    McSherry and Talwar (FOCS 2007), Theorem 6: ε-DP for utilities of
+    McSherry and Talwar (FOCS 2007); Dwork and Roth 2014, Theorem 3.10: ε-DP for utilities of
     sensitivity Δu. Sampled exactly by rejection: propose i uniformly, accept
     with probability exp(−ε(u_max − u_i)/(2Δu)) via CKS20's exact
     Bernoulli(exp(−γ)) with rational γ, so no float ever decides the outcome.
