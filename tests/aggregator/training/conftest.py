@@ -96,3 +96,18 @@ def make_config(tmp_path: Path, ledger_url: str, table: Path) -> ConfigFactory:
         return config_from_mapping(raw)
 
     return make
+
+
+@pytest.fixture(autouse=True)
+def _one_torch_thread() -> Iterator[None]:
+    """One intra-op thread: on a shared 2-core machine torch's default pool thrashes
+    (measured 20x slower); the tests never depend on parallelism."""
+    try:
+        import torch
+    except ImportError:
+        yield
+        return
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

@@ -52,7 +52,7 @@ def test_invalid_config_is_refused(
 
 def test_valid_config_builds(make_config: ConfigFactory) -> None:
     cfg = make_config()
-    assert cfg.budget.epsilon.as_tuple() == (0, (2,), 0)
+    assert cfg.budget.epsilon.as_tuple() == (0, (1,), 0)  # exact, from the string "1"
     assert cfg.training.grad_sample_mode == "auto"
 
 
