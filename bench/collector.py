@@ -163,14 +163,26 @@ def start_null(kind: str, base: Path, workers: int) -> Server:
 
 
 def start_collectors(
-    deployment: Any, base: Path, url: str, count: int, name: str, workers: int
+    deployment: Any,
+    base: Path,
+    url: str,
+    count: int,
+    name: str,
+    workers: int,
+    server: str = "sync",
 ) -> Server:
     from fedldp.collector.testing import spawn, write_config
 
     procs, addresses = [], []
     for i in range(count):
         config = write_config(
-            deployment, base, url, f"{name}{i}", workers=workers, log_level="ERROR"
+            deployment,
+            base,
+            url,
+            f"{name}{i}",
+            workers=workers,
+            log_level="ERROR",
+            server=server,
         )
         p = spawn(config, f"{name}{i}")
         procs.append(p.proc)
@@ -401,6 +413,19 @@ def main(argv: list[str] | None = None) -> int:
     run(
         start_collectors(
             deployment, base / "sqlite", sqlite_url, 1, "collector (SQLite)", args.workers
+        ),
+        [single, batch],
+    )
+    aio_url = f"sqlite:///{base / 'ledger-aio.db'}"
+    run(
+        start_collectors(
+            deployment,
+            base / "sqlite-aio",
+            aio_url,
+            1,
+            "collector (SQLite, asyncio)",
+            args.workers,
+            server="asyncio",
         ),
         [single, batch],
     )

@@ -14,6 +14,7 @@ import logging
 import threading
 import time
 from collections import deque
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 
 import sqlalchemy as sa
@@ -28,9 +29,7 @@ log = logging.getLogger(__name__)
 @dataclass
 class _Pending:
     batch: SubmitBatch
-    done: threading.Event = field(default_factory=threading.Event)
-    result: list[OutcomeValue] | None = None
-    error: Exception | None = None
+    future: Future[list[OutcomeValue]] = field(default_factory=Future)
 
 
 class GroupCommitter:
@@ -50,6 +49,15 @@ class GroupCommitter:
 
     def submit(self, batch: SubmitBatch) -> list[OutcomeValue]:
         """Charge `batch` in the next group transaction; block until it commits."""
+        return self.submit_future(batch).result()
+
+    def submit_future(self, batch: SubmitBatch) -> Future[list[OutcomeValue]]:
+        """Queue `batch`; the future resolves after its group transaction commits.
+
+        It fails with LedgerUnavailableError when the transaction failed (nothing
+        of the batch was committed); ShuttingDownError is raised at once after
+        `close`.
+        """
         pending = _Pending(batch)
         with self._cond:
             if self._closing:
@@ -57,11 +65,7 @@ class GroupCommitter:
             self._queue.append(pending)
             self.metrics.in_flight.inc()
             self._cond.notify()
-        pending.done.wait()
-        if pending.error is not None:
-            raise pending.error
-        assert pending.result is not None
-        return pending.result
+        return pending.future
 
     def _take(self) -> list[_Pending] | None:
         with self._cond:
@@ -85,32 +89,34 @@ class GroupCommitter:
             if taken is None:
                 return
             started = time.perf_counter()
+            errors: Exception | None = None
+            results: list[list[OutcomeValue]] = []
             try:
                 results = self.ledger.submit_many([p.batch for p in taken])
             except sa.exc.SQLAlchemyError as exc:
                 self.metrics.ledger_errors.inc()
                 log.error("ledger transaction failed: %s", type(exc).__name__)
-                for p in taken:
-                    p.error = LedgerUnavailableError(
-                        "the ledger is unavailable; nothing was stored or charged, retry later"
-                    )
+                errors = LedgerUnavailableError(
+                    "the ledger is unavailable; nothing was stored or charged, retry later"
+                )
             except Exception as exc:  # a bug must not hang every waiter
                 self.metrics.ledger_errors.inc()
                 log.exception("ledger transaction crashed")
-                for p in taken:
-                    p.error = LedgerUnavailableError(
-                        f"ledger transaction failed ({type(exc).__name__}); nothing was stored "
-                        "or charged"
-                    )
+                errors = LedgerUnavailableError(
+                    f"ledger transaction failed ({type(exc).__name__}); nothing was stored "
+                    "or charged"
+                )
             else:
                 self.metrics.commit_seconds.observe(time.perf_counter() - started)
                 self.metrics.commit_requests.observe(len(taken))
                 self.metrics.commit_reports.observe(sum(len(p.batch.reports) for p in taken))
-                for p, result in zip(taken, results, strict=True):
-                    p.result = result
             self.metrics.in_flight.dec(len(taken))
-            for p in taken:
-                p.done.set()
+            if errors is not None:
+                for p in taken:
+                    p.future.set_exception(errors)
+            else:
+                for p, result in zip(taken, results, strict=True):
+                    p.future.set_result(result)
 
     def close(self) -> None:
         """Refuse new work, commit everything queued, and stop the thread."""

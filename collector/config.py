@@ -91,6 +91,10 @@ class CollectorConfig:
     max_clock_skew_seconds: int = field(
         default=3600, metadata={"help": "how far in the future a coarse_time may be"}
     )
+    server: str = field(
+        default="sync",
+        metadata={"help": "grpcio server flavour: sync (thread pool) or asyncio"},
+    )
     workers: int = field(default=64, metadata={"help": "gRPC handler threads"})
     max_concurrent_rpcs: int = field(
         default=4096, metadata={"help": "RPCs in progress at most; beyond, RESOURCE_EXHAUSTED"}
@@ -135,6 +139,8 @@ class CollectorConfig:
             problems.append("mtls needs tls_cert, tls_key and tls_client_ca")
         if self.max_reports_per_request < 1 or self.max_message_bytes < 1024:
             problems.append("max_reports_per_request >= 1 and max_message_bytes >= 1024")
+        if self.server not in ("sync", "asyncio"):
+            problems.append("server is sync or asyncio")
         if self.log_format not in ("json", "text"):
             problems.append("log_format is json or text")
         if problems:

@@ -19,10 +19,11 @@ the ledger close.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,7 +32,7 @@ from typing import Any
 import grpc
 from fedldp.collector.auth import Authenticator, TokenAuthority
 from fedldp.collector.committer import GroupCommitter
-from fedldp.collector.config import CollectorConfig
+from fedldp.collector.config import CollectorConfig, ConfigError
 from fedldp.collector.errors import (
     CollectorError,
     MalformedRequestError,
@@ -49,6 +50,7 @@ from google.protobuf.message import DecodeError, Message
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 log = logging.getLogger("fedldp.collector")
+health_aio = health.aio  # type: ignore[attr-defined]  # the asyncio health servicer
 
 SERVICE_NAME = "fedldp.v1.Collector"
 
@@ -77,6 +79,45 @@ class CollectorServicer:
         self.metrics = metrics
         self.clock = clock
 
+    def _begin(
+        self, request_type: type[Message], request_bytes: bytes, context: Any
+    ) -> tuple[str, Any]:
+        """Authenticate, rate-limit and parse; the subject and the request message."""
+        subject = self.authenticator.subject_from(
+            context.invocation_metadata() or (), context.auth_context(), now=self.clock()
+        )
+        wait = self.limiter.acquire(subject)
+        if wait > 0:
+            self.metrics.rate_limited.inc()
+            raise RateLimitedError(
+                "too many requests for this subject; retry after the hint",
+                metadata=(("retry-after-ms", str(max(1, int(wait * 1000 + 0.999)))),),
+            )
+        try:
+            request = request_type.FromString(request_bytes)
+        except DecodeError:
+            raise MalformedRequestError(
+                f"the request is not a valid {request_type.DESCRIPTOR.full_name}"
+            ) from None
+        return subject, request
+
+    def _refused(self, method: str, exc: CollectorError, subject: str) -> grpc.StatusCode:
+        code = status_of(exc)
+        level = logging.INFO if isinstance(exc, UnauthenticatedError) else logging.WARNING
+        log.log(
+            level,
+            "request refused",
+            extra={
+                "fields": {
+                    "method": method,
+                    "code": code.name,
+                    "error": type(exc).__name__,
+                    "subject_tag": _subject_tag(subject) if subject else None,
+                }
+            },
+        )
+        return code
+
     def _call(
         self,
         method: str,
@@ -86,58 +127,75 @@ class CollectorServicer:
         context: grpc.ServicerContext,
     ) -> bytes:
         code = grpc.StatusCode.OK
-        started = time.perf_counter()
         subject = ""
         try:
-            subject = self.authenticator.subject_from(
-                context.invocation_metadata(), context.auth_context(), now=self.clock()
-            )
-            wait = self.limiter.acquire(subject)
-            if wait > 0:
-                self.metrics.rate_limited.inc()
-                raise RateLimitedError(
-                    "too many requests for this subject; retry after the hint",
-                    metadata=(("retry-after-ms", str(max(1, int(wait * 1000 + 0.999)))),),
-                )
-            try:
-                request = request_type.FromString(request_bytes)
-            except DecodeError:
-                raise MalformedRequestError(
-                    f"the request is not a valid {request_type.DESCRIPTOR.full_name}"
-                ) from None
-            response = body(subject, request)
-            return response.SerializeToString()
+            subject, request = self._begin(request_type, request_bytes, context)
+            return body(subject, request).SerializeToString()
         except CollectorError as exc:
-            code = status_of(exc)
+            code = self._refused(method, exc, subject)
             if exc.metadata:
                 context.set_trailing_metadata(exc.metadata)
-            level = logging.INFO if isinstance(exc, UnauthenticatedError) else logging.WARNING
-            log.log(
-                level,
-                "request refused",
-                extra={
-                    "fields": {
-                        "method": method,
-                        "code": code.name,
-                        "error": type(exc).__name__,
-                        "subject_tag": _subject_tag(subject) if subject else None,
-                    }
-                },
-            )
             context.abort(code, str(exc))
             raise  # unreachable: abort raises
         finally:
             self.metrics.requests.labels(method, code.name).inc()
-            if code is grpc.StatusCode.OK and method == "Submit":
-                log.debug(
-                    "submit",
-                    extra={
-                        "fields": {
-                            "subject_tag": _subject_tag(subject),
-                            "ms": round((time.perf_counter() - started) * 1000, 3),
-                        }
-                    },
-                )
+
+    async def _acall(
+        self,
+        method: str,
+        request_type: type[Message],
+        body: Callable[[str, Any], Awaitable[Message]],
+        request_bytes: bytes,
+        context: grpc.aio.ServicerContext[Any, Any],
+    ) -> bytes:
+        code = grpc.StatusCode.OK
+        subject = ""
+        try:
+            subject, request = self._begin(request_type, request_bytes, context)
+            return (await body(subject, request)).SerializeToString()
+        except CollectorError as exc:
+            code = self._refused(method, exc, subject)
+            await context.abort(code, str(exc), trailing_metadata=exc.metadata)
+            raise  # unreachable: abort raises
+        finally:
+            self.metrics.requests.labels(method, code.name).inc()
+
+    def async_handler(self) -> grpc.GenericRpcHandler[Any, Any]:
+        """The asyncio-server flavour of `handler`: validation runs on the event loop,
+        the ledger commit is awaited (group committer future), GetBudget's reads run
+        in the default executor."""
+        svc = self.service
+
+        async def submit(subject: str, request: pb.SubmitRequest) -> Message:
+            prepared = svc.prepare(subject, request)
+            outcomes: list[Any] = []
+            if prepared.batch.reports:
+                outcomes = await asyncio.wrap_future(svc.committer.submit_future(prepared.batch))
+            return svc.finish(prepared, outcomes)
+
+        async def get_policies(_subject: str, request: pb.GetPoliciesRequest) -> Message:
+            return svc.get_policies(request)
+
+        async def get_budget(subject: str, request: pb.GetBudgetRequest) -> Message:
+            loop = asyncio.get_running_loop()
+            return await loop.run_in_executor(None, svc.get_budget, subject, request)
+
+        def method(
+            name: str, req: type[Message], body: Callable[[str, Any], Awaitable[Message]]
+        ) -> Any:
+            async def behavior(request_bytes: bytes, context: Any) -> bytes:
+                return await self._acall(name, req, body, request_bytes, context)
+
+            return grpc.unary_unary_rpc_method_handler(behavior)
+
+        return grpc.method_handlers_generic_handler(
+            SERVICE_NAME,
+            {
+                "Submit": method("Submit", pb.SubmitRequest, submit),
+                "GetPolicies": method("GetPolicies", pb.GetPoliciesRequest, get_policies),
+                "GetBudget": method("GetBudget", pb.GetBudgetRequest, get_budget),
+            },
+        )
 
     def handler(self) -> grpc.GenericRpcHandler[Any, Any]:
         """The generic handler registering the three methods (raw request bytes)."""
@@ -163,16 +221,101 @@ class CollectorServicer:
         )
 
 
+class _SyncTransport:
+    """grpcio's sync server: a thread pool, one thread per in-flight RPC."""
+
+    def __init__(
+        self,
+        config: CollectorConfig,
+        servicer: CollectorServicer,
+        options: list[tuple[str, Any]],
+        creds: grpc.ServerCredentials | None,
+    ) -> None:
+        self.server = grpc.server(
+            ThreadPoolExecutor(max_workers=config.workers, thread_name_prefix="rpc"),
+            options=options,
+            maximum_concurrent_rpcs=config.max_concurrent_rpcs,
+        )
+        self.server.add_generic_rpc_handlers((servicer.handler(),))
+        self.health = health.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
+        self.port = (
+            self.server.add_secure_port(config.listen, creds)
+            if creds is not None
+            else self.server.add_insecure_port(config.listen)
+        )
+        if self.port == 0:
+            raise OSError(f"could not bind {config.listen}")
+        self.server.start()
+        for name in ("", SERVICE_NAME):
+            self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
+
+    def stop(self, grace: float | None) -> None:
+        self.health.enter_graceful_shutdown()
+        self.server.stop(grace).wait()
+
+
+class _AsyncTransport:
+    """grpcio's asyncio server, on its own event loop thread."""
+
+    def __init__(
+        self,
+        config: CollectorConfig,
+        servicer: CollectorServicer,
+        options: list[tuple[str, Any]],
+        creds: grpc.ServerCredentials | None,
+    ) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, name="grpc-aio", daemon=True)
+        self.thread.start()
+        start = self._start(config, servicer, options, creds)
+        self.port = asyncio.run_coroutine_threadsafe(start, self.loop).result()
+
+    async def _start(
+        self,
+        config: CollectorConfig,
+        servicer: CollectorServicer,
+        options: list[tuple[str, Any]],
+        creds: grpc.ServerCredentials | None,
+    ) -> int:
+        self.server = grpc.aio.server(
+            options=options, maximum_concurrent_rpcs=config.max_concurrent_rpcs
+        )
+        self.server.add_generic_rpc_handlers((servicer.async_handler(),))
+        self.health = health_aio.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
+        port = (
+            self.server.add_secure_port(config.listen, creds)
+            if creds is not None
+            else self.server.add_insecure_port(config.listen)
+        )
+        if port == 0:
+            raise OSError(f"could not bind {config.listen}")
+        await self.server.start()
+        for name in ("", SERVICE_NAME):
+            await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
+        return port
+
+    async def _stop(self, grace: float | None) -> None:
+        await self.health.enter_graceful_shutdown()
+        await self.server.stop(grace)
+
+    def stop(self, grace: float | None) -> None:
+        asyncio.run_coroutine_threadsafe(self._stop(grace), self.loop).result()
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join()
+        self.loop.close()
+
+
 @dataclass
 class RunningCollector:
     """A started collector: its port, ledger, metrics; `stop` drains it."""
 
     port: int
-    server: grpc.Server
+    transport: _SyncTransport | _AsyncTransport
     ledger: Ledger
     metrics: CollectorMetrics
     committer: GroupCommitter
-    health: health.HealthServicer
     registry: PolicyRegistry
     service: CollectorService
     config: CollectorConfig | None = None
@@ -205,11 +348,11 @@ class RunningCollector:
         return f"127.0.0.1:{self.port}"
 
     def stop(self, grace: float | None = 5.0) -> None:
-        """Drain: refuse new RPCs, let in-flight ones commit (up to `grace` s), close."""
+        """Drain: health NOT_SERVING, refuse new RPCs, let in-flight ones commit (up to
+        `grace` s), then flush the committer and close the ledger."""
         if self._stopped.is_set():
             return
-        self.health.enter_graceful_shutdown()
-        self.server.stop(grace).wait()
+        self.transport.stop(grace)
         self.committer.close()
         self.ledger.close()
         if self._metrics_server is not None:
@@ -236,14 +379,13 @@ def start_collector(
 
     `registry` overrides loading `config.trust_dir`/`config.policy_dir` (tests and
     the demo build one with `PolicyRegistry.from_envelopes`). `clock` (Unix
-    seconds) defaults to the system clock.
+    seconds) defaults to the system clock. `config.server` picks grpcio's sync
+    (default) or asyncio server.
     """
     config.validate()
     now_fn: Callable[[], int] = clock or (lambda: int(time.time()))
     if registry is None:
         if not (config.trust_dir and config.policy_dir):
-            from fedldp.collector.config import ConfigError
-
             raise ConfigError("trust_dir and policy_dir are required")
         registry = PolicyRegistry.from_folders(
             config.trust_dir, config.policy_dir, now=now_fn(), audience=config.audience
@@ -259,35 +401,25 @@ def start_collector(
     service = CollectorService(registry, ledger, committer, metrics, limits, now_fn)
     limiter = RateLimiter(config.rate_limit_per_second, config.rate_limit_burst)
     servicer = CollectorServicer(service, authenticator, limiter, metrics, now_fn)
-    options = [
+    options: list[tuple[str, Any]] = [
         ("grpc.max_receive_message_length", config.max_message_bytes),
         ("grpc.max_send_message_length", config.max_message_bytes),
         ("grpc.so_reuseport", 0),
     ]
-    server = grpc.server(
-        ThreadPoolExecutor(max_workers=config.workers, thread_name_prefix="rpc"),
-        options=options,
-        maximum_concurrent_rpcs=config.max_concurrent_rpcs,
-    )
-    server.add_generic_rpc_handlers((servicer.handler(),))
-    health_servicer = health.HealthServicer()
-    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    creds = None
     if config.tls_cert:
         creds = grpc.ssl_server_credentials(
             [(_read(config.tls_key), _read(config.tls_cert))],
             root_certificates=_read(config.tls_client_ca) if config.tls_client_ca else None,
             require_client_auth=config.mtls,
         )
-        port = server.add_secure_port(config.listen, creds)
-    else:
-        port = server.add_insecure_port(config.listen)
-    if port == 0:
+    kind = _AsyncTransport if config.server == "asyncio" else _SyncTransport
+    try:
+        transport = kind(config, servicer, options, creds)
+    except Exception:
         committer.close()
         ledger.close()
-        raise OSError(f"could not bind {config.listen}")
-    server.start()
-    for name in ("", SERVICE_NAME):
-        health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+        raise
     metrics_server = None
     if config.metrics_listen:
         from prometheus_client import start_http_server
@@ -300,7 +432,8 @@ def start_collector(
         "collector serving",
         extra={
             "fields": {
-                "port": port,
+                "port": transport.port,
+                "server": config.server,
                 "tls": bool(config.tls_cert),
                 "mtls": config.mtls,
                 "policies": len(registry.policies),
@@ -310,12 +443,11 @@ def start_collector(
         },
     )
     return RunningCollector(
-        port,
-        server,
+        transport.port,
+        transport,
         ledger,
         metrics,
         committer,
-        health_servicer,
         registry,
         service,
         config=config,

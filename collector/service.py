@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from fedldp.client.mechanisms.base import OutputDomainError
@@ -25,7 +25,7 @@ from fedldp.client.policy import VerifiedPolicy
 from fedldp.collector.committer import GroupCommitter
 from fedldp.collector.errors import BatchTooLargeError
 from fedldp.collector.ledger import CheckedReport, Ledger, SubmitBatch
-from fedldp.collector.ledger.store import EXACT
+from fedldp.collector.ledger.store import EXACT, OutcomeValue
 from fedldp.collector.metrics import CollectorMetrics
 from fedldp.collector.policies import Lookup, PolicyRegistry
 from fedldp.collector.wire import (
@@ -47,6 +47,15 @@ _REASON_NAMES = {
     v: pb.RejectReason.Name(v).removeprefix("REJECT_REASON_").lower()
     for v in pb.RejectReason.values()
 }
+
+
+@dataclass
+class Prepared:
+    """A validated request: the batch for the ledger and the outcomes known already."""
+
+    batch: SubmitBatch
+    outcomes: list[pb.ReportOutcome | None]
+    positions: list[int]  # index in the request of each report in `batch`
 
 
 @dataclass(frozen=True)
@@ -89,7 +98,16 @@ class CollectorService:
     # -- Submit --
 
     def submit(self, subject: str, request: pb.SubmitRequest) -> pb.SubmitResponse:
-        """Validate every report, charge the valid ones in one transaction; one outcome each."""
+        """Validate every report, charge the valid ones in one transaction; one outcome each.
+
+        Blocks until the ledger commit (group commit: see committer.py).
+        """
+        prepared = self.prepare(subject, request)
+        ledger_outcomes = self.committer.submit(prepared.batch) if prepared.batch.reports else []
+        return self.finish(prepared, ledger_outcomes)
+
+    def prepare(self, subject: str, request: pb.SubmitRequest) -> Prepared:
+        """Validate a request: per-report outcomes for the invalid, a batch for the ledger."""
         count = len(request.reports)
         if count > self.limits.max_reports_per_request:
             raise BatchTooLargeError(
@@ -111,12 +129,19 @@ class CollectorService:
                 positions.append(i)
             else:
                 outcomes[i] = result
-        if checked:
-            ledger_outcomes = self.committer.submit(SubmitBatch(subject, checked, now))
-            for pos, rep, outcome in zip(positions, checked, ledger_outcomes, strict=True):
-                outcomes[pos] = pb.ReportOutcome(report_id=rep.report_id, outcome=outcome)
+        return Prepared(SubmitBatch(subject, checked, now), outcomes, positions)
+
+    def finish(
+        self, prepared: Prepared, ledger_outcomes: Sequence[OutcomeValue]
+    ) -> pb.SubmitResponse:
+        """The response, once the ledger committed `prepared.batch` with these outcomes."""
+        outcomes = prepared.outcomes
+        for pos, rep, outcome in zip(
+            prepared.positions, prepared.batch.reports, ledger_outcomes, strict=True
+        ):
+            outcomes[pos] = pb.ReportOutcome(report_id=rep.report_id, outcome=outcome)
         response = pb.SubmitResponse(outcomes=[o for o in outcomes if o is not None])
-        assert len(response.outcomes) == count
+        assert len(response.outcomes) == len(outcomes)
         tally = Counter((o.outcome, o.reason) for o in response.outcomes)
         for (outcome, reason), n in tally.items():
             self.metrics.reports.labels(_OUTCOME_NAMES[outcome], _REASON_NAMES[reason]).inc(n)

@@ -42,9 +42,13 @@ def deployment(now: int) -> Deployment:
     return d
 
 
-@pytest.fixture
-def collector(deployment: Deployment, sqlite_url: str) -> Iterator[RunningCollector]:
-    running = start_collector(deployment.config(sqlite_url), registry=deployment.registry())
+@pytest.fixture(params=["sync", "asyncio"])
+def collector(
+    request: pytest.FixtureRequest, deployment: Deployment, sqlite_url: str
+) -> Iterator[RunningCollector]:
+    """A running collector on a SQLite file, on each of grpcio's servers."""
+    config = deployment.config(sqlite_url, server=request.param)
+    running = start_collector(config, registry=deployment.registry())
     yield running
     running.stop(1.0)
 
