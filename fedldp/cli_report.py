@@ -216,7 +216,9 @@ def report(
         if export_path is not None:
             if len(opened) != 1:
                 raise click.UsageError("--export-statistics reads exactly one --ledger")
-            doc = export_statistics(opened[0], policy, window_start, source=source or "export")
+            if not source:
+                raise click.UsageError("--export-statistics needs --source NAME (the region)")
+            doc = export_statistics(opened[0], policy, window_start, source=source)
             Path(export_path).write_text(json.dumps(doc, indent=1), encoding="utf-8")
             click.echo(f"wrote {len(doc['partials'])} partial statistics to {export_path}")
             return

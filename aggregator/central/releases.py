@@ -343,7 +343,10 @@ def _run_release(
         ledger.cancel(reservation.id, now=now)
         raise
     ledger.settle(reservation.id, epsilon_spent=epsilon, delta_spent=delta, events=events, now=now)
-    return str(reservation.id), list(events)
+    # Two concurrent calls with one key may both compute; only the events the ledger kept
+    # (the first settlement) are ever returned, so one charge never yields two outputs.
+    stored = _find_prior_release(ledger, subject, purpose, str(reservation.id))
+    return str(reservation.id), stored or list(events)
 
 
 def _output(events: Sequence[Mapping[str, object]], query: str) -> Decimal:

@@ -409,3 +409,31 @@ def test_release_cli_count_retry_and_spend(ledger: Ledger, tmp_path: Path) -> No
         ],
     )
     assert json.loads(spend.output)["basic_epsilon"] == "1"
+
+
+def test_concurrent_calls_with_one_key_release_one_output(ledger: Ledger) -> None:
+    """A second call with the same key, made while the first is still reading data, and
+    the first call both return the one output the ledger kept: one charge, one release."""
+    inner: list[object] = []
+
+    def args(load: Callable[[], list[Decimal]]) -> dict[str, object]:
+        return {
+            "subject": SUBJECT,
+            "purpose": PURPOSE,
+            "epsilon": Decimal(1),
+            "idempotency_key": "race",
+            "now": 1,
+            "lower": Decimal(0),
+            "upper": Decimal(100),
+            "load": load,
+            "granularity": Decimal("0.01"),
+        }
+
+    def outer_load() -> list[Decimal]:
+        inner.append(private_sum(ledger, **args(lambda: DATA)))  # type: ignore[arg-type]
+        return DATA
+
+    outer = private_sum(ledger, **args(outer_load))  # type: ignore[arg-type]
+    (first,) = inner
+    assert outer == first
+    assert ledger.central_spend(SUBJECT, PURPOSE) == (Decimal(1), Decimal(0))
