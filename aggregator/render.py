@@ -14,7 +14,6 @@ import html
 import io
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from fedldp.aggregator.estimation import (
     FrequencyReport,
@@ -22,9 +21,6 @@ from fedldp.aggregator.estimation import (
     NumericReport,
     truth_vector,
 )
-
-if TYPE_CHECKING:
-    pass
 
 #: Rows shown by default; beyond it the largest estimates are listed.
 DEFAULT_MAX_ROWS = 40
