@@ -380,3 +380,16 @@ def test_numeric_distribution_via_bucketized_frequency_oracle() -> None:
     assert est.sum() == pytest.approx(1.0) and est.min() >= 0  # Norm-Sub by default
     assert np.max(np.abs(est - truth)) < 0.03
     assert abs(rep.mean - float(data.mean())) < 100 / (2 * buckets) + 2.0
+
+
+def test_numeric_report_renders_and_serializes(tmp_path: Path) -> None:
+    mechanism = create("piecewise", Decimal("1"), (Decimal(0), Decimal(10)))
+    rng = np.random.default_rng(3)
+    stat = mechanism.new_statistic()
+    mechanism.accumulate_batch(stat, mechanism.perturb_batch(rng.uniform(0, 10, 5000), rng))
+    rep = numeric_report(mechanism, stat, value_range=(Decimal(0), Decimal(10)))
+    doc = json.loads(rep.to_json())
+    assert doc["schema"] == "fedldp.report.numeric/v1" and doc["range"] == [0.0, 10.0]
+    assert "mean" in render_table(rep, truth=5.0) and "truth 5" in render_table(rep, truth=5.0)
+    assert "Mean" in render_html(rep, tmp_path / "n.html").read_text()
+    assert rep.to_csv().splitlines()[0] == "mean,std_error,ci_low,ci_high,n"
