@@ -359,7 +359,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--batch-concurrency",
         type=int,
-        default=8,
+        default=32,
         help="concurrent devices for the 100-reports-per-call figures",
     )
     parser.add_argument("--workers", type=int, default=64, help="server handler threads")

@@ -341,7 +341,7 @@ class Ledger:
         migrate.upgrade(self._write_engine)
         # SQLite allows 32766 bound variables (since 3.32); PostgreSQL 65535.
         self._in_chunk = 2000
-        placeholder = "?" if self.dialect == "sqlite" else "%s"
+        self._placeholder = placeholder = "?" if self.dialect == "sqlite" else "%s"
         columns = [c.name for c in reports.columns]
         if columns != list(_REPORT_ROW):
             raise RuntimeError("reports columns and _REPORT_ROW disagree")
@@ -425,13 +425,15 @@ class Ledger:
     def _submit_tx(
         self, conn: sa.Connection, batches: Sequence[SubmitBatch]
     ) -> list[list[OutcomeValue]]:
-        ids = sorted({r.report_id for b in batches for r in b.reports})
+        ids = list({r.report_id for b in batches for r in b.reports})
         known: dict[bytes, tuple[str, bytes]] = {}
         for chunk in _chunks(ids, self._in_chunk):
-            rows = conn.execute(
-                sa.select(reports.c.report_id, reports.c.subject, reports.c.content_digest).where(
-                    reports.c.report_id.in_(chunk)
-                )
+            # Plain SQL with one placeholder per id: no per-call statement compilation.
+            marks = ", ".join([self._placeholder] * len(chunk))
+            rows = conn.exec_driver_sql(
+                "SELECT report_id, subject, content_digest FROM reports "
+                f"WHERE report_id IN ({marks})",
+                tuple(chunk),
             )
             for rid, subj, digest in rows:
                 known[bytes(rid)] = (subj, bytes(digest))
