@@ -94,7 +94,9 @@ def replay_epsilons(receipt: dict[str, Any]) -> dict[str, float]:
     ]
     delta = float(Decimal(privacy["delta"]))
     eps_error = float(privacy["accountant"]["prv_eps_error"])
-    return {m: epsilon(m, history, delta, eps_error=eps_error) for m in ("prv", "rdp")}
+    return {
+        m: epsilon(m, history, delta, eps_error=eps_error, reference=True) for m in ("prv", "rdp")
+    }
 
 
 def verify_receipt(
@@ -141,6 +143,7 @@ def verify_receipt(
                 [(float(s), float(q), int(t)) for s, q, t in hist],
                 float(Decimal(privacy["delta"])),
                 eps_error=float(privacy["accountant"]["prv_eps_error"]),
+                reference=True,  # Opacus's own accountant objects, not the cached path
             )
         except AccountantError as exc:
             out.add(f"epsilon[{mech}]", False, f"replay failed: {exc}")

@@ -174,12 +174,13 @@ def test_batchnorm_rejected_and_fixed_only_when_asked(
 def test_injected_accountant_failure_aborts_and_cancels(
     make_config: ConfigFactory, ledger: Ledger, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from opacus.accountants import PRVAccountant
+    from opacus.accountants.analysis.prv.prvs import DiscretePRV
 
-    def broken(self: Any, delta: float, **kwargs: Any) -> float:
-        raise ValueError("Discrete mean differs from continuous mean significantly.")
+    def broken(self: Any, *args: Any, **kwargs: Any) -> Any:
+        # the error Opacus's PRV discretization raises on some parameters
+        raise RuntimeError("Discrete mean differs significantly from continuous mean.")
 
-    monkeypatch.setattr(PRVAccountant, "get_epsilon", broken)
+    monkeypatch.setattr(DiscretePRV, "compute_epsilon", broken)
     cfg = make_config(accountant={"kind": "prv"})
     with pytest.raises(TrainingAbortedError, match="cancelled, no model written"):
         train_private(cfg, ledger=ledger)
@@ -302,3 +303,17 @@ def test_repeated_unit_is_refused_and_cancels(
         train_private(cfg, ledger=ledger)
     (res,) = ledger.reservations(SUBJECT, PURPOSE)
     assert res.status == "cancelled"
+
+
+@pytest.mark.parametrize(
+    "history",
+    [
+        [(1.0, 0.2, 10)],
+        [(3.0, 0.05, 120)],
+        [(1.0, 0.01, 300), (2.0, 0.02, 30)],
+    ],
+)
+@pytest.mark.parametrize("mechanism", ["prv", "rdp"])
+def test_cached_accountant_equals_opacus(mechanism: str, history: list[Any]) -> None:
+    """The training path's cached accountant returns exactly Opacus's value."""
+    assert epsilon(mechanism, history, 1e-5) == epsilon(mechanism, history, 1e-5, reference=True)
