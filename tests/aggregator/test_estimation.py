@@ -106,7 +106,10 @@ def binomial_band(trials: int, p: float, alpha: float) -> tuple[int, int]:
     return int(stats.binom.ppf(alpha / 2, trials, p)), int(stats.binom.isf(alpha / 2, trials, p))
 
 
-@pytest.mark.parametrize(("wire_id", "params"), [("grr", {}), ("oue", {}), ("olh", {})])
+@pytest.mark.parametrize(
+    ("wire_id", "params"),
+    [("grr", {}), ("oue", {}), ("sue", {}), ("olh", {}), ("hr", {}), ("ss", {})],
+)
 def test_confidence_intervals_cover_at_nominal_rate(wire_id: str, params: dict[str, str]) -> None:
     mechanism = create(wire_id, Decimal("1"), COVERAGE_TRUTH.size, params)
     assert nominal_coverage_holds(mechanism, seed=11)
