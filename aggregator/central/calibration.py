@@ -25,8 +25,9 @@ import enum
 import math
 from dataclasses import dataclass
 
-#: Above this lattice σ the exact δ evaluation gets too costly; ask for a coarser granularity.
-MAX_LATTICE_SIGMA = 2_000_000.0
+#: Above this lattice σ the exact δ evaluation (an array of ~40σ masses) gets too costly;
+#: ask for a coarser granularity (at γ = 1, e.g. a count, that is ε below ~1e-4).
+MAX_LATTICE_SIGMA = 200_000.0
 
 
 class GaussianCalibration(str, enum.Enum):
