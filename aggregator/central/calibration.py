@@ -26,7 +26,7 @@ import math
 from dataclasses import dataclass
 
 #: Above this lattice σ the exact δ evaluation (an array of ~40σ masses) gets too costly;
-#: ask for a coarser granularity (at γ = 1, e.g. a count, that is ε below ~1e-4).
+#: ask for a coarser granularity (for a count, γ = 1: only ε below ~2e-5).
 MAX_LATTICE_SIGMA = 200_000.0
 
 
