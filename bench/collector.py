@@ -374,8 +374,8 @@ def main(argv: list[str] | None = None) -> int:
     from fedldp.collector.testing import Deployment, PostgresServer, postgres_bindir
 
     runs = max(5, args.runs or 5)
-    seconds = args.seconds or (0.6 if args.quick else 3.0)
-    warmup = 0.3 if args.quick else 1.0
+    seconds = args.seconds or (0.4 if args.quick else 3.0)
+    warmup = 0.2 if args.quick else 1.0
     now = int(time.time())
     deployment = Deployment.create(now=now)
     deployment.add_categorical("bench", epsilon="0.001", epsilon_cap="1000000")

@@ -45,6 +45,13 @@ class CollectorConfig:
             "help": "ledger database URL: sqlite:////abs/ledger.db or postgresql+psycopg://..."
         },
     )
+    ledger_isolation: str = field(
+        default="",
+        metadata={
+            "help": "PostgreSQL only: READ COMMITTED (default; row locks + compare-and-set) "
+            "or SERIALIZABLE"
+        },
+    )
     trust_dir: str = field(
         default="", metadata={"help": "trust folder: pinned/*.pem root keys and *.root envelopes"}
     )
@@ -139,6 +146,8 @@ class CollectorConfig:
             problems.append("mtls needs tls_cert, tls_key and tls_client_ca")
         if self.max_reports_per_request < 1 or self.max_message_bytes < 1024:
             problems.append("max_reports_per_request >= 1 and max_message_bytes >= 1024")
+        if self.ledger_isolation not in ("", "READ COMMITTED", "SERIALIZABLE"):
+            problems.append("ledger_isolation is READ COMMITTED or SERIALIZABLE")
         if self.server not in ("sync", "asyncio"):
             problems.append("server is sync or asyncio")
         if self.log_format not in ("json", "text"):

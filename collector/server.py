@@ -392,7 +392,11 @@ def start_collector(
         )
     secret = config.token_secret_bytes()
     authenticator = Authenticator(TokenAuthority(secret) if secret else None, mtls=config.mtls)
-    ledger = open_ledger(config.ledger_url, shard=config.instance_id or None)
+    ledger = open_ledger(
+        config.ledger_url,
+        shard=config.instance_id or None,
+        isolation=config.ledger_isolation or None,
+    )
     metrics = CollectorMetrics()
     committer = GroupCommitter(ledger, metrics, max_reports=config.group_commit_max_reports)
     limits = Limits(

@@ -314,3 +314,39 @@ def test_concurrent_reservations_never_exceed_the_central_cap(ledger: Ledger, no
     assert len(granted) == 10
     assert ledger.central_spend("m", "race")[0] == Decimal("1.0")
     assert ledger.reconcile() == []
+
+
+@pytest.mark.postgres
+def test_serializable_isolation_also_never_over_spends(
+    postgresql_url: str, policy: VerifiedPolicy, now: int
+) -> None:
+    """The optional SERIALIZABLE mode: same race, same exact cap (retries absorb aborts)."""
+    ledgers = [
+        open_ledger(postgresql_url, shard=f"s{i}", isolation="SERIALIZABLE") for i in range(2)
+    ]
+    results: list[int] = []
+    lock = threading.Lock()
+
+    def worker(i: int) -> None:
+        for _ in range(3):
+            out = ledgers[i % 2].submit("hot", [_report(policy), _report(policy)], now=now)
+            with lock:
+                results.extend(out)
+
+    try:
+        threads = [threading.Thread(target=worker, args=(i,)) for i in range(6)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert results.count(ACCEPTED) == 4
+        assert ledgers[0].spent("hot", "color", policy.window_start(now)) == Decimal("2")
+        assert ledgers[0].reconcile() == []
+    finally:
+        for led in ledgers:
+            led.close()
+
+
+def test_sqlite_refuses_an_isolation_setting(sqlite_url: str) -> None:
+    with pytest.raises(ValueError, match="PostgreSQL"):
+        open_ledger(sqlite_url, isolation="SERIALIZABLE")
