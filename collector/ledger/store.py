@@ -373,6 +373,8 @@ class Ledger:
         # SQLite allows 32766 bound variables (since 3.32); PostgreSQL 65535.
         self._in_chunk = 2000
         self._placeholder = placeholder = "?" if self.dialect == "sqlite" else "%s"
+        # SQLite has no row locks (BEGIN IMMEDIATE already excludes other writers).
+        self._for_update = " FOR UPDATE" if self.dialect == "postgresql" else ""
         columns = [c.name for c in reports.columns]
         if columns != list(_REPORT_ROW):
             raise RuntimeError("reports columns and _REPORT_ROW disagree")
@@ -553,37 +555,19 @@ class Ledger:
         if new_conflicts:
             conn.execute(sa.insert(conflicts), new_conflicts)
         dirty = [
-            {
-                "k_subject": k[0],
-                "k_policy": k[1],
-                "k_window": k[2],
-                "v_spent": _s(s.spent),
-                "v_count": s.count,
-                "v_cap": _s(s.cap),
-                "v_now": latest_now,
-                "k_read": s.read_text,
-            }
-            for k, s in state.items()
-            if s.dirty
+            (_s(st.spent), st.count, _s(st.cap), latest_now, k[0], k[1], k[2], st.read_text)
+            for k, st in state.items()
+            if st.dirty
         ]
         if dirty:
             # An atomic conditional update (compare-and-set on the value read under
             # FOR UPDATE): if anything changed the row meanwhile, nothing is
             # written and the whole transaction reruns.
-            done = conn.execute(
-                sa.update(spend)
-                .where(
-                    spend.c.subject == sa.bindparam("k_subject"),
-                    spend.c.policy_id == sa.bindparam("k_policy"),
-                    spend.c.window_start == sa.bindparam("k_window"),
-                    spend.c.epsilon_spent == sa.bindparam("k_read"),
-                )
-                .values(
-                    epsilon_spent=sa.bindparam("v_spent"),
-                    report_count=sa.bindparam("v_count"),
-                    epsilon_cap=sa.bindparam("v_cap"),
-                    updated_at=sa.bindparam("v_now"),
-                ),
+            ph = self._placeholder
+            done = conn.exec_driver_sql(
+                f"UPDATE spend SET epsilon_spent = {ph}, report_count = {ph}, epsilon_cap = {ph},"
+                f" updated_at = {ph} WHERE subject = {ph} AND policy_id = {ph}"
+                f" AND window_start = {ph} AND epsilon_spent = {ph}",
                 dirty,
             )
             if done.rowcount != len(dirty):
@@ -599,38 +583,20 @@ class Ledger:
         state: dict[tuple[str, str, int], _SpendState] = {}
         if not keys:
             return state
-        conn.execute(
-            self._insert_ignore(spend),
-            [
-                {
-                    "subject": s,
-                    "policy_id": p,
-                    "window_start": w,
-                    "epsilon_spent": "0",
-                    "report_count": 0,
-                    "epsilon_cap": "0",
-                    "updated_at": now,
-                }
-                for s, p, w in keys
-            ],
+        ph = self._placeholder
+        conn.exec_driver_sql(
+            "INSERT INTO spend (subject, policy_id, window_start, epsilon_spent, report_count,"
+            f" epsilon_cap, updated_at) VALUES ({ph}, {ph}, {ph}, '0', 0, '0', {ph})"
+            " ON CONFLICT DO NOTHING",
+            [(subj, pid, win, now) for subj, pid, win in keys],
         )
-        for chunk in _chunks(keys):
-            rows = conn.execute(
-                sa.select(
-                    spend.c.subject,
-                    spend.c.policy_id,
-                    spend.c.window_start,
-                    spend.c.epsilon_spent,
-                    spend.c.report_count,
-                    spend.c.epsilon_cap,
-                )
-                .where(
-                    sa.tuple_(spend.c.subject, spend.c.policy_id, spend.c.window_start).in_(
-                        list(chunk)
-                    )
-                )
-                .order_by(spend.c.subject, spend.c.policy_id, spend.c.window_start)
-                .with_for_update()
+        for chunk in _chunks(keys, self._in_chunk // 3):
+            marks = ", ".join([f"({ph}, {ph}, {ph})"] * len(chunk))
+            rows = conn.exec_driver_sql(
+                "SELECT subject, policy_id, window_start, epsilon_spent, report_count,"
+                " epsilon_cap FROM spend WHERE (subject, policy_id, window_start) IN"
+                f" ({marks}) ORDER BY subject, policy_id, window_start{self._for_update}",
+                tuple(v for key in chunk for v in key),
             )
             for subj, pid, win, spent_text, count, cap in rows:
                 state[(subj, pid, int(win))] = _SpendState(
@@ -648,43 +614,24 @@ class Ledger:
         now: int,
     ) -> None:
         keys = sorted(accepted)
-        conn.execute(
-            self._insert_ignore(statistics),
-            [
-                {
-                    "policy_id": p,
-                    "policy_version": v,
-                    "window_start": w,
-                    "shard": self.shard,
-                    "n": 0,
-                    "statistic_json": None,
-                    "updated_at": now,
-                }
-                for p, v, w in keys
-            ],
+        ph = self._placeholder
+        conn.exec_driver_sql(
+            "INSERT INTO statistics (policy_id, policy_version, window_start, shard, n,"
+            f" statistic_json, updated_at) VALUES ({ph}, {ph}, {ph}, {ph}, 0, NULL, {ph})"
+            " ON CONFLICT DO NOTHING",
+            [(pid, ver, win, self.shard, now) for pid, ver, win in keys],
         )
         stored: dict[tuple[str, int, int], tuple[int, str | None]] = {}
-        for chunk in _chunks(keys):
-            rows = conn.execute(
-                sa.select(
-                    statistics.c.policy_id,
-                    statistics.c.policy_version,
-                    statistics.c.window_start,
-                    statistics.c.n,
-                    statistics.c.statistic_json,
-                )
-                .where(
-                    statistics.c.shard == self.shard,
-                    sa.tuple_(
-                        statistics.c.policy_id,
-                        statistics.c.policy_version,
-                        statistics.c.window_start,
-                    ).in_(list(chunk)),
-                )
-                .with_for_update()
+        for chunk in _chunks(keys, self._in_chunk // 3):
+            marks = ", ".join([f"({ph}, {ph}, {ph})"] * len(chunk))
+            rows = conn.exec_driver_sql(
+                "SELECT policy_id, policy_version, window_start, n, statistic_json"
+                f" FROM statistics WHERE shard = {ph} AND"
+                f" (policy_id, policy_version, window_start) IN ({marks}){self._for_update}",
+                (self.shard, *(v for key in chunk for v in key)),
             )
-            for p, v, w, n, text in rows:
-                stored[(p, int(v), int(w))] = (int(n), text)
+            for pid, ver, win, n, text in rows:
+                stored[(pid, int(ver), int(win))] = (int(n), text)
         updates = []
         for key in keys:
             policy, outputs = accepted[key]
@@ -698,28 +645,20 @@ class Ledger:
                 mech.merge_statistics(merged, stat)
                 stat = merged
             updates.append(
-                {
-                    "k_policy": key[0],
-                    "k_version": key[1],
-                    "k_window": key[2],
-                    "v_n": n0 + len(outputs),
-                    "v_json": mech.statistic_to_json(stat),
-                    "v_now": now,
-                }
+                (
+                    n0 + len(outputs),
+                    mech.statistic_to_json(stat),
+                    now,
+                    key[0],
+                    key[1],
+                    key[2],
+                    self.shard,
+                )
             )
-        conn.execute(
-            sa.update(statistics)
-            .where(
-                statistics.c.policy_id == sa.bindparam("k_policy"),
-                statistics.c.policy_version == sa.bindparam("k_version"),
-                statistics.c.window_start == sa.bindparam("k_window"),
-                statistics.c.shard == self.shard,
-            )
-            .values(
-                n=sa.bindparam("v_n"),
-                statistic_json=sa.bindparam("v_json"),
-                updated_at=sa.bindparam("v_now"),
-            ),
+        conn.exec_driver_sql(
+            f"UPDATE statistics SET n = {ph}, statistic_json = {ph}, updated_at = {ph}"
+            f" WHERE policy_id = {ph} AND policy_version = {ph} AND window_start = {ph}"
+            f" AND shard = {ph}",
             updates,
         )
 
