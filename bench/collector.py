@@ -45,7 +45,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench._common import Timing, fmt_rate, format_table, summarize, write_json
+from bench._common import Timing, format_table, summarize, write_json
 
 SUBMIT = "/fedldp.v1.Collector/Submit"
 PACKAGES = ("grpcio", "protobuf", "sqlalchemy", "psycopg", "prometheus-client")
@@ -336,8 +336,8 @@ def measure(
 
 def _fmt(t: Timing, rate: bool = True) -> str:
     if rate:
-        return f"{fmt_rate(t.median)} [{fmt_rate(t.min)}-{fmt_rate(t.max)}]"
-    return f"{t.median:.2f} [{t.min:.2f}-{t.max:.2f}]"
+        return f"{t.median:,.0f} [{t.min:,.0f}-{t.max:,.0f}]"
+    return f"{t.median:.1f} [{t.min:.1f}-{t.max:.1f}]"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -44,7 +44,7 @@ import secrets
 import socket
 import time
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any, Protocol, TypeAlias, TypeVar
@@ -1325,15 +1325,3 @@ def open_ledger(
     over-spend.
     """
     return Ledger(url, shard=shard, pool_size=pool_size, isolation=isolation)
-
-
-def iter_batches(items: Iterable[T], size: int) -> Iterator[list[T]]:
-    """Split `items` into lists of at most `size` (helper for bulk callers)."""
-    batch: list[T] = []
-    for item in items:
-        batch.append(item)
-        if len(batch) >= size:
-            yield batch
-            batch = []
-    if batch:
-        yield batch
