@@ -197,6 +197,69 @@ def require_poisson_loader(loader: DataLoader[Any], sample_rate: float) -> None:
         )
 
 
+@dataclass
+class PrivateStep:
+    """One DP-SGD step with Opacus: per-sample clipping, Gaussian noise, update."""
+
+    module: nn.Module
+    optimizer: DPOptimizer
+    criterion: Callable[[torch.Tensor, torch.Tensor], Any]
+
+    def __call__(self, features: torch.Tensor, labels: torch.Tensor) -> None:
+        self.optimizer.zero_grad()
+        loss = self.criterion(self.module(features), labels)
+        loss.backward()
+        self.optimizer.step()
+
+
+def build_private_step(
+    model: nn.Module,
+    *,
+    mode: str,
+    expected_batch_size: int,
+    max_grad_norm: float,
+    noise_multiplier: float,
+    optimizer: str,
+    learning_rate: float,
+    momentum: float,
+    noise_generator: torch.Generator,
+) -> PrivateStep:
+    """Wrap `model` for DP-SGD in grad-sample `mode` ('hooks', 'ghost', 'functorch', 'ew').
+
+    The optimizer is Opacus's flat-clipping DPOptimizer for the mode, with mean
+    loss reduction over `expected_batch_size` (a constant, as post-processing of
+    the noised sum requires), noise from `noise_generator`, and Opacus's
+    secure_mode noise formula (randomness.py). Ghost clipping also wraps the loss
+    (Opacus's DPLossFastGradientClipping: two backward passes).
+    """
+    model.train()
+    gsm_kwargs: dict[str, Any] = {"batch_first": True, "loss_reduction": "mean"}
+    if mode == "ghost":
+        gsm_kwargs["max_grad_norm"] = max_grad_norm
+    gsm = prepare_module(model, grad_sample_mode=mode, **gsm_kwargs)
+    base: torch.optim.Optimizer
+    if optimizer == "adam":
+        base = torch.optim.Adam(model.parameters(), lr=learning_rate)
+    else:
+        base = torch.optim.SGD(model.parameters(), lr=learning_rate, momentum=momentum)
+    opt_cls = get_optimizer_class(clipping="flat", distributed=False, grad_sample_mode=mode)
+    dp_opt: DPOptimizer = opt_cls(
+        optimizer=base,
+        noise_multiplier=noise_multiplier,
+        max_grad_norm=max_grad_norm,
+        expected_batch_size=expected_batch_size,
+        loss_reduction="mean",
+        generator=noise_generator,
+        secure_mode=True,  # the floating-point-safe noise formula (randomness.py)
+    )
+    criterion: Callable[[torch.Tensor, torch.Tensor], Any]
+    if mode == "ghost":
+        criterion = DPLossFastGradientClipping(gsm, dp_opt, nn.CrossEntropyLoss(), "mean")
+    else:
+        criterion = nn.CrossEntropyLoss()
+    return PrivateStep(gsm, dp_opt, criterion)
+
+
 def _sha256(path: Path) -> str:
     h = hashlib.sha256()
     with path.open("rb") as fh:
@@ -525,33 +588,19 @@ def _train_and_write(
     if model is None:
         built = build_mlp(config.model, dataset.num_features, dataset.num_classes)
         model = validate_model(built, fix=config.model.fix_model).module
-    model.train()
-    gsm_kwargs: dict[str, Any] = {"batch_first": True, "loss_reduction": "mean"}
-    if mode == "ghost":
-        gsm_kwargs["max_grad_norm"] = tp.max_grad_norm
-    gsm = prepare_module(model, grad_sample_mode=mode, **gsm_kwargs)
-    base_opt: torch.optim.Optimizer
-    if tp.optimizer == "adam":
-        base_opt = torch.optim.Adam(model.parameters(), lr=tp.learning_rate)
-    else:
-        base_opt = torch.optim.SGD(model.parameters(), lr=tp.learning_rate, momentum=tp.momentum)
-    opt_cls = get_optimizer_class(clipping="flat", distributed=False, grad_sample_mode=mode)
-    dp_opt: DPOptimizer = opt_cls(
-        optimizer=base_opt,
-        noise_multiplier=plan.noise_multiplier,
-        max_grad_norm=tp.max_grad_norm,
+    private = build_private_step(
+        model,
+        mode=mode,
         expected_batch_size=max(1, round(q * n)),
-        loss_reduction="mean",
-        generator=rand.noise,
-        secure_mode=True,  # the floating-point-safe noise formula (randomness.py)
+        max_grad_norm=tp.max_grad_norm,
+        noise_multiplier=plan.noise_multiplier,
+        optimizer=tp.optimizer,
+        learning_rate=tp.learning_rate,
+        momentum=tp.momentum,
+        noise_generator=rand.noise,
     )
     recorder = PRVAccountant() if plan.mechanism == "prv" else RDPAccountant()
-    dp_opt.attach_step_hook(recorder.get_optimizer_hook_fn(sample_rate=q))
-    criterion: Callable[[torch.Tensor, torch.Tensor], Any]
-    if mode == "ghost":
-        criterion = DPLossFastGradientClipping(gsm, dp_opt, nn.CrossEntropyLoss(), "mean")
-    else:
-        criterion = nn.CrossEntropyLoss()
+    private.optimizer.attach_step_hook(recorder.get_optimizer_hook_fn(sample_rate=q))
     loader = poisson_loader(
         torch.from_numpy(dataset.features),
         torch.from_numpy(dataset.labels),
@@ -587,10 +636,7 @@ def _train_and_write(
             rand.reseed()
             xb, yb = next(batches)
             batch_sizes.append(int(yb.shape[0]))
-            dp_opt.zero_grad()
-            loss = criterion(gsm(xb), yb)
-            loss.backward()
-            dp_opt.step()
+            private(xb, yb)
             steps += 1
     train_seconds = time.perf_counter() - train_started - acct_seconds
     history = [(float(s), float(r), int(t)) for s, r, t in recorder.history]
@@ -607,7 +653,7 @@ def _train_and_write(
     spent = _spend(eps_used, config.budget.epsilon)
     per_acct = _epsilons(history, delta, config.accountant.eps_error, skip=plan.mechanism)
     per_acct[plan.mechanism] = eps_used
-    trained: nn.Module = getattr(gsm, "_module", model)
+    trained: nn.Module = getattr(private.module, "_module", model)
     tmp_model.parent.mkdir(parents=True, exist_ok=True)
     torch.save(trained.state_dict(), tmp_model)
     artifact_digest = _sha256(tmp_model)
