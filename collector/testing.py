@@ -13,6 +13,7 @@ import glob
 import itertools
 import os
 import pwd
+import re
 import secrets
 import shutil
 import socket
@@ -36,6 +37,10 @@ from fedldp.v1 import collector_pb2 as pb
 from fedldp.v1 import policy_pb2
 
 COARSE = 3600
+
+
+def _metric_name(policy_id: str) -> str:
+    return "metric." + re.sub(r"[^A-Za-z0-9_]", "_", policy_id)
 
 
 @dataclass
@@ -66,11 +71,12 @@ class Deployment:
         not_before: int | None = None,
         lifetime_seconds: int = 30 * 86400,
         params: dict[str, str] | None = None,
+        memo_charging: int = policy_pb2.MEMO_CHARGING_NONE,
     ) -> policy_pb2.SignedEnvelope:
         """Sign and keep a categorical policy; returns its envelope."""
         policy = self.authority.categorical_policy(
             policy_id=policy_id,
-            metric=f"metric.{policy_id}",
+            metric=_metric_name(policy_id),
             labels=list(labels),
             epsilon=epsilon,
             epsilon_cap=epsilon_cap,
@@ -82,6 +88,7 @@ class Deployment:
             min_reports=1,
             audience=(self.audience,),
             params=params,
+            memo_charging=memo_charging,  # type: ignore[arg-type]
         )
         env = self.authority.sign(policy)
         self.envelopes.append(env)
@@ -101,7 +108,7 @@ class Deployment:
         """Sign and keep a numeric policy; returns its envelope."""
         policy = self.authority.numeric_policy(
             policy_id=policy_id,
-            metric=f"metric.{policy_id}",
+            metric=_metric_name(policy_id),
             lo=lo,
             hi=hi,
             epsilon=epsilon,

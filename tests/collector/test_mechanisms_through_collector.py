@@ -1,0 +1,137 @@
+"""Every registered mechanism through the real collector: its outputs are accepted,
+charged and folded into the stored statistic exactly as a recompute from the raw
+rows; an output outside its domain is refused with the mechanism's own reason."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import random
+from collections.abc import Iterator
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+from fedldp.client.mechanisms import BitVectorOutput, NumericOutput, registered_ids
+from fedldp.collector.auth import bearer_metadata
+from fedldp.collector.server import RunningCollector, start_collector
+from fedldp.collector.testing import Deployment, coarse, make_report
+from fedldp.v1 import collector_pb2 as pb
+from fedldp.v1 import collector_pb2_grpc, policy_pb2
+
+NUMERIC = {"duchi", "hybrid", "laplace", "piecewise"}
+LABELS = [f"v{i}" for i in range(8)]
+
+
+@pytest.fixture(scope="module")
+def every_mechanism(now: int) -> Deployment:
+    d = Deployment.create(now=now)
+    for m in registered_ids():
+        if m in NUMERIC:
+            d.add_numeric(f"p-{m}", mechanism=m, lo="-1", hi="1")
+        elif m.startswith("rappor-"):
+            d.add_categorical(
+                f"p-{m}",
+                mechanism=m,
+                labels=LABELS,
+                params={"epsilon_permanent": "2"},
+                memo_charging=policy_pb2.MEMO_CHARGING_INSTANTANEOUS,
+            )
+        else:
+            d.add_categorical(f"p-{m}", mechanism=m, labels=LABELS)
+    return d
+
+
+@pytest.fixture(scope="module")
+def running(
+    every_mechanism: Deployment, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[RunningCollector]:
+    path: Path = tmp_path_factory.mktemp("mech") / "ledger.db"
+    r = start_collector(
+        every_mechanism.config(f"sqlite:///{path}"), registry=every_mechanism.registry()
+    )
+    yield r
+    r.stop(1.0)
+
+
+@pytest.mark.parametrize("mechanism", registered_ids())
+def test_outputs_are_charged_and_aggregated(
+    every_mechanism: Deployment, running: RunningCollector, now: int, mechanism: str
+) -> None:
+    envelope = every_mechanism.envelopes[registered_ids().index(mechanism)]
+    policy = every_mechanism.verified(envelope)
+    rng = random.Random(7)
+    values = [
+        rng.uniform(-1, 1) if mechanism in NUMERIC else rng.randrange(len(LABELS)) for _ in range(3)
+    ]
+    outputs = []
+    for v in values:
+        if mechanism.startswith("rappor-"):
+            memoized: Any = policy.mechanism
+            outputs.append(memoized.perturb(v, rng=rng, memo=memoized.new_memo()))
+        else:
+            outputs.append(policy.mechanism.perturb(v, rng=rng))
+    reports = [make_report(policy, o, coarse_time=coarse(now)) for o in outputs]
+    subject = f"user-{mechanism}"
+    with grpc.insecure_channel(running.address) as channel:
+        stub = collector_pb2_grpc.CollectorStub(channel)
+        response = stub.Submit(
+            pb.SubmitRequest(reports=reports),
+            metadata=bearer_metadata(every_mechanism.token(subject)),
+        )
+    assert [o.outcome for o in response.outcomes] == [pb.OUTCOME_ACCEPTED] * 3
+    window = policy.window_start(now)
+    ledger = running.ledger
+    assert ledger.spent(subject, policy.policy_id, window) == 3 * policy.epsilon
+    parts = ledger.statistics(policy.policy_id, policy.version, window)
+    assert sum(p.n for p in parts) == 3
+    mech = policy.mechanism
+    merged = mech.new_statistic()
+    for p in parts:
+        mech.merge_statistics(merged, mech.statistic_from_json(p.statistic_json))
+    assert mech.statistic_to_json(merged) == mech.statistic_to_json(
+        ledger.recompute_statistics(policy, window)
+    )
+    assert ledger.reconcile() == []
+
+
+def _bad_output(mechanism: str, output: object) -> tuple[object, int]:
+    """An output of the right kind but outside the domain, and the expected reason."""
+    if mechanism == "laplace":  # any finite real is a possible Laplace output
+        return NumericOutput(math.inf), pb.REJECT_REASON_NON_FINITE
+    if isinstance(output, BitVectorOutput):
+        return dataclasses.replace(output, length=output.length + 1), pb.REJECT_REASON_WRONG_LENGTH
+    if isinstance(output, NumericOutput):
+        return NumericOutput(1e9), pb.REJECT_REASON_OUT_OF_DOMAIN
+    field = "index" if hasattr(output, "index") else "value"
+    return dataclasses.replace(output, **{field: 10**6}), pb.REJECT_REASON_OUT_OF_DOMAIN  # type: ignore[type-var]
+
+
+@pytest.mark.parametrize("mechanism", registered_ids())
+def test_out_of_domain_outputs_are_refused(
+    every_mechanism: Deployment, running: RunningCollector, now: int, mechanism: str
+) -> None:
+    envelope = every_mechanism.envelopes[registered_ids().index(mechanism)]
+    policy = every_mechanism.verified(envelope)
+    rng = random.Random(3)
+    value = 0.5 if mechanism in NUMERIC else 1
+    if mechanism.startswith("rappor-"):
+        memoized: Any = policy.mechanism
+        good = memoized.perturb(value, rng=rng, memo=memoized.new_memo())
+    else:
+        good = policy.mechanism.perturb(value, rng=rng)
+    bad, reason = _bad_output(mechanism, good)
+    report = make_report(policy, bad, coarse_time=coarse(now))  # type: ignore[arg-type]
+    subject = f"bad-{mechanism}"
+    with grpc.insecure_channel(running.address) as channel:
+        stub = collector_pb2_grpc.CollectorStub(channel)
+        response = stub.Submit(
+            pb.SubmitRequest(reports=[report]),
+            metadata=bearer_metadata(every_mechanism.token(subject)),
+        )
+    outcome = response.outcomes[0]
+    assert (outcome.outcome, outcome.reason) == (pb.OUTCOME_INVALID, reason)
+    assert running.ledger.spent(subject, policy.policy_id, policy.window_start(now)) == Decimal(0)
+    assert not running.ledger.has_report(report.report_id)
