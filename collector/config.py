@@ -81,7 +81,11 @@ class CollectorConfig:
         },
     )
     max_message_bytes: int = field(
-        default=4 * 1024 * 1024, metadata={"help": "largest request accepted, bytes"}
+        default=1024 * 1024,
+        metadata={
+            "help": "largest request accepted, bytes (memory is bounded by about "
+            "max_concurrent_rpcs x max_message_bytes x 3)"
+        },
     )
     max_reports_per_request: int = field(
         default=1000, metadata={"help": "most reports in one Submit request"}
@@ -104,7 +108,7 @@ class CollectorConfig:
     )
     workers: int = field(default=64, metadata={"help": "gRPC handler threads"})
     max_concurrent_rpcs: int = field(
-        default=4096, metadata={"help": "RPCs in progress at most; beyond, RESOURCE_EXHAUSTED"}
+        default=256, metadata={"help": "RPCs in progress at most; beyond, RESOURCE_EXHAUSTED"}
     )
     group_commit_max_reports: int = field(
         default=20000, metadata={"help": "most reports in one ledger transaction"}
