@@ -387,3 +387,32 @@ def test_policy_folders_and_reload(deployment: Deployment, tmp_path: Path, now: 
             assert out.outcomes[0].outcome == pb.OUTCOME_ACCEPTED
     finally:
         running.stop(1.0)
+
+
+def test_logs_carry_no_subject_token_or_payload(
+    deployment: Deployment, collector: RunningCollector, now: int, caplog: pytest.LogCaptureFixture
+) -> None:
+    import logging
+
+    from fedldp.collector.daemon import JsonFormatter
+
+    subject = "subject-that-must-not-be-logged"
+    token = deployment.token(subject)
+    policy = deployment.verified(deployment.envelopes[0])
+    report = make_report(policy, CategoryOutput(3), coarse_time=coarse(now))
+    with (
+        caplog.at_level(logging.DEBUG, logger="fedldp"),
+        grpc.insecure_channel(collector.address) as channel,
+    ):
+        stub = collector_pb2_grpc.CollectorStub(channel)
+        stub.Submit(pb.SubmitRequest(reports=[report]), metadata=bearer_metadata(token))
+        with pytest.raises(grpc.RpcError):
+            stub.Submit(
+                pb.SubmitRequest(reports=[report]), metadata=bearer_metadata(token[:-2] + "xx")
+            )
+        with pytest.raises(grpc.RpcError):
+            stub.Submit(pb.SubmitRequest(reports=[report] * 2000), metadata=bearer_metadata(token))
+    formatted = "\n".join(JsonFormatter().format(r) for r in caplog.records)
+    assert "request refused" in formatted
+    for secret in (subject, token, report.report_id.hex()):
+        assert secret not in formatted
