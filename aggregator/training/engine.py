@@ -426,9 +426,16 @@ def train_private(
     # 2. reserve before reading.
     own_ledger = ledger is None
     if ledger is None:
+        import sqlalchemy as sa
         from fedldp.collector.ledger import open_ledger
 
-        ledger = open_ledger(config.budget.ledger)
+        try:
+            ledger = open_ledger(config.budget.ledger)
+        except (sa.exc.SQLAlchemyError, OSError, ValueError) as exc:
+            raise BudgetRefusedError(
+                f"cannot open the ledger at {redact_url(config.budget.ledger)}: "
+                f"{type(exc).__name__}"
+            ) from exc
     try:
         return _reserved_run(
             config, ledger, model, custom, fixed, mode, mode_reason, load, clock, log, started
@@ -441,6 +448,7 @@ def train_private(
 
 
 def _reserve(config: TrainConfig, ledger: CentralLedger, clock: Callable[[], int]) -> Any:
+    import sqlalchemy as sa
     from fedldp.collector.ledger import LedgerError
 
     budget = config.budget
@@ -457,6 +465,10 @@ def _reserve(config: TrainConfig, ledger: CentralLedger, clock: Callable[[], int
         )
     except LedgerError as exc:
         raise BudgetRefusedError(f"the ledger refused the reservation: {exc}") from exc
+    except sa.exc.SQLAlchemyError as exc:
+        raise BudgetRefusedError(
+            f"the ledger is unavailable ({type(exc).__name__}); nothing was reserved"
+        ) from exc
     if res.status != "reserved":
         raise BudgetRefusedError(
             f"idempotency key {key!r} belongs to reservation {res.id}, which is {res.status}; "

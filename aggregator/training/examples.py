@@ -9,8 +9,9 @@ over 5 seeds beside the same MLP trained without privacy.
 
 Procedure (what the figures mean):
 
-- features are scaled by 1/16, the pixel range documented for the dataset —
-  a data-independent constant, so it leaks nothing;
+- features are mapped from the pixel range documented for the dataset, [0, 16],
+  to [-1, 1] (x/8 − 1) — data-independent constants, so it leaks nothing
+  (centred inputs gained ~6 points at ε = 1 over x/16 on the validation split);
 - seed s ∈ {0..4} fixes the stratified 80/20 train/test split and the model's
   initialization; Poisson sampling and DP noise always come from OS entropy
   (the production path), so a rerun gives slightly different numbers;
@@ -90,7 +91,7 @@ def digits_split(seed: int, *, validation: bool = False) -> Split:
     from sklearn.model_selection import train_test_split
 
     x, y = load_digits(return_X_y=True)
-    x = x / PIXEL_MAX
+    x = x / (PIXEL_MAX / 2) - 1.0  # documented range [0, 16] -> [-1, 1]
     xtr, xte, ytr, yte = train_test_split(x, y, test_size=0.2, stratify=y, random_state=seed)
     if validation:
         xtr, xte, ytr, yte = train_test_split(

@@ -81,6 +81,11 @@ def test_refused_reservation_reads_nothing_and_writes_nothing(
         train_private(no_cap, ledger=ledger, load=counter)
     assert counter.calls == 0 and not never.exists()
 
+    unreachable = make_config(budget={"ledger": f"sqlite:///{tmp_path}/missing/dir/ledger.db"})
+    with pytest.raises(BudgetRefusedError, match="cannot open the ledger"):
+        train_private(unreachable, load=counter)
+    assert counter.calls == 0
+
 
 def test_run_settles_spend_and_receipt_replays(make_config: ConfigFactory, ledger: Ledger) -> None:
     counter = CountingLoader()
