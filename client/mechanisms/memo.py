@@ -229,8 +229,12 @@ class MemoizedUnary(Memoized):
         import numpy as np
 
         permanent = self.permanent.perturb_batch(values, rng)
-        flips = words_to_bytes(bernoulli_words(self.flip, permanent.shape[0], self.k, rng), self.k)
-        return np.bitwise_xor(permanent, flips)
+        chunk = max(1, (1 << 18) // ((self.k + 63) // 64))
+        for start in range(0, permanent.shape[0], chunk):
+            block = permanent[start : start + chunk]
+            flips = bernoulli_words(self.flip, block.shape[0], self.k, rng)
+            np.bitwise_xor(block, words_to_bytes(flips, self.k), out=block)
+        return permanent
 
 
 class RapporOUE(MemoizedUnary):

@@ -203,10 +203,23 @@ class OLH(FrequencyOracle):
         if values.size and (values.min() < 0 or values.max() >= self.k):
             raise ValueError(f"values must be indices in [0, {self.k})")
         n = values.shape[0]
-        seeds = np.asarray(rng.integers(0, self.seed_space, size=n, dtype=np.int64))
-        hashed = self._hash_batch(seeds, values)
+        g, m = self.g, self.m
+        # Uniform seeds are i.i.d. uniform base-g digits: draw the digits, hash with a
+        # table of the values' digits, and compose the seed. Chunks stay in cache.
+        table = np.stack(self._digits(np.arange(self.k, dtype=np.int64), m)[:m], axis=1)
+        powers = g ** np.arange(m + 1, dtype=np.int64)
+        seeds = np.empty(n, dtype=np.int64)
+        hashed = np.empty(n, dtype=np.int64)
+        chunk = 1 << 16
+        for start in range(0, n, chunk):
+            v = values[start : start + chunk]
+            digits = rng.integers(0, g, size=(v.shape[0], m + 1), dtype=np.int64)
+            h = np.einsum("ij,ij->i", digits[:, :m], table[v])
+            h += digits[:, m]
+            hashed[start : start + chunk] = h % g
+            seeds[start : start + chunk] = digits @ powers
         keep = rng.random(n) < self.p
-        other = rng.integers(0, self.g - 1, size=n, dtype=np.int64)
+        other = rng.integers(0, g - 1, size=n, dtype=np.int64)
         other += other >= hashed
         return seeds, np.where(keep, hashed, other)
 

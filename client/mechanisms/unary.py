@@ -69,16 +69,23 @@ def unary_bits_batch(
     if values.size and (values.min() < 0 or values.max() >= k):
         raise ValueError(f"values must be indices in [0, {k})")
     n = values.shape[0]
-    words = bernoulli_words(q, n, k, rng)
-    rows = np.arange(n)
-    word_index = values >> 6
-    bit = (values & 63).astype(np.uint64)
-    truth = np.asarray(rng.random(n) < p, dtype=np.uint64)
-    current = words[rows, word_index]
-    current &= ~(np.uint64(1) << bit)
-    current |= truth << bit
-    words[rows, word_index] = current
-    return words_to_bytes(words, k)
+    out = np.empty((n, byte_length(k)), dtype=np.uint8)
+    # Chunks of about 2 MiB of words keep the sampler's passes in cache.
+    chunk = max(1, (1 << 18) // ((k + 63) // 64))
+    for start in range(0, n, chunk):
+        v = values[start : start + chunk]
+        rows = v.shape[0]
+        words = bernoulli_words(q, rows, k, rng)
+        index = np.arange(rows)
+        word_index = v >> 6
+        bit = (v & 63).astype(np.uint64)
+        truth = np.asarray(rng.random(rows) < p, dtype=np.uint64)
+        current = words[index, word_index]
+        current &= ~(np.uint64(1) << bit)
+        current |= truth << bit
+        words[index, word_index] = current
+        out[start : start + rows] = words_to_bytes(words, k)
+    return out
 
 
 class UnaryEncoding(FrequencyOracle):

@@ -369,3 +369,17 @@ def test_hybrid_switches_to_duchi_below_epsilon_star() -> None:
     assert Hybrid(Decimal("0.5"), LO, HI).alpha == 0.0
     assert Hybrid(Decimal(1), LO, HI).alpha == pytest.approx(1 - math.exp(-0.5))
     assert Laplace(Decimal(2), LO, HI).b == 1.0
+
+
+@pytest.mark.parametrize("eps", ["0.5", "2", "4"])
+def test_olh_batch_reports_use_the_contract_hash(eps: str) -> None:
+    mech = OLH(Decimal(eps), 4096)
+    rng = np.random.default_rng(3)
+    values = rng.integers(0, 4096, 5000)
+    seeds, ys = mech.perturb_batch(values, rng)
+    assert seeds.min() >= 0 and seeds.max() < mech.seed_space
+    kept = sum(
+        mech.hash(int(s), int(v)) == int(y) for s, v, y in zip(seeds, values, ys, strict=True)
+    )
+    sd = math.sqrt(5000 * mech.p * (1 - mech.p))
+    assert abs(kept - 5000 * mech.p) < 5 * sd  # z = 5: false-failure rate < 1e-6
