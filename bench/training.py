@@ -354,7 +354,7 @@ def main() -> None:
         "--reps", type=int, default=5, help="repetitions per figure (>= 5 for reports)"
     )
     parser.add_argument(
-        "--max-steps", type=int, default=60, help="steps timed per repetition, at most"
+        "--max-steps", type=int, default=20, help="steps timed per repetition, at most"
     )
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
     parser.add_argument(
