@@ -210,15 +210,25 @@ def words_to_bytes(words: npt.NDArray[np.uint64], length: int) -> npt.NDArray[np
 
 
 def column_counts(packed: npt.NDArray[np.uint8], length: int) -> npt.NDArray[np.int64]:
-    """Number of rows with bit i set, for each i < length (packed little-endian rows)."""
+    """Number of rows with bit i set, for each i < length (packed little-endian rows).
+
+    One histogram of (byte column, byte value) pairs, then a (256 x 8) table of
+    each byte value's bits: no row is unpacked to one byte per bit.
+    """
     import numpy as np
 
-    counts = np.zeros(length, dtype=np.int64)
-    chunk = 8192
-    for start in range(0, packed.shape[0], chunk):
-        block = np.unpackbits(packed[start : start + chunk], axis=1, bitorder="little")
-        counts += block[:, :length].sum(axis=0, dtype=np.int64)
-    return counts
+    rows, width = packed.shape
+    bits_of = np.unpackbits(
+        np.arange(256, dtype=np.uint8)[:, None], axis=1, bitorder="little"
+    ).astype(np.int64)
+    offsets = (np.arange(width, dtype=np.int32) * 256)[None, :]
+    histogram = np.zeros(width * 256, dtype=np.int64)
+    chunk = max(1, (1 << 20) // max(1, width))
+    for start in range(0, rows, chunk):
+        cells = packed[start : start + chunk].astype(np.int32) + offsets
+        histogram += np.bincount(cells.ravel(), minlength=width * 256)
+    counts = histogram.reshape(width, 256) @ bits_of
+    return np.asarray(counts.reshape(-1)[:length], dtype=np.int64)
 
 
 def support_variance(n: int, frequency: Any, p: float, q: float) -> npt.NDArray[np.float64]:

@@ -383,3 +383,14 @@ def test_olh_batch_reports_use_the_contract_hash(eps: str) -> None:
     )
     sd = math.sqrt(5000 * mech.p * (1 - mech.p))
     assert abs(kept - 5000 * mech.p) < 5 * sd  # z = 5: false-failure rate < 1e-6
+
+
+@pytest.mark.parametrize("length", [1, 7, 8, 131, 4096])
+def test_column_counts_match_unpacked_sums(length: int) -> None:
+    from fedldp.client.mechanisms._common import byte_length, column_counts
+
+    rng = np.random.default_rng(length)
+    bits = rng.random((3000, length)) < 0.3
+    packed = np.packbits(bits, axis=1, bitorder="little")
+    assert packed.shape[1] == byte_length(length)
+    assert np.array_equal(column_counts(packed, length), bits.sum(axis=0))
