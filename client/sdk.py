@@ -61,6 +61,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+import grpc
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from fedldp.client.device_store import EXACT, DeviceStore, Event, StoredPolicy
 from fedldp.client.mechanisms.base import Output
@@ -280,6 +281,8 @@ class Client:
             backoff jitter always come from the OS CSPRNG.
         clock: Unix time in seconds for policy validity, budget windows and report
             times (tests pass a fake clock). Retry scheduling uses the real clock.
+        channel: an existing gRPC channel to share instead of dialing `collector`
+            (fleet simulations; see `Transport`). Not closed by `close()`.
     """
 
     def __init__(
@@ -303,6 +306,7 @@ class Client:
         on_event: EventCallback | None = None,
         rng: random.Random | None = None,
         clock: Callable[[], float] = time.time,
+        channel: grpc.Channel | None = None,
     ) -> None:
         for name, limit in (("max_epsilon", max_epsilon), ("max_epsilon_cap", max_epsilon_cap)):
             if limit is not None and (
@@ -340,7 +344,9 @@ class Client:
             self._outbox = Outbox(self._store, max_reports=max_outbox)
             self._trust = self._load_trust(trust_root)
             self._load_cached_policies()
-            self._transport = Transport(collector, credentials, timeout_seconds=timeout_seconds)
+            self._transport = Transport(
+                collector, credentials, timeout_seconds=timeout_seconds, channel=channel
+            )
         except BaseException:
             self._store.close()
             raise

@@ -202,7 +202,15 @@ class Transport:
         *,
         timeout_seconds: float = 30.0,
         options: Sequence[tuple[str, int | str]] = (),
+        channel: grpc.Channel | None = None,
     ) -> None:
+        """Dial `target`, or use `channel` if given.
+
+        A given `channel` is shared, not owned: `close()` leaves it open. It is
+        for simulations that run many devices in one process (each device keeps
+        its own credentials, state and outbox; only the HTTP/2 connection is
+        shared). A real device passes nothing and gets a connection of its own.
+        """
         if not target or any(c.isspace() for c in target):
             raise ValueError("collector must be a 'host:port' target without spaces")
         if timeout_seconds <= 0:
@@ -219,7 +227,10 @@ class Transport:
             ("grpc.http2.bdp_probe", 0),
             *options,
         ]
-        if credentials.insecure:
+        self._owns_channel = channel is None
+        if channel is not None:
+            self._channel = channel
+        elif credentials.insecure:
             self._channel = grpc.insecure_channel(target, options=channel_options)
         else:
             channel_credentials = grpc.ssl_channel_credentials(
@@ -291,8 +302,9 @@ class Transport:
         return response
 
     def close(self) -> None:
-        """Close the channel (idempotent)."""
-        self._channel.close()
+        """Close the channel if this Transport opened it (idempotent)."""
+        if self._owns_channel:
+            self._channel.close()
 
 
 def jitter_rng() -> random.Random:

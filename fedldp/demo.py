@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 import click
+import grpc
 
 POLICY_ID = "demo.browser-homepage"
 METRIC = "browser.homepage"
@@ -255,6 +256,9 @@ class Fleet:
         )
         self.tokens = TokenAuthority(spec.token_secret)
         self.tally = Tally()
+        # The simulated devices of one process share one HTTP/2 connection; each
+        # keeps its own credentials, state file, outbox and budget guard.
+        self.channel = grpc.insecure_channel(spec.address)
 
     def _client(self, device: int, state_name: str) -> Any:
         from fedldp.client.sdk import Client
@@ -273,6 +277,7 @@ class Fleet:
             audience=AUDIENCE,
             timeout_seconds=30.0,
             rng=rng,
+            channel=self.channel,
         )
 
     def _send(self, client: Any) -> None:

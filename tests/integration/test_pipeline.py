@@ -214,3 +214,37 @@ def test_demo_stops_its_collector_on_ctrl_c(tmp_path: Path) -> None:
             process.wait()
     assert process.returncode != 0
     assert _port_is_closed(port)
+
+
+def test_devices_sharing_a_channel_keep_their_own_identity(
+    pipeline: Pipeline, tmp_path: Path
+) -> None:
+    """A fleet simulation shares one connection; subjects, state and budgets stay apart."""
+    import grpc
+
+    channel = grpc.insecure_channel(pipeline.collector.address)
+    try:
+        for subject in ("device-a", "device-b"):
+            client = Client(
+                "unused:0",
+                trust_root=TrustRoot(
+                    pipeline.authority.root_envelope, pipeline.authority.root_public_keys
+                ),
+                state_dir=tmp_path / subject,
+                credentials=Credentials.insecure_bearer(
+                    pipeline.tokens.mint(subject, expires_at=pipeline.now + 3600)
+                ),
+                audience=AUDIENCE,
+                channel=channel,
+            )
+            with client:
+                client.record("browser.homepage", "news")
+                assert client.flush(timeout=30).acknowledged == 1
+        # Closing the clients left the shared channel open.
+        grpc.channel_ready_future(channel).result(timeout=5)
+    finally:
+        channel.close()
+    policy = next(iter(pipeline.collector.registry.policies.values()))
+    window = policy.window_start(int(time.time()))
+    for subject in ("device-a", "device-b"):
+        assert pipeline.collector.ledger.spent(subject, "homepage", window) == Decimal("2")
