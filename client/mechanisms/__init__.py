@@ -21,6 +21,7 @@ from fedldp.client.mechanisms.base import (
     OutputDomainError,
 )
 from fedldp.client.mechanisms.memo import MemoState
+from fedldp.client.mechanisms.oracle import domain_index
 from fedldp.client.mechanisms.registry import (
     UnknownMechanismError,
     create,
@@ -44,6 +45,7 @@ __all__ = [
     "UnknownMechanismError",
     "choose_frequency_oracle",
     "create",
+    "domain_index",
     "register",
     "registered_ids",
     "resolve",

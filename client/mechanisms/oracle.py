@@ -21,7 +21,7 @@ A subclass says how to perturb, how to check an output, how to count support
 from __future__ import annotations
 
 from abc import abstractmethod
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
@@ -31,6 +31,23 @@ from fedldp.client.mechanisms.base import CountStatistic, Estimate, Mechanism, O
 if TYPE_CHECKING:
     import numpy as np
     import numpy.typing as npt
+
+
+def domain_index(labels: Sequence[str]) -> dict[str, int]:
+    """Label -> index for a categorical domain; duplicate or too few labels raise ValueError.
+
+    The message names positions, never label contents (labels may be sensitive).
+    """
+    if len(labels) < 2:
+        raise ValueError(f"a categorical domain needs at least 2 values, got {len(labels)}")
+    index: dict[str, int] = {}
+    for position, label in enumerate(labels):
+        if not isinstance(label, str):
+            raise ValueError(f"domain value at position {position} is not a string")
+        if label in index:
+            raise ValueError(f"duplicate domain value at positions {index[label]} and {position}")
+        index[label] = position
+    return index
 
 
 class FrequencyOracle(Mechanism[int, CountStatistic]):

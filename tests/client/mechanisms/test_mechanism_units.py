@@ -394,3 +394,14 @@ def test_column_counts_match_unpacked_sums(length: int) -> None:
     packed = np.packbits(bits, axis=1, bitorder="little")
     assert packed.shape[1] == byte_length(length)
     assert np.array_equal(column_counts(packed, length), bits.sum(axis=0))
+
+
+def test_domain_index_refuses_duplicates_without_naming_them() -> None:
+    from fedldp.client.mechanisms import domain_index
+
+    assert domain_index(["a", "b", "c"]) == {"a": 0, "b": 1, "c": 2}
+    with pytest.raises(ValueError, match="positions 0 and 2") as info:
+        domain_index(["secret", "b", "secret"])
+    assert "secret" not in str(info.value)
+    with pytest.raises(ValueError, match="at least 2"):
+        domain_index(["only"])
