@@ -180,6 +180,7 @@ def module_overhead(
 
     data = dataset_from_arrays(x.reshape(len(y), -1).numpy(), y.numpy())
     shares, overheads, loops = [], [], []
+    parts: dict[str, list[float]] = {"ledger": [], "accountant": [], "data+files": []}
     mode = ""
     for _ in range(reps):
         with tempfile.TemporaryDirectory() as tmp:
@@ -216,12 +217,18 @@ def module_overhead(
             ledger.close()
             mode = result.receipt["training"]["grad_sample_mode"]["mode"]
             shares.append(result.overhead_seconds / result.training_seconds)
+            t = result.timings
+            loop = result.training_seconds
+            parts["ledger"].append((t["reserve"] + t["settle"]) / loop)
+            parts["accountant"].append((t["plan"] + t["checks"] + t["final"]) / loop)
+            parts["data+files"].append((t["load"] + t["write"]) / loop)
             overheads.append(result.overhead_seconds)
             loops.append(result.training_seconds)
     return {
         "mode": mode,
         "epochs": epochs,
         "overhead_share": _summ(shares),
+        "share_by_part": {k: _summ(v) for k, v in parts.items()},
         "overhead_seconds": _summ(overheads),
         "loop_seconds": _summ(loops),
     }
@@ -306,7 +313,9 @@ def run(quick: bool, reps: int, max_steps: int, threads: int) -> dict[str, Any]:
             f"module overhead {name} b={batch} {epochs} epochs ({o['mode']}): "
             f"{100 * o['overhead_share']['median']:.1f}% of loop time "
             f"(overhead {o['overhead_seconds']['median']:.2f}s, "
-            f"loop {o['loop_seconds']['median']:.2f}s)",
+            f"loop {o['loop_seconds']['median']:.2f}s; "
+            + ", ".join(f"{k} {100 * v['median']:.1f}%" for k, v in o["share_by_part"].items())
+            + ")",
             flush=True,
         )
     return {

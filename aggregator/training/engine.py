@@ -24,6 +24,7 @@ there is no fallback to non-private training and no artifact.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import json
 import os
@@ -31,7 +32,7 @@ import platform
 import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from decimal import ROUND_CEILING, Decimal
 from importlib import metadata
 from pathlib import Path
@@ -130,6 +131,10 @@ class TrainingResult:
     model: nn.Module
     overhead_seconds: float
     training_seconds: float
+    # Seconds per part of the run outside the training loop: "reserve", "load",
+    # "plan" (calibration + step limit), "checks" (per-interval accountant),
+    # "final" (final ε per accountant), "write" (artifact + receipt), "settle".
+    timings: dict[str, float] = field(default_factory=dict)
 
 
 def _now() -> int:
@@ -490,7 +495,9 @@ def _reserved_run(
     log: Callable[[str], None],
     started: float,
 ) -> TrainingResult:
+    t0 = time.perf_counter()
     reservation = _reserve(config, ledger, clock)
+    reserve_seconds = time.perf_counter() - t0
     log(
         f"reserved eps={config.budget.epsilon} delta={config.budget.delta} "
         f"(reservation {reservation.id})"
@@ -516,6 +523,7 @@ def _reserved_run(
             started,
         )
         spent = result.epsilon_spent
+        t0 = time.perf_counter()
         ledger.settle(
             reservation.id,
             epsilon_spent=spent,
@@ -532,6 +540,11 @@ def _reserved_run(
             now=clock(),
         )
         settled = True
+        result.timings["reserve"] = reserve_seconds
+        result.timings["settle"] = time.perf_counter() - t0
+        result = dataclasses.replace(
+            result, overhead_seconds=time.perf_counter() - started - result.training_seconds
+        )
         os.replace(tmp_model, result.model_path)
         os.replace(tmp_receipt, result.receipt_path)
         log(f"settled eps={spent} (reservation {reservation.id}); wrote {result.model_path}")
@@ -574,7 +587,10 @@ def _train_and_write(
         torch.manual_seed(config.randomness.seed)
 
     # 3. data, sample rate, noise, step limit.
+    timings: dict[str, float] = {}
+    t0 = time.perf_counter()
     dataset = load(config.data)
+    timings["load"] = time.perf_counter() - t0
     n = dataset.n_rows
     q = tp.sample_rate if tp.sample_rate is not None else (tp.expected_batch_size or 0) / n
     if not 0 < q <= 1:
@@ -583,7 +599,9 @@ def _train_and_write(
         )
     steps_per_epoch = int(1 / q)  # DPDataLoader's epoch length (UniformWithReplacementSampler)
     planned = tp.epochs * steps_per_epoch
+    t0 = time.perf_counter()
     plan = plan_with_fallback(config, sample_rate=q, planned_steps=planned)
+    timings["plan"] = time.perf_counter() - t0
     if plan.fallback_reason:
         log(f"PRV failed ({plan.fallback_reason}); using RDP as configured")
     if plan.step_limit == 0:
@@ -659,6 +677,8 @@ def _train_and_write(
         )
 
     # 6. the bound, the artifact, the receipt.
+    timings["checks"] = acct_seconds
+    t0 = time.perf_counter()
     eps_used = plan.accountant.epsilon_at(steps)
     if not within(eps_used, config.budget.epsilon):
         raise AccountantError("the final epsilon exceeds the reservation")
@@ -666,6 +686,8 @@ def _train_and_write(
     per_acct = _epsilons(history, delta, config.accountant.eps_error, skip=plan.mechanism)
     per_acct[plan.mechanism] = eps_used
     trained: nn.Module = getattr(private.module, "_module", model)
+    timings["final"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
     tmp_model.parent.mkdir(parents=True, exist_ok=True)
     torch.save(trained.state_dict(), tmp_model)
     artifact_digest = _sha256(tmp_model)
@@ -746,6 +768,7 @@ def _train_and_write(
         },
     }
     tmp_receipt.write_text(json.dumps(receipt, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    timings["write"] = time.perf_counter() - t0
     total = time.perf_counter() - started
     return TrainingResult(
         model_path=config.output_dir / MODEL_FILE,
@@ -757,6 +780,7 @@ def _train_and_write(
         epsilon_spent=spent,
         model=trained,
         overhead_seconds=max(0.0, total - train_seconds),
+        timings=timings,
         training_seconds=train_seconds,
     )
 
