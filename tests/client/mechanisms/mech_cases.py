@@ -88,11 +88,6 @@ def batch_to_outputs(mech: Mechanism, batch: Any) -> list[Output]:  # type: igno
     return [CategoryOutput(int(i)) for i in batch]
 
 
-def output_key(output: Output) -> Any:
-    """A hashable cell for counting outputs."""
-    return output
-
-
 def exact_law(mech: FrequencyOracle, value: int) -> dict[Output, float]:
     """Every output with its probability, from the mechanism's own contract."""
     return {o: mech.output_probability(value, o) for o in mech.outputs()}
