@@ -20,7 +20,7 @@ from fedldp.client.mechanisms.base import (
     Output,
     OutputDomainError,
 )
-from fedldp.client.mechanisms.memo import MemoState
+from fedldp.client.mechanisms.memo import Memoized, MemoState
 from fedldp.client.mechanisms.oracle import domain_index
 from fedldp.client.mechanisms.registry import (
     UnknownMechanismError,
@@ -38,6 +38,7 @@ __all__ = [
     "IndexBitOutput",
     "Mechanism",
     "MemoState",
+    "Memoized",
     "MomentStatistic",
     "NumericOutput",
     "Output",
