@@ -307,6 +307,21 @@ def _probe_model(config: ModelConfig) -> nn.Module:
     return build_mlp(config, num_features=1, num_classes=2)
 
 
+def _publish(tmp: Path, final: Path) -> None:
+    """Move `tmp` to `final` without ever replacing an existing file (hard link, then
+    unlink); a concurrent release at the same path makes this raise OutputExistsError."""
+    try:
+        os.link(tmp, final)
+    except FileExistsError as exc:
+        raise OutputExistsError(f"{final} appeared during the run; not overwritten") from exc
+    except OSError:  # no hard links on this filesystem
+        if final.exists():
+            raise OutputExistsError(f"{final} appeared during the run; not overwritten") from None
+        os.replace(tmp, final)
+        return
+    tmp.unlink()
+
+
 def _cleanup(paths: Sequence[Path]) -> None:
     for p in paths:
         with contextlib.suppress(FileNotFoundError):
@@ -545,8 +560,8 @@ def _reserved_run(
         result = dataclasses.replace(
             result, overhead_seconds=time.perf_counter() - started - result.training_seconds
         )
-        os.replace(tmp_model, result.model_path)
-        os.replace(tmp_receipt, result.receipt_path)
+        _publish(tmp_model, result.model_path)
+        _publish(tmp_receipt, result.receipt_path)
         log(f"settled eps={spent} (reservation {reservation.id}); wrote {result.model_path}")
         return result
     except BaseException as exc:
