@@ -167,6 +167,21 @@ def audit() -> None:
     help="also train (in memory, never saved) a non-private model of the same architecture "
     "with the same hyperparameters, and attack it",
 )
+@click.option(
+    "--baseline-epochs",
+    type=click.IntRange(min=1),
+    help="train the baseline this many epochs instead of the private run's (e.g. to overfit)",
+)
+@click.option(
+    "--baseline-batch",
+    type=click.IntRange(min=1),
+    help="baseline batch size instead of the private run's expected batch size",
+)
+@click.option(
+    "--baseline-lr",
+    type=click.FloatRange(min=0, min_open=True),
+    help="baseline learning rate instead of the private run's",
+)
 @click.option("--fpr", "fprs", multiple=True, type=float, help="FPRs to report TPR at")
 @click.option("--seed", default=0, show_default=True, help="split/subsample seed of the audit")
 @click.option("--data-url", help="SQLAlchemy URL for a SQL training source")
@@ -175,6 +190,9 @@ def audit_membership(
     receipt_path: Path,
     holdout: Path,
     baseline: bool,
+    baseline_epochs: int | None,
+    baseline_batch: int | None,
+    baseline_lr: float | None,
     fprs: tuple[float, ...],
     seed: int,
     data_url: str | None,
@@ -258,9 +276,9 @@ def audit_membership(
             model,
             members.features,
             members.labels,
-            epochs=int(tr["epochs"]),
-            batch_size=max(1, round(float(tr["expected_batch_size"]))),
-            learning_rate=float(tr["learning_rate"]),
+            epochs=baseline_epochs or int(tr["epochs"]),
+            batch_size=baseline_batch or max(1, round(float(tr["expected_batch_size"]))),
+            learning_rate=baseline_lr or float(tr["learning_rate"]),
             optimizer=str(tr["optimizer"]),
             momentum=float(tr["momentum"]),
             generator=gen,
@@ -270,7 +288,14 @@ def audit_membership(
                 model,
                 (members.features, members.labels),
                 (held.features, held.labels),
-                name="non-private baseline (same architecture and hyperparameters)",
+                name="non-private baseline (same architecture"
+                + (
+                    ", same hyperparameters)"
+                    if not (baseline_epochs or baseline_batch or baseline_lr)
+                    else f", {baseline_epochs or tr['epochs']} epochs, batch "
+                    f"{baseline_batch or round(float(tr['expected_batch_size']))}, lr "
+                    f"{baseline_lr or tr['learning_rate']})"
+                ),
                 epsilon=math.inf,
                 delta=0.0,
                 fprs=chosen,
