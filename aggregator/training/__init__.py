@@ -16,13 +16,14 @@ from fedldp.aggregator.training.config import (
     config_from_mapping,
     load_config,
 )
-from fedldp.aggregator.training.data import DataError, Dataset, load_dataset
+from fedldp.aggregator.training.data import DataError, Dataset, dataset_from_arrays, load_dataset
 from fedldp.aggregator.training.engine import (
     BudgetRefusedError,
     OutputExistsError,
     PoissonSamplingError,
     TrainingAbortedError,
     TrainingResult,
+    build_private_step,
     poisson_loader,
     require_poisson_loader,
     train_nonprivate_baseline,
@@ -52,8 +53,10 @@ __all__ = [
     "UnsupportedModelError",
     "Verification",
     "build_mlp",
+    "build_private_step",
     "choose_grad_sample_mode",
     "config_from_mapping",
+    "dataset_from_arrays",
     "epsilon",
     "load_config",
     "load_dataset",
