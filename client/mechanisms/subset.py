@@ -56,6 +56,11 @@ if TYPE_CHECKING:
     import numpy.typing as npt
 
 
+#: Largest subset size sampled by Floyd's algorithm on the batch path (d numpy
+#: steps per chunk); larger subsets use random keys (one pass over k-1 keys).
+FLOYD_MAX_D = 300
+
+
 def _probabilities(e: float, k: int, d: int) -> tuple[float, float]:
     p_in = d * e / (d * e + k - d)
     q = (p_in * (d - 1) + (1 - p_in) * d) / (k - 1)
@@ -121,33 +126,71 @@ class SubsetSelection(FrequencyOracle):
     ) -> npt.NDArray[np.uint8]:
         """Packed rows (n, ceil(k/8)), same distribution as `perturb`.
 
-        Uniform subsets of the other k-1 values by random keys (the d smallest
-        of k-1 uniform doubles; a tie has probability below k^2 2^-53).
+        Uniform subsets of the other k-1 values: by Floyd's algorithm (Bentley and
+        Floyd, CACM 1987) vectorized over rows when d <= FLOYD_MAX_D (exact), else
+        by random keys (the d smallest of k-1 uniform doubles; a tie has
+        probability below k^2 2^-53).
         """
         import numpy as np
 
         values = np.asarray(values, dtype=np.int64)
         if values.size and (values.min() < 0 or values.max() >= self.k):
             raise ValueError(f"values must be indices in [0, {self.k})")
-        n, k, d = values.shape[0], self.k, self.d
+        n, k = values.shape[0], self.k
         out = np.empty((n, byte_length(k)), dtype=np.uint8)
+        # Chunks of about 2 MiB of booleans keep the per-step passes in cache.
         chunk = max(1, (1 << 21) // k)
+        sampler = self._floyd_chunk if self.d <= FLOYD_MAX_D else self._keys_chunk
+        columns = np.arange(k)[None, :]
         for start in range(0, n, chunk):
             v = values[start : start + chunk]
             rows = v.shape[0]
-            include = rng.random(rows) < self.p_in
-            keys = rng.random((rows, k - 1))
-            order = np.argpartition(keys, d - 1, axis=1)[:, :d]
-            # Positions [0, d-1) hold the d-1 smallest keys; position d-1 the d-th.
-            take = np.ones((rows, d), dtype=bool)
-            take[include, d - 1] = False
-            others = order + (order >= v[:, None])
+            include = np.asarray(rng.random(rows) < self.p_in)
+            chosen = sampler(rows, include, rng)  # (rows, k - 1): the other values picked
+            # Other j is value j + (j >= v): columns above v take chosen[:, c - 1].
             mask = np.zeros((rows, k), dtype=bool)
-            row_index = np.broadcast_to(np.arange(rows)[:, None], (rows, d))
-            mask[row_index[take], others[take]] = True
-            mask[np.arange(rows)[include], v[include]] = True
+            mask[:, : k - 1] = chosen
+            above = (columns > v[:, None])[:, 1:]
+            mask[:, 1:][above] = chosen[above]
+            mask[np.arange(rows), v] = include
             out[start : start + rows] = np.packbits(mask, axis=1, bitorder="little")
         return out
+
+    def _floyd_chunk(
+        self, rows: int, include: npt.NDArray[np.bool_], rng: np.random.Generator
+    ) -> npt.NDArray[np.bool_]:
+        import numpy as np
+
+        others, d = self.k - 1, self.d
+        index = np.arange(rows)
+        chosen = np.zeros((rows, others), dtype=bool)
+        for j in range(others - d + 1, others):  # a uniform (d-1)-subset
+            t = rng.integers(0, j + 1, size=rows)
+            t = np.where(chosen[index, t], j, t)
+            chosen[index, t] = True
+        pending = np.flatnonzero(~include)
+        while pending.size:  # rows without the truth: one more uniform free element
+            t = rng.integers(0, others, size=pending.size)
+            free = ~chosen[pending, t]
+            chosen[pending[free], t[free]] = True
+            pending = pending[~free]
+        return chosen
+
+    def _keys_chunk(
+        self, rows: int, include: npt.NDArray[np.bool_], rng: np.random.Generator
+    ) -> npt.NDArray[np.bool_]:
+        import numpy as np
+
+        others, d = self.k - 1, self.d
+        keys = rng.random((rows, others))
+        order = np.argpartition(keys, d - 1, axis=1)[:, :d]
+        # Positions [0, d-1) hold the d-1 smallest keys; position d-1 the d-th.
+        take = np.ones((rows, d), dtype=bool)
+        take[include, d - 1] = False
+        chosen = np.zeros((rows, others), dtype=bool)
+        row_index = np.broadcast_to(np.arange(rows)[:, None], (rows, d))
+        chosen[row_index[take], order[take]] = True
+        return chosen
 
     def check_output(self, output: Output) -> None:
         bits = check_bit_vector(output, self.k, name="ss")

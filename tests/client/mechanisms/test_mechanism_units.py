@@ -405,3 +405,24 @@ def test_domain_index_refuses_duplicates_without_naming_them() -> None:
     assert "secret" not in str(info.value)
     with pytest.raises(ValueError, match="at least 2"):
         domain_index(["only"])
+
+
+@pytest.mark.parametrize("floyd_max_d", [0, 10_000], ids=["random-keys", "floyd"])
+def test_subset_batch_samplers_have_the_stated_marginals(
+    floyd_max_d: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from fedldp.client.mechanisms import subset
+
+    monkeypatch.setattr(subset, "FLOYD_MAX_D", floyd_max_d)
+    mech = subset.SubsetSelection(Decimal(1), 40, 7)
+    n = 20000
+    values = np.full(n, 13)
+    bits = np.unpackbits(
+        mech.perturb_batch(values, np.random.default_rng(4)), axis=1, bitorder="little"
+    )[:, :40]
+    assert (bits.sum(axis=1) == 7).all()
+    # z = 5.3 per count, 40 counts: total false-failure rate < 1e-6.
+    for column in range(40):
+        p = mech.support_p if column == 13 else mech.support_q
+        sd = math.sqrt(n * p * (1 - p))
+        assert abs(bits[:, column].sum() - n * p) < 5.3 * sd
