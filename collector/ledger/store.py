@@ -42,12 +42,14 @@ import os
 import random
 import secrets
 import socket
+import threading
 import time
 from collections import defaultdict
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
-from typing import TYPE_CHECKING, Any, Protocol, TypeAlias, TypeVar
+from itertools import chain
+from typing import TYPE_CHECKING, Any, NamedTuple, NoReturn, Protocol, TypeAlias, TypeVar
 
 import sqlalchemy as sa
 from fedldp.collector.ledger import migrate
@@ -87,7 +89,15 @@ CONFLICT: OutcomeValue = collector_pb2.OUTCOME_CONFLICT
 #: PostgreSQL SQLSTATEs after which a transaction is simply rerun.
 _PG_RETRYABLE = {"40001", "40P01", "23505"}
 _MAX_ATTEMPTS = 64
-_CHUNK = 400  # bound on IN-list sizes
+#: Rows per multi-row INSERT/UPDATE statement: 256, then the binary digits of the rest.
+#: Python's sqlite3 releases the GIL around every statement step; with executemany
+#: that is once per row, and a committer thread that loses the GIL to busy request
+#: handlers waits a switch interval to get it back, so rows go in a few statements.
+_ROW_CHUNKS = (256, 128, 64, 32, 16, 8, 4, 2, 1)
+#: IN-list sizes of the hot-path reads (powers of two; lists are padded to the next
+#: power of two so that each statement's text, hence its prepared plan, is reused).
+_IN_IDS = 2048
+_IN_KEYS = 512  # three parameters per key
 #: Column order of the tuples `_submit_tx` inserts into `reports`.
 _REPORT_ROW = (
     "report_id",
@@ -130,30 +140,62 @@ class LedgerPolicy(Protocol):
     def window_start(self, now: int) -> int: ...
 
 
-@dataclass(frozen=True)
-class CheckedReport:
-    """A report that passed the policy and output-domain checks.
+class CheckedReport(tuple[bytes, "LedgerPolicy", "Output", bytes, int]):
+    """A report that passed the policy and output-domain checks (immutable).
 
     `content_digest` is `fedldp.collector.wire.content_digest` of the report
-    (everything but its id); it decides DUPLICATE versus CONFLICT.
+    (everything but its id); it decides DUPLICATE versus CONFLICT. A validated
+    tuple rather than a frozen dataclass: one is built per ingested report.
     """
 
-    report_id: bytes
-    policy: LedgerPolicy
-    output: Output
-    content_digest: bytes
-    coarse_time: int
+    __slots__ = ()
 
-    def __post_init__(self) -> None:
-        if len(self.report_id) != 16:
+    def __new__(
+        cls,
+        report_id: bytes,
+        policy: LedgerPolicy,
+        output: Output,
+        content_digest: bytes,
+        coarse_time: int,
+    ) -> CheckedReport:
+        if len(report_id) != 16:
             raise ValueError("report_id must be exactly 16 bytes")
-        if len(self.content_digest) != 32:
+        if len(content_digest) != 32:
             raise ValueError("content_digest must be a 32-byte SHA-256")
+        return tuple.__new__(cls, (report_id, policy, output, content_digest, coarse_time))
+
+    def __getnewargs__(self) -> tuple[bytes, LedgerPolicy, Output, bytes, int]:
+        return (self[0], self[1], self[2], self[3], self[4])
+
+    def __repr__(self) -> str:
+        return (
+            f"CheckedReport(report_id={self[0]!r}, policy={self[1]!r}, output={self[2]!r}, "
+            f"content_digest={self[3]!r}, coarse_time={self[4]!r})"
+        )
+
+    @property
+    def report_id(self) -> bytes:
+        return self[0]
+
+    @property
+    def policy(self) -> LedgerPolicy:
+        return self[1]
+
+    @property
+    def output(self) -> Output:
+        return self[2]
+
+    @property
+    def content_digest(self) -> bytes:
+        return self[3]
+
+    @property
+    def coarse_time(self) -> int:
+        return self[4]
 
 
-@dataclass(frozen=True)
-class SubmitBatch:
-    """One request's reports for one authenticated subject, charged at `now`."""
+class SubmitBatch(NamedTuple):
+    """One request's reports for one authenticated subject, charged at `now` (immutable)."""
 
     subject: str
     reports: Sequence[CheckedReport]
@@ -286,23 +328,78 @@ def _exact_decimal(name: str, value: object, *, positive: bool) -> Decimal:
     return value
 
 
-def _chunks(items: Sequence[T], size: int = _CHUNK) -> Iterator[Sequence[T]]:
+def _row_chunk_sizes(count: int) -> Iterator[int]:
+    """Sizes from _ROW_CHUNKS adding up to `count` (256s, then one of each smaller)."""
+    for size in _ROW_CHUNKS:
+        while count >= size and (size == _ROW_CHUNKS[0] or count & size):
+            yield size
+            count -= size
+
+
+def _chunks(items: Sequence[T], size: int) -> Iterator[Sequence[T]]:
     for i in range(0, len(items), size):
         yield items[i : i + size]
+
+
+def _padded_chunks(items: Sequence[T], size: int) -> Iterator[list[T]]:
+    """`items` in chunks of at most `size`, each padded to a power of two by
+    repeating its last item (repeats in an IN list change nothing)."""
+    for i in range(0, len(items), size):
+        chunk = list(items[i : i + size])
+        chunk += chunk[-1:] * ((1 << (len(chunk) - 1).bit_length()) - len(chunk))
+        yield chunk
+
+
+class _Driver:
+    """Statements on the DBAPI cursor of a connection's current transaction.
+
+    The ingestion hot path runs a handful of fixed statements per group commit;
+    going to the driver's cursor directly skips SQLAlchemy's per-statement
+    result processing. Driver errors are raised as SQLAlchemy's `DBAPIError`
+    subclasses (as `Connection.exec_driver_sql` would, parameters hidden), so the
+    retry logic and callers see the same exceptions.
+    """
+
+    __slots__ = ("_cursor", "_error")
+
+    def __init__(self, conn: sa.Connection, error: type[Exception]) -> None:
+        self._cursor = conn.connection.cursor()
+        self._error = error
+
+    def _raise(self, sql: str, exc: Exception) -> NoReturn:
+        raise sa.exc.DBAPIError.instance(sql, None, exc, self._error, hide_parameters=True) from exc
+
+    def execute(self, sql: str, params: Sequence[Any]) -> Iterable[Any]:
+        """Run one statement; its rows."""
+        try:
+            self._cursor.execute(sql, params)
+            return self._cursor.fetchall()
+        except self._error as exc:
+            self._raise(sql, exc)
+
+    def run(self, sql: str, params: Sequence[Any]) -> int:
+        """Run one statement that returns no rows; the number of rows it changed."""
+        try:
+            self._cursor.execute(sql, params)
+        except self._error as exc:
+            self._raise(sql, exc)
+        return int(self._cursor.rowcount)
+
+    def executemany(self, sql: str, rows: Sequence[Sequence[Any]]) -> int:
+        """Run one statement per row; the number of rows changed."""
+        try:
+            self._cursor.executemany(sql, rows)
+        except self._error as exc:
+            self._raise(sql, exc)
+        return int(self._cursor.rowcount)
+
+    def close(self) -> None:
+        self._cursor.close()
 
 
 def default_shard() -> str:
     """A collector instance id: host name and process id."""
     return f"{socket.gethostname()}:{os.getpid()}"
-
-
-@dataclass
-class _PolicyPlan:
-    policy: LedgerPolicy
-    window: int
-    charge_text: str
-    cap_text: str
-    outputs: list[Output] = field(default_factory=list)
 
 
 @dataclass
@@ -370,19 +467,32 @@ class Ledger:
                 f"unsupported ledger database {self.dialect!r}: use sqlite or postgresql"
             )
         migrate.upgrade(self._write_engine)
-        # SQLite allows 32766 bound variables (since 3.32); PostgreSQL 65535.
-        self._in_chunk = 2000
-        self._placeholder = placeholder = "?" if self.dialect == "sqlite" else "%s"
-        # SQLite has no row locks (BEGIN IMMEDIATE already excludes other writers).
-        self._for_update = " FOR UPDATE" if self.dialect == "postgresql" else ""
+        # SQLite allows 32766 bound variables (since 3.32); PostgreSQL 65535. SQLite has
+        # no row locks (BEGIN IMMEDIATE already excludes other writers): no FOR UPDATE.
+        placeholder = "?" if self.dialect == "sqlite" else "%s"
         columns = [c.name for c in reports.columns]
         if columns != list(_REPORT_ROW):
             raise RuntimeError("reports columns and _REPORT_ROW disagree")
-        self._insert_reports_sql = (
-            f"INSERT INTO reports ({', '.join(columns)}) "
-            f"VALUES ({', '.join([placeholder] * len(columns))})"
-        )
+        row_marks = f"({', '.join([placeholder] * len(columns))})"
+        self._insert_reports_sql = {
+            size: f"INSERT INTO reports ({', '.join(columns)}) VALUES "
+            + ", ".join([row_marks] * size)
+            for size in _ROW_CHUNKS
+        }
+        self._dbapi_error: type[Exception] = self._write_engine.dialect.loaded_dbapi.Error
+        self._sql = _statements(self.dialect)
+        self._in_sql_cache: dict[tuple[str, int], str] = {}
+        # (policy id, version, window) -> (n, statistic_json) of this shard's row as
+        # last committed by this Ledger (see `_merge_statistics`).
+        self._stats_cache: dict[tuple[str, int, int], tuple[int, str]] = {}
+        self._stats_lock = threading.Lock()
         self.retries = 0  # serialization failures retried so far (observability)
+
+    def _in_sql(self, name: str, size: int) -> str:
+        sql = self._in_sql_cache.get((name, size))
+        if sql is None:
+            sql = self._in_sql_cache[(name, size)] = _in_statement(self.dialect, name, size)
+        return sql
 
     # -- lifecycle --
 
@@ -454,106 +564,131 @@ class Ledger:
         for b in batches:
             if not b.subject:
                 raise ValueError("subject must be non-empty")
-        return self.transaction(lambda conn: self._submit_tx(conn, batches))
+        cached: dict[tuple[str, int, int], tuple[int, str]] = {}
+
+        def tx(conn: sa.Connection) -> list[list[OutcomeValue]]:
+            cached.clear()  # a rerun starts from what this attempt reads
+            return self._submit_tx(conn, batches, cached)
+
+        try:
+            outcomes = self.transaction(tx)
+        except BaseException:
+            self._forget_statistics(cached)
+            raise
+        # Committed: what this transaction wrote is the latest state of its rows.
+        with self._stats_lock:
+            if len(self._stats_cache) > 4096:  # one row per (policy, version, window)
+                self._stats_cache.clear()
+            self._stats_cache.update(cached)
+        return outcomes
 
     def _submit_tx(
-        self, conn: sa.Connection, batches: Sequence[SubmitBatch]
+        self,
+        conn: sa.Connection,
+        batches: Sequence[SubmitBatch],
+        written: dict[tuple[str, int, int], tuple[int, str]],
     ) -> list[list[OutcomeValue]]:
-        ids = list({r.report_id for b in batches for r in b.reports})
-        known: dict[bytes, tuple[str, bytes]] = {}
-        for chunk in _chunks(ids, self._in_chunk):
-            # Plain SQL with one placeholder per id: no per-call statement compilation.
-            marks = ", ".join([self._placeholder] * len(chunk))
-            rows = conn.exec_driver_sql(
-                "SELECT report_id, subject, content_digest FROM reports "
-                f"WHERE report_id IN ({marks})",
-                tuple(chunk),
-            )
-            for rid, subj, digest in rows:
-                known[bytes(rid)] = (subj, bytes(digest))
+        db = _Driver(conn, self._dbapi_error)
+        try:
+            return self._submit_rows(db, batches, written)
+        finally:
+            db.close()
 
-        # Per (batch, policy): the window and the exact strings, computed once.
-        plans: list[dict[int, _PolicyPlan]] = []
+    def _submit_rows(
+        self,
+        db: _Driver,
+        batches: Sequence[SubmitBatch],
+        written: dict[tuple[str, int, int], tuple[int, str]],
+    ) -> list[list[OutcomeValue]]:
+        known = self._stored_ids(db, {r.report_id for b in batches for r in b.reports})
+
+        # Per (batch, policy): the window, computed once. Policies are compared by
+        # identity (VerifiedPolicy instances are immutable and alive during the call).
+        windows: list[dict[int, int]] = []
         keys: set[tuple[str, str, int]] = set()
         for b in batches:
-            plan: dict[int, _PolicyPlan] = {}
+            bw: dict[int, int] = {}
             for r in b.reports:
                 pol = r.policy
-                if id(pol) not in plan:
-                    window = pol.window_start(b.now)
-                    plan[id(pol)] = _PolicyPlan(pol, window, _s(pol.epsilon), _s(pol.epsilon_cap))
+                window = bw.get(id(pol))
+                if window is None:
+                    window = bw[id(pol)] = pol.window_start(b.now)
                 if r.report_id not in known:
-                    keys.add((b.subject, pol.policy_id, plan[id(pol)].window))
-            plans.append(plan)
+                    keys.add((b.subject, pol.policy_id, window))
+            windows.append(bw)
         latest_now = max(b.now for b in batches)
-        state = self._lock_spend(conn, sorted(keys), latest_now)
+        state = self._lock_spend(db, sorted(keys), latest_now)
 
         outcomes: list[list[OutcomeValue]] = []
         new_reports: list[tuple[Any, ...]] = []
-        new_conflicts: list[dict[str, Any]] = []
+        new_conflicts: list[tuple[bytes, str, bytes, int]] = []
         accepted: dict[tuple[str, int, int], tuple[LedgerPolicy, list[Output]]] = {}
+        texts: dict[int, tuple[str, str]] = {}  # id(policy) -> (charge, cap) as stored
         shard = self.shard
-        add, compare = EXACT.add, EXACT.compare
-        for b, plan in zip(batches, plans, strict=True):
-            out: list[OutcomeValue] = []
-            subject, now = b.subject, b.now
-            for r in b.reports:
-                prior = known.get(r.report_id)
-                if prior is not None:
-                    if prior == (subject, r.content_digest):
-                        out.append(DUPLICATE)
-                    else:
-                        out.append(CONFLICT)
-                        new_conflicts.append(
-                            {
-                                "report_id": r.report_id,
-                                "subject": subject,
-                                "content_digest": r.content_digest,
-                                "seen_at": now,
-                            }
+        # Every sum and comparison below runs in EXACT: any rounding raises.
+        with decimal.localcontext(EXACT):
+            for b, bw in zip(batches, windows, strict=True):
+                out: list[OutcomeValue] = []
+                subject, now = b.subject, b.now
+                for r in b.reports:
+                    rid = r.report_id
+                    prior = known.get(rid)
+                    if prior is not None:
+                        if prior == (subject, r.content_digest):
+                            out.append(DUPLICATE)
+                        else:
+                            out.append(CONFLICT)
+                            new_conflicts.append((rid, subject, r.content_digest, now))
+                        continue
+                    pol = r.policy
+                    window = bw[id(pol)]
+                    st = state[(subject, pol.policy_id, window)]
+                    eps = pol.epsilon
+                    total = st.spent + eps
+                    cap = pol.epsilon_cap
+                    if total > cap:
+                        out.append(BUDGET_EXHAUSTED)
+                        continue
+                    st.spent, st.count, st.cap, st.dirty = total, st.count + 1, cap, True
+                    known[rid] = (subject, r.content_digest)
+                    text = texts.get(id(pol))
+                    if text is None:
+                        text = texts[id(pol)] = (_s(eps), _s(cap))
+                    output = r.output
+                    new_reports.append(
+                        (
+                            rid,
+                            subject,
+                            pol.policy_id,
+                            pol.version,
+                            pol.digest,
+                            window,
+                            r.coarse_time,
+                            text[0],
+                            text[1],
+                            r.content_digest,
+                            output_to_json(output),
+                            shard,
+                            now,
                         )
-                    continue
-                pp = plan[id(r.policy)]
-                pol = pp.policy
-                st = state[(subject, pol.policy_id, pp.window)]
-                total = add(st.spent, pol.epsilon)
-                if compare(total, pol.epsilon_cap) > 0:
-                    out.append(BUDGET_EXHAUSTED)
-                    continue
-                st.spent, st.count, st.cap, st.dirty = total, st.count + 1, pol.epsilon_cap, True
-                known[r.report_id] = (subject, r.content_digest)
-                new_reports.append(
-                    (
-                        r.report_id,
-                        subject,
-                        pol.policy_id,
-                        pol.version,
-                        pol.digest,
-                        pp.window,
-                        r.coarse_time,
-                        pp.charge_text,
-                        pp.cap_text,
-                        r.content_digest,
-                        output_to_json(r.output),
-                        shard,
-                        now,
                     )
-                )
-                pp.outputs.append(r.output)
-                out.append(ACCEPTED)
-            outcomes.append(out)
-            for pp in plan.values():
-                if pp.outputs:
-                    slot = accepted.setdefault(
-                        (pp.policy.policy_id, pp.policy.version, pp.window), (pp.policy, [])
-                    )
-                    slot[1].extend(pp.outputs)
+                    slot = accepted.get((pol.policy_id, pol.version, window))
+                    if slot is None:
+                        slot = accepted[(pol.policy_id, pol.version, window)] = (pol, [])
+                    slot[1].append(output)
+                    out.append(ACCEPTED)
+                outcomes.append(out)
 
         if new_reports:
-            # Plain executemany (no per-row SQLAlchemy compilation): the hot path.
-            conn.exec_driver_sql(self._insert_reports_sql, new_reports)
+            # Multi-row INSERTs of a few fixed sizes: one statement step (hence one
+            # release of the GIL, see _ROW_CHUNKS) per up to 256 rows, not per row.
+            done = 0
+            for size in _row_chunk_sizes(len(new_reports)):
+                chunk = new_reports[done : done + size]
+                done += size
+                db.run(self._insert_reports_sql[size], list(chain.from_iterable(chunk)))
         if new_conflicts:
-            conn.execute(sa.insert(conflicts), new_conflicts)
+            db.executemany(self._sql["insert_conflicts"], new_conflicts)
         dirty = [
             (_s(st.spent), st.count, _s(st.cap), latest_now, k[0], k[1], k[2], st.read_text)
             for k, st in state.items()
@@ -563,104 +698,134 @@ class Ledger:
             # An atomic conditional update (compare-and-set on the value read under
             # FOR UPDATE): if anything changed the row meanwhile, nothing is
             # written and the whole transaction reruns.
-            ph = self._placeholder
-            done = conn.exec_driver_sql(
-                f"UPDATE spend SET epsilon_spent = {ph}, report_count = {ph}, epsilon_cap = {ph},"
-                f" updated_at = {ph} WHERE subject = {ph} AND policy_id = {ph}"
-                f" AND window_start = {ph} AND epsilon_spent = {ph}",
-                dirty,
-            )
-            if done.rowcount != len(dirty):
-                raise _ConcurrentUpdateError(f"{len(dirty) - done.rowcount} spend row(s) moved")
+            if self.dialect == "sqlite":
+                changed = 0
+                for rows in _chunks(dirty, _ROW_CHUNKS[0]):
+                    changed += db.run(
+                        self._in_sql("update_spend_values", len(rows)),
+                        list(chain.from_iterable(rows)),
+                    )
+            else:
+                changed = db.executemany(self._sql["update_spend"], dirty)
+            if changed != len(dirty):
+                raise _ConcurrentUpdateError(f"{len(dirty) - changed} spend row(s) moved")
         if accepted:
-            self._merge_statistics(conn, accepted, latest_now)
+            self._merge_statistics(db, accepted, latest_now, written)
         return outcomes
 
+    def _stored_ids(self, db: _Driver, ids: set[bytes]) -> dict[bytes, tuple[str, bytes]]:
+        """(subject, content digest) of every stored report among `ids`."""
+        known: dict[bytes, tuple[str, bytes]] = {}
+        for chunk in _padded_chunks(list(ids), _IN_IDS):
+            for rid, subj, digest in db.execute(self._in_sql("select_ids", len(chunk)), chunk):
+                known[bytes(rid)] = (subj, bytes(digest))
+        return known
+
     def _lock_spend(
-        self, conn: sa.Connection, keys: Sequence[tuple[str, str, int]], now: int
+        self, db: _Driver, keys: Sequence[tuple[str, str, int]], now: int
     ) -> dict[tuple[str, str, int], _SpendState]:
-        """Ensure spend rows exist for `keys`, lock them (FOR UPDATE), return their state."""
+        """Lock the spend rows of `keys` (FOR UPDATE), creating missing ones; their state.
+
+        Rows are read first and only the missing ones inserted (ON CONFLICT DO
+        NOTHING, then read again): a subject's row exists after its first report,
+        so the common transaction has no insert here.
+        """
         state: dict[tuple[str, str, int], _SpendState] = {}
         if not keys:
             return state
-        ph = self._placeholder
-        conn.exec_driver_sql(
-            "INSERT INTO spend (subject, policy_id, window_start, epsilon_spent, report_count,"
-            f" epsilon_cap, updated_at) VALUES ({ph}, {ph}, {ph}, '0', 0, '0', {ph})"
-            " ON CONFLICT DO NOTHING",
-            [(subj, pid, win, now) for subj, pid, win in keys],
-        )
-        for chunk in _chunks(keys, self._in_chunk // 3):
-            marks = ", ".join([f"({ph}, {ph}, {ph})"] * len(chunk))
-            rows = conn.exec_driver_sql(
-                "SELECT subject, policy_id, window_start, epsilon_spent, report_count,"
-                " epsilon_cap FROM spend WHERE (subject, policy_id, window_start) IN"
-                f" ({marks}) ORDER BY subject, policy_id, window_start{self._for_update}",
-                tuple(v for key in chunk for v in key),
+        self._read_spend(db, keys, state)
+        missing = [k for k in keys if k not in state]
+        if missing:
+            db.executemany(
+                self._sql["ensure_spend"], [(subj, pid, win, now) for subj, pid, win in missing]
+            )
+            self._read_spend(db, missing, state)
+            lost = [k for k in missing if k not in state]
+            if lost:  # cannot happen: the rows were just ensured inside this transaction
+                raise RuntimeError(f"spend rows vanished inside a transaction: {len(lost)}")
+        return state
+
+    def _read_spend(
+        self,
+        db: _Driver,
+        keys: Sequence[tuple[str, str, int]],
+        state: dict[tuple[str, str, int], _SpendState],
+    ) -> None:
+        for chunk in _padded_chunks(keys, _IN_KEYS):
+            rows = db.execute(
+                self._in_sql("select_spend", len(chunk)), [v for key in chunk for v in key]
             )
             for subj, pid, win, spent_text, count, cap in rows:
                 state[(subj, pid, int(win))] = _SpendState(
                     _dec(spent_text), int(count), _dec(cap), spent_text
                 )
-        missing = set(keys) - set(state)
-        if missing:  # cannot happen: the rows were just ensured inside this transaction
-            raise RuntimeError(f"spend rows vanished inside a transaction: {len(missing)}")
-        return state
 
     def _merge_statistics(
         self,
-        conn: sa.Connection,
+        db: _Driver,
         accepted: Mapping[tuple[str, int, int], tuple[LedgerPolicy, list[Output]]],
         now: int,
+        written: dict[tuple[str, int, int], tuple[int, str]],
     ) -> None:
+        """Add the accepted outputs to this shard's statistics rows.
+
+        new = stored ⊕ (this group's outputs accumulated into an empty statistic),
+        as JSON (`mechanism.statistic_to_json`). A row's (n, statistic_json) as of
+        the last commit of this Ledger is kept in memory: for such a row the read
+        is skipped and the UPDATE is conditional on the row still holding exactly
+        that n and text (if anything else wrote it, the cache entry is dropped and
+        the transaction reruns, reading the row). Other rows are created if
+        missing and read under the transaction's lock.
+        """
         keys = sorted(accepted)
-        ph = self._placeholder
-        conn.exec_driver_sql(
-            "INSERT INTO statistics (policy_id, policy_version, window_start, shard, n,"
-            f" statistic_json, updated_at) VALUES ({ph}, {ph}, {ph}, {ph}, 0, NULL, {ph})"
-            " ON CONFLICT DO NOTHING",
-            [(pid, ver, win, self.shard, now) for pid, ver, win in keys],
-        )
-        stored: dict[tuple[str, int, int], tuple[int, str | None]] = {}
-        for chunk in _chunks(keys, self._in_chunk // 3):
-            marks = ", ".join([f"({ph}, {ph}, {ph})"] * len(chunk))
-            rows = conn.exec_driver_sql(
-                "SELECT policy_id, policy_version, window_start, n, statistic_json"
-                f" FROM statistics WHERE shard = {ph} AND"
-                f" (policy_id, policy_version, window_start) IN ({marks}){self._for_update}",
-                (self.shard, *(v for key in chunk for v in key)),
+        with self._stats_lock:
+            base = {k: self._stats_cache[k] for k in keys if k in self._stats_cache}
+        fresh = [k for k in keys if k not in base]
+        stored: dict[tuple[str, int, int], tuple[int, str | None]] = dict(base)
+        if fresh:
+            db.executemany(
+                self._sql["ensure_statistics"],
+                [(pid, ver, win, self.shard, now) for pid, ver, win in fresh],
             )
-            for pid, ver, win, n, text in rows:
-                stored[(pid, int(ver), int(win))] = (int(n), text)
-        updates = []
+            for chunk in _padded_chunks(fresh, _IN_KEYS):
+                rows = db.execute(
+                    self._in_sql("select_statistics", len(chunk)),
+                    [*(v for key in chunk for v in key), self.shard],
+                )
+                for pid, ver, win, n, text in rows:
+                    stored[(pid, int(ver), int(win))] = (int(n), text)
+        plain: list[tuple[Any, ...]] = []
+        checked: list[tuple[Any, ...]] = []
         for key in keys:
             policy, outputs = accepted[key]
             mech = policy.mechanism
             stat = mech.new_statistic()
             for o in outputs:
                 mech.accumulate(stat, o)
-            n0, text = stored[key]
-            if text is not None:
-                merged = mech.statistic_from_json(text)
+            n0, text0 = stored[key]
+            if text0 is not None:
+                merged = mech.statistic_from_json(text0)
                 mech.merge_statistics(merged, stat)
                 stat = merged
-            updates.append(
-                (
-                    n0 + len(outputs),
-                    mech.statistic_to_json(stat),
-                    now,
-                    key[0],
-                    key[1],
-                    key[2],
-                    self.shard,
-                )
-            )
-        conn.exec_driver_sql(
-            f"UPDATE statistics SET n = {ph}, statistic_json = {ph}, updated_at = {ph}"
-            f" WHERE policy_id = {ph} AND policy_version = {ph} AND window_start = {ph}"
-            f" AND shard = {ph}",
-            updates,
-        )
+            n1, text1 = n0 + len(outputs), mech.statistic_to_json(stat)
+            written[key] = (n1, text1)
+            row = (n1, text1, now, key[0], key[1], key[2], self.shard)
+            if key in base:
+                checked.append((*row, n0, text0))
+            else:
+                plain.append(row)
+        if plain:
+            db.executemany(self._sql["update_statistics"], plain)
+        if checked:
+            done = db.executemany(self._sql["update_statistics_if"], checked)
+            if done != len(checked):
+                self._forget_statistics(base)
+                raise _ConcurrentUpdateError("a statistics row moved since it was cached")
+
+    def _forget_statistics(self, keys: Iterable[tuple[str, int, int]]) -> None:
+        with self._stats_lock:
+            for key in list(keys):
+                self._stats_cache.pop(key, None)
 
     # -- reads --
 
@@ -1292,6 +1457,71 @@ def _reservation(row: Any) -> Reservation:
         metadata=json.loads(row.metadata_json),
         closed_at=None if row.closed_at is None else int(row.closed_at),
     )
+
+
+def _statements(dialect: str) -> dict[str, str]:
+    """The fixed statements of the ingestion hot path, in the driver's paramstyle."""
+    ph = "?" if dialect == "sqlite" else "%s"
+    return {
+        "insert_conflicts": "INSERT INTO conflicts (report_id, subject, content_digest, seen_at)"
+        f" VALUES ({ph}, {ph}, {ph}, {ph})",
+        "ensure_spend": "INSERT INTO spend (subject, policy_id, window_start, epsilon_spent,"
+        f" report_count, epsilon_cap, updated_at) VALUES ({ph}, {ph}, {ph}, '0', 0, '0', {ph})"
+        " ON CONFLICT DO NOTHING",
+        "update_spend": f"UPDATE spend SET epsilon_spent = {ph}, report_count = {ph},"
+        f" epsilon_cap = {ph}, updated_at = {ph} WHERE subject = {ph} AND policy_id = {ph}"
+        f" AND window_start = {ph} AND epsilon_spent = {ph}",
+        "ensure_statistics": "INSERT INTO statistics (policy_id, policy_version, window_start,"
+        f" shard, n, statistic_json, updated_at) VALUES ({ph}, {ph}, {ph}, {ph}, 0, NULL, {ph})"
+        " ON CONFLICT DO NOTHING",
+        "update_statistics": f"UPDATE statistics SET n = {ph}, statistic_json = {ph},"
+        f" updated_at = {ph} WHERE policy_id = {ph} AND policy_version = {ph}"
+        f" AND window_start = {ph} AND shard = {ph}",
+        "update_statistics_if": f"UPDATE statistics SET n = {ph}, statistic_json = {ph},"
+        f" updated_at = {ph} WHERE policy_id = {ph} AND policy_version = {ph}"
+        f" AND window_start = {ph} AND shard = {ph} AND n = {ph} AND statistic_json = {ph}",
+    }
+
+
+def _in_statement(dialect: str, name: str, size: int) -> str:
+    """A hot-path read with an IN list of `size` ids or keys.
+
+    On SQLite a list of keys is a VALUES table joined to the primary key (one
+    index lookup per key; a row-value IN list would scan the whole table). On
+    PostgreSQL the spend and statistics rows are locked FOR UPDATE, in key order.
+    """
+    if dialect == "sqlite":
+        ids = ", ".join(["?"] * size)
+        keys = ", ".join(["(?, ?, ?)"] * size)
+        return {
+            "select_ids": "SELECT report_id, subject, content_digest FROM reports"
+            f" WHERE report_id IN ({ids})",
+            "select_spend": f"WITH k(s, p, w) AS (VALUES {keys}) SELECT spend.subject,"
+            " spend.policy_id, spend.window_start, spend.epsilon_spent, spend.report_count,"
+            " spend.epsilon_cap FROM k CROSS JOIN spend ON spend.subject = k.s"
+            " AND spend.policy_id = k.p AND spend.window_start = k.w",
+            "update_spend_values": "UPDATE spend SET epsilon_spent = v.column1,"
+            " report_count = v.column2, epsilon_cap = v.column3, updated_at = v.column4"
+            f" FROM (VALUES {', '.join(['(?, ?, ?, ?, ?, ?, ?, ?)'] * size)}) AS v"
+            " WHERE spend.subject = v.column5 AND spend.policy_id = v.column6"
+            " AND spend.window_start = v.column7 AND spend.epsilon_spent = v.column8",
+            "select_statistics": f"WITH k(p, v, w) AS (VALUES {keys}) SELECT st.policy_id,"
+            " st.policy_version, st.window_start, st.n, st.statistic_json FROM k"
+            " CROSS JOIN statistics AS st ON st.policy_id = k.p AND st.policy_version = k.v"
+            " AND st.window_start = k.w AND st.shard = ?",
+        }[name]
+    ids = ", ".join(["%s"] * size)
+    keys = ", ".join(["(%s, %s, %s)"] * size)
+    return {
+        "select_ids": f"SELECT report_id, subject, content_digest FROM reports"
+        f" WHERE report_id IN ({ids})",
+        "select_spend": "SELECT subject, policy_id, window_start, epsilon_spent, report_count,"
+        f" epsilon_cap FROM spend WHERE (subject, policy_id, window_start) IN ({keys})"
+        " ORDER BY subject, policy_id, window_start FOR UPDATE",
+        "select_statistics": "SELECT policy_id, policy_version, window_start, n, statistic_json"
+        f" FROM statistics WHERE (policy_id, policy_version, window_start) IN ({keys})"
+        " AND shard = %s ORDER BY policy_id, policy_version, window_start FOR UPDATE",
+    }[name]
 
 
 def _configure_sqlite(engine: sa.Engine, *, begin: str) -> None:
