@@ -17,8 +17,9 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Sequence, Set
 from dataclasses import dataclass
+from typing import Any
 
 from fedldp.client.mechanisms.base import OutputDomainError
 from fedldp.client.policy import VerifiedPolicy
@@ -67,6 +68,20 @@ class Limits:
     max_clock_skew_seconds: int = 3600
 
 
+_NO_REASON: pb.RejectReason.ValueType = pb.REJECT_REASON_UNSPECIFIED
+
+
+def _repeated(ids: list[bytes]) -> Set[bytes]:
+    """The ids that appear more than once in `ids` (usually none)."""
+    if len(set(ids)) == len(ids):
+        return frozenset()
+    seen: set[bytes] = set()
+    twice: set[bytes] = set()
+    for rid in ids:
+        (twice if rid in seen else seen).add(rid)
+    return twice
+
+
 def _invalid(report_id: bytes, reason: int, detail: str) -> pb.ReportOutcome:
     return pb.ReportOutcome(
         report_id=report_id,
@@ -94,6 +109,8 @@ class CollectorService:
         self.metrics = metrics
         self.limits = limits
         self.clock = clock
+        self._report_children: dict[tuple[OutcomeValue, pb.RejectReason.ValueType], Any] = {}
+        self._prefixes: dict[tuple[str, int, bytes], bytes] = {}
 
     # -- Submit --
 
@@ -108,7 +125,8 @@ class CollectorService:
 
     def prepare(self, subject: str, request: pb.SubmitRequest) -> Prepared:
         """Validate a request: per-report outcomes for the invalid, a batch for the ledger."""
-        count = len(request.reports)
+        reports = request.reports
+        count = len(reports)
         if count > self.limits.max_reports_per_request:
             raise BatchTooLargeError(
                 f"{count} reports in one request; the limit is "
@@ -117,95 +135,130 @@ class CollectorService:
             )
         self.metrics.request_reports.observe(count)
         now = self.clock()
-        id_counts = Counter(r.report_id for r in request.reports)
+        ids = [r.report_id for r in reports]
+        repeated = _repeated(ids)
         outcomes: list[pb.ReportOutcome | None] = [None] * count
         checked: list[CheckedReport] = []
         positions: list[int] = []
-        cache: dict[tuple[str, int, bytes], tuple[Lookup, VerifiedPolicy | None, bytes]] = {}
-        for i, report in enumerate(request.reports):
-            result = self._check(report, now, id_counts, cache)
-            if isinstance(result, CheckedReport):
+        policies: dict[tuple[str, int, bytes], tuple[Lookup, VerifiedPolicy | None, bytes]] = {}
+        check = self._check
+        for i, report in enumerate(reports):
+            result = check(report, ids[i], now, repeated, policies)
+            if type(result) is CheckedReport:
                 checked.append(result)
                 positions.append(i)
             else:
-                outcomes[i] = result
+                outcomes[i] = result  # type: ignore[assignment]
         return Prepared(SubmitBatch(subject, checked, now), outcomes, positions)
 
     def finish(
         self, prepared: Prepared, ledger_outcomes: Sequence[OutcomeValue]
     ) -> pb.SubmitResponse:
         """The response, once the ledger committed `prepared.batch` with these outcomes."""
-        outcomes = prepared.outcomes
-        for pos, rep, outcome in zip(
-            prepared.positions, prepared.batch.reports, ledger_outcomes, strict=True
-        ):
-            outcomes[pos] = pb.ReportOutcome(report_id=rep.report_id, outcome=outcome)
-        response = pb.SubmitResponse(outcomes=[o for o in outcomes if o is not None])
-        assert len(response.outcomes) == len(outcomes)
-        tally = Counter((o.outcome, o.reason) for o in response.outcomes)
+        reports = prepared.batch.reports
+        if len(ledger_outcomes) != len(reports):
+            raise ValueError("one ledger outcome per checked report is required")
+        response = pb.SubmitResponse()
+        add = response.outcomes.add
+        refused = [o for o in prepared.outcomes if o is not None]
+        if not refused:  # the common case: every report went to the ledger, in order
+            for rep, outcome in zip(reports, ledger_outcomes, strict=True):
+                add(report_id=rep.report_id, outcome=outcome)
+        else:
+            merged: list[pb.ReportOutcome | tuple[bytes, OutcomeValue] | None]
+            merged = list(prepared.outcomes)
+            for pos, rep, outcome in zip(prepared.positions, reports, ledger_outcomes, strict=True):
+                merged[pos] = (rep.report_id, outcome)
+            for item in merged:
+                if isinstance(item, tuple):
+                    add(report_id=item[0], outcome=item[1])
+                else:
+                    assert item is not None
+                    response.outcomes.append(item)
+        tally = Counter((o, _NO_REASON) for o in ledger_outcomes)
+        tally.update((o.outcome, o.reason) for o in refused)
         for (outcome, reason), n in tally.items():
-            self.metrics.reports.labels(_OUTCOME_NAMES[outcome], _REASON_NAMES[reason]).inc(n)
+            self._reports_metric(outcome, reason).inc(n)
             if outcome == pb.OUTCOME_BUDGET_EXHAUSTED:
                 self.metrics.budget_exhausted.inc(n)
         return response
 
+    def _reports_metric(self, outcome: OutcomeValue, reason: pb.RejectReason.ValueType) -> Any:
+        """The reports counter's child for (outcome, reason), bound once."""
+        child = self._report_children.get((outcome, reason))
+        if child is None:
+            child = self._report_children[(outcome, reason)] = self.metrics.reports.labels(
+                _OUTCOME_NAMES[outcome], _REASON_NAMES[reason]
+            )
+        return child
+
+    def _digest_prefix(self, key: tuple[str, int, bytes]) -> bytes:
+        """`digest_prefix` of an active policy's (id, version, digest), computed once."""
+        prefix = self._prefixes.get(key)
+        if prefix is None:
+            if len(self._prefixes) >= 4096:  # policies come and go with reloads
+                self._prefixes.clear()
+            prefix = self._prefixes[key] = digest_prefix(*key)
+        return prefix
+
     def _check(
         self,
         report: pb.Report,
+        rid: bytes,
         now: int,
-        id_counts: Counter[bytes],
-        cache: dict[tuple[str, int, bytes], tuple[Lookup, VerifiedPolicy | None, bytes]],
+        repeated: Set[bytes],
+        policies: dict[tuple[str, int, bytes], tuple[Lookup, VerifiedPolicy | None, bytes]],
     ) -> CheckedReport | pb.ReportOutcome:
-        rid = report.report_id
         if len(rid) != REPORT_ID_BYTES:
             return _invalid(
                 rid,
                 pb.REJECT_REASON_MALFORMED_REPORT_ID,
                 f"report_id must be exactly {REPORT_ID_BYTES} bytes",
             )
-        if id_counts[rid] > 1:
+        if rid in repeated:
             return _invalid(
                 rid,
                 pb.REJECT_REASON_DUPLICATE_IN_BATCH,
                 "this report_id appears more than once in the request",
             )
         key = (report.policy_id, report.policy_version, report.policy_digest)
-        found = cache.get(key)
+        found = policies.get(key)
         if found is None:
-            looked_up = self.registry.lookup(*key, now=now)
-            found = cache[key] = (*looked_up, digest_prefix(*key))
+            status, verified = self.registry.lookup(*key, now=now)
+            prefix = self._digest_prefix(key) if verified is not None else b""
+            found = policies[key] = (status, verified, prefix)
         status, policy, prefix = found
-        if status is Lookup.UNKNOWN:
-            return pb.ReportOutcome(
-                report_id=rid,
-                outcome=pb.OUTCOME_UNKNOWN_POLICY,
-                detail="no such policy id and version here; fetch policies",
-            )
-        if status is Lookup.DIGEST_MISMATCH:
-            return _invalid(
-                rid,
-                pb.REJECT_REASON_DIGEST_MISMATCH,
-                "policy_digest does not match this policy version's signed bytes",
-            )
-        if status is Lookup.INACTIVE:
+        if policy is None:
+            if status is Lookup.UNKNOWN:
+                return pb.ReportOutcome(
+                    report_id=rid,
+                    outcome=pb.OUTCOME_UNKNOWN_POLICY,
+                    detail="no such policy id and version here; fetch policies",
+                )
+            if status is Lookup.DIGEST_MISMATCH:
+                return _invalid(
+                    rid,
+                    pb.REJECT_REASON_DIGEST_MISMATCH,
+                    "policy_digest does not match this policy version's signed bytes",
+                )
             return pb.ReportOutcome(
                 report_id=rid,
                 outcome=pb.OUTCOME_EXPIRED_POLICY,
                 detail="the policy is expired, not yet valid or retired",
             )
-        assert policy is not None
         ct = report.coarse_time
+        limits = self.limits
         if (
             ct % COARSE_TIME_UNIT != 0
-            or ct > now + self.limits.max_clock_skew_seconds
-            or ct < now - self.limits.max_report_age_seconds
+            or ct > now + limits.max_clock_skew_seconds
+            or ct < now - limits.max_report_age_seconds
             or ct < 0
         ):
             return _invalid(
                 rid,
                 pb.REJECT_REASON_BAD_COARSE_TIME,
                 "coarse_time must be on the hour, not in the future and not older "
-                f"than {self.limits.max_report_age_seconds} s",
+                f"than {limits.max_report_age_seconds} s",
             )
         try:
             output = output_from_report(report)
