@@ -78,13 +78,23 @@ class CollectorServicer:
         self.limiter = limiter
         self.metrics = metrics
         self.clock = clock
+        self._request_children: dict[tuple[str, grpc.StatusCode], Any] = {}
+
+    def _count(self, method: str, code: grpc.StatusCode) -> None:
+        """Count one RPC by method and status (the labelled child is bound once)."""
+        child = self._request_children.get((method, code))
+        if child is None:
+            child = self.metrics.requests.labels(method, code.name)
+            self._request_children[(method, code)] = child
+        child.inc()
 
     def _begin(
         self, request_type: type[Message], request_bytes: bytes, context: Any
     ) -> tuple[str, Any]:
         """Authenticate, rate-limit and parse; the subject and the request message."""
+        auth_context = context.auth_context() if self.authenticator.mtls else {}
         subject = self.authenticator.subject_from(
-            context.invocation_metadata() or (), context.auth_context(), now=self.clock()
+            context.invocation_metadata() or (), auth_context, now=self.clock()
         )
         wait = self.limiter.acquire(subject)
         if wait > 0:
@@ -138,7 +148,7 @@ class CollectorServicer:
             context.abort(code, str(exc))
             raise  # unreachable: abort raises
         finally:
-            self.metrics.requests.labels(method, code.name).inc()
+            self._count(method, code)
 
     async def _acall(
         self,
@@ -158,7 +168,7 @@ class CollectorServicer:
             await context.abort(code, str(exc), trailing_metadata=exc.metadata)
             raise  # unreachable: abort raises
         finally:
-            self.metrics.requests.labels(method, code.name).inc()
+            self._count(method, code)
 
     def async_handler(self) -> grpc.GenericRpcHandler[Any, Any]:
         """The asyncio-server flavour of `handler`: validation runs on the event loop,
@@ -170,7 +180,7 @@ class CollectorServicer:
             prepared = svc.prepare(subject, request)
             outcomes: list[Any] = []
             if prepared.batch.reports:
-                outcomes = await asyncio.wrap_future(svc.committer.submit_future(prepared.batch))
+                outcomes = await svc.committer.submit_async(prepared.batch)
             return svc.finish(prepared, outcomes)
 
         async def get_policies(_subject: str, request: pb.GetPoliciesRequest) -> Message:
