@@ -20,6 +20,7 @@ import binascii
 import hashlib
 import hmac
 import re
+import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -51,10 +52,16 @@ def check_subject(subject: str) -> str:
 class TokenAuthority:
     """Mints and verifies HMAC-SHA256 bearer tokens with one shared secret."""
 
+    #: Verified tokens remembered (token -> (subject, expiry)); beyond this many the
+    #: oldest are forgotten (and verified again if they come back).
+    CACHE_SIZE = 65536
+
     def __init__(self, secret: bytes) -> None:
         if len(secret) < MIN_SECRET_BYTES:
             raise ValueError(f"the token secret must be at least {MIN_SECRET_BYTES} bytes")
         self._secret = bytes(secret)
+        self._verified: dict[str, tuple[str, int]] = {}
+        self._lock = threading.Lock()
 
     def _mac(self, subject: str, expiry: int) -> bytes:
         msg = _DOMAIN + subject.encode("ascii") + b"\x00" + str(expiry).encode("ascii")
@@ -71,8 +78,16 @@ class TokenAuthority:
     def verify(self, token: str, *, now: int) -> str:
         """The subject of a valid, unexpired token; UnauthenticatedError otherwise.
 
-        The error never echoes the token.
+        The error never echoes the token. A token whose signature verified once
+        is remembered (the exact string, with its subject and expiry), so a device
+        sending the same token on every call costs one dict lookup, not one HMAC;
+        the expiry is checked on every call.
         """
+        known = self._verified.get(token)
+        if known is not None:
+            if now >= known[1]:
+                raise UnauthenticatedError("bearer token expired; mint a new one")
+            return known[0]
         parts = token.split(".")
         if len(parts) != 4 or parts[0] != TOKEN_VERSION or not parts[2].isdigit():
             raise UnauthenticatedError("malformed bearer token")
@@ -88,6 +103,10 @@ class TokenAuthority:
             raise UnauthenticatedError("bearer token signature does not verify")
         if now >= expiry:
             raise UnauthenticatedError("bearer token expired; mint a new one")
+        with self._lock:
+            if len(self._verified) >= self.CACHE_SIZE:
+                del self._verified[next(iter(self._verified))]
+            self._verified[token] = (subject, expiry)
         return subject
 
 
