@@ -364,6 +364,7 @@ def _plan(config: TrainConfig, *, sample_rate: float, planned_steps: int, mechan
     if eps_planned is not None:
         acct.remember(planned_steps, eps_planned)
     limit = acct.step_limit(planned_steps)
+    acct.horizon = limit
     return _Plan(mechanism, sigma, calibrated, acct, limit, None)
 
 
@@ -670,7 +671,14 @@ def _train_and_write(
             if steps == certified:
                 t0 = time.perf_counter()
                 target = min(steps + check_every, limit)
-                if not within(plan.accountant.epsilon_at(target), config.budget.epsilon):
+                # the optimizer's own record must be a prefix of the certified plan
+                done = [(float(a), float(b), int(c)) for a, b, c in recorder.history]
+                if done != ([(plan.noise_multiplier, q, steps)] if steps else []):
+                    raise AccountantError(
+                        f"the optimizer's accountant history {done} is not the plan's "
+                        f"({plan.noise_multiplier}, {q}, {steps})"
+                    )
+                if not within(plan.accountant.certify(target), config.budget.epsilon):
                     limit = plan.accountant.step_limit(target)
                     stop_reason = "budget"
                     target = limit
@@ -772,6 +780,7 @@ def _train_and_write(
             "grad_sample_mode": {"mode": mode, "reason": mode_reason},
             "check_every_steps": check_every,
             "accountant_queries": plan.accountant.queries,
+            "accountant_cached_checks": plan.accountant.cached_checks,
         },
         "randomness": rand.describe(),
         "model": model_desc,

@@ -322,3 +322,35 @@ def test_repeated_unit_is_refused_and_cancels(
 def test_cached_accountant_equals_opacus(mechanism: str, history: list[Any]) -> None:
     """The training path's cached accountant returns exactly Opacus's value."""
     assert epsilon(mechanism, history, 1e-5) == epsilon(mechanism, history, 1e-5, reference=True)
+
+
+@pytest.mark.parametrize("mechanism", ["prv", "rdp"])
+@pytest.mark.parametrize(("target", "rate", "steps"), [(3.0, 0.1, 50), (1.0, 0.7, 10)])
+def test_calibration_lands_in_the_window(
+    mechanism: str, target: float, rate: float, steps: int
+) -> None:
+    """σ from the GDP-guided search has ε in [target − 0.01, target], by Opacus's accountant."""
+    from fedldp.aggregator.training.accounting import calibrate_noise, gdp_noise_guess
+
+    assert gdp_noise_guess(target_epsilon=target, delta=1e-5, sample_rate=rate, steps=steps)
+    sigma, eps = calibrate_noise(
+        mechanism, target_epsilon=target, delta=1e-5, sample_rate=rate, steps=steps
+    )
+    assert target - 0.01 <= eps <= target
+    assert eps == epsilon(mechanism, [(sigma, rate, steps)], 1e-5, reference=True)
+
+
+def test_interval_checks_reuse_the_step_limit_certificate() -> None:
+    """certify(T ≤ horizon) is the horizon's cached bound, which bounds ε(T) (monotone in T)."""
+    from fedldp.aggregator.training.accounting import BudgetAccountant
+
+    acct = BudgetAccountant("prv", 1e-5, Decimal(3), 0.1, 1.5)
+    acct.horizon = acct.step_limit(40)
+    queries = acct.queries
+    for t in (10, 20, acct.horizon):
+        assert acct.certify(t) == acct.epsilon_at(acct.horizon)
+        assert acct.certify(t) >= epsilon("prv", [(1.5, 0.1, t)], 1e-5, reference=True)
+    assert acct.queries == queries  # no accountant work for the checks
+    beyond = acct.certify(acct.horizon + 1)  # beyond the certificate: computed
+    assert acct.queries == queries + 1
+    assert beyond == epsilon("prv", [(1.5, 0.1, acct.horizon + 1)], 1e-5)
