@@ -375,11 +375,31 @@ def _emit(result: Any) -> None:
     click.echo(json.dumps(result.to_dict(), indent=2))
 
 
-def _run(fn: Any, **kwargs: Any) -> None:
+_DECIMAL_OPTIONS = ("epsilon", "delta", "lower", "upper", "granularity")
+
+
+def _release_kwargs(options: dict[str, Any]) -> dict[str, Any]:
+    """The release function's keyword arguments from the raw click options.
+
+    Decimal options (`NAME_text`) are parsed in the fixed order of
+    `_DECIMAL_OPTIONS` (whatever the command-line order), each failing with a
+    BadParameter naming its option; the data file becomes a lazy loader.
+    """
+    kwargs = dict(options)
+    kwargs["load"] = _reader(kwargs.pop("data_path"), kwargs.pop("column"))
+    for name in _DECIMAL_OPTIONS:
+        if f"{name}_text" in kwargs:
+            kwargs[name] = _decimal(kwargs.pop(f"{name}_text"), f"--{name}")
+    return kwargs
+
+
+def _run(fn: Any, **options: Any) -> None:
+    """Parse `options`, call `fn(ledger, now=..., **kwargs)` and print its result as JSON."""
     from fedldp.aggregator.central.releases import ReleaseError
     from fedldp.collector.ledger import open_ledger
     from fedldp.collector.ledger.store import LedgerError
 
+    kwargs = _release_kwargs(options)
     ledger = open_ledger(kwargs.pop("ledger_url"))
     try:
         _emit(fn(ledger, now=int(time.time()), **kwargs))
@@ -389,135 +409,49 @@ def _run(fn: Any, **kwargs: Any) -> None:
         ledger.close()
 
 
+# Each command takes the options of its decorators as keyword arguments:
+# _common (ledger_url, subject, purpose, epsilon_text, idempotency_key, data_path,
+# column), _noise (mechanism, delta_text, calibration), _bounds (lower_text,
+# upper_text, granularity_text).
+
+
 @release.command("count")
 @_apply(_common + _noise)
-def count_cmd(
-    ledger_url: str,
-    subject: str,
-    purpose: str,
-    epsilon_text: str,
-    idempotency_key: str,
-    data_path: str,
-    column: str | None,
-    mechanism: str,
-    delta_text: str,
-    calibration: str,
-) -> None:
+def count_cmd(**options: Any) -> None:
     """Noised count of the records."""
     from fedldp.aggregator.central.releases import private_count
 
-    _run(
-        private_count,
-        ledger_url=ledger_url,
-        subject=subject,
-        purpose=purpose,
-        epsilon=_decimal(epsilon_text, "--epsilon"),
-        idempotency_key=idempotency_key,
-        load=_reader(data_path, column),
-        mechanism=mechanism,
-        delta=_decimal(delta_text, "--delta"),
-        calibration=calibration,
-    )
+    _run(private_count, **options)
 
 
 @release.command("sum")
 @_apply(_common + _noise + _bounds)
-def sum_cmd(
-    ledger_url: str,
-    subject: str,
-    purpose: str,
-    epsilon_text: str,
-    idempotency_key: str,
-    data_path: str,
-    column: str | None,
-    mechanism: str,
-    delta_text: str,
-    calibration: str,
-    lower_text: str,
-    upper_text: str,
-    granularity_text: str | None,
-) -> None:
+def sum_cmd(**options: Any) -> None:
     """Noised sum of values clipped to [lower, upper]."""
     from fedldp.aggregator.central.releases import private_sum
 
-    _run(
-        private_sum,
-        ledger_url=ledger_url,
-        subject=subject,
-        purpose=purpose,
-        epsilon=_decimal(epsilon_text, "--epsilon"),
-        idempotency_key=idempotency_key,
-        load=_reader(data_path, column),
-        mechanism=mechanism,
-        delta=_decimal(delta_text, "--delta"),
-        calibration=calibration,
-        lower=_decimal(lower_text, "--lower"),
-        upper=_decimal(upper_text, "--upper"),
-        granularity=_decimal(granularity_text, "--granularity"),
-    )
+    _run(private_sum, **options)
 
 
 @release.command("mean")
 @_apply(_common + _noise + _bounds)
-def mean_cmd(
-    ledger_url: str,
-    subject: str,
-    purpose: str,
-    epsilon_text: str,
-    idempotency_key: str,
-    data_path: str,
-    column: str | None,
-    mechanism: str,
-    delta_text: str,
-    calibration: str,
-    lower_text: str,
-    upper_text: str,
-    granularity_text: str | None,
-) -> None:
+def mean_cmd(**options: Any) -> None:
     """Noised mean of values clipped to [lower, upper] (half the budget each to sum and count)."""
     from fedldp.aggregator.central.releases import private_mean
 
-    _run(
-        private_mean,
-        ledger_url=ledger_url,
-        subject=subject,
-        purpose=purpose,
-        epsilon=_decimal(epsilon_text, "--epsilon"),
-        idempotency_key=idempotency_key,
-        load=_reader(data_path, column),
-        mechanism=mechanism,
-        delta=_decimal(delta_text, "--delta"),
-        calibration=calibration,
-        lower=_decimal(lower_text, "--lower"),
-        upper=_decimal(upper_text, "--upper"),
-        granularity=_decimal(granularity_text, "--granularity"),
-    )
+    _run(private_mean, **options)
 
 
 @release.command("choice")
 @_apply(_common)
 @click.option("--candidates", required=True, help="comma-separated candidate labels")
-def choice_cmd(
-    ledger_url: str,
-    subject: str,
-    purpose: str,
-    epsilon_text: str,
-    idempotency_key: str,
-    data_path: str,
-    column: str | None,
-    candidates: str,
-) -> None:
+def choice_cmd(candidates: str, **options: Any) -> None:
     """The most frequent candidate, chosen with the exponential mechanism."""
     from fedldp.aggregator.central.releases import private_choice
 
     _run(
         private_choice,
-        ledger_url=ledger_url,
-        subject=subject,
-        purpose=purpose,
-        epsilon=_decimal(epsilon_text, "--epsilon"),
-        idempotency_key=idempotency_key,
-        load=_reader(data_path, column),
+        **options,
         candidates=[c.strip() for c in candidates.split(",") if c.strip()],
     )
 
