@@ -380,6 +380,66 @@ def _meta(kind: str, mechanism: str, **extra: object) -> dict[str, str]:
     return out
 
 
+def _bounded_meta(kind: str, plan: _NoisePlan, lower: Decimal, upper: Decimal) -> dict[str, str]:
+    """Metadata of a release over values clipped to [lower, upper] (sum, mean)."""
+    return _meta(
+        kind,
+        plan.mechanism.value,
+        lower=lower,
+        upper=upper,
+        granularity=plan.granularity,
+        calibration=plan.calibration,
+    )
+
+
+def _one_query_release(
+    ledger: CentralLedger,
+    plan: _NoisePlan,
+    query: str,
+    true_value: Callable[[], Decimal],
+    *,
+    subject: str,
+    purpose: str,
+    idempotency_key: str,
+    now: int,
+    metadata: Mapping[str, str],
+    rng: random.Random | None,
+) -> CentralRelease:
+    """Charge `plan`'s (ε, δ), then release `true_value()` (read only after the reservation)
+    with one draw of `plan`'s noise; a retry returns the output the ledger kept."""
+    r = rng if rng is not None else system_random()
+
+    def compute() -> list[dict[str, object]]:
+        value = true_value()
+        event = plan.event(query)
+        event["output"] = str(plan.noised(value, r))
+        return [event]
+
+    rid, events = _run_release(
+        ledger,
+        subject=subject,
+        purpose=purpose,
+        epsilon=plan.epsilon,
+        delta=plan.delta,
+        idempotency_key=idempotency_key,
+        now=now,
+        metadata=metadata,
+        compute=compute,
+    )
+    return CentralRelease(
+        query,
+        _output(events, query),
+        plan.mechanism.value,
+        plan.epsilon,
+        plan.delta,
+        plan.sensitivity,
+        plan.granularity,
+        plan.noise_scale,
+        plan.calibration,
+        rid,
+    )
+
+
 def private_count(
     ledger: CentralLedger,
     *,
@@ -403,36 +463,17 @@ def private_count(
         granularity=Decimal(1),
         calibration=calibration,
     )
-    r = rng if rng is not None else system_random()
-
-    def compute() -> list[dict[str, object]]:
-        count = sum(1 for _ in load())
-        event = plan.event("count")
-        event["output"] = str(plan.noised(Decimal(count), r))
-        return [event]
-
-    rid, events = _run_release(
+    return _one_query_release(
         ledger,
+        plan,
+        "count",
+        lambda: Decimal(sum(1 for _ in load())),
         subject=subject,
         purpose=purpose,
-        epsilon=epsilon,
-        delta=delta,
         idempotency_key=idempotency_key,
         now=now,
         metadata=_meta("count", plan.mechanism.value, calibration=plan.calibration),
-        compute=compute,
-    )
-    return CentralRelease(
-        "count",
-        _output(events, "count"),
-        plan.mechanism.value,
-        epsilon,
-        delta,
-        plan.sensitivity,
-        plan.granularity,
-        plan.noise_scale,
-        plan.calibration,
-        rid,
+        rng=rng,
     )
 
 
@@ -463,43 +504,17 @@ def private_sum(
         granularity=granularity,
         calibration=calibration,
     )
-    r = rng if rng is not None else system_random()
-
-    def compute() -> list[dict[str, object]]:
-        total, _ = _clipped_sum(load(), lower, upper)
-        event = plan.event("sum")
-        event["output"] = str(plan.noised(total, r))
-        return [event]
-
-    rid, events = _run_release(
+    return _one_query_release(
         ledger,
+        plan,
+        "sum",
+        lambda: _clipped_sum(load(), lower, upper)[0],
         subject=subject,
         purpose=purpose,
-        epsilon=epsilon,
-        delta=delta,
         idempotency_key=idempotency_key,
         now=now,
-        metadata=_meta(
-            "sum",
-            plan.mechanism.value,
-            lower=lower,
-            upper=upper,
-            granularity=plan.granularity,
-            calibration=plan.calibration,
-        ),
-        compute=compute,
-    )
-    return CentralRelease(
-        "sum",
-        _output(events, "sum"),
-        plan.mechanism.value,
-        epsilon,
-        delta,
-        plan.sensitivity,
-        plan.granularity,
-        plan.noise_scale,
-        plan.calibration,
-        rid,
+        metadata=_bounded_meta("sum", plan, lower, upper),
+        rng=rng,
     )
 
 
@@ -562,14 +577,7 @@ def private_mean(
         delta=delta,
         idempotency_key=idempotency_key,
         now=now,
-        metadata=_meta(
-            "mean",
-            sum_plan.mechanism.value,
-            lower=lower,
-            upper=upper,
-            granularity=sum_plan.granularity,
-            calibration=sum_plan.calibration,
-        ),
+        metadata=_bounded_meta("mean", sum_plan, lower, upper),
         compute=compute,
     )
     noisy_sum, noisy_count = _output(events, "sum"), _output(events, "count")
