@@ -24,6 +24,7 @@ there is no fallback to non-private training and no artifact.
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
 import hashlib
 import json
@@ -131,7 +132,8 @@ class TrainingResult:
     model: nn.Module
     overhead_seconds: float
     training_seconds: float
-    # Seconds per part of the run outside the training loop: "reserve", "load",
+    # Seconds per part of the run outside the training loop: "reserve", "load", "probe"
+    # (grad-sample timing probe, only when auto could not decide by rule),
     # "plan" (calibration + step limit), "checks" (per-interval accountant),
     # "final" (final ε per accountant), "write" (artifact + receipt), "settle".
     timings: dict[str, float] = field(default_factory=dict)
@@ -263,6 +265,68 @@ def build_private_step(
     else:
         criterion = nn.CrossEntropyLoss()
     return PrivateStep(gsm, dp_opt, criterion)
+
+
+# Modes the timing probe compares. ew and functorch are never candidates: both fail
+# on the empty batches Poisson sampling produces (see docs/training.md).
+PROBE_MODES = ("ghost", "hooks")
+PROBE_STEPS = 3  # timed steps per mode, after one warm-up step each
+# Marker for "auto, to be decided by the probe once the feature shape is known".
+_PROBE = "auto-probe"
+
+
+def probe_grad_sample_mode(
+    model: nn.Module,
+    *,
+    feature_shape: tuple[int, ...],
+    num_classes: int,
+    expected_batch_size: int,
+    max_grad_norm: float,
+    optimizer: str,
+    learning_rate: float,
+    momentum: float,
+    steps: int = PROBE_STEPS,
+) -> tuple[str, str, dict[str, float]]:
+    """Time a few DP-SGD steps of each PROBE_MODES mode and return the fastest.
+
+    Each mode runs on its own deep copy of `model` (the model itself is not
+    touched) with **synthetic** data of the real shape — standard-normal features,
+    uniform labels, from a fixed-seed generator — so the probe reads no protected
+    data and is outside the privacy accounting. Steps are interleaved across the
+    modes and each mode's median step time is compared. Returns (mode, reason,
+    {mode: median seconds per step}).
+    """
+    gen = torch.Generator().manual_seed(0)
+    xb = torch.randn((expected_batch_size, *feature_shape), generator=gen)
+    yb = torch.randint(0, max(num_classes, 1), (expected_batch_size,), generator=gen)
+    runners: dict[str, PrivateStep] = {}
+    for mode in PROBE_MODES:
+        runners[mode] = build_private_step(
+            copy.deepcopy(model),
+            mode=mode,
+            expected_batch_size=expected_batch_size,
+            max_grad_norm=max_grad_norm,
+            noise_multiplier=1.0,
+            optimizer=optimizer,
+            learning_rate=learning_rate,
+            momentum=momentum,
+            noise_generator=torch.Generator().manual_seed(1),
+        )
+        runners[mode](xb, yb)  # warm-up
+    times: dict[str, list[float]] = {m: [] for m in PROBE_MODES}
+    for _ in range(steps):
+        for mode, step in runners.items():
+            t0 = time.perf_counter()
+            step(xb, yb)
+            times[mode].append(time.perf_counter() - t0)
+    med = {m: float(np.median(v)) for m, v in times.items()}
+    best = min(med, key=lambda m: med[m])
+    detail = ", ".join(f"{m} {1000 * t:.1f} ms" for m, t in med.items())
+    reason = (
+        f"timing probe ({steps} synthetic steps per mode at batch {expected_batch_size}, "
+        f"median per step: {detail}): {best} fastest"
+    )
+    return best, reason, med
 
 
 def _sha256(path: Path) -> str:
@@ -438,6 +502,9 @@ def train_private(
         probe, fixed = probe_checked.module, probe_checked.fixed
     if config.training.grad_sample_mode == "auto":
         mode, mode_reason = choose_grad_sample_mode(probe)
+        if mode == "hooks":  # no rule decides: a timing probe will, once the shape is known
+            mode = _PROBE
+            mode_reason = mode_reason.removeprefix("hooks: ") + ", so a timing probe decides"
     else:
         mode, mode_reason = config.training.grad_sample_mode, "set in the configuration"
     for change in fixed:
@@ -634,6 +701,21 @@ def _train_and_write(
     if model is None:
         built = build_mlp(config.model, dataset.num_features, dataset.num_classes)
         model = validate_model(built, fix=config.model.fix_model).module
+    if mode == _PROBE:
+        t0 = time.perf_counter()
+        mode, probe_reason, _ = probe_grad_sample_mode(
+            model,
+            feature_shape=tuple(dataset.features.shape[1:]),
+            num_classes=dataset.num_classes,
+            expected_batch_size=max(1, round(q * n)),
+            max_grad_norm=tp.max_grad_norm,
+            optimizer=tp.optimizer,
+            learning_rate=tp.learning_rate,
+            momentum=tp.momentum,
+        )
+        timings["probe"] = time.perf_counter() - t0
+        mode_reason = f"{mode_reason}: {probe_reason}"
+        log(f"grad-sample mode: {mode_reason}")
     private = build_private_step(
         model,
         mode=mode,

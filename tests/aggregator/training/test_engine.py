@@ -255,7 +255,36 @@ def test_grad_sample_mode_is_chosen_and_reported(
     cfg = make_config(model={"norm": "layer"}, output={"dir": str(mlp.model_path.parent) + "-ln"})
     ln = train_private(cfg, ledger=ledger)
     mode = json.loads(ln.receipt_path.read_text())["training"]["grad_sample_mode"]
-    assert mode["mode"] == "hooks" and "LayerNorm" in mode["reason"]
+    assert mode["mode"] in ("ghost", "hooks") and "LayerNorm" in mode["reason"]
+    assert "timing probe" in mode["reason"] and "synthetic" in mode["reason"]
+    assert ln.timings["probe"] > 0 and "probe" not in mlp.timings
+    forced = make_config(
+        training={"grad_sample_mode": "hooks"}, output={"dir": str(mlp.model_path.parent) + "-h"}
+    )
+    hooks = train_private(forced, ledger=ledger).receipt["training"]["grad_sample_mode"]
+    assert hooks == {"mode": "hooks", "reason": "set in the configuration"}
+
+
+def test_timing_probe_leaves_the_model_untouched() -> None:
+    """The probe trains deep copies on synthetic data; the model's weights do not move."""
+    from fedldp.aggregator.training.engine import PROBE_MODES, probe_grad_sample_mode
+
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.LayerNorm(8), torch.nn.Linear(8, 3))
+    before = [p.detach().clone() for p in model.parameters()]
+    mode, reason, med = probe_grad_sample_mode(
+        model,
+        feature_shape=(4,),
+        num_classes=3,
+        expected_batch_size=16,
+        max_grad_norm=1.0,
+        optimizer="sgd",
+        learning_rate=0.5,
+        momentum=0.0,
+        steps=2,
+    )
+    assert mode in PROBE_MODES and set(med) == set(PROBE_MODES) and mode in reason
+    assert med[mode] == min(med.values())
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
 
 
 def test_sql_source_and_missing_parquet_support(
