@@ -16,7 +16,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import (
     Ed25519PrivateKey,
@@ -35,7 +35,40 @@ from fedldp.client.policy.trust import TrustStore
 from fedldp.client.policy.validation import policy_problems, root_problems
 from fedldp.v1 import policy_pb2
 
+if TYPE_CHECKING:  # annotations only (postponed): no runtime dependency on Python 3.11+
+    from typing_extensions import NotRequired, Unpack
+
 _DAY = 86400
+
+
+class PolicyFields(TypedDict):
+    """Keyword arguments shared by `Authority.categorical_policy` and `numeric_policy`.
+
+    Required: policy_id, metric, epsilon (per report, decimal text), epsilon_cap
+    (per window), window_seconds, now (the policy is valid from `now`).
+    Optional, with defaults: version 1, lifetime_seconds 30 days, min_reports 100,
+    audience ("default",), params {} (mechanism parameters), purpose
+    "collect METRIC under local differential privacy", memo_charging NONE.
+    """
+
+    policy_id: str
+    metric: str
+    epsilon: str
+    epsilon_cap: str
+    window_seconds: int
+    now: int
+    version: NotRequired[int]
+    lifetime_seconds: NotRequired[int]
+    min_reports: NotRequired[int]
+    audience: NotRequired[Sequence[str]]
+    params: NotRequired[Mapping[str, str] | None]
+    purpose: NotRequired[str | None]
+    memo_charging: NotRequired[policy_pb2.MemoCharging.ValueType]
+
+
+_REQUIRED_FIELDS = ("policy_id", "metric", "epsilon", "epsilon_cap", "window_seconds", "now")
+
+
 _DURATION = re.compile(r"^([1-9][0-9]*)([smhdw])$")
 _DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": _DAY, "w": 7 * _DAY}
 _MEMO = {
@@ -432,120 +465,56 @@ class Authority:
         """Validate and sign `policy` with the policy key."""
         return sign_policy(policy, self.policy_key)
 
-    def _base_policy(
-        self,
-        *,
-        policy_id: str,
-        metric: str,
-        epsilon: str,
-        epsilon_cap: str,
-        window_seconds: int,
-        now: int,
-        mechanism: str,
-        version: int,
-        lifetime_seconds: int,
-        min_reports: int,
-        audience: Sequence[str],
-        params: Mapping[str, str] | None,
-        purpose: str | None,
-        memo_charging: policy_pb2.MemoCharging.ValueType,
-    ) -> policy_pb2.Policy:
+    def _base_policy(self, *, mechanism: str, **fields: Unpack[PolicyFields]) -> policy_pb2.Policy:
+        """The policy without its metric's domain; defaults as documented on PolicyFields.
+
+        Raises TypeError, as a plain signature would, on an unknown or a missing
+        required keyword (typing checks them statically; this is for untyped callers).
+        """
+        unknown = sorted(set(fields) - set(PolicyFields.__annotations__))
+        if unknown:
+            raise TypeError(f"unexpected keyword argument(s): {', '.join(unknown)}")
+        missing = [name for name in _REQUIRED_FIELDS if name not in fields]
+        if missing:
+            raise TypeError(f"missing required keyword argument(s): {', '.join(missing)}")
+        metric = fields["metric"]
+        now = fields["now"]
+        purpose = fields.get("purpose")
         return policy_pb2.Policy(
-            policy_id=policy_id,
-            version=version,
+            policy_id=fields["policy_id"],
+            version=fields.get("version", 1),
             purpose=purpose or f"collect {metric} under local differential privacy",
-            audience=list(audience),
+            audience=list(fields.get("audience", ("default",))),
             metric=policy_pb2.Metric(name=metric),
             mechanism=policy_pb2.MechanismSpec(
                 id=mechanism,
-                epsilon=epsilon,
-                params=dict(params or {}),
-                memo_charging=memo_charging,
+                epsilon=fields["epsilon"],
+                params=dict(fields.get("params") or {}),
+                memo_charging=fields.get("memo_charging", policy_pb2.MEMO_CHARGING_NONE),
             ),
-            budget=policy_pb2.Budget(epsilon_cap=epsilon_cap, window_seconds=window_seconds),
+            budget=policy_pb2.Budget(
+                epsilon_cap=fields["epsilon_cap"], window_seconds=fields["window_seconds"]
+            ),
             not_before=now,
-            expires_at=now + lifetime_seconds,
-            min_reports_for_release=min_reports,
+            expires_at=now + fields.get("lifetime_seconds", 30 * _DAY),
+            min_reports_for_release=fields.get("min_reports", 100),
         )
 
     def categorical_policy(
-        self,
-        *,
-        policy_id: str,
-        metric: str,
-        labels: Sequence[str],
-        epsilon: str,
-        epsilon_cap: str,
-        window_seconds: int,
-        now: int,
-        mechanism: str = "grr",
-        version: int = 1,
-        lifetime_seconds: int = 30 * _DAY,
-        min_reports: int = 100,
-        audience: Sequence[str] = ("default",),
-        params: Mapping[str, str] | None = None,
-        purpose: str | None = None,
-        memo_charging: policy_pb2.MemoCharging.ValueType = policy_pb2.MEMO_CHARGING_NONE,
+        self, *, labels: Sequence[str], mechanism: str = "grr", **fields: Unpack[PolicyFields]
     ) -> policy_pb2.Policy:
         """A validated categorical policy valid from `now` (not signed; see `sign`)."""
-        policy = self._base_policy(
-            policy_id=policy_id,
-            metric=metric,
-            epsilon=epsilon,
-            epsilon_cap=epsilon_cap,
-            window_seconds=window_seconds,
-            now=now,
-            mechanism=mechanism,
-            version=version,
-            lifetime_seconds=lifetime_seconds,
-            min_reports=min_reports,
-            audience=audience,
-            params=params,
-            purpose=purpose,
-            memo_charging=memo_charging,
-        )
+        policy = self._base_policy(mechanism=mechanism, **fields)
         policy.metric.categorical.values.extend(labels)
         policy.metric.categorical.digest = domain_digest(labels)
         _raise_problems(policy)
         return policy
 
     def numeric_policy(
-        self,
-        *,
-        policy_id: str,
-        metric: str,
-        lo: str,
-        hi: str,
-        epsilon: str,
-        epsilon_cap: str,
-        window_seconds: int,
-        now: int,
-        mechanism: str = "piecewise",
-        version: int = 1,
-        lifetime_seconds: int = 30 * _DAY,
-        min_reports: int = 100,
-        audience: Sequence[str] = ("default",),
-        params: Mapping[str, str] | None = None,
-        purpose: str | None = None,
-        memo_charging: policy_pb2.MemoCharging.ValueType = policy_pb2.MEMO_CHARGING_NONE,
+        self, *, lo: str, hi: str, mechanism: str = "piecewise", **fields: Unpack[PolicyFields]
     ) -> policy_pb2.Policy:
         """A validated numeric-range policy valid from `now` (not signed; see `sign`)."""
-        policy = self._base_policy(
-            policy_id=policy_id,
-            metric=metric,
-            epsilon=epsilon,
-            epsilon_cap=epsilon_cap,
-            window_seconds=window_seconds,
-            now=now,
-            mechanism=mechanism,
-            version=version,
-            lifetime_seconds=lifetime_seconds,
-            min_reports=min_reports,
-            audience=audience,
-            params=params,
-            purpose=purpose,
-            memo_charging=memo_charging,
-        )
+        policy = self._base_policy(mechanism=mechanism, **fields)
         policy.metric.numeric.lo = lo
         policy.metric.numeric.hi = hi
         _raise_problems(policy)
