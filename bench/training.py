@@ -19,8 +19,10 @@ Timed section: W training steps including batch loading (W = one epoch, capped a
 steps per epoch; figures are the median (min, max) over the R repetitions. Set-up
 (model wrapping, data generation) is excluded.
 
-Also reported: the mode the module chooses automatically and its time relative to
-the fastest mode, and the module's own overhead in a full `train_private` run
+Also reported: the mode the module chooses automatically — by rule, or (no rule
+applies, e.g. Conv2d) by the module's timing probe, run R times to show how often
+it picks what — its time relative to the fastest mode and the probe's cost, and
+the module's own overhead in a full `train_private` run
 (ledger reservation and settlement, noise calibration, step limit, per-epoch
 accountant checks, artifact and receipt) as a share of its training-loop time.
 """
@@ -180,7 +182,13 @@ def module_overhead(
 
     data = dataset_from_arrays(x.reshape(len(y), -1).numpy(), y.numpy())
     shares, overheads, loops = [], [], []
-    parts: dict[str, list[float]] = {"ledger": [], "accountant": [], "data+files": []}
+    parts: dict[str, list[float]] = {
+        "ledger": [],
+        "calibration+step limit": [],
+        "interval checks+final eps": [],
+        "data+files": [],
+    }
+    issue_shares: list[float] = []
     mode = ""
     for _ in range(reps):
         with tempfile.TemporaryDirectory() as tmp:
@@ -220,14 +228,19 @@ def module_overhead(
             t = result.timings
             loop = result.training_seconds
             parts["ledger"].append((t["reserve"] + t["settle"]) / loop)
-            parts["accountant"].append((t["plan"] + t["checks"] + t["final"]) / loop)
+            parts["calibration+step limit"].append(t["plan"] / loop)
+            parts["interval checks+final eps"].append((t["checks"] + t["final"]) / loop)
             parts["data+files"].append((t["load"] + t["write"]) / loop)
+            # the issue's list: ledger, accountant checks, receipt (not the one-off planning)
+            issue = t["reserve"] + t["settle"] + t["checks"] + t["final"] + t["write"]
+            issue_shares.append(issue / loop)
             overheads.append(result.overhead_seconds)
             loops.append(result.training_seconds)
     return {
         "mode": mode,
         "epochs": epochs,
         "overhead_share": _summ(shares),
+        "ledger_checks_receipt_share": _summ(issue_shares),
         "share_by_part": {k: _summ(v) for k, v in parts.items()},
         "overhead_seconds": _summ(overheads),
         "loop_seconds": _summ(loops),
@@ -262,6 +275,7 @@ def run(quick: bool, reps: int, max_steps: int, threads: int) -> dict[str, Any]:
     import torch
 
     torch.set_num_threads(threads)
+    from fedldp.aggregator.training.engine import probe_grad_sample_mode
     from fedldp.aggregator.training.models import choose_grad_sample_mode
 
     cases = [("digits-mlp", 256), ("digits-cnn", 256), ("tabular-mlp", 256), ("tabular-mlp", 1024)]
@@ -293,11 +307,33 @@ def run(quick: bool, reps: int, max_steps: int, threads: int) -> dict[str, Any]:
         auto, reason = choose_grad_sample_mode(make())
         timed = {m: v["epoch_s"]["median"] for m, v in entry["modes"].items() if "epoch_s" in v}
         fastest = min(timed, key=lambda m: timed[m])
+        choices, probe_s = [auto], []
+        if auto == "hooks":  # no rule applies: train_private runs the timing probe
+            choices = []
+            for _ in range(reps):  # how reliable is one probe? run it reps times
+                t0 = time.perf_counter()
+                choice, _, _ = probe_grad_sample_mode(
+                    make(),
+                    feature_shape=tuple(x.shape[1:]),
+                    num_classes=int(y.max()) + 1,
+                    expected_batch_size=batch,
+                    max_grad_norm=1.0,
+                    optimizer="sgd",
+                    learning_rate=0.1,
+                    momentum=0.9,
+                )
+                probe_s.append(time.perf_counter() - t0)
+                choices.append(choice)
+        ratios = [timed[c] / timed[fastest] for c in choices]
         entry["auto"] = {
-            "mode": auto,
-            "reason": reason,
+            "mode": max(set(choices), key=choices.count),
+            "choices": choices,
+            "reason": reason + ("; timing probe" if probe_s else ""),
             "fastest": fastest,
-            "auto_over_fastest": timed[auto] / timed[fastest],
+            "auto_over_fastest": statistics.median(ratios),
+            "auto_over_fastest_max": max(ratios),
+            "probe_seconds": _summ(probe_s) if probe_s else None,
+            "probe_over_epoch": statistics.median(probe_s) / timed[fastest] if probe_s else None,
         }
         print(_row(entry), flush=True)
         results.append(entry)
@@ -311,7 +347,8 @@ def run(quick: bool, reps: int, max_steps: int, threads: int) -> dict[str, Any]:
         overhead.append(o)
         print(
             f"module overhead {name} b={batch} {epochs} epochs ({o['mode']}): "
-            f"{100 * o['overhead_share']['median']:.1f}% of loop time "
+            f"{100 * o['overhead_share']['median']:.1f}% of loop time, "
+            f"ledger+checks+receipt {100 * o['ledger_checks_receipt_share']['median']:.1f}% "
             f"(overhead {o['overhead_seconds']['median']:.2f}s, "
             f"loop {o['loop_seconds']['median']:.2f}s; "
             + ", ".join(f"{k} {100 * v['median']:.1f}%" for k, v in o["share_by_part"].items())
@@ -346,8 +383,13 @@ def _row(e: dict[str, Any]) -> str:
             parts.append(f"{mode} n/a")
     a = e["auto"]
     parts.append(
-        f"| auto={a['mode']} fastest={a['fastest']} auto/fastest={a['auto_over_fastest']:.2f}"
+        f"| auto={a['mode']} {a['choices']} fastest={a['fastest']} "
+        f"auto/fastest={a['auto_over_fastest']:.2f} (max {a['auto_over_fastest_max']:.2f})"
     )
+    if a["probe_seconds"]:
+        parts.append(
+            f"probe {a['probe_seconds']['median']:.2f}s = {a['probe_over_epoch']:.2f} epoch"
+        )
     return "  ".join(parts)
 
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
 
@@ -90,33 +90,62 @@ def _rdp_epsilon(history: Sequence[Segment], delta: float) -> float:
     return float(eps)
 
 
-def _prv_domain(history: Sequence[Segment], delta: float, eps_error: float) -> Domain:
+# Integer orders only: their RDP is a finite binomial sum (Mironov, Talwar, Zhang 2019,
+# §3.3), ~100x cheaper than the fractional orders' series. The minimum over fewer
+# orders is a larger ε, so a domain sized with them is larger (never too small).
+INTEGER_ALPHAS = [a for a in RDPAccountant.DEFAULT_ALPHAS if float(a).is_integer()]
+
+
+@functools.lru_cache(maxsize=1024)
+def _rdp_one_step_int(sample_rate: float, noise_multiplier: float) -> NDArray[np.float64]:
+    vec = rdp_analysis.compute_rdp(
+        q=sample_rate, noise_multiplier=noise_multiplier, steps=1, orders=INTEGER_ALPHAS
+    )
+    return np.asarray(vec, dtype=np.float64)
+
+
+def _rdp_epsilon_int(history: Sequence[Segment], delta: float) -> float:
+    rdp = sum(_rdp_one_step_int(q, s) * t for s, q, t in history)
+    eps, _ = rdp_analysis.get_privacy_spent(orders=INTEGER_ALPHAS, rdp=rdp, delta=delta)
+    return float(eps)
+
+
+def _prv_domain(
+    history: Sequence[Segment], delta: float, eps_error: float, *, integer_orders: bool = False
+) -> Domain:
     """The discretization domain PRVAccountant.get_epsilon uses for `history`.
 
     = opacus PRVAccountant._get_domain: the safe domain size of Gopi et al. 2021,
     Remark 5.6 (RDP tail bounds at δ_error/4 for the whole history and
     δ_error/(8·T) per step), and mesh eps_error / sqrt(T·log(12/δ_error)/2)
     (their Thm. 5.5), with the RDP values from the _rdp_one_step cache.
+    `integer_orders`: size it from the integer orders only (a larger domain, for
+    the calibration search; not what PRVAccountant computes).
     """
+    rdp_eps = _rdp_epsilon_int if integer_orders else _rdp_epsilon
     delta_error = prv_delta_error(delta)
     total = sum(t for _, _, t in history)
-    l_max = _rdp_epsilon(history, delta_error / 4)
+    l_max = rdp_eps(history, delta_error / 4)
     for s, q, _ in history:
-        l_max = max(l_max, _rdp_epsilon([(s, q, 1)], delta_error / (8 * total)))
+        l_max = max(l_max, rdp_eps([(s, q, 1)], delta_error / (8 * total)))
     size = max(l_max, eps_error) + 3
     mesh = eps_error / np.sqrt(total * np.log(12 / delta_error) / 2)
     return Domain.create_aligned(-size, size, mesh)
 
 
-def _discretized(history: Sequence[Segment], delta: float, eps_error: float) -> list[DiscretePRV]:
+def _discretized(
+    history: Sequence[Segment], delta: float, eps_error: float, *, integer_orders: bool = False
+) -> list[DiscretePRV]:
     """Opacus's truncated, discretized PRVs on the _prv_domain of `history`."""
-    domain = _prv_domain(history, delta, eps_error)
+    domain = _prv_domain(history, delta, eps_error, integer_orders=integer_orders)
     prvs = [PoissonSubsampledGaussianPRV(q, s) for s, q, _ in history]
     tprvs = [TruncatedPrivacyRandomVariable(p, domain.t_min, domain.t_max) for p in prvs]
     return [discretize(tprv, domain) for tprv in tprvs]
 
 
-def _prv_epsilon(history: Sequence[Segment], delta: float, eps_error: float) -> float:
+def _prv_epsilon(
+    history: Sequence[Segment], delta: float, eps_error: float, *, integer_orders: bool = False
+) -> float:
     """PRVAccountant.get_epsilon, step for step, with the safe-domain bound's RDP cached.
 
     Opacus spends most of a PRV query in compute_safe_domain_size (Gopi et al. 2021,
@@ -126,7 +155,7 @@ def _prv_epsilon(history: Sequence[Segment], delta: float, eps_error: float) -> 
     unmodified PRVAccountant).
     """
     dprv = compose_heterogeneous(
-        dprvs=_discretized(history, delta, eps_error),
+        dprvs=_discretized(history, delta, eps_error, integer_orders=integer_orders),
         num_self_compositions=[t for _, _, t in history],
     )
     _, _, eps_upper = dprv.compute_epsilon(delta, prv_delta_error(delta), eps_error)
@@ -252,8 +281,43 @@ def calibrate_noise(
     guess or the interpolation.
     """
 
-    def eps_of(sigma: float) -> float:
+    def exact(sigma: float) -> float:
         return epsilon(mechanism, [(sigma, sample_rate, steps)], delta, eps_error=eps_error)
+
+    def search_only(sigma: float) -> float:
+        try:
+            return _prv_epsilon(
+                [(sigma, sample_rate, steps)], delta, eps_error, integer_orders=True
+            )
+        except ACCOUNTANT_ERRORS as exc:
+            raise AccountantError(f"prv accountant failed: {type(exc).__name__}: {exc}") from exc
+
+    guess = gdp_noise_guess(
+        target_epsilon=target_epsilon, delta=delta, sample_rate=sample_rate, steps=steps
+    )
+    if mechanism == "prv":
+        # The search runs on the PRV bound with an integer-order domain (no fractional
+        # RDP series per σ); its answer is then evaluated exactly, and only an exact
+        # value is ever returned.
+        try:
+            sigma, _ = _search(search_only, target_epsilon, tolerance, guess, max_queries)
+            e = exact(sigma)
+            if target_epsilon - tolerance <= e <= target_epsilon:
+                return sigma, e
+            guess = sigma
+        except AccountantError:
+            pass  # the exact search below decides (and raises if it fails too)
+    return _search(exact, target_epsilon, tolerance, guess, max_queries)
+
+
+def _search(
+    eps_of: Callable[[float], float],
+    target_epsilon: float,
+    tolerance: float,
+    guess: float | None,
+    max_queries: int,
+) -> tuple[float, float]:
+    """calibrate_noise's root search on `eps_of` (see there)."""
 
     def ok(e: float) -> bool:
         return target_epsilon - tolerance <= e <= target_epsilon
@@ -261,9 +325,6 @@ def calibrate_noise(
     queries = 0
     seen: list[tuple[float, float]] = []  # (σ, ε(σ)) evaluated
     log_mid = math.log(target_epsilon - tolerance / 2)
-    guess = gdp_noise_guess(
-        target_epsilon=target_epsilon, delta=delta, sample_rate=sample_rate, steps=steps
-    )
     x = math.log(guess) if guess is not None else 0.0
     slope = -1.0  # d log ε / d log σ; about -1 for large σ, steeper below
     for _ in range(4):
