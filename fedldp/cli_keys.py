@@ -13,7 +13,9 @@ import datetime as dt
 import os
 import re
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any, TypeVar
 
 import click
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
@@ -37,6 +39,8 @@ from fedldp.client.policy import (
 )
 from fedldp.client.policy.authoring import parse_duration
 from fedldp.v1 import policy_pb2
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 _KEY_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 
@@ -105,6 +109,14 @@ def _write_root(envelope: policy_pb2.SignedEnvelope, out: Path) -> None:
         f"(threshold {root.root_threshold}), {len(root.policy_keys)} policy key(s), "
         f"{len(envelope.signatures)} signature(s)"
     )
+
+
+def _signing_options(fn: F) -> F:
+    """--passphrase-env VAR (for encrypted private keys) and --now (instead of the clock)."""
+    fn = click.option("--now", type=int, help="Unix time to use instead of the clock.")(fn)
+    return click.option(
+        "--passphrase-env", metavar="VAR", help="Passphrase for encrypted private keys."
+    )(fn)
 
 
 @click.group(name="keys")
@@ -200,8 +212,7 @@ def key_id(key_file: str) -> None:
     type=click.Path(dir_okay=False),
     help="Root envelope to write (e.g. trust/1.root).",
 )
-@click.option("--passphrase-env", metavar="VAR", help="Passphrase for encrypted private keys.")
-@click.option("--now", type=int, help="Unix time to use instead of the clock.")
+@_signing_options
 def init_root(
     root_keys: tuple[str, ...],
     threshold: int,
@@ -285,8 +296,7 @@ def init_root(
     type=click.Path(dir_okay=False),
     help="Root envelope to write (version N+1).",
 )
-@click.option("--passphrase-env", metavar="VAR", help="Passphrase for encrypted private keys.")
-@click.option("--now", type=int, help="Unix time to use instead of the clock.")
+@_signing_options
 def rotate(
     current: str,
     sign_keys: tuple[str, ...],
