@@ -18,8 +18,8 @@ outcome per report, so the messages are the same size both ways; it is
 measured in the same run, with the same load generator. The asyncio flavour
 of the do-nothing server is measured too, and each row has two ratios: to the
 sync do-nothing server (the issue's reference) and to the do-nothing server of
-the same grpcio flavour (the collector's default is the asyncio server; one
-row runs it on the sync server: the server-choice question in docs/collector.md).
+the same grpcio flavour (the collector's default is the sync server; one row
+runs it on the asyncio server: the server-choice question in docs/collector.md).
 
 Durability: the collector runs as a real process (`fedldp collector serve`)
 with its defaults: SQLite in WAL mode with synchronous=FULL, PostgreSQL with
@@ -171,7 +171,7 @@ def start_collectors(
     count: int,
     name: str,
     workers: int,
-    server: str = "asyncio",
+    server: str = "sync",
 ) -> Server:
     from fedldp.collector.testing import spawn, write_config
 
@@ -418,16 +418,16 @@ def main(argv: list[str] | None = None) -> int:
         ),
         [single, batch],
     )
-    sync_url = f"sqlite:///{base / 'ledger-sync.db'}"
+    aio_url = f"sqlite:///{base / 'ledger-aio.db'}"
     run(
         start_collectors(
             deployment,
-            base / "sqlite-sync",
-            sync_url,
+            base / "sqlite-aio",
+            aio_url,
             1,
-            "collector (SQLite, sync server)",
+            "collector (SQLite, asyncio server)",
             args.workers,
-            server="sync",
+            server="asyncio",
         ),
         [single, batch],
     )
@@ -460,8 +460,8 @@ def main(argv: list[str] | None = None) -> int:
     for f in figures:
         ref = by[("do-nothing (sync)", f.reports_per_call)]
         # The same grpcio flavour as the server measured (the collector's default
-        # is the asyncio server; rows naming "sync" run the sync one).
-        kind = "sync" if "sync" in f.server and "asyncio" not in f.server else "aio"
+        # is the sync server; rows naming "asyncio" run the asyncio one).
+        kind = "aio" if "asyncio" in f.server or f.server == "do-nothing (aio)" else "sync"
         same = by[(f"do-nothing ({kind})", f.reports_per_call)]
         rows.append(
             [

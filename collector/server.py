@@ -6,11 +6,11 @@ from the request) -> rate limit -> parse the raw request bytes -> service call
 Handlers receive raw bytes (no gRPC-side deserializer) so that a truncated or
 garbage message gets INVALID_ARGUMENT from `errors.STATUS`, not INTERNAL.
 
-Server choice: grpcio's asyncio server by default (one event-loop thread runs
-every handler; the group committer resolves a whole group's futures with one
-callback), the sync thread-pool server on request (`server = "sync"`): see
-docs/collector.md for the measurements on this machine. Durable throughput
-comes from the group committer either way.
+Server choice: grpcio's sync server (a thread pool) by default, the asyncio
+server on request (`server = "asyncio"`; one event-loop thread runs every
+handler and the group committer resolves a whole group's futures with one
+callback): see docs/collector.md for the measurements on this machine. Durable
+throughput comes from the group committer either way.
 
 `start_collector(config)` runs a collector in-process (tests, the demo, the
 daemon); `RunningCollector.stop(grace)` drains: health goes NOT_SERVING, new
@@ -390,8 +390,8 @@ def start_collector(
 
     `registry` overrides loading `config.trust_dir`/`config.policy_dir` (tests and
     the demo build one with `PolicyRegistry.from_envelopes`). `clock` (Unix
-    seconds) defaults to the system clock. `config.server` picks grpcio's asyncio
-    (default) or sync server.
+    seconds) defaults to the system clock. `config.server` picks grpcio's sync
+    (default) or asyncio server.
     """
     config.validate()
     now_fn: Callable[[], int] = clock or (lambda: int(time.time()))

@@ -684,7 +684,7 @@ class Ledger:
                     out.append(ACCEPTED)
                 outcomes.append(out)
 
-        if new_reports:
+        if new_reports and self.dialect == "sqlite":
             # Multi-row INSERTs of a few fixed sizes: one statement step (hence one
             # release of the GIL, see _ROW_CHUNKS) per up to 256 rows, not per row.
             done = 0
@@ -692,6 +692,8 @@ class Ledger:
                 chunk = new_reports[done : done + size]
                 done += size
                 db.run(self._insert_reports_sql[size], list(chain.from_iterable(chunk)))
+        elif new_reports:  # psycopg pipelines executemany: one round trip
+            db.executemany(self._insert_reports_sql[1], new_reports)
         if new_conflicts:
             db.executemany(self._sql["insert_conflicts"], new_conflicts)
         dirty = [
