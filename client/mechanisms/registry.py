@@ -17,6 +17,7 @@ Registered ids and their policy params (strings, plain notation):
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable, Mapping
 from decimal import Decimal
 
@@ -72,64 +73,25 @@ def create(
     return factory(epsilon, metric, params or {})
 
 
-def _grr_factory(
-    epsilon: Decimal, metric: int | tuple[Decimal, Decimal], params: Mapping[str, str]
-) -> Mechanism:  # type: ignore[type-arg]
-    from fedldp.client.mechanisms.grr import GRR
+def _categorical_factory(wire_id: str, module: str, name: str, param: str | None = None) -> Factory:
+    """Factory for class `name` of `fedldp.client.mechanisms.<module>` (imported on first
+    use), built as cls(epsilon, k) or, with `param`, cls(epsilon, k, optional int param)."""
 
-    k = categorical_metric("grr", metric)
-    no_params("grr", params)
-    return GRR(epsilon, k)
+    def factory(
+        epsilon: Decimal, metric: int | tuple[Decimal, Decimal], params: Mapping[str, str]
+    ) -> Mechanism:  # type: ignore[type-arg]
+        cls = getattr(importlib.import_module(f"fedldp.client.mechanisms.{module}"), name)
+        k = categorical_metric(wire_id, metric)
+        if param is None:
+            no_params(wire_id, params)
+            extra: tuple[int | None, ...] = ()
+        else:
+            only_params(wire_id, params, {param})
+            extra = (int_param(wire_id, params, param),)
+        mechanism: Mechanism = cls(epsilon, k, *extra)  # type: ignore[type-arg]
+        return mechanism
 
-
-def _oue_factory(
-    epsilon: Decimal, metric: int | tuple[Decimal, Decimal], params: Mapping[str, str]
-) -> Mechanism:  # type: ignore[type-arg]
-    from fedldp.client.mechanisms.unary import OUE
-
-    k = categorical_metric("oue", metric)
-    no_params("oue", params)
-    return OUE(epsilon, k)
-
-
-def _sue_factory(
-    epsilon: Decimal, metric: int | tuple[Decimal, Decimal], params: Mapping[str, str]
-) -> Mechanism:  # type: ignore[type-arg]
-    from fedldp.client.mechanisms.unary import SUE
-
-    k = categorical_metric("sue", metric)
-    no_params("sue", params)
-    return SUE(epsilon, k)
-
-
-def _olh_factory(
-    epsilon: Decimal, metric: int | tuple[Decimal, Decimal], params: Mapping[str, str]
-) -> Mechanism:  # type: ignore[type-arg]
-    from fedldp.client.mechanisms.olh import OLH
-
-    k = categorical_metric("olh", metric)
-    only_params("olh", params, {"g"})
-    return OLH(epsilon, k, int_param("olh", params, "g"))
-
-
-def _hr_factory(
-    epsilon: Decimal, metric: int | tuple[Decimal, Decimal], params: Mapping[str, str]
-) -> Mechanism:  # type: ignore[type-arg]
-    from fedldp.client.mechanisms.hadamard import HadamardResponse
-
-    k = categorical_metric("hr", metric)
-    no_params("hr", params)
-    return HadamardResponse(epsilon, k)
-
-
-def _ss_factory(
-    epsilon: Decimal, metric: int | tuple[Decimal, Decimal], params: Mapping[str, str]
-) -> Mechanism:  # type: ignore[type-arg]
-    from fedldp.client.mechanisms.subset import SubsetSelection
-
-    k = categorical_metric("ss", metric)
-    only_params("ss", params, {"d"})
-    return SubsetSelection(epsilon, k, int_param("ss", params, "d"))
+    return factory
 
 
 def _memo_factory(wire_id: str) -> Factory:
@@ -172,12 +134,12 @@ def _numeric_factory(wire_id: str) -> Factory:
     return factory
 
 
-register("grr", _grr_factory)
-register("oue", _oue_factory)
-register("sue", _sue_factory)
-register("olh", _olh_factory)
-register("hr", _hr_factory)
-register("ss", _ss_factory)
+register("grr", _categorical_factory("grr", "grr", "GRR"))
+register("oue", _categorical_factory("oue", "unary", "OUE"))
+register("sue", _categorical_factory("sue", "unary", "SUE"))
+register("olh", _categorical_factory("olh", "olh", "OLH", param="g"))
+register("hr", _categorical_factory("hr", "hadamard", "HadamardResponse"))
+register("ss", _categorical_factory("ss", "subset", "SubsetSelection", param="d"))
 for _memo_id in ("rappor-grr", "rappor-oue", "rappor-sue"):
     register(_memo_id, _memo_factory(_memo_id))
 for _numeric_id in ("duchi", "piecewise", "hybrid", "laplace"):
