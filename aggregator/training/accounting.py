@@ -284,11 +284,14 @@ def calibrate_noise(
     def exact(sigma: float) -> float:
         return epsilon(mechanism, [(sigma, sample_rate, steps)], delta, eps_error=eps_error)
 
+    coarse = max(eps_error, min(10 * eps_error, 0.1))
+
     def search_only(sigma: float) -> float:
+        # PRV on a 10x coarser mesh (eps_error 10x larger: 10x fewer grid points),
+        # with the fine error width put back: ≈ the exact upper bound, for the search.
         try:
-            return _prv_epsilon(
-                [(sigma, sample_rate, steps)], delta, eps_error, integer_orders=True
-            )
+            upper = _prv_epsilon([(sigma, sample_rate, steps)], delta, coarse, integer_orders=True)
+            return upper - coarse + eps_error
         except ACCOUNTANT_ERRORS as exc:
             raise AccountantError(f"prv accountant failed: {type(exc).__name__}: {exc}") from exc
 
@@ -296,9 +299,9 @@ def calibrate_noise(
         target_epsilon=target_epsilon, delta=delta, sample_rate=sample_rate, steps=steps
     )
     if mechanism == "prv":
-        # The search runs on the PRV bound with an integer-order domain (no fractional
-        # RDP series per σ); its answer is then evaluated exactly, and only an exact
-        # value is ever returned.
+        # The search runs on a cheap approximation of the PRV bound (integer-order
+        # domain, coarse mesh); its answer is then evaluated exactly, and only an
+        # exact value is ever returned.
         try:
             sigma, _ = _search(search_only, target_epsilon, tolerance, guess, max_queries)
             e = exact(sigma)
