@@ -16,7 +16,13 @@ from collections.abc import Mapping
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
-from fedldp.client.mechanisms.base import BitVectorOutput, Output, OutputDomainError
+from fedldp.client.mechanisms.base import (
+    BitVectorOutput,
+    CategoryOutput,
+    CountStatistic,
+    Output,
+    OutputDomainError,
+)
 
 if TYPE_CHECKING:
     import numpy as np
@@ -65,6 +71,61 @@ def check_bit_vector(output: Output, length: int, *, name: str) -> int:
     if value >> length:
         raise OutputDomainError("OUT_OF_DOMAIN", f"{name}: padding bits must be zero")
     return value
+
+
+def check_category(output: Output, size: int, *, name: str, what: str) -> int:
+    """Check a CategoryOutput's type and index in [0, size); return the index.
+
+    `name` (the mechanism) and `what` (the index's meaning) word the errors.
+    """
+    if not isinstance(output, CategoryOutput):
+        raise OutputDomainError("WRONG_PAYLOAD_TYPE", f"{name} expects a category payload")
+    if not 0 <= output.index < size:
+        raise OutputDomainError("OUT_OF_DOMAIN", f"{what} outside [0, {size})")
+    return output.index
+
+
+def count_category(statistic: CountStatistic, output: Output) -> None:
+    """Count one category output already checked by the mechanism's `check_output`."""
+    assert isinstance(output, CategoryOutput)
+    statistic.counts[output.index] += 1
+    statistic.n += 1
+
+
+def category_counts(outputs: Any, size: int, *, what: str) -> tuple[npt.NDArray[np.int64], int]:
+    """(histogram over [0, size), number of reports) of an int array of output indices.
+
+    OUT_OF_DOMAIN (worded with `what`) when an index falls outside [0, size).
+    """
+    import numpy as np
+
+    indices = np.asarray(outputs, dtype=np.int64)
+    counts = np.bincount(indices, minlength=size)
+    if counts.shape[0] != size or (indices.size and indices.min() < 0):
+        raise OutputDomainError("OUT_OF_DOMAIN", f"{what} outside [0, {size})")
+    return counts, indices.shape[0]
+
+
+def add_bit_counts(statistic: CountStatistic, bits: int) -> None:
+    """Count one bit-vector report: counts[i] += 1 for each set bit i of `bits`."""
+    counts = statistic.counts
+    i = 0
+    while bits:
+        if bits & 1:
+            counts[i] += 1
+        bits >>= 1
+        i += 1
+    statistic.n += 1
+
+
+def packed_rows(outputs: Any, length: int, *, name: str) -> npt.NDArray[np.uint8]:
+    """`outputs` as packed rows (n, ceil(length/8)) of uint8; WRONG_LENGTH otherwise."""
+    import numpy as np
+
+    rows = np.asarray(outputs, dtype=np.uint8)
+    if rows.ndim != 2 or rows.shape[1] != byte_length(length):
+        raise OutputDomainError("WRONG_LENGTH", f"{name} expects {length}-bit rows")
+    return rows
 
 
 def int_to_bits(value: int, length: int) -> BitVectorOutput:

@@ -27,12 +27,17 @@ from collections.abc import Iterator
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
-from fedldp.client.mechanisms._common import check_index, exp_epsilon
+from fedldp.client.mechanisms._common import (
+    category_counts,
+    check_category,
+    check_index,
+    count_category,
+    exp_epsilon,
+)
 from fedldp.client.mechanisms.base import (
     CategoryOutput,
     CountStatistic,
     Output,
-    OutputDomainError,
     system_random,
 )
 from fedldp.client.mechanisms.oracle import FrequencyOracle
@@ -90,23 +95,12 @@ class GRR(FrequencyOracle):
         return np.where(keep, values, other)
 
     def check_output(self, output: Output) -> None:
-        if not isinstance(output, CategoryOutput):
-            raise OutputDomainError("WRONG_PAYLOAD_TYPE", "grr expects a category payload")
-        if not 0 <= output.index < self.k:
-            raise OutputDomainError("OUT_OF_DOMAIN", f"category index outside [0, {self.k})")
+        check_category(output, self.k, name="grr", what="category index")
 
     def accumulate(self, statistic: CountStatistic, output: Output) -> None:
         self.check_output(output)
-        assert isinstance(output, CategoryOutput)
-        statistic.counts[output.index] += 1
-        statistic.n += 1
+        count_category(statistic, output)
 
     def accumulate_batch(self, statistic: CountStatistic, outputs: Any) -> None:
         """Add an int array of output indices (as from `perturb_batch`)."""
-        import numpy as np
-
-        outputs = np.asarray(outputs, dtype=np.int64)
-        counts = np.bincount(outputs, minlength=self.k)
-        if counts.shape[0] != self.k or (outputs.size and outputs.min() < 0):
-            raise OutputDomainError("OUT_OF_DOMAIN", f"category index outside [0, {self.k})")
-        self._add_counts(statistic, counts, outputs.shape[0])
+        self._add_counts(statistic, *category_counts(outputs, self.k, what="category index"))

@@ -39,12 +39,17 @@ from collections.abc import Iterator
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
-from fedldp.client.mechanisms._common import check_index, exp_epsilon
+from fedldp.client.mechanisms._common import (
+    category_counts,
+    check_category,
+    check_index,
+    count_category,
+    exp_epsilon,
+)
 from fedldp.client.mechanisms.base import (
     CategoryOutput,
     CountStatistic,
     Output,
-    OutputDomainError,
     system_random,
 )
 from fedldp.client.mechanisms.oracle import FrequencyOracle
@@ -133,10 +138,7 @@ class HadamardResponse(FrequencyOracle):
         return np.asarray(y, dtype=np.int64)
 
     def check_output(self, output: Output) -> None:
-        if not isinstance(output, CategoryOutput):
-            raise OutputDomainError("WRONG_PAYLOAD_TYPE", "hr expects a category payload")
-        if not 0 <= output.index < self.K:
-            raise OutputDomainError("OUT_OF_DOMAIN", f"hr output outside [0, {self.K})")
+        check_category(output, self.K, name="hr", what="hr output")
 
     def statistic_size(self) -> int:
         return self.K
@@ -149,19 +151,11 @@ class HadamardResponse(FrequencyOracle):
 
     def accumulate(self, statistic: CountStatistic, output: Output) -> None:
         self.check_output(output)
-        assert isinstance(output, CategoryOutput)
-        statistic.counts[output.index] += 1
-        statistic.n += 1
+        count_category(statistic, output)
 
     def accumulate_batch(self, statistic: CountStatistic, outputs: Any) -> None:
         """Add an int array of outputs y (as from `perturb_batch`)."""
-        import numpy as np
-
-        outputs = np.asarray(outputs, dtype=np.int64)
-        counts = np.bincount(outputs, minlength=self.K)
-        if counts.shape[0] != self.K or (outputs.size and outputs.min() < 0):
-            raise OutputDomainError("OUT_OF_DOMAIN", f"hr output outside [0, {self.K})")
-        self._add_counts(statistic, counts, outputs.shape[0])
+        self._add_counts(statistic, *category_counts(outputs, self.K, what="hr output"))
 
 
 __all__ = ["HadamardResponse", "fwht"]

@@ -34,6 +34,7 @@ from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
 from fedldp.client.mechanisms._common import (
+    add_bit_counts,
     byte_length,
     check_bit_vector,
     check_index,
@@ -41,6 +42,7 @@ from fedldp.client.mechanisms._common import (
     exp_epsilon,
     f0_variance_scalar,
     int_to_bits,
+    packed_rows,
 )
 from fedldp.client.mechanisms.base import (
     BitVectorOutput,
@@ -200,23 +202,11 @@ class SubsetSelection(FrequencyOracle):
     def accumulate(self, statistic: CountStatistic, output: Output) -> None:
         self.check_output(output)
         assert isinstance(output, BitVectorOutput)
-        bits = int.from_bytes(output.bits, "little")
-        counts = statistic.counts
-        i = 0
-        while bits:
-            if bits & 1:
-                counts[i] += 1
-            bits >>= 1
-            i += 1
-        statistic.n += 1
+        add_bit_counts(statistic, int.from_bytes(output.bits, "little"))
 
     def accumulate_batch(self, statistic: CountStatistic, outputs: Any) -> None:
         """Add packed rows (n, ceil(k/8)) uint8, as from `perturb_batch`."""
-        import numpy as np
-
-        outputs = np.asarray(outputs, dtype=np.uint8)
-        if outputs.ndim != 2 or outputs.shape[1] != byte_length(self.k):
-            raise OutputDomainError("WRONG_LENGTH", f"ss expects {self.k}-bit rows")
+        outputs = packed_rows(outputs, self.k, name="ss")
         counts = column_counts(outputs, self.k)
         if int(counts.sum()) != self.d * outputs.shape[0]:
             raise OutputDomainError("OUT_OF_DOMAIN", f"ss expects exactly {self.d} bits set")

@@ -31,6 +31,7 @@ from decimal import Decimal
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from fedldp.client.mechanisms._common import (
+    add_bit_counts,
     bernoulli_bits,
     bernoulli_words,
     byte_length,
@@ -39,13 +40,13 @@ from fedldp.client.mechanisms._common import (
     column_counts,
     exp_epsilon,
     int_to_bits,
+    packed_rows,
     words_to_bytes,
 )
 from fedldp.client.mechanisms.base import (
     BitVectorOutput,
     CountStatistic,
     Output,
-    OutputDomainError,
     system_random,
 )
 from fedldp.client.mechanisms.oracle import FrequencyOracle
@@ -133,24 +134,12 @@ class UnaryEncoding(FrequencyOracle):
         check_bit_vector(output, self.k, name=self._name)
 
     def accumulate(self, statistic: CountStatistic, output: Output) -> None:
-        bits = check_bit_vector(output, self.k, name=self._name)
-        counts = statistic.counts
-        i = 0
-        while bits:
-            if bits & 1:
-                counts[i] += 1
-            bits >>= 1
-            i += 1
-        statistic.n += 1
+        add_bit_counts(statistic, check_bit_vector(output, self.k, name=self._name))
 
     def accumulate_batch(self, statistic: CountStatistic, outputs: Any) -> None:
         """Add packed rows (n, ceil(k/8)) uint8, as from `perturb_batch`."""
-        import numpy as np
-
-        outputs = np.asarray(outputs, dtype=np.uint8)
-        if outputs.ndim != 2 or outputs.shape[1] != byte_length(self.k):
-            raise OutputDomainError("WRONG_LENGTH", f"{self._name} expects {self.k}-bit rows")
-        self._add_counts(statistic, column_counts(outputs, self.k), outputs.shape[0])
+        rows = packed_rows(outputs, self.k, name=self._name)
+        self._add_counts(statistic, column_counts(rows, self.k), rows.shape[0])
 
 
 class OUE(UnaryEncoding):
