@@ -6,6 +6,7 @@ composition recomputed from the ledger alone.
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import random
@@ -37,6 +38,11 @@ from fedldp.collector.ledger.store import (
 SUBJECT, PURPOSE = "analytics-team", "weekly-stats"
 DATA = [Decimal(x) / 4 for x in range(1, 401)]  # 0.25 .. 100; true sum 20050
 
+# The release functions charging (SUBJECT, PURPOSE), the budget the `ledger` fixture caps.
+team_count = functools.partial(private_count, subject=SUBJECT, purpose=PURPOSE)
+team_sum = functools.partial(private_sum, subject=SUBJECT, purpose=PURPOSE)
+team_choice = functools.partial(private_choice, subject=SUBJECT, purpose=PURPOSE)
+
 
 @pytest.fixture
 def ledger(tmp_path: Path) -> Iterator[Ledger]:
@@ -55,10 +61,8 @@ def test_budget_is_reserved_before_the_data_is_read(ledger: Ledger) -> None:
         assert [r.status for r in ledger.reservations(SUBJECT, PURPOSE)] == ["reserved"]
         return DATA
 
-    rel = private_sum(
+    rel = team_sum(
         ledger,
-        subject=SUBJECT,
-        purpose=PURPOSE,
         epsilon=Decimal("0.5"),
         idempotency_key="k1",
         now=100,
@@ -73,10 +77,8 @@ def test_budget_is_reserved_before_the_data_is_read(ledger: Ledger) -> None:
 
 
 def test_exhausted_budget_refuses_without_reading_data(ledger: Ledger) -> None:
-    private_count(
+    team_count(
         ledger,
-        subject=SUBJECT,
-        purpose=PURPOSE,
         epsilon=Decimal("2.5"),
         idempotency_key="a",
         now=1,
@@ -89,10 +91,8 @@ def test_exhausted_budget_refuses_without_reading_data(ledger: Ledger) -> None:
         return DATA
 
     with pytest.raises(CentralBudgetExhaustedError):
-        private_count(
+        team_count(
             ledger,
-            subject=SUBJECT,
-            purpose=PURPOSE,
             epsilon=Decimal("0.6"),
             idempotency_key="b",
             now=2,
@@ -137,10 +137,8 @@ def test_retry_with_the_same_key_returns_the_same_release_charged_once(ledger: L
     with pytest.raises(ReleaseConflictError):
         private_sum(ledger, now=30, **args)  # type: ignore[arg-type]
     with pytest.raises(IdempotencyConflictError):
-        private_count(
+        team_count(
             ledger,
-            subject=SUBJECT,
-            purpose=PURPOSE,
             epsilon=Decimal("0.2"),
             idempotency_key="mean-1",
             now=40,
@@ -154,10 +152,8 @@ def test_a_failure_while_computing_cancels_the_reservation(ledger: Ledger) -> No
         return [Decimal(1), "not a number"]
 
     with pytest.raises(ValueError, match="not a number") as info:
-        private_sum(
+        team_sum(
             ledger,
-            subject=SUBJECT,
-            purpose=PURPOSE,
             epsilon=Decimal("1"),
             idempotency_key="bad",
             now=5,
@@ -169,10 +165,8 @@ def test_a_failure_while_computing_cancels_the_reservation(ledger: Ledger) -> No
     assert ledger.central_spend(SUBJECT, PURPOSE) == (Decimal(0), Decimal(0))
     assert [r.status for r in ledger.reservations(SUBJECT, PURPOSE)] == ["cancelled"]
     with pytest.raises(ReleaseCancelledError):
-        private_sum(
+        team_sum(
             ledger,
-            subject=SUBJECT,
-            purpose=PURPOSE,
             epsilon=Decimal("1"),
             idempotency_key="bad",
             now=6,
@@ -184,10 +178,8 @@ def test_a_failure_while_computing_cancels_the_reservation(ledger: Ledger) -> No
 
 def test_bad_requests_change_nothing(ledger: Ledger) -> None:
     cases: list[Callable[[], object]] = [
-        lambda: private_sum(
+        lambda: team_sum(
             ledger,
-            subject=SUBJECT,
-            purpose=PURPOSE,
             epsilon=Decimal(1),
             idempotency_key="x",
             now=1,
@@ -195,30 +187,24 @@ def test_bad_requests_change_nothing(ledger: Ledger) -> None:
             lower=Decimal(5),
             upper=Decimal(5),
         ),
-        lambda: private_count(
+        lambda: team_count(
             ledger,
-            subject=SUBJECT,
-            purpose=PURPOSE,
             epsilon=Decimal(1),
             delta=Decimal("1e-6"),
             idempotency_key="x",
             now=1,
             load=lambda: DATA,
         ),  # Laplace with δ > 0
-        lambda: private_count(
+        lambda: team_count(
             ledger,
-            subject=SUBJECT,
-            purpose=PURPOSE,
             epsilon=Decimal(1),
             mechanism="gaussian",
             idempotency_key="x",
             now=1,
             load=lambda: DATA,
         ),  # Gaussian without δ
-        lambda: private_count(
+        lambda: team_count(
             ledger,
-            subject=SUBJECT,
-            purpose=PURPOSE,
             epsilon=Decimal(2),
             delta=Decimal("1e-6"),
             mechanism="gaussian",
@@ -227,10 +213,8 @@ def test_bad_requests_change_nothing(ledger: Ledger) -> None:
             now=1,
             load=lambda: DATA,
         ),  # classic, ε ≥ 1
-        lambda: private_choice(
+        lambda: team_choice(
             ledger,
-            subject=SUBJECT,
-            purpose=PURPOSE,
             epsilon=Decimal(1),
             idempotency_key="x",
             now=1,
@@ -248,10 +232,8 @@ def test_true_aggregate_is_neither_logged_nor_returned(
     ledger: Ledger, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.DEBUG)
-    rel = private_sum(
+    rel = team_sum(
         ledger,
-        subject=SUBJECT,
-        purpose=PURPOSE,
         epsilon=Decimal(1),
         idempotency_key="s",
         now=1,
@@ -294,10 +276,8 @@ def test_sensitivity_of_clipped_sum_on_the_lattice() -> None:
 
 def test_choice_picks_the_clear_winner(ledger: Ledger) -> None:
     records = ["blue"] * 300 + ["red"] * 20 + ["green"] * 5
-    rel = private_choice(
+    rel = team_choice(
         ledger,
-        subject=SUBJECT,
-        purpose=PURPOSE,
         epsilon=Decimal(1),
         idempotency_key="c",
         now=1,
@@ -311,10 +291,8 @@ def test_choice_picks_the_clear_winner(ledger: Ledger) -> None:
 def test_composition_recomputed_from_the_ledger_alone(ledger: Ledger, tmp_path: Path) -> None:
     """Ten Gaussian sums: RDP beats basic composition, and a fresh process gets the same."""
     for i in range(10):
-        private_sum(
+        team_sum(
             ledger,
-            subject=SUBJECT,
-            purpose=PURPOSE,
             epsilon=Decimal("0.25"),
             delta=Decimal("1e-7"),
             mechanism="gaussian",
@@ -324,10 +302,8 @@ def test_composition_recomputed_from_the_ledger_alone(ledger: Ledger, tmp_path: 
             lower=Decimal(0),
             upper=Decimal(100),
         )
-    private_count(
+    team_count(
         ledger,
-        subject=SUBJECT,
-        purpose=PURPOSE,
         epsilon=Decimal("0.2"),
         idempotency_key="lap",
         now=11,
