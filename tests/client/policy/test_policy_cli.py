@@ -25,6 +25,11 @@ def _ok(result: Result) -> str:
     return result.output
 
 
+def _sign(runner: CliRunner, key: Path, out: Path) -> str:
+    """`fedldp policy sign` of the example policy with `key` into `out`; must succeed."""
+    return _ok(runner.invoke(policy, ["sign", str(EXAMPLE), "--key", str(key), "--out", str(out)]))
+
+
 @pytest.fixture
 def runner() -> CliRunner:
     return CliRunner()
@@ -116,19 +121,7 @@ def test_generate_with_a_passphrase(
 def test_sign_verify_show_round_trip(runner: CliRunner, tmp_path: Path) -> None:
     keys_dir = _setup(runner, tmp_path)
     envelope_path = tmp_path / "homepage.policy"
-    out = _ok(
-        runner.invoke(
-            policy,
-            [
-                "sign",
-                str(EXAMPLE),
-                "--key",
-                str(keys_dir / "policy.key"),
-                "--out",
-                str(envelope_path),
-            ],
-        )
-    )
+    out = _sign(runner, keys_dir / "policy.key", envelope_path)
     digest = out.split("digest:")[1].split()[0]
     key_id = out.split("key id:")[1].split()[0]
 
@@ -176,19 +169,7 @@ def test_sign_verify_show_round_trip(runner: CliRunner, tmp_path: Path) -> None:
 def test_verify_refusals_exit_1_with_the_reason(runner: CliRunner, tmp_path: Path) -> None:
     keys_dir = _setup(runner, tmp_path)
     envelope_path = tmp_path / "p.policy"
-    _ok(
-        runner.invoke(
-            policy,
-            [
-                "sign",
-                str(EXAMPLE),
-                "--key",
-                str(keys_dir / "policy.key"),
-                "--out",
-                str(envelope_path),
-            ],
-        )
-    )
+    _sign(runner, keys_dir / "policy.key", envelope_path)
     base = [
         "verify",
         str(envelope_path),
@@ -277,19 +258,7 @@ def test_rotate_adds_a_policy_key_and_retires_the_old_one(
     assert not (tmp_path / "3.root").exists()
 
     new_policy = tmp_path / "new.policy"
-    _ok(
-        runner.invoke(
-            policy,
-            [
-                "sign",
-                str(EXAMPLE),
-                "--key",
-                str(keys_dir / "policy2.key"),
-                "--out",
-                str(new_policy),
-            ],
-        )
-    )
+    _sign(runner, keys_dir / "policy2.key", new_policy)
     chain = [
         "--root",
         str(tmp_path / "2.root"),
@@ -300,11 +269,6 @@ def test_rotate_adds_a_policy_key_and_retires_the_old_one(
     ]
     _ok(runner.invoke(policy, ["verify", str(new_policy), *chain, "--now", VALID_AT]))
     old_policy = tmp_path / "old.policy"
-    _ok(
-        runner.invoke(
-            policy,
-            ["sign", str(EXAMPLE), "--key", str(keys_dir / "policy.key"), "--out", str(old_policy)],
-        )
-    )
+    _sign(runner, keys_dir / "policy.key", old_policy)
     result = runner.invoke(policy, ["verify", str(old_policy), *chain, "--now", VALID_AT])
     assert result.exit_code == 1 and "UnknownKeyError" in result.output
