@@ -206,18 +206,8 @@ def test_cli_report_formats_and_gate(
     ledger = ledger_factory("cli")
     url = f"sqlite:///{tmp_path / 'cli.db'}"
     trust, policies = _folders(authority, policy, tmp_path)
-    base = [
-        "--policy",
-        "cli",
-        "--ledger",
-        url,
-        "--policies",
-        str(policies),
-        "--trust",
-        str(trust),
-        "--at",
-        str(now),
-    ]
+    folders = ["--policies", str(policies), "--trust", str(trust), "--at", str(now)]
+    base = ["--policy", "cli", "--ledger", url, *folders]
     runner = CliRunner()
     gated = runner.invoke(report_cmd, base)
     assert gated.exit_code != 0 and "minimum for release" in gated.output
@@ -246,22 +236,7 @@ def test_cli_report_formats_and_gate(
     url2 = f"sqlite:///{tmp_path / 'other.db'}"
     merged = runner.invoke(
         report_cmd,
-        [
-            "--policy",
-            "cli",
-            "--ledger",
-            url2,
-            "--merge",
-            str(export),
-            "--policies",
-            str(policies),
-            "--trust",
-            str(trust),
-            "--at",
-            str(now),
-            "--format",
-            "json",
-        ],
+        ["--policy", "cli", "--ledger", url2, "--merge", str(export), *folders, "--format", "json"],
     )
     assert merged.exit_code == 0, merged.output
     assert json.loads(merged.output)["n"] == 100
