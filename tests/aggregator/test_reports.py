@@ -225,7 +225,8 @@ def test_cli_report_formats_and_gate(
     assert as_csv.output.splitlines()[0].startswith("label,estimate")
     html = tmp_path / "r.html"
     out = runner.invoke(report_cmd, [*base, "--format", "html", "--out", str(html), "--audit"])
-    assert out.exit_code == 0, out.output and html.read_text().startswith("<!DOCTYPE html>")
+    assert out.exit_code == 0, out.output
+    assert html.read_text().startswith("<!DOCTYPE html>")
 
     # Export, then merge the export with another region's ledger from the CLI.
     export = tmp_path / "export.json"
