@@ -35,10 +35,15 @@ def runner() -> CliRunner:
     return CliRunner()
 
 
+def _generate(runner: CliRunner, keys_dir: Path, name: str) -> None:
+    """`fedldp keys generate` of key pair `name` (unencrypted) into `keys_dir`; must succeed."""
+    _ok(runner.invoke(keys, ["generate", "--out", str(keys_dir), "--name", name]))
+
+
 def _setup(runner: CliRunner, tmp_path: Path) -> Path:
     keys_dir = tmp_path / "keys"
-    _ok(runner.invoke(keys, ["generate", "--out", str(keys_dir), "--name", "root"]))
-    _ok(runner.invoke(keys, ["generate", "--out", str(keys_dir), "--name", "policy"]))
+    _generate(runner, keys_dir, "root")
+    _generate(runner, keys_dir, "policy")
     _ok(
         runner.invoke(
             keys,
@@ -212,8 +217,8 @@ def test_rotate_adds_a_policy_key_and_retires_the_old_one(
     runner: CliRunner, tmp_path: Path
 ) -> None:
     keys_dir = _setup(runner, tmp_path)
-    _ok(runner.invoke(keys, ["generate", "--out", str(keys_dir), "--name", "root2"]))
-    _ok(runner.invoke(keys, ["generate", "--out", str(keys_dir), "--name", "policy2"]))
+    _generate(runner, keys_dir, "root2")
+    _generate(runner, keys_dir, "policy2")
     _ok(
         runner.invoke(
             keys,
