@@ -22,6 +22,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import (
     Ed25519PrivateKey,
     Ed25519PublicKey,
 )
+from fedldp.client.mechanisms.auto import choose_frequency_oracle
 from fedldp.client.policy.envelope import (
     POLICY_PAYLOAD_TYPE,
     ROOT_PAYLOAD_TYPE,
@@ -32,7 +33,7 @@ from fedldp.client.policy.envelope import (
 )
 from fedldp.client.policy.errors import InvalidPolicyError
 from fedldp.client.policy.trust import TrustStore
-from fedldp.client.policy.validation import policy_problems, root_problems
+from fedldp.client.policy.validation import parse_decimal, policy_problems, root_problems
 from fedldp.v1 import policy_pb2
 
 if TYPE_CHECKING:  # annotations only (postponed): no runtime dependency on Python 3.11+
@@ -385,6 +386,7 @@ def policy_from_dict(data: Mapping[str, Any]) -> policy_pb2.Policy:
                 budget["window_seconds"], "budget.window_seconds", problems
             )
 
+    resolve_auto_mechanism(policy)
     content_problems, _ = policy_problems(policy)
     for problem in content_problems:
         if problem not in problems:
@@ -507,6 +509,7 @@ class Authority:
         policy = self._base_policy(mechanism=mechanism, **fields)
         policy.metric.categorical.values.extend(labels)
         policy.metric.categorical.digest = domain_digest(labels)
+        resolve_auto_mechanism(policy)
         _raise_problems(policy)
         return policy
 
@@ -519,6 +522,26 @@ class Authority:
         policy.metric.numeric.hi = hi
         _raise_problems(policy)
         return policy
+
+
+def resolve_auto_mechanism(policy: policy_pb2.Policy) -> None:
+    """Replace mechanism id "auto" by the least-variance frequency oracle, in place.
+
+    "auto" is resolved when a policy is authored and never signed (DESIGN.md):
+    for a categorical metric of k values and a valid per-report ε it becomes
+    `fedldp.client.mechanisms.auto.choose_frequency_oracle(k, ε)` with that
+    oracle's default parameters. Anything else (numeric metric, bad ε, explicit
+    parameters) is left as "auto", which validation then reports as a problem.
+    """
+    spec = policy.mechanism
+    values = policy.metric.categorical.values
+    if spec.id != "auto" or spec.params or policy.metric.WhichOneof("kind") != "categorical":
+        return
+    try:
+        epsilon = parse_decimal(spec.epsilon)
+        spec.id = choose_frequency_oracle(len(values), epsilon)
+    except ValueError:
+        return
 
 
 def _raise_problems(policy: policy_pb2.Policy) -> None:

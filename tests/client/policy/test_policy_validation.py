@@ -155,7 +155,9 @@ def test_mechanism_parameters_are_checked_by_the_mechanism() -> None:
     assert any("mechanism 'grr' parameters are invalid" in p for p in problems)
     problems = _problems(_with(mechanism__id="no-such-mechanism"))
     assert any("mechanism.id" in p and "unknown" in p for p in problems)
-    assert any("resolve it" in p for p in _problems(_with(mechanism__id="auto")))
+    # "auto" with explicit parameters cannot be resolved, so it is never signed.
+    auto_with_params = _with(mechanism__id="auto", mechanism__params={"g": "5"})
+    assert any("resolve it" in p for p in _problems(auto_with_params))
 
 
 def test_categorical_mechanism_on_numeric_metric() -> None:
