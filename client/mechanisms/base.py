@@ -24,6 +24,7 @@ import json
 import random
 import secrets
 from abc import ABC, abstractmethod
+from collections.abc import Iterable
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar, Union
@@ -132,22 +133,68 @@ class CountStatistic:
         self.n += other.n
 
 
+#: Fixed-point scales of `MomentStatistic`'s exact sums. Every finite double is
+#: num / 2**k with k <= 1074, so x * 2**1074 and x**2 * 2**2148 are integers.
+SUM_SCALE_BITS = 1074
+SQUARE_SCALE_BITS = 2 * SUM_SCALE_BITS
+
+
+def _scaled(value: float) -> tuple[int, int]:
+    """(value * 2**SUM_SCALE_BITS, value**2 * 2**SQUARE_SCALE_BITS), both exact integers."""
+    numerator, denominator = value.as_integer_ratio()
+    shift = SUM_SCALE_BITS - (denominator.bit_length() - 1)
+    return numerator << shift, (numerator * numerator) << (2 * shift)
+
+
 @dataclass
 class MomentStatistic:
     """Additive sums of a numeric mechanism's outputs: count, sum and sum of squares.
 
     Outputs are in the mechanism's normalized unit (see `fedldp.client.mechanisms.numeric`).
+    The sums are kept exactly, as integers in fixed point (`SUM_SCALE_BITS`,
+    `SQUARE_SCALE_BITS`), so adding reports or merging partial statistics in any
+    order, on any collector, gives bit-identical results; `total` and `total_sq`
+    are their correctly rounded float values.
     """
 
     n: int = 0
-    total: float = 0.0
-    total_sq: float = 0.0
+    sum_scaled: int = 0
+    sum_sq_scaled: int = 0
+
+    def add(self, value: float) -> None:
+        """Add one finite output exactly."""
+        scaled, scaled_sq = _scaled(value)
+        self.n += 1
+        self.sum_scaled += scaled
+        self.sum_sq_scaled += scaled_sq
+
+    def add_many(self, values: Iterable[float]) -> None:
+        """Add finite outputs exactly (a Python loop: exactness over speed)."""
+        total = total_sq = count = 0
+        for value in values:
+            scaled, scaled_sq = _scaled(value)
+            total += scaled
+            total_sq += scaled_sq
+            count += 1
+        self.n += count
+        self.sum_scaled += total
+        self.sum_sq_scaled += total_sq
+
+    @property
+    def total(self) -> float:
+        """The sum of the outputs, correctly rounded."""
+        return self.sum_scaled / (1 << SUM_SCALE_BITS)
+
+    @property
+    def total_sq(self) -> float:
+        """The sum of the squared outputs, correctly rounded."""
+        return self.sum_sq_scaled / (1 << SQUARE_SCALE_BITS)
 
     def merge(self, other: MomentStatistic) -> None:
-        """Add another partial statistic in place."""
+        """Add another partial statistic in place (exact)."""
         self.n += other.n
-        self.total += other.total
-        self.total_sq += other.total_sq
+        self.sum_scaled += other.sum_scaled
+        self.sum_sq_scaled += other.sum_sq_scaled
 
 
 class Mechanism(ABC, Generic[ValueT, StatT]):

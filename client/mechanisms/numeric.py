@@ -173,9 +173,7 @@ class NumericMechanism(Mechanism[float, MomentStatistic]):
     def accumulate(self, statistic: MomentStatistic, output: Output) -> None:
         self.check_output(output)
         assert isinstance(output, NumericOutput)
-        statistic.n += 1
-        statistic.total += output.value
-        statistic.total_sq += output.value * output.value
+        statistic.add(output.value)
 
     def accumulate_batch(self, statistic: MomentStatistic, outputs: Any) -> None:
         """Add a float64 array of t* (as from `perturb_batch`)."""
@@ -184,9 +182,7 @@ class NumericMechanism(Mechanism[float, MomentStatistic]):
         y = np.asarray(outputs, dtype=np.float64)
         if not np.all(np.isfinite(y)):
             raise OutputDomainError("NON_FINITE", f"{self._name} output must be a finite double")
-        statistic.n += int(y.shape[0])
-        statistic.total += float(y.sum())
-        statistic.total_sq += float(np.dot(y, y))
+        statistic.add_many(y.tolist())
 
     # --- aggregator ---
 

@@ -94,6 +94,34 @@ def test_merge_of_collectors_equals_single_store_exactly(
     assert via_file.context.sources == ("eu", "us")
 
 
+@pytest.mark.parametrize("mechanism", ["piecewise", "duchi", "hybrid", "laplace"])
+def test_numeric_merge_in_any_order_equals_single_store_exactly(
+    make_policy: PolicyFactory,
+    submit: Submit,
+    ledger_factory: LedgerFactory,
+    mechanism: str,
+) -> None:
+    policy = make_policy(f"n_{mechanism}", labels=None, lo="-5", hi="20", mechanism=mechanism)
+    outs = outputs_for(policy, 400, seed=3)
+    shard_a = ledger_factory("regional", shard="collector-a")
+    shard_b = ledger_factory("regional", shard="collector-b")
+    single = ledger_factory("single-numeric")
+    submit(shard_a, policy, outs[::2])
+    submit(shard_b, policy, outs[1::2][::-1])  # other reports, other order
+    submit(single, policy, outs)
+    merged = report_from_ledgers([("regional", shard_a)], policy)
+    alone = report_from_ledgers([("one", single)], policy)
+    assert isinstance(merged, NumericReport) and isinstance(alone, NumericReport)
+    assert merged.n == alone.n == 400
+    # Exact sums: bit-identical mean, standard error and interval.
+    assert (merged.mean, merged.std_error, merged.ci_low, merged.ci_high) == (
+        alone.mean,
+        alone.std_error,
+        alone.ci_low,
+        alone.ci_high,
+    )
+
+
 def test_the_same_partial_twice_is_refused(
     make_policy: PolicyFactory, submit: Submit, now: int, ledger_factory: LedgerFactory
 ) -> None:
