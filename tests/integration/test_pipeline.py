@@ -173,7 +173,7 @@ def test_demo_command_runs_and_stops_its_collector(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr[-3000:]
     assert "reports accepted:                    300" in result.stdout
     assert "refused by the collector for budget: 6" in result.stdout
-    assert "refused on device by budget guard:   300" in result.stdout
+    assert "refused on device by budget guard:   30" in result.stdout
     html = (out / "report.html").read_text(encoding="utf-8")
     assert "data:image/png;base64," in html
     assert _port_is_closed(int((out / "collector.port").read_text()))
