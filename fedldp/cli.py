@@ -42,6 +42,7 @@ def _attach_commands() -> None:
             missing = exc.name or "a dependency"
             if missing.startswith("fedldp"):
                 raise
+
             # A role whose extra is not installed: say what to install, do not crash.
             @click.command(name=attribute.replace("_", "-"))
             def _missing(missing: str = missing, module_name: str = module_name) -> None:

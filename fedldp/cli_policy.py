@@ -222,4 +222,3 @@ def show(envelope_file: str) -> None:
     except PolicyError as exc:
         raise click.ClickException(str(exc)) from None
     click.echo(json.dumps(describe_envelope(envelope), indent=2, ensure_ascii=False))
-

@@ -14,7 +14,9 @@ from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 PROTO_ROOT = REPO_ROOT / "proto"
-PROTO_FILES = sorted(p.relative_to(PROTO_ROOT).as_posix() for p in (PROTO_ROOT / "fedldp" / "v1").glob("*.proto"))
+PROTO_FILES = sorted(
+    p.relative_to(PROTO_ROOT).as_posix() for p in (PROTO_ROOT / "fedldp" / "v1").glob("*.proto")
+)
 
 
 def generate(out_dir: Path) -> None:
@@ -41,7 +43,9 @@ def generate(out_dir: Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--out", type=Path, default=PROTO_ROOT, help="output root (default: proto/)")
+    parser.add_argument(
+        "--out", type=Path, default=PROTO_ROOT, help="output root (default: proto/)"
+    )
     args = parser.parse_args(argv)
     generate(args.out)
     return 0

@@ -5,8 +5,9 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
-import tomllib
 from pathlib import Path
+
+import tomllib
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -25,7 +26,9 @@ DEVICE_MODULES = [
 
 def test_base_dependencies_are_the_sdk_only() -> None:
     project = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]
-    names = sorted(dep.split(">")[0].split("=")[0].split("<")[0].strip() for dep in project["dependencies"])
+    names = sorted(
+        dep.split(">")[0].split("=")[0].split("<")[0].strip() for dep in project["dependencies"]
+    )
     assert names == ["cryptography", "grpcio", "protobuf"]
 
 
