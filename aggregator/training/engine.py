@@ -32,15 +32,16 @@ import os
 import platform
 import time
 import uuid
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from decimal import ROUND_CEILING, Decimal
 from importlib import metadata
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 import torch
+from fedldp.aggregator.central.releases import CentralLedger
 from fedldp.aggregator.training.accounting import (
     AccountantError,
     BudgetAccountant,
@@ -88,34 +89,6 @@ class PoissonSamplingError(ValueError):
 
 class OutputExistsError(FileExistsError):
     """The output folder already holds a model or receipt; a release is never overwritten."""
-
-
-class CentralLedger(Protocol):
-    """The part of fedldp.collector.ledger.Ledger a training run uses."""
-
-    def reserve(
-        self,
-        *,
-        subject: str,
-        purpose: str,
-        epsilon: Decimal,
-        delta: Decimal,
-        idempotency_key: str,
-        now: int,
-        metadata: Mapping[str, str] | None = None,
-    ) -> Any: ...
-
-    def settle(
-        self,
-        reservation_id: str,
-        *,
-        epsilon_spent: Decimal,
-        delta_spent: Decimal,
-        events: Sequence[Mapping[str, object]] = (),
-        now: int,
-    ) -> Any: ...
-
-    def cancel(self, reservation_id: str, *, now: int) -> Any: ...
 
 
 @dataclass(frozen=True)
