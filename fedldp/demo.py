@@ -8,9 +8,9 @@
 3. Simulated devices run the real SDK (`fedldp.Client`) over real gRPC: each
    fetches and verifies the signed policy, randomizes its value once, persists
    the report in its own outbox and sends it. Every tenth device then tries a
-   second report in the same window, which its on-device budget guard refuses; a few devices
-   "reinstall the app" (their state is wiped) and try again, which the
-   collector's ledger refuses for budget.
+   second report in the same window, which its on-device budget guard refuses;
+   a few devices "reinstall the app" (their state is wiped) and try again,
+   which the collector's ledger refuses for budget.
 4. The collector is stopped (drained), and the aggregator reads the ledger's
    additive statistics, debiases them into frequency estimates with confidence
    intervals from the exact variance, prints them beside the true frequencies,
