@@ -172,7 +172,7 @@ TrustRootLike = TrustStore | TrustRoot | str | os.PathLike[str]
 def _trust_from(trust_root: TrustRootLike, *, now: int) -> TrustStore:
     """Build the configured trust store (see `Client`'s `trust_root`)."""
     if isinstance(trust_root, TrustStore):
-        return TrustStore.from_bytes(trust_root.to_bytes())  # a private copy
+        return trust_root.copy()  # a private copy
     if isinstance(trust_root, TrustRoot):
         return trust_root.trust_store(now=now)
     from fedldp.client.policy.files import load_trust_folder, read_envelope
@@ -342,15 +342,16 @@ class Client:
         self._store = DeviceStore(state_dir)
         try:
             self._outbox = Outbox(self._store, max_reports=max_outbox)
-            self._trust = self._load_trust(trust_root)
-            self._load_cached_policies()
+            fetched_at = self._load_state(trust_root)
             self._transport = Transport(
                 collector, credentials, timeout_seconds=timeout_seconds, channel=channel
             )
         except BaseException:
             self._store.close()
             raise
-        if fetch_policies and self._policies_stale():
+        if fetch_policies and (
+            fetched_at is None or self._clock() - float(fetched_at) >= self._policy_refresh
+        ):
             try:
                 self.refresh_policies()
             except TransportError as exc:
@@ -400,26 +401,56 @@ class Client:
 
     # --- trust and policies ---
 
-    def _load_trust(self, trust_root: TrustRootLike) -> TrustStore:
+    def _load_state(self, trust_root: TrustRootLike) -> str | None:
+        """Load the trust store and the cached policies; return the last fetch time.
+
+        One transaction reads everything the client starts from (stored trust,
+        highest versions, cached envelopes, last fetch time) and saves the
+        configured trust when it replaces the stored one. The cached envelopes are
+        then re-verified (the state file is not trusted blindly).
+        """
         now = int(self._clock())
         configured = _trust_from(trust_root, now=now)
-        stored = self._store.trust_bytes()
+        events: list[Event] = []
+        with self._store.transaction() as conn:
+            self._trust = self._load_trust(conn, configured, now, events)
+            highest = DeviceStore.read_highest_versions(conn)
+            cached = DeviceStore.read_policies(conn)
+            fetched_at = DeviceStore.read_meta(conn, "policies_fetched_at")
+        for event in events:
+            self._emit(event)
+        loaded: dict[str, VerifiedPolicy] = {}
+        for stored in cached:
+            try:
+                envelope = policy_pb2.SignedEnvelope.FromString(stored.envelope)
+                loaded[stored.policy_id] = self._verify(envelope, now, highest)
+            except (PolicyError, DecodeError) as exc:
+                self._rejections[stored.policy_id] = f"cached policy no longer verifies: {exc}"
+        with self._lock:
+            self._policies = loaded
+        return fetched_at
+
+    @staticmethod
+    def _load_trust(
+        conn: sqlite3.Connection, configured: TrustStore, now: int, events: list[Event]
+    ) -> TrustStore:
+        """The stored trust if it follows the configured pins, else the configured one (saved)."""
+        stored = DeviceStore.read_trust(conn)
         if stored is not None:
             try:
                 trust = TrustStore.from_bytes(stored)
             except PolicyError as exc:
-                self._emit(Event(now, "root_rejected", "STORED_TRUST_INVALID", str(exc)))
+                events.append(Event(now, "root_rejected", "STORED_TRUST_INVALID", str(exc)))
             else:
                 if trust.pinned_key_ids == configured.pinned_key_ids and (
                     trust.root_version >= configured.root_version
                 ):
                     return trust
-        with self._store.transaction() as conn:
-            DeviceStore.save_trust(conn, configured.to_bytes(), configured.root_version)
-            if stored is not None:
-                # New pins (app update): cached policies were verified under the old
-                # ones, so verify everything afresh.
-                conn.execute("DELETE FROM policies")
+        DeviceStore.save_trust(conn, configured.to_bytes(), configured.root_version)
+        if stored is not None:
+            # New pins (app update): cached policies were verified under the old
+            # ones, so verify everything afresh.
+            conn.execute("DELETE FROM policies")
         return configured
 
     def _verify(
@@ -434,24 +465,6 @@ class Client:
             max_epsilon_cap=self._max_epsilon_cap,
             audience=self._audience,
         )
-
-    def _load_cached_policies(self) -> None:
-        """Re-verify the cached envelopes (the state file is not trusted blindly)."""
-        now = int(self._clock())
-        highest = self._store.highest_versions()
-        loaded: dict[str, VerifiedPolicy] = {}
-        for stored in self._store.policies():
-            try:
-                envelope = policy_pb2.SignedEnvelope.FromString(stored.envelope)
-                loaded[stored.policy_id] = self._verify(envelope, now, highest)
-            except (PolicyError, DecodeError) as exc:
-                self._rejections[stored.policy_id] = f"cached policy no longer verifies: {exc}"
-        with self._lock:
-            self._policies = loaded
-
-    def _policies_stale(self) -> bool:
-        fetched = self._store.get_meta("policies_fetched_at")
-        return fetched is None or self._clock() - float(fetched) >= self._policy_refresh
 
     def refresh_policies(self) -> PolicyRefresh:
         """Fetch roots and policies from the collector, verify them, cache the good ones.
@@ -472,55 +485,59 @@ class Client:
             known_root_version = self._trust.root_version
         # The network call holds no lock: record() keeps working meanwhile.
         response = self._transport.get_policies(known_root_version=known_root_version)
+        # One transaction reads the rollback floors and the cache, and writes the
+        # result: another process sharing the state file cannot interleave.
         with self._lock:
-            now = int(self._clock())
-            rejection_events: list[Event] = []
-            trust = TrustStore.from_bytes(self._trust.to_bytes())
-            try:
-                trust.update_roots(list(response.roots), now=now)
-            except PolicyError as exc:  # the roots applied before the bad one stay
-                rejection_events.append(Event(now, "root_rejected", type(exc).__name__, str(exc)))
-            self._trust = trust
-            highest = dict(self._store.highest_versions())
-            cached = {p.policy_id: p for p in self._store.policies()}
-            accepted: dict[str, VerifiedPolicy] = {}
-            rejected: dict[str, str] = {}
-            for envelope in response.policies:
-                try:
-                    verified = self._verify(envelope, now, highest)
-                except PolicyError as exc:
-                    label = _unverified_label(envelope)
-                    rejected[label] = str(exc)
-                    rejection_events.append(
-                        Event(now, "policy_rejected", type(exc).__name__, str(exc), label)
-                    )
-                    continue
-                known = cached.get(verified.policy_id)
-                if (
-                    known is not None
-                    and known.version == verified.version
-                    and (known.digest != verified.digest)
-                ):
-                    reason = (
-                        f"policy {verified.policy_id} v{verified.version} differs from the "
-                        "version already accepted under the same number; a changed policy "
-                        "needs a higher version"
-                    )
-                    rejected[verified.policy_id] = reason
-                    rejection_events.append(
-                        Event(
-                            now,
-                            "policy_rejected",
-                            "ConflictingPolicyError",
-                            reason,
-                            verified.policy_id,
-                        )
-                    )
-                    continue
-                previous = accepted.get(verified.policy_id)
-                if previous is None or verified.version > previous.version:
-                    accepted[verified.policy_id] = verified
             with self._store.transaction() as conn:
+                now = int(self._clock())
+                rejection_events: list[Event] = []
+                trust = self._trust.copy()
+                try:
+                    trust.update_roots(list(response.roots), now=now)
+                except PolicyError as exc:  # the roots applied before the bad one stay
+                    rejection_events.append(
+                        Event(now, "root_rejected", type(exc).__name__, str(exc))
+                    )
+                self._trust = trust
+                highest = DeviceStore.read_highest_versions(conn)
+                cached = {p.policy_id: p for p in DeviceStore.read_policies(conn)}
+                accepted: dict[str, VerifiedPolicy] = {}
+                rejected: dict[str, str] = {}
+                for envelope in response.policies:
+                    try:
+                        verified = self._verify(envelope, now, highest)
+                    except PolicyError as exc:
+                        label = _unverified_label(envelope)
+                        rejected[label] = str(exc)
+                        rejection_events.append(
+                            Event(now, "policy_rejected", type(exc).__name__, str(exc), label)
+                        )
+                        continue
+                    known = cached.get(verified.policy_id)
+                    if (
+                        known is not None
+                        and known.version == verified.version
+                        and (known.digest != verified.digest)
+                    ):
+                        reason = (
+                            f"policy {verified.policy_id} v{verified.version} differs from the "
+                            "version already accepted under the same number; a changed policy "
+                            "needs a higher version"
+                        )
+                        rejected[verified.policy_id] = reason
+                        rejection_events.append(
+                            Event(
+                                now,
+                                "policy_rejected",
+                                "ConflictingPolicyError",
+                                reason,
+                                verified.policy_id,
+                            )
+                        )
+                        continue
+                    previous = accepted.get(verified.policy_id)
+                    if previous is None or verified.version > previous.version:
+                        accepted[verified.policy_id] = verified
                 DeviceStore.save_trust(conn, trust.to_bytes(), trust.root_version)
                 # The collector's list is authoritative for what is active: drop the rest
                 # (their highest versions stay, so they cannot come back older).
@@ -898,8 +915,9 @@ class Client:
         self._check_open()
         now = int(self._clock())
         out: list[BudgetStatus] = []
+        policies = self.policies()  # the client's lock is never taken inside a store transaction
         with self._store.transaction() as conn:
-            for p in self.policies():
+            for p in policies:
                 window = p.window_start(now)
                 spent = DeviceStore.spent(conn, p.policy_id, window)
                 out.append(

@@ -15,6 +15,8 @@ re-computed over a re-serialized message (serialization is not canonical).
 from __future__ import annotations
 
 import hashlib
+import threading
+from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
 
 from cryptography.exceptions import InvalidSignature
@@ -39,6 +41,12 @@ MAX_PAYLOAD_BYTES = 8 * 1024 * 1024
 MAX_SIGNATURES = 16
 
 _DOMAIN_LENGTH_BYTES = 4
+
+#: Most successful verifications remembered per process (least recently used dropped).
+VERIFIED_CACHE_ENTRIES = 256
+#: Largest signed message whose successful verification is remembered (bigger ones,
+#: e.g. huge domains, are verified afresh each time rather than kept in memory).
+VERIFIED_CACHE_MAX_MESSAGE_BYTES = 64 * 1024
 
 
 def pae(payload_type: str, payload: bytes) -> bytes:
@@ -121,6 +129,69 @@ def check_payload_type(envelope: policy_pb2.SignedEnvelope, expected: str) -> No
         )
 
 
+class _VerifiedCache:
+    """Successful Ed25519 verifications, keyed by the exact (key, signature, message) bytes.
+
+    Ed25519 verification is a deterministic function of (public key, signature,
+    message), so a remembered success is exactly as strong as verifying again:
+    a hit needs the same 32 raw key bytes, the same signature bytes and the same
+    message bytes, compared in full (dict keys compare by equality after the hash;
+    nothing is reduced to a digest). Only successes are kept; a failure is
+    re-checked every time. Bounded in entries and message size; thread-safe.
+    """
+
+    def __init__(self, entries: int, max_message_bytes: int) -> None:
+        self._entries = entries
+        self._max_message_bytes = max_message_bytes
+        self._lock = threading.Lock()
+        self._ok: OrderedDict[tuple[bytes, bytes, bytes], None] = OrderedDict()
+
+    def verify(self, key: Ed25519PublicKey, signature: bytes, message: bytes) -> bool:
+        """True when `signature` is a valid Ed25519 signature by `key` over `message`."""
+        entry = None
+        if len(message) <= self._max_message_bytes:
+            entry = (raw_public_bytes(key), bytes(signature), bytes(message))
+            with self._lock:
+                if entry in self._ok:
+                    self._ok.move_to_end(entry)
+                    return True
+        try:
+            key.verify(signature, message)
+        except InvalidSignature:
+            return False
+        if entry is not None:
+            with self._lock:
+                self._ok[entry] = None
+                if len(self._ok) > self._entries:
+                    self._ok.popitem(last=False)
+        return True
+
+    def clear(self) -> None:
+        """Forget every remembered verification (tests; never needed for safety)."""
+        with self._lock:
+            self._ok.clear()
+
+
+_VERIFIED = _VerifiedCache(VERIFIED_CACHE_ENTRIES, VERIFIED_CACHE_MAX_MESSAGE_BYTES)
+
+
+def verify_signature(key: Ed25519PublicKey, signature: bytes, message: bytes) -> bool:
+    """True when `signature` is a valid Ed25519 signature by `key` over the exact `message`.
+
+    A process verifies the same (key, signature, message) bytes once: the result
+    of a successful check is remembered, keyed by all three byte strings in full,
+    so a repeated check (a root re-read from the state file, the same policy
+    fetched by a second client in one process) costs a dictionary lookup and is
+    exactly as strong as a fresh verification. Failures are never remembered.
+    """
+    return _VERIFIED.verify(key, signature, message)
+
+
+def clear_verification_cache() -> None:
+    """Forget remembered verifications (for tests and benchmarks that time a cold check)."""
+    _VERIFIED.clear()
+
+
 def valid_signers(
     envelope: policy_pb2.SignedEnvelope, keys: Mapping[str, Ed25519PublicKey]
 ) -> set[str]:
@@ -136,11 +207,8 @@ def valid_signers(
         key = keys.get(signature.key_id)
         if key is None or signature.key_id in signers:
             continue
-        try:
-            key.verify(signature.sig, message)
-        except InvalidSignature:
-            continue
-        signers.add(signature.key_id)
+        if verify_signature(key, signature.sig, message):
+            signers.add(signature.key_id)
     return signers
 
 

@@ -117,6 +117,7 @@ class TrustStore:
         self._pinned = dict(pinned)
         self._root = root
         self._seen = set(seen)
+        self._serialized: bytes | None = None  # `to_bytes`, made once per change
 
     # --- construction and rotation ---
 
@@ -185,6 +186,7 @@ class TrustStore:
         _require_self_signed(envelope, new_root)
         self._root = new_root
         self._seen.add(policy_digest(new_root.payload))
+        self._serialized = None
 
     def update_roots(self, envelopes: Sequence[policy_pb2.SignedEnvelope], *, now: int) -> int:
         """Apply a chain of root envelopes (as GetPolicies serves them); returns how many applied.
@@ -284,8 +286,28 @@ class TrustStore:
 
     # --- persistence (device state) ---
 
+    def copy(self) -> TrustStore:
+        """An independent copy (rotating it leaves this one unchanged).
+
+        Shares only immutable parts; nothing is re-verified, since this store's
+        root was verified when it was accepted and has not left memory since
+        (`from_bytes` is the path that re-checks stored bytes).
+        """
+        twin = TrustStore(self._pinned, self._root, frozenset(self._seen))
+        twin._serialized = self._serialized
+        return twin
+
     def to_bytes(self) -> bytes:
-        """Serialize the pinned keys, the current root envelope and the accepted root digests."""
+        """Serialize the pinned keys, the current root envelope and the accepted root digests.
+
+        Serialized once per change of the store (root rotation); later calls return
+        the same bytes.
+        """
+        if self._serialized is None:
+            self._serialized = self._serialize()
+        return self._serialized
+
+    def _serialize(self) -> bytes:
         state = {
             "format": _STATE_FORMAT,
             "pinned": sorted(raw_public_bytes(k).hex() for k in self._pinned.values()),

@@ -26,7 +26,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from decimal import Decimal
 
-from cryptography.exceptions import InvalidSignature
 from fedldp.client.mechanisms import Mechanism
 from fedldp.client.policy.envelope import (
     MAX_SIGNATURES,
@@ -34,6 +33,7 @@ from fedldp.client.policy.envelope import (
     check_payload_type,
     pae,
     policy_digest,
+    verify_signature,
 )
 from fedldp.client.policy.errors import (
     AudienceMismatchError,
@@ -143,9 +143,7 @@ def _verify_signature(envelope: policy_pb2.SignedEnvelope, trust: TrustStore, no
             if first_error is None or isinstance(first_error, UnknownKeyError):
                 first_error = exc
             continue
-        try:
-            key.verify(signature.sig, message)
-        except InvalidSignature:
+        if not verify_signature(key, signature.sig, message):
             bad_signature = True
             continue
         return str(signature.key_id)

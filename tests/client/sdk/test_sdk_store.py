@@ -7,6 +7,7 @@ from decimal import Decimal
 from pathlib import Path
 
 import pytest
+from fedldp.client import device_store
 from fedldp.client.device_store import (
     MAX_EVENTS,
     SCHEMA_VERSION,
@@ -143,3 +144,93 @@ def test_two_connections_serialize_writes(tmp_path: Path) -> None:
         assert DeviceStore.spent(conn, "p", 0) == Decimal("0.25")
     a.close()
     b.close()
+
+
+# --- creating and opening the state file ---
+
+
+def _schema(path: Path) -> set[tuple[str, str, str]]:
+    conn = sqlite3.connect(path)
+    try:
+        rows = conn.execute("SELECT type, name, sql FROM sqlite_master").fetchall()
+    finally:
+        conn.close()
+    return {(str(t), str(n), str(s)) for t, n, s in rows}
+
+
+def test_a_new_file_is_complete_and_leaves_no_temporary_file(tmp_path: Path) -> None:
+    store = DeviceStore(tmp_path / "s")
+    with store.transaction() as conn:
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+        assert DeviceStore.read_meta(conn, "schema_version") == str(SCHEMA_VERSION)
+        assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+        assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+    store.close()
+    names = {p.name for p in (tmp_path / "s").iterdir()}
+    assert names <= {STATE_FILE_NAME, STATE_FILE_NAME + "-wal", STATE_FILE_NAME + "-shm"}
+
+
+def test_template_and_statement_by_statement_schemas_are_identical(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    DeviceStore(tmp_path / "template").close()
+    # Without Connection.serialize (Python 3.10) the file is made statement by statement.
+    monkeypatch.setattr(device_store, "_template", [None])
+    DeviceStore(tmp_path / "statements").close()
+    assert _schema(tmp_path / "template" / STATE_FILE_NAME) == _schema(
+        tmp_path / "statements" / STATE_FILE_NAME
+    )
+
+
+def test_an_existing_file_is_never_replaced_by_the_template(tmp_path: Path) -> None:
+    store = DeviceStore(tmp_path)
+    with store.transaction() as conn:
+        DeviceStore.bump(conn, "recorded", 7)
+    store.close()
+    before = (tmp_path / STATE_FILE_NAME).read_bytes()
+    # Another process created the file between our existence check and our link.
+    device_store._create_from_template(tmp_path / STATE_FILE_NAME)
+    assert (tmp_path / STATE_FILE_NAME).read_bytes() == before
+    assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".new")] == []
+    reopened = DeviceStore(tmp_path)
+    assert reopened.counters() == {"recorded": 7}
+    reopened.close()
+
+
+def test_a_file_from_before_user_version_is_upgraded_in_place(tmp_path: Path) -> None:
+    store = DeviceStore(tmp_path)
+    with store.transaction() as conn:
+        DeviceStore.bump(conn, "recorded", 3)
+        secret = store.memo_secret(conn)
+        conn.execute("PRAGMA user_version=0")  # as written by the first SDK release
+    store.close()
+    store = DeviceStore(tmp_path)
+    with store.transaction() as conn:
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+        assert store.memo_secret(conn) == secret
+    assert store.counters() == {"recorded": 3}
+    store.close()
+
+
+def test_a_newer_user_version_is_refused_and_left_untouched(tmp_path: Path) -> None:
+    DeviceStore(tmp_path).close()
+    conn = sqlite3.connect(tmp_path / STATE_FILE_NAME)
+    conn.execute(f"PRAGMA user_version={SCHEMA_VERSION + 1}")
+    conn.close()
+    before = (tmp_path / STATE_FILE_NAME).read_bytes()
+    with pytest.raises(StateError, match="newer than this SDK"):
+        DeviceStore(tmp_path)
+    assert (tmp_path / STATE_FILE_NAME).read_bytes() == before
+
+
+def test_the_memo_secret_is_made_once_and_kept(tmp_path: Path) -> None:
+    store = DeviceStore(tmp_path)
+    with store.transaction() as conn:
+        assert DeviceStore.read_meta(conn, "memo_secret") is None  # nothing device-specific yet
+        secret = store.memo_secret(conn)
+        assert len(secret) == 32 and store.memo_secret(conn) == secret
+    store.close()
+    store = DeviceStore(tmp_path)
+    with store.transaction() as conn:
+        assert store.memo_secret(conn) == secret
+    store.close()
