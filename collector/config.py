@@ -113,6 +113,10 @@ class CollectorConfig:
     group_commit_max_reports: int = field(
         default=20000, metadata={"help": "most reports in one ledger transaction"}
     )
+    group_commit_delay_ms: float = field(
+        default=1.0,
+        metadata={"help": "how long a request may wait for others to share its ledger transaction"},
+    )
     instance_id: str = field(
         default="",
         metadata={"help": "this collector's shard name in the statistics table (default host:pid)"},
@@ -150,6 +154,8 @@ class CollectorConfig:
             problems.append("mtls needs tls_cert, tls_key and tls_client_ca")
         if self.max_reports_per_request < 1 or self.max_message_bytes < 1024:
             problems.append("max_reports_per_request >= 1 and max_message_bytes >= 1024")
+        if not 0 <= self.group_commit_delay_ms <= 1000:
+            problems.append("group_commit_delay_ms is between 0 and 1000")
         if self.ledger_isolation not in ("", "READ COMMITTED", "SERIALIZABLE"):
             problems.append("ledger_isolation is READ COMMITTED or SERIALIZABLE")
         if self.server not in ("sync", "asyncio"):

@@ -409,7 +409,12 @@ def start_collector(
         isolation=config.ledger_isolation or None,
     )
     metrics = CollectorMetrics()
-    committer = GroupCommitter(ledger, metrics, max_reports=config.group_commit_max_reports)
+    committer = GroupCommitter(
+        ledger,
+        metrics,
+        max_reports=config.group_commit_max_reports,
+        delay_seconds=config.group_commit_delay_ms / 1000,
+    )
     limits = Limits(
         config.max_reports_per_request, config.max_report_age_seconds, config.max_clock_skew_seconds
     )

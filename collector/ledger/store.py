@@ -14,7 +14,10 @@ Invariants (../../DESIGN.md, "Ledger"):
 
 Concurrency. Each call is one named transaction, safe to rerun, retried on
 conflicts (janus `run_tx`). SQLite: WAL, synchronous=FULL and BEGIN IMMEDIATE,
-so writers are serialized by the file lock and every commit is durable.
+so writers are serialized by the file lock and every commit is durable; the
+ingestion transactions run on their own connection whose COMMIT is made durable
+by a separate fsync of the log (sqlite_ingest.py), so that the next group can
+start while the disk syncs the last one (`submit_many_deferred`).
 PostgreSQL (many collectors sharing one ledger): the touched spend rows are
 locked FOR UPDATE (their latest committed values are read) and written back by
 an atomic conditional update (compare-and-set on the value read; a mismatch
@@ -61,6 +64,7 @@ from fedldp.collector.ledger.schema import (
     spend,
     statistics,
 )
+from fedldp.collector.ledger.sqlite_ingest import IngestConnection
 from fedldp.collector.wire import output_from_json, output_to_json
 from fedldp.v1 import collector_pb2
 from sqlalchemy import event
@@ -98,7 +102,7 @@ _ROW_CHUNKS = (256, 128, 64, 32, 16, 8, 4, 2, 1)
 #: power of two so that each statement's text, hence its prepared plan, is reused).
 _IN_IDS = 2048
 _IN_KEYS = 512  # three parameters per key
-#: Column order of the tuples `_submit_tx` inserts into `reports`.
+#: Column order of the tuples `_submit_rows` inserts into `reports`.
 _REPORT_ROW = (
     "report_id",
     "subject",
@@ -362,8 +366,8 @@ class _Driver:
 
     __slots__ = ("_cursor", "_error")
 
-    def __init__(self, conn: sa.Connection, error: type[Exception]) -> None:
-        self._cursor = conn.connection.cursor()
+    def __init__(self, dbapi_connection: Any, error: type[Exception]) -> None:
+        self._cursor = dbapi_connection.cursor()
         self._error = error
 
     def _raise(self, sql: str, exc: Exception) -> NoReturn:
@@ -433,6 +437,7 @@ class Ledger:
         self.shard = shard or default_shard()
         parsed = sa.make_url(url)
         self.dialect = parsed.get_backend_name()
+        self._ingest: IngestConnection | None
         if self.dialect == "sqlite":
             database = parsed.database or ""
             if isolation is not None:
@@ -451,7 +456,9 @@ class Ledger:
             self._read_engine = sa.create_engine(url, pool_size=pool_size, max_overflow=4)
             _configure_sqlite(self._write_engine, begin="BEGIN IMMEDIATE")
             _configure_sqlite(self._read_engine, begin="BEGIN")
+            self._ingest = IngestConnection(database)
         elif self.dialect == "postgresql":
+            self._ingest = None
             isolation = isolation or "READ COMMITTED"
             if isolation not in ("READ COMMITTED", "SERIALIZABLE"):
                 raise ValueError("isolation is 'READ COMMITTED' (locking) or 'SERIALIZABLE'")
@@ -502,7 +509,9 @@ class Ledger:
     # -- lifecycle --
 
     def close(self) -> None:
-        """Release every connection."""
+        """Release every connection (what was committed is made durable first)."""
+        if self._ingest is not None:
+            self._ingest.close()
         self._write_engine.dispose()
         if self._read_engine is not self._write_engine:
             self._read_engine.dispose()
@@ -527,19 +536,27 @@ class Ledger:
         and has no effect outside it.
         """
         engine = self._write_engine if write else self._read_engine
-        attempt = 0
+
+        def attempt() -> T:
+            with engine.begin() as conn:
+                return fn(conn)
+
+        return self._retrying(attempt)
+
+    def _retrying(self, attempt: Callable[[], T]) -> T:
+        """`attempt()`, rerun (with jittered backoff) after a retryable failure."""
+        failures = 0
         while True:
             try:
-                with engine.begin() as conn:
-                    return fn(conn)
+                return attempt()
             except (sa.exc.DBAPIError, _ConcurrentUpdateError) as exc:
-                attempt += 1
+                failures += 1
                 retryable = isinstance(exc, _ConcurrentUpdateError) or self._retryable(exc)
-                if not retryable or attempt >= _MAX_ATTEMPTS:
+                if not retryable or failures >= _MAX_ATTEMPTS:
                     raise
                 self.retries += 1
                 # Jittered exponential backoff (capped at ~50 ms).
-                time.sleep(random.uniform(0, min(0.05, 0.0005 * 2 ** min(attempt, 10))))
+                time.sleep(random.uniform(0, min(0.05, 0.0005 * 2 ** min(failures, 10))))
 
     def _insert_ignore(self, table: sa.Table) -> Any:
         if self.dialect == "postgresql":
@@ -563,20 +580,38 @@ class Ledger:
         return self.submit_many([SubmitBatch(subject, reports_in, now)])[0]
 
     def submit_many(self, batches: Sequence[SubmitBatch]) -> list[list[OutcomeValue]]:
-        """`submit` for several requests in one transaction (group commit)."""
+        """`submit` for several requests in one transaction (group commit); durable on return."""
+        outcomes, sequence = self.submit_many_deferred(batches)
+        self.make_durable(sequence)
+        return outcomes
+
+    def submit_many_deferred(
+        self, batches: Sequence[SubmitBatch]
+    ) -> tuple[list[list[OutcomeValue]], int]:
+        """`submit_many` that returns at COMMIT, before the commit is durable.
+
+        Returns the outcomes and a sequence number: the transaction is durable
+        (and its outcomes may be acknowledged) once `make_durable(sequence)`
+        returned. On SQLite this lets the group committer start the next
+        transaction while the disk syncs the previous one (sqlite_ingest.py);
+        on PostgreSQL the COMMIT is durable itself and the number is 0.
+        """
         if not any(b.reports for b in batches):
-            return [[] for _ in batches]
+            return [[] for _ in batches], 0
         for b in batches:
             if not b.subject:
                 raise ValueError("subject must be non-empty")
         cached: dict[tuple[str, int, int], tuple[int, str]] = {}
 
-        def tx(conn: sa.Connection) -> list[list[OutcomeValue]]:
+        def tx(db: _Driver) -> list[list[OutcomeValue]]:
             cached.clear()  # a rerun starts from what this attempt reads
-            return self._submit_tx(conn, batches, cached)
+            return self._submit_rows(db, batches, cached)
 
         try:
-            outcomes = self.transaction(tx)
+            if self._ingest is not None:
+                outcomes, sequence = self._ingest_transaction(tx)
+            else:
+                outcomes, sequence = self.transaction(lambda conn: self._with_driver(conn, tx)), 0
         except BaseException:
             self._forget_statistics(cached)
             raise
@@ -585,19 +620,45 @@ class Ledger:
             if len(self._stats_cache) > 4096:  # one row per (policy, version, window)
                 self._stats_cache.clear()
             self._stats_cache.update(cached)
-        return outcomes
+        return outcomes, sequence
 
-    def _submit_tx(
-        self,
-        conn: sa.Connection,
-        batches: Sequence[SubmitBatch],
-        written: dict[tuple[str, int, int], tuple[int, str]],
-    ) -> list[list[OutcomeValue]]:
-        db = _Driver(conn, self._dbapi_error)
+    def make_durable(self, sequence: int) -> None:
+        """Return once the ingestion transaction `sequence` (from `submit_many_deferred`)
+        and every earlier one are durable. Raises `DurabilityError` if the disk
+        refused (the collector must then stop acknowledging)."""
+        if self._ingest is not None and sequence:
+            self._ingest.make_durable(sequence)
+
+    def _with_driver(self, conn: sa.Connection, fn: Callable[[_Driver], T]) -> T:
+        db = _Driver(conn.connection, self._dbapi_error)
         try:
-            return self._submit_rows(db, batches, written)
+            return fn(db)
         finally:
             db.close()
+
+    def _ingest_transaction(self, fn: Callable[[_Driver], T]) -> tuple[T, int]:
+        """`transaction` on SQLite's ingestion connection: BEGIN IMMEDIATE, `fn`,
+        COMMIT (no fsync: see sqlite_ingest.py); the result and the commit's
+        sequence number. Reruns `fn` like `transaction` does."""
+        ingest = self._ingest
+        assert ingest is not None
+
+        def attempt() -> tuple[T, int]:
+            with ingest.lock:
+                db = _Driver(ingest.connection(), self._dbapi_error)
+                try:
+                    db.run("BEGIN IMMEDIATE", ())
+                    try:
+                        result = fn(db)
+                        db.run("COMMIT", ())
+                    except BaseException:
+                        ingest.connection().rollback()
+                        raise
+                    return result, ingest.committed()
+                finally:
+                    db.close()
+
+        return self._retrying(attempt)
 
     def _submit_rows(
         self,
