@@ -601,9 +601,17 @@ class DeviceStore:
         window_start: int,
         window_seconds: int,
         epsilon: Decimal,
+        *,
+        spent: Decimal | None = None,
     ) -> Decimal:
-        """Add `epsilon` to the window's spend inside a transaction; returns the new total."""
-        total = EXACT.add(DeviceStore.spent(conn, policy_id, window_start), epsilon)
+        """Add `epsilon` to the window's spend inside a transaction; returns the new total.
+
+        `spent` is the window's spend as the caller read it in this same
+        transaction (saves reading it again); None reads it here.
+        """
+        if spent is None:
+            spent = DeviceStore.spent(conn, policy_id, window_start)
+        total = EXACT.add(spent, epsilon)
         conn.execute(
             "INSERT INTO budget (policy_id, window_start, window_seconds, spent, reports) "
             "VALUES (?, ?, ?, ?, 1) ON CONFLICT(policy_id, window_start) DO UPDATE SET "

@@ -163,21 +163,36 @@ class Outbox:
 
     def next_due_at(self) -> float | None:
         """When the earliest pending report may next be sent (None: outbox empty)."""
+        return self.schedule()[0]
+
+    def schedule(self) -> tuple[float | None, int]:
+        """`next_due_at` and `pending`, read together in one transaction."""
         with self.store.transaction() as conn:
-            row = conn.execute("SELECT MIN(next_attempt_at) FROM outbox").fetchone()
-        return None if row[0] is None else float(row[0])
+            return self._schedule(conn)
+
+    @staticmethod
+    def _schedule(conn: sqlite3.Connection) -> tuple[float | None, int]:
+        row = conn.execute("SELECT MIN(next_attempt_at), COUNT(*) FROM outbox").fetchone()
+        return (None if row[0] is None else float(row[0])), int(row[1])
 
     # --- outcomes ---
 
-    def acknowledge(self, report_ids: Sequence[bytes], *, duplicates: int = 0) -> None:
-        """The collector committed these reports: remove them, count them."""
+    def acknowledge(
+        self, report_ids: Sequence[bytes], *, duplicates: int = 0
+    ) -> tuple[float | None, int] | None:
+        """The collector committed these reports: remove them, count them.
+
+        Returns `schedule()` as read in the same transaction, after the removal
+        (None when there was nothing to acknowledge).
+        """
         if not report_ids:
-            return
+            return None
         with self.store.transaction() as conn:
             conn.executemany("DELETE FROM outbox WHERE report_id=?", [(r,) for r in report_ids])
             DeviceStore.bump(conn, "acknowledged", len(report_ids))
             if duplicates:
                 DeviceStore.bump(conn, "acknowledged_duplicate", duplicates)
+            return self._schedule(conn)
 
     def refuse(self, entry: OutboxEntry, *, outcome: str, detail: str, now: int) -> Event:
         """The collector refused a report for good: remove it, count it, log an event."""

@@ -492,6 +492,7 @@ class Client:
                 now = int(self._clock())
                 rejection_events: list[Event] = []
                 trust = self._trust.copy()
+                loaded_root_version = trust.root_version
                 try:
                     trust.update_roots(list(response.roots), now=now)
                 except PolicyError as exc:  # the roots applied before the bad one stay
@@ -538,10 +539,15 @@ class Client:
                     previous = accepted.get(verified.policy_id)
                     if previous is None or verified.version > previous.version:
                         accepted[verified.policy_id] = verified
-                DeviceStore.save_trust(conn, trust.to_bytes(), trust.root_version)
+                if trust.root_version != loaded_root_version:
+                    # Rotated: persist. Otherwise the stored trust is already this one
+                    # (loaded or saved by _load_state) or a newer one another process
+                    # sharing the state file saved, which must not be overwritten.
+                    DeviceStore.save_trust(conn, trust.to_bytes(), trust.root_version)
                 # The collector's list is authoritative for what is active: drop the rest
                 # (their highest versions stay, so they cannot come back older).
-                conn.execute("DELETE FROM policies")
+                if cached:
+                    conn.execute("DELETE FROM policies")
                 for verified in accepted.values():
                     DeviceStore.save_policy(
                         conn,
@@ -697,7 +703,7 @@ class Client:
                 created_at=now,
             )
             total = DeviceStore.charge(
-                conn, policy.policy_id, window, policy.window_seconds, policy.epsilon
+                conn, policy.policy_id, window, policy.window_seconds, policy.epsilon, spent=spent
             )
             DeviceStore.bump(conn, "recorded")
         return RecordResult(
@@ -762,26 +768,33 @@ class Client:
         self._check_open()
         deadline = None if timeout is None else time.monotonic() + timeout
         totals = _Totals()
+        pending: int | None = None
         with self._send_lock:
             while not self._closing.is_set():
                 self._send_due(totals)
-                next_due = self._outbox.next_due_at()
+                known, totals.schedule = totals.schedule, None
+                next_due, pending = known if known is not None else self._outbox.schedule()
                 if next_due is None:
                     break
                 wait = max(0.0, next_due - time.time())
                 if deadline is not None and time.monotonic() + wait > deadline:
                     break
+                pending = None
                 if wait > 0 and self._closing.wait(wait):
                     break
-        return totals.result(self._outbox.pending())
+        return totals.result(self._outbox.pending() if pending is None else pending)
 
     def _send_due(self, totals: _Totals) -> None:
-        """Send every report due now, batch by batch (caller holds the send lock)."""
+        """Send every report due now, batch by batch (caller holds the send lock).
+
+        A batch shorter than `batch_size` was everything due when it was read;
+        reports recorded meanwhile are seen by the caller's next `schedule()`.
+        """
         while not self._closing.is_set():
             batch = self._outbox.due(time.time(), self._batch_size)
             if not batch:
                 return
-            if not self._send_batch(batch, totals):
+            if not self._send_batch(batch, totals) or len(batch) < self._batch_size:
                 return
 
     def _send_batch(self, batch: Sequence[OutboxEntry], totals: _Totals) -> bool:
@@ -820,7 +833,7 @@ class Client:
                 totals.refused += 1
             else:
                 retry.append(entry)
-        self._outbox.acknowledge(acknowledged, duplicates=duplicates)
+        totals.schedule = self._outbox.acknowledge(acknowledged, duplicates=duplicates)
         totals.acknowledged += len(acknowledged)
         totals.duplicates += duplicates
         if retry:
@@ -837,6 +850,7 @@ class Client:
         failures = max(e.attempts for e in batch) + 1
         delay = self._backoff.delay(failures, rng=self._jitter, retry_after=retry_after)
         self._outbox.defer([(e, delay) for e in batch], now=time.time(), error=error)
+        totals.schedule = None  # the deferral changed the schedule
         totals.failed_attempts += 1
         totals.last_error = error
         with self._store.transaction() as conn:
@@ -965,6 +979,9 @@ class _Totals:
     refused: int = 0
     failed_attempts: int = 0
     last_error: str | None = None
+    #: The outbox's (next due time, pending) as read right after the last change made
+    #: by this flush, when that read came for free; None: read it again.
+    schedule: tuple[float | None, int] | None = None
 
     def result(self, pending: int) -> FlushResult:
         return FlushResult(

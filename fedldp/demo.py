@@ -321,9 +321,10 @@ class Fleet:
             self.tally.add(failed_devices=1)
         finally:
             shutil.rmtree(Path(self.spec.state_root) / f"d{device:06d}", ignore_errors=True)
-            shutil.rmtree(
-                Path(self.spec.state_root) / f"d{device:06d}-reinstalled", ignore_errors=True
-            )
+            if reinstall:
+                shutil.rmtree(
+                    Path(self.spec.state_root) / f"d{device:06d}-reinstalled", ignore_errors=True
+                )
 
 
 _WORKER_FLEET: Fleet | None = None

@@ -27,6 +27,8 @@ from __future__ import annotations
 
 import base64
 import json
+import threading
+from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -66,8 +68,38 @@ def _keys_of(entries: Iterable[policy_pb2.PublicKey]) -> dict[str, Ed25519Public
     return {entry.key_id: Ed25519PublicKey.from_public_bytes(entry.ed25519) for entry in entries}
 
 
+#: Most parsed roots remembered per process (a fleet simulation parses the same root
+#: once per simulated device; a device parses it at each start).
+_PARSED_ROOTS = 16
+_parsed_lock = threading.Lock()
+_parsed: OrderedDict[bytes, _VerifiedRoot] = OrderedDict()
+
+
 def _parse_root(envelope: policy_pb2.SignedEnvelope) -> _VerifiedRoot:
-    """Parse and structurally validate a root whose signatures were already checked."""
+    """Parse and structurally validate a root whose signatures were already checked.
+
+    A pure function of the envelope's exact bytes: a valid result is remembered
+    by those bytes (compared in full) and shared, which is safe because a
+    `_VerifiedRoot` is never changed (`TrustStore.root` hands out copies).
+    Invalid roots are never remembered.
+    """
+    key = envelope.SerializeToString()
+    with _parsed_lock:
+        known = _parsed.get(key)
+        if known is not None:
+            _parsed.move_to_end(key)
+            return known
+    parsed = _parse_root_uncached(envelope, key)
+    with _parsed_lock:
+        _parsed[key] = parsed
+        if len(_parsed) > _PARSED_ROOTS:
+            _parsed.popitem(last=False)
+    return parsed
+
+
+def _parse_root_uncached(
+    envelope: policy_pb2.SignedEnvelope, envelope_bytes: bytes
+) -> _VerifiedRoot:
     try:
         root = policy_pb2.Root.FromString(envelope.payload)
     except DecodeError as exc:
@@ -80,7 +112,7 @@ def _parse_root(envelope: policy_pb2.SignedEnvelope) -> _VerifiedRoot:
             f"root v{root.version} is invalid: " + "; ".join(problems) + "; re-create the root"
         )
     return _VerifiedRoot(
-        envelope_bytes=envelope.SerializeToString(),
+        envelope_bytes=envelope_bytes,
         payload=envelope.payload,
         message=root,
         root_keys=_keys_of(root.root_keys),
@@ -314,7 +346,8 @@ class TrustStore:
             "root": base64.b64encode(self._root.envelope_bytes).decode("ascii"),
             "seen": sorted(digest.hex() for digest in self._seen),
         }
-        return json.dumps(state, sort_keys=True, indent=1).encode("utf-8")
+        # Compact separators keep json on its C encoder; from_bytes reads any layout.
+        return json.dumps(state, sort_keys=True, separators=(",", ":")).encode("utf-8")
 
     @classmethod
     def from_bytes(cls, data: bytes) -> TrustStore:

@@ -22,6 +22,8 @@ received.
 
 from __future__ import annotations
 
+import threading
+from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from decimal import Decimal
@@ -157,6 +159,36 @@ def _verify_signature(envelope: policy_pb2.SignedEnvelope, trust: TrustStore, no
     raise first_error
 
 
+#: Most valid policy payloads whose content check is remembered per process.
+_CHECKED_POLICIES = 64
+#: Largest payload whose content check is remembered.
+_CHECKED_MAX_PAYLOAD_BYTES = 64 * 1024
+_checked_lock = threading.Lock()
+_checked: OrderedDict[bytes, Mechanism] = OrderedDict()  # type: ignore[type-arg]
+
+
+def _content_check(payload: bytes, policy: policy_pb2.Policy) -> tuple[list[str], Mechanism | None]:  # type: ignore[type-arg]
+    """`policy_problems(policy)` for `policy` parsed from the exact bytes `payload`.
+
+    A pure function of those bytes: a valid payload's mechanism is remembered by
+    the payload (compared in full, at most `_CHECKED_MAX_PAYLOAD_BYTES`) and
+    shared, which is safe because mechanisms are immutable. Payloads with
+    problems are checked afresh every time, so their message lists every problem.
+    """
+    with _checked_lock:
+        known = _checked.get(payload)
+        if known is not None:
+            _checked.move_to_end(payload)
+            return [], known
+    problems, mechanism = policy_problems(policy)
+    if not problems and mechanism is not None and len(payload) <= _CHECKED_MAX_PAYLOAD_BYTES:
+        with _checked_lock:
+            _checked[payload] = mechanism
+            if len(_checked) > _CHECKED_POLICIES:
+                _checked.popitem(last=False)
+    return problems, mechanism
+
+
 def _parse_policy(payload: bytes) -> policy_pb2.Policy:
     try:
         return policy_pb2.Policy.FromString(payload)
@@ -188,7 +220,7 @@ def verify_policy(
     key_id = _verify_signature(envelope, trust, now)
     payload = bytes(envelope.payload)
     policy = _parse_policy(payload)
-    problems, mechanism = policy_problems(policy)
+    problems, mechanism = _content_check(payload, policy)
     if problems or mechanism is None:
         raise InvalidPolicyError(
             problems or ["mechanism could not be built"],
