@@ -29,6 +29,8 @@ from __future__ import annotations
 
 import random
 import secrets
+import threading
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -188,6 +190,37 @@ def submit_request_bytes(reports: Sequence[bytes]) -> bytes:
     return b"".join(b"\x0a" + _varint(len(r)) + r for r in reports)
 
 
+_Methods = tuple[
+    "grpc.UnaryUnaryMultiCallable[Any, Any]",
+    "grpc.UnaryUnaryMultiCallable[Any, Any]",
+    "grpc.UnaryUnaryMultiCallable[Any, Any]",
+]
+_shared_lock = threading.Lock()
+_shared_methods: weakref.WeakKeyDictionary[grpc.Channel, _Methods] = weakref.WeakKeyDictionary()
+
+
+def _methods(channel: grpc.Channel) -> _Methods:
+    """The GetPolicies, Submit and GetBudget method handles on `channel`."""
+    return (
+        channel.unary_unary(
+            _SERVICE + "GetPolicies",
+            request_serializer=collector_pb2.GetPoliciesRequest.SerializeToString,
+            response_deserializer=collector_pb2.GetPoliciesResponse.FromString,
+        ),
+        # No request serializer: the request *is* the stored bytes.
+        channel.unary_unary(
+            _SERVICE + "Submit",
+            request_serializer=None,
+            response_deserializer=collector_pb2.SubmitResponse.FromString,
+        ),
+        channel.unary_unary(
+            _SERVICE + "GetBudget",
+            request_serializer=collector_pb2.GetBudgetRequest.SerializeToString,
+            response_deserializer=collector_pb2.GetBudgetResponse.FromString,
+        ),
+    )
+
+
 class Transport:
     """A gRPC channel to one collector and the three calls the SDK makes.
 
@@ -242,22 +275,16 @@ class Transport:
                 target, channel_credentials, options=channel_options
             )
         self._metadata = credentials.metadata()
-        self._get_policies = self._channel.unary_unary(
-            _SERVICE + "GetPolicies",
-            request_serializer=collector_pb2.GetPoliciesRequest.SerializeToString,
-            response_deserializer=collector_pb2.GetPoliciesResponse.FromString,
-        )
-        # No request serializer: the request *is* the stored bytes.
-        self._submit = self._channel.unary_unary(
-            _SERVICE + "Submit",
-            request_serializer=None,
-            response_deserializer=collector_pb2.SubmitResponse.FromString,
-        )
-        self._get_budget = self._channel.unary_unary(
-            _SERVICE + "GetBudget",
-            request_serializer=collector_pb2.GetBudgetRequest.SerializeToString,
-            response_deserializer=collector_pb2.GetBudgetResponse.FromString,
-        )
+        if channel is None:
+            self._get_policies, self._submit, self._get_budget = _methods(self._channel)
+        else:
+            # Shared channel: its method handles carry no credentials (the bearer
+            # token travels in each call's metadata), so Transports share them.
+            with _shared_lock:
+                methods = _shared_methods.get(channel)
+                if methods is None:
+                    methods = _shared_methods[channel] = _methods(channel)
+            self._get_policies, self._submit, self._get_budget = methods
 
     def _call(self, method: grpc.UnaryUnaryMultiCallable[Any, Any], request: object) -> object:
         future = method.future(request, metadata=self._metadata)

@@ -257,6 +257,7 @@ class Fleet:
             [Ed25519PublicKey.from_public_bytes(key) for key in spec.root_public_keys],
         )
         self.tokens = TokenAuthority(spec.token_secret)
+        self.state_root = Path(spec.state_root)
         self.tally = Tally()
         # The simulated devices of one process share one HTTP/2 connection; each
         # keeps its own credentials, state file, outbox and budget guard.
@@ -273,7 +274,7 @@ class Fleet:
         return Client(
             self.spec.address,
             trust_root=self.trust_root,
-            state_dir=Path(self.spec.state_root) / state_name,
+            state_dir=self.state_root / state_name,
             credentials=Credentials.insecure_bearer(token),
             max_epsilon=Decimal(self.spec.max_epsilon),
             audience=AUDIENCE,
@@ -320,11 +321,9 @@ class Fleet:
             logging.getLogger("fedldp.demo").exception("device %d failed", device)
             self.tally.add(failed_devices=1)
         finally:
-            shutil.rmtree(Path(self.spec.state_root) / f"d{device:06d}", ignore_errors=True)
+            shutil.rmtree(self.state_root / f"d{device:06d}", ignore_errors=True)
             if reinstall:
-                shutil.rmtree(
-                    Path(self.spec.state_root) / f"d{device:06d}-reinstalled", ignore_errors=True
-                )
+                shutil.rmtree(self.state_root / f"d{device:06d}-reinstalled", ignore_errors=True)
 
 
 _WORKER_FLEET: Fleet | None = None
