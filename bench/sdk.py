@@ -23,6 +23,10 @@ What is measured (medians over >= 5 runs, with min and max):
   per call, every acknowledgement applied to the outbox). Reference: the same
   stored report bytes submitted straight with `Transport.submit_raw`, no
   outbox bookkeeping, to the same collector (under another subject).
+* **Fresh install** (what `fedldp demo` does per simulated device): CPU of the
+  device's thread for `Client()` on a new state folder, one record, one flush,
+  close, with every device on one shared gRPC channel. Reference: the same two
+  gRPC calls alone (GetPolicies, Submit) on that channel, same thread clock.
 * **State size per 1,000 pending reports**: the state file plus its WAL after
   a checkpoint, minus the size of the empty state, per 1,000 reports; the
   serialized report bytes themselves are the reference.
@@ -293,6 +297,72 @@ def measure_record(world: World, runs: int, calls: int) -> dict[str, dict[str, T
     return out
 
 
+def measure_fresh_install(world: World, runs: int, devices: int) -> dict[str, Timing]:
+    """CPU of the device's own thread per fresh install, as `fedldp demo` simulates it.
+
+    Timed per install: `Client()` on a new state folder (state file created,
+    trust root verified, the 4 policies fetched and verified), one `record()`,
+    `flush()` (one Submit), `close()`, and removing the folder. All devices share
+    one gRPC channel (`Client(channel=...)`), as in the demo. CPU is
+    `time.thread_time()` of the calling thread, so the in-process collector's
+    threads are not counted (nor gRPC's own polling thread). Reference, same
+    run, same thread clock: the two gRPC calls alone (GetPolicies, and Submit of
+    one stored report) on the same channel.
+    """
+    import shutil
+
+    import grpc
+    from fedldp.client.sdk import Client, TrustRoot
+    from fedldp.client.transport import Credentials, Transport
+
+    trust_root = TrustRoot(world.authority.root_envelope, world.authority.root_public_keys)
+    channel = grpc.insecure_channel(world.collector.address)
+    cpu: list[float] = []
+    wall: list[float] = []
+    floor: list[float] = []
+    try:
+        for run in range(runs):
+            tokens = [
+                Credentials.insecure_bearer(world.token(f"fresh-{run}-{i}")) for i in range(devices)
+            ]
+            folders = [world.tmp / f"fresh-{run}-{i}" for i in range(devices)]
+            start_cpu, start_wall = time.thread_time(), time.perf_counter()
+            for token, folder in zip(tokens, folders, strict=True):
+                with Client(
+                    world.collector.address,
+                    trust_root=trust_root,
+                    state_dir=folder,
+                    credentials=token,
+                    channel=channel,
+                ) as client:
+                    client.record("m.grr", LABELS_16[0])
+                    client.flush()
+                shutil.rmtree(folder)
+            cpu.append((time.thread_time() - start_cpu) / devices)
+            wall.append((time.perf_counter() - start_wall) / devices)
+        transport = Transport(
+            world.collector.address,
+            Credentials.insecure_bearer(world.token("fresh-floor")),
+            channel=channel,
+        )
+        with world.client(world.tmp / "fresh-floor") as client:
+            client.record("m.grr", LABELS_16[0])
+            stored = client._outbox.entries()[0].report
+        for _ in range(runs):
+            start_cpu = time.thread_time()
+            for _ in range(devices):
+                transport.get_policies()
+                transport.submit_raw([stored])
+            floor.append((time.thread_time() - start_cpu) / devices)
+    finally:
+        channel.close()
+    return {
+        "cpu_s_per_install": summarize(cpu),
+        "wall_s_per_install": summarize(wall),
+        "grpc_pair_cpu_s (reference)": summarize(floor),
+    }
+
+
 def _sqlite_floor(path: Path, calls: int, runs: int) -> Timing:
     conn = sqlite3.connect(path, isolation_level=None)
     conn.execute("PRAGMA journal_mode=WAL")
@@ -411,7 +481,9 @@ def main(argv: list[str] | None = None) -> int:
     runs = max(5, args.runs or 5)
     calls = 30 if args.quick else 500
     pending = 200 if args.quick else 3000
+    installs = 50 if args.quick else 500
     params = {
+        "fresh_installs_per_run": installs,
         "runs": runs,
         "record_calls_per_run": calls,
         "outbox_pending": pending,
@@ -426,6 +498,7 @@ def main(argv: list[str] | None = None) -> int:
                 "record": measure_record(world, runs, calls),
                 "outbox": measure_outbox(world, runs, pending),
                 "state_size": measure_state_size(world, runs),
+                "fresh_install": measure_fresh_install(world, runs, installs),
             }
         finally:
             world.close()
@@ -493,6 +566,20 @@ def _print(figures: dict[str, Any]) -> None:
     ]
     print("On-disk state per 1,000 pending reports, KiB (median [min-max])")
     print(format_table(["policy", "state file + WAL", "report bytes (reference)"], rows))
+    print()
+    f = figures["fresh_install"]
+    ref = f["grpc_pair_cpu_s (reference)"]
+    rows = [
+        [
+            "fresh install: Client() + record + flush + close",
+            _mmm(f["cpu_s_per_install"], 1000),
+            _mmm(f["wall_s_per_install"], 1000),
+            f"{f['cpu_s_per_install'].median / ref.median:.2f}",
+        ],
+        ["GetPolicies + Submit alone (reference)", _mmm(ref, 1000), "-", "1.00"],
+    ]
+    print("Fresh install (as in fedldp demo), ms per device, device thread CPU (median [min-max])")
+    print(format_table(["what", "CPU ms", "wall ms", "÷ gRPC pair"], rows))
 
 
 if __name__ == "__main__":

@@ -178,12 +178,13 @@ class Outbox:
     # --- outcomes ---
 
     def acknowledge(
-        self, report_ids: Sequence[bytes], *, duplicates: int = 0
+        self, report_ids: Sequence[bytes], *, duplicates: int = 0, read_schedule: bool = False
     ) -> tuple[float | None, int] | None:
         """The collector committed these reports: remove them, count them.
 
-        Returns `schedule()` as read in the same transaction, after the removal
-        (None when there was nothing to acknowledge).
+        With `read_schedule`, returns `schedule()` as read in the same
+        transaction, after the removal (a flush's last batch saves a transaction);
+        otherwise, or when there was nothing to acknowledge, None.
         """
         if not report_ids:
             return None
@@ -192,7 +193,7 @@ class Outbox:
             DeviceStore.bump(conn, "acknowledged", len(report_ids))
             if duplicates:
                 DeviceStore.bump(conn, "acknowledged_duplicate", duplicates)
-            return self._schedule(conn)
+            return self._schedule(conn) if read_schedule else None
 
     def refuse(self, entry: OutboxEntry, *, outcome: str, detail: str, now: int) -> Event:
         """The collector refused a report for good: remove it, count it, log an event."""

@@ -833,7 +833,11 @@ class Client:
                 totals.refused += 1
             else:
                 retry.append(entry)
-        totals.schedule = self._outbox.acknowledge(acknowledged, duplicates=duplicates)
+        # A short batch was everything due: read the schedule the flush needs next
+        # in the same transaction (COUNT(*) scans the outbox, so not per batch).
+        totals.schedule = self._outbox.acknowledge(
+            acknowledged, duplicates=duplicates, read_schedule=len(batch) < self._batch_size
+        )
         totals.acknowledged += len(acknowledged)
         totals.duplicates += duplicates
         if retry:

@@ -89,3 +89,15 @@ def test_survives_reopen(tmp_path: Path) -> None:
     again = DeviceStore(tmp_path)
     assert [(e.report_id, e.report) for e in Outbox(again).entries()] == [(rid, b"persisted")]
     again.close()
+
+
+def test_acknowledge_can_read_the_schedule_in_its_transaction(outbox: Outbox) -> None:
+    a, b = _add(outbox, b"a"), _add(outbox, b"b")
+    entries = {e.report_id: e for e in outbox.entries()}
+    outbox.defer([(entries[b], 50.0)], now=1000.0, error="UNAVAILABLE: x")
+    assert outbox.schedule() == (0.0, 2)
+    assert outbox.acknowledge([a]) is None  # not asked for: no extra read
+    assert outbox.schedule() == (1050.0, 1)
+    assert outbox.acknowledge([b], read_schedule=True) == (None, 0)  # as after the removal
+    assert outbox.acknowledge([], read_schedule=True) is None
+    assert outbox.schedule() == (None, 0) and outbox.next_due_at() is None
