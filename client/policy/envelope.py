@@ -43,7 +43,7 @@ MAX_SIGNATURES = 16
 _DOMAIN_LENGTH_BYTES = 4
 
 #: Most successful verifications remembered per process (least recently used dropped).
-VERIFIED_CACHE_ENTRIES = 256
+VERIFIED_CACHE_ENTRIES = 64
 #: Largest signed message whose successful verification is remembered (bigger ones,
 #: e.g. huge domains, are verified afresh each time rather than kept in memory).
 VERIFIED_CACHE_MAX_MESSAGE_BYTES = 64 * 1024

@@ -160,7 +160,7 @@ def _verify_signature(envelope: policy_pb2.SignedEnvelope, trust: TrustStore, no
 
 
 #: Most valid policy payloads whose content check is remembered per process.
-_CHECKED_POLICIES = 64
+_CHECKED_POLICIES = 32
 #: Largest payload whose content check is remembered.
 _CHECKED_MAX_PAYLOAD_BYTES = 64 * 1024
 _checked_lock = threading.Lock()
