@@ -15,9 +15,7 @@ Invariants (../../DESIGN.md, "Ledger"):
 Concurrency. Each call is one named transaction, safe to rerun, retried on
 conflicts (janus `run_tx`). SQLite: WAL, synchronous=FULL and BEGIN IMMEDIATE,
 so writers are serialized by the file lock and every commit is durable; the
-ingestion transactions run on their own connection whose COMMIT is made durable
-by a separate fsync of the log (sqlite_ingest.py), so that the next group can
-start while the disk syncs the last one (`submit_many_deferred`).
+ingestion transactions run on a connection of their own (sqlite_ingest.py).
 PostgreSQL (many collectors sharing one ledger): the touched spend rows are
 locked FOR UPDATE (their latest committed values are read) and written back by
 an atomic conditional update (compare-and-set on the value read; a mismatch
@@ -509,7 +507,7 @@ class Ledger:
     # -- lifecycle --
 
     def close(self) -> None:
-        """Release every connection (what was committed is made durable first)."""
+        """Release every connection."""
         if self._ingest is not None:
             self._ingest.close()
         self._write_engine.dispose()
@@ -580,24 +578,9 @@ class Ledger:
         return self.submit_many([SubmitBatch(subject, reports_in, now)])[0]
 
     def submit_many(self, batches: Sequence[SubmitBatch]) -> list[list[OutcomeValue]]:
-        """`submit` for several requests in one transaction (group commit); durable on return."""
-        outcomes, sequence = self.submit_many_deferred(batches)
-        self.make_durable(sequence)
-        return outcomes
-
-    def submit_many_deferred(
-        self, batches: Sequence[SubmitBatch]
-    ) -> tuple[list[list[OutcomeValue]], int]:
-        """`submit_many` that returns at COMMIT, before the commit is durable.
-
-        Returns the outcomes and a sequence number: the transaction is durable
-        (and its outcomes may be acknowledged) once `make_durable(sequence)`
-        returned. On SQLite this lets the group committer start the next
-        transaction while the disk syncs the previous one (sqlite_ingest.py);
-        on PostgreSQL the COMMIT is durable itself and the number is 0.
-        """
+        """`submit` for several requests in one transaction (group commit)."""
         if not any(b.reports for b in batches):
-            return [[] for _ in batches], 0
+            return [[] for _ in batches]
         for b in batches:
             if not b.subject:
                 raise ValueError("subject must be non-empty")
@@ -609,9 +592,9 @@ class Ledger:
 
         try:
             if self._ingest is not None:
-                outcomes, sequence = self._ingest_transaction(tx)
+                outcomes = self._ingest_transaction(tx)
             else:
-                outcomes, sequence = self.transaction(lambda conn: self._with_driver(conn, tx)), 0
+                outcomes = self.transaction(lambda conn: self._with_driver(conn, tx))
         except BaseException:
             self._forget_statistics(cached)
             raise
@@ -620,14 +603,7 @@ class Ledger:
             if len(self._stats_cache) > 4096:  # one row per (policy, version, window)
                 self._stats_cache.clear()
             self._stats_cache.update(cached)
-        return outcomes, sequence
-
-    def make_durable(self, sequence: int) -> None:
-        """Return once the ingestion transaction `sequence` (from `submit_many_deferred`)
-        and every earlier one are durable. Raises `DurabilityError` if the disk
-        refused (the collector must then stop acknowledging)."""
-        if self._ingest is not None and sequence:
-            self._ingest.make_durable(sequence)
+        return outcomes
 
     def _with_driver(self, conn: sa.Connection, fn: Callable[[_Driver], T]) -> T:
         db = _Driver(conn.connection, self._dbapi_error)
@@ -636,25 +612,26 @@ class Ledger:
         finally:
             db.close()
 
-    def _ingest_transaction(self, fn: Callable[[_Driver], T]) -> tuple[T, int]:
-        """`transaction` on SQLite's ingestion connection: BEGIN IMMEDIATE, `fn`,
-        COMMIT (no fsync: see sqlite_ingest.py); the result and the commit's
-        sequence number. Reruns `fn` like `transaction` does."""
+    def _ingest_transaction(self, fn: Callable[[_Driver], T]) -> T:
+        """`transaction` on SQLite's ingestion connection (sqlite_ingest.py):
+        BEGIN IMMEDIATE, `fn`, COMMIT (durable: synchronous=FULL); reruns `fn`
+        like `transaction` does."""
         ingest = self._ingest
         assert ingest is not None
 
-        def attempt() -> tuple[T, int]:
+        def attempt() -> T:
             with ingest.lock:
-                db = _Driver(ingest.connection(), self._dbapi_error)
+                conn = ingest.connection()
+                db = _Driver(conn, self._dbapi_error)
                 try:
                     db.run("BEGIN IMMEDIATE", ())
                     try:
                         result = fn(db)
                         db.run("COMMIT", ())
                     except BaseException:
-                        ingest.connection().rollback()
+                        conn.rollback()
                         raise
-                    return result, ingest.committed()
+                    return result
                 finally:
                     db.close()
 
