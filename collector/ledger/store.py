@@ -375,7 +375,8 @@ class _Driver:
         """Run one statement; its rows."""
         try:
             self._cursor.execute(sql, params)
-            return self._cursor.fetchall()
+            rows: list[Any] = self._cursor.fetchall()
+            return rows
         except self._error as exc:
             self._raise(sql, exc)
 
@@ -394,6 +395,15 @@ class _Driver:
         except self._error as exc:
             self._raise(sql, exc)
         return int(self._cursor.rowcount)
+
+    def copy(self, sql: str, rows: Sequence[Sequence[Any]]) -> None:
+        """Stream `rows` with a ``COPY … FROM STDIN`` statement (PostgreSQL)."""
+        try:
+            with self._cursor.copy(sql) as stream:
+                for row in rows:
+                    stream.write_row(row)
+        except self._error as exc:
+            self._raise(sql, exc)
 
     def close(self) -> None:
         self._cursor.close()
@@ -489,6 +499,7 @@ class Ledger:
             + ", ".join([row_marks] * size)
             for size in _ROW_CHUNKS
         }
+        self._copy_reports_sql = f"COPY reports ({', '.join(columns)}) FROM STDIN"
         self._dbapi_error: type[Exception] = self._write_engine.dialect.loaded_dbapi.Error
         self._sql = _statements(self.dialect)
         self._in_sql_cache: dict[tuple[str, int], str] = {}
@@ -730,8 +741,11 @@ class Ledger:
                 chunk = new_reports[done : done + size]
                 done += size
                 db.run(self._insert_reports_sql[size], list(chain.from_iterable(chunk)))
-        elif new_reports:  # psycopg pipelines executemany: one round trip
-            db.executemany(self._insert_reports_sql[1], new_reports)
+        elif new_reports:
+            # COPY: one stream, ≈ 4× less time per row than a pipelined executemany
+            # (bench in docs/collector.md). A concurrent insert of the same id fails
+            # it with 23505, and the transaction reruns like any other.
+            db.copy(self._copy_reports_sql, new_reports)
         if new_conflicts:
             db.executemany(self._sql["insert_conflicts"], new_conflicts)
         dirty = [

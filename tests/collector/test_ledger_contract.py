@@ -179,6 +179,41 @@ def test_concurrent_submits_never_exceed_the_cap(
     assert ledger.reconcile() == []
 
 
+def test_the_same_reports_raced_by_two_collectors_are_stored_once(
+    ledger: Ledger, ledger_url: str, tenth_policy: VerifiedPolicy, now: int
+) -> None:
+    """Two ledgers (two collectors) race to store the same report ids: each id is
+    ACCEPTED exactly once and DUPLICATE everywhere else, charged once (on
+    PostgreSQL the losing insert fails with 23505 and its transaction reruns)."""
+    other = open_ledger(ledger_url, shard="other")
+    reports = [_report(tenth_policy, i % 4) for i in range(6)]
+    results: list[int] = []
+    lock = threading.Lock()
+    barrier = threading.Barrier(6)
+
+    def worker(led: Ledger) -> None:
+        barrier.wait()
+        for _ in range(2):
+            out = led.submit("racer", reports, now=now)
+            with lock:
+                results.extend(out)
+
+    threads = [threading.Thread(target=worker, args=(led,)) for led in (ledger, other) * 3]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert results.count(ACCEPTED) == 6
+        assert results.count(DUPLICATE) == 6 * 12 - 6
+        window = tenth_policy.window_start(now)
+        assert ledger.spent("racer", "tenth", window) == Decimal("0.6")
+        assert ledger.report_count("tenth", tenth_policy.version) == 6
+        assert ledger.reconcile() == []
+    finally:
+        other.close()
+
+
 def test_reopen_keeps_everything_and_migrations_are_idempotent(
     ledger_url: str, policy: VerifiedPolicy, now: int
 ) -> None:
