@@ -8,6 +8,7 @@ from pathlib import Path
 
 import grpc
 import pytest
+from fedldp.client.policy import VerifiedPolicy
 from fedldp.collector.server import RunningCollector, start_collector
 from fedldp.collector.testing import Deployment
 from fedldp.v1 import collector_pb2_grpc
@@ -40,6 +41,14 @@ def deployment(now: int) -> Deployment:
         "color", labels=("red", "green", "blue", "other"), epsilon="0.5", epsilon_cap="2"
     )
     return d
+
+
+@pytest.fixture
+def small_policy(deployment: Deployment) -> VerifiedPolicy:
+    """ε = 0.001, cap 1: a thousand reports fit."""
+    return deployment.verified(
+        deployment.add_categorical("small", epsilon="0.001", epsilon_cap="1")
+    )
 
 
 @pytest.fixture(params=["sync", "asyncio"])

@@ -19,7 +19,6 @@ from fedldp.client.policy import VerifiedPolicy
 from fedldp.collector.committer import GroupCommitter
 from fedldp.collector.ledger import ACCEPTED, CheckedReport, Ledger, SubmitBatch, open_ledger
 from fedldp.collector.metrics import CollectorMetrics
-from fedldp.collector.testing import Deployment
 
 
 def _report(policy: VerifiedPolicy) -> CheckedReport:
@@ -34,13 +33,6 @@ def _commits(metrics: CollectorMetrics) -> float:
 
 
 @pytest.fixture
-def policy(deployment: Deployment) -> VerifiedPolicy:
-    return deployment.verified(
-        deployment.add_categorical("grouped", epsilon="0.001", epsilon_cap="1")
-    )
-
-
-@pytest.fixture
 def ledger(sqlite_url: str) -> Iterator[Ledger]:
     led = open_ledger(sqlite_url, shard="s")
     yield led
@@ -48,10 +40,10 @@ def ledger(sqlite_url: str) -> Iterator[Ledger]:
 
 
 def test_ingestion_connection_keeps_the_ledgers_durability_settings(
-    ledger: Ledger, policy: VerifiedPolicy, now: int
+    ledger: Ledger, small_policy: VerifiedPolicy, now: int
 ) -> None:
     """WAL and synchronous=FULL on the connection that commits reports."""
-    assert ledger.submit("alice", [_report(policy)], now=now) == [ACCEPTED]
+    assert ledger.submit("alice", [_report(small_policy)], now=now) == [ACCEPTED]
     ingest = ledger._ingest
     assert ingest is not None
     with ingest.lock:
@@ -62,7 +54,7 @@ def test_ingestion_connection_keeps_the_ledgers_durability_settings(
 
 
 def test_lingering_committer_puts_concurrent_requests_in_one_transaction(
-    ledger: Ledger, policy: VerifiedPolicy, now: int
+    ledger: Ledger, small_policy: VerifiedPolicy, now: int
 ) -> None:
     """Requests arriving while the committer lingers share its transaction; the group
     closes as soon as it holds `max_reports` (not after the whole delay). The
@@ -76,7 +68,7 @@ def test_lingering_committer_puts_concurrent_requests_in_one_transaction(
 
     def one() -> None:
         start.wait()
-        results.append(committer.submit(SubmitBatch("alice", [_report(policy)], now)))
+        results.append(committer.submit(SubmitBatch("alice", [_report(small_policy)], now)))
 
     threads = [threading.Thread(target=one) for _ in range(8)]
     began = time.monotonic()
@@ -93,27 +85,29 @@ def test_lingering_committer_puts_concurrent_requests_in_one_transaction(
 
 
 def test_an_idle_committer_does_not_wait_for_the_whole_delay(
-    ledger: Ledger, policy: VerifiedPolicy, now: int
+    ledger: Ledger, small_policy: VerifiedPolicy, now: int
 ) -> None:
     """A lone request is committed after one linger step without arrivals, not after
     `delay_seconds` (here far longer than the test's own time limit)."""
     committer = GroupCommitter(ledger, CollectorMetrics(), delay_seconds=30)
     try:
         began = time.monotonic()
-        assert committer.submit(SubmitBatch("alice", [_report(policy)], now)) == [ACCEPTED]
+        assert committer.submit(SubmitBatch("alice", [_report(small_policy)], now)) == [ACCEPTED]
         assert time.monotonic() - began < 10
     finally:
         committer.close()
 
 
 def test_without_delay_each_request_may_commit_alone(
-    ledger: Ledger, policy: VerifiedPolicy, now: int
+    ledger: Ledger, small_policy: VerifiedPolicy, now: int
 ) -> None:
     metrics = CollectorMetrics()
     committer = GroupCommitter(ledger, metrics, delay_seconds=0)
     try:
         for _ in range(3):
-            assert committer.submit(SubmitBatch("alice", [_report(policy)], now)) == [ACCEPTED]
+            assert committer.submit(SubmitBatch("alice", [_report(small_policy)], now)) == [
+                ACCEPTED
+            ]
         assert _commits(metrics) == 3
     finally:
         committer.close()

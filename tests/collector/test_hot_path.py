@@ -21,7 +21,6 @@ from fedldp.collector.auth import TokenAuthority
 from fedldp.collector.errors import UnauthenticatedError
 from fedldp.collector.ledger import ACCEPTED, CheckedReport, Ledger, SubmitBatch, open_ledger
 from fedldp.collector.ledger.store import _in_statement
-from fedldp.collector.testing import Deployment
 
 
 def _report(policy: VerifiedPolicy, index: int) -> CheckedReport:
@@ -31,14 +30,6 @@ def _report(policy: VerifiedPolicy, index: int) -> CheckedReport:
         CategoryOutput(index),
         hashlib.sha256(b"content" + bytes([index])).digest(),
         0,
-    )
-
-
-@pytest.fixture
-def small_policy(deployment: Deployment) -> VerifiedPolicy:
-    """ε = 0.001, cap 1: a thousand reports fit."""
-    return deployment.verified(
-        deployment.add_categorical("small", epsilon="0.001", epsilon_cap="1")
     )
 
 
