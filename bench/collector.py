@@ -1,6 +1,7 @@
 """Collector throughput and latency against a do-nothing gRPC server, in one run.
 
     python -m bench.collector [--quick] [--json PATH]
+    python -m bench.collector --interleave-servers [--quick]   # sync vs asyncio A/B
 
 What is measured (each figure: median over >= 5 timed runs, with min and max):
 
@@ -20,6 +21,11 @@ of the do-nothing server is measured too, and each row has two ratios: to the
 sync do-nothing server (the issue's reference) and to the do-nothing server of
 the same grpcio flavour (the collector's default is the sync server; one row
 runs it on the asyncio server: the server-choice question in docs/collector.md).
+
+`--interleave-servers` answers that question more robustly on a shared machine:
+a sync and an asyncio collector run side by side and are loaded in alternating
+rounds, so both see the same background load; it prints calls/s and the
+collector's CPU time per call for each (SQLite, then PostgreSQL).
 
 Durability: the collector runs as a real process (`fedldp collector serve`)
 with its defaults: SQLite in WAL mode with synchronous=FULL, PostgreSQL with
@@ -342,6 +348,84 @@ def _fmt(t: Timing, rate: bool = True) -> str:
     return f"{t.median:.1f} [{t.min:.1f}-{t.max:.1f}]"
 
 
+def _process_cpu_seconds(pid: int) -> float:
+    """User + system CPU time of process `pid` so far (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().split()
+    return (int(fields[13]) + int(fields[14])) / os.sysconf("SC_CLK_TCK")
+
+
+def interleaved_servers(
+    deployment: Any,
+    tokens: list[str],
+    factory: RequestFactory,
+    base: Path,
+    urls: dict[str, str],
+    *,
+    shapes: list[dict[str, int]],
+    seconds: float,
+    runs: int,
+    workers: int,
+) -> list[list[Any]]:
+    """The sync and asyncio collectors side by side: both started together, loaded
+    in alternating rounds (so both see the same background load); per shape and
+    server, median calls/s, reports/s and collector CPU per call."""
+    servers = {
+        kind: start_collectors(
+            deployment, base / f"ab-{kind}", url, 1, f"collector ({kind})", workers, server=kind
+        )
+        for kind, url in urls.items()
+    }
+    rows: list[list[Any]] = []
+    try:
+        for shape in shapes:
+            rate: dict[str, list[float]] = {kind: [] for kind in servers}
+            cpu: dict[str, list[float]] = {kind: [] for kind in servers}
+            for srv in servers.values():  # warm-up
+                asyncio.run(
+                    _load(
+                        srv.addresses,
+                        tokens,
+                        factory,
+                        shape["reports_per_call"],
+                        shape["concurrency"],
+                        1.0,
+                    )
+                )
+            for _ in range(runs):
+                for kind, srv in servers.items():
+                    before = _process_cpu_seconds(srv.procs[0].pid)
+                    result = asyncio.run(
+                        _load(
+                            srv.addresses,
+                            tokens,
+                            factory,
+                            shape["reports_per_call"],
+                            shape["concurrency"],
+                            seconds,
+                        )
+                    )
+                    used = _process_cpu_seconds(srv.procs[0].pid) - before
+                    rate[kind].append(result.calls / result.seconds)
+                    cpu[kind].append(used / max(result.calls, 1) * 1e6)
+            for kind in servers:
+                calls = summarize(rate[kind])
+                per_call = summarize(cpu[kind])
+                rows.append(
+                    [
+                        kind,
+                        shape["reports_per_call"],
+                        shape["concurrency"],
+                        _fmt(calls),
+                        f"{calls.median * shape['reports_per_call']:,.0f}",
+                        f"{per_call.median:,.0f} [{per_call.min:,.0f}-{per_call.max:,.0f}]",
+                    ]
+                )
+    finally:
+        for srv in servers.values():
+            srv.stop()
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m bench.collector",
@@ -366,6 +450,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--workers", type=int, default=64, help="server handler threads")
     parser.add_argument("--no-postgres", action="store_true", help="skip the PostgreSQL figures")
+    parser.add_argument(
+        "--interleave-servers",
+        action="store_true",
+        help="instead: the sync and asyncio collectors side by side, in alternating rounds "
+        "(SQLite, and PostgreSQL unless --no-postgres)",
+    )
     parser.add_argument("--serve-null", help=argparse.SUPPRESS)
     parser.add_argument("--null-kind", default="sync", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -391,6 +481,46 @@ def main(argv: list[str] | None = None) -> int:
     figures: list[Figures] = []
     single = {"reports_per_call": 1, "concurrency": args.concurrency}
     batch = {"reports_per_call": 100, "concurrency": args.batch_concurrency}
+
+    if args.interleave_servers:
+        stores = {"SQLite": {k: f"sqlite:///{base / f'ab-{k}.db'}" for k in ("sync", "asyncio")}}
+        pg_ab = None
+        bindir_ab = None if args.no_postgres else postgres_bindir()
+        if bindir_ab is not None:
+            pg_ab = PostgresServer.start(bindir_ab)
+            stores["PostgreSQL"] = {k: pg_ab.create_database() for k in ("sync", "asyncio")}
+        try:
+            for store, urls in stores.items():
+                rows = interleaved_servers(
+                    deployment,
+                    tokens,
+                    factory,
+                    base / store,
+                    urls,
+                    shapes=[single, batch],
+                    seconds=seconds,
+                    runs=runs,
+                    workers=args.workers,
+                )
+                print(f"\n{store} ledger, alternating rounds (median [min-max] of {runs}):")
+                print(
+                    format_table(
+                        [
+                            "server",
+                            "reports/call",
+                            "devices",
+                            "calls/s",
+                            "reports/s",
+                            "collector CPU per call, us",
+                        ],
+                        rows,
+                    )
+                )
+        finally:
+            if pg_ab is not None:
+                pg_ab.stop()
+            subprocess.run(["rm", "-rf", str(base)], check=False)
+        return 0
 
     def run(server: Server, shapes: list[dict[str, int]]) -> None:
         try:
