@@ -114,8 +114,11 @@ class CollectorConfig:
         default=20000, metadata={"help": "most reports in one ledger transaction"}
     )
     group_commit_delay_ms: float = field(
-        default=1.0,
-        metadata={"help": "how long a request may wait for others to share its ledger transaction"},
+        default=3.0,
+        metadata={
+            "help": "longest the committer lingers for more requests to share a ledger "
+            "transaction (only while they keep arriving; 0: never)"
+        },
     )
     instance_id: str = field(
         default="",
