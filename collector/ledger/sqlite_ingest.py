@@ -5,9 +5,9 @@ requests, back to back. Taking a pooled SQLAlchemy connection for each one
 (checkout, the ``begin`` event, reset on return) costs more CPU than a small
 group's statements, so ingestion keeps one sqlite3 connection of its own, with
 the ledger's settings — WAL, ``synchronous=FULL`` (every COMMIT waits for the
-fsync of the log: acknowledged means on disk), ``BEGIN IMMEDIATE`` — and a page
-cache that stays warm between groups. Everything else (reads, operator writes)
-goes through the SQLAlchemy engines as before.
+fsync of the log: acknowledged means on disk), ``BEGIN IMMEDIATE`` — a page
+cache that stays warm between groups, and a larger log between checkpoints.
+Everything else (reads, operator writes) goes through the SQLAlchemy engines.
 """
 
 from __future__ import annotations
@@ -19,6 +19,12 @@ from pathlib import Path
 #: Page cache of the ingestion connection, KiB (SQLite's default is 2 MiB): report
 #: ids are random, so every insert touches a random leaf of the id index.
 CACHE_KIB = 32768
+#: Log pages after which a COMMIT checkpoints the log into the database file
+#: (SQLite's default is 1,000 pages = 4 MiB, i.e. after almost every group of a
+#: few thousand reports). With 10,000 (≈ 40 MiB) a page that several groups
+#: dirty is copied to the database once: ≈ 6% less collector CPU per report at
+#: 100 reports per call in alternating A/B runs (bench.collector's load).
+WAL_AUTOCHECKPOINT_PAGES = 10_000
 
 
 class IngestConnection:
@@ -43,6 +49,7 @@ class IngestConnection:
             conn.execute("PRAGMA journal_mode=WAL")
             conn.execute("PRAGMA synchronous=FULL")
             conn.execute(f"PRAGMA cache_size=-{CACHE_KIB}")
+            conn.execute(f"PRAGMA wal_autocheckpoint={WAL_AUTOCHECKPOINT_PAGES:d}")
             self._conn = conn
         return self._conn
 

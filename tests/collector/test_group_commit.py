@@ -18,6 +18,7 @@ from fedldp.client.mechanisms import CategoryOutput
 from fedldp.client.policy import VerifiedPolicy
 from fedldp.collector.committer import GroupCommitter
 from fedldp.collector.ledger import ACCEPTED, CheckedReport, Ledger, SubmitBatch, open_ledger
+from fedldp.collector.ledger.sqlite_ingest import WAL_AUTOCHECKPOINT_PAGES
 from fedldp.collector.metrics import CollectorMetrics
 
 
@@ -50,6 +51,8 @@ def test_ingestion_connection_keeps_the_ledgers_durability_settings(
         conn = ingest.connection()
         assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
         assert conn.execute("PRAGMA synchronous").fetchone()[0] == 2  # FULL
+        checkpoint_pages = conn.execute("PRAGMA wal_autocheckpoint").fetchone()[0]
+        assert checkpoint_pages == WAL_AUTOCHECKPOINT_PAGES
     assert ledger.reconcile() == []
 
 
