@@ -605,7 +605,7 @@ class Ledger:
             if self._ingest is not None:
                 outcomes = self._ingest_transaction(tx)
             else:
-                outcomes = self.transaction(lambda conn: self._with_driver(conn, tx))
+                outcomes = self.transaction(lambda conn: self._with_driver(conn.connection, tx))
         except BaseException:
             self._forget_statistics(cached)
             raise
@@ -616,8 +616,9 @@ class Ledger:
             self._stats_cache.update(cached)
         return outcomes
 
-    def _with_driver(self, conn: sa.Connection, fn: Callable[[_Driver], T]) -> T:
-        db = _Driver(conn.connection, self._dbapi_error)
+    def _with_driver(self, dbapi_connection: Any, fn: Callable[[_Driver], T]) -> T:
+        """`fn` on a `_Driver` over `dbapi_connection` (closed afterwards)."""
+        db = _Driver(dbapi_connection, self._dbapi_error)
         try:
             return fn(db)
         finally:
@@ -633,8 +634,8 @@ class Ledger:
         def attempt() -> T:
             with ingest.lock:
                 conn = ingest.connection()
-                db = _Driver(conn, self._dbapi_error)
-                try:
+
+                def in_transaction(db: _Driver) -> T:
                     db.run("BEGIN IMMEDIATE", ())
                     try:
                         result = fn(db)
@@ -643,8 +644,8 @@ class Ledger:
                         conn.rollback()
                         raise
                     return result
-                finally:
-                    db.close()
+
+                return self._with_driver(conn, in_transaction)
 
         return self._retrying(attempt)
 
