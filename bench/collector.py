@@ -230,10 +230,13 @@ class RequestFactory:
             assert raw.startswith(b"\x0a\x10" + b"\x00" * 16)
             self.tails.append(raw[18:])
 
-    def request(self, reports: int) -> bytes:
+    def request(self, reports: int, ids: Any = None) -> bytes:
+        """`reports` reports with ids from `ids` (a device's `ReportIds`, as the SDK
+        makes them) or, when None, 16 random bytes each."""
         parts = []
         for i in range(reports):
-            body = b"\x0a\x10" + os.urandom(16) + self.tails[i & 3]
+            rid = os.urandom(16) if ids is None else ids.next()
+            body = b"\x0a\x10" + rid + self.tails[i & 3]
             parts.append(b"\x0a" + _varint(len(body)) + body)
         return b"".join(parts)
 
@@ -254,8 +257,10 @@ async def _load(
     reports_per_call: int,
     concurrency: int,
     seconds: float,
+    report_ids: str = "sdk",
 ) -> RunResult:
     import grpc
+    from fedldp.client.report_ids import ReportIds
 
     channels = [
         grpc.aio.insecure_channel(a, options=[("grpc.max_receive_message_length", 64 << 20)])
@@ -270,8 +275,9 @@ async def _load(
         nonlocal errors
         call = calls[i % len(calls)]
         metadata = (("authorization", f"Bearer {tokens[i]}"),)
+        ids = ReportIds() if report_ids == "sdk" else None
         while time.perf_counter() < stop_at:
-            body = factory.request(reports_per_call)
+            body = factory.request(reports_per_call, ids)
             t0 = time.perf_counter()
             try:
                 await call(body, metadata=metadata, timeout=30)
@@ -304,6 +310,11 @@ class Figures:
     p99_ms: Timing
     errors: int
     peak_rss_mb: list[float]
+    report_ids: str = "sdk"
+
+    @property
+    def label(self) -> str:
+        return self.server + (", random ids" if self.report_ids == "random" else "")
 
 
 def measure(
@@ -316,14 +327,13 @@ def measure(
     seconds: float,
     runs: int,
     warmup: float,
+    report_ids: str = "sdk",
 ) -> Figures:
-    asyncio.run(_load(server.addresses, tokens, factory, reports_per_call, concurrency, warmup))
-    results = [
-        asyncio.run(
-            _load(server.addresses, tokens, factory, reports_per_call, concurrency, seconds)
-        )
-        for _ in range(runs)
-    ]
+    """`report_ids`: "sdk" (each device's ids as `fedldp.client.report_ids` makes
+    them) or "random" (16 random bytes per report, e.g. another client library)."""
+    load = (server.addresses, tokens, factory, reports_per_call, concurrency)
+    asyncio.run(_load(*load, warmup, report_ids))
+    results = [asyncio.run(_load(*load, seconds, report_ids)) for _ in range(runs)]
 
     def pct(values: list[float], q: float) -> float:
         ordered = sorted(values)
@@ -337,6 +347,7 @@ def measure(
         reports_per_s=summarize([r.reports / r.seconds for r in results]),
         p50_ms=summarize([pct(r.latencies, 0.50) for r in results]),
         p99_ms=summarize([pct(r.latencies, 0.99) for r in results]),
+        report_ids=report_ids,
         errors=sum(r.errors for r in results),
         peak_rss_mb=server.peak_rss_mb(),
     )
@@ -522,7 +533,7 @@ def main(argv: list[str] | None = None) -> int:
             subprocess.run(["rm", "-rf", str(base)], check=False)
         return 0
 
-    def run(server: Server, shapes: list[dict[str, int]]) -> None:
+    def run(server: Server, shapes: list[dict[str, Any]]) -> None:
         try:
             for shape in shapes:
                 f = measure(
@@ -530,7 +541,7 @@ def main(argv: list[str] | None = None) -> int:
                 )
                 figures.append(f)
                 print(
-                    f"  {f.server:<34} {f.reports_per_call:>3}/call: "
+                    f"  {f.label:<46} {f.reports_per_call:>3}/call: "
                     f"{_fmt(f.calls_per_s)} calls/s, {_fmt(f.reports_per_s)} reports/s, "
                     f"p50 {f.p50_ms.median:.2f} ms, p99 {f.p99_ms.median:.2f} ms",
                     file=sys.stderr,
@@ -547,6 +558,16 @@ def main(argv: list[str] | None = None) -> int:
             deployment, base / "sqlite", sqlite_url, 1, "collector (SQLite)", args.workers
         ),
         [single, batch],
+    )
+    # The same with ids that are random per report (a client that does not make
+    # them as the SDK does): every insert goes to a random leaf of the id index.
+    # On a fresh ledger (the row above ran after the 1-report-per-call load).
+    random_url = f"sqlite:///{base / 'ledger-random.db'}"
+    run(
+        start_collectors(
+            deployment, base / "sqlite-random", random_url, 1, "collector (SQLite)", args.workers
+        ),
+        [{**batch, "report_ids": "random"}],
     )
     aio_url = f"sqlite:///{base / 'ledger-aio.db'}"
     run(
@@ -585,7 +606,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         pg_note = "PostgreSQL figures skipped (--no-postgres or no initdb/pg_ctl installed)"
 
-    by = {(f.server, f.reports_per_call): f for f in figures}
+    by = {(f.label, f.reports_per_call): f for f in figures}
     rows = []
     for f in figures:
         ref = by[("do-nothing (sync)", f.reports_per_call)]
@@ -595,7 +616,7 @@ def main(argv: list[str] | None = None) -> int:
         same = by[(f"do-nothing ({kind})", f.reports_per_call)]
         rows.append(
             [
-                f.server,
+                f.label,
                 f.reports_per_call,
                 f.concurrency,
                 _fmt(f.calls_per_s),

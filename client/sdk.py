@@ -50,7 +50,6 @@ import logging
 import math
 import os
 import random
-import secrets
 import sqlite3
 import threading
 import time
@@ -79,8 +78,9 @@ from fedldp.client.policy import (
     VerifiedPolicy,
     verify_policy,
 )
+from fedldp.client.report_ids import ReportIds
 from fedldp.client.transport import Backoff, Credentials, Transport, TransportError, jitter_rng
-from fedldp.client.wire import REPORT_ID_BYTES, fill_payload
+from fedldp.client.wire import fill_payload
 from fedldp.v1 import collector_pb2, policy_pb2
 from google.protobuf.message import DecodeError
 
@@ -277,8 +277,9 @@ class Client:
         on_event: called with each `Event` (drops, refusals, rejected policies,
             transport errors); exceptions in it are logged and swallowed.
         rng: randomness for the mechanisms. None (default) is the OS CSPRNG; pass a
-            seeded `random.Random` only in tests and simulations. Report ids and
-            backoff jitter always come from the OS CSPRNG.
+            seeded `random.Random` only in tests and simulations. Report ids
+            (`fedldp.client.report_ids`) and backoff jitter always come from the
+            OS CSPRNG.
         clock: Unix time in seconds for policy validity, budget windows and report
             times (tests pass a fake clock). Retry scheduling uses the real clock.
         channel: an existing gRPC channel to share instead of dialing `collector`
@@ -321,6 +322,7 @@ class Client:
             credentials = Credentials.bearer(credentials)
         self._clock = clock
         self._rng = rng
+        self._report_ids = ReportIds()
         self._jitter = jitter_rng()
         self._max_epsilon = max_epsilon
         self._max_epsilon_cap = max_epsilon_cap
@@ -683,7 +685,7 @@ class Client:
                 output = policy.mechanism.perturb(mechanism_input, rng=self._rng)
             else:
                 output = self._perturb_memoized(conn, policy, memo, mechanism_input)
-            report_id = secrets.token_bytes(REPORT_ID_BYTES)
+            report_id = self._report_ids.next()
             report = collector_pb2.Report(
                 report_id=report_id,
                 policy_id=policy.policy_id,

@@ -21,7 +21,7 @@ from fedldp.client.mechanisms.base import (
 )
 from fedldp.v1 import collector_pb2
 
-#: Length of a report id in bytes (16 random bytes from the device's CSPRNG).
+#: Length of a report id in bytes (made by the device: `fedldp.client.report_ids`).
 REPORT_ID_BYTES = 16
 
 

@@ -35,6 +35,13 @@ def test_record_flush_and_ledger_agree(deployment: Deployment, tmp_path: Path) -
         ]
         assert results[-1].epsilon_remaining == Decimal("0.5")
         stored = {e.report_id: e.report for e in Outbox(c._store).entries()}
+        # One run of ids (client/report_ids.py): a shared prefix, counting up, so
+        # the collector's id index takes a batch in one place.
+        ids = [r.report_id for r in results]
+        assert list(stored) == ids
+        assert len({rid[:8] for rid in ids}) == 1
+        first = int.from_bytes(ids[0][8:], "big")
+        assert [(int.from_bytes(rid[8:], "big") - first) % 2**64 for rid in ids] == [0, 1, 2]
         assert c.pending() == 3
         flushed = c.flush(timeout=10)
         assert (flushed.acknowledged, flushed.pending, flushed.refused) == (3, 0, 0)
