@@ -48,8 +48,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -74,9 +75,14 @@ def _null_response(request_bytes: bytes) -> bytes:
     ).SerializeToString()
 
 
-def serve_null(port_file: str, kind: str, workers: int) -> None:
-    """A gRPC server answering Submit with one ACCEPTED per report, nothing else."""
+def serve_null(port_file: str, kind: str, workers: int, port: int = 0) -> None:
+    """A gRPC server answering Submit with one ACCEPTED per report, nothing else.
+
+    `port` > 0: bind it with SO_REUSEPORT (several processes share it)."""
     import grpc
+
+    listen = f"127.0.0.1:{port}"
+    options = [("grpc.so_reuseport", 1 if port else 0)]
 
     if kind == "sync":
 
@@ -86,9 +92,9 @@ def serve_null(port_file: str, kind: str, workers: int) -> None:
         handler = grpc.method_handlers_generic_handler(
             "fedldp.v1.Collector", {"Submit": grpc.unary_unary_rpc_method_handler(behavior)}
         )
-        server = grpc.server(ThreadPoolExecutor(max_workers=workers))
+        server = grpc.server(ThreadPoolExecutor(max_workers=workers), options=options)
         server.add_generic_rpc_handlers((handler,))
-        port = server.add_insecure_port("127.0.0.1:0")
+        port = server.add_insecure_port(listen)
         server.start()
         Path(port_file).write_text(str(port))
         signal.signal(signal.SIGTERM, lambda *_: server.stop(0))
@@ -102,11 +108,11 @@ def serve_null(port_file: str, kind: str, workers: int) -> None:
         handler = grpc.method_handlers_generic_handler(
             "fedldp.v1.Collector", {"Submit": grpc.unary_unary_rpc_method_handler(abehavior)}
         )
-        server = grpc.aio.server()
+        server = grpc.aio.server(options=options)
         server.add_generic_rpc_handlers((handler,))
-        port = server.add_insecure_port("127.0.0.1:0")
+        bound = server.add_insecure_port(listen)
         await server.start()
-        Path(port_file).write_text(str(port))
+        Path(port_file).write_text(str(bound))
         await server.wait_for_termination()
 
     asyncio.run(main())
@@ -122,13 +128,31 @@ class Server:
     name: str
     procs: list[subprocess.Popen[bytes]]
     addresses: list[str]
+    #: Client connections per address: one per device where several processes
+    #: share the port (the kernel spreads connections, not calls, over them).
+    per_device_connections: bool = False
+
+    def pids(self) -> list[int]:
+        """Every server process: each started one and its children (a supervisor's)."""
+        out: list[int] = []
+        for p in self.procs:
+            out.append(p.pid)
+            try:
+                children = Path(f"/proc/{p.pid}/task/{p.pid}/children").read_text().split()
+            except OSError:
+                children = []
+            out.extend(int(c) for c in children)
+        return out
 
     def peak_rss_mb(self) -> list[float]:
-        """VmHWM (peak resident set since start) of each process, MB."""
+        """VmHWM (peak resident set since start) of each serving process, MB (a
+        supervisor, which serves nothing, is left out)."""
         out = []
-        for p in self.procs:
+        for pid in self.pids():
+            if len(self.pids()) > len(self.procs) and pid in {p.pid for p in self.procs}:
+                continue
             try:
-                for line in Path(f"/proc/{p.pid}/status").read_text().splitlines():
+                for line in Path(f"/proc/{pid}/status").read_text().splitlines():
                     if line.startswith("VmHWM:"):
                         out.append(int(line.split()[1]) / 1024)
             except OSError:
@@ -145,29 +169,49 @@ class Server:
                 p.kill()
 
 
-def start_null(kind: str, base: Path, workers: int) -> Server:
-    port_file = base / f"null-{kind}.port"
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "bench.collector",
-            "--serve-null",
-            str(port_file),
-            "--null-kind",
-            kind,
-            "--workers",
-            str(workers),
-        ],
-        cwd=Path(__file__).parent.parent,
-    )
-    deadline = time.monotonic() + 30
-    while not port_file.exists():
-        if proc.poll() is not None or time.monotonic() > deadline:
-            raise RuntimeError("the do-nothing server did not start")
+def start_null(kind: str, base: Path, workers: int, processes: int = 1) -> Server:
+    """The do-nothing server; `processes` > 1: that many on one SO_REUSEPORT port,
+    as the collector runs with `processes` (collector/supervisor.py)."""
+    import socket
+
+    reserved = None
+    port = 0
+    if processes > 1:
+        reserved = socket.socket()
+        reserved.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        reserved.bind(("127.0.0.1", 0))
+        port = reserved.getsockname()[1]
+    procs = []
+    for i in range(processes):
+        port_file = base / f"null-{kind}-{i}.port"
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "bench.collector",
+                "--serve-null",
+                str(port_file),
+                "--null-kind",
+                kind,
+                "--null-port",
+                str(port),
+                "--workers",
+                str(workers),
+            ],
+            cwd=Path(__file__).parent.parent,
+        )
+        procs.append(proc)
+        deadline = time.monotonic() + 30
+        while not port_file.exists():
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError("the do-nothing server did not start")
+            time.sleep(0.05)
         time.sleep(0.05)
-    time.sleep(0.05)
-    return Server(f"do-nothing ({kind})", [proc], [f"127.0.0.1:{port_file.read_text()}"])
+        port = int(port_file.read_text())
+    if reserved is not None:
+        reserved.close()
+    name = f"do-nothing ({kind}" + (f", {processes} processes)" if processes > 1 else ")")
+    return Server(name, procs, [f"127.0.0.1:{port}"], per_device_connections=processes > 1)
 
 
 def start_collectors(
@@ -178,7 +222,9 @@ def start_collectors(
     name: str,
     workers: int,
     server: str = "sync",
+    processes: int = 1,
 ) -> Server:
+    """`count` collector daemons (each with `processes` processes) on one ledger."""
     from fedldp.collector.testing import spawn, write_config
 
     procs, addresses = [], []
@@ -191,11 +237,12 @@ def start_collectors(
             workers=workers,
             log_level="ERROR",
             server=server,
+            processes=processes,
         )
         p = spawn(config, f"{name}{i}")
         procs.append(p.proc)
         addresses.append(p.address)
-    return Server(name, procs, addresses)
+    return Server(name, procs, addresses, per_device_connections=processes > 1)
 
 
 # --- the load generator ---
@@ -248,6 +295,7 @@ class RunResult:
     seconds: float
     latencies: list[float]
     errors: int
+    error_codes: Counter[str]
 
 
 async def _load(
@@ -258,17 +306,21 @@ async def _load(
     concurrency: int,
     seconds: float,
     report_ids: str = "sdk",
+    per_device_connections: bool = False,
 ) -> RunResult:
     import grpc
     from fedldp.client.report_ids import ReportIds
 
+    options = [("grpc.max_receive_message_length", 64 << 20), ("grpc.use_local_subchannel_pool", 1)]
+    targets = [addresses[i % len(addresses)] for i in range(concurrency)]
     channels = [
-        grpc.aio.insecure_channel(a, options=[("grpc.max_receive_message_length", 64 << 20)])
-        for a in addresses
+        grpc.aio.insecure_channel(a, options=options)
+        for a in (targets if per_device_connections else addresses)
     ]
     calls = [ch.unary_unary(SUBMIT, None, None) for ch in channels]
     latencies: list[float] = []
     errors = 0
+    error_codes: Counter[str] = Counter()
     stop_at = 0.0
 
     async def device(i: int) -> None:
@@ -281,8 +333,9 @@ async def _load(
             t0 = time.perf_counter()
             try:
                 await call(body, metadata=metadata, timeout=30)
-            except grpc.aio.AioRpcError:
+            except grpc.aio.AioRpcError as exc:
                 errors += 1
+                error_codes[exc.code().name] += 1
                 continue
             latencies.append(time.perf_counter() - t0)
 
@@ -296,7 +349,9 @@ async def _load(
     finally:
         for ch in channels:
             await ch.close(None)
-    return RunResult(len(latencies), len(latencies) * reports_per_call, elapsed, latencies, errors)
+    return RunResult(
+        len(latencies), len(latencies) * reports_per_call, elapsed, latencies, errors, error_codes
+    )
 
 
 @dataclass
@@ -311,6 +366,7 @@ class Figures:
     errors: int
     peak_rss_mb: list[float]
     report_ids: str = "sdk"
+    error_codes: dict[str, int] = field(default_factory=dict)
 
     @property
     def label(self) -> str:
@@ -332,8 +388,9 @@ def measure(
     """`report_ids`: "sdk" (each device's ids as `fedldp.client.report_ids` makes
     them) or "random" (16 random bytes per report, e.g. another client library)."""
     load = (server.addresses, tokens, factory, reports_per_call, concurrency)
-    asyncio.run(_load(*load, warmup, report_ids))
-    results = [asyncio.run(_load(*load, seconds, report_ids)) for _ in range(runs)]
+    spread = server.per_device_connections
+    asyncio.run(_load(*load, warmup, report_ids, spread))
+    results = [asyncio.run(_load(*load, seconds, report_ids, spread)) for _ in range(runs)]
 
     def pct(values: list[float], q: float) -> float:
         ordered = sorted(values)
@@ -349,6 +406,7 @@ def measure(
         p99_ms=summarize([pct(r.latencies, 0.99) for r in results]),
         report_ids=report_ids,
         errors=sum(r.errors for r in results),
+        error_codes=dict(sum((r.error_codes for r in results), Counter())),
         peak_rss_mb=server.peak_rss_mb(),
     )
 
@@ -462,6 +520,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers", type=int, default=64, help="server handler threads")
     parser.add_argument("--no-postgres", action="store_true", help="skip the PostgreSQL figures")
     parser.add_argument(
+        "--processes",
+        type=int,
+        default=2,
+        help="also measure the collector with this many processes on one port, against "
+        "as many do-nothing processes (1: skip)",
+    )
+    parser.add_argument(
         "--interleave-servers",
         action="store_true",
         help="instead: the sync and asyncio collectors side by side, in alternating rounds "
@@ -469,9 +534,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--serve-null", help=argparse.SUPPRESS)
     parser.add_argument("--null-kind", default="sync", help=argparse.SUPPRESS)
+    parser.add_argument("--null-port", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.serve_null:
-        serve_null(args.serve_null, args.null_kind, args.workers)
+        serve_null(args.serve_null, args.null_kind, args.workers, args.null_port)
         return 0
 
     from fedldp.collector.testing import Deployment, PostgresServer, postgres_bindir
@@ -543,7 +609,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(
                     f"  {f.label:<46} {f.reports_per_call:>3}/call: "
                     f"{_fmt(f.calls_per_s)} calls/s, {_fmt(f.reports_per_s)} reports/s, "
-                    f"p50 {f.p50_ms.median:.2f} ms, p99 {f.p99_ms.median:.2f} ms",
+                    f"p50 {f.p50_ms.median:.2f} ms, p99 {f.p99_ms.median:.2f} ms"
+                    + (f", errors {f.error_codes}" if f.errors else ""),
                     file=sys.stderr,
                 )
         finally:
@@ -559,6 +626,23 @@ def main(argv: list[str] | None = None) -> int:
         ),
         [single, batch],
     )
+    # Several processes on one port (collector/supervisor.py), against as many
+    # do-nothing processes on one port.
+    if args.processes > 1:
+        run(start_null("sync", base, args.workers, processes=args.processes), [single, batch])
+        procs_url = f"sqlite:///{base / 'ledger-procs.db'}"
+        run(
+            start_collectors(
+                deployment,
+                base / "sqlite-procs",
+                procs_url,
+                1,
+                f"collector (SQLite, {args.processes} processes)",
+                args.workers,
+                processes=args.processes,
+            ),
+            [single, batch],
+        )
     # The same with ids that are random per report (a client that does not make
     # them as the SDK does): every insert goes to a random leaf of the id index.
     # On a fresh ledger (the row above ran after the 1-report-per-call load).
@@ -613,6 +697,8 @@ def main(argv: list[str] | None = None) -> int:
         # The same grpcio flavour as the server measured (the collector's default
         # is the sync server; rows naming "asyncio" run the asyncio one).
         kind = "aio" if "asyncio" in f.server or f.server == "do-nothing (aio)" else "sync"
+        if "processes)" in f.server:  # against as many do-nothing processes
+            kind += f", {args.processes} processes"
         same = by[(f"do-nothing ({kind})", f.reports_per_call)]
         rows.append(
             [
@@ -640,7 +726,7 @@ def main(argv: list[str] | None = None) -> int:
                 "p50 ms",
                 "p99 ms",
                 "x do-nothing (sync)",
-                "x do-nothing (same flavour)",
+                "x do-nothing (same flavour, processes)",
                 "peak RSS MB",
                 "errors",
             ],
@@ -662,6 +748,7 @@ def main(argv: list[str] | None = None) -> int:
                 "concurrency": args.concurrency,
                 "batch_concurrency": args.batch_concurrency,
                 "workers": args.workers,
+                "processes": args.processes,
                 "durability": "SQLite WAL synchronous=FULL; PostgreSQL fsync=on",
             },
             figures=[f.__dict__ for f in figures],

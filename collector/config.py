@@ -106,7 +106,22 @@ class CollectorConfig:
         default="sync",
         metadata={"help": "grpcio server flavour: sync (thread pool) or asyncio"},
     )
-    workers: int = field(default=64, metadata={"help": "gRPC handler threads"})
+    workers: int = field(default=64, metadata={"help": "gRPC handler threads (per process)"})
+    processes: int = field(
+        default=1,
+        metadata={
+            "help": "server processes sharing the listen port (SO_REUSEPORT) and the ledger, "
+            "under one supervising process; more than 1 uses more cores "
+            "(docs/collector.md, 'Processes')"
+        },
+    )
+    reuse_port: bool = field(
+        default=False,
+        metadata={
+            "help": "bind the listen port with SO_REUSEPORT, so several collector processes "
+            "share it (set for each process when processes > 1)"
+        },
+    )
     max_concurrent_rpcs: int = field(
         default=256, metadata={"help": "RPCs in progress at most; beyond, RESOURCE_EXHAUSTED"}
     )
@@ -161,6 +176,8 @@ class CollectorConfig:
             problems.append("group_commit_delay_ms is between 0 and 1000")
         if self.ledger_isolation not in ("", "READ COMMITTED", "SERIALIZABLE"):
             problems.append("ledger_isolation is READ COMMITTED or SERIALIZABLE")
+        if not 1 <= self.processes <= 64:
+            problems.append("processes is between 1 and 64")
         if self.server not in ("sync", "asyncio"):
             problems.append("server is sync or asyncio")
         if self.log_format not in ("json", "text"):

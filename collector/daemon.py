@@ -1,9 +1,11 @@
 """The collector daemon: structured logging, signals, and the serve loop.
 
 SIGHUP reloads the trust and policy folders (a bad new set is refused and
-the loaded one kept). SIGTERM (or SIGINT) drains: health turns NOT_SERVING, the server stops taking
-new RPCs, in-flight requests finish and commit (up to `drain_seconds`), the
-group committer flushes, the ledger closes, and the process exits 0.
+the loaded one kept). SIGTERM (or SIGINT) drains: health turns NOT_SERVING,
+the server stops taking new RPCs, in-flight requests finish and commit (up to
+`drain_seconds`), the group committer flushes, the ledger closes, and the
+process exits 0. With `processes` > 1 the daemon supervises that many
+collector processes on one port instead (collector/supervisor.py).
 """
 
 from __future__ import annotations
@@ -59,9 +61,23 @@ def configure_logging(level: str = "INFO", fmt: str = "json") -> None:
     root.setLevel(level.upper())
 
 
-def serve(config: CollectorConfig, *, port_file: str | Path | None = None) -> int:
-    """Run a collector until SIGTERM/SIGINT, then drain; returns the exit status."""
+def serve(
+    config: CollectorConfig,
+    *,
+    port_file: str | Path | None = None,
+    config_path: str | Path | None = None,
+) -> int:
+    """Run a collector until SIGTERM/SIGINT, then drain; returns the exit status.
+
+    With `config.processes` > 1 this process supervises that many collector
+    processes instead (collector/supervisor.py), started with `config_path` and
+    this process's environment.
+    """
     configure_logging(config.log_level, config.log_format)
+    if config.processes > 1:
+        from fedldp.collector.supervisor import supervise
+
+        return supervise(config, config_path=config_path, port_file=port_file)
     running = start_collector(config)
     if port_file is not None:
         path = Path(port_file)

@@ -68,7 +68,10 @@ class CollectorMetrics:
             "fedldp_collector_ledger_errors", "Ledger transactions that failed", registry=r
         )
         self.in_flight = Gauge(
-            "fedldp_collector_commit_queue_requests", "Requests waiting for the ledger", registry=r
+            "fedldp_collector_commit_queue_requests",
+            "Requests waiting for the ledger",
+            registry=r,
+            multiprocess_mode="livesum",  # summed over live processes (supervisor.py)
         )
 
     def text(self) -> bytes:

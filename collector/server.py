@@ -424,7 +424,7 @@ def start_collector(
     options: list[tuple[str, Any]] = [
         ("grpc.max_receive_message_length", config.max_message_bytes),
         ("grpc.max_send_message_length", config.max_message_bytes),
-        ("grpc.so_reuseport", 0),
+        ("grpc.so_reuseport", 1 if config.reuse_port else 0),
     ]
     creds = None
     if config.tls_cert:

@@ -296,7 +296,7 @@ def postgres_bindir() -> Path | None:
     return None
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
@@ -328,7 +328,7 @@ class PostgresServer:
             os.chown(base, pw.pw_uid, pw.pw_gid)
             runner = ["runuser", "-u", "postgres", "--"]
         data = base / "data"
-        port = _free_port()
+        port = free_port()
         subprocess.run(
             [
                 *runner,

@@ -55,7 +55,7 @@ def serve_cmd(config_path: str | None, port_file: str | None) -> None:
         config = load_config(config_path)
     except ConfigError as exc:
         raise click.ClickException(str(exc)) from None
-    sys.exit(serve(config, port_file=port_file))
+    sys.exit(serve(config, port_file=port_file, config_path=config_path))
 
 
 @collector.command("mint-token")

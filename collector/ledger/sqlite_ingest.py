@@ -8,10 +8,19 @@ the ledger's settings — WAL, ``synchronous=FULL`` (every COMMIT waits for the
 fsync of the log: acknowledged means on disk), ``BEGIN IMMEDIATE`` — a page
 cache that stays warm between groups, and a larger log between checkpoints.
 Everything else (reads, operator writes) goes through the SQLAlchemy engines.
+
+Several collector processes may ingest into one file (`processes` > 1): their
+ingestion transactions queue on an advisory lock file beside the database
+(``<database>-ingest.lock``, `flock`), taken before BEGIN IMMEDIATE, so a waiting
+process wakes the moment the other commits instead of polling SQLite's busy
+handler (which sleeps in steps of up to 100 ms). SQLite's own locking still
+decides correctness; the lock only orders the writers that take it.
 """
 
 from __future__ import annotations
 
+import fcntl
+import os
 import sqlite3
 import threading
 from pathlib import Path
@@ -32,12 +41,12 @@ class IngestConnection:
 
     Thread-safe: `lock` serializes transactions on the connection (the group
     committer is the only writer in a collector; tests may call from several
-    threads).
+    threads) and with the ingestion of other processes on the same file.
     """
 
     def __init__(self, database: str) -> None:
         self.path = Path(database)
-        self.lock = threading.Lock()
+        self.lock = WriterLock(Path(str(self.path) + "-ingest.lock"))
         self._conn: sqlite3.Connection | None = None
 
     def connection(self) -> sqlite3.Connection:
@@ -59,3 +68,40 @@ class IngestConnection:
             if self._conn is not None:
                 self._conn.close()
                 self._conn = None
+        self.lock.close()
+
+
+class WriterLock:
+    """A lock held by one thread of one process at a time: a thread lock, then an
+    exclusive `flock` on `path` (created if missing; never deleted, so every
+    process locks the same inode). The kernel drops the `flock` if the process
+    dies, so a killed collector never leaves the others waiting."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._thread_lock = threading.Lock()
+        self._fd: int | None = None
+
+    def __enter__(self) -> None:
+        self._thread_lock.acquire()
+        try:
+            if self._fd is None:
+                self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            fcntl.flock(self._fd, fcntl.LOCK_EX)  # releases the GIL while it waits
+        except BaseException:
+            self._thread_lock.release()
+            raise
+
+    def __exit__(self, *exc: object) -> None:
+        try:
+            if self._fd is not None:
+                fcntl.flock(self._fd, fcntl.LOCK_UN)
+        finally:
+            self._thread_lock.release()
+
+    def close(self) -> None:
+        """Close the lock file (reopened on the next use)."""
+        with self._thread_lock:
+            if self._fd is not None:
+                os.close(self._fd)
+                self._fd = None

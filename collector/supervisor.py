@@ -1,0 +1,261 @@
+"""`processes` > 1: one supervising process and N collector processes on one port.
+
+CPython runs one thread of Python at a time per process, and a collector's
+per-report work (authentication, parsing, validation, ledger rows) is Python:
+one process uses about one core however many threads it has. With `processes`
+= N the daemon becomes a supervisor that starts N ordinary collector processes
+(`fedldp collector serve` with `processes = 1`), each binding the same listen
+port with SO_REUSEPORT, so the kernel spreads incoming connections over them,
+and each opening the same ledger: SQLite ingestion queues on the writer lock
+file (`collector/ledger/sqlite_ingest.py`), PostgreSQL on its row locks, as
+with separate collectors. Every invariant of the ledger holds as it does for
+several collectors on one database (the contract tests run both).
+
+The supervisor:
+- reserves the port first when `listen` asks for port 0 (a bound, non-listening
+  SO_REUSEPORT socket held until exit), so every process binds the same one;
+- writes `--port-file` once every process is serving;
+- serves the Prometheus endpoint (`metrics_listen`) for all of them, summing
+  their metrics (prometheus_client's multiprocess mode, in a private folder);
+- forwards SIGHUP (policy reload) and, on SIGTERM or SIGINT, SIGTERM (each
+  process drains as `daemon.serve` describes), waits, and exits 0 when all did;
+- restarts a process that exits on its own (a crash, kill -9), after
+  `RESTART_DELAY_SECONDS`; the ledger is crash-safe, so nothing acknowledged
+  is lost and devices retry what was not.
+Per-process state stays per process: the rate limit (a device's channel is one
+connection, which one process serves), the statistics shard (host:pid, or
+`instance_id`/index) and the caches.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from types import FrameType
+from wsgiref.simple_server import WSGIServer
+
+from fedldp.collector.config import CollectorConfig, env_name
+
+log = logging.getLogger("fedldp.collector")
+
+#: Wait before restarting a process that exited on its own.
+RESTART_DELAY_SECONDS = 1.0
+#: How long the processes may take to start serving.
+START_TIMEOUT_SECONDS = 120.0
+
+
+def _split_listen(listen: str) -> tuple[str, int]:
+    host, _, port = listen.rpartition(":")
+    return host.strip("[]"), int(port)
+
+
+def _join_listen(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def _reserve_port(host: str) -> socket.socket:
+    """A bound (not listening) SO_REUSEPORT socket on an OS-chosen port of `host`."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    sock.bind((host, 0))
+    return sock
+
+
+class _Worker:
+    """One collector process: its index, command and current `Popen`."""
+
+    def __init__(self, index: int, argv: list[str], env: dict[str, str]) -> None:
+        self.index = index
+        self.argv = argv
+        self.env = env
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.restart_at: float | None = None
+
+    def start(self) -> None:
+        self.proc = subprocess.Popen(self.argv, env=self.env)
+        self.restart_at = None
+
+
+def supervise(
+    config: CollectorConfig,
+    *,
+    config_path: str | Path | None,
+    port_file: str | Path | None,
+) -> int:
+    """Run `config.processes` collector processes until SIGTERM/SIGINT; exit status."""
+    host, port = _split_listen(config.listen)
+    reserved = _reserve_port(host) if port == 0 else None
+    if reserved is not None:
+        port = reserved.getsockname()[1]
+    workdir = Path(tempfile.mkdtemp(prefix="fedldp-collector-"))
+    metrics_dir = workdir / "metrics" if config.metrics_listen else None
+    if metrics_dir is not None:
+        metrics_dir.mkdir()
+    workers = [
+        _Worker(i, *_command(config, i, host, port, config_path, workdir, metrics_dir))
+        for i in range(config.processes)
+    ]
+    stop = threading.Event()
+    hup = threading.Event()
+
+    def _on_stop(signum: int, _frame: FrameType | None) -> None:
+        log.info("draining", extra={"fields": {"signal": signal.Signals(signum).name}})
+        stop.set()
+
+    def _on_hup(_signum: int, _frame: FrameType | None) -> None:
+        hup.set()
+
+    signal.signal(signal.SIGTERM, _on_stop)
+    signal.signal(signal.SIGINT, _on_stop)
+    signal.signal(signal.SIGHUP, _on_hup)
+    metrics_server = None
+    try:
+        for w in workers:
+            w.start()
+        if not _wait_until_serving(workers, workdir, stop):
+            return 1
+        if metrics_dir is not None:
+            metrics_server = _serve_metrics(config.metrics_listen, metrics_dir)
+        if port_file is not None:
+            path = Path(port_file)
+            tmp = path.with_name(path.name + ".tmp")
+            tmp.write_text(str(port), encoding="ascii")
+            os.replace(tmp, path)
+        log.info(
+            "collector processes serving",
+            extra={"fields": {"port": port, "processes": len(workers)}},
+        )
+        while not stop.wait(0.2):
+            if hup.is_set():
+                hup.clear()
+                _signal_all(workers, signal.SIGHUP)
+            _restart_exited(workers, metrics_dir)
+        return _drain(workers, config.drain_seconds)
+    finally:
+        for w in workers:  # only on an error path: _drain waited for all of them
+            if w.proc is not None and w.proc.poll() is None:
+                w.proc.kill()
+                w.proc.wait()
+        if metrics_server is not None:
+            metrics_server.shutdown()
+        if reserved is not None:
+            reserved.close()
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _command(
+    config: CollectorConfig,
+    index: int,
+    host: str,
+    port: int,
+    config_path: str | Path | None,
+    workdir: Path,
+    metrics_dir: Path | None,
+) -> tuple[list[str], dict[str, str]]:
+    """argv and environment of process `index`: the same settings (file, then the
+    environment, which wins) with its own listen/shard/metrics overrides."""
+    argv = [sys.executable, "-m", "fedldp.collector", "serve"]
+    if config_path is not None:
+        argv += ["--config", str(config_path)]
+    argv += ["--port-file", str(workdir / f"{index}.port")]
+    env = dict(os.environ)
+    env.update(
+        {
+            env_name("listen"): _join_listen(host, port),
+            env_name("processes"): "1",
+            env_name("reuse_port"): "true",
+            env_name("metrics_listen"): "",
+            env_name("instance_id"): f"{config.instance_id}/{index}" if config.instance_id else "",
+        }
+    )
+    if metrics_dir is not None:
+        env["PROMETHEUS_MULTIPROC_DIR"] = str(metrics_dir)
+    return argv, env
+
+
+def _wait_until_serving(workers: list[_Worker], workdir: Path, stop: threading.Event) -> bool:
+    """True once every process wrote its port file; False (after logging) if one
+    exited first, the timeout passed, or a stop signal came."""
+    deadline = time.monotonic() + START_TIMEOUT_SECONDS
+    while not all((workdir / f"{w.index}.port").exists() for w in workers):
+        failed = [w for w in workers if w.proc is not None and w.proc.poll() is not None]
+        if failed or stop.is_set() or time.monotonic() > deadline:
+            log.error(
+                "collector processes did not all start",
+                extra={
+                    "fields": {
+                        "exited": {w.index: w.proc.returncode for w in failed if w.proc},
+                        "stopped": stop.is_set(),
+                    }
+                },
+            )
+            _drain(workers, 5.0)
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def _serve_metrics(listen: str, metrics_dir: Path) -> WSGIServer:
+    from prometheus_client import CollectorRegistry, multiprocess, start_http_server
+
+    registry = CollectorRegistry()
+    multiprocess.MultiProcessCollector(registry, path=str(metrics_dir))  # type: ignore[no-untyped-call]
+    host, port = _split_listen(listen)
+    server, _thread = start_http_server(port, addr=host or "127.0.0.1", registry=registry)
+    return server
+
+
+def _signal_all(workers: list[_Worker], signum: int) -> None:
+    for w in workers:
+        if w.proc is not None and w.proc.poll() is None:
+            w.proc.send_signal(signum)
+
+
+def _restart_exited(workers: list[_Worker], metrics_dir: Path | None) -> None:
+    now = time.monotonic()
+    for w in workers:
+        if w.proc is None or w.proc.poll() is None:
+            continue
+        if w.restart_at is None:
+            log.error(
+                "collector process exited; restarting it",
+                extra={"fields": {"process": w.index, "status": w.proc.returncode}},
+            )
+            if metrics_dir is not None:
+                from prometheus_client import multiprocess
+
+                multiprocess.mark_process_dead(w.proc.pid, str(metrics_dir))  # type: ignore[no-untyped-call]
+            w.restart_at = now + RESTART_DELAY_SECONDS
+        elif now >= w.restart_at:
+            w.start()
+
+
+def _drain(workers: list[_Worker], drain_seconds: float) -> int:
+    """SIGTERM every process, wait for each (killing one that overstays); 0 if all
+    drained cleanly."""
+    _signal_all(workers, signal.SIGTERM)
+    deadline = time.monotonic() + drain_seconds + 10.0
+    status = 0
+    for w in workers:
+        if w.proc is None:
+            continue
+        try:
+            code = w.proc.wait(max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            w.proc.kill()
+            code = w.proc.wait()
+        # -SIGTERM: the signal came before the process installed its handler, i.e.
+        # while it was starting (a restart), with nothing in flight.
+        if code not in (0, -signal.SIGTERM) and w.restart_at is None:
+            status = 1
+    return status
