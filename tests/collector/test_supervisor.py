@@ -207,3 +207,41 @@ def test_metrics_sum_every_process(two: Deployment, tmp_path: Path, now: int) ->
     lines = text.decode().splitlines()
     assert 'fedldp_collector_reports_total{outcome="accepted",reason="unspecified"} 12.0' in lines
     assert "fedldp_collector_commit_queue_requests 0.0" in lines
+
+
+def test_sighup_reloads_policies_in_every_process(now: int, tmp_path: Path) -> None:
+    d = Deployment.create(now=now)
+    d.add_categorical("first", epsilon="0.1", epsilon_cap="1")
+    config = write_config(d, tmp_path, f"sqlite:///{tmp_path / 'ledger.db'}", "multi", processes=2)
+    proc = spawn(config, "multi")
+
+    def listed() -> list[int]:
+        """How many policies 16 fresh connections see (spread over both processes: all
+        16 on one with probability 2 * 2^-16, and then the test cannot fail)."""
+        seen = []
+        for _ in range(16):
+            with grpc.insecure_channel(
+                proc.address, options=[("grpc.use_local_subchannel_pool", 1)]
+            ) as ch:
+                response = collector_pb2_grpc.CollectorStub(ch).GetPolicies(
+                    pb.GetPoliciesRequest(),
+                    metadata=bearer_metadata(d.token("reader")),
+                    timeout=30,
+                )
+            seen.append(len(response.policies))
+        return seen
+
+    try:
+        assert listed() == [1] * 16
+        d.add_categorical("second", epsilon="0.1", epsilon_cap="1")
+        d.write_folders(tmp_path)
+        proc.proc.send_signal(signal.SIGHUP)
+        deadline = time.monotonic() + 30
+        while True:
+            seen = listed()
+            if seen == [2] * 16 or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        assert seen == [2] * 16
+    finally:
+        assert _stop(proc) == 0
