@@ -299,7 +299,12 @@ class Report(_message.Message):
     NUMERIC_FIELD_NUMBER: _builtins.int
     INDEX_BIT_FIELD_NUMBER: _builtins.int
     report_id: _builtins.bytes
-    """16 random bytes made by the device; the idempotency key."""
+    """16 bytes made by the device, unique and unpredictable; the idempotency key.
+    Opaque to the collector. The fedldp SDK gives a device's consecutive reports
+    adjacent ids (a random 8-byte prefix per run of 256, then a counter from a
+    random start: client/report_ids.py), so a batch lands in one place of the
+    collector's id index; fully random ids are valid too, only costlier to index.
+    """
     policy_id: _builtins.str
     policy_version: _builtins.int
     policy_digest: _builtins.bytes
