@@ -15,13 +15,15 @@ CONFLICT in one transaction.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from collections import Counter
 from collections.abc import Callable, Sequence, Set
 from dataclasses import dataclass
-from typing import Any
+from operator import itemgetter
+from typing import Any, NamedTuple
 
-from fedldp.client.mechanisms.base import OutputDomainError
+from fedldp.client.mechanisms.base import Output, OutputDomainError
 from fedldp.client.policy import VerifiedPolicy
 from fedldp.collector.committer import GroupCommitter
 from fedldp.collector.errors import BatchTooLargeError
@@ -31,8 +33,8 @@ from fedldp.collector.metrics import CollectorMetrics
 from fedldp.collector.policies import Lookup, PolicyRegistry
 from fedldp.collector.wire import (
     REPORT_ID_BYTES,
-    digest_prefix,
-    digest_with_prefix,
+    digest_from_state,
+    digest_state,
     output_from_report,
 )
 from fedldp.v1 import collector_pb2 as pb
@@ -69,6 +71,15 @@ class Limits:
 
 
 _NO_REASON: pb.RejectReason.ValueType = pb.REJECT_REASON_UNSPECIFIED
+_REPORT_ID = itemgetter(0)  # CheckedReport.report_id, without a Python-level call
+
+
+class _Active(NamedTuple):
+    """An active policy, as a request's reports use it."""
+
+    policy: VerifiedPolicy
+    digest_state: hashlib._Hash  # `digest_state` of its (id, version, digest)
+    check_output: Callable[[Output], None]  # its mechanism's output-domain check
 
 
 def _repeated(ids: list[bytes]) -> Set[bytes]:
@@ -91,6 +102,42 @@ def _invalid(report_id: bytes, reason: int, detail: str) -> pb.ReportOutcome:
     )
 
 
+def _bad_id(report_id: bytes) -> pb.ReportOutcome:
+    """The outcome of a report whose id is malformed or repeated in its request."""
+    if len(report_id) != REPORT_ID_BYTES:
+        return _invalid(
+            report_id,
+            pb.REJECT_REASON_MALFORMED_REPORT_ID,
+            f"report_id must be exactly {REPORT_ID_BYTES} bytes",
+        )
+    return _invalid(
+        report_id,
+        pb.REJECT_REASON_DUPLICATE_IN_BATCH,
+        "this report_id appears more than once in the request",
+    )
+
+
+def _unusable_policy(report_id: bytes, status: Lookup) -> pb.ReportOutcome:
+    """The outcome of a report naming a policy that is not active (`status`)."""
+    if status is Lookup.UNKNOWN:
+        return pb.ReportOutcome(
+            report_id=report_id,
+            outcome=pb.OUTCOME_UNKNOWN_POLICY,
+            detail="no such policy id and version here; fetch policies",
+        )
+    if status is Lookup.DIGEST_MISMATCH:
+        return _invalid(
+            report_id,
+            pb.REJECT_REASON_DIGEST_MISMATCH,
+            "policy_digest does not match this policy version's signed bytes",
+        )
+    return pb.ReportOutcome(
+        report_id=report_id,
+        outcome=pb.OUTCOME_EXPIRED_POLICY,
+        detail="the policy is expired, not yet valid or retired",
+    )
+
+
 class CollectorService:
     """Submit, GetPolicies and GetBudget for an authenticated subject."""
 
@@ -110,7 +157,7 @@ class CollectorService:
         self.limits = limits
         self.clock = clock
         self._report_children: dict[tuple[OutcomeValue, pb.RejectReason.ValueType], Any] = {}
-        self._prefixes: dict[tuple[str, int, bytes], bytes] = {}
+        self._active: dict[tuple[str, int, bytes], _Active] = {}  # see `_policy`
 
     # -- Submit --
 
@@ -125,30 +172,66 @@ class CollectorService:
 
     def prepare(self, subject: str, request: pb.SubmitRequest) -> Prepared:
         """Validate a request: per-report outcomes for the invalid, a batch for the ledger."""
-        reports = request.reports
-        count = len(reports)
-        if count > self.limits.max_reports_per_request:
+        count = len(request.reports)
+        limits = self.limits
+        if count > limits.max_reports_per_request:
             raise BatchTooLargeError(
                 f"{count} reports in one request; the limit is "
-                f"{self.limits.max_reports_per_request}: split the batch",
-                metadata=(("max-reports-per-request", str(self.limits.max_reports_per_request)),),
+                f"{limits.max_reports_per_request}: split the batch",
+                metadata=(("max-reports-per-request", str(limits.max_reports_per_request)),),
             )
         self.metrics.request_reports.observe(count)
         now = self.clock()
+        # One pass over the protobuf container (each pass costs about 0.5 µs to
+        # start and 0.1 µs per report), then plain lists.
+        reports = list(request.reports)
         ids = [r.report_id for r in reports]
         repeated = _repeated(ids)
+        oldest = max(0, now - limits.max_report_age_seconds)  # acceptable coarse times
+        newest = now + limits.max_clock_skew_seconds
+        policies: dict[tuple[str, int, bytes], _Active | Lookup] = {}
         outcomes: list[pb.ReportOutcome | None] = [None] * count
         checked: list[CheckedReport] = []
-        positions: list[int] = []
-        policies: dict[tuple[str, int, bytes], tuple[Lookup, VerifiedPolicy | None, bytes]] = {}
-        check = self._check
+        # The checks of the module docstring, in its order: the first failure is the
+        # report's outcome. Per-request values are worked out once, above.
         for i, report in enumerate(reports):
-            result = check(report, ids[i], now, repeated, policies)
-            if type(result) is CheckedReport:
-                checked.append(result)
-                positions.append(i)
-            else:
-                outcomes[i] = result  # type: ignore[assignment]
+            rid = ids[i]
+            if len(rid) != REPORT_ID_BYTES or rid in repeated:
+                outcomes[i] = _bad_id(rid)
+                continue
+            key = (report.policy_id, report.policy_version, report.policy_digest)
+            found = policies.get(key)
+            if found is None:
+                found = policies[key] = self._policy(key, now)
+            if not isinstance(found, _Active):
+                outcomes[i] = _unusable_policy(rid, found)
+                continue
+            policy, state, check_output = found
+            ct = report.coarse_time
+            if ct % COARSE_TIME_UNIT != 0 or not oldest <= ct <= newest:
+                outcomes[i] = _invalid(
+                    rid,
+                    pb.REJECT_REASON_BAD_COARSE_TIME,
+                    "coarse_time must be on the hour, not in the future and not older "
+                    f"than {limits.max_report_age_seconds} s",
+                )
+                continue
+            try:
+                output = output_from_report(report)
+                check_output(output)
+            except OutputDomainError as exc:
+                reason = pb.RejectReason.Value(f"REJECT_REASON_{exc.reason}")
+                outcomes[i] = _invalid(rid, reason, str(exc))
+                continue
+            digest = digest_from_state(state, ct, output)
+            # CheckedReport.__new__'s length checks hold by construction (the id was
+            # checked above; the digest is a SHA-256): the tuple is built directly,
+            # about 0.3 µs less per report.
+            checked.append(tuple.__new__(CheckedReport, (rid, policy, output, digest, ct)))
+        if len(checked) == count:  # the common case: every report goes to the ledger
+            positions = list(range(count))
+        else:
+            positions = [i for i, o in enumerate(outcomes) if o is None]
         return Prepared(SubmitBatch(subject, checked, now), outcomes, positions)
 
     def finish(
@@ -160,113 +243,60 @@ class CollectorService:
             raise ValueError("one ledger outcome per checked report is required")
         response = pb.SubmitResponse()
         add = response.outcomes.add
-        refused = [o for o in prepared.outcomes if o is not None]
-        if not refused:  # the common case: every report went to the ledger, in order
-            for rep, outcome in zip(reports, ledger_outcomes, strict=True):
-                add(report_id=rep.report_id, outcome=outcome)
+        ids = map(_REPORT_ID, reports)
+        if len(reports) == len(prepared.outcomes):
+            # The common case: every report went to the ledger, in order.
+            for rid, outcome in zip(ids, ledger_outcomes, strict=True):
+                add(report_id=rid, outcome=outcome)
+            refused: list[pb.ReportOutcome] = []
         else:
             merged: list[pb.ReportOutcome | tuple[bytes, OutcomeValue] | None]
             merged = list(prepared.outcomes)
-            for pos, rep, outcome in zip(prepared.positions, reports, ledger_outcomes, strict=True):
-                merged[pos] = (rep.report_id, outcome)
+            for pos, rid, outcome in zip(prepared.positions, ids, ledger_outcomes, strict=True):
+                merged[pos] = (rid, outcome)
             for item in merged:
                 if isinstance(item, tuple):
                     add(report_id=item[0], outcome=item[1])
                 else:
                     assert item is not None
                     response.outcomes.append(item)
-        tally = Counter((o, _NO_REASON) for o in ledger_outcomes)
-        tally.update((o.outcome, o.reason) for o in refused)
-        for (outcome, reason), n in tally.items():
-            self._reports_metric(outcome, reason).inc(n)
-            if outcome == pb.OUTCOME_BUDGET_EXHAUSTED:
-                self.metrics.budget_exhausted.inc(n)
+            refused = [o for o in prepared.outcomes if o is not None]
+        # Counted per distinct outcome (at most four from the ledger): no per-report tally.
+        for outcome in set(ledger_outcomes):
+            self._count(outcome, _NO_REASON, ledger_outcomes.count(outcome))
+        if refused:
+            for (outcome, reason), n in Counter((o.outcome, o.reason) for o in refused).items():
+                self._count(outcome, reason, n)
         return response
 
-    def _reports_metric(self, outcome: OutcomeValue, reason: pb.RejectReason.ValueType) -> Any:
-        """The reports counter's child for (outcome, reason), bound once."""
+    def _count(self, outcome: OutcomeValue, reason: pb.RejectReason.ValueType, n: int) -> None:
+        """Count `n` reports with this outcome (and reason) in the metrics."""
         child = self._report_children.get((outcome, reason))
-        if child is None:
+        if child is None:  # the reports counter's child, bound once
             child = self._report_children[(outcome, reason)] = self.metrics.reports.labels(
                 _OUTCOME_NAMES[outcome], _REASON_NAMES[reason]
             )
-        return child
+        child.inc(n)
+        if outcome == pb.OUTCOME_BUDGET_EXHAUSTED:
+            self.metrics.budget_exhausted.inc(n)
 
-    def _digest_prefix(self, key: tuple[str, int, bytes]) -> bytes:
-        """`digest_prefix` of an active policy's (id, version, digest), computed once."""
-        prefix = self._prefixes.get(key)
-        if prefix is None:
-            if len(self._prefixes) >= 4096:  # policies come and go with reloads
-                self._prefixes.clear()
-            prefix = self._prefixes[key] = digest_prefix(*key)
-        return prefix
+    def _policy(self, key: tuple[str, int, bytes], now: int) -> _Active | Lookup:
+        """The policy a report names (id, version, digest), or why it cannot be used at `now`.
 
-    def _check(
-        self,
-        report: pb.Report,
-        rid: bytes,
-        now: int,
-        repeated: Set[bytes],
-        policies: dict[tuple[str, int, bytes], tuple[Lookup, VerifiedPolicy | None, bytes]],
-    ) -> CheckedReport | pb.ReportOutcome:
-        if len(rid) != REPORT_ID_BYTES:
-            return _invalid(
-                rid,
-                pb.REJECT_REASON_MALFORMED_REPORT_ID,
-                f"report_id must be exactly {REPORT_ID_BYTES} bytes",
+        The registry answers every request afresh; what an active policy's reports
+        need (`_Active`) is built once per verified policy.
+        """
+        status, verified = self.registry.lookup(*key, now=now)
+        if verified is None:
+            return status
+        active = self._active.get(key)
+        if active is None or active.policy is not verified:
+            if len(self._active) >= 4096:  # policies come and go with reloads
+                self._active.clear()
+            active = self._active[key] = _Active(
+                verified, digest_state(*key), verified.mechanism.check_output
             )
-        if rid in repeated:
-            return _invalid(
-                rid,
-                pb.REJECT_REASON_DUPLICATE_IN_BATCH,
-                "this report_id appears more than once in the request",
-            )
-        key = (report.policy_id, report.policy_version, report.policy_digest)
-        found = policies.get(key)
-        if found is None:
-            status, verified = self.registry.lookup(*key, now=now)
-            prefix = self._digest_prefix(key) if verified is not None else b""
-            found = policies[key] = (status, verified, prefix)
-        status, policy, prefix = found
-        if policy is None:
-            if status is Lookup.UNKNOWN:
-                return pb.ReportOutcome(
-                    report_id=rid,
-                    outcome=pb.OUTCOME_UNKNOWN_POLICY,
-                    detail="no such policy id and version here; fetch policies",
-                )
-            if status is Lookup.DIGEST_MISMATCH:
-                return _invalid(
-                    rid,
-                    pb.REJECT_REASON_DIGEST_MISMATCH,
-                    "policy_digest does not match this policy version's signed bytes",
-                )
-            return pb.ReportOutcome(
-                report_id=rid,
-                outcome=pb.OUTCOME_EXPIRED_POLICY,
-                detail="the policy is expired, not yet valid or retired",
-            )
-        ct = report.coarse_time
-        limits = self.limits
-        if (
-            ct % COARSE_TIME_UNIT != 0
-            or ct > now + limits.max_clock_skew_seconds
-            or ct < now - limits.max_report_age_seconds
-            or ct < 0
-        ):
-            return _invalid(
-                rid,
-                pb.REJECT_REASON_BAD_COARSE_TIME,
-                "coarse_time must be on the hour, not in the future and not older "
-                f"than {limits.max_report_age_seconds} s",
-            )
-        try:
-            output = output_from_report(report)
-            policy.mechanism.check_output(output)
-        except OutputDomainError as exc:
-            reason = pb.RejectReason.Value(f"REJECT_REASON_{exc.reason}")
-            return _invalid(rid, reason, str(exc))
-        return CheckedReport(rid, policy, output, digest_with_prefix(prefix, ct, output), ct)
+        return active
 
     # -- GetPolicies --
 

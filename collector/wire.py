@@ -72,7 +72,7 @@ def _output_encoding(output: Output) -> bytes:
 
 
 def digest_prefix(policy_id: str, policy_version: int, policy_digest: bytes) -> bytes:
-    """The policy part of `content_digest`'s input (computed once per policy and request)."""
+    """The policy part of `content_digest`'s input (see `digest_state`)."""
     pid = policy_id.encode("utf-8")
     return (
         _DIGEST_DOMAIN
@@ -83,6 +83,31 @@ def digest_prefix(policy_id: str, policy_version: int, policy_digest: bytes) -> 
     )
 
 
+def digest_state(policy_id: str, policy_version: int, policy_digest: bytes) -> hashlib._Hash:
+    """SHA-256 fed with `digest_prefix`: `content_digest` up to a report's own part.
+
+    Computed once per policy; `digest_from_state` copies it for each report, so the
+    prefix's first 64-byte block is compressed once rather than per report (a
+    category report's input is two blocks: the copy saves about 0.2 µs of 0.7).
+    """
+    return hashlib.sha256(digest_prefix(policy_id, policy_version, policy_digest))
+
+
+#: The coarse time and a category output's encoding (`_output_encoding`) in one
+#: struct: the same bytes as the two packs, about 0.3 µs less per report.
+_TIME_AND_CATEGORY = struct.Struct("<qcQ")
+
+
+def digest_from_state(state: hashlib._Hash, coarse_time: int, output: Output) -> bytes:
+    """`content_digest` of a report, given `digest_state` of its policy (left unchanged)."""
+    h = state.copy()
+    if type(output) is CategoryOutput:  # the common case
+        h.update(_TIME_AND_CATEGORY.pack(coarse_time, b"C", output.index))
+    else:
+        h.update(struct.pack("<q", coarse_time) + _output_encoding(output))
+    return h.digest()
+
+
 def content_digest(
     *, policy_id: str, policy_version: int, policy_digest: bytes, coarse_time: int, output: Output
 ) -> bytes:
@@ -91,15 +116,8 @@ def content_digest(
     Everything but the report id: the policy (id, version, digest), the coarse
     time and the payload. Independent of protobuf serialization details.
     """
-    prefix = digest_prefix(policy_id, policy_version, policy_digest)
-    return digest_with_prefix(prefix, coarse_time, output)
-
-
-def digest_with_prefix(prefix: bytes, coarse_time: int, output: Output) -> bytes:
-    """`content_digest` given `digest_prefix` of the report's policy."""
-    return hashlib.sha256(
-        prefix + struct.pack("<q", coarse_time) + _output_encoding(output)
-    ).digest()
+    state = digest_state(policy_id, policy_version, policy_digest)
+    return digest_from_state(state, coarse_time, output)
 
 
 def report_digest(report: collector_pb2.Report, output: Output) -> bytes:

@@ -50,6 +50,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
 from itertools import chain
+from operator import itemgetter
 from typing import TYPE_CHECKING, Any, NamedTuple, NoReturn, Protocol, TypeAlias, TypeVar
 
 import sqlalchemy as sa
@@ -328,6 +329,21 @@ def _exact_decimal(name: str, value: object, *, positive: bool) -> Decimal:
     if value < 0:
         raise ValueError(f"{name} must not be negative")
     return value
+
+
+_POLICY = itemgetter(1)  # CheckedReport.policy, without a Python-level call
+
+
+def _blob_parameter(dialect: str) -> Callable[[bytes], bytes | bytearray]:
+    """How the hot path passes a BLOB parameter to the driver.
+
+    SQLite: as a bytearray. Python's sqlite3 sends every parameter that is not
+    exactly an int, float, str or bytearray through its adapter protocol, whose
+    failed attribute lookups cost more than copying the value (measured: a bytes
+    parameter ≈ 0.45 µs more than a bytearray, copy included); both bind as the
+    same BLOB. PostgreSQL: bytes as they are.
+    """
+    return bytearray if dialect == "sqlite" else bytes
 
 
 def _row_chunk_sizes(count: int) -> Iterator[int]:
@@ -655,82 +671,97 @@ class Ledger:
         batches: Sequence[SubmitBatch],
         written: dict[tuple[str, int, int], tuple[int, str]],
     ) -> list[list[OutcomeValue]]:
-        known = self._stored_ids(db, {r.report_id for b in batches for r in b.reports})
+        # A CheckedReport is the tuple (report_id, policy, output, content_digest,
+        # coarse_time): the loops below index and unpack it rather than call its
+        # properties (a Python call each).
+        ids = {r[0] for b in batches for r in b.reports}
+        known = self._stored_ids(db, ids)
+        # No id stored before and none in two of the group's requests (the common
+        # case): no report can be a DUPLICATE or a CONFLICT, none needs a lookup.
+        unique = not known and len(ids) == sum(len(b.reports) for b in batches)
 
         # Per (batch, policy): the window, computed once. Policies are compared by
         # identity (VerifiedPolicy instances are immutable and alive during the call).
         windows: list[dict[int, int]] = []
         keys: set[tuple[str, str, int]] = set()
         for b in batches:
+            policies = list(map(_POLICY, b.reports))
             bw: dict[int, int] = {}
-            for r in b.reports:
-                pol = r.policy
-                window = bw.get(id(pol))
-                if window is None:
-                    window = bw[id(pol)] = pol.window_start(b.now)
-                if r.report_id not in known:
+            for i, pol in dict(zip(map(id, policies), policies, strict=True)).items():
+                bw[i] = window = pol.window_start(b.now)
+                if unique:
                     keys.add((b.subject, pol.policy_id, window))
+            if not unique:
+                for r in b.reports:
+                    if r[0] not in known:
+                        keys.add((b.subject, r[1].policy_id, bw[id(r[1])]))
             windows.append(bw)
         latest_now = max(b.now for b in batches)
         state = self._lock_spend(db, sorted(keys), latest_now)
 
+        blob = _blob_parameter(self.dialect)
         outcomes: list[list[OutcomeValue]] = []
         new_reports: list[tuple[Any, ...]] = []
         new_conflicts: list[tuple[bytes, str, bytes, int]] = []
         accepted: dict[tuple[str, int, int], tuple[LedgerPolicy, list[Output]]] = {}
-        texts: dict[int, tuple[str, str]] = {}  # id(policy) -> (charge, cap) as stored
+        # id(policy) -> (charge, cap) as stored, and its digest as a parameter
+        texts: dict[int, tuple[str, str, bytes | bytearray]] = {}
         shard = self.shard
         # Every sum and comparison below runs in EXACT: any rounding raises.
         with decimal.localcontext(EXACT):
             for b, bw in zip(batches, windows, strict=True):
                 out: list[OutcomeValue] = []
                 subject, now = b.subject, b.now
-                for r in b.reports:
-                    rid = r.report_id
-                    prior = known.get(rid)
-                    if prior is not None:
-                        if prior == (subject, r.content_digest):
-                            out.append(DUPLICATE)
-                        else:
-                            out.append(CONFLICT)
-                            new_conflicts.append((rid, subject, r.content_digest, now))
-                        continue
-                    pol = r.policy
-                    window = bw[id(pol)]
-                    st = state[(subject, pol.policy_id, window)]
-                    eps = pol.epsilon
+                current: LedgerPolicy | None = None
+                for rid, pol, output, digest, ct in b.reports:
+                    if not unique:
+                        prior = known.get(rid)
+                        if prior is not None:
+                            if prior == (subject, digest):
+                                out.append(DUPLICATE)
+                            else:
+                                out.append(CONFLICT)
+                                new_conflicts.append((rid, subject, digest, now))
+                            continue
+                    if pol is not current:  # what a run of one policy's reports shares
+                        current = pol
+                        pid, version = pol.policy_id, pol.version
+                        window = bw[id(pol)]
+                        st = state[(subject, pid, window)]
+                        eps, cap = pol.epsilon, pol.epsilon_cap
+                        text = texts.get(id(pol))
+                        if text is None:
+                            text = texts[id(pol)] = (_s(eps), _s(cap), blob(pol.digest))
+                        charge, cap_text, policy_digest = text
+                        slot = accepted.get((pid, version, window))
+                        if slot is None:
+                            slot = accepted[(pid, version, window)] = (pol, [])
+                        add_output = slot[1].append
                     total = st.spent + eps
-                    cap = pol.epsilon_cap
                     if total > cap:
                         out.append(BUDGET_EXHAUSTED)
                         continue
                     st.spent, st.count, st.cap, st.dirty = total, st.count + 1, cap, True
-                    known[rid] = (subject, r.content_digest)
-                    text = texts.get(id(pol))
-                    if text is None:
-                        text = texts[id(pol)] = (_s(eps), _s(cap))
-                    output = r.output
+                    if not unique:
+                        known[rid] = (subject, digest)
                     new_reports.append(
                         (
-                            rid,
+                            blob(rid),
                             subject,
-                            pol.policy_id,
-                            pol.version,
-                            pol.digest,
+                            pid,
+                            version,
+                            policy_digest,
                             window,
-                            r.coarse_time,
-                            text[0],
-                            text[1],
-                            r.content_digest,
+                            ct,
+                            charge,
+                            cap_text,
+                            blob(digest),
                             output_to_json(output),
                             shard,
                             now,
                         )
                     )
-                    slot = accepted.get((pol.policy_id, pol.version, window))
-                    if slot is None:
-                        slot = accepted[(pol.policy_id, pol.version, window)] = (pol, [])
-                    slot[1].append(output)
+                    add_output(output)
                     out.append(ACCEPTED)
                 outcomes.append(out)
 
@@ -769,6 +800,8 @@ class Ledger:
                 changed = db.executemany(self._sql["update_spend"], dirty)
             if changed != len(dirty):
                 raise _ConcurrentUpdateError(f"{len(dirty) - changed} spend row(s) moved")
+        # (A run may have accepted nothing: its statistics row stays as it is.)
+        accepted = {key: slot for key, slot in accepted.items() if slot[1]}
         if accepted:
             self._merge_statistics(db, accepted, latest_now, written)
         return outcomes
@@ -776,8 +809,10 @@ class Ledger:
     def _stored_ids(self, db: _Driver, ids: set[bytes]) -> dict[bytes, tuple[str, bytes]]:
         """(subject, content digest) of every stored report among `ids`."""
         known: dict[bytes, tuple[str, bytes]] = {}
+        blob = _blob_parameter(self.dialect)
         for chunk in _padded_chunks(list(ids), _IN_IDS):
-            for rid, subj, digest in db.execute(self._in_sql("select_ids", len(chunk)), chunk):
+            params = list(map(blob, chunk))
+            for rid, subj, digest in db.execute(self._in_sql("select_ids", len(chunk)), params):
                 known[bytes(rid)] = (subj, bytes(digest))
         return known
 
@@ -860,8 +895,9 @@ class Ledger:
             policy, outputs = accepted[key]
             mech = policy.mechanism
             stat = mech.new_statistic()
+            accumulate = mech.accumulate
             for o in outputs:
-                mech.accumulate(stat, o)
+                accumulate(stat, o)
             n0, text0 = stored[key]
             if text0 is not None:
                 merged = mech.statistic_from_json(text0)
