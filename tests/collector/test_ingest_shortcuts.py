@@ -1,0 +1,360 @@
+"""The ingestion path's per-report shortcuts give exactly what the plain path gives.
+
+The service works out a request's policies once and reuses category outputs a
+policy's mechanism accepted before, computes content digests from a per-policy
+SHA-256 state and builds the common response from its wire bytes; the ledger
+passes BLOBs to SQLite as bytearrays and looks up shared values once per run of
+one policy's reports. Each test pins what such a shortcut must not change: the
+validation order, the digest encoding, the response, the stored values, the
+outcomes and charges.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import secrets
+import struct
+from collections.abc import Iterator
+from decimal import Decimal
+
+import pytest
+import sqlalchemy as sa
+from fedldp.client.mechanisms import (
+    BitVectorOutput,
+    CategoryOutput,
+    HashedOutput,
+    IndexBitOutput,
+    NumericOutput,
+    Output,
+)
+from fedldp.client.policy import VerifiedPolicy
+from fedldp.collector.committer import GroupCommitter
+from fedldp.collector.ledger import (
+    ACCEPTED,
+    BUDGET_EXHAUSTED,
+    CONFLICT,
+    DUPLICATE,
+    CheckedReport,
+    Ledger,
+    SubmitBatch,
+    open_ledger,
+)
+from fedldp.collector.ledger.schema import statistics
+from fedldp.collector.metrics import CollectorMetrics
+from fedldp.collector.service import CollectorService, Limits, _ledger_response
+from fedldp.collector.testing import Deployment, coarse, make_report
+from fedldp.collector.wire import content_digest, digest_from_state, digest_state
+from fedldp.v1 import collector_pb2 as pb
+
+# --- content digests -------------------------------------------------------------------
+
+
+def _reference_digest(
+    policy: VerifiedPolicy, coarse_time: int, kind: bytes, encoded: bytes
+) -> bytes:
+    """The stored digest encoding (collector/wire.py), written out independently."""
+    pid = policy.policy_id.encode()
+    return hashlib.sha256(
+        b"fedldp.report.v1\x00"
+        + struct.pack("<I", len(pid))
+        + pid
+        + struct.pack("<QI", policy.version, len(policy.digest))
+        + policy.digest
+        + struct.pack("<q", coarse_time)
+        + kind
+        + encoded
+    ).digest()
+
+
+@pytest.mark.parametrize(
+    ("output", "kind", "encoded"),
+    [
+        (CategoryOutput(3), b"C", struct.pack("<Q", 3)),
+        (CategoryOutput(2**40), b"C", struct.pack("<Q", 2**40)),
+        (BitVectorOutput(b"\x05\x01", 9), b"B", struct.pack("<Q", 9) + b"\x05\x01"),
+        (HashedOutput(7, 11), b"H", struct.pack("<QQ", 7, 11)),
+        (NumericOutput(-0.25), b"N", struct.pack("<d", -0.25)),
+        (IndexBitOutput(5, True), b"I", struct.pack("<Q?", 5, True)),
+    ],
+)
+def test_content_digest_encoding_is_unchanged(
+    deployment: Deployment, now: int, output: Output, kind: bytes, encoded: bytes
+) -> None:
+    policy = deployment.verified(deployment.envelopes[0])
+    ct = coarse(now)
+    expected = _reference_digest(policy, ct, kind, encoded)
+    assert (
+        content_digest(
+            policy_id=policy.policy_id,
+            policy_version=policy.version,
+            policy_digest=policy.digest,
+            coarse_time=ct,
+            output=output,
+        )
+        == expected
+    )
+    # One state serves every report of its policy: finishing a digest leaves it as it was.
+    state = digest_state(policy.policy_id, policy.version, policy.digest)
+    assert digest_from_state(state, ct - 3600, output) == _reference_digest(
+        policy, ct - 3600, kind, encoded
+    )
+    assert digest_from_state(state, ct, output) == expected
+
+
+# --- the response ----------------------------------------------------------------------
+
+
+def test_response_from_wire_bytes_is_the_built_message() -> None:
+    values = [v for v in pb.Outcome.values()]
+    ids = [secrets.token_bytes(16) for _ in values]
+    built = pb.SubmitResponse()
+    for rid, outcome in zip(ids, values, strict=True):
+        built.outcomes.add(report_id=rid, outcome=outcome)
+    fast = _ledger_response(iter(ids), values)
+    assert fast == built
+    assert fast.SerializeToString() == built.SerializeToString()
+    assert _ledger_response(iter([]), []) == pb.SubmitResponse()
+
+
+# --- the service: validation order and reused outputs ----------------------------------
+
+
+@pytest.fixture(scope="module")
+def extra(deployment: Deployment) -> dict[str, VerifiedPolicy]:
+    """Two more policies, signed once for the module (before any registry is built)."""
+    return {
+        "wide": deployment.verified(  # grr over 8 labels
+            deployment.add_categorical("wide", labels=tuple("abcdefgh"), epsilon="0.01")
+        ),
+        "tenth": deployment.verified(  # ε 0.1, cap 1: ten reports fit exactly
+            deployment.add_categorical("tenth", epsilon="0.1", epsilon_cap="1")
+        ),
+    }
+
+
+@pytest.fixture
+def service(
+    deployment: Deployment, extra: dict[str, VerifiedPolicy], sqlite_url: str, now: int
+) -> Iterator[CollectorService]:
+    ledger = open_ledger(sqlite_url, shard="svc")
+    metrics = CollectorMetrics()
+    committer = GroupCommitter(ledger, metrics, max_reports=1000, delay_seconds=0.0)
+    yield CollectorService(deployment.registry(), ledger, committer, metrics, Limits(), lambda: now)
+    committer.close()
+    ledger.close()
+
+
+def _outcomes(response: pb.SubmitResponse) -> list[tuple[int, int]]:
+    return [(o.outcome, o.reason) for o in response.outcomes]
+
+
+def test_the_first_failing_check_is_the_reported_one(
+    service: CollectorService, deployment: Deployment, now: int
+) -> None:
+    """Reports failing two checks: the earlier one (module docstring order) is reported."""
+    policy = deployment.verified(deployment.envelopes[0])
+    ct = coarse(now)
+    dup_id = secrets.token_bytes(16)
+    unknown = make_report(policy, CategoryOutput(0), report_id=b"short", coarse_time=ct)
+    unknown.policy_id = "no-such-policy"
+    dup = make_report(policy, CategoryOutput(0), report_id=dup_id, coarse_time=ct, digest=b"x")
+    unknown_late = make_report(policy, CategoryOutput(0), coarse_time=ct + 1)
+    unknown_late.policy_id = "no-such-policy"
+    mismatch = make_report(policy, CategoryOutput(99), coarse_time=ct, digest=b"\x00" * 32)
+    late_missing = make_report(policy, CategoryOutput(0), coarse_time=ct + 1)
+    late_missing.ClearField("category")
+    tiny = make_report(policy, CategoryOutput(0), report_id=b"tiny", coarse_time=ct)
+    cases = [
+        (unknown, pb.OUTCOME_INVALID, pb.REJECT_REASON_MALFORMED_REPORT_ID),
+        (tiny, pb.OUTCOME_INVALID, pb.REJECT_REASON_MALFORMED_REPORT_ID),
+        (tiny, pb.OUTCOME_INVALID, pb.REJECT_REASON_MALFORMED_REPORT_ID),
+        (dup, pb.OUTCOME_INVALID, pb.REJECT_REASON_DUPLICATE_IN_BATCH),
+        (dup, pb.OUTCOME_INVALID, pb.REJECT_REASON_DUPLICATE_IN_BATCH),
+        (unknown_late, pb.OUTCOME_UNKNOWN_POLICY, 0),
+        (mismatch, pb.OUTCOME_INVALID, pb.REJECT_REASON_DIGEST_MISMATCH),
+        (late_missing, pb.OUTCOME_INVALID, pb.REJECT_REASON_BAD_COARSE_TIME),
+        (
+            make_report(policy, CategoryOutput(1), coarse_time=-3600),
+            pb.OUTCOME_INVALID,
+            pb.REJECT_REASON_BAD_COARSE_TIME,
+        ),
+        (make_report(policy, CategoryOutput(1), coarse_time=ct), pb.OUTCOME_ACCEPTED, 0),
+    ]
+    response = service.submit("alice", pb.SubmitRequest(reports=[c[0] for c in cases]))
+    assert _outcomes(response) == [(c[1], c[2]) for c in cases]
+    assert [o.report_id for o in response.outcomes] == [c[0].report_id for c in cases]
+
+
+def test_reused_outputs_are_checked_per_policy(
+    service: CollectorService, deployment: Deployment, extra: dict[str, VerifiedPolicy], now: int
+) -> None:
+    """A category accepted before is reused; other indices and kinds are still checked."""
+    color = deployment.verified(deployment.envelopes[0])  # grr over 4 labels, ε 0.5, cap 2
+    wide = extra["wide"]
+    ct = coarse(now)
+    first = pb.SubmitRequest(
+        reports=[make_report(color, CategoryOutput(i % 4), coarse_time=ct) for i in range(8)]
+    )
+    assert (
+        _outcomes(service.submit("bob", first))
+        == [(pb.OUTCOME_ACCEPTED, 0)] * 4 + [(pb.OUTCOME_BUDGET_EXHAUSTED, 0)] * 4
+    )
+    mixed = [
+        make_report(color, CategoryOutput(4), coarse_time=ct),  # outside color's 4 labels
+        make_report(wide, CategoryOutput(4), coarse_time=ct),  # inside wide's 8
+        make_report(color, BitVectorOutput(b"\x01", 4), coarse_time=ct),
+        make_report(color, NumericOutput(math.inf), coarse_time=ct),
+        make_report(wide, CategoryOutput(4), coarse_time=ct - 3600),
+        make_report(wide, CategoryOutput(8), coarse_time=ct),
+        make_report(color, CategoryOutput(3), coarse_time=ct),
+    ]
+    for _ in range(2):  # the second time, every valid category was seen before
+        prepared = service.prepare("carol", pb.SubmitRequest(reports=mixed))
+        assert [o.reason if o is not None else None for o in prepared.outcomes] == [
+            pb.REJECT_REASON_OUT_OF_DOMAIN,
+            None,
+            pb.REJECT_REASON_WRONG_PAYLOAD_TYPE,
+            pb.REJECT_REASON_NON_FINITE,
+            None,
+            pb.REJECT_REASON_OUT_OF_DOMAIN,
+            None,
+        ]
+        assert prepared.positions == [1, 4, 6]
+        for pos, checked in zip(prepared.positions, prepared.batch.reports, strict=True):
+            report = mixed[pos]
+            assert checked.report_id == report.report_id
+            assert checked.policy.digest == report.policy_digest
+            assert checked.output == CategoryOutput(report.category.index)
+            assert checked.coarse_time == report.coarse_time
+            assert checked.content_digest == content_digest(
+                policy_id=report.policy_id,
+                policy_version=report.policy_version,
+                policy_digest=report.policy_digest,
+                coarse_time=report.coarse_time,
+                output=CategoryOutput(report.category.index),
+            )
+
+
+# --- the ledger ------------------------------------------------------------------------
+
+
+def _checked(policy: VerifiedPolicy, index: int, rid: bytes | None = None) -> CheckedReport:
+    return CheckedReport(
+        secrets.token_bytes(16) if rid is None else rid,
+        policy,
+        CategoryOutput(index),
+        hashlib.sha256(b"content" + bytes([index])).digest(),
+        0,
+    )
+
+
+@pytest.fixture
+def ledger(ledger_url: str) -> Iterator[Ledger]:
+    led = open_ledger(ledger_url, shard="shard-a")
+    yield led
+    led.close()
+
+
+def test_sqlite_stores_blobs_as_blobs(sqlite_url: str, deployment: Deployment, now: int) -> None:
+    """bytearray parameters store the same BLOB values a bytes parameter would."""
+    policy = deployment.verified(deployment.envelopes[0])
+    report = _checked(policy, 2)
+    with open_ledger(sqlite_url, shard="s") as ledger:
+        assert ledger.submit("dana", [report], now=now) == [ACCEPTED]
+        assert ledger.submit("dana", [report], now=now) == [DUPLICATE]
+        assert ledger.has_report(report.report_id)
+    engine = sa.create_engine(sqlite_url)
+    with engine.connect() as conn:
+        row = conn.exec_driver_sql(
+            "SELECT typeof(report_id), typeof(policy_digest), typeof(content_digest),"
+            " report_id, policy_digest, content_digest FROM reports"
+        ).one()
+    engine.dispose()
+    assert tuple(row[:3]) == ("blob", "blob", "blob")
+    assert (bytes(row[3]), bytes(row[4]), bytes(row[5])) == (
+        report.report_id,
+        policy.digest,
+        report.content_digest,
+    )
+
+
+def test_ids_repeated_across_a_groups_requests(
+    ledger: Ledger, deployment: Deployment, now: int
+) -> None:
+    """An id in two requests of one group (a retry racing its original) is charged once."""
+    policy = deployment.verified(deployment.envelopes[0])  # ε 0.5, cap 2
+    window = policy.window_start(now)
+
+    def other_content(report: CheckedReport) -> CheckedReport:
+        digest = hashlib.sha256(b"other" + report.content_digest).digest()
+        return CheckedReport(report.report_id, policy, CategoryOutput(2), digest, 0)
+
+    # No id stored before: the repeats are within the group only.
+    first = _checked(policy, 1)
+    outcomes = ledger.submit_many(
+        [
+            SubmitBatch("erin", [first], now),
+            SubmitBatch("erin", [first, _checked(policy, 3)], now),
+            SubmitBatch("fred", [other_content(first)], now),
+        ]
+    )
+    assert outcomes == [[ACCEPTED], [DUPLICATE, ACCEPTED], [CONFLICT]]
+    assert ledger.spent("erin", policy.policy_id, window) == Decimal("1.0")
+    # With an id stored before, too.
+    shared = _checked(policy, 2)
+    outcomes = ledger.submit_many(
+        [
+            SubmitBatch("erin", [shared], now),
+            SubmitBatch("erin", [shared, first], now),
+            SubmitBatch("fred", [other_content(shared), _checked(policy, 2)], now),
+        ]
+    )
+    assert outcomes == [[ACCEPTED], [DUPLICATE, DUPLICATE], [CONFLICT, ACCEPTED]]
+    assert ledger.spent("erin", policy.policy_id, window) == Decimal("1.5")
+    assert ledger.spent("fred", policy.policy_id, window) == Decimal("0.5")
+    assert ledger.conflict_count("fred") == 2
+    assert ledger.report_count(policy.policy_id, policy.version) == 4
+    assert ledger.reconcile() == []
+
+
+def test_interleaved_policies_in_one_request_are_charged_in_order(
+    ledger: Ledger, deployment: Deployment, extra: dict[str, VerifiedPolicy], now: int
+) -> None:
+    """Runs of one policy's reports alternate; each policy's cap cuts in at its own place."""
+    half = deployment.verified(deployment.envelopes[0])  # ε 0.5, cap 2: four fit
+    tenth = extra["tenth"]  # ten fit exactly
+    reports = [_checked(half if i % 3 == 0 else tenth, i % 4) for i in range(24)]
+    outcomes = ledger.submit("gina", reports, now=now)
+    expected: list[int] = []
+    charged = {half.policy_id: 0, tenth.policy_id: 0}
+    fits = {half.policy_id: 4, tenth.policy_id: 10}
+    for r in reports:
+        ok = charged[r.policy.policy_id] < fits[r.policy.policy_id]
+        charged[r.policy.policy_id] += ok
+        expected.append(ACCEPTED if ok else BUDGET_EXHAUSTED)
+    assert outcomes == expected
+    window = half.window_start(now)
+    assert ledger.spent("gina", half.policy_id, window) == Decimal("2.0")
+    assert ledger.spent("gina", tenth.policy_id, window) == Decimal("1.0")
+    assert ledger.report_count(tenth.policy_id, tenth.version) == 10
+    assert ledger.reconcile() == []
+
+
+def test_a_request_refused_entirely_leaves_statistics_alone(
+    ledger_url: str, ledger: Ledger, deployment: Deployment, now: int
+) -> None:
+    """Nothing accepted under a policy in a group: no statistics row is written for it."""
+    policy = deployment.verified(deployment.envelopes[0])  # ε 0.5, cap 2
+    assert ledger.submit("hana", [_checked(policy, i) for i in range(4)], now=now) == [ACCEPTED] * 4
+    with open_ledger(ledger_url, shard="shard-b") as other:
+        refused = other.submit("hana", [_checked(policy, 1), _checked(policy, 2)], now=now)
+        assert refused == [BUDGET_EXHAUSTED] * 2
+    engine = sa.create_engine(ledger_url)
+    with engine.connect() as conn:
+        shards = conn.execute(
+            sa.select(statistics.c.shard).where(statistics.c.policy_id == policy.policy_id)
+        ).all()
+    engine.dispose()
+    assert [row.shard for row in shards] == ["shard-a"]
+    assert ledger.reconcile() == []
