@@ -120,17 +120,17 @@ if not all(0 <= v < 0x80 for v in _OUTCOME_TAIL):
     raise RuntimeError("an Outcome value needs a longer varint than _OUTCOME_TAIL holds")
 
 
-def _ledger_response(ids: Iterable[bytes], outcomes: Iterable[OutcomeValue]) -> pb.SubmitResponse:
-    """The response with one outcome per report id (each `REPORT_ID_BYTES` long).
+def _ledger_response(ids: Iterable[bytes], outcomes: Sequence[OutcomeValue]) -> pb.SubmitResponse:
+    """The response with `outcomes[i]` for the i-th id (each `REPORT_ID_BYTES` long).
 
     The same message as one `response.outcomes.add(report_id=..., outcome=...)`
     per report, built from its wire bytes in one parse: ≈ 0.17 rather than
-    0.5 µs per report (measured at 100 reports).
+    0.5 µs per report (measured at 100 reports). The caller checks that there is
+    one outcome per id (a `zip(..., strict=True)` here would cost 0.4 µs a call).
     """
+    tail = _OUTCOME_TAIL
     return pb.SubmitResponse.FromString(
-        b"".join(
-            [_OUTCOME_HEAD + rid + _OUTCOME_TAIL[o] for rid, o in zip(ids, outcomes, strict=True)]
-        )
+        b"".join([_OUTCOME_HEAD + rid + tail[outcomes[i]] for i, rid in enumerate(ids)])
     )
 
 

@@ -687,12 +687,14 @@ class Ledger:
         windows: list[dict[int, int]] = []
         keys: set[tuple[str, str, int]] = set()
         for b in batches:
-            policies = list(map(_POLICY, b.reports))
             bw: dict[int, int] = {}
-            for i, pol in dict(zip(map(id, policies), policies, strict=True)).items():
-                bw[i] = window = pol.window_start(b.now)
-                if unique:
-                    keys.add((b.subject, pol.policy_id, window))
+            previous: LedgerPolicy | None = None
+            for pol in map(_POLICY, b.reports):
+                if pol is not previous and id(pol) not in bw:
+                    bw[id(pol)] = window = pol.window_start(b.now)
+                    if unique:
+                        keys.add((b.subject, pol.policy_id, window))
+                previous = pol
             if not unique:
                 for r in b.reports:
                     if r[0] not in known:
