@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import secrets
 import threading
 
@@ -22,7 +23,7 @@ def test_a_run_shares_its_prefix_and_counts_up() -> None:
     run = [ids.next() for _ in range(RUN_LENGTH)]
     assert len({rid[:8] for rid in run}) == 1
     counters = [int.from_bytes(rid[8:], "big") for rid in run]
-    assert all((b - a) % (1 << 64) == 1 for a, b in zip(counters, counters[1:], strict=False))
+    assert all((b - a) % (1 << 64) == 1 for a, b in itertools.pairwise(counters))
     # The next id begins a new run: a new prefix (equal with probability 2^-64).
     assert ids.next()[:8] != run[0][:8]
 
