@@ -384,11 +384,15 @@ def measure(
     runs: int,
     warmup: float,
     report_ids: str = "sdk",
+    connections: str = "device",
 ) -> Figures:
     """`report_ids`: "sdk" (each device's ids as `fedldp.client.report_ids` makes
-    them) or "random" (16 random bytes per report, e.g. another client library)."""
+    them) or "random" (16 random bytes per report, e.g. another client library).
+    `connections`: "device" (each device its own connection, as a fleet) or
+    "shared" (all devices multiplexed on one connection per address; a server
+    of several processes on one port always gets one per device)."""
     load = (server.addresses, tokens, factory, reports_per_call, concurrency)
-    spread = server.per_device_connections
+    spread = connections == "device" or server.per_device_connections
     asyncio.run(_load(*load, warmup, report_ids, spread))
     results = [asyncio.run(_load(*load, seconds, report_ids, spread)) for _ in range(runs)]
 
@@ -434,6 +438,7 @@ def interleaved_servers(
     seconds: float,
     runs: int,
     workers: int,
+    per_device: bool = True,
 ) -> list[list[Any]]:
     """The sync and asyncio collectors side by side: both started together, loaded
     in alternating rounds (so both see the same background load); per shape and
@@ -458,6 +463,7 @@ def interleaved_servers(
                         shape["reports_per_call"],
                         shape["concurrency"],
                         1.0,
+                        per_device_connections=per_device,
                     )
                 )
             for _ in range(runs):
@@ -471,6 +477,7 @@ def interleaved_servers(
                             shape["reports_per_call"],
                             shape["concurrency"],
                             seconds,
+                            per_device_connections=per_device,
                         )
                     )
                     used = _process_cpu_seconds(srv.procs[0].pid) - before
@@ -519,6 +526,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--workers", type=int, default=64, help="server handler threads")
     parser.add_argument("--no-postgres", action="store_true", help="skip the PostgreSQL figures")
+    parser.add_argument(
+        "--connections",
+        choices=("device", "shared"),
+        default="device",
+        help="one client connection per simulated device (default, as a fleet), or all "
+        "devices on one shared connection per address",
+    )
     parser.add_argument(
         "--processes",
         type=int,
@@ -578,6 +592,7 @@ def main(argv: list[str] | None = None) -> int:
                     seconds=seconds,
                     runs=runs,
                     workers=args.workers,
+                    per_device=args.connections == "device",
                 )
                 print(f"\n{store} ledger, alternating rounds (median [min-max] of {runs}):")
                 print(
@@ -603,7 +618,14 @@ def main(argv: list[str] | None = None) -> int:
         try:
             for shape in shapes:
                 f = measure(
-                    server, tokens, factory, seconds=seconds, runs=runs, warmup=warmup, **shape
+                    server,
+                    tokens,
+                    factory,
+                    seconds=seconds,
+                    runs=runs,
+                    warmup=warmup,
+                    connections=args.connections,
+                    **shape,
                 )
                 figures.append(f)
                 print(
@@ -639,6 +661,21 @@ def main(argv: list[str] | None = None) -> int:
                 1,
                 f"collector (SQLite, {args.processes} processes)",
                 args.workers,
+                processes=args.processes,
+            ),
+            [single, batch],
+        )
+        run(start_null("aio", base, args.workers, processes=args.processes), [single, batch])
+        procs_aio_url = f"sqlite:///{base / 'ledger-procs-aio.db'}"
+        run(
+            start_collectors(
+                deployment,
+                base / "sqlite-procs-aio",
+                procs_aio_url,
+                1,
+                f"collector (SQLite, asyncio server, {args.processes} processes)",
+                args.workers,
+                server="asyncio",
                 processes=args.processes,
             ),
             [single, batch],
@@ -691,6 +728,14 @@ def main(argv: list[str] | None = None) -> int:
         pg_note = "PostgreSQL figures skipped (--no-postgres or no initdb/pg_ctl installed)"
 
     by = {(f.label, f.reports_per_call): f for f in figures}
+    best = {
+        n: max(
+            f.calls_per_s.median
+            for f in figures
+            if f.server.startswith("do-nothing") and f.reports_per_call == n
+        )
+        for n in {f.reports_per_call for f in figures}
+    }
     rows = []
     for f in figures:
         ref = by[("do-nothing (sync)", f.reports_per_call)]
@@ -711,6 +756,7 @@ def main(argv: list[str] | None = None) -> int:
                 _fmt(f.p99_ms, rate=False),
                 f"{f.calls_per_s.median / ref.calls_per_s.median:.2f}",
                 f"{f.calls_per_s.median / same.calls_per_s.median:.2f}",
+                f"{f.calls_per_s.median / best[f.reports_per_call]:.2f}",
                 "/".join(f"{m:.0f}" for m in f.peak_rss_mb) or "-",
                 f.errors,
             ]
@@ -727,6 +773,7 @@ def main(argv: list[str] | None = None) -> int:
                 "p99 ms",
                 "x do-nothing (sync)",
                 "x do-nothing (same flavour, processes)",
+                "x best do-nothing",
                 "peak RSS MB",
                 "errors",
             ],
@@ -749,6 +796,7 @@ def main(argv: list[str] | None = None) -> int:
                 "batch_concurrency": args.batch_concurrency,
                 "workers": args.workers,
                 "processes": args.processes,
+                "connections": args.connections,
                 "durability": "SQLite WAL synchronous=FULL; PostgreSQL fsync=on",
             },
             figures=[f.__dict__ for f in figures],
