@@ -665,6 +665,7 @@ def main(argv: list[str] | None = None) -> int:
             ),
             [single, batch],
         )
+    if args.processes > 1 and not args.quick:  # (--quick stays under a minute)
         run(start_null("aio", base, args.workers, processes=args.processes), [single, batch])
         procs_aio_url = f"sqlite:///{base / 'ledger-procs-aio.db'}"
         run(
@@ -684,12 +685,18 @@ def main(argv: list[str] | None = None) -> int:
     # them as the SDK does): every insert goes to a random leaf of the id index.
     # On a fresh ledger (the row above ran after the 1-report-per-call load).
     random_url = f"sqlite:///{base / 'ledger-random.db'}"
-    run(
-        start_collectors(
-            deployment, base / "sqlite-random", random_url, 1, "collector (SQLite)", args.workers
-        ),
-        [{**batch, "report_ids": "random"}],
-    )
+    if not args.quick:
+        run(
+            start_collectors(
+                deployment,
+                base / "sqlite-random",
+                random_url,
+                1,
+                "collector (SQLite)",
+                args.workers,
+            ),
+            [{**batch, "report_ids": "random"}],
+        )
     aio_url = f"sqlite:///{base / 'ledger-aio.db'}"
     run(
         start_collectors(
