@@ -10,6 +10,7 @@ production keys.
 from __future__ import annotations
 
 import glob
+import hashlib
 import itertools
 import os
 import pwd
@@ -26,11 +27,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fedldp.client.mechanisms.base import Output
+from fedldp.client.mechanisms.base import CategoryOutput, Output
 from fedldp.client.policy import Authority, TrustStore, VerifiedPolicy, verify_policy
 from fedldp.client.policy.files import write_envelope, write_public_key
 from fedldp.collector.auth import TokenAuthority
 from fedldp.collector.config import CollectorConfig
+from fedldp.collector.ledger import CheckedReport
 from fedldp.collector.policies import PolicyRegistry
 from fedldp.collector.wire import payload_fields
 from fedldp.v1 import collector_pb2 as pb
@@ -192,6 +194,20 @@ def make_report(
         policy_digest=policy.digest if digest is None else digest,
         coarse_time=coarse_time,
         **payload_fields(output),
+    )
+
+
+def checked_report(
+    policy: VerifiedPolicy, index: int = 1, *, report_id: bytes | None = None
+) -> CheckedReport:
+    """A report as the service hands it to the ledger: category `index` under
+    `policy`, a random id unless given, a content digest that depends on `index`."""
+    return CheckedReport(
+        secrets.token_bytes(16) if report_id is None else report_id,
+        policy,
+        CategoryOutput(index),
+        hashlib.sha256(b"content" + bytes([index])).digest(),
+        0,
     )
 
 

@@ -9,6 +9,7 @@ from pathlib import Path
 import grpc
 import pytest
 from fedldp.client.policy import VerifiedPolicy
+from fedldp.collector.ledger import Ledger, open_ledger
 from fedldp.collector.server import RunningCollector, start_collector
 from fedldp.collector.testing import Deployment
 from fedldp.v1 import collector_pb2_grpc
@@ -27,6 +28,14 @@ def ledger_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
 @pytest.fixture
 def sqlite_url(tmp_path: Path) -> str:
     return f"sqlite:///{tmp_path / 'ledger.db'}"
+
+
+@pytest.fixture
+def ledger(ledger_url: str) -> Iterator[Ledger]:
+    """An open ledger on each store (shard "shard-a"), closed afterwards."""
+    led = open_ledger(ledger_url, shard="shard-a")
+    yield led
+    led.close()
 
 
 @pytest.fixture(scope="module")

@@ -7,25 +7,17 @@ connection of its own, which must keep the ledger's durability settings.
 
 from __future__ import annotations
 
-import hashlib
-import secrets
 import threading
 import time
 from collections.abc import Iterator
 
 import pytest
-from fedldp.client.mechanisms import CategoryOutput
 from fedldp.client.policy import VerifiedPolicy
 from fedldp.collector.committer import GroupCommitter
-from fedldp.collector.ledger import ACCEPTED, CheckedReport, Ledger, SubmitBatch, open_ledger
+from fedldp.collector.ledger import ACCEPTED, Ledger, SubmitBatch, open_ledger
 from fedldp.collector.ledger.sqlite_ingest import WAL_AUTOCHECKPOINT_PAGES
 from fedldp.collector.metrics import CollectorMetrics
-
-
-def _report(policy: VerifiedPolicy) -> CheckedReport:
-    return CheckedReport(
-        secrets.token_bytes(16), policy, CategoryOutput(1), hashlib.sha256(b"c").digest(), 0
-    )
+from fedldp.collector.testing import checked_report
 
 
 def _commits(metrics: CollectorMetrics) -> float:
@@ -44,7 +36,7 @@ def test_ingestion_connection_keeps_the_ledgers_durability_settings(
     ledger: Ledger, small_policy: VerifiedPolicy, now: int
 ) -> None:
     """WAL and synchronous=FULL on the connection that commits reports."""
-    assert ledger.submit("alice", [_report(small_policy)], now=now) == [ACCEPTED]
+    assert ledger.submit("alice", [checked_report(small_policy)], now=now) == [ACCEPTED]
     ingest = ledger._ingest
     assert ingest is not None
     with ingest.lock:
@@ -71,7 +63,7 @@ def test_lingering_committer_puts_concurrent_requests_in_one_transaction(
 
     def one() -> None:
         start.wait()
-        results.append(committer.submit(SubmitBatch("alice", [_report(small_policy)], now)))
+        results.append(committer.submit(SubmitBatch("alice", [checked_report(small_policy)], now)))
 
     threads = [threading.Thread(target=one) for _ in range(8)]
     began = time.monotonic()
@@ -95,7 +87,9 @@ def test_an_idle_committer_does_not_wait_for_the_whole_delay(
     committer = GroupCommitter(ledger, CollectorMetrics(), delay_seconds=30)
     try:
         began = time.monotonic()
-        assert committer.submit(SubmitBatch("alice", [_report(small_policy)], now)) == [ACCEPTED]
+        assert committer.submit(SubmitBatch("alice", [checked_report(small_policy)], now)) == [
+            ACCEPTED
+        ]
         assert time.monotonic() - began < 10
     finally:
         committer.close()
@@ -108,7 +102,7 @@ def test_without_delay_each_request_may_commit_alone(
     committer = GroupCommitter(ledger, metrics, delay_seconds=0)
     try:
         for _ in range(3):
-            assert committer.submit(SubmitBatch("alice", [_report(small_policy)], now)) == [
+            assert committer.submit(SubmitBatch("alice", [checked_report(small_policy)], now)) == [
                 ACCEPTED
             ]
         assert _commits(metrics) == 3

@@ -8,9 +8,7 @@ test here breaks the assumption a shortcut rests on and checks the result.
 
 from __future__ import annotations
 
-import hashlib
 import secrets
-from collections.abc import Iterator
 from decimal import Decimal
 
 import pytest
@@ -21,23 +19,7 @@ from fedldp.collector.auth import TokenAuthority
 from fedldp.collector.errors import UnauthenticatedError
 from fedldp.collector.ledger import ACCEPTED, CheckedReport, Ledger, SubmitBatch, open_ledger
 from fedldp.collector.ledger.store import _in_statement
-
-
-def _report(policy: VerifiedPolicy, index: int) -> CheckedReport:
-    return CheckedReport(
-        secrets.token_bytes(16),
-        policy,
-        CategoryOutput(index),
-        hashlib.sha256(b"content" + bytes([index])).digest(),
-        0,
-    )
-
-
-@pytest.fixture
-def ledger(ledger_url: str) -> Iterator[Ledger]:
-    led = open_ledger(ledger_url, shard="shard-a")
-    yield led
-    led.close()
+from fedldp.collector.testing import checked_report
 
 
 def _stored_statistic(ledger: Ledger, policy: VerifiedPolicy) -> tuple[int, list[int]]:
@@ -51,8 +33,8 @@ def test_batches_across_statement_chunks_are_stored_and_charged_exactly(
     ledger: Ledger, small_policy: VerifiedPolicy, now: int
 ) -> None:
     """300 + 45 reports (chunks of 256, 32, 8, 4, 1 rows) in one group commit."""
-    first = [_report(small_policy, i % 4) for i in range(300)]
-    second = [_report(small_policy, i % 4) for i in range(45)]
+    first = [checked_report(small_policy, i % 4) for i in range(300)]
+    second = [checked_report(small_policy, i % 4) for i in range(45)]
     outcomes = ledger.submit_many(
         [SubmitBatch("alice", first, now), SubmitBatch("bob", second, now)]
     )
@@ -80,10 +62,10 @@ def test_statistics_row_written_by_another_ledger_is_reread(
     other = open_ledger(ledger_url, shard="shard-a")
     try:
         for round_ in range(3):
-            mine = [_report(small_policy, round_ % 4) for _ in range(5)]
+            mine = [checked_report(small_policy, round_ % 4) for _ in range(5)]
             assert ledger.submit("alice", mine, now=now) == [ACCEPTED] * 5
             assert (
-                other.submit("bob", [_report(small_policy, 1) for _ in range(7)], now=now)
+                other.submit("bob", [checked_report(small_policy, 1) for _ in range(7)], now=now)
                 == [ACCEPTED] * 7
             )
         n, counts = _stored_statistic(ledger, small_policy)
@@ -127,7 +109,7 @@ def test_spend_rows_are_read_by_primary_key() -> None:
 
 
 def test_checked_report_cannot_be_built_invalid(small_policy: VerifiedPolicy) -> None:
-    good = _report(small_policy, 0)
+    good = checked_report(small_policy, 0)
     with pytest.raises(ValueError, match="16 bytes"):
         CheckedReport(b"short", small_policy, CategoryOutput(0), good.content_digest, 0)
     with pytest.raises(ValueError, match="32-byte"):

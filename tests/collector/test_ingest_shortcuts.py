@@ -43,7 +43,7 @@ from fedldp.collector.ledger import (
 from fedldp.collector.ledger.schema import statistics
 from fedldp.collector.metrics import CollectorMetrics
 from fedldp.collector.service import CollectorService, Limits, _ledger_response
-from fedldp.collector.testing import Deployment, coarse, make_report
+from fedldp.collector.testing import Deployment, checked_report, coarse, make_report
 from fedldp.collector.wire import content_digest, digest_from_state, digest_state
 from fedldp.v1 import collector_pb2 as pb
 
@@ -239,27 +239,10 @@ def test_reused_outputs_are_checked_per_policy(
 # --- the ledger ------------------------------------------------------------------------
 
 
-def _checked(policy: VerifiedPolicy, index: int, rid: bytes | None = None) -> CheckedReport:
-    return CheckedReport(
-        secrets.token_bytes(16) if rid is None else rid,
-        policy,
-        CategoryOutput(index),
-        hashlib.sha256(b"content" + bytes([index])).digest(),
-        0,
-    )
-
-
-@pytest.fixture
-def ledger(ledger_url: str) -> Iterator[Ledger]:
-    led = open_ledger(ledger_url, shard="shard-a")
-    yield led
-    led.close()
-
-
 def test_sqlite_stores_blobs_as_blobs(sqlite_url: str, deployment: Deployment, now: int) -> None:
     """bytearray parameters store the same BLOB values a bytes parameter would."""
     policy = deployment.verified(deployment.envelopes[0])
-    report = _checked(policy, 2)
+    report = checked_report(policy, 2)
     with open_ledger(sqlite_url, shard="s") as ledger:
         assert ledger.submit("dana", [report], now=now) == [ACCEPTED]
         assert ledger.submit("dana", [report], now=now) == [DUPLICATE]
@@ -291,23 +274,23 @@ def test_ids_repeated_across_a_groups_requests(
         return CheckedReport(report.report_id, policy, CategoryOutput(2), digest, 0)
 
     # No id stored before: the repeats are within the group only.
-    first = _checked(policy, 1)
+    first = checked_report(policy, 1)
     outcomes = ledger.submit_many(
         [
             SubmitBatch("erin", [first], now),
-            SubmitBatch("erin", [first, _checked(policy, 3)], now),
+            SubmitBatch("erin", [first, checked_report(policy, 3)], now),
             SubmitBatch("fred", [other_content(first)], now),
         ]
     )
     assert outcomes == [[ACCEPTED], [DUPLICATE, ACCEPTED], [CONFLICT]]
     assert ledger.spent("erin", policy.policy_id, window) == Decimal("1.0")
     # With an id stored before, too.
-    shared = _checked(policy, 2)
+    shared = checked_report(policy, 2)
     outcomes = ledger.submit_many(
         [
             SubmitBatch("erin", [shared], now),
             SubmitBatch("erin", [shared, first], now),
-            SubmitBatch("fred", [other_content(shared), _checked(policy, 2)], now),
+            SubmitBatch("fred", [other_content(shared), checked_report(policy, 2)], now),
         ]
     )
     assert outcomes == [[ACCEPTED], [DUPLICATE, DUPLICATE], [CONFLICT, ACCEPTED]]
@@ -324,7 +307,7 @@ def test_interleaved_policies_in_one_request_are_charged_in_order(
     """Runs of one policy's reports alternate; each policy's cap cuts in at its own place."""
     half = deployment.verified(deployment.envelopes[0])  # ε 0.5, cap 2: four fit
     tenth = extra["tenth"]  # ten fit exactly
-    reports = [_checked(half if i % 3 == 0 else tenth, i % 4) for i in range(24)]
+    reports = [checked_report(half if i % 3 == 0 else tenth, i % 4) for i in range(24)]
     outcomes = ledger.submit("gina", reports, now=now)
     expected: list[int] = []
     charged = {half.policy_id: 0, tenth.policy_id: 0}
@@ -346,9 +329,14 @@ def test_a_request_refused_entirely_leaves_statistics_alone(
 ) -> None:
     """Nothing accepted under a policy in a group: no statistics row is written for it."""
     policy = deployment.verified(deployment.envelopes[0])  # ε 0.5, cap 2
-    assert ledger.submit("hana", [_checked(policy, i) for i in range(4)], now=now) == [ACCEPTED] * 4
+    assert (
+        ledger.submit("hana", [checked_report(policy, i) for i in range(4)], now=now)
+        == [ACCEPTED] * 4
+    )
     with open_ledger(ledger_url, shard="shard-b") as other:
-        refused = other.submit("hana", [_checked(policy, 1), _checked(policy, 2)], now=now)
+        refused = other.submit(
+            "hana", [checked_report(policy, 1), checked_report(policy, 2)], now=now
+        )
         assert refused == [BUDGET_EXHAUSTED] * 2
     engine = sa.create_engine(ledger_url)
     with engine.connect() as conn:
