@@ -649,34 +649,22 @@ def main(argv: list[str] | None = None) -> int:
         [single, batch],
     )
     # Several processes on one port (collector/supervisor.py), against as many
-    # do-nothing processes on one port.
-    if args.processes > 1:
-        run(start_null("sync", base, args.workers, processes=args.processes), [single, batch])
-        procs_url = f"sqlite:///{base / 'ledger-procs.db'}"
+    # do-nothing processes on one port; the asyncio flavour only in full runs
+    # (--quick stays under a minute).
+    flavours = [("sync", "sync", "")]
+    if not args.quick:
+        flavours.append(("aio", "asyncio", "asyncio server, "))
+    for null_kind, server_kind, label in flavours if args.processes > 1 else []:
+        run(start_null(null_kind, base, args.workers, processes=args.processes), [single, batch])
         run(
             start_collectors(
                 deployment,
-                base / "sqlite-procs",
-                procs_url,
+                base / f"sqlite-procs-{server_kind}",
+                f"sqlite:///{base / f'ledger-procs-{server_kind}.db'}",
                 1,
-                f"collector (SQLite, {args.processes} processes)",
+                f"collector (SQLite, {label}{args.processes} processes)",
                 args.workers,
-                processes=args.processes,
-            ),
-            [single, batch],
-        )
-    if args.processes > 1 and not args.quick:  # (--quick stays under a minute)
-        run(start_null("aio", base, args.workers, processes=args.processes), [single, batch])
-        procs_aio_url = f"sqlite:///{base / 'ledger-procs-aio.db'}"
-        run(
-            start_collectors(
-                deployment,
-                base / "sqlite-procs-aio",
-                procs_aio_url,
-                1,
-                f"collector (SQLite, asyncio server, {args.processes} processes)",
-                args.workers,
-                server="asyncio",
+                server=server_kind,
                 processes=args.processes,
             ),
             [single, batch],
