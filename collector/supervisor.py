@@ -20,8 +20,9 @@ The supervisor:
 - forwards SIGHUP (policy reload) and, on SIGTERM or SIGINT, SIGTERM (each
   process drains as `daemon.serve` describes), waits, and exits 0 when all did;
 - restarts a process that exits on its own (a crash, kill -9), after
-  `RESTART_DELAY_SECONDS`; the ledger is crash-safe, so nothing acknowledged
-  is lost and devices retry what was not.
+  `restart_delay` (1 s, doubling while it keeps exiting within
+  `STABLE_SECONDS` of its start, at most 60 s); the ledger is crash-safe, so
+  nothing acknowledged is lost and devices retry what was not.
 Per-process state stays per process: the rate limit (a device's channel is one
 connection, which one process serves), the statistics shard (host:pid, or
 `instance_id`/index) and the caches.
@@ -47,8 +48,21 @@ from fedldp.collector.config import CollectorConfig, env_name
 
 log = logging.getLogger("fedldp.collector")
 
-#: Wait before restarting a process that exited on its own.
+#: Wait before restarting a process that exited on its own (`restart_delay`).
 RESTART_DELAY_SECONDS = 1.0
+MAX_RESTART_DELAY_SECONDS = 60.0
+#: A process that ran this long before exiting is restarted after the first delay.
+STABLE_SECONDS = 30.0
+
+
+def restart_delay(quick_exits: int) -> float:
+    """Seconds before restarting a process that exited `quick_exits` times in a row
+    within `STABLE_SECONDS` of its start (1 s, doubling, at most 60 s)."""
+    return float(
+        min(MAX_RESTART_DELAY_SECONDS, RESTART_DELAY_SECONDS * 2 ** max(0, quick_exits - 1))
+    )
+
+
 #: How long the processes may take to start serving.
 START_TIMEOUT_SECONDS = 120.0
 
@@ -80,10 +94,13 @@ class _Worker:
         self.env = env
         self.proc: subprocess.Popen[bytes] | None = None
         self.restart_at: float | None = None
+        self.started_at = 0.0
+        self.quick_exits = 0  # exits in a row within STABLE_SECONDS of a start
 
     def start(self) -> None:
         self.proc = subprocess.Popen(self.argv, env=self.env)
         self.restart_at = None
+        self.started_at = time.monotonic()
 
 
 def supervise(
@@ -227,15 +244,23 @@ def _restart_exited(workers: list[_Worker], metrics_dir: Path | None) -> None:
         if w.proc is None or w.proc.poll() is None:
             continue
         if w.restart_at is None:
+            w.quick_exits = w.quick_exits + 1 if now - w.started_at < STABLE_SECONDS else 1
+            delay = restart_delay(w.quick_exits)
+            w.restart_at = now + delay
             log.error(
                 "collector process exited; restarting it",
-                extra={"fields": {"process": w.index, "status": w.proc.returncode}},
+                extra={
+                    "fields": {
+                        "process": w.index,
+                        "status": w.proc.returncode,
+                        "restart_in_seconds": delay,
+                    }
+                },
             )
             if metrics_dir is not None:
                 from prometheus_client import multiprocess
 
                 multiprocess.mark_process_dead(w.proc.pid, str(metrics_dir))  # type: ignore[no-untyped-call]
-            w.restart_at = now + RESTART_DELAY_SECONDS
         elif now >= w.restart_at:
             w.start()
 

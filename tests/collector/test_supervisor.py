@@ -17,6 +17,7 @@ from fedldp.client.mechanisms import CategoryOutput
 from fedldp.collector.auth import bearer_metadata
 from fedldp.collector.config import ConfigError, load_config
 from fedldp.collector.ledger import open_ledger
+from fedldp.collector.supervisor import restart_delay
 from fedldp.collector.testing import (
     CollectorProcess,
     Deployment,
@@ -46,6 +47,10 @@ def _children(proc: CollectorProcess) -> list[int]:
 def _stop(proc: CollectorProcess) -> int:
     proc.proc.send_signal(signal.SIGTERM)
     return proc.proc.wait(timeout=60)
+
+
+def test_restart_delay_backs_off() -> None:
+    assert [restart_delay(n) for n in (1, 2, 3, 4, 7, 20)] == [1.0, 2.0, 4.0, 8.0, 60.0, 60.0]
 
 
 def test_processes_is_validated() -> None:
