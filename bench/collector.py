@@ -147,10 +147,11 @@ class Server:
     def peak_rss_mb(self) -> list[float]:
         """VmHWM (peak resident set since start) of each serving process, MB (a
         supervisor, which serves nothing, is left out)."""
+        pids = self.pids()
+        started = {p.pid for p in self.procs}
+        serving = [pid for pid in pids if pid not in started] or pids
         out = []
-        for pid in self.pids():
-            if len(self.pids()) > len(self.procs) and pid in {p.pid for p in self.procs}:
-                continue
+        for pid in serving:
             try:
                 for line in Path(f"/proc/{pid}/status").read_text().splitlines():
                     if line.startswith("VmHWM:"):
