@@ -50,7 +50,6 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
 from itertools import chain
-from operator import itemgetter
 from typing import TYPE_CHECKING, Any, NamedTuple, NoReturn, Protocol, TypeAlias, TypeVar
 
 import sqlalchemy as sa
@@ -333,9 +332,6 @@ def _exact_decimal(name: str, value: object, *, positive: bool) -> Decimal:
     return value
 
 
-_POLICY = itemgetter(1)  # CheckedReport.policy, without a Python-level call
-
-
 def _blob_parameter(dialect: str) -> Callable[[bytes], bytes | bytearray]:
     """How the hot path passes a BLOB parameter to the driver.
 
@@ -439,6 +435,34 @@ class _SpendState:
     cap: Decimal
     read_text: str  # epsilon_spent as read: the compare-and-set condition of the update
     dirty: bool = False
+
+
+class _Run(NamedTuple):
+    """Consecutive reports of one batch under one policy, as `_plan_group` made them."""
+
+    key: tuple[str, str, int]  # the spend row: (subject, policy id, window start)
+    stat_key: tuple[str, int, int]  # the statistics row: (policy id, version, window start)
+    epsilon: Decimal  # charged per report
+    cap: Decimal  # the verified policy's cap
+    reports: list[CheckedReport]
+    rows: list[tuple[Any, ...]]  # each report's `reports` row (_REPORT_ROW), as inserted
+    outputs: list[Output]
+
+
+@dataclass
+class _GroupPlan:
+    """A group transaction's inputs that depend on the requests alone, not on the
+    ledger's state: made once, before the transaction, and reused by its reruns."""
+
+    ids: set[bytes]
+    repeated: bool  # some id occurs twice in the group
+    latest_now: int
+    keys: set[tuple[str, str, int]] = field(default_factory=set)  # every run's spend row
+    runs: list[list[_Run]] = field(default_factory=list)  # per batch, in order
+    # statistics row -> the first policy seen for it, and every output of the group
+    # for it accumulated (with their count)
+    policies: dict[tuple[str, int, int], LedgerPolicy] = field(default_factory=dict)
+    statistics: dict[tuple[str, int, int], tuple[Any, int]] = field(default_factory=dict)
 
 
 class _ConcurrentUpdateError(Exception):
@@ -613,11 +637,15 @@ class Ledger:
         for b in batches:
             if not b.subject:
                 raise ValueError("subject must be non-empty")
+        # What depends on the requests alone is worked out before the transaction:
+        # with several collector processes on one SQLite file, while another
+        # process holds the writer lock (sqlite_ingest.py), not inside it.
+        plan = self._plan_group(batches)
         cached: dict[tuple[str, int, int], tuple[int, str]] = {}
 
         def tx(db: _Driver) -> list[list[OutcomeValue]]:
             cached.clear()  # a rerun starts from what this attempt reads
-            return self._submit_rows(db, batches, cached)
+            return self._submit_rows(db, batches, plan, cached)
 
         try:
             if self._ingest is not None:
@@ -667,112 +695,179 @@ class Ledger:
 
         return self._retrying(attempt)
 
-    def _submit_rows(
-        self,
-        db: _Driver,
-        batches: Sequence[SubmitBatch],
-        written: dict[tuple[str, int, int], tuple[int, str]],
-    ) -> list[list[OutcomeValue]]:
+    def _plan_group(self, batches: Sequence[SubmitBatch]) -> _GroupPlan:
+        """The part of a group's transaction that depends on the requests alone (no
+        ledger state): each batch's runs of one policy with their rows as they will
+        be inserted, and every output accumulated per statistics row."""
         # A CheckedReport is the tuple (report_id, policy, output, content_digest,
-        # coarse_time): the loops below index and unpack it rather than call its
+        # coarse_time): the loop indexes and unpacks it rather than call its
         # properties (a Python call each).
         ids = {r[0] for b in batches for r in b.reports}
-        known = self._stored_ids(db, ids)
-        # No id stored before and none in two of the group's requests (the common
-        # case): no report can be a DUPLICATE or a CONFLICT, none needs a lookup.
-        unique = not known and len(ids) == sum(len(b.reports) for b in batches)
-
-        # Per (batch, policy): the window, computed once. Policies are compared by
-        # identity (VerifiedPolicy instances are immutable and alive during the call).
-        windows: list[dict[int, int]] = []
-        keys: set[tuple[str, str, int]] = set()
-        for b in batches:
-            bw: dict[int, int] = {}
-            previous: LedgerPolicy | None = None
-            for pol in map(_POLICY, b.reports):
-                if pol is not previous and id(pol) not in bw:
-                    bw[id(pol)] = window = pol.window_start(b.now)
-                    if unique:
-                        keys.add((b.subject, pol.policy_id, window))
-                previous = pol
-            if not unique:
-                for r in b.reports:
-                    if r[0] not in known:
-                        keys.add((b.subject, r[1].policy_id, bw[id(r[1])]))
-            windows.append(bw)
-        latest_now = max(b.now for b in batches)
-        state = self._lock_spend(db, sorted(keys), latest_now)
-
+        plan = _GroupPlan(
+            ids=ids,
+            repeated=len(ids) != sum(len(b.reports) for b in batches),
+            latest_now=max(b.now for b in batches),
+        )
         blob = _blob_parameter(self.dialect)
-        outcomes: list[list[OutcomeValue]] = []
-        new_reports: list[tuple[Any, ...]] = []
-        new_conflicts: list[tuple[bytes, str, bytes, int]] = []
-        accepted: dict[tuple[str, int, int], tuple[LedgerPolicy, list[Output]]] = {}
-        # id(policy) -> (charge, cap) as stored, and its digest as a parameter
+        shard = self.shard
+        # id(policy) -> (charge, cap) as stored, and its digest as a parameter;
+        # policies are compared by identity (VerifiedPolicy instances are immutable
+        # and alive during the call).
         texts: dict[int, tuple[str, str, bytes | bytearray]] = {}
         # id(output) -> its stored form: the service passes one object for equal
         # category outputs (outputs are alive, hence ids distinct, during the call).
         payloads: dict[int, str] = {}
-        shard = self.shard
-        # Every sum and comparison below runs in EXACT: any rounding raises.
-        with decimal.localcontext(EXACT):
-            for b, bw in zip(batches, windows, strict=True):
-                out: list[OutcomeValue] = []
-                subject, now = b.subject, b.now
-                current: LedgerPolicy | None = None
-                for rid, pol, output, digest, ct in b.reports:
-                    if not unique:
-                        prior = known.get(rid)
-                        if prior is not None:
-                            if prior == (subject, digest):
-                                out.append(DUPLICATE)
-                            else:
-                                out.append(CONFLICT)
-                                new_conflicts.append((rid, subject, digest, now))
-                            continue
-                    if pol is not current:  # what a run of one policy's reports shares
-                        current = pol
-                        pid, version = pol.policy_id, pol.version
-                        window = bw[id(pol)]
-                        st = state[(subject, pid, window)]
-                        eps, cap = pol.epsilon, pol.epsilon_cap
-                        text = texts.get(id(pol))
-                        if text is None:
-                            text = texts[id(pol)] = (_s(eps), _s(cap), blob(pol.digest))
-                        charge, cap_text, policy_digest = text
-                        slot = accepted.get((pid, version, window))
-                        if slot is None:
-                            slot = accepted[(pid, version, window)] = (pol, [])
-                        add_output = slot[1].append
-                    total = st.spent + eps
-                    if total > cap:
-                        out.append(BUDGET_EXHAUSTED)
-                        continue
-                    st.spent, st.count, st.cap, st.dirty = total, st.count + 1, cap, True
-                    if not unique:
-                        known[rid] = (subject, digest)
-                    payload = payloads.get(id(output))
-                    if payload is None:
-                        payload = payloads[id(output)] = output_to_json(output)
-                    new_reports.append(
-                        (
-                            blob(rid),
-                            subject,
-                            pid,
-                            version,
-                            policy_digest,
-                            window,
-                            ct,
-                            charge,
-                            cap_text,
-                            blob(digest),
-                            payload,
-                            shard,
-                            now,
+        for b in batches:
+            subject, now = b.subject, b.now
+            runs: list[_Run] = []
+            current: LedgerPolicy | None = None
+            rows: list[tuple[Any, ...]] = []
+            outputs: list[Output] = []
+            run_reports: list[CheckedReport] = []
+            for report in b.reports:
+                rid, pol, output, digest, ct = report
+                if pol is not current:  # a new run: what its reports share
+                    current = pol
+                    pid, version, window = pol.policy_id, pol.version, pol.window_start(now)
+                    text = texts.get(id(pol))
+                    if text is None:
+                        text = texts[id(pol)] = (
+                            _s(pol.epsilon),
+                            _s(pol.epsilon_cap),
+                            blob(pol.digest),
+                        )
+                    charge, cap_text, policy_digest = text
+                    stat_key = (pid, version, window)
+                    plan.policies.setdefault(stat_key, pol)
+                    rows, outputs, run_reports = [], [], []
+                    runs.append(
+                        _Run(
+                            (subject, pid, window),
+                            stat_key,
+                            pol.epsilon,
+                            pol.epsilon_cap,
+                            run_reports,
+                            rows,
+                            outputs,
                         )
                     )
-                    add_output(output)
-                    out.append(ACCEPTED)
+                    plan.keys.add((subject, pid, window))
+                payload = payloads.get(id(output))
+                if payload is None:
+                    payload = payloads[id(output)] = output_to_json(output)
+                run_reports.append(report)
+                outputs.append(output)
+                rows.append(
+                    (
+                        blob(rid),
+                        subject,
+                        pid,
+                        version,
+                        policy_digest,
+                        window,
+                        ct,
+                        charge,
+                        cap_text,
+                        blob(digest),
+                        payload,
+                        shard,
+                        now,
+                    )
+                )
+            plan.runs.append(runs)
+        # Every output accumulated per statistics row, as if all were accepted (the
+        # common case; `_merge_statistics` accumulates again when some were not).
+        by_key: dict[tuple[str, int, int], list[Output]] = defaultdict(list)
+        for runs in plan.runs:
+            for run in runs:
+                by_key[run.stat_key].extend(run.outputs)
+        for key, outputs in by_key.items():
+            mech = plan.policies[key].mechanism
+            stat = mech.new_statistic()
+            accumulate = mech.accumulate
+            for o in outputs:
+                accumulate(stat, o)
+            plan.statistics[key] = (stat, len(outputs))
+        return plan
+
+    def _submit_rows(
+        self,
+        db: _Driver,
+        batches: Sequence[SubmitBatch],
+        plan: _GroupPlan,
+        written: dict[tuple[str, int, int], tuple[int, str]],
+    ) -> list[list[OutcomeValue]]:
+        """The state-dependent part of a group's transaction (the writer lock is held):
+        decide each report's outcome from the stored ids and spend rows, and write.
+        Everything that depends on the requests alone is in `plan`, made before."""
+        known = self._stored_ids(db, plan.ids)
+        # No id stored before and none in two of the group's requests (the common
+        # case): no report can be a DUPLICATE or a CONFLICT, none needs a lookup.
+        unique = not known and not plan.repeated
+        if unique:
+            keys = plan.keys
+        else:
+            keys = {
+                run.key
+                for runs in plan.runs
+                for run in runs
+                if any(r[0] not in known for r in run.reports)
+            }
+        state = self._lock_spend(db, sorted(keys), plan.latest_now)
+
+        outcomes: list[list[OutcomeValue]] = []
+        new_reports: list[tuple[Any, ...]] = []
+        new_conflicts: list[tuple[bytes, str, bytes, int]] = []
+        # (policy id, version, window) -> the outputs accepted now, for statistics
+        accepted: dict[tuple[str, int, int], list[Output]] = {}
+        # Every sum and comparison below runs in EXACT: any rounding raises.
+        with decimal.localcontext(EXACT):
+            for b, runs in zip(batches, plan.runs, strict=True):
+                out: list[OutcomeValue] = []
+                subject, now = b.subject, b.now
+                for run in runs:
+                    outputs = accepted.get(run.stat_key)
+                    if outputs is None:
+                        outputs = accepted[run.stat_key] = []
+                    eps, cap = run.epsilon, run.cap
+                    if unique:
+                        st = state[run.key]
+                        # The whole run fits under the cap (the common case): the
+                        # same outcome as charging its reports one by one, in order.
+                        total = st.spent + eps * len(run.rows)
+                        if total <= cap:
+                            st.spent, st.count, st.cap, st.dirty = (
+                                total,
+                                st.count + len(run.rows),
+                                cap,
+                                True,
+                            )
+                            new_reports.extend(run.rows)
+                            outputs.extend(run.outputs)
+                            out.extend([ACCEPTED] * len(run.rows))
+                            continue
+                    for report, row, output in zip(run.reports, run.rows, run.outputs, strict=True):
+                        rid, digest = report[0], report[3]
+                        if not unique:
+                            prior = known.get(rid)
+                            if prior is not None:
+                                if prior == (subject, digest):
+                                    out.append(DUPLICATE)
+                                else:
+                                    out.append(CONFLICT)
+                                    new_conflicts.append((rid, subject, digest, now))
+                                continue
+                        st = state[run.key]
+                        total = st.spent + eps
+                        if total > cap:
+                            out.append(BUDGET_EXHAUSTED)
+                            continue
+                        st.spent, st.count, st.cap, st.dirty = total, st.count + 1, cap, True
+                        if not unique:
+                            known[rid] = (subject, digest)
+                        new_reports.append(row)
+                        outputs.append(output)
+                        out.append(ACCEPTED)
                 outcomes.append(out)
 
         if new_reports and self.dialect == "sqlite":
@@ -791,7 +886,7 @@ class Ledger:
         if new_conflicts:
             db.executemany(self._sql["insert_conflicts"], new_conflicts)
         dirty = [
-            (_s(st.spent), st.count, _s(st.cap), latest_now, k[0], k[1], k[2], st.read_text)
+            (_s(st.spent), st.count, _s(st.cap), plan.latest_now, k[0], k[1], k[2], st.read_text)
             for k, st in state.items()
             if st.dirty
         ]
@@ -811,9 +906,9 @@ class Ledger:
             if changed != len(dirty):
                 raise _ConcurrentUpdateError(f"{len(dirty) - changed} spend row(s) moved")
         # (A run may have accepted nothing: its statistics row stays as it is.)
-        accepted = {key: slot for key, slot in accepted.items() if slot[1]}
+        accepted = {key: outputs for key, outputs in accepted.items() if outputs}
         if accepted:
-            self._merge_statistics(db, accepted, latest_now, written)
+            self._merge_statistics(db, plan, accepted, plan.latest_now, written)
         return outcomes
 
     def _stored_ids(self, db: _Driver, ids: set[bytes]) -> dict[bytes, tuple[str, bytes]]:
@@ -868,19 +963,22 @@ class Ledger:
     def _merge_statistics(
         self,
         db: _Driver,
-        accepted: Mapping[tuple[str, int, int], tuple[LedgerPolicy, list[Output]]],
+        plan: _GroupPlan,
+        accepted: Mapping[tuple[str, int, int], list[Output]],
         now: int,
         written: dict[tuple[str, int, int], tuple[int, str]],
     ) -> None:
         """Add the accepted outputs to this shard's statistics rows.
 
-        new = stored ⊕ (this group's outputs accumulated into an empty statistic),
-        as JSON (`mechanism.statistic_to_json`). A row's (n, statistic_json) as of
-        the last commit of this Ledger is kept in memory: for such a row the read
-        is skipped and the UPDATE is conditional on the row still holding exactly
-        that n and text (if anything else wrote it, the cache entry is dropped and
-        the transaction reruns, reading the row). Other rows are created if
-        missing and read under the transaction's lock.
+        new = stored ⊕ (this group's accepted outputs accumulated into an empty
+        statistic: `plan`'s when every output of the row was accepted), as JSON
+        (`mechanism.statistic_to_json`). A row's (n, statistic_json) as of the last
+        commit of this Ledger is kept in memory: for such a row the read is skipped
+        and the UPDATE is conditional on the row still holding exactly that n and
+        text (if anything else wrote it, the cache entry is dropped and the
+        transaction reruns, reading the row). Other rows are created if missing and
+        read under the transaction's lock. `plan`'s statistics are never modified
+        (a rerun uses them again).
         """
         keys = sorted(accepted)
         with self._stats_lock:
@@ -902,12 +1000,14 @@ class Ledger:
         plain: list[tuple[Any, ...]] = []
         checked: list[tuple[Any, ...]] = []
         for key in keys:
-            policy, outputs = accepted[key]
-            mech = policy.mechanism
-            stat = mech.new_statistic()
-            accumulate = mech.accumulate
-            for o in outputs:
-                accumulate(stat, o)
+            outputs = accepted[key]
+            mech = plan.policies[key].mechanism
+            stat, count = plan.statistics[key]
+            if len(outputs) != count:  # some were not accepted: these outputs only
+                stat = mech.new_statistic()
+                accumulate = mech.accumulate
+                for o in outputs:
+                    accumulate(stat, o)
             n0, text0 = stored[key]
             if text0 is not None:
                 merged = mech.statistic_from_json(text0)

@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import hashlib
 import math
+import random
 import secrets
 import struct
 from collections.abc import Iterator
 from decimal import Decimal
+from typing import cast
 
 import pytest
 import sqlalchemy as sa
@@ -345,4 +347,79 @@ def test_a_request_refused_entirely_leaves_statistics_alone(
         ).all()
     engine.dispose()
     assert [row.shard for row in shards] == ["shard-a"]
+    assert ledger.reconcile() == []
+
+
+def test_groups_match_charging_one_report_at_a_time(
+    ledger: Ledger, deployment: Deployment, extra: dict[str, VerifiedPolicy], now: int
+) -> None:
+    """Random groups (fixed seed) against a model that charges report by report.
+
+    The ledger plans a group before its transaction (rows, and every output
+    accumulated per statistics row) and accepts a run of one policy's reports at
+    once when it fits under the cap; this pins that the outcomes, the spend and the
+    statistics are those of charging each report in order, with runs that fit,
+    runs cut by the cap, ids repeated inside a group and ids stored before.
+    """
+    rng = random.Random(20261130)
+    half = deployment.verified(deployment.envelopes[0])  # ε 0.5, cap 2
+    policies = [half, extra["tenth"], extra["wide"]]  # caps cut in after 4, 10, 100
+    subjects = ["ines", "jon", "kai"]
+    known: dict[bytes, tuple[str, bytes]] = {}
+    spent: dict[tuple[str, str], Decimal] = {}
+    accepted_outputs: dict[str, list[int]] = {p.policy_id: [] for p in policies}
+    stored_ids: list[bytes] = []
+    for group in range(16):
+        reuse = group % 2 == 1  # half the groups have new ids only (the common case)
+        batches: list[SubmitBatch] = []
+        for _request in range(rng.randint(1, 4)):
+            subject = rng.choice(subjects)
+            reports: list[CheckedReport] = []
+            policy = rng.choice(policies)
+            for _ in range(rng.randint(1, 14)):
+                if rng.random() < 0.3:  # runs of one policy, sometimes interleaved
+                    policy = rng.choice(policies)
+                roll = rng.random() if reuse else 1.0
+                if roll < 0.1 and stored_ids:  # an id stored before (retry or reuse)
+                    rid = rng.choice(stored_ids)
+                elif roll < 0.15 and reports:  # an id used earlier in this request
+                    rid = reports[rng.randrange(len(reports))].report_id
+                else:
+                    rid = secrets.token_bytes(16)
+                reports.append(checked_report(policy, rng.randrange(2), report_id=rid))
+            batches.append(SubmitBatch(subject, reports, now))
+        expected: list[list[int]] = []
+        for batch in batches:
+            out: list[int] = []
+            for r in batch.reports:
+                prior = known.get(r.report_id)
+                if prior is not None:
+                    out.append(
+                        DUPLICATE if prior == (batch.subject, r.content_digest) else CONFLICT
+                    )
+                    continue
+                key = (batch.subject, r.policy.policy_id)
+                total = spent.get(key, Decimal(0)) + r.policy.epsilon
+                if total > r.policy.epsilon_cap:
+                    out.append(BUDGET_EXHAUSTED)
+                    continue
+                spent[key] = total
+                known[r.report_id] = (batch.subject, r.content_digest)
+                stored_ids.append(r.report_id)
+                accepted_outputs[r.policy.policy_id].append(cast(CategoryOutput, r.output).index)
+                out.append(ACCEPTED)
+            expected.append(out)
+        assert ledger.submit_many(batches) == expected
+    window = half.window_start(now)
+    for (subject, policy_id), total in spent.items():
+        assert ledger.spent(subject, policy_id, window) == total
+    for policy in policies:
+        mech = policy.mechanism
+        merged = mech.new_statistic()
+        for part in ledger.statistics(policy.policy_id, policy.version):
+            mech.merge_statistics(merged, mech.statistic_from_json(part.statistic_json))
+        reference = mech.new_statistic()
+        for index in accepted_outputs[policy.policy_id]:
+            mech.accumulate(reference, CategoryOutput(index))
+        assert mech.statistic_to_json(merged) == mech.statistic_to_json(reference)
     assert ledger.reconcile() == []
