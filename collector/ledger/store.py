@@ -100,20 +100,26 @@ _ROW_CHUNKS = (256, 128, 64, 32, 16, 8, 4, 2, 1)
 #: power of two so that each statement's text, hence its prepared plan, is reused).
 _IN_IDS = 2048
 _IN_KEYS = 512  # three parameters per key
-#: Column order of the tuples `_submit_rows` inserts into `reports`.
-_REPORT_ROW = (
-    "report_id",
-    "subject",
+#: The `reports` columns that every report of one policy shares, bound once per
+#: INSERT statement (their order in a run's `shared` tuple) ...
+_REPORT_POLICY_COLUMNS = (
     "policy_id",
     "policy_version",
     "policy_digest",
-    "window_start",
-    "coarse_time",
     "charge",
     "epsilon_cap",
+    "shard",
+)
+#: ... and the columns bound per report (the order of a run's row tuples). Binding
+#: 7 parameters per row instead of 13 takes ≈ 0.8 µs per report off the
+#: ingestion transaction (bare sqlite3, 256-row statements: 6.2 against 7.0 µs).
+_REPORT_OWN_COLUMNS = (
+    "report_id",
+    "subject",
+    "window_start",
+    "coarse_time",
     "content_digest",
     "payload",
-    "shard",
     "received_at",
 )
 
@@ -445,7 +451,9 @@ class _Run(NamedTuple):
     epsilon: Decimal  # charged per report
     cap: Decimal  # the verified policy's cap
     reports: list[CheckedReport]
-    rows: list[tuple[Any, ...]]  # each report's `reports` row (_REPORT_ROW), as inserted
+    #: the policy's `_REPORT_POLICY_COLUMNS` values (one tuple object per policy)
+    shared: tuple[Any, ...]
+    rows: list[tuple[Any, ...]]  # each report's `_REPORT_OWN_COLUMNS` values
     outputs: list[Output]
 
 
@@ -530,15 +538,18 @@ class Ledger:
             )
         migrate.upgrade(self._write_engine)
         # Reports go in with multi-row INSERTs on SQLite (32766 bound variables at
-        # most since 3.32: 256 rows of 13) and with COPY on PostgreSQL. SQLite has no
-        # row locks (BEGIN IMMEDIATE already excludes other writers): no FOR UPDATE.
-        columns = [c.name for c in reports.columns]
-        if columns != list(_REPORT_ROW):
-            raise RuntimeError("reports columns and _REPORT_ROW disagree")
-        row_marks = f"({', '.join(['?'] * len(columns))})"
+        # most since 3.32), one policy's reports per statement, its shared columns
+        # bound once; with COPY on PostgreSQL. SQLite has no row locks (BEGIN
+        # IMMEDIATE already excludes other writers): no FOR UPDATE.
+        columns = (*_REPORT_POLICY_COLUMNS, *_REPORT_OWN_COLUMNS)
+        if sorted(columns) != sorted(c.name for c in reports.columns):
+            raise RuntimeError("reports columns and _REPORT_*_COLUMNS disagree")
+        shared_marks = ", ".join(["?"] * len(_REPORT_POLICY_COLUMNS))
+        own = ", ".join(f"column{i + 1}" for i in range(len(_REPORT_OWN_COLUMNS)))
+        row_marks = f"({', '.join(['?'] * len(_REPORT_OWN_COLUMNS))})"
         self._insert_reports_sql = {
-            size: f"INSERT INTO reports ({', '.join(columns)}) VALUES "
-            + ", ".join([row_marks] * size)
+            size: f"INSERT INTO reports ({', '.join(columns)}) "
+            f"SELECT {shared_marks}, {own} FROM (VALUES {', '.join([row_marks] * size)})"
             for size in _ROW_CHUNKS
         }
         self._copy_reports_sql = f"COPY reports ({', '.join(columns)}) FROM STDIN"
@@ -710,10 +721,9 @@ class Ledger:
         )
         blob = _blob_parameter(self.dialect)
         shard = self.shard
-        # id(policy) -> (charge, cap) as stored, and its digest as a parameter;
-        # policies are compared by identity (VerifiedPolicy instances are immutable
-        # and alive during the call).
-        texts: dict[int, tuple[str, str, bytes | bytearray]] = {}
+        # id(policy) -> its `_REPORT_POLICY_COLUMNS` values; policies are compared by
+        # identity (VerifiedPolicy instances are immutable and alive during the call).
+        shared_values: dict[int, tuple[Any, ...]] = {}
         # id(output) -> its stored form: the service passes one object for equal
         # category outputs (outputs are alive, hence ids distinct, during the call).
         payloads: dict[int, str] = {}
@@ -729,14 +739,16 @@ class Ledger:
                 if pol is not current:  # a new run: what its reports share
                     current = pol
                     pid, version, window = pol.policy_id, pol.version, pol.window_start(now)
-                    text = texts.get(id(pol))
-                    if text is None:
-                        text = texts[id(pol)] = (
+                    shared = shared_values.get(id(pol))
+                    if shared is None:
+                        shared = shared_values[id(pol)] = (
+                            pid,
+                            version,
+                            blob(pol.digest),
                             _s(pol.epsilon),
                             _s(pol.epsilon_cap),
-                            blob(pol.digest),
+                            shard,
                         )
-                    charge, cap_text, policy_digest = text
                     stat_key = (pid, version, window)
                     plan.policies.setdefault(stat_key, pol)
                     rows, outputs, run_reports = [], [], []
@@ -747,6 +759,7 @@ class Ledger:
                             pol.epsilon,
                             pol.epsilon_cap,
                             run_reports,
+                            shared,
                             rows,
                             outputs,
                         )
@@ -757,23 +770,7 @@ class Ledger:
                     payload = payloads[id(output)] = output_to_json(output)
                 run_reports.append(report)
                 outputs.append(output)
-                rows.append(
-                    (
-                        blob(rid),
-                        subject,
-                        pid,
-                        version,
-                        policy_digest,
-                        window,
-                        ct,
-                        charge,
-                        cap_text,
-                        blob(digest),
-                        payload,
-                        shard,
-                        now,
-                    )
-                )
+                rows.append((blob(rid), subject, window, ct, blob(digest), payload, now))
             plan.runs.append(runs)
         # Every output accumulated per statistics row, as if all were accepted (the
         # common case; `_merge_statistics` accumulates again when some were not).
@@ -816,7 +813,8 @@ class Ledger:
         state = self._lock_spend(db, sorted(keys), plan.latest_now)
 
         outcomes: list[list[OutcomeValue]] = []
-        new_reports: list[tuple[Any, ...]] = []
+        # id(policy's shared values) -> (those values, the accepted reports' rows)
+        new_reports: dict[int, tuple[tuple[Any, ...], list[tuple[Any, ...]]]] = {}
         new_conflicts: list[tuple[bytes, str, bytes, int]] = []
         # (policy id, version, window) -> the outputs accepted now, for statistics
         accepted: dict[tuple[str, int, int], list[Output]] = {}
@@ -829,6 +827,10 @@ class Ledger:
                     outputs = accepted.get(run.stat_key)
                     if outputs is None:
                         outputs = accepted[run.stat_key] = []
+                    slot = new_reports.get(id(run.shared))
+                    if slot is None:
+                        slot = new_reports[id(run.shared)] = (run.shared, [])
+                    rows = slot[1]
                     eps, cap = run.epsilon, run.cap
                     if unique:
                         st = state[run.key]
@@ -842,7 +844,7 @@ class Ledger:
                                 cap,
                                 True,
                             )
-                            new_reports.extend(run.rows)
+                            rows.extend(run.rows)
                             outputs.extend(run.outputs)
                             out.extend([ACCEPTED] * len(run.rows))
                             continue
@@ -865,24 +867,27 @@ class Ledger:
                         st.spent, st.count, st.cap, st.dirty = total, st.count + 1, cap, True
                         if not unique:
                             known[rid] = (subject, digest)
-                        new_reports.append(row)
+                        rows.append(row)
                         outputs.append(output)
                         out.append(ACCEPTED)
                 outcomes.append(out)
 
-        if new_reports and self.dialect == "sqlite":
-            # Multi-row INSERTs of a few fixed sizes: one statement step (hence one
-            # release of the GIL, see _ROW_CHUNKS) per up to 256 rows, not per row.
-            done = 0
-            for size in _row_chunk_sizes(len(new_reports)):
-                chunk = new_reports[done : done + size]
-                done += size
-                db.run(self._insert_reports_sql[size], list(chain.from_iterable(chunk)))
-        elif new_reports:
-            # COPY: one stream, ≈ 4× less time per row than a pipelined executemany
-            # (bench in docs/collector.md). A concurrent insert of the same id fails
-            # it with 23505, and the transaction reruns like any other.
-            db.copy(self._copy_reports_sql, new_reports)
+        for shared, rows in new_reports.values():
+            if not rows:
+                continue
+            if self.dialect == "sqlite":
+                # Multi-row INSERTs of a few fixed sizes: one statement step (hence
+                # one release of the GIL, see _ROW_CHUNKS) per up to 256 rows.
+                done = 0
+                for size in _row_chunk_sizes(len(rows)):
+                    chunk = rows[done : done + size]
+                    done += size
+                    db.run(self._insert_reports_sql[size], [*shared, *chain.from_iterable(chunk)])
+            else:
+                # COPY: one stream, ≈ 4× less time per row than a pipelined
+                # executemany (bench in docs/collector.md). A concurrent insert of the
+                # same id fails it with 23505, and the transaction reruns.
+                db.copy(self._copy_reports_sql, [shared + row for row in rows])
         if new_conflicts:
             db.executemany(self._sql["insert_conflicts"], new_conflicts)
         dirty = [
@@ -896,10 +901,10 @@ class Ledger:
             # written and the whole transaction reruns.
             if self.dialect == "sqlite":
                 changed = 0
-                for rows in _chunks(dirty, _ROW_CHUNKS[0]):
+                for spend_rows in _chunks(dirty, _ROW_CHUNKS[0]):
                     changed += db.run(
-                        self._in_sql("update_spend_values", len(rows)),
-                        list(chain.from_iterable(rows)),
+                        self._in_sql("update_spend_values", len(spend_rows)),
+                        list(chain.from_iterable(spend_rows)),
                     )
             else:
                 changed = db.executemany(self._sql["update_spend"], dirty)

@@ -42,11 +42,12 @@ from fedldp.collector.ledger import (
     SubmitBatch,
     open_ledger,
 )
+from fedldp.collector.ledger.schema import reports as reports_table
 from fedldp.collector.ledger.schema import statistics
 from fedldp.collector.metrics import CollectorMetrics
 from fedldp.collector.service import CollectorService, Limits, _ledger_response
 from fedldp.collector.testing import Deployment, checked_report, coarse, make_report
-from fedldp.collector.wire import content_digest, digest_from_state, digest_state
+from fedldp.collector.wire import content_digest, digest_from_state, digest_state, output_to_json
 from fedldp.v1 import collector_pb2 as pb
 
 # --- content digests -------------------------------------------------------------------
@@ -423,3 +424,64 @@ def test_groups_match_charging_one_report_at_a_time(
             mech.accumulate(reference, CategoryOutput(index))
         assert mech.statistic_to_json(merged) == mech.statistic_to_json(reference)
     assert ledger.reconcile() == []
+
+
+def test_stored_rows_hold_each_reports_own_and_its_policys_values(
+    ledger_url: str,
+    ledger: Ledger,
+    deployment: Deployment,
+    extra: dict[str, VerifiedPolicy],
+    now: int,
+) -> None:
+    """Reports of two policies interleaved across two requests of one group: each
+    stored row has its report's values and its own policy's (bound once per policy)."""
+    half = deployment.verified(deployment.envelopes[0])
+    tenth = extra["tenth"]
+    first = [checked_report(half, 1), checked_report(tenth, 2), checked_report(half, 3)]
+    second = [replace_time(checked_report(tenth, 0), coarse(now))]
+    assert ledger.submit_many(
+        [SubmitBatch("lea", first, now), SubmitBatch("max", second, now + 7)]
+    ) == [[ACCEPTED] * 3, [ACCEPTED]]
+    engine = sa.create_engine(ledger_url)
+    with engine.connect() as conn:
+        rows = {bytes(r.report_id): r for r in conn.execute(sa.select(reports_table)).all()}
+    engine.dispose()
+    expected = [("lea", r, now) for r in first] + [("max", r, now + 7) for r in second]
+    assert len(rows) == len(expected)
+    for subject, report, received in expected:
+        row = rows[report.report_id]
+        policy = report.policy
+        assert (
+            row.subject,
+            row.policy_id,
+            row.policy_version,
+            bytes(row.policy_digest),
+            row.window_start,
+            row.coarse_time,
+            row.charge,
+            row.epsilon_cap,
+            bytes(row.content_digest),
+            row.payload,
+            row.shard,
+            row.received_at,
+        ) == (
+            subject,
+            policy.policy_id,
+            policy.version,
+            policy.digest,
+            policy.window_start(received),
+            report.coarse_time,
+            str(policy.epsilon),
+            str(policy.epsilon_cap),
+            report.content_digest,
+            output_to_json(report.output),
+            "shard-a",
+            received,
+        )
+
+
+def replace_time(report: CheckedReport, coarse_time: int) -> CheckedReport:
+    """`report` with another coarse time (as a report made in another hour)."""
+    return CheckedReport(
+        report.report_id, report.policy, report.output, report.content_digest, coarse_time
+    )
