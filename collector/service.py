@@ -78,6 +78,7 @@ _REPORT_ID = itemgetter(0)  # CheckedReport.report_id, without a Python-level ca
 #: policies, each with at most this many checked category outputs (a few MB).
 _MAX_ACTIVE = 256
 _MAX_CATEGORIES = 512
+_MAX_DIGESTS = 4096
 
 
 class _Active(NamedTuple):
@@ -89,6 +90,9 @@ class _Active(NamedTuple):
     # Category index -> that output, checked already (see `prepare`), at most
     # _MAX_CATEGORIES of them.
     categories: dict[int, Output]
+    # (coarse time, category index) -> that report content's digest, at most
+    # _MAX_DIGESTS of them (see `prepare`).
+    digests: dict[tuple[int, int], bytes]
 
 
 def _repeated(ids: list[bytes]) -> Set[bytes]:
@@ -238,7 +242,7 @@ class CollectorService:
             if not isinstance(found, _Active):
                 outcomes[i] = _unusable_policy(rid, found)
                 continue
-            policy, state, check_output, categories = found
+            policy, state, check_output, categories, digests = found
             ct = report.coarse_time
             if ct % COARSE_TIME_UNIT != 0 or not oldest <= ct <= newest:
                 outcomes[i] = _invalid(
@@ -252,8 +256,10 @@ class CollectorService:
             # as it is (outputs are immutable, the check a function of the
             # mechanism and the output): about 0.7 µs less per report.
             output = None
+            category: tuple[int, int] | None = None
             if report.WhichOneof("payload") == "category":
-                output = categories.get(report.category.index)
+                category = (ct, report.category.index)
+                output = categories.get(category[1])
             if output is None:
                 try:
                     output = output_from_report(report)
@@ -264,7 +270,16 @@ class CollectorService:
                     continue
                 if type(output) is CategoryOutput and len(categories) < _MAX_CATEGORIES:
                     categories[output.index] = output
-            digest = digest_from_state(state, ct, output)
+            # A category report's content is (policy, coarse time, index): its
+            # digest is remembered per policy (0.7 µs less per report; a fleet's
+            # reports share a few coarse times).
+            digest = digests.get(category) if category is not None else None
+            if digest is None:
+                digest = digest_from_state(state, ct, output)
+                if category is not None and type(output) is CategoryOutput:
+                    if len(digests) >= _MAX_DIGESTS:
+                        digests.clear()
+                    digests[category] = digest
             # CheckedReport.__new__'s length checks hold by construction (the id was
             # checked above; the digest is a SHA-256): the tuple is built directly,
             # about 0.3 µs less per report.
@@ -334,7 +349,7 @@ class CollectorService:
             if len(self._active) >= _MAX_ACTIVE:  # policies come and go with reloads
                 self._active.clear()
             active = self._active[key] = _Active(
-                verified, digest_state(*key), verified.mechanism.check_output, {}
+                verified, digest_state(*key), verified.mechanism.check_output, {}, {}
             )
         return active
 

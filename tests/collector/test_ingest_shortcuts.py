@@ -192,7 +192,8 @@ def test_the_first_failing_check_is_the_reported_one(
 def test_reused_outputs_are_checked_per_policy(
     service: CollectorService, deployment: Deployment, extra: dict[str, VerifiedPolicy], now: int
 ) -> None:
-    """A category accepted before is reused; other indices and kinds are still checked."""
+    """A category accepted before is reused; other indices and kinds are still checked;
+    content digests remembered per policy and coarse time are the computed ones."""
     color = deployment.verified(deployment.envelopes[0])  # grr over 4 labels, ε 0.5, cap 2
     wide = extra["wide"]
     ct = coarse(now)
@@ -211,8 +212,9 @@ def test_reused_outputs_are_checked_per_policy(
         make_report(wide, CategoryOutput(4), coarse_time=ct - 3600),
         make_report(wide, CategoryOutput(8), coarse_time=ct),
         make_report(color, CategoryOutput(3), coarse_time=ct),
+        make_report(wide, CategoryOutput(3), coarse_time=ct),  # same content, other policy
     ]
-    for _ in range(2):  # the second time, every valid category was seen before
+    for _ in range(2):  # the second time, every valid category (and digest) was seen before
         prepared = service.prepare("carol", pb.SubmitRequest(reports=mixed))
         assert [o.reason if o is not None else None for o in prepared.outcomes] == [
             pb.REJECT_REASON_OUT_OF_DOMAIN,
@@ -222,8 +224,9 @@ def test_reused_outputs_are_checked_per_policy(
             None,
             pb.REJECT_REASON_OUT_OF_DOMAIN,
             None,
+            None,
         ]
-        assert prepared.positions == [1, 4, 6]
+        assert prepared.positions == [1, 4, 6, 7]
         for pos, checked in zip(prepared.positions, prepared.batch.reports, strict=True):
             report = mixed[pos]
             assert checked.report_id == report.report_id
