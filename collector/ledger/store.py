@@ -100,6 +100,9 @@ _ROW_CHUNKS = (256, 128, 64, 32, 16, 8, 4, 2, 1)
 #: power of two so that each statement's text, hence its prepared plan, is reused).
 _IN_IDS = 2048
 _IN_KEYS = 512  # three parameters per key
+#: After a group met a report id stored before, this many groups read their ids
+#: before deciding (see `Ledger.submit_many`).
+_READ_IDS_AFTER_A_REPEAT = 64
 #: The `reports` columns that every report of one policy shares, bound once per
 #: INSERT statement (their order in a run's `shared` tuple) ...
 _REPORT_POLICY_COLUMNS = (
@@ -477,6 +480,11 @@ class _ConcurrentUpdateError(Exception):
     """A compare-and-set update found a row changed since it was read: rerun."""
 
 
+class _StoredIdError(_ConcurrentUpdateError):
+    """A group that did not read its ids first found one stored before (its insert
+    failed on the primary key): rerun, reading them."""
+
+
 # --- the ledger ------------------------------------------------------------------------
 
 
@@ -561,6 +569,9 @@ class Ledger:
         self._stats_cache: dict[tuple[str, int, int], tuple[int, str]] = {}
         self._stats_lock = threading.Lock()
         self.retries = 0  # serialization failures retried so far (observability)
+        #: groups rerun because a report id had been stored before (observability)
+        self.stored_id_reruns = 0
+        self._read_ids_groups = 0  # groups still to read their ids first
 
     def _in_sql(self, name: str, size: int) -> str:
         sql = self._in_sql_cache.get((name, size))
@@ -611,6 +622,8 @@ class Ledger:
         while True:
             try:
                 return attempt()
+            except _StoredIdError:
+                continue  # at once: the rerun reads the ids first, so this cannot repeat
             except (sa.exc.DBAPIError, _ConcurrentUpdateError) as exc:
                 failures += 1
                 retryable = isinstance(exc, _ConcurrentUpdateError) or self._retryable(exc)
@@ -653,10 +666,19 @@ class Ledger:
         # process holds the writer lock (sqlite_ingest.py), not inside it.
         plan = self._plan_group(batches)
         cached: dict[tuple[str, int, int], tuple[int, str]] = {}
+        # Reading a group's ids before deciding (to answer DUPLICATE or CONFLICT)
+        # costs ≈ 1.5 µs per report inside the transaction, and most groups have
+        # none stored before. So unless the group repeats an id itself or a recent
+        # group met a stored one, its reports are decided as new; the primary key
+        # still refuses a stored id at the insert, and then the transaction rolls
+        # back and reruns reading the ids (`_StoredIdError`): the same outcomes.
+        read_ids = [plan.repeated or self._read_ids_groups > 0]
+        self._read_ids_groups = max(0, self._read_ids_groups - 1)
 
         def tx(db: _Driver) -> list[list[OutcomeValue]]:
             cached.clear()  # a rerun starts from what this attempt reads
-            return self._submit_rows(db, batches, plan, cached)
+            reading, read_ids[0] = read_ids[0], True  # every rerun reads them
+            return self._submit_rows(db, batches, plan, cached, read_ids=reading)
 
         try:
             if self._ingest is not None:
@@ -793,11 +815,15 @@ class Ledger:
         batches: Sequence[SubmitBatch],
         plan: _GroupPlan,
         written: dict[tuple[str, int, int], tuple[int, str]],
+        *,
+        read_ids: bool,
     ) -> list[list[OutcomeValue]]:
         """The state-dependent part of a group's transaction (the writer lock is held):
         decide each report's outcome from the stored ids and spend rows, and write.
         Everything that depends on the requests alone is in `plan`, made before."""
-        known = self._stored_ids(db, plan.ids)
+        known = self._stored_ids(db, plan.ids) if read_ids else {}
+        if known:
+            self._read_ids_groups = _READ_IDS_AFTER_A_REPEAT
         # No id stored before and none in two of the group's requests (the common
         # case): no report can be a DUPLICATE or a CONFLICT, none needs a lookup.
         unique = not known and not plan.repeated
@@ -818,6 +844,9 @@ class Ledger:
         new_conflicts: list[tuple[bytes, str, bytes, int]] = []
         # (policy id, version, window) -> the outputs accepted now, for statistics
         accepted: dict[tuple[str, int, int], list[Output]] = {}
+        # Ids of reports refused for the cap without reading the stored ids: they are
+        # not inserted, so the primary key cannot tell whether one is a DUPLICATE.
+        refused: list[bytes] = []
         # Every sum and comparison below runs in EXACT: any rounding raises.
         with decimal.localcontext(EXACT):
             for b, runs in zip(batches, plan.runs, strict=True):
@@ -863,6 +892,8 @@ class Ledger:
                         total = st.spent + eps
                         if total > cap:
                             out.append(BUDGET_EXHAUSTED)
+                            if not read_ids:
+                                refused.append(rid)
                             continue
                         st.spent, st.count, st.cap, st.dirty = total, st.count + 1, cap, True
                         if not unique:
@@ -872,22 +903,14 @@ class Ledger:
                         out.append(ACCEPTED)
                 outcomes.append(out)
 
-        for shared, rows in new_reports.values():
-            if not rows:
-                continue
-            if self.dialect == "sqlite":
-                # Multi-row INSERTs of a few fixed sizes: one statement step (hence
-                # one release of the GIL, see _ROW_CHUNKS) per up to 256 rows.
-                done = 0
-                for size in _row_chunk_sizes(len(rows)):
-                    chunk = rows[done : done + size]
-                    done += size
-                    db.run(self._insert_reports_sql[size], [*shared, *chain.from_iterable(chunk)])
-            else:
-                # COPY: one stream, ≈ 4× less time per row than a pipelined
-                # executemany (bench in docs/collector.md). A concurrent insert of the
-                # same id fails it with 23505, and the transaction reruns.
-                db.copy(self._copy_reports_sql, [shared + row for row in rows])
+        if refused and self._stored_ids(db, set(refused)):
+            self._stored_id_met()
+        try:
+            self._insert_reports(db, new_reports)
+        except sa.exc.IntegrityError as exc:  # an id is stored (or was just inserted)
+            if read_ids:
+                raise
+            self._stored_id_met(exc)
         if new_conflicts:
             db.executemany(self._sql["insert_conflicts"], new_conflicts)
         dirty = [
@@ -915,6 +938,35 @@ class Ledger:
         if accepted:
             self._merge_statistics(db, plan, accepted, plan.latest_now, written)
         return outcomes
+
+    def _stored_id_met(self, cause: BaseException | None = None) -> NoReturn:
+        """A group decided without reading its ids met a stored one: rerun it reading
+        them, and so the next `_READ_IDS_AFTER_A_REPEAT` groups too."""
+        self._read_ids_groups = _READ_IDS_AFTER_A_REPEAT
+        self.stored_id_reruns += 1
+        raise _StoredIdError("a report id was stored before") from cause
+
+    def _insert_reports(
+        self, db: _Driver, new_reports: Mapping[int, tuple[tuple[Any, ...], list[tuple[Any, ...]]]]
+    ) -> None:
+        """Insert the accepted reports: per policy, its shared values and the rows."""
+        for shared, rows in new_reports.values():
+            if not rows:
+                continue
+            if self.dialect == "sqlite":
+                # Multi-row INSERTs of a few fixed sizes: one statement step (hence
+                # one release of the GIL, see _ROW_CHUNKS) per up to 256 rows.
+                done = 0
+                for size in _row_chunk_sizes(len(rows)):
+                    chunk = rows[done : done + size]
+                    done += size
+                    db.run(self._insert_reports_sql[size], [*shared, *chain.from_iterable(chunk)])
+            else:
+                # COPY: one stream, ≈ 4× less time per row than a pipelined
+                # executemany (bench in docs/collector.md). A concurrent insert of the
+                # same id fails it with 23505 (an IntegrityError), and the
+                # transaction reruns.
+                db.copy(self._copy_reports_sql, [shared + row for row in rows])
 
     def _stored_ids(self, db: _Driver, ids: set[bytes]) -> dict[bytes, tuple[str, bytes]]:
         """(subject, content digest) of every stored report among `ids`."""

@@ -41,6 +41,7 @@ from fedldp.collector.ledger import (
     Ledger,
     SubmitBatch,
     open_ledger,
+    store,
 )
 from fedldp.collector.ledger.schema import reports as reports_table
 from fedldp.collector.ledger.schema import statistics
@@ -354,8 +355,14 @@ def test_a_request_refused_entirely_leaves_statistics_alone(
     assert ledger.reconcile() == []
 
 
+@pytest.mark.parametrize("read_after_repeat", [0, 64], ids=["ids-unread", "ids-read"])
 def test_groups_match_charging_one_report_at_a_time(
-    ledger: Ledger, deployment: Deployment, extra: dict[str, VerifiedPolicy], now: int
+    ledger: Ledger,
+    deployment: Deployment,
+    extra: dict[str, VerifiedPolicy],
+    now: int,
+    read_after_repeat: int,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Random groups (fixed seed) against a model that charges report by report.
 
@@ -363,8 +370,11 @@ def test_groups_match_charging_one_report_at_a_time(
     accumulated per statistics row) and accepts a run of one policy's reports at
     once when it fits under the cap; this pins that the outcomes, the spend and the
     statistics are those of charging each report in order, with runs that fit,
-    runs cut by the cap, ids repeated inside a group and ids stored before.
+    runs cut by the cap, ids repeated inside a group and ids stored before —
+    each group deciding without reading its ids first (and rerun when one was
+    stored), or reading them after a repeat.
     """
+    monkeypatch.setattr(store, "_READ_IDS_AFTER_A_REPEAT", read_after_repeat)
     rng = random.Random(20261130)
     half = deployment.verified(deployment.envelopes[0])  # ε 0.5, cap 2
     policies = [half, extra["tenth"], extra["wide"]]  # caps cut in after 4, 10, 100
@@ -488,3 +498,49 @@ def replace_time(report: CheckedReport, coarse_time: int) -> CheckedReport:
     return CheckedReport(
         report.report_id, report.policy, report.output, report.content_digest, coarse_time
     )
+
+
+def test_stored_ids_are_found_without_reading_them_first(
+    ledger_url: str, deployment: Deployment, extra: dict[str, VerifiedPolicy], now: int
+) -> None:
+    """A group decides its reports as new unless a recent group met a stored id: a
+    stored id among its accepted reports fails the insert (primary key), one among
+    its refused ones is looked up; either way the group reruns reading its ids, and
+    so do the groups after it."""
+    tenth = extra["tenth"]  # ε 0.1, cap 1
+    first = [checked_report(tenth, i % 2) for i in range(10)]  # fills "olga"'s cap
+    with open_ledger(ledger_url, shard="a") as ledger:
+        assert ledger.submit("olga", first[:5], now=now) == [ACCEPTED] * 5
+        assert ledger.stored_id_reruns == 0
+    fresh = checked_report(tenth, 1)
+    reused = CheckedReport(first[1].report_id, tenth, CategoryOutput(0), b"\x01" * 32, 0)
+    with open_ledger(ledger_url, shard="a") as ledger:  # nothing met yet: ids unread
+        # a stored id accepted as new would be inserted: the primary key refuses it
+        assert ledger.submit_many(
+            [
+                SubmitBatch("olga", [first[0], fresh], now),
+                SubmitBatch("pia", [reused], now),
+            ]
+        ) == [[DUPLICATE, ACCEPTED], [CONFLICT]]
+        assert ledger.stored_id_reruns == 1
+        # the next groups read their ids first: no rerun
+        assert ledger.submit("olga", [first[2], *first[5:]], now=now) == [
+            DUPLICATE,
+            *[ACCEPTED] * 4,
+            BUDGET_EXHAUSTED,  # `fresh` took one place
+        ]
+        assert ledger.stored_id_reruns == 1
+    with open_ledger(ledger_url, shard="a") as ledger:  # ids unread again
+        # "olga" is at her cap: the stored report is refused for the cap first,
+        # not inserted, so it is looked up
+        assert ledger.submit("olga", [checked_report(tenth), first[3]], now=now) == [
+            BUDGET_EXHAUSTED,
+            DUPLICATE,
+        ]
+        assert ledger.stored_id_reruns == 1
+        window = tenth.window_start(now)
+        assert ledger.spent("olga", tenth.policy_id, window) == Decimal("1.0")
+        assert ledger.spent("pia", tenth.policy_id, window) == Decimal(0)
+        assert ledger.conflict_count("pia") == 1
+        assert ledger.report_count(tenth.policy_id, tenth.version) == 10
+        assert ledger.reconcile() == []
