@@ -103,7 +103,7 @@ class CollectorConfig:
         default=3600, metadata={"help": "how far in the future a coarse_time may be"}
     )
     server: str = field(
-        default="sync",
+        default="asyncio",
         metadata={"help": "grpcio server flavour: sync (thread pool) or asyncio"},
     )
     workers: int = field(default=64, metadata={"help": "gRPC handler threads (per process)"})

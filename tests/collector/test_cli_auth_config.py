@@ -224,4 +224,4 @@ def test_mutual_tls_subject_comes_from_the_certificate(
 def test_example_config_in_deploy_is_valid() -> None:
     example = Path(__file__).resolve().parents[2] / "deploy" / "collector.toml"
     cfg = load_config(example, env={})
-    assert cfg.ledger_url.startswith("sqlite:////") and cfg.server == "sync"
+    assert cfg.ledger_url.startswith("sqlite:////") and cfg.server == "asyncio"
