@@ -716,14 +716,24 @@ def main(argv: list[str] | None = None) -> int:
             url = pg.create_database()
             run(
                 start_collectors(
-                    deployment, base / "pg1", url, 1, "collector (PostgreSQL)", args.workers
+                    deployment,
+                    base / "pg1",
+                    url,
+                    1,
+                    "collector (PostgreSQL, asyncio: defaults)",
+                    args.workers,
                 ),
                 [single, batch],
             )
             url2 = pg.create_database()
             run(
                 start_collectors(
-                    deployment, base / "pg2", url2, 2, "2 collectors (one PostgreSQL)", args.workers
+                    deployment,
+                    base / "pg2",
+                    url2,
+                    2,
+                    "2 collectors (asyncio, one PostgreSQL)",
+                    args.workers,
                 ),
                 [single, batch],
             )
@@ -745,8 +755,11 @@ def main(argv: list[str] | None = None) -> int:
     for f in figures:
         ref = by[("do-nothing (sync)", f.reports_per_call)]
         # The same grpcio flavour as the server measured (the collector's default
-        # is the sync server; rows naming "asyncio" run the asyncio one).
-        kind = "aio" if "asyncio" in f.server or f.server == "do-nothing (aio)" else "sync"
+        # is the asyncio server; collector rows naming "sync" run the sync one).
+        if f.server.startswith("do-nothing"):
+            kind = "aio" if f.server.startswith("do-nothing (aio") else "sync"
+        else:
+            kind = "sync" if "sync" in f.server else "aio"
         if "processes)" in f.server:  # against as many do-nothing processes
             kind += f", {args.processes} processes"
         same = by[(f"do-nothing ({kind})", f.reports_per_call)]
