@@ -44,6 +44,7 @@ import argparse
 import asyncio
 import os
 import random
+import re
 import signal
 import statistics
 import subprocess
@@ -759,7 +760,7 @@ def main(argv: list[str] | None = None) -> int:
         if f.server.startswith("do-nothing"):
             kind = "aio" if f.server.startswith("do-nothing (aio") else "sync"
         else:
-            kind = "sync" if "sync" in f.server else "aio"
+            kind = "sync" if re.search(r"\bsync\b", f.server) else "aio"
         if "processes)" in f.server:  # against as many do-nothing processes
             kind += f", {args.processes} processes"
         same = by[(f"do-nothing ({kind})", f.reports_per_call)]
