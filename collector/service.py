@@ -75,10 +75,11 @@ _REPORT_ID = itemgetter(0)  # CheckedReport.report_id, without a Python-level ca
 
 
 #: Bounds of what the service remembers per policy (`_Active`): at most this many
-#: policies, each with at most this many checked category outputs (a few MB).
+#: policies, each with at most this many checked category outputs and content
+#: digests (≈ 300 KB per policy at most).
 _MAX_ACTIVE = 256
 _MAX_CATEGORIES = 512
-_MAX_DIGESTS = 4096
+_MAX_DIGESTS = 1024
 
 
 class _Active(NamedTuple):
