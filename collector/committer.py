@@ -181,8 +181,10 @@ class GroupCommitter:
         """One transaction for every batch in `taken`; each gets outcomes or the error."""
         started = time.perf_counter()
         error: Exception | None = None
+        ledger = self.ledger
+        retries, stored_id_reruns = ledger.retries, ledger.stored_id_reruns
         try:
-            results = self.ledger.submit_many([p.batch for p in taken])
+            results = ledger.submit_many([p.batch for p in taken])
         except sa.exc.SQLAlchemyError as exc:
             self.metrics.ledger_errors.inc()
             log.error("ledger transaction failed: %s", type(exc).__name__)
@@ -204,6 +206,12 @@ class GroupCommitter:
         if error is not None:
             for p in taken:
                 p.error = error
+        if ledger.retries != retries:  # (the counters only grow; this thread commits)
+            self.metrics.ledger_reruns.labels("conflict").inc(ledger.retries - retries)
+        if ledger.stored_id_reruns != stored_id_reruns:
+            self.metrics.ledger_reruns.labels("stored_id").inc(
+                ledger.stored_id_reruns - stored_id_reruns
+            )
         self.metrics.in_flight.dec(len(taken))
 
     @staticmethod

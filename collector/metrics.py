@@ -67,6 +67,14 @@ class CollectorMetrics:
         self.ledger_errors = Counter(
             "fedldp_collector_ledger_errors", "Ledger transactions that failed", registry=r
         )
+        self.ledger_reruns = Counter(
+            "fedldp_collector_ledger_reruns",
+            "Ledger transactions rerun, by reason: conflict (a serialization failure, "
+            "deadlock or changed row) or stored_id (a group decided as new met a stored "
+            "report id; it reruns reading them)",
+            ["reason"],
+            registry=r,
+        )
         self.in_flight = Gauge(
             "fedldp_collector_commit_queue_requests",
             "Requests waiting for the ledger",

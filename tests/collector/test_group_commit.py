@@ -14,7 +14,7 @@ from collections.abc import Iterator
 import pytest
 from fedldp.client.policy import VerifiedPolicy
 from fedldp.collector.committer import GroupCommitter
-from fedldp.collector.ledger import ACCEPTED, Ledger, SubmitBatch, open_ledger
+from fedldp.collector.ledger import ACCEPTED, DUPLICATE, Ledger, SubmitBatch, open_ledger
 from fedldp.collector.ledger.sqlite_ingest import WAL_AUTOCHECKPOINT_PAGES
 from fedldp.collector.metrics import CollectorMetrics
 from fedldp.collector.testing import checked_report
@@ -108,3 +108,28 @@ def test_without_delay_each_request_may_commit_alone(
         assert _commits(metrics) == 3
     finally:
         committer.close()
+
+
+def test_reruns_for_a_stored_id_are_counted_by_reason(
+    sqlite_url: str, small_policy: VerifiedPolicy, now: int
+) -> None:
+    """A group that met a stored report id reruns once, and the metric says why."""
+    stored = checked_report(small_policy)
+    with open_ledger(sqlite_url, shard="s") as first:
+        assert first.submit("alice", [stored], now=now) == [ACCEPTED]
+    metrics = CollectorMetrics()
+    with open_ledger(sqlite_url, shard="s") as ledger:  # decides its first group as new
+        committer = GroupCommitter(ledger, metrics, delay_seconds=0)
+        try:
+            assert committer.submit(SubmitBatch("alice", [stored], now)) == [DUPLICATE]
+            assert committer.submit(SubmitBatch("alice", [stored], now)) == [DUPLICATE]
+        finally:
+            committer.close()
+
+    def reruns(reason: str) -> float | None:
+        return metrics.registry.get_sample_value(
+            "fedldp_collector_ledger_reruns_total", {"reason": reason}
+        )
+
+    assert reruns("stored_id") == 1  # the second group read its ids first
+    assert reruns("conflict") is None
