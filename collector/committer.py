@@ -206,7 +206,7 @@ class GroupCommitter:
         if error is not None:
             for p in taken:
                 p.error = error
-        if ledger.retries != retries:  # (the counters only grow; this thread commits)
+        if ledger.retries != retries:  # counters only grow (a read retried meanwhile counts too)
             self.metrics.ledger_reruns.labels("conflict").inc(ledger.retries - retries)
         if ledger.stored_id_reruns != stored_id_reruns:
             self.metrics.ledger_reruns.labels("stored_id").inc(
