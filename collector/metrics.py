@@ -75,6 +75,13 @@ class CollectorMetrics:
             ["reason"],
             registry=r,
         )
+        self.policy_refusals = Counter(
+            "fedldp_collector_policy_refusals",
+            "Policy versions refused activation (at start or reload), by reason: "
+            "window_changed, metric_changed or metric_taken (see docs/collector.md)",
+            ["reason"],
+            registry=r,
+        )
         self.in_flight = Gauge(
             "fedldp_collector_commit_queue_requests",
             "Requests waiting for the ledger",

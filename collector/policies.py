@@ -5,15 +5,34 @@ registry answers `lookup` with the verified policy or the precise reason it is
 not usable. Policies whose signature verified but whose validity interval does
 not contain `now` are remembered as inactive, so a report for them is
 EXPIRED_POLICY rather than UNKNOWN_POLICY.
+
+One budget per (subject, metric) across versions (DESIGN.md, "Ledger"). The
+ledger keys spend by (subject, policy id, window start), so:
+
+* activation (`enforce_lineage`, at start and on every reload) checks each
+  version against its policy id's lineage in the ledger (metric name and window
+  length, recorded by the first version activated): a version with another
+  window or metric name, or a policy id claiming a metric another policy id
+  holds, is refused (not served, its reports UNKNOWN_POLICY) and the other
+  versions keep being served;
+* the cap (`charged`): every report is charged against the smallest cap of
+  the versions of its policy id known here whose validity interval meets the
+  current window, not only its own version's cap. Versions in force at once
+  share one spend row, and a version retired in mid-window shares it with its
+  successor, so no window holds more than any version in force during it
+  promises.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import logging
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from decimal import Decimal
 from pathlib import Path
+from typing import NamedTuple, Protocol
 
 from fedldp.client.policy import (
     ExpiredPolicyError,
@@ -29,6 +48,8 @@ from fedldp.client.policy.files import (
     load_trust_folder,
     read_envelope,
 )
+from fedldp.client.policy.validation import parse_decimal
+from fedldp.collector.ledger import PolicyLineage
 from fedldp.v1 import policy_pb2
 
 log = logging.getLogger(__name__)
@@ -41,15 +62,51 @@ class Lookup(enum.Enum):
     UNKNOWN = "unknown"  # no such (id, version) here
     DIGEST_MISMATCH = "digest_mismatch"  # (id, version) known, other bytes
     INACTIVE = "inactive"  # expired, not yet valid, or (id, version) known only as expired
+    REFUSED = "refused"  # refused activation: it breaks its policy id's lineage
+
+
+class LineageLedger(Protocol):
+    """What activation needs of the ledger (fedldp.collector.ledger.Ledger)."""
+
+    def claim_lineage(
+        self, policy_id: str, metric_name: str, window_seconds: int, version: int, *, now: int
+    ) -> PolicyLineage: ...
+
+
+class Refusal(NamedTuple):
+    """A version refused activation: `reason` is its stable word (metrics label)."""
+
+    policy_id: str
+    version: int
+    reason: str  # "window_changed" | "metric_changed" | "metric_taken"
+    detail: str
+
+
+class _Term(NamedTuple):
+    """A known version's cap and validity interval [not_before, expires_at)."""
+
+    epsilon_cap: Decimal
+    not_before: int
+    expires_at: int
+
+
+#: Most (policy id, version, window) copies `charged` keeps (a few per policy).
+_MAX_CHARGED = 4096
 
 
 @dataclass
 class PolicyRegistry:
-    """Verified policies by (id, version), inactive ones, and the served roots."""
+    """Verified policies by (id, version), inactive and refused ones, and the served roots."""
 
     policies: dict[tuple[str, int], VerifiedPolicy] = field(default_factory=dict)
     inactive: dict[tuple[str, int], bytes] = field(default_factory=dict)
     roots: list[tuple[int, policy_pb2.SignedEnvelope]] = field(default_factory=list)
+    #: versions refused activation (`enforce_lineage`): their digest and why
+    refused: dict[tuple[str, int], tuple[bytes, str]] = field(default_factory=dict)
+    #: every known version's cap and validity (active and inactive), per policy id
+    terms: dict[str, dict[int, _Term]] = field(default_factory=dict)
+    #: (policy id, version, window start) -> the version as charged in that window
+    _charged: dict[tuple[str, int, int], VerifiedPolicy] = field(default_factory=dict, repr=False)
 
     @classmethod
     def from_envelopes(
@@ -110,11 +167,86 @@ class PolicyRegistry:
         if prior is not None and prior.digest != verified.digest:
             raise PolicyError(f"policy {key[0]} v{key[1]} given twice with different contents")
         self.policies[key] = verified
+        self._know(key, _Term(verified.epsilon_cap, verified.not_before, verified.expires_at))
 
     def _remember_inactive(self, env: policy_pb2.SignedEnvelope) -> None:
-        # verify_policy checked the signature before the validity interval.
+        # verify_policy checked the signature and the content before the validity
+        # interval: the cap parses.
         msg = policy_pb2.Policy.FromString(env.payload)
-        self.inactive[(msg.policy_id, int(msg.version))] = policy_digest(env.payload)
+        key = (msg.policy_id, int(msg.version))
+        self.inactive[key] = policy_digest(env.payload)
+        cap = parse_decimal(msg.budget.epsilon_cap)
+        self._know(key, _Term(cap, int(msg.not_before), int(msg.expires_at)))
+
+    def _know(self, key: tuple[str, int], term: _Term) -> None:
+        self.terms.setdefault(key[0], {})[key[1]] = term
+        self._charged.clear()
+
+    def enforce_lineage(self, ledger: LineageLedger, *, now: int) -> list[Refusal]:
+        """Activate the verified versions against their lineage in `ledger`; the refusals.
+
+        In (policy id, version) order, each version claims its policy id's lineage
+        (`Ledger.claim_lineage`: recorded by the first version ever activated on
+        this ledger, by any collector). A version whose window length or metric
+        name differs from its policy id's, or whose metric name another policy id
+        holds, is removed from the served set and remembered as refused; the other
+        versions are served as before. Raises what the ledger raises (nothing is
+        changed in this registry then; build a fresh one to retry).
+        """
+        refusals: list[Refusal] = []
+        verdicts: list[tuple[tuple[str, int], str]] = []
+        for key in sorted(self.policies):
+            p = self.policies[key]
+            lineage = ledger.claim_lineage(
+                p.policy_id, p.metric_name, p.window_seconds, p.version, now=now
+            )
+            detail = lineage.refusal(p.policy_id, p.metric_name, p.window_seconds)
+            if detail is not None:
+                verdicts.append((key, detail))
+        for key, detail in verdicts:
+            verified = self.policies.pop(key)
+            self.refused[key] = (verified.digest, detail)
+            del self.terms[key[0]][key[1]]
+            self._charged.clear()
+            reason = detail.split(":", 1)[0]
+            refusals.append(Refusal(key[0], key[1], reason, detail))
+        return refusals
+
+    def cap_in_force(self, policy_id: str, window_start: int, window_seconds: int) -> Decimal:
+        """The smallest cap of the known versions of `policy_id` whose validity
+        interval meets the window [window_start, window_start + window_seconds).
+
+        Versions refused activation are not known. Raises KeyError for an unknown
+        policy id.
+        """
+        end = window_start + window_seconds
+        return min(
+            t.epsilon_cap
+            for t in self.terms[policy_id].values()
+            if t.not_before < end and t.expires_at > window_start
+        )
+
+    def charged(self, verified: VerifiedPolicy, *, now: int) -> VerifiedPolicy:
+        """`verified` as the ledger charges it at `now`: its `epsilon_cap` lowered to
+        `cap_in_force` of its window (the same object when its own cap is that).
+
+        One copy per (policy id, version, window) is kept, so the ledger and the
+        service see one object per window (they cache by identity).
+        """
+        start = verified.window_start(now)
+        key = (verified.policy_id, verified.version, start)
+        found = self._charged.get(key)
+        if found is not None:
+            return found
+        cap = self.cap_in_force(verified.policy_id, start, verified.window_seconds)
+        if cap < verified.epsilon_cap:
+            found = dataclasses.replace(verified, epsilon_cap=cap)
+        else:
+            found = verified
+        if len(self._charged) >= _MAX_CHARGED:
+            self._charged.clear()
+        self._charged[key] = found
+        return found
 
     def set_roots(
         self, roots: Iterable[policy_pb2.SignedEnvelope], *, max_version: int | None = None
@@ -130,10 +262,14 @@ class PolicyRegistry:
     def lookup(
         self, policy_id: str, version: int, digest: bytes, *, now: int
     ) -> tuple[Lookup, VerifiedPolicy | None]:
-        """The policy a report names, or why it cannot be used at `now`."""
+        """The policy a report names, as charged at `now` (`charged`), or why it
+        cannot be used at `now`."""
         key = (policy_id, version)
         verified = self.policies.get(key)
         if verified is None:
+            refused = self.refused.get(key)
+            if refused is not None:
+                return (Lookup.REFUSED if refused[0] == digest else Lookup.DIGEST_MISMATCH), None
             stale = self.inactive.get(key)
             if stale is None:
                 return Lookup.UNKNOWN, None
@@ -142,7 +278,7 @@ class PolicyRegistry:
             return Lookup.DIGEST_MISMATCH, None
         if not verified.is_active(now):
             return Lookup.INACTIVE, None
-        return Lookup.ACTIVE, verified
+        return Lookup.ACTIVE, self.charged(verified, now=now)
 
     def active(self, *, now: int, metric: str = "", policy_id: str = "") -> list[VerifiedPolicy]:
         """Active policies, optionally of one metric or one policy id."""

@@ -337,17 +337,22 @@ class RunningCollector:
     def reload_policies(self) -> PolicyRegistry:
         """Reload the trust and policy folders (SIGHUP); on any error keep the old set.
 
-        Requests in progress finish with the registry they started with; later
-        ones see the new one (a single reference swap).
+        The new set's versions are checked against their lineage in the ledger
+        first (`activate`: a version that changes its policy id's window or metric
+        is refused, logged and counted; the others are served). Requests in
+        progress finish with the registry they started with; later ones see the
+        new one (a single reference swap).
         """
         if self.config is None or not (self.config.trust_dir and self.config.policy_dir):
             raise ValueError("this collector was not started from policy folders")
+        now = self.clock()
         registry = PolicyRegistry.from_folders(
             self.config.trust_dir,
             self.config.policy_dir,
-            now=self.clock(),
+            now=now,
             audience=self.config.audience,
         )
+        activate(registry, self.ledger, self.metrics, now=now)
         self.registry = registry
         self.service.registry = registry
         log.info("policies reloaded", extra={"fields": {"policies": len(registry.policies)}})
@@ -374,6 +379,27 @@ class RunningCollector:
     def wait(self) -> None:
         """Block until `stop` has finished."""
         self._stopped.wait()
+
+
+def activate(
+    registry: PolicyRegistry, ledger: Ledger, metrics: CollectorMetrics, *, now: int
+) -> None:
+    """Check `registry`'s versions against their lineage in `ledger` (refusing those
+    that would split a budget: `PolicyRegistry.enforce_lineage`); log and count each
+    refusal. The other versions are served."""
+    for refusal in registry.enforce_lineage(ledger, now=now):
+        metrics.policy_refusals.labels(refusal.reason).inc()
+        log.error(
+            "policy version refused activation",
+            extra={
+                "fields": {
+                    "policy_id": refusal.policy_id,
+                    "version": refusal.version,
+                    "reason": refusal.reason,
+                    "detail": refusal.detail,
+                }
+            },
+        )
 
 
 def _read(path: str) -> bytes:
@@ -409,6 +435,11 @@ def start_collector(
         isolation=config.ledger_isolation or None,
     )
     metrics = CollectorMetrics()
+    try:
+        activate(registry, ledger, metrics, now=now_fn())
+    except BaseException:
+        ledger.close()
+        raise
     committer = GroupCommitter(
         ledger,
         metrics,

@@ -162,6 +162,13 @@ def _unusable_policy(report_id: bytes, status: Lookup) -> pb.ReportOutcome:
             outcome=pb.OUTCOME_UNKNOWN_POLICY,
             detail="no such policy id and version here; fetch policies",
         )
+    if status is Lookup.REFUSED:
+        return pb.ReportOutcome(
+            report_id=report_id,
+            outcome=pb.OUTCOME_UNKNOWN_POLICY,
+            detail="this policy version was refused activation here: it changes its policy "
+            "id's budget window or metric; fetch policies",
+        )
     if status is Lookup.DIGEST_MISMATCH:
         return _invalid(
             report_id,
@@ -367,10 +374,13 @@ class CollectorService:
     # -- GetBudget --
 
     def get_budget(self, subject: str, request: pb.GetBudgetRequest) -> pb.GetBudgetResponse:
-        """What `subject` spent and has left in the current window of each active policy."""
+        """What `subject` spent and has left in the current window of each active policy
+        (the cap is the one in force: `PolicyRegistry.charged`)."""
         now = self.clock()
         out = pb.GetBudgetResponse()
-        for p in self.registry.active(now=now, policy_id=request.policy_id):
+        registry = self.registry
+        for active in registry.active(now=now, policy_id=request.policy_id):
+            p = registry.charged(active, now=now)  # the cap in force, as the ledger checks it
             start = p.window_start(now)
             spent = self.ledger.spent(subject, p.policy_id, start)
             left = max(EXACT.subtract(p.epsilon_cap, spent), type(spent)(0))

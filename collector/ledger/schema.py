@@ -111,3 +111,19 @@ central_reservations = sa.Table(
     sa.Column("closed_at", sa.BigInteger, nullable=True),
     sa.Index("ix_central_subject_purpose", "subject", "purpose"),
 )
+
+#: Each policy id's metric name and budget window, recorded the first time a version
+#: of it is activated (`Ledger.claim_lineage`). Spend is keyed by (subject, policy
+#: id, window start): a version with another window length would charge other
+#: windows, and a second policy id for one metric would be a second budget, so
+#: the collector refuses both. A metric name belongs to one policy id.
+policy_lineage = sa.Table(
+    "policy_lineage",
+    metadata,
+    sa.Column("policy_id", sa.Text, primary_key=True),
+    sa.Column("metric_name", sa.Text, nullable=False),
+    sa.Column("window_seconds", sa.BigInteger, nullable=False),
+    sa.Column("first_version", sa.BigInteger, nullable=False),  # the version that recorded it
+    sa.Column("recorded_at", sa.BigInteger, nullable=False),
+    sa.UniqueConstraint("metric_name", name="uq_policy_lineage_metric_name"),
+)

@@ -58,6 +58,7 @@ from fedldp.collector.ledger.schema import (
     central_caps,
     central_reservations,
     conflicts,
+    policy_lineage,
     reports,
     spend,
     statistics,
@@ -237,6 +238,52 @@ class SpendRow:
     epsilon_spent: Decimal
     report_count: int
     epsilon_cap: Decimal  # the cap of the last charge, from the verified policy
+
+
+@dataclass(frozen=True)
+class PolicyLineage:
+    """A policy id's metric name and budget window as the ledger recorded them.
+
+    Recorded once, by the first version of the policy id a collector activated
+    (`Ledger.claim_lineage`), and never changed: every later version must have
+    the same window length (spend rows are keyed by the window start) and the
+    same metric name, and no other policy id may claim that metric name.
+    """
+
+    policy_id: str
+    metric_name: str
+    window_seconds: int
+    first_version: int
+    recorded_at: int
+
+    def refusal(self, policy_id: str, metric_name: str, window_seconds: int) -> str | None:
+        """Why a version (policy id, metric name, window) breaks this lineage; None if it fits.
+
+        The answer starts with a stable reason word: ``metric_taken`` (this
+        lineage is another policy id's, for the same metric name),
+        ``metric_changed`` or ``window_changed``.
+        """
+        if self.policy_id != policy_id:
+            return (
+                f"metric_taken: metric {metric_name!r} already has its budget under policy "
+                f"{self.policy_id!r} (recorded by v{self.first_version}); one metric has one "
+                f"budget: publish a new version of {self.policy_id!r} instead"
+            )
+        if self.metric_name != metric_name:
+            return (
+                f"metric_changed: policy {policy_id!r} measures metric {self.metric_name!r} "
+                f"(recorded by v{self.first_version}), not {metric_name!r}; a new metric "
+                "needs a new policy id"
+            )
+        if self.window_seconds != window_seconds:
+            return (
+                f"window_changed: policy {policy_id!r} has a {self.window_seconds} s budget "
+                f"window (recorded by v{self.first_version}), this version asks "
+                f"{window_seconds} s; versions of one policy id share one budget, so its "
+                "window cannot change: keep the window, or use a new policy id for a new "
+                "metric name"
+            )
+        return None
 
 
 @dataclass(frozen=True)
@@ -1220,6 +1267,62 @@ class Ledger:
 
         return self.transaction(tx, write=False)
 
+    # -- policy lineage --
+
+    def claim_lineage(
+        self, policy_id: str, metric_name: str, window_seconds: int, version: int, *, now: int
+    ) -> PolicyLineage:
+        """Record (policy id, metric name, window) unless recorded; the lineage that decides.
+
+        Returns `policy_id`'s recorded lineage (just recorded by this call, or
+        earlier), or, when `policy_id` has none and another policy id holds
+        `metric_name`, that policy id's lineage: `PolicyLineage.refusal` says
+        whether this version fits. Concurrent claims (collectors sharing one
+        PostgreSQL ledger, or processes on one SQLite file) agree: the primary key
+        and the unique metric name let exactly one insert win, and every other
+        claim reads the winner's row (SQLite: BEGIN IMMEDIATE serializes them;
+        PostgreSQL READ COMMITTED: ON CONFLICT DO NOTHING waits for the winner's
+        commit and the next statement sees it; SERIALIZABLE: the loser's
+        transaction is rerun).
+        """
+        if not policy_id or not metric_name:
+            raise ValueError("policy_id and metric_name must be non-empty")
+        if window_seconds <= 0:
+            raise ValueError("window_seconds must be positive")
+
+        def tx(conn: sa.Connection) -> PolicyLineage:
+            conn.execute(
+                self._insert_ignore(policy_lineage),
+                [
+                    {
+                        "policy_id": policy_id,
+                        "metric_name": metric_name,
+                        "window_seconds": window_seconds,
+                        "first_version": version,
+                        "recorded_at": now,
+                    }
+                ],
+            )
+            for column, value in (
+                (policy_lineage.c.policy_id, policy_id),
+                (policy_lineage.c.metric_name, metric_name),
+            ):
+                row = conn.execute(sa.select(policy_lineage).where(column == value)).first()
+                if row is not None:
+                    return _lineage(row)
+            raise RuntimeError(f"policy lineage of {policy_id!r} neither recorded nor found")
+
+        return self.transaction(tx)
+
+    def lineages(self) -> list[PolicyLineage]:
+        """Every recorded policy lineage, by policy id."""
+
+        def tx(conn: sa.Connection) -> list[PolicyLineage]:
+            q = sa.select(policy_lineage).order_by(policy_lineage.c.policy_id)
+            return [_lineage(r) for r in conn.execute(q)]
+
+        return self.transaction(tx, write=False)
+
     # -- reconcile --
 
     def reconcile(self) -> list[Mismatch]:
@@ -1703,6 +1806,16 @@ class Ledger:
             return list(json.loads(text)) if text else []
 
         return self.transaction(tx, write=False)
+
+
+def _lineage(row: Any) -> PolicyLineage:
+    return PolicyLineage(
+        row.policy_id,
+        row.metric_name,
+        int(row.window_seconds),
+        int(row.first_version),
+        int(row.recorded_at),
+    )
 
 
 def _reservation(row: Any) -> Reservation:
