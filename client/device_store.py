@@ -595,6 +595,15 @@ class DeviceStore:
         return Decimal(0) if row is None else Decimal(row[0])
 
     @staticmethod
+    def spent_windows(conn: sqlite3.Connection, policy_id: str) -> list[int]:
+        """The window lengths (seconds) this device has charged `policy_id` under, ascending."""
+        rows = conn.execute(
+            "SELECT DISTINCT window_seconds FROM budget WHERE policy_id=? ORDER BY 1",
+            (policy_id,),
+        ).fetchall()
+        return [int(w) for (w,) in rows]
+
+    @staticmethod
     def charge(
         conn: sqlite3.Connection,
         policy_id: str,

@@ -76,6 +76,7 @@ from fedldp.client.policy import (
     PolicyError,
     TrustStore,
     VerifiedPolicy,
+    WindowChangeError,
     verify_policy,
 )
 from fedldp.client.report_ids import ReportIds
@@ -534,6 +535,19 @@ class Client:
                                 "policy_rejected",
                                 "ConflictingPolicyError",
                                 reason,
+                                verified.policy_id,
+                            )
+                        )
+                        continue
+                    change = _window_change(conn, verified)
+                    if change is not None:
+                        rejected[verified.policy_id] = str(change)
+                        rejection_events.append(
+                            Event(
+                                now,
+                                "policy_rejected",
+                                type(change).__name__,
+                                str(change),
                                 verified.policy_id,
                             )
                         )
@@ -1030,6 +1044,27 @@ def _mechanism_input(policy: VerifiedPolicy, value: object) -> tuple[Any, bool]:
     lo, hi = policy.numeric_range
     clipped = min(max(exact, lo), hi)
     return float(clipped), clipped != exact
+
+
+def _window_change(conn: sqlite3.Connection, policy: VerifiedPolicy) -> WindowChangeError | None:
+    """Why `policy` cannot be used on this device because it changes its policy id's
+    budget window, or None.
+
+    The device guard keys spend by (policy id, window start), as the collector's
+    ledger does: a version with another window length would start a fresh spend
+    row in windows that overlap the ones already charged, and so let one window
+    hold more than any version's cap (docs/policies.md, "Versions and budgets").
+    """
+    windows = DeviceStore.spent_windows(conn, policy.policy_id)
+    if not windows or windows == [policy.window_seconds]:
+        return None
+    spent = ", ".join(f"{w} s" for w in windows)
+    return WindowChangeError(
+        f"policy {policy.policy_id} v{policy.version} declares a {policy.window_seconds} s "
+        f"budget window, but this device has spent under {policy.policy_id} with a {spent} "
+        "window; versions of one policy id share one budget, so its window cannot change "
+        "(keep the window, or publish a new policy id for a new metric name)"
+    )
 
 
 def _memo_adapter(policy: VerifiedPolicy) -> Memoized | None:

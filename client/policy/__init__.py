@@ -42,6 +42,7 @@ from fedldp.client.policy.errors import (
     RollbackError,
     RootRotationError,
     UnknownKeyError,
+    WindowChangeError,
 )
 from fedldp.client.policy.files import (
     KeyFileError,
@@ -79,6 +80,7 @@ __all__ = [
     "TrustStore",
     "UnknownKeyError",
     "VerifiedPolicy",
+    "WindowChangeError",
     "domain_digest",
     "generate_key",
     "key_id_of",

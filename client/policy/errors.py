@@ -70,3 +70,9 @@ class RootRotationError(PolicyError):
 
 class ConflictingPolicyError(PolicyError):
     """Two different signed payloads claim the same (policy id, version)."""
+
+
+class WindowChangeError(PolicyError):
+    """A version of a policy id declares another budget window length than the one
+    this device (or collector) has spent under: versions of one policy id share one
+    budget, keyed by window start, so the window cannot change."""
