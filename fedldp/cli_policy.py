@@ -33,6 +33,7 @@ from fedldp.client.policy import (
     policy_digest,
     read_envelope,
     sign_policy,
+    successor_problems,
     verify_policy,
     write_envelope,
 )
@@ -59,15 +60,36 @@ def policy() -> None:
     help="Envelope to write, e.g. policies/browser-homepage-v3.policy.",
 )
 @click.option("--passphrase-env", metavar="VAR", help="Passphrase of an encrypted key.")
-def sign(policy_file: str, key: str, out: str, passphrase_env: str | None) -> None:
+@click.option(
+    "--previous",
+    type=click.Path(exists=True, dir_okay=False),
+    help="The last signed envelope of this policy id: refuse a version that changes its "
+    "metric name or budget window, or does not raise the version number.",
+)
+def sign(
+    policy_file: str, key: str, out: str, passphrase_env: str | None, previous: str | None
+) -> None:
     """Validate POLICY_FILE (TOML) and write its signed envelope to --out.
 
     Every problem in the file is listed at once; nothing is written unless the
-    policy is valid.
+    policy is valid (and, with --previous, can follow that version: see
+    docs/policies.md, "Versions and budgets").
     """
     (private_key,) = load_keys((key,), passphrase_from_env(passphrase_env))
     try:
-        envelope = sign_policy(load_policy_toml(policy_file), private_key)
+        message = load_policy_toml(policy_file)
+    except InvalidPolicyError as exc:
+        lines = "\n".join(f"  - {problem}" for problem in exc.problems)
+        raise click.ClickException(f"{policy_file} is not a valid policy:\n{lines}") from None
+    if previous is not None:
+        problems = successor_problems(_previous_policy(previous), message)
+        if problems:
+            lines = "\n".join(f"  - {problem}" for problem in problems)
+            raise click.ClickException(
+                f"{policy_file} cannot follow {previous}:\n{lines}"
+            ) from None
+    try:
+        envelope = sign_policy(message, private_key)
     except InvalidPolicyError as exc:
         lines = "\n".join(f"  - {problem}" for problem in exc.problems)
         raise click.ClickException(f"{policy_file} is not a valid policy:\n{lines}") from None
@@ -76,6 +98,18 @@ def sign(policy_file: str, key: str, out: str, passphrase_env: str | None) -> No
     click.echo(f"wrote {out}: policy {message.policy_id} v{message.version}")
     click.echo(f"digest: {policy_digest(envelope.payload).hex()}")
     click.echo(f"key id: {key_id_of(private_key.public_key())}")
+
+
+def _previous_policy(path: str) -> policy_pb2.Policy:
+    """The policy inside the envelope at `path` (an authoring check: the operator's own
+    file, read without verifying its signature; collectors and devices verify)."""
+    try:
+        envelope = read_envelope(path)
+        if envelope.payload_type != POLICY_PAYLOAD_TYPE:
+            raise click.ClickException(f"--previous {path} is not a policy envelope")
+        return policy_pb2.Policy.FromString(envelope.payload)
+    except (OSError, DecodeError, PolicyError) as exc:
+        raise click.ClickException(f"cannot read --previous {path}: {exc}") from None
 
 
 def _trust(

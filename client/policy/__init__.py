@@ -18,6 +18,7 @@ from fedldp.client.policy.authoring import (
     next_root,
     policy_from_dict,
     sign_policy,
+    successor_problems,
 )
 from fedldp.client.policy.envelope import (
     POLICY_PAYLOAD_TYPE,
@@ -100,6 +101,7 @@ __all__ = [
     "read_envelope",
     "sign_envelope",
     "sign_policy",
+    "successor_problems",
     "verify_policy",
     "write_envelope",
     "write_private_key",

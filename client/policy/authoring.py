@@ -221,6 +221,40 @@ def sign_policy(policy: policy_pb2.Policy, key: Ed25519PrivateKey) -> policy_pb2
 # --- the TOML schema ---
 
 
+def successor_problems(previous: policy_pb2.Policy, policy: policy_pb2.Policy) -> list[str]:
+    """Why `policy` cannot be the next version after `previous` (empty: it can).
+
+    Versions of one policy id share one budget per user: spend is keyed by
+    (user, policy id, window start) on the device and in the collector's ledger,
+    and every version's window starts are aligned to the Unix epoch by its
+    window length. So a next version keeps the policy id's metric name and
+    window length (collectors and devices refuse one that does not; this is the
+    same rule, at signing time) and has a higher version number.
+    """
+    name = f"policy {policy.policy_id!r} v{policy.version}"
+    if policy.policy_id != previous.policy_id:
+        return [
+            f"{name} does not follow policy {previous.policy_id!r}: the previous version must "
+            "be the last signed version of the same policy id"
+        ]
+    problems = []
+    if policy.version <= previous.version:
+        problems.append(f"{name} must have a version above the previous version {previous.version}")
+    if policy.metric.name != previous.metric.name:
+        problems.append(
+            f"{name} measures metric {policy.metric.name!r}, the previous version "
+            f"{previous.metric.name!r}; a new metric needs a new policy id"
+        )
+    if policy.budget.window_seconds != previous.budget.window_seconds:
+        problems.append(
+            f"{name} has a {policy.budget.window_seconds} s budget window, the previous version "
+            f"{previous.budget.window_seconds} s; versions of one policy id share one budget, "
+            "so the window cannot change (collectors and devices refuse such a version): keep "
+            "the window, or collect under a new policy id with a new metric name"
+        )
+    return problems
+
+
 def _time(value: object, name: str, problems: list[str]) -> int:
     if isinstance(value, bool):
         problems.append(f"{name} must be a Unix time (integer) or a TOML date-time with offset")
