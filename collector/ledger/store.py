@@ -9,7 +9,10 @@ Invariants (../../DESIGN.md, "Ledger"):
 * idempotent: the same report id with the same content (and subject) is a
   DUPLICATE and charges nothing; the same id with other content is a CONFLICT,
   refused and recorded;
-* the cap comes from the verified policy passed in, never from a request;
+* the cap comes from the verified policy passed in, never from a request (the
+  collector passes the cap in force over its policy id's versions:
+  `fedldp.collector.policies.PolicyRegistry.charged`); every version of a
+  policy id has one window length (`claim_lineage`), so they share spend rows;
 * `reconcile` recomputes every running total from the raw rows.
 
 Concurrency. Each call is one named transaction, safe to rerun, retried on

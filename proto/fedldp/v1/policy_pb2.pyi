@@ -274,16 +274,27 @@ Global___MechanismSpec: _TypeAlias = MechanismSpec  # noqa: Y015
 
 @_typing.final
 class Budget(_message.Message):
-    """The longitudinal budget of one user under one policy."""
+    """The longitudinal budget of one user under one policy. Every version of a
+    policy_id shares one budget per user (spend is kept per policy_id and window
+    start), so all versions of a policy_id must have the same window_seconds and
+    metric name: collectors refuse to activate, and devices that spent under the
+    policy_id refuse, a version that changes them (docs/policies.md, "Versions
+    and budgets"). Versions in force at once share the smallest epsilon_cap.
+    """
 
     DESCRIPTOR: _descriptor.Descriptor
 
     EPSILON_CAP_FIELD_NUMBER: _builtins.int
     WINDOW_SECONDS_FIELD_NUMBER: _builtins.int
     epsilon_cap: _builtins.str
-    """Cap on the epsilon one user may spend per window (decimal string)."""
+    """Cap on the epsilon one user may spend per window (decimal string). When
+    several versions of the policy_id are in force during a window, the
+    smallest of their caps applies to that window.
+    """
     window_seconds: _builtins.int
-    """Window length in seconds; windows are aligned to the Unix epoch."""
+    """Window length in seconds; windows are aligned to the Unix epoch. Fixed for
+    a policy_id: a new window needs a new policy_id with a new metric name.
+    """
     def __init__(
         self,
         *,
