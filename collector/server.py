@@ -31,6 +31,8 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+import sqlalchemy as sa
+from fedldp.client.policy import PolicyError
 from fedldp.collector.auth import Authenticator, TokenAuthority
 from fedldp.collector.committer import GroupCommitter
 from fedldp.collector.config import CollectorConfig, ConfigError
@@ -381,13 +383,28 @@ class RunningCollector:
         self._stopped.wait()
 
 
+class PolicyActivationError(PolicyError):
+    """The ledger could not be asked for the policies' lineage: nothing is activated."""
+
+
 def activate(
     registry: PolicyRegistry, ledger: Ledger, metrics: CollectorMetrics, *, now: int
 ) -> None:
     """Check `registry`'s versions against their lineage in `ledger` (refusing those
     that would split a budget: `PolicyRegistry.enforce_lineage`); log and count each
-    refusal. The other versions are served."""
-    for refusal in registry.enforce_lineage(ledger, now=now):
+    refusal. The other versions are served.
+
+    Raises PolicyActivationError when the ledger fails (the registry is then
+    unchanged and must not be served: a reload keeps the set served before).
+    """
+    try:
+        refusals = registry.enforce_lineage(ledger, now=now)
+    except sa.exc.SQLAlchemyError as exc:
+        raise PolicyActivationError(
+            f"cannot check the policies' lineage in the ledger ({type(exc).__name__}); "
+            "nothing activated: retry when the ledger database is reachable"
+        ) from exc
+    for refusal in refusals:
         metrics.policy_refusals.labels(refusal.reason).inc()
         log.error(
             "policy version refused activation",

@@ -479,3 +479,29 @@ def test_cap_in_force_covers_versions_retired_or_starting_within_the_window() ->
     assert registry.charged(v2, now=switch + 60).epsilon_cap == Decimal(2)
     assert registry.charged(v2, now=day0 + DAY + 1).epsilon_cap == Decimal(4)
     assert registry.charged(v2, now=day0 + DAY + 1) is v2  # its own cap: the same object
+
+
+def test_reload_when_the_ledger_fails_activates_nothing_and_keeps_the_served_set(
+    sqlite_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    clock = Clock(86400 * 20000)
+    d = _deployment(clock)
+    d.add_categorical("web")
+    trust_dir, policy_dir = d.write_folders(tmp_path)
+    config = d.config(sqlite_url, trust_dir=str(trust_dir), policy_dir=str(policy_dir))
+    collector = start_collector(config, clock=clock)
+    try:
+        served = collector.registry
+        d.add_categorical("news")
+        d.write_folders(tmp_path)
+
+        def down(*args: object, **kwargs: object) -> PolicyLineage:
+            raise sa.exc.OperationalError("SELECT 1", {}, Exception("connection refused"))
+
+        monkeypatch.setattr(collector.ledger, "claim_lineage", down)
+        with pytest.raises(server_module.PolicyActivationError, match="nothing activated"):
+            collector.reload_policies()
+        assert collector.registry is served and collector.service.registry is served
+        assert _served(collector, d) == [("web", 1)]
+    finally:
+        collector.stop(1.0)
