@@ -296,7 +296,8 @@ class Mismatch:
     kind: "spend" (ε or count differs), "over_cap" (raw spend above the cap it was
     charged under), "statistic_count" (statistics n differs from stored reports),
     "central" (central running totals differ from the reservations),
-    "central_over_cap".
+    "central_over_cap", "window" (a window start that is not one of its policy id's
+    recorded window length: charged under another window, see `claim_lineage`).
     """
 
     kind: str
@@ -1333,7 +1334,8 @@ class Ledger:
 
         Independent of the running totals: sums each subject's `reports.charge`
         per (policy, window) exactly and compares with `spend`; checks the raw sum
-        against the cap the reports were charged under; compares each statistics
+        against the cap the reports were charged under; checks each window start
+        against its policy id's recorded window length; compares each statistics
         n with the stored report count; recomputes central commitments from the
         reservations. An empty list means the ledger is consistent.
         """
@@ -1360,6 +1362,12 @@ class Ledger:
             capd = _dec(cap)
             acc[2] = capd if acc[2] is None else max(acc[2], capd)
             count_by_policy[(pid, int(ver), int(win))] += 1
+        windows = {
+            pid: int(w)
+            for pid, w in conn.execute(
+                sa.select(policy_lineage.c.policy_id, policy_lineage.c.window_seconds)
+            )
+        }
         recorded = {
             (r.subject, r.policy_id, int(r.window_start)): (
                 _dec(r.epsilon_spent),
@@ -1383,6 +1391,11 @@ class Ledger:
                 )
             if cap is not None and spent_raw > cap:
                 out.append(Mismatch("over_cap", key[0], scope, str(spent_raw), f"cap {cap}"))
+            window = windows.get(key[1])
+            if window is not None and key[2] % window != 0:
+                out.append(
+                    Mismatch("window", key[0], scope, f"{spent_raw} charged", f"window {window} s")
+                )
         stat_n: dict[tuple[str, int, int], int] = defaultdict(int)
         for pid, ver, win, n in conn.execute(
             sa.select(

@@ -264,6 +264,12 @@ def test_broken_variant_without_the_lineage_check_spends_four_in_an_hour(
     _drive_rollout(collector, d, clock, v1, v2)
     assert _max_spend_in_any(collector.ledger, "alice", HOUR) == Decimal(4)
     assert collector.ledger.reconcile() == []  # why reconcile alone could not catch it
+    # Once the policy id's lineage is recorded, reconcile flags the hourly spend row.
+    collector.ledger.claim_lineage("web", v1.metric_name, DAY, 1, now=clock.now)
+    hours = [v2.window_start(clock.now - k * HOUR) for k in range(5, 0, -1)]
+    assert [(m.kind, m.subject, m.scope) for m in collector.ledger.reconcile()] == [
+        ("window", "alice", f"policy=web window={start}") for start in hours
+    ]
 
 
 # --- sequential versions, restarts, reloads and two collectors -----------------------------
