@@ -171,10 +171,11 @@ def test_migrated_lineage_table_matches_schema(ledger: Ledger) -> None:
     assert primary == ["policy_id"]
 
 
-def test_concurrent_claims_agree_on_one_window(postgresql_url: str) -> None:
-    """Eight ledgers (eight collectors) on one PostgreSQL database claim the same policy
-    id with two different windows at once: one window is recorded, every claim reads it."""
-    ledgers = [open_ledger(postgresql_url, shard=f"s{i}") for i in range(8)]
+@pytest.mark.parametrize("isolation", ["READ COMMITTED", "SERIALIZABLE"])
+def test_concurrent_claims_agree_on_one_window(postgresql_url: str, isolation: str) -> None:
+    """Eight ledgers (eight collectors) on one PostgreSQL database claim one metric with
+    two policy ids and two windows at once: one lineage is recorded, every claim reads it."""
+    ledgers = [open_ledger(postgresql_url, shard=f"s{i}", isolation=isolation) for i in range(8)]
     barrier = threading.Barrier(len(ledgers))
     results: list[PolicyLineage | BaseException] = [ValueError("not run")] * len(ledgers)
 
@@ -182,7 +183,8 @@ def test_concurrent_claims_agree_on_one_window(postgresql_url: str) -> None:
         barrier.wait()
         try:
             window = DAY if i % 2 else HOUR
-            results[i] = ledgers[i].claim_lineage("race", "metric.race", window, i + 1, now=i)
+            policy_id = "race" if i % 3 else "race-twin"  # two ids claiming one metric
+            results[i] = ledgers[i].claim_lineage(policy_id, "metric.race", window, i, now=i)
         except BaseException as exc:  # reported below
             results[i] = exc
 
