@@ -74,11 +74,13 @@ class Deployment:
         lifetime_seconds: int = 30 * 86400,
         params: dict[str, str] | None = None,
         memo_charging: int = policy_pb2.MEMO_CHARGING_NONE,
+        metric: str | None = None,
     ) -> policy_pb2.SignedEnvelope:
-        """Sign and keep a categorical policy; returns its envelope."""
+        """Sign and keep a categorical policy; returns its envelope. The metric name
+        is derived from `policy_id` unless `metric` is given."""
         policy = self.authority.categorical_policy(
             policy_id=policy_id,
-            metric=_metric_name(policy_id),
+            metric=_metric_name(policy_id) if metric is None else metric,
             labels=list(labels),
             epsilon=epsilon,
             epsilon_cap=epsilon_cap,

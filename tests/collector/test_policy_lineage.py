@@ -338,18 +338,7 @@ def test_a_second_policy_id_for_a_recorded_metric_is_refused(
     clock = Clock(86400 * 20000)
     d = _deployment(clock)
     d.add_categorical("web", window_seconds=DAY)
-    twin = d.authority.categorical_policy(
-        policy_id="web-twin",
-        metric="metric.web",  # the metric of policy "web" (testing.Deployment's naming)
-        labels=["a", "b", "c", "d"],
-        epsilon="0.5",
-        epsilon_cap="2",
-        window_seconds=DAY,
-        now=clock.now - 60,
-        min_reports=1,
-        audience=(d.audience,),
-    )
-    d.envelopes.append(d.authority.sign(twin))
+    d.add_categorical("web-twin", metric="metric.web")  # the metric of policy "web"
     collector = start(d, ledger_url, clock)
     assert _served(collector, d) == [("web", 1)]
     assert _refusals(collector, "metric_taken") == 1
