@@ -309,7 +309,7 @@ def test_sequential_window_change_is_refused_and_stays_refused_after_restarts(
 
 
 def test_reload_refuses_a_window_change_and_keeps_serving_the_rest(
-    ledger_url: str, tmp_path: Path
+    ledger_url: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     clock = Clock(86400 * 20000 + 10 * HOUR)
     d = _deployment(clock)
@@ -326,6 +326,12 @@ def test_reload_refuses_a_window_change_and_keeps_serving_the_rest(
         assert registry.refused[("web", 2)][1].startswith("window_changed: ")
         assert _served(collector, d) == [("web", 1)]
         assert _refusals(collector, "window_changed") == 1
+        (line,) = [
+            r for r in caplog.records if r.getMessage() == "policy version refused activation"
+        ]
+        fields = line.fields  # type: ignore[attr-defined]
+        assert (line.levelname, fields["policy_id"], fields["version"]) == ("ERROR", "web", 2)
+        assert fields["reason"] == "window_changed" and "new policy id" in fields["detail"]
         outcomes = _submit(collector, d, "alice", v2, 1) + _submit(collector, d, "alice", v1, 1)
         assert [o.outcome for o in outcomes] == [pb.OUTCOME_UNKNOWN_POLICY, pb.OUTCOME_ACCEPTED]
     finally:
