@@ -432,7 +432,9 @@ def start_collector(
     """Open the ledger, load policies, start serving; returns once the port is bound.
 
     `registry` overrides loading `config.trust_dir`/`config.policy_dir` (tests and
-    the demo build one with `PolicyRegistry.from_envelopes`). `clock` (Unix
+    the demo build one with `PolicyRegistry.from_envelopes`); either way its
+    versions are checked against their lineage in the ledger (`activate`, in
+    place) before anything is served. `clock` (Unix
     seconds) defaults to the system clock. `config.server` picks grpcio's sync
     (default) or asyncio server.
     """
