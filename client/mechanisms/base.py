@@ -4,7 +4,8 @@ A mechanism is one immutable object built from validated parameters taken from a
 signed policy. It holds, side by side and written once:
 
 * the randomizer (`perturb`, device side; `perturb_batch`, simulation side),
-* its privacy cost (`epsilon`, exact decimal, what the ledger charges per report),
+* its privacy cost (`epsilon`, exact decimal, one report's loss) and what the
+  ledger charges per report (`report_charge`, `epsilon` unless memoized),
 * the output-domain check the collector runs on every report (`check_output`),
 * the additive sufficient statistic (`new_statistic`, `accumulate`),
 * the unbiased estimator and its exact variance (`estimate`).
@@ -212,7 +213,17 @@ class Mechanism(ABC, Generic[ValueT, StatT]):
 
     @property
     def epsilon(self) -> Decimal:
-        """The privacy cost of one report, exact; what the ledger charges."""
+        """The privacy loss of one report, exact."""
+        return self._epsilon
+
+    @property
+    def report_charge(self) -> Decimal:
+        """What the ledger and the device guard charge per report, exact.
+
+        At least the loss any set of this mechanism's reports adds per report:
+        `epsilon` for mechanisms whose reports are independent given the values
+        (sequential composition); memoized mechanisms override it (memo.py).
+        """
         return self._epsilon
 
     @abstractmethod

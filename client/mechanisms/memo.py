@@ -5,36 +5,58 @@ Privacy-Preserving Ordinal Response", CCS 2014, Sections 2-3. Each device
 keeps, per (user, metric, value), a *permanent* randomized response drawn once
 with ε∞ (policy param "epsilon_permanent") and sends, per report, an
 *instantaneous* randomization of that permanent response. Chaining the two is
-calibrated so that one report, marginally over the permanent draw, has exactly
-the distribution of the base mechanism at the per-report ε1 (the policy's
-epsilon): the collector checks and the aggregator estimates with the base
+calibrated so that one report, marginally over the permanent draw, has the
+distribution of the base mechanism at the per-report ε1 (the policy's
+epsilon) up to one part in 2^53, on the safe side (one report leaks at most
+ε1, exactly): the collector checks and the aggregator estimates with the base
 mechanism at ε1 unchanged (one report per user and window).
 
-Privacy, as the ledger charges it (policy.proto, MEMO_CHARGING_INSTANTANEOUS):
+Privacy (proofs and closed forms in `fedldp.client.mechanisms.memo_loss`).
+Neighbouring inputs change the value behind the reports of one value, keeping
+which reports share a value (RAPPOR's per-value relation, Section 3):
 
-* per report: ε1 (the mechanism's `epsilon`), exact by construction below;
-* lifetime, per (user, metric, value): whatever number of reports is sent for
-  an unchanged value, together they reveal at most the permanent response,
-  which is ε∞-LDP (RAPPOR, Section 3, "ε∞ = 2h ln((1 - f/2)/(f/2))" with h = 1);
-* per user over a window with reports r_1..r_T on D distinct values:
-  ε_total <= min(T ε1, D ε∞)  (sequential composition of the per-report
-  guarantees, or of the D permanent responses; `lifetime_epsilon`).
+* L(T), the exact worst-case loss of T reports of one unchanged value (max
+  over output sequences and value pairs of the log likelihood ratio), computed
+  from the probabilities the samplers realize (`value_loss`). L(1) <= ε1 and
+  L(T) <= E∞, the realized permanent response's own loss (= ε∞ up to the
+  permanent sampler's rounding), however many reports are sent. For
+  rappor-grr, L(T) exceeds T ε1: the reports share the permanent response and
+  are not independent given the value (k = 64, ε1 = 0.5, ε∞ = 2: L(2) = 1.4776,
+  L(3) = 1.9196). For rappor-oue / rappor-sue L is concave in T and
+  L(T) <= T L(1).
+* The ledger cannot see values, so it charges every report the same
+  value-blind rate `report_charge` = r* = max over m >= 1 of L(m)/m, rounded up
+  (at `memo_loss.CHARGE_PLACES` decimals; ε1 itself when r* <= ε1, as for
+  rappor-oue and rappor-sue). For ANY set of a subject's reports (any windows,
+  any grouping into values with T_v reports of value v):
+  Σ_v L(T_v) <= Σ_v T_v r* = Σ of their charges. The ledger keeps charging
+  after one value's loss saturates at E∞ because it cannot tell a repeated
+  value from a new one, and a per-value counter on the wire would itself leak.
+* `lifetime_epsilon(counts)` = Σ_v L(T_v): the true loss of a subject's
+  reports with `counts[v]` reports of value v (per value, at most E∞).
 
-Calibration (closed forms; ε1 <= ε∞ is required):
+Not covered: the repetition pattern. Reports of one value are correlated, so
+a sequence of reports reveals, beyond any per-report ε, whether a user's
+value stayed the same between reports; RAPPOR's guarantee, and this one, is
+about the values, not about whether they changed.
+
+Calibration (closed forms; ε1 <= ε∞ is required). The instantaneous step is
+drawn with a probability on the 2^-53 grid that `random()` and the bit-sliced
+sampler realize exactly, chosen as the least noise whose exact one-report
+loss, from the realized permanent law, is <= ε1 (bisection; `_instant_*`):
 
 * rappor-sue — permanent: SUE at ε∞ (bit i = 1 w.p. p∞ = e^{ε∞/2}/(e^{ε∞/2}+1)
   if i = v, q∞ = 1 - p∞ otherwise; RAPPOR's f = 2 q∞). Instantaneous: each bit
-  kept w.p. r, flipped w.p. 1 - r, with 2r - 1 = (2 p1 - 1)/(2 p∞ - 1),
-  p1 = e^{ε1/2}/(e^{ε1/2}+1). Then P[S_i = 1 | B_i = 1] = p1 and
-  P[S_i = 1 | B_i = 0] = 1 - p1: SUE at ε1 (RAPPOR's q*, p* of Section 3 with
-  p = 1 - q, whose ε1 = ln(q*(1-p*)/(p*(1-q*))) equals ε1 here). This is
-  basic one-hash RAPPOR.
+  flipped w.p. f, 1 - 2f = (2 p1 - 1)/(2 p∞ - 1), p1 = e^{ε1/2}/(e^{ε1/2}+1).
+  Then P[S_i = 1 | B_i = 1] = p1 and P[S_i = 1 | B_i = 0] = 1 - p1: SUE at ε1
+  (RAPPOR's q*, p* of Section 3). This is basic one-hash RAPPOR.
 * rappor-oue — permanent: OUE at ε∞ (p∞ = 1/2, q∞ = 1/(e^{ε∞}+1)). Instantaneous:
-  symmetric flips keeping w.p. r = (1 - q∞ - q1)/(1 - 2 q∞), q1 = 1/(e^{ε1}+1).
+  symmetric flips with 1 - f = (1 - q∞ - q1)/(1 - 2 q∞), q1 = 1/(e^{ε1}+1).
   Then P[S_i = 1 | B_i = 1] = 1/2 and P[S_i = 1 | B_i = 0] = q1: OUE at ε1.
-* rappor-grr — permanent: GRR at ε∞. Instantaneous: GRR at ε_r on the permanent
-  index. Composing two k-ary RRs multiplies λ(ε) = p - q = (e^ε - 1)/(e^ε + k - 1),
-  so λ_r = λ(ε1)/λ(ε∞) and e^{ε_r} = (1 + (k - 1) λ_r)/(1 - λ_r): GRR at ε1.
+* rappor-grr — permanent: GRR at ε∞. Instantaneous: GRR(p_r, q_r) on the
+  permanent index. Composing two k-ary RRs multiplies λ = p - q, and GRR with
+  λ has e^ε = (1 + (k - 1) λ)/(1 - λ), so λ_r = λ(ε1)/λ(ε∞),
+  λ(ε) = (e^ε - 1)/(e^ε + k - 1): GRR at ε1.
 
 Memo state. `MemoState` is an explicit, serializable object the caller
 persists (the SDK keeps one per (user, metric) in its device state): a key
@@ -50,12 +72,15 @@ raises ValueError.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import random
-from collections.abc import Iterator
+from abc import abstractmethod
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from decimal import Decimal
+from decimal import ROUND_CEILING, Decimal
+from fractions import Fraction
 from typing import TYPE_CHECKING, Any
 
 from fedldp.client.mechanisms._common import (
@@ -75,12 +100,110 @@ from fedldp.client.mechanisms.base import (
     system_random,
 )
 from fedldp.client.mechanisms.grr import GRR
+from fedldp.client.mechanisms.memo_loss import (
+    CHARGE_PLACES,
+    GRRChain,
+    UnaryChain,
+    charge_from_rate,
+    exp_lower,
+    joint_rate,
+)
 from fedldp.client.mechanisms.oracle import FrequencyOracle
 from fedldp.client.mechanisms.unary import OUE, SUE, UnaryEncoding
 
 if TYPE_CHECKING:
     import numpy as np
     import numpy.typing as npt
+
+
+#: `random()` and the bit-sliced sampler draw uniforms on this grid: a probability
+#: that is a multiple of GRID is realized exactly by `random() < prob`.
+GRID = Fraction(1, 1 << 53)
+
+
+def _random_below(prob: float) -> Fraction:
+    """The exact P[random() < prob] for a 53-bit `random()`: ceil(prob 2^53) / 2^53."""
+    return min(Fraction(1), Fraction(math.ceil(Fraction(prob) / GRID)) * GRID)
+
+
+def _bits_below(prob: float) -> Fraction:
+    """The exact P[bit = 1] of `_common.bernoulli_bits(prob)`: floor(prob 2^64) / 2^64."""
+    return Fraction(math.floor(Fraction(prob) * (1 << 64)), 1 << 64)
+
+
+def exact_probabilities(mechanism: GRR | UnaryEncoding) -> tuple[Fraction, Fraction]:
+    """(p, q) exactly as `mechanism.perturb` realizes them (the permanent response's law).
+
+    GRR keeps the value when `random() < p` and otherwise draws one of the
+    other k - 1 values uniformly; the unary encodings draw the other bits with
+    `bernoulli_bits(q)` and the true bit with `random() < p` (grr.py, unary.py).
+    This is the one place that reads the base samplers' law.
+    """
+    if isinstance(mechanism, GRR):
+        p = _random_below(mechanism.p)
+        return p, (1 - p) / (mechanism.k - 1)
+    return _random_below(mechanism.p), _bits_below(mechanism.q)
+
+
+def _least_on_grid(holds: Callable[[Fraction], bool], lo: int, hi: int) -> int:
+    """Smallest n in [lo, hi] with holds(n GRID), for `holds` monotone (false, then true)
+    and holds(hi GRID) true."""
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if holds(mid * GRID):
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
+
+
+def _instant_keep(k: int, p_inf: Fraction, epsilon: Decimal) -> Fraction:
+    """Largest p_r on the grid with one report's exact loss <= ε1 (rappor-grr).
+
+    One report is GRR with λ = λ∞ λ_r (λ = p - q, λ_r = (k p_r - 1)/(k - 1)),
+    whose loss ln (1 + (k - 1) λ)/(1 - λ) increases in λ; so the condition is
+    (1 + (k - 1) λ)/(1 - λ) <= e^ε1, checked against a rational lower bound of
+    e^ε1. p_r = 1/k (λ = 0) never leaks.
+    """
+    bound = exp_lower(epsilon)
+    lam_inf = p_inf - (1 - p_inf) / (k - 1)
+
+    def leaks(p_r: Fraction) -> bool:
+        lam = lam_inf * (k * p_r - 1) / (k - 1)
+        return 1 + (k - 1) * lam > bound * (1 - lam)
+
+    top = 1 / GRID
+    if not leaks(Fraction(1)):
+        return Fraction(1)
+    first = _least_on_grid(leaks, math.ceil(top / k), int(top))
+    return (first - 1) * GRID
+
+
+def _instant_flip(p_inf: Fraction, q_inf: Fraction, epsilon: Decimal) -> Fraction:
+    """Smallest flip f on the grid with one report's exact loss <= ε1 (unary encodings).
+
+    A report bit is 1 w.p. f + π (1 - 2f) (π = p∞ or q∞); its loss
+    ln p1'(1 - q1')/(q1'(1 - p1')) decreases as f grows to 1/2 (where it is 0).
+    """
+    bound = exp_lower(epsilon)
+
+    def quiet(f: Fraction) -> bool:
+        p1, q1 = f + p_inf * (1 - 2 * f), f + q_inf * (1 - 2 * f)
+        return p1 * (1 - q1) <= bound * q1 * (1 - p1)
+
+    return _least_on_grid(quiet, 0, int(Fraction(1, 2) / GRID)) * GRID
+
+
+@functools.lru_cache(maxsize=256)
+def _grr_rate(k: int, p_inf: Fraction, p_r: Fraction) -> Decimal:
+    chain = GRRChain(k, p_inf, p_r)
+    return joint_rate(chain.loss, chain.permanent_loss(), lambda: chain.evaluations)
+
+
+@functools.lru_cache(maxsize=256)
+def _unary_rate(p_inf: Fraction, q_inf: Fraction, flip: Fraction) -> Decimal:
+    chain = UnaryChain(p_inf, q_inf, flip)
+    return joint_rate(chain.loss, chain.permanent_loss(), lambda: chain.evaluations)
 
 
 @dataclass
@@ -145,11 +268,42 @@ class Memoized(FrequencyOracle):
         """An empty memo for one (user, metric)."""
         return MemoState(key=self.memo_key)
 
-    def lifetime_epsilon(self, reports: int, distinct_values: int) -> Decimal:
-        """Upper bound on one user's total ε: min(reports · ε1, distinct_values · ε∞)."""
-        if reports < 0 or distinct_values < 0 or distinct_values > reports:
-            raise ValueError("need 0 <= distinct_values <= reports")
-        return min(reports * self.epsilon, distinct_values * self.epsilon_permanent)
+    @abstractmethod
+    def _loss(self, reports: int) -> Decimal:
+        """Upper bound on L(reports), from the subclass's exact chain."""
+
+    @abstractmethod
+    def _rate(self) -> Decimal:
+        """Upper bound on r* = max over m >= 1 of L(m)/m."""
+
+    def _finish(self) -> None:
+        """Compute the charge once the exact laws are set (refuses too costly parameters)."""
+        self._report_charge = charge_from_rate(self._rate(), self.epsilon)
+
+    @property
+    def report_charge(self) -> Decimal:
+        """The value-blind per-report charge: r* rounded up, or ε1 when r* <= ε1."""
+        return self._report_charge
+
+    def value_loss(self, reports: int) -> Decimal:
+        """L(reports): the exact loss of that many reports of one value, rounded up.
+
+        Rounded up at CHARGE_PLACES decimals; at most E∞ (the realized permanent
+        response's loss) for every number of reports.
+        """
+        if isinstance(reports, bool) or not isinstance(reports, int) or reports < 0:
+            raise ValueError("reports must be an integer >= 0")
+        return self._loss(reports).quantize(
+            Decimal(1).scaleb(-CHARGE_PLACES), rounding=ROUND_CEILING
+        )
+
+    def lifetime_epsilon(self, reports_per_value: Iterable[int]) -> Decimal:
+        """Σ_v L(T_v): the loss of a subject's reports with T_v reports of value v.
+
+        Per value it never exceeds E∞ however many reports are sent; it is at
+        most the sum of the reports' charges (T r*) for any grouping.
+        """
+        return sum((self.value_loss(t) for t in reports_per_value), Decimal(0))
 
     def _memo(self, memo: MemoState | None) -> MemoState:
         if memo is None:
@@ -188,16 +342,23 @@ class MemoizedUnary(Memoized):
         base_class = OUE if self.wire_id == "rappor-oue" else SUE
         self.base = base_class(epsilon, k)
         self.permanent = base_class(epsilon_permanent, k)
-        p1, q1 = self.base.p, self.base.q
-        p_inf, q_inf = self.permanent.p, self.permanent.q
-        if self.wire_id == "rappor-oue":
-            keep = (1.0 - q_inf - q1) / (1.0 - 2.0 * q_inf)
-        else:
-            keep = (1.0 + (2.0 * p1 - 1.0) / (2.0 * p_inf - 1.0)) / 2.0
-        #: Probability that the instantaneous response flips a permanent bit.
-        self.flip = min(0.5, max(0.0, 1.0 - keep))
+        self.p_exact, self.q_exact = exact_probabilities(self.permanent)
+        self.flip_exact = _instant_flip(self.p_exact, self.q_exact, epsilon)
+        #: Probability that the instantaneous response flips a permanent bit (on the
+        #: 2^-53 grid, so `bernoulli_bits` realizes it exactly).
+        self.flip = float(self.flip_exact)
         self.support_p = self.base.support_p
         self.support_q = self.base.support_q
+        self._finish()
+
+    def _chain(self) -> UnaryChain:
+        return UnaryChain(self.p_exact, self.q_exact, self.flip_exact)
+
+    def _loss(self, reports: int) -> Decimal:
+        return self._chain().loss(reports)
+
+    def _rate(self) -> Decimal:
+        return _unary_rate(self.p_exact, self.q_exact, self.flip_exact)
 
     def output_probability(self, value: int, output: Output) -> float:
         """Marginal P[report | value], summing over the permanent response per bit."""
@@ -236,6 +397,23 @@ class MemoizedUnary(Memoized):
             np.bitwise_xor(block, words_to_bytes(flips, self.k), out=block)
         return permanent
 
+    def perturb_batch_longitudinal(
+        self, values: npt.NDArray[np.int64], reports: int, rng: np.random.Generator
+    ) -> npt.NDArray[np.uint8]:
+        """`reports` reports per user sharing one permanent response.
+
+        Shape (n, reports, ceil(k/8)) of packed rows; row i has the law of
+        `reports` calls of `perturb(values[i], memo=m)` with one fresh memo m.
+        """
+        import numpy as np
+
+        permanent = self.permanent.perturb_batch(values, rng)
+        out = np.empty((permanent.shape[0], reports, permanent.shape[1]), dtype=np.uint8)
+        for t in range(reports):
+            flips = bernoulli_words(self.flip, permanent.shape[0], self.k, rng)
+            out[:, t, :] = permanent ^ words_to_bytes(flips, self.k)
+        return out
+
 
 class RapporOUE(MemoizedUnary):
     """Memoized OUE: permanent OUE at ε∞, per-report OUE at ε1."""
@@ -259,18 +437,26 @@ class RapporGRR(Memoized):
         super().__init__(epsilon, k, epsilon_permanent)
         self.base = GRR(epsilon, k)
         self.permanent = GRR(epsilon_permanent, k)
-        lam_r = (self.base.p - self.base.q) / (self.permanent.p - self.permanent.q)
-        lam_r = min(1.0, lam_r)
-        if lam_r >= 1.0:  # ε1 = ε∞: the instantaneous response is the permanent one
-            self.p_r, self.q_r = 1.0, 0.0
-        else:
-            e_r = (1.0 + (k - 1) * lam_r) / (1.0 - lam_r)
-            self.p_r = e_r / (e_r + k - 1)
-            self.q_r = 1.0 / (e_r + k - 1)
-        #: ε_r of the instantaneous GRR (float; the per-report cost is `epsilon`).
+        self.p_exact, self.q_exact = exact_probabilities(self.permanent)
+        self.p_r_exact = _instant_keep(k, self.p_exact, epsilon)
+        #: Instantaneous GRR: keep the permanent index w.p. p_r (on the 2^-53 grid,
+        #: so `random() < p_r` realizes it exactly), else one of the k - 1 others.
+        self.p_r = float(self.p_r_exact)
+        self.q_r = float((1 - self.p_r_exact) / (k - 1))
+        #: ε_r of the instantaneous GRR (float, for information; the charge is `report_charge`).
         self.epsilon_instantaneous = math.inf if self.q_r == 0.0 else math.log(self.p_r / self.q_r)
         self.support_p = self.base.support_p
         self.support_q = self.base.support_q
+        self._finish()
+
+    def _chain(self) -> GRRChain:
+        return GRRChain(self.k, self.p_exact, self.p_r_exact)
+
+    def _loss(self, reports: int) -> Decimal:
+        return self._chain().loss(reports)
+
+    def _rate(self) -> Decimal:
+        return _grr_rate(self.k, self.p_exact, self.p_r_exact)
 
     def output_probability(self, value: int, output: Output) -> float:
         """Marginal P[report | value], summing over the permanent index."""
@@ -311,6 +497,23 @@ class RapporGRR(Memoized):
         permanent = self.permanent.perturb_batch(values, rng)
         keep = rng.random(permanent.shape[0]) < self.p_r
         other = rng.integers(0, self.k - 1, size=permanent.shape[0], dtype=np.int64)
+        other += other >= permanent
+        return np.where(keep, permanent, other)
+
+    def perturb_batch_longitudinal(
+        self, values: npt.NDArray[np.int64], reports: int, rng: np.random.Generator
+    ) -> npt.NDArray[np.int64]:
+        """`reports` reports per user sharing one permanent response: shape (n, reports).
+
+        Row i has the law of `reports` calls of `perturb(values[i], memo=m)` with
+        one fresh memo m.
+        """
+        import numpy as np
+
+        permanent = self.permanent.perturb_batch(values, rng)[:, None]
+        shape = (permanent.shape[0], reports)
+        keep = rng.random(shape) < self.p_r
+        other = rng.integers(0, self.k - 1, size=shape, dtype=np.int64)
         other += other >= permanent
         return np.where(keep, permanent, other)
 
