@@ -83,7 +83,8 @@ class ReportContext:
     """Where a report's data came from (all optional for direct API use).
 
     `epsilon_charged` is Σ ε charged in the ledger for the counted reports
-    (= n·ε per report, exact); `epsilon_cap` is the per-user cap per window.
+    (= n · the policy's charge per report, exact); `epsilon_cap` is the per-user cap
+    per window.
     """
 
     policy_id: str | None = None

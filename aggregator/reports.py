@@ -215,7 +215,7 @@ def report_for_policy(
         metric=policy.metric_name,
         window_start=window_start,
         epsilon_cap=policy.epsilon_cap,
-        epsilon_charged=policy.epsilon * merged.n,
+        epsilon_charged=policy.charge * merged.n,
         shards=merged.partials,
         sources=merged.sources,
     )

@@ -24,7 +24,9 @@ What happens, in order (see docs/sdk.md for the full contract):
    epsilon). Without one it raises `NoPolicyError`, saying why.
 2. **Budget guard.** The device keeps its own ledger of epsilon per policy and
    window, and refuses (`BudgetGuardError`) before randomizing when the charge
-   would pass the policy's cap, whatever the collector would accept.
+   would pass the policy's cap, whatever the collector would accept. A report
+   costs the policy's `charge` (the mechanism's `report_charge`), exactly what
+   the collector's ledger charges.
 3. **Randomize once.** The value is randomized now (OS CSPRNG), the report gets
    16 random bytes as its id, and its exact serialized bytes are written to the
    outbox together with the budget charge in one SQLite transaction (WAL,
@@ -238,6 +240,8 @@ class BudgetStatus:
     epsilon_cap: Decimal
     epsilon_spent: Decimal
     epsilon_remaining: Decimal
+    #: What one report costs: the mechanism's `report_charge` (its epsilon, or a
+    #: memoized mechanism's exact joint-loss rate).
     epsilon_per_report: Decimal
 
 
@@ -688,11 +692,12 @@ class Client:
             # Every check before randomizing: a refused value is never randomized.
             self._outbox.ensure_room(conn)
             spent = DeviceStore.spent(conn, policy.policy_id, window)
-            if EXACT.compare(EXACT.add(spent, policy.epsilon), policy.epsilon_cap) > 0:
+            charge = policy.charge  # the mechanism's report_charge: what a report costs
+            if EXACT.compare(EXACT.add(spent, charge), policy.epsilon_cap) > 0:
                 raise BudgetGuardError(
                     f"policy {policy.policy_id}: this device has spent {spent} of its epsilon "
                     f"cap {policy.epsilon_cap} in the window starting {window}; one more "
-                    f"report costs {policy.epsilon}. Recording resumes at "
+                    f"report costs {charge}. Recording resumes at "
                     f"{window + policy.window_seconds}"
                 )
             if memo is None:
@@ -714,12 +719,12 @@ class Client:
                 policy_id=policy.policy_id,
                 policy_version=policy.version,
                 window_start=window,
-                epsilon=policy.epsilon,
+                epsilon=charge,
                 report=report.SerializeToString(),
                 created_at=now,
             )
             total = DeviceStore.charge(
-                conn, policy.policy_id, window, policy.window_seconds, policy.epsilon, spent=spent
+                conn, policy.policy_id, window, policy.window_seconds, charge, spent=spent
             )
             DeviceStore.bump(conn, "recorded")
         return RecordResult(
@@ -727,7 +732,7 @@ class Client:
             policy_id=policy.policy_id,
             policy_version=policy.version,
             window_start=window,
-            epsilon_charged=policy.epsilon,
+            epsilon_charged=charge,
             epsilon_spent=total,
             epsilon_remaining=EXACT.subtract(policy.epsilon_cap, total),
             clipped=clipped,
@@ -963,7 +968,7 @@ class Client:
                         epsilon_cap=p.epsilon_cap,
                         epsilon_spent=spent,
                         epsilon_remaining=max(Decimal(0), EXACT.subtract(p.epsilon_cap, spent)),
-                        epsilon_per_report=p.epsilon,
+                        epsilon_per_report=p.charge,
                     )
                 )
         return out

@@ -31,6 +31,7 @@ from fedldp.client.policy import (
     load_trust,
     load_trust_folder,
     policy_digest,
+    policy_problems,
     read_envelope,
     sign_policy,
     successor_problems,
@@ -204,6 +205,7 @@ def verify(
     click.echo(
         f"OK: policy {verified.policy_id} v{verified.version}, metric {verified.metric_name}, "
         f"mechanism {verified.mechanism_id} epsilon {verified.epsilon} per report, "
+        f"charge {verified.charge} per report, "
         f"cap {verified.epsilon_cap} per {verified.window_seconds} s, "
         f"valid [{verified.not_before}, {verified.expires_at})"
     )
@@ -236,6 +238,11 @@ def describe_envelope(envelope: policy_pb2.SignedEnvelope) -> dict[str, Any]:
     decoded = json_format.MessageToDict(message, preserving_proto_field_name=True)
     if isinstance(message, policy_pb2.Policy) and message.metric.HasField("categorical"):
         decoded["metric"]["categorical"]["digest"] = message.metric.categorical.digest.hex()
+    if isinstance(message, policy_pb2.Policy):
+        _, mechanism = policy_problems(message)
+        if mechanism is not None:  # what a report costs, from the content alone
+            info["epsilon_per_report"] = str(mechanism.epsilon)
+            info["charge_per_report"] = str(mechanism.report_charge)
     if isinstance(message, policy_pb2.Root):
         for role in ("root_keys", "policy_keys"):
             for entry, raw in zip(decoded.get(role, []), getattr(message, role), strict=True):

@@ -33,7 +33,12 @@ from fedldp.client.policy.envelope import (
 )
 from fedldp.client.policy.errors import InvalidPolicyError
 from fedldp.client.policy.trust import TrustStore
-from fedldp.client.policy.validation import parse_decimal, policy_problems, root_problems
+from fedldp.client.policy.validation import (
+    EPSILON_PERMANENT,
+    parse_decimal,
+    policy_problems,
+    root_problems,
+)
 from fedldp.v1 import policy_pb2
 
 if TYPE_CHECKING:  # annotations only (postponed): no runtime dependency on Python 3.11+
@@ -72,9 +77,12 @@ _REQUIRED_FIELDS = ("policy_id", "metric", "epsilon", "epsilon_cap", "window_sec
 
 _DURATION = re.compile(r"^([1-9][0-9]*)([smhdw])$")
 _DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": _DAY, "w": 7 * _DAY}
+#: memo_charging spellings. "instantaneous" (the older spelling) is written as
+#: MEMO_CHARGING_JOINT too: the charge of every memoized policy is the joint rate.
 _MEMO = {
     "none": policy_pb2.MEMO_CHARGING_NONE,
-    "instantaneous": policy_pb2.MEMO_CHARGING_INSTANTANEOUS,
+    "joint": policy_pb2.MEMO_CHARGING_JOINT,
+    "instantaneous": policy_pb2.MEMO_CHARGING_JOINT,
 }
 
 _TOP_KEYS = {
@@ -395,7 +403,8 @@ def policy_from_dict(data: Mapping[str, Any]) -> policy_pb2.Policy:
                 policy.mechanism.params[key] = _decimal_text(
                     value, f"mechanism.params.{key}", problems
                 )
-        memo = mechanism.get("memo_charging", "none")
+        memoized = EPSILON_PERMANENT in policy.mechanism.params
+        memo = mechanism.get("memo_charging", "joint" if memoized else "none")
         if memo not in _MEMO:
             problems.append(f"mechanism.memo_charging must be one of {sorted(_MEMO)}")
         else:

@@ -187,6 +187,8 @@ def _metric_problems(
 
 #: The parameter naming a memoized mechanism's permanent-response epsilon (policy.proto).
 EPSILON_PERMANENT = "epsilon_permanent"
+#: MemoCharging values of a memoized mechanism; both are charged `report_charge`.
+MEMOIZED_CHARGING = (policy_pb2.MEMO_CHARGING_JOINT, policy_pb2.MEMO_CHARGING_INSTANTANEOUS)
 
 
 def permanent_epsilon(spec: policy_pb2.MechanismSpec) -> Decimal | None:
@@ -209,19 +211,21 @@ def _memo_problems(
     RAPPOR (Erlingsson, Pihur, Korolova, CCS 2014, Section 4): the permanent
     randomized response bounds what any number of reports of one value leak
     (epsilon_permanent), and one report leaks epsilon_1 <= epsilon_permanent, so
-    the per-report epsilon may not exceed the permanent one.
+    the per-report epsilon may not exceed the permanent one. Both memoized
+    values (MEMO_CHARGING_JOINT, and the older MEMO_CHARGING_INSTANTANEOUS) are
+    charged the mechanism's `report_charge` (the joint-loss rate, memo.py).
     """
-    memoized = spec.memo_charging == policy_pb2.MEMO_CHARGING_INSTANTANEOUS
+    memoized = spec.memo_charging in MEMOIZED_CHARGING
     has_permanent = EPSILON_PERMANENT in spec.params
     if memoized and not has_permanent:
         problems.append(
-            f"mechanism.memo_charging is instantaneous but mechanism.params.{EPSILON_PERMANENT} "
+            f"mechanism.memo_charging is memoized but mechanism.params.{EPSILON_PERMANENT} "
             "is missing; set it, or use memo_charging none"
         )
     if has_permanent and not memoized:
         problems.append(
             f"mechanism.params.{EPSILON_PERMANENT} is set but memo_charging is not "
-            "instantaneous; a memoized mechanism must be charged as memoized"
+            "joint; a memoized mechanism must be charged as memoized"
         )
     if has_permanent:
         permanent = _positive_decimal(
@@ -283,12 +287,10 @@ def policy_problems(
         epsilon = _positive_decimal(spec.epsilon, "mechanism.epsilon", problems)
         if len(spec.params) > MAX_PARAMS:
             problems.append(f"mechanism.params has more than {MAX_PARAMS} entries")
-        if spec.memo_charging not in (
-            policy_pb2.MEMO_CHARGING_NONE,
-            policy_pb2.MEMO_CHARGING_INSTANTANEOUS,
-        ):
+        if spec.memo_charging not in (policy_pb2.MEMO_CHARGING_NONE, *MEMOIZED_CHARGING):
             problems.append(
-                "mechanism.memo_charging must be MEMO_CHARGING_NONE or MEMO_CHARGING_INSTANTANEOUS"
+                "mechanism.memo_charging must be MEMO_CHARGING_NONE, MEMO_CHARGING_JOINT or "
+                "MEMO_CHARGING_INSTANTANEOUS"
             )
         _memo_problems(spec, epsilon, problems)
         if spec.id and spec.id != "auto" and epsilon is not None and metric_arg is not None:
@@ -304,10 +306,10 @@ def policy_problems(
         problems.append("budget is missing; set epsilon_cap and window_seconds")
     else:
         cap = _positive_decimal(budget.epsilon_cap, "budget.epsilon_cap", problems)
-        per_report = mechanism.epsilon if mechanism is not None else epsilon
+        per_report = mechanism.report_charge if mechanism is not None else epsilon
         if cap is not None and per_report is not None and cap < per_report:
             problems.append(
-                f"budget.epsilon_cap ({budget.epsilon_cap}) is below the per-report cost "
+                f"budget.epsilon_cap ({budget.epsilon_cap}) is below the per-report charge "
                 f"({per_report}); no report could ever be accepted. Raise the cap or lower "
                 "mechanism.epsilon"
             )

@@ -60,8 +60,10 @@ class VerifiedPolicy:
     """A policy whose signature, content and validity were checked.
 
     `payload` is the exact signed bytes; `digest` = SHA-256(payload) is the
-    policy's identity on the wire. `epsilon` is what the ledger charges per
-    report (the mechanism's own epsilon). `key_id` names the key whose signature
+    policy's identity on the wire. `epsilon` is one report's loss (the
+    mechanism's epsilon); `charge` is what the ledger and the device guard
+    charge per report (the mechanism's `report_charge`: `epsilon`, or the exact
+    joint-loss rate of a memoized mechanism). `key_id` names the key whose signature
     was accepted. Instances compare by identity; treat `envelope` and `message`
     as read-only.
     """
@@ -99,6 +101,11 @@ class VerifiedPolicy:
     def mechanism_id(self) -> str:
         """The mechanism's stable wire id."""
         return str(self.message.mechanism.id)
+
+    @property
+    def charge(self) -> Decimal:
+        """What every report costs in the ledgers: the mechanism's `report_charge`."""
+        return self.mechanism.report_charge
 
     @property
     def memo_charging(self) -> int:
@@ -211,7 +218,8 @@ def verify_policy(
     `highest_versions` maps policy id -> the highest version already accepted
     (a lower version raises RollbackError; the same version is accepted again).
     `max_epsilon` is the device's own maximum for any one epsilon the policy names
-    (per report, and the permanent epsilon of a memoized mechanism) and
+    (the per-report charge, i.e. the real cost of a report, and the permanent
+    epsilon of a memoized mechanism) and
     `max_epsilon_cap` its maximum per window: a policy above either is refused
     whatever the signature says. `audience` is the collector deployment name (devices pass None).
     See the module docstring for the order of checks.
@@ -245,10 +253,12 @@ def verify_policy(
                 f"{highest} or later (versions only increase)"
             )
     cap = parse_decimal(policy.budget.epsilon_cap)
-    if max_epsilon is not None and mechanism.epsilon > max_epsilon:
+    charge = mechanism.report_charge
+    if max_epsilon is not None and charge > max_epsilon:
         raise EpsilonAboveMaximumError(
-            f"{name} asks epsilon {mechanism.epsilon} per report, above this device's maximum "
-            f"{max_epsilon}; lower mechanism.epsilon or raise the device's configured maximum"
+            f"{name} costs epsilon {charge} per report (mechanism.epsilon "
+            f"{mechanism.epsilon}), above this device's maximum {max_epsilon}; lower "
+            "mechanism.epsilon or raise the device's configured maximum"
         )
     permanent = permanent_epsilon(policy.mechanism)
     if max_epsilon is not None and permanent is not None and permanent > max_epsilon:

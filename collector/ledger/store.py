@@ -144,7 +144,7 @@ class LedgerPolicy(Protocol):
     @property
     def digest(self) -> bytes: ...
     @property
-    def epsilon(self) -> Decimal: ...
+    def charge(self) -> Decimal: ...
     @property
     def epsilon_cap(self) -> Decimal: ...
     @property
@@ -818,7 +818,7 @@ class Ledger:
                             pid,
                             version,
                             blob(pol.digest),
-                            _s(pol.epsilon),
+                            _s(pol.charge),
                             _s(pol.epsilon_cap),
                             shard,
                         )
@@ -829,7 +829,7 @@ class Ledger:
                         _Run(
                             (subject, pid, window),
                             stat_key,
-                            pol.epsilon,
+                            pol.charge,
                             pol.epsilon_cap,
                             run_reports,
                             shared,

@@ -45,9 +45,18 @@ class _MemoChargingEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_MemoChar
     MEMO_CHARGING_NONE: _MemoCharging.ValueType  # 1
     """Not memoized: every report costs the mechanism's epsilon."""
     MEMO_CHARGING_INSTANTANEOUS: _MemoCharging.ValueType  # 2
-    """Memoized: every report costs the instantaneous epsilon against the
-    permanent response; the permanent response bounds the lifetime leak of
-    one value (see the mechanism's docs for the formulas).
+    """Memoized, as signed before MEMO_CHARGING_JOINT existed. Its label promised
+    epsilon per report, which is false for rappor-grr (reports of one value
+    share the permanent response and are not independent). Still accepted, and
+    charged exactly like MEMO_CHARGING_JOINT (the sound rule); authoring writes
+    MEMO_CHARGING_JOINT.
+    """
+    MEMO_CHARGING_JOINT: _MemoCharging.ValueType  # 3
+    """Memoized: every report costs the mechanism's exact joint-loss rate
+    r* = max over m >= 1 of L(m)/m, rounded up (L(m): the exact worst-case loss
+    of m reports of one value), or epsilon when r* <= epsilon; so the charges of
+    any set of a subject's reports bound their joint loss whatever values they
+    carry. See docs/mechanisms.md, "Longitudinal collection".
     """
 
 class MemoCharging(_MemoCharging, metaclass=_MemoChargingEnumTypeWrapper):
@@ -57,9 +66,18 @@ MEMO_CHARGING_UNSPECIFIED: MemoCharging.ValueType  # 0
 MEMO_CHARGING_NONE: MemoCharging.ValueType  # 1
 """Not memoized: every report costs the mechanism's epsilon."""
 MEMO_CHARGING_INSTANTANEOUS: MemoCharging.ValueType  # 2
-"""Memoized: every report costs the instantaneous epsilon against the
-permanent response; the permanent response bounds the lifetime leak of
-one value (see the mechanism's docs for the formulas).
+"""Memoized, as signed before MEMO_CHARGING_JOINT existed. Its label promised
+epsilon per report, which is false for rappor-grr (reports of one value
+share the permanent response and are not independent). Still accepted, and
+charged exactly like MEMO_CHARGING_JOINT (the sound rule); authoring writes
+MEMO_CHARGING_JOINT.
+"""
+MEMO_CHARGING_JOINT: MemoCharging.ValueType  # 3
+"""Memoized: every report costs the mechanism's exact joint-loss rate
+r* = max over m >= 1 of L(m)/m, rounded up (L(m): the exact worst-case loss
+of m reports of one value), or epsilon when r* <= epsilon; so the charges of
+any set of a subject's reports bound their joint loss whatever values they
+carry. See docs/mechanisms.md, "Longitudinal collection".
 """
 Global___MemoCharging: _TypeAlias = MemoCharging  # noqa: Y015
 
