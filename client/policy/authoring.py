@@ -54,7 +54,8 @@ class PolicyFields(TypedDict):
     (per window), window_seconds, now (the policy is valid from `now`).
     Optional, with defaults: version 1, lifetime_seconds 30 days, min_reports 100,
     audience ("default",), params {} (mechanism parameters), purpose
-    "collect METRIC under local differential privacy", memo_charging NONE.
+    "collect METRIC under local differential privacy", memo_charging JOINT when
+    params names epsilon_permanent (a memoized mechanism), else NONE.
     """
 
     policy_id: str
@@ -525,6 +526,9 @@ class Authority:
         metric = fields["metric"]
         now = fields["now"]
         purpose = fields.get("purpose")
+        params = dict(fields.get("params") or {})
+        memoized = EPSILON_PERMANENT in params
+        default_memo = policy_pb2.MEMO_CHARGING_JOINT if memoized else policy_pb2.MEMO_CHARGING_NONE
         return policy_pb2.Policy(
             policy_id=fields["policy_id"],
             version=fields.get("version", 1),
@@ -534,8 +538,8 @@ class Authority:
             mechanism=policy_pb2.MechanismSpec(
                 id=mechanism,
                 epsilon=fields["epsilon"],
-                params=dict(fields.get("params") or {}),
-                memo_charging=fields.get("memo_charging", policy_pb2.MEMO_CHARGING_NONE),
+                params=params,
+                memo_charging=fields.get("memo_charging", default_memo),
             ),
             budget=policy_pb2.Budget(
                 epsilon_cap=fields["epsilon_cap"], window_seconds=fields["window_seconds"]

@@ -309,7 +309,7 @@ def policy_problems(
         per_report = mechanism.report_charge if mechanism is not None else epsilon
         if cap is not None and per_report is not None and cap < per_report:
             problems.append(
-                f"budget.epsilon_cap ({budget.epsilon_cap}) is below the per-report charge "
+                f"budget.epsilon_cap ({budget.epsilon_cap}) is below the per-report cost "
                 f"({per_report}); no report could ever be accepted. Raise the cap or lower "
                 "mechanism.epsilon"
             )

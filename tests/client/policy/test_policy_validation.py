@@ -212,7 +212,9 @@ def test_bad_toml_reports_line(tmp_path: Path) -> None:
 def test_memoized_charging_needs_a_permanent_epsilon() -> None:
     problems = _problems(_with(mechanism__memo_charging="instantaneous"))
     assert any("epsilon_permanent is missing" in p for p in problems)
-    problems = _problems(_with(mechanism__params={"epsilon_permanent": "4"}))
+    problems = _problems(
+        _with(mechanism__params={"epsilon_permanent": "4"}, mechanism__memo_charging="none")
+    )
     assert any("must be charged as memoized" in p for p in problems)
     problems = _problems(
         _with(
