@@ -81,6 +81,7 @@ from fedldp.client.policy import (
     WindowChangeError,
     verify_policy,
 )
+from fedldp.client.policy.validation import MEMOIZED_CHARGING
 from fedldp.client.report_ids import ReportIds
 from fedldp.client.transport import Backoff, Credentials, Transport, TransportError, jitter_rng
 from fedldp.client.wire import fill_payload
@@ -1078,7 +1079,7 @@ def _memo_adapter(policy: VerifiedPolicy) -> Memoized | None:
     A policy charged as memoized whose mechanism this SDK cannot memoize is
     refused rather than run without its permanent responses.
     """
-    if policy.memo_charging != policy_pb2.MEMO_CHARGING_INSTANTANEOUS:
+    if policy.memo_charging not in MEMOIZED_CHARGING:
         return None
     if isinstance(policy.mechanism, Memoized):
         return policy.mechanism

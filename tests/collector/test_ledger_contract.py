@@ -27,6 +27,7 @@ from fedldp.collector.ledger import (
 )
 from fedldp.collector.ledger.schema import spend
 from fedldp.collector.testing import Deployment
+from fedldp.v1 import policy_pb2
 
 
 def _report(policy: VerifiedPolicy, index: int = 0, rid: bytes | None = None) -> CheckedReport:
@@ -75,6 +76,44 @@ def test_exact_decimals_reach_the_cap_exactly(
     outcomes = ledger.submit("carol", [_report(tenth_policy) for _ in range(11)], now=now)
     assert outcomes == [ACCEPTED] * 10 + [BUDGET_EXHAUSTED]
     assert ledger.spent("carol", "tenth", tenth_policy.window_start(now)) == Decimal("1.0")
+
+
+@pytest.fixture(scope="module")
+def memo_policies(deployment: Deployment) -> tuple[VerifiedPolicy, VerifiedPolicy]:
+    """rappor-grr, k = 64, ε1 = 0.5, ε∞ = 2, cap 3: signed JOINT, and the older INSTANTANEOUS."""
+    labels = [f"v{i}" for i in range(64)]
+    out = []
+    for policy_id, memo in (
+        ("memo-joint", policy_pb2.MEMO_CHARGING_JOINT),
+        ("memo-legacy", policy_pb2.MEMO_CHARGING_INSTANTANEOUS),
+    ):
+        env = deployment.add_categorical(
+            policy_id,
+            labels=labels,
+            epsilon="0.5",
+            epsilon_cap="3",
+            mechanism="rappor-grr",
+            params={"epsilon_permanent": "2"},
+            memo_charging=memo,
+        )
+        out.append(deployment.verified(env))
+    return out[0], out[1]
+
+
+def test_memoized_policy_charges_the_joint_rate(
+    ledger: Ledger, memo_policies: tuple[VerifiedPolicy, VerifiedPolicy], now: int
+) -> None:
+    # r* = L(2)/2 = 0.738803 per report (memo.py), not ε1 = 0.5: a cap of 3 holds
+    # floor(3 / 0.738803) = 4 reports, not 6. The older label is charged the same.
+    for pol in memo_policies:
+        assert (pol.epsilon, pol.charge) == (Decimal("0.5"), Decimal("0.738803"))
+        fits = int(pol.epsilon_cap // pol.charge)
+        assert fits == 4
+        outcomes = ledger.submit("dora", [_report(pol, i) for i in range(fits + 1)], now=now)
+        assert outcomes == [ACCEPTED] * fits + [BUDGET_EXHAUSTED]
+        window = pol.window_start(now)
+        assert ledger.spent("dora", pol.policy_id, window) == Decimal("2.955212")
+    assert ledger.reconcile() == []
 
 
 def test_next_window_has_a_fresh_budget(ledger: Ledger, policy: VerifiedPolicy, now: int) -> None:

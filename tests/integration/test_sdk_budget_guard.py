@@ -117,3 +117,59 @@ def test_next_window_reopens_the_budget(deployment: Deployment, tmp_path: Path) 
         second = c.record("browser.homepage", LABELS[0])
         assert second.window_start == first.window_start + 3600
         assert second.epsilon_spent == Decimal(1)
+
+
+def test_memoized_policy_guard_and_collector_refuse_at_the_same_report(
+    deployment: Deployment, tmp_path: Path
+) -> None:
+    # rappor-grr, k = 64, ε1 = 0.5, ε∞ = 2: every report costs r* = 0.738803 on the
+    # device and in the collector's ledger, so a cap of 3 holds floor(3 / r*) = 4.
+    labels = [f"site{i}.example" for i in range(64)]
+    policy = deployment.authority.categorical_policy(
+        policy_id="memo",
+        metric="browser.homepage",
+        labels=labels,
+        epsilon="0.5",
+        epsilon_cap="3",
+        window_seconds=86400,
+        now=deployment.now - 60,
+        min_reports=1,
+        audience=("default",),
+        mechanism="rappor-grr",
+        params={"epsilon_permanent": "2"},
+    )
+    envelope = deployment.authority.sign(policy)
+    deployment.envelopes.append(envelope)
+    collector = deployment.start()
+    charge, spent = Decimal("0.738803"), Decimal("2.955212")
+    with deployment.client(collector.address, tmp_path / "d") as c:
+        results = [c.record("browser.homepage", labels[i % 2]) for i in range(4)]
+        assert [r.epsilon_charged for r in results] == [charge] * 4
+        with pytest.raises(BudgetGuardError, match=r"one more report costs 0\.738803"):
+            c.record("browser.homepage", labels[0])
+        (status,) = c.budget()
+        assert (status.epsilon_per_report, status.epsilon_spent) == (charge, spent)
+        assert c.flush(timeout=10).acknowledged == 4
+    window = int(time.time()) - int(time.time()) % 86400
+    assert collector.ledger.spent("device-1", "memo", window) == spent
+    assert collector.ledger.reconcile() == []
+
+    # The collector agrees: GetBudget shows the same spend, and a fifth report sent
+    # around the device's guard is refused there too.
+    transport = Transport(collector.address, Credentials.insecure_bearer(deployment.token()))
+    try:
+        (budget,) = transport.get_budget("memo").budgets
+        assert (budget.epsilon_spent, budget.epsilon_remaining) == (str(spent), "0.044788")
+        now = int(time.time())
+        probe = collector_pb2.Report(
+            report_id=secrets.token_bytes(16),
+            policy_id="memo",
+            policy_version=1,
+            policy_digest=policy_digest(envelope.payload),
+            coarse_time=now - now % 3600,
+        )
+        probe.category.index = 0
+        (outcome,) = transport.submit_raw([probe.SerializeToString()]).outcomes
+        assert outcome.outcome == collector_pb2.OUTCOME_BUDGET_EXHAUSTED
+    finally:
+        transport.close()

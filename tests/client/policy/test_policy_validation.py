@@ -224,3 +224,16 @@ def test_memoized_charging_needs_a_permanent_epsilon() -> None:
         )
     )
     assert any("cannot leak more than the permanent" in p for p in problems)
+
+
+@pytest.mark.parametrize("spelling", [None, "joint", "instantaneous"])
+def test_memoized_policies_are_written_with_joint_charging(spelling: str | None) -> None:
+    mechanism: dict[str, Any] = {
+        "id": "rappor-grr",
+        "epsilon": "0.5",
+        "params": {"epsilon_permanent": "2"},
+    }
+    if spelling is not None:
+        mechanism["memo_charging"] = spelling
+    policy = policy_from_dict(_with(mechanism=mechanism))
+    assert policy.mechanism.memo_charging == policy_pb2.MEMO_CHARGING_JOINT
