@@ -277,3 +277,54 @@ def test_rotate_adds_a_policy_key_and_retires_the_old_one(
     _sign(runner, keys_dir / "policy.key", old_policy)
     result = runner.invoke(policy, ["verify", str(old_policy), *chain, "--now", VALID_AT])
     assert result.exit_code == 1 and "UnknownKeyError" in result.output
+
+
+def test_show_and_verify_print_epsilon_and_charge_per_report(
+    runner: CliRunner, tmp_path: Path
+) -> None:
+    keys_dir = _setup(runner, tmp_path)
+    labels = ", ".join(f'"v{i}"' for i in range(64))
+    text = EXAMPLE.read_text()
+    text = text.replace(
+        'values = ["news", "search", "social", "video", "shopping", "other"]',
+        f"values = [{labels}]",
+    )
+    text = text.replace('id = "grr"', 'id = "rappor-grr"').replace(
+        'epsilon = "1.0"', 'epsilon = "0.5"'
+    )
+    text = text.replace('memo_charging = "none"', 'memo_charging = "joint"')
+    text = text.replace('# g = "4"', 'epsilon_permanent = "2"')
+    source = tmp_path / "memo.toml"
+    source.write_text(text)
+    envelope_path = tmp_path / "memo.policy"
+    _ok(
+        runner.invoke(
+            policy,
+            [
+                "sign",
+                str(source),
+                "--key",
+                str(keys_dir / "policy.key"),
+                "--out",
+                str(envelope_path),
+            ],
+        )
+    )
+    shown = json.loads(_ok(runner.invoke(policy, ["show", str(envelope_path)])))
+    assert (shown["epsilon_per_report"], shown["charge_per_report"]) == ("0.5", "0.738803")
+    verified = _ok(
+        runner.invoke(
+            policy,
+            [
+                "verify",
+                str(envelope_path),
+                "--root",
+                str(tmp_path / "1.root"),
+                "--pin",
+                str(keys_dir / "root.pub"),
+                "--now",
+                VALID_AT,
+            ],
+        )
+    )
+    assert "epsilon 0.5 per report, charge 0.738803 per report" in verified
