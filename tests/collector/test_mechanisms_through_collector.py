@@ -84,7 +84,7 @@ def test_outputs_are_charged_and_aggregated(
     assert [o.outcome for o in response.outcomes] == [pb.OUTCOME_ACCEPTED] * 3
     window = policy.window_start(now)
     ledger = running.ledger
-    assert ledger.spent(subject, policy.policy_id, window) == 3 * policy.epsilon
+    assert ledger.spent(subject, policy.policy_id, window) == 3 * policy.charge
     parts = ledger.statistics(policy.policy_id, policy.version, window)
     assert sum(p.n for p in parts) == 3
     mech = policy.mechanism
