@@ -392,5 +392,6 @@ class CollectorService:
                 epsilon_cap=str(p.epsilon_cap),
                 epsilon_spent=str(spent),
                 epsilon_remaining=str(left),
+                charge_per_report=str(p.charge),
             )
         return out

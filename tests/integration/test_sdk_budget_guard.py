@@ -160,6 +160,7 @@ def test_memoized_policy_guard_and_collector_refuse_at_the_same_report(
     try:
         (budget,) = transport.get_budget("memo").budgets
         assert (budget.epsilon_spent, budget.epsilon_remaining) == (str(spent), "0.044788")
+        assert budget.charge_per_report == str(charge)
         now = int(time.time())
         probe = collector_pb2.Report(
             report_id=secrets.token_bytes(16),

@@ -446,6 +446,7 @@ class BudgetStatus(_message.Message):
     EPSILON_CAP_FIELD_NUMBER: _builtins.int
     EPSILON_SPENT_FIELD_NUMBER: _builtins.int
     EPSILON_REMAINING_FIELD_NUMBER: _builtins.int
+    CHARGE_PER_REPORT_FIELD_NUMBER: _builtins.int
     policy_id: _builtins.str
     policy_version: _builtins.int
     window_start: _builtins.int
@@ -456,6 +457,11 @@ class BudgetStatus(_message.Message):
     """decimal strings"""
     epsilon_spent: _builtins.str
     epsilon_remaining: _builtins.str
+    charge_per_report: _builtins.str
+    """What one report under this policy costs in the ledger (decimal string): the
+    mechanism's epsilon, or a memoized mechanism's exact joint-loss rate
+    (policy.proto, MEMO_CHARGING_JOINT). Empty from collectors older than this field.
+    """
     def __init__(
         self,
         *,
@@ -466,10 +472,11 @@ class BudgetStatus(_message.Message):
         epsilon_cap: _builtins.str = ...,
         epsilon_spent: _builtins.str = ...,
         epsilon_remaining: _builtins.str = ...,
+        charge_per_report: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["epsilon_cap", b"epsilon_cap", "epsilon_remaining", b"epsilon_remaining", "epsilon_spent", b"epsilon_spent", "policy_id", b"policy_id", "policy_version", b"policy_version", "window_end", b"window_end", "window_start", b"window_start"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["charge_per_report", b"charge_per_report", "epsilon_cap", b"epsilon_cap", "epsilon_remaining", b"epsilon_remaining", "epsilon_spent", b"epsilon_spent", "policy_id", b"policy_id", "policy_version", b"policy_version", "window_end", b"window_end", "window_start", b"window_start"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
