@@ -146,8 +146,10 @@ def exact_probabilities(mechanism: GRR | UnaryEncoding) -> tuple[Fraction, Fract
 
 
 def _least_on_grid(holds: Callable[[Fraction], bool], lo: int, hi: int) -> int:
-    """Smallest n in [lo, hi] with holds(n GRID), for `holds` monotone (false, then true)
-    and holds(hi GRID) true."""
+    """Smallest n in [lo, hi] with holds(n GRID); `holds` is monotone and holds(hi GRID).
+
+    Monotone means false up to some n, then true (bisection).
+    """
     while lo < hi:
         mid = (lo + hi) // 2
         if holds(mid * GRID):
