@@ -253,3 +253,31 @@ def test_unary_longitudinal_batch_shares_the_permanent_response() -> None:
     both = float(np.mean(bit[:, 0] & bit[:, 1]))
     assert abs(both - expected) < 5.3 * sd
     assert abs(0.25 - expected) > 10 * sd
+
+
+def _grr_unpruned(mech: RapporGRR, m: int) -> Fraction:
+    """Every (a, b), the n others spread evenly (no pruning), in exact rationals."""
+    p, q = mech.p_exact, mech.q_exact
+    rho = mech.p_r_exact * (mech.k - 1) / (1 - mech.p_r_exact)
+    others = mech.k - 2
+    best = Fraction(1)
+    for a in range(m + 1):
+        for b in range(m - a + 1):
+            n = m - a - b
+            if others == 0 and n:
+                continue
+            u, w = divmod(n, others) if others else (0, 0)
+            rest = w * rho ** (u + 1) + (others - w) * rho**u
+            ratio = (q * (rho**b + rest) + p * rho**a) / (q * (rho**a + rest) + p * rho**b)
+            best = max(best, ratio)
+    return best
+
+
+@pytest.mark.parametrize(
+    ("k", "eps", "eps_perm"), [(3, "0.3", "3"), (6, "0.5", "2"), (20, "1", "4")]
+)
+def test_grr_pruning_loses_nothing(k: int, eps: str, eps_perm: str) -> None:
+    mech = RapporGRR(Decimal(eps), k, Decimal(eps_perm))
+    for m in range(1, 13):
+        loss = _ln(_grr_unpruned(mech, m))
+        assert loss <= mech._loss(m) < _LN.add(loss, Decimal("1e-30"))
