@@ -23,6 +23,7 @@ from fedldp.client.mechanisms.base import (
 from fedldp.client.mechanisms.memo import Memoized, MemoState
 from fedldp.client.mechanisms.oracle import domain_index
 from fedldp.client.mechanisms.registry import (
+    RetiredMechanismError,
     UnknownMechanismError,
     create,
     register,
@@ -43,6 +44,7 @@ __all__ = [
     "NumericOutput",
     "Output",
     "OutputDomainError",
+    "RetiredMechanismError",
     "UnknownMechanismError",
     "choose_frequency_oracle",
     "create",

@@ -1,47 +1,100 @@
-"""Numeric mechanisms on a bounded range [lo, hi]: Duchi, Piecewise, Hybrid, Laplace.
+"""Numeric mechanisms on a bounded range [lo, hi], on a finite grid: Duchi, Piecewise, Hybrid.
 
-Clipping (reported to the caller). A value x is first clipped to [lo, hi]
-(policy.proto, NumericRange: "values outside are clipped on the device") and
-mapped to t = 2 (x - lo) / (hi - lo) - 1 in [-1, 1]. `perturb(x)` clips
-silently; `perturb_with_clip(x)` and `clip(x)` also return whether clipping
-happened, so the SDK can count it locally. Non-finite values raise ValueError.
-The estimate is of the mean of the *clipped* values.
+Why a grid. A mechanism that emits a double computed from the input leaks the
+input through the bits of that double (Mironov, "On Significance of the Least
+Significant Bits for Differential Privacy", CCS 2012): the continuous Piecewise
+mechanism at ε = 1 emits, for one end of the range, outputs whose last mantissa
+bit never occurs for the other end, so its real loss is unbounded. Every
+mechanism here therefore emits one value of a finite table fixed by the policy
+(ε, range, the grid parameters), independent of the input, and chooses the
+table index with exact integer arithmetic, so the probability of every wire
+value under every input is an exact rational (`level_law`, `index_weights`,
+`table`) and its ratio between any two inputs is checked against e^ε in tests.
 
-Wire and normalized unit. Every mechanism here emits t*, an unbiased
-randomization of t (E[t* | t] = t), as NumericPayload.value, in the normalized
-unit; the estimator maps the mean back: mean(x) = lo + (hi - lo)(mean(t*) + 1)/2.
-The collector checks the output range of each mechanism (below) and refuses
-NaN and infinities.
+Steps of one report (device path, `perturb`):
 
-Mechanisms (ε per report; all formulas from the papers cited, in t units):
+1. Clip. x is clipped to [lo, hi] (policy.proto, NumericRange: "values outside
+   are clipped on the device"); `perturb_with_clip(x)` and `clip(x)` also say
+   whether clipping happened. Non-finite values raise ValueError. The clipped
+   value is taken as the exact rational of its double.
+2. Randomized rounding onto J + 1 input levels t_j = -1 + 2j/J (j = 0..J), with
+   t = 2(x - lo)/(hi - lo) - 1 computed exactly: with u = (t + 1) J / 2, level
+   floor(u) + 1 with probability u - floor(u), else floor(u), drawn as one
+   `randrange(den) < num` on the exact fraction. So E[t_J] = t exactly and
+   Var[t_J] = (t - t_lo)(t_hi - t) for the two levels around t.
+3. Output index. Given the level j, an index i is drawn with integer weights
+   W(i | j) that sum to a total independent of j (one `randrange(total)`), and
+   the wire value is table[i]: the correctly rounded double of an exact
+   rational y_i that depends on i only.
 
-* duchi — Duchi, Jordan, Wainwright, "Minimax Optimal Procedures for Locally
-  Private Estimation", JASA 2018; as stated in Wang et al., "Collecting and
-  Analyzing Multidimensional Data with Local Differential Privacy", ICDE 2019,
-  Section III-A (Algorithm 1). With B = (e^ε + 1)/(e^ε - 1):
-  t* = +B with probability 1/2 + t/(2B), else -B. Var[t* | t] = B^2 - t^2.
-  Outputs: exactly ±B.
-* piecewise — Wang et al. ICDE 2019, Section III-B (Algorithm 2). With
-  C = (e^{ε/2} + 1)/(e^{ε/2} - 1), l(t) = (C+1)t/2 - (C-1)/2, r(t) = l(t) + C - 1:
-  uniform on [l(t), r(t)] with probability e^{ε/2}/(e^{ε/2} + 1), else uniform
-  on [-C, l(t)) ∪ (r(t), C]. Densities (e^ε - e^{ε/2})/(2e^{ε/2} + 2) inside and
-  that over e^ε outside. Var[t* | t] = t^2/(e^{ε/2} - 1) + (e^{ε/2} + 3)/(3(e^{ε/2} - 1)^2)
-  (ibid., Lemma 1). Outputs in [-C, C].
-* hybrid — Wang et al. ICDE 2019, Section III-C: piecewise with probability
-  α = 1 - e^{-ε/2} when ε > ε* = 0.61, else α = 0 (pure Duchi); otherwise
-  Duchi. Var[t* | t] = α Var_PM + (1 - α) Var_Duchi (both unbiased), which
-  for ε > 0.61 no longer depends on t (ibid., Lemma 3). Outputs in [-C, C].
-* laplace — t* = t + Lap(2/ε) (Dwork et al. TCC 2006, sensitivity 2 on
-  [-1, 1]). Var = 8/ε^2. Outputs: any finite double. Floating-point Laplace
-  sampling is not exactly ε-DP at the bit level (Mironov, CCS 2012); prefer
-  piecewise or hybrid where that matters.
+Privacy (exact). For every output i and levels j, j': W(i|j) / W(i|j') <= a / b,
+where the integers a > b satisfy a / b <= e^ε: b = 2^P and a = floor(e^ε 2^P)
+(P = `WEIGHT_BITS` = 32, fewer only where the total weight would not fit in 63
+bits; `exp_floor`). A real input's law is a mixture over at most two levels with
+the same per-level laws, and a mixture cannot raise the ratio above the largest
+ratio between its components, so every pair of real inputs (including two
+doubles one ulp apart) has ratio <= a / b <= e^ε per wire value. Wire values
+that coincide as doubles add their probabilities on both sides, which keeps
+the bound. Because the table does not depend on the input, the bits of the
+wire value carry nothing beyond the index.
 
-The variance of the mean estimate from n users with values t_i is
-((hi - lo)/2)^2 Σ_i Var[t* | t_i] / n^2 (`variance`). In `estimate`, the
-unknown Σ t_i^2 is replaced by: nothing needed (laplace; hybrid for ε > 0.61),
-an unbiased estimate from Σ t*^2 (piecewise), or its worst case t_i = 0, an
-upper bound (duchi; hybrid for ε <= 0.61, where outputs carry no information
-about t^2).
+Mechanisms (t units; Wang et al., "Collecting and Analyzing Multidimensional
+Data with Local Differential Privacy", ICDE 2019):
+
+* duchi — Duchi, Jordan, Wainwright, JASA 2018, as in Wang et al. Section III-A
+  (Algorithm 1), with J = 1 level (t_0 = -1, t_1 = 1): output ±B,
+  B = (a + b)/(a - b) (≈ (e^ε + 1)/(e^ε - 1)), P[+B | j] = (J b + (a - b) j) / (J (a + b)).
+  E[y | j] = t_j, so the rounding law composed with it is exactly
+  P[+B | t] = 1/2 + t/(2B) for every t; Var[y | t] = B^2 - t^2.
+* piecewise — the Piecewise Mechanism of Wang et al. Section III-B, discretized:
+  N = J + w output cells; for level j the "high" band is cells [j, j + w), each
+  of weight a, every other cell weight b, total Z = w a + J b for every j. The
+  band fraction w/N ≈ 1/(e^{ε/2} + 1) is the paper's (C - 1)/(2C) with
+  C = (e^{ε/2} + 1)/(e^{ε/2} - 1), so w = round(J e^{-ε/2}) by default. Cell
+  values y_i = β (i - (N - 1)/2) with β = 2Z / (J (a - b) w): the band sum is
+  affine in j, which gives E[y | j] = t_j exactly. With c_i = i - (N - 1)/2:
+  E[y^2 | j] = c0 + c2 t_j^2, c2 = β J / 2,
+  c0 = β^2 (b N (N^2 - 1) + (a - b) w (w^2 - 1)) / (12 Z).
+* hybrid — Wang et al. Section III-C: after the rounding, piecewise with
+  probability α, else Duchi on the same level (P[+B | j] above with this J),
+  α = floor((1 - e^{-ε/2}) 2^32) / 2^32 when ε > ε* = 0.61, else α = 0 (pure
+  Duchi; the grid parameters are then unused and the table is ±B). Both parts
+  are unbiased given j, so E[y^2 | j] = α (c0 + c2 t_j^2) + (1 - α) B^2.
+
+Grid parameters (policy `mechanism.params`, plain integers): "levels" J
+(default `DEFAULT_LEVELS`) and "cells" N = J + w (default J + max(1,
+round(J e^{-ε/2}))), for piecewise and hybrid; duchi takes none. Authoring writes
+the values it derived into the signed params (`grid_params`), so devices,
+collectors and aggregators build the same table; a policy signed without them
+gets the same derived defaults.
+
+Variance. For all three, E[y^2 | j] = c0 + c2 t_j^2 and E[y | j] = t_j, so
+
+    Var[y | t] = Σ_j P(j|t) Var[y|j] + Var[t_J] = c0 + c2 (t^2 + r(t)) - t^2,
+
+r(t) = (t - t_lo)(t_hi - t) <= 1/J^2 the rounding term (`conditional_variance`).
+The variance of the mean estimate from n users is ((hi - lo)/2)^2 Σ_i
+Var[y | t_i] / n^2 (`variance`). The table values are doubles rounded from y_i,
+so E[report | j] = t_j up to that rounding (relative 2^-53), far below any
+sampling error.
+
+Plug-in variance (`estimate`). The unknown m2 = mean_i E[t_{J,i}^2] is estimated
+without bias from the mean of y^2, (mean y^2 - c0)/c2, clamped to [0, 1], when
+c2 > 0 (piecewise, hybrid with α > 0); the variance reported is
+c0 + (c2 - 1) m2 + 1/J^2, i.e. the exact one with the rounding term mean r
+replaced by its worst case 1/J^2: an upper bound in expectation that exceeds
+the exact value by at most 1/J^2. When c2 = 0 (duchi, hybrid with α = 0) the
+outputs carry no information about t^2 and the worst case t = 0, c0 = B^2, is
+reported: an upper bound.
+
+The wire value stays in the normalized unit (an unbiased randomization of t),
+so the estimator is mean(x) = lo + (hi - lo)(mean y + 1)/2 for every mechanism.
+The collector accepts a report only when its double is bit-for-bit one of the
+table values (`check_output`; NaN and infinities: NON_FINITE, anything else:
+OUT_OF_DOMAIN), so one report's weight is at most max |y_i|.
+
+laplace is retired (registry.RETIRED_IDS): no grid version of it would beat
+piecewise or hybrid, which dominate it at every ε (Wang et al. Section III-D).
 """
 
 from __future__ import annotations
@@ -49,7 +102,10 @@ from __future__ import annotations
 import math
 import random
 from abc import abstractmethod
-from decimal import Decimal
+from collections.abc import Sequence
+from dataclasses import dataclass
+from decimal import Decimal, localcontext
+from fractions import Fraction
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from fedldp.client.mechanisms.base import (
@@ -66,19 +122,136 @@ if TYPE_CHECKING:
     import numpy as np
     import numpy.typing as npt
 
-#: Relative slack on output-range checks: a device in another language may
-#: compute C or B from its own exp() one ulp apart.
-RANGE_SLACK = 1e-9
-#: Wang et al. ICDE 2019, Section III-C: below ε* the hybrid is pure Duchi.
-HYBRID_EPSILON_STAR = 0.61
+#: Binary digits of the weight ratio a / b = floor(e^ε 2^P) / 2^P (P at most this).
+WEIGHT_BITS = 32
+#: The total weight of one level's law stays below this (numpy int64 draws).
+MAX_TOTAL_WEIGHT = 1 << 62
+#: Input levels J when the policy does not state them.
+DEFAULT_LEVELS = 256
+#: Bounds on the policy's grid parameters (table size and device memory).
+MIN_LEVELS = 2
+MAX_LEVELS = 4096
+#: Wang et al. ICDE 2019, Section III-C: at or below ε* the hybrid is pure Duchi.
+HYBRID_EPSILON_STAR = Decimal("0.61")
+#: Significant digits of the decimal e^x behind every derived integer.
+_EXP_DIGITS = 60
+#: A floor of a 60-digit e^x times an integer is decided only when the product
+#: is farther than this from an integer (always, in practice; checked).
+_FLOOR_MARGIN = Decimal("1e-40")
+
+
+def exp_floor(exponent: Decimal, multiplier: int) -> int:
+    """floor(e^exponent * multiplier), exactly.
+
+    e^x is computed with `decimal` at 60 significant digits (correctly rounded,
+    relative error < 1e-59); the product is floored unless it lies within 1e-40
+    of an integer, which would leave the floor undecided (ValueError; e^x is
+    transcendental for rational x != 0, so this does not happen in practice).
+    """
+    with localcontext() as ctx:
+        ctx.prec = _EXP_DIGITS
+        e = exponent.exp()
+        ctx.prec = _EXP_DIGITS + 40
+        product = e * multiplier
+        floor = int(product)  # product > 0: truncation is the floor
+        if product - floor < _FLOOR_MARGIN or floor + 1 - product < _FLOOR_MARGIN:
+            raise ValueError("cannot decide floor(e^x * m) at 60 digits")
+    return floor
+
+
+@dataclass(frozen=True)
+class Weights:
+    """Integers a > b >= 1 with a / b <= e^ε: the largest per-output probability ratio."""
+
+    high: int
+    low: int
+
+    @classmethod
+    def for_epsilon(cls, epsilon: Decimal, max_multiplier: int) -> Weights:
+        """b = 2^P, a = floor(e^ε 2^P), P <= WEIGHT_BITS chosen so a * max_multiplier < 2^62."""
+        bits = WEIGHT_BITS
+        while True:
+            high = exp_floor(epsilon, 1 << bits)
+            if high * max_multiplier < MAX_TOTAL_WEIGHT:
+                break
+            bits -= 1
+            if bits < 8:
+                raise ValueError(
+                    f"epsilon {epsilon} is too large for a grid of this size; use fewer levels"
+                )
+        low = 1 << bits
+        if high <= low:
+            raise ValueError(f"epsilon {epsilon} is too small: floor(e^eps 2^{bits}) = 2^{bits}")
+        return cls(high, low)
+
+    @property
+    def ratio(self) -> Fraction:
+        """a / b, exactly."""
+        return Fraction(self.high, self.low)
+
+
+def default_band(epsilon: Decimal, levels: int) -> int:
+    """w = max(1, round(J e^{-ε/2})): the paper's band fraction 1/(e^{ε/2} + 1) of N = J + w."""
+    with localcontext() as ctx:
+        ctx.prec = _EXP_DIGITS
+        scaled = (-epsilon / 2).exp() * levels
+    return max(1, int(scaled.to_integral_value()))
+
+
+def grid_params(wire_id: str, epsilon: Decimal, params: dict[str, str]) -> dict[str, str]:
+    """`params` with the grid parameters this mechanism would derive written in.
+
+    Authoring calls this so the signed policy states its grid; ids without grid
+    parameters (duchi, categorical ones) and invalid input come back unchanged
+    (validation reports the problem).
+    """
+    if wire_id not in GRID_MECHANISMS:
+        return dict(params)
+    try:
+        levels, cells = parse_grid(wire_id, epsilon, params)
+    except ValueError:
+        return dict(params)
+    return {**params, "levels": str(levels), "cells": str(cells)}
+
+
+def parse_grid(wire_id: str, epsilon: Decimal, params: dict[str, str]) -> tuple[int, int]:
+    """(levels J, cells N) from the policy's params, defaults derived as documented."""
+    levels = _plain_int(wire_id, params, "levels")
+    cells = _plain_int(wire_id, params, "cells")
+    if levels is None:
+        levels = DEFAULT_LEVELS
+    if not MIN_LEVELS <= levels <= MAX_LEVELS:
+        raise ValueError(f"{wire_id} parameter 'levels' must be in [{MIN_LEVELS}, {MAX_LEVELS}]")
+    if cells is None:
+        cells = levels + default_band(epsilon, levels)
+    if not levels < cells <= 2 * levels:
+        raise ValueError(
+            f"{wire_id} parameter 'cells' must be in [levels + 1, 2 * levels] = "
+            f"[{levels + 1}, {2 * levels}] (band width cells - levels between 1 and levels)"
+        )
+    return levels, cells
+
+
+def _plain_int(wire_id: str, params: dict[str, str], name: str) -> int | None:
+    text = params.get(name)
+    if text is None:
+        return None
+    if not isinstance(text, str) or not text.isascii() or not text.isdigit() or len(text) > 6:
+        raise ValueError(f"{wire_id} parameter {name!r} must be a plain integer (digits only)")
+    return int(text)
+
+
+def _fraction_of(value: float | int | Decimal) -> tuple[int, int]:
+    numerator, denominator = value.as_integer_ratio()
+    return numerator, denominator
 
 
 class NumericMechanism(Mechanism[float, MomentStatistic]):
-    """Shared frame: range, clipping, normalization, statistic, estimator."""
+    """Shared frame: range, clipping, exact rounding onto levels, table, estimator."""
 
     _name: ClassVar[str]
 
-    def __init__(self, epsilon: Decimal, lo: Decimal, hi: Decimal) -> None:
+    def __init__(self, epsilon: Decimal, lo: Decimal, hi: Decimal, levels: int) -> None:
         super().__init__(epsilon)
         for name, bound in (("lo", lo), ("hi", hi)):
             if not isinstance(bound, Decimal):
@@ -91,9 +264,30 @@ class NumericMechanism(Mechanism[float, MomentStatistic]):
         self.hi = hi
         self._lo = float(lo)
         self._hi = float(hi)
-        self._eps = float(epsilon)
         #: Half the range width: t units to value units.
         self.scale = (self._hi - self._lo) / 2.0
+        #: J: input levels t_j = -1 + 2j/J, j = 0..J.
+        self.levels = levels
+        # u = J (x - lo)/(hi - lo) = (x_num lo_den - lo_num x_den) * _u_num / (x_den * _u_den)
+        lo_num, lo_den = _fraction_of(lo)
+        hi_num, hi_den = _fraction_of(hi)
+        self._lo_num, self._lo_den = lo_num, lo_den
+        self._u_num = levels * hi_den
+        self._u_den = hi_num * lo_den - lo_num * hi_den  # > 0
+        #: Wire values by output index (set by subclasses through `_set_table`).
+        self.table: tuple[float, ...] = ()
+        self._index: dict[float, int] = {}
+        #: E[y^2 | j] = c0 + c2 t_j^2, exact (see the module docstring).
+        self.c0 = Fraction(0)
+        self.c2 = Fraction(0)
+
+    def _set_table(self, values: Sequence[Fraction], c0: Fraction, c2: Fraction) -> None:
+        self.table = tuple(float(v) for v in values)
+        self._index = {}
+        for i, y in enumerate(self.table):
+            self._index.setdefault(y, i)
+        self.c0, self.c2 = c0, c2
+        self._c0, self._c2 = float(c0), float(c2)
 
     # --- clipping and normalization ---
 
@@ -111,18 +305,55 @@ class NumericMechanism(Mechanism[float, MomentStatistic]):
         return float(value), False
 
     def normalize(self, clipped: float) -> float:
-        """Map a value in [lo, hi] to t in [-1, 1]."""
+        """Map a value in [lo, hi] to t in [-1, 1] (floating point; for estimates and tests)."""
         t = 2.0 * (clipped - self._lo) / (self._hi - self._lo) - 1.0
         return min(1.0, max(-1.0, t))
 
-    # --- device ---
+    def _position(self, clipped: float) -> tuple[int, int]:
+        """u = J (x - lo)/(hi - lo) as an exact fraction (num, den), clamped to [0, J]."""
+        x_num, x_den = clipped.as_integer_ratio()
+        num = (x_num * self._lo_den - self._lo_num * x_den) * self._u_num
+        den = x_den * self._lo_den * self._u_den
+        if num <= 0:
+            return 0, 1
+        if num >= self.levels * den:
+            return self.levels, 1
+        return num, den
+
+    def level_law(self, value: float | int | Decimal) -> list[tuple[int, Fraction]]:
+        """The exact law of the input level of `value` (clipped first): [(j, P(j))]."""
+        num, den = self._position(self.clip(value)[0])
+        low, rest = divmod(num, den)
+        if rest == 0:
+            return [(low, Fraction(1))]
+        up = Fraction(rest, den)
+        return [(low, 1 - up), (low + 1, up)]
+
+    def _level(self, clipped: float, rng: random.Random) -> int:
+        num, den = self._position(clipped)
+        low, rest = divmod(num, den)
+        return low + 1 if rest and rng.randrange(den) < rest else low
+
+    # --- the law of the output index given a level ---
 
     @abstractmethod
-    def randomize(self, t: float, rng: random.Random) -> float:
-        """t* for one t in [-1, 1]."""
+    def index_weights(self, level: int) -> tuple[int, ...]:
+        """Exact integer weights W(i | j) of every output index i (same total for every j)."""
+
+    @abstractmethod
+    def _sample_index(self, level: int, rng: random.Random) -> int:
+        """One index drawn with weights `index_weights(level)`."""
+
+    @abstractmethod
+    def _sample_index_batch(
+        self, levels: npt.NDArray[np.int64], rng: np.random.Generator
+    ) -> npt.NDArray[np.int64]:
+        """Indices drawn with the same integer weights, one per level."""
+
+    # --- device ---
 
     def perturb(self, value: float, *, rng: random.Random | None = None) -> NumericOutput:
-        """Clip, normalize and randomize one value (see `perturb_with_clip`)."""
+        """Clip, round onto a level and draw one table value (see `perturb_with_clip`)."""
         return self.perturb_with_clip(value, rng=rng)[0]
 
     def perturb_with_clip(
@@ -131,13 +362,8 @@ class NumericMechanism(Mechanism[float, MomentStatistic]):
         """(the report, whether the value had to be clipped to [lo, hi])."""
         clipped, was_clipped = self.clip(value)
         r = rng if rng is not None else system_random()
-        return NumericOutput(self.randomize(self.normalize(clipped), r)), was_clipped
-
-    @abstractmethod
-    def randomize_batch(
-        self, t: npt.NDArray[np.float64], rng: np.random.Generator
-    ) -> npt.NDArray[np.float64]:
-        """t* for an array of t in [-1, 1]."""
+        index = self._sample_index(self._level(clipped, r), r)
+        return NumericOutput(self.table[index]), was_clipped
 
     def normalize_batch(self, values: Any) -> npt.NDArray[np.float64]:
         """Clip an array of values to [lo, hi] and map it to t (NaN raises)."""
@@ -149,23 +375,52 @@ class NumericMechanism(Mechanism[float, MomentStatistic]):
         x = np.clip(x, self._lo, self._hi)
         return np.clip(2.0 * (x - self._lo) / (self._hi - self._lo) - 1.0, -1.0, 1.0)
 
+    def levels_batch(self, values: Any, rng: np.random.Generator) -> npt.NDArray[np.int64]:
+        """Input levels of an array of values (randomized rounding in float64).
+
+        The rounding probability u - floor(u) is computed in float64 here (the
+        device path computes it exactly); given the level, the batch and device
+        paths use the same integer weights.
+        """
+        import numpy as np
+
+        t = self.normalize_batch(values)
+        u = np.clip((t + 1.0) * (self.levels / 2.0), 0.0, float(self.levels))
+        low = np.minimum(np.floor(u), self.levels - 1).astype(np.int64)
+        return low + (rng.random(t.shape[0]) < u - low)
+
     def perturb_batch(self, values: Any, rng: np.random.Generator) -> npt.NDArray[np.float64]:
-        """float64 t* for an array of values (clipped like `perturb`)."""
-        return self.randomize_batch(self.normalize_batch(values), rng)
+        """float64 table values for an array of values (clipped like `perturb`)."""
+        import numpy as np
+
+        indices = self._sample_index_batch(self.levels_batch(values, rng), rng)
+        return np.asarray(self._table_array()[indices], dtype=np.float64)
+
+    def _table_array(self) -> npt.NDArray[np.float64]:
+        import numpy as np
+
+        return np.array(self.table, dtype=np.float64)
 
     # --- collector ---
 
-    @abstractmethod
-    def _check_range(self, y: float) -> None:
-        """Raise OutputDomainError when finite y is not a possible output."""
+    def index_of(self, y: float) -> int:
+        """The output index whose table value has exactly the bits of y (OutputDomainError)."""
+        i = self._index.get(y)
+        if i is None or math.copysign(1.0, y) != math.copysign(1.0, self.table[i]):
+            raise OutputDomainError(
+                "OUT_OF_DOMAIN",
+                f"{self._name} output is not one of the policy's {len(self._index)} grid values",
+            )
+        return i
 
     def check_output(self, output: Output) -> None:
+        """Accept exactly the table values, bit for bit; the message never shows the value."""
         if not isinstance(output, NumericOutput):
             raise OutputDomainError("WRONG_PAYLOAD_TYPE", f"{self._name} expects a numeric payload")
         y = output.value
         if not isinstance(y, float) or not math.isfinite(y):
             raise OutputDomainError("NON_FINITE", f"{self._name} output must be a finite double")
-        self._check_range(y)
+        self.index_of(y)
 
     def new_statistic(self) -> MomentStatistic:
         return MomentStatistic()
@@ -176,23 +431,42 @@ class NumericMechanism(Mechanism[float, MomentStatistic]):
         statistic.add(output.value)
 
     def accumulate_batch(self, statistic: MomentStatistic, outputs: Any) -> None:
-        """Add a float64 array of t* (as from `perturb_batch`)."""
+        """Add a float64 array of table values (as from `perturb_batch`), checked bit for bit."""
         import numpy as np
 
-        y = np.asarray(outputs, dtype=np.float64)
+        y = np.ascontiguousarray(outputs, dtype=np.float64)
         if not np.all(np.isfinite(y)):
             raise OutputDomainError("NON_FINITE", f"{self._name} output must be a finite double")
+        if not np.all(np.isin(y.view(np.uint64), self._table_array().view(np.uint64))):
+            raise OutputDomainError(
+                "OUT_OF_DOMAIN", f"{self._name} outputs must be the policy's grid values"
+            )
         statistic.add_many(y.tolist())
 
     # --- aggregator ---
 
-    @abstractmethod
-    def conditional_variance(self, t: Any) -> Any:
-        """Var[t* | t], exact, in t units (array or scalar)."""
+    def rounding_variance(self, t: Any) -> Any:
+        """Var[t_J | t] = (t - t_lo)(t_hi - t) of the randomized rounding (array or scalar)."""
+        import numpy as np
 
-    @abstractmethod
+        u = (np.asarray(t, dtype=np.float64) + 1.0) * (self.levels / 2.0)
+        frac = u - np.floor(u)
+        return frac * (1.0 - frac) * (2.0 / self.levels) ** 2
+
+    def conditional_variance(self, t: Any) -> Any:
+        """Var[y | t] = c0 + c2 (t^2 + r(t)) - t^2, exact (module docstring), in t units."""
+        import numpy as np
+
+        t = np.asarray(t, dtype=np.float64)
+        return self._c0 + self._c2 * (t * t + self.rounding_variance(t)) - t * t
+
     def _plug_in_variance(self, statistic: MomentStatistic) -> float:
-        """Estimated mean of Var[t* | t_i] over users (see the module docstring)."""
+        """Estimated mean of Var[y | t_i] over users (see the module docstring)."""
+        if self.c2 == 0:
+            return self._c0  # worst case t = 0: an upper bound
+        m2 = (statistic.total_sq / statistic.n - self._c0) / self._c2
+        m2 = min(1.0, max(0.0, m2))
+        return self._c0 + (self._c2 - 1.0) * m2 + 1.0 / self.levels**2
 
     def variance(self, values: Any) -> float:
         """Exact variance of the mean estimate for a population with these values."""
@@ -215,226 +489,220 @@ class NumericMechanism(Mechanism[float, MomentStatistic]):
         var = self.scale**2 * self._plug_in_variance(statistic) / n
         return Estimate(n=n, values=np.array([mean]), variances=np.array([var]))
 
-    # --- tests ---
 
-    @abstractmethod
-    def output_probability(self, t: float, y: float) -> float:
-        """Probability mass of the atom y (duchi) or density at y (others), given t."""
+def _duchi_weights(weights: Weights, levels: int, level: int) -> tuple[int, int]:
+    """(W(-B | j), W(+B | j)) = (J a - (a - b) j, J b + (a - b) j); total J (a + b)."""
+    a, b = weights.high, weights.low
+    plus = levels * b + (a - b) * level
+    return levels * (a + b) - plus, plus
 
-    @abstractmethod
-    def output_cdf(self, t: float, y: float) -> float:
-        """P[t* <= y | t]."""
+
+def _duchi_value(weights: Weights) -> Fraction:
+    """B = (a + b)/(a - b): makes E[y | j] = t_j for the weights above."""
+    return Fraction(weights.high + weights.low, weights.high - weights.low)
 
 
 class Duchi(NumericMechanism):
-    """Duchi et al.'s one-dimensional mechanism: t* = ±B."""
+    """Duchi et al.'s one-dimensional mechanism on two exact outputs ±B (J = 1 level step)."""
 
     wire_id = "duchi"
     _name = "duchi"
 
     def __init__(self, epsilon: Decimal, lo: Decimal, hi: Decimal) -> None:
-        super().__init__(epsilon, lo, hi)
-        e = math.exp(self._eps)
-        self.B = (e + 1.0) / (e - 1.0)
+        super().__init__(epsilon, lo, hi, levels=1)
+        self.weights = Weights.for_epsilon(epsilon, 2)
+        self.B_exact = _duchi_value(self.weights)
+        self._set_table((-self.B_exact, self.B_exact), self.B_exact**2, Fraction(0))
+        self.B = self.table[1]
 
-    def prob_plus(self, t: Any) -> Any:
-        """P[t* = +B | t] = 1/2 + t (e^ε - 1)/(2 (e^ε + 1)) (Wang et al. ICDE 2019, Alg. 1)."""
-        return 0.5 + t / (2.0 * self.B)
+    def index_weights(self, level: int) -> tuple[int, ...]:
+        return _duchi_weights(self.weights, 1, level)
 
-    def randomize(self, t: float, rng: random.Random) -> float:
-        return self.B if rng.random() < self.prob_plus(t) else -self.B
+    def _sample_index(self, level: int, rng: random.Random) -> int:
+        minus, plus = _duchi_weights(self.weights, 1, level)
+        return int(rng.randrange(minus + plus) < plus)
 
-    def randomize_batch(
-        self, t: npt.NDArray[np.float64], rng: np.random.Generator
-    ) -> npt.NDArray[np.float64]:
+    def _sample_index_batch(
+        self, levels: npt.NDArray[np.int64], rng: np.random.Generator
+    ) -> npt.NDArray[np.int64]:
         import numpy as np
 
-        return np.where(rng.random(t.shape[0]) < self.prob_plus(t), self.B, -self.B)
+        a, b = self.weights.high, self.weights.low
+        draw = rng.integers(0, a + b, size=levels.shape[0], dtype=np.int64)
+        return (draw < np.where(levels == 1, a, b)).astype(np.int64)
 
-    def _check_range(self, y: float) -> None:
-        if abs(abs(y) - self.B) > RANGE_SLACK * self.B:
-            raise OutputDomainError("OUT_OF_DOMAIN", "duchi output must be +B or -B")
 
-    def conditional_variance(self, t: Any) -> Any:
-        return self.B**2 - t * t
+@dataclass(frozen=True)
+class _PiecewiseGrid:
+    """The discrete piecewise law: J levels, N = J + w cells, band weight a, other b."""
 
-    def _plug_in_variance(self, statistic: MomentStatistic) -> float:
-        return self.B**2  # worst case t = 0: an upper bound
+    levels: int
+    cells: int
+    weights: Weights
 
-    def output_probability(self, t: float, y: float) -> float:
-        return float(self.prob_plus(t)) if y > 0 else 1.0 - float(self.prob_plus(t))
+    @property
+    def band(self) -> int:
+        return self.cells - self.levels
 
-    def output_cdf(self, t: float, y: float) -> float:
-        if y < -self.B:
-            return 0.0
-        if y < self.B:
-            return 1.0 - float(self.prob_plus(t))
-        return 1.0
+    @property
+    def total(self) -> int:
+        """Z = w a + J b, the same for every level."""
+        return self.band * self.weights.high + self.levels * self.weights.low
+
+    def step(self) -> Fraction:
+        """β = 2Z / (J (a - b) w): makes E[y | j] = t_j."""
+        a, b = self.weights.high, self.weights.low
+        return Fraction(2 * self.total, self.levels * (a - b) * self.band)
+
+    def values(self) -> list[Fraction]:
+        """y_i = β (i - (N - 1)/2)."""
+        beta = self.step()
+        return [beta * Fraction(2 * i - (self.cells - 1), 2) for i in range(self.cells)]
+
+    def moments(self) -> tuple[Fraction, Fraction]:
+        """(c0, c2) with E[y^2 | j] = c0 + c2 t_j^2."""
+        a, b = self.weights.high, self.weights.low
+        n, w, beta = self.cells, self.band, self.step()
+        c0 = beta**2 * (b * n * (n * n - 1) + (a - b) * w * (w * w - 1)) / (12 * self.total)
+        return c0, beta * self.levels / 2
+
+    def weights_at(self, level: int) -> tuple[int, ...]:
+        a, b, w = self.weights.high, self.weights.low, self.band
+        return tuple(a if level <= i < level + w else b for i in range(self.cells))
+
+    def sample(self, level: int, rng: random.Random) -> int:
+        a, b, w = self.weights.high, self.weights.low, self.band
+        r = rng.randrange(self.total)
+        if r < w * a:
+            return level + r // a
+        rest = (r - w * a) // b
+        return rest if rest < level else rest + w
+
+    def sample_batch(
+        self, levels: npt.NDArray[np.int64], rng: np.random.Generator
+    ) -> npt.NDArray[np.int64]:
+        import numpy as np
+
+        a, b, w = self.weights.high, self.weights.low, self.band
+        r = rng.integers(0, self.total, size=levels.shape[0], dtype=np.int64)
+        in_band = r < w * a
+        rest = (r - w * a) // b
+        outside = np.where(rest < levels, rest, rest + w)
+        return np.where(in_band, levels + r // a, outside).astype(np.int64)
 
 
 class Piecewise(NumericMechanism):
-    """Wang et al.'s Piecewise Mechanism: t* in [-C, C]."""
+    """Wang et al.'s Piecewise Mechanism on N = J + w exact cell values."""
 
     wire_id = "piecewise"
     _name = "piecewise"
 
-    def __init__(self, epsilon: Decimal, lo: Decimal, hi: Decimal) -> None:
-        super().__init__(epsilon, lo, hi)
-        self.e_half = math.exp(self._eps / 2.0)
-        self.C = (self.e_half + 1.0) / (self.e_half - 1.0)
-        self.p_center = self.e_half / (self.e_half + 1.0)
-        #: Density on [l(t), r(t)] (Wang et al. ICDE 2019, Section III-B).
-        self.density_high = (math.exp(self._eps) - self.e_half) / (2.0 * self.e_half + 2.0)
-        self.density_low = self.density_high / math.exp(self._eps)
+    def __init__(
+        self, epsilon: Decimal, lo: Decimal, hi: Decimal, levels: int, cells: int
+    ) -> None:
+        super().__init__(epsilon, lo, hi, levels)
+        self.grid = _PiecewiseGrid(levels, cells, Weights.for_epsilon(epsilon, 2 * cells))
+        c0, c2 = self.grid.moments()
+        self._set_table(self.grid.values(), c0, c2)
 
-    def bounds(self, t: Any) -> tuple[Any, Any]:
-        """(l(t), r(t))."""
-        left = (self.C + 1.0) / 2.0 * t - (self.C - 1.0) / 2.0
-        return left, left + self.C - 1.0
+    @property
+    def cells(self) -> int:
+        return self.grid.cells
 
-    def randomize(self, t: float, rng: random.Random) -> float:
-        left, right = (float(x) for x in self.bounds(t))
-        if rng.random() < self.p_center:
-            return left + (right - left) * rng.random()
-        z = rng.random() * (self.C + 1.0)  # total length outside [l, r]
-        below = left + self.C
-        return -self.C + z if z < below else right + (z - below)
+    def index_weights(self, level: int) -> tuple[int, ...]:
+        return self.grid.weights_at(level)
 
-    def randomize_batch(
-        self, t: npt.NDArray[np.float64], rng: np.random.Generator
-    ) -> npt.NDArray[np.float64]:
-        import numpy as np
+    def _sample_index(self, level: int, rng: random.Random) -> int:
+        return self.grid.sample(level, rng)
 
-        left, right = self.bounds(t)
-        center = rng.random(t.shape[0]) < self.p_center
-        u = rng.random(t.shape[0])
-        inside = left + (right - left) * u
-        z = u * (self.C + 1.0)
-        below = left + self.C
-        outside = np.where(z < below, -self.C + z, right + (z - below))
-        return np.where(center, inside, outside)
-
-    def _check_range(self, y: float) -> None:
-        if abs(y) > self.C * (1.0 + RANGE_SLACK):
-            raise OutputDomainError("OUT_OF_DOMAIN", "piecewise output outside [-C, C]")
-
-    def conditional_variance(self, t: Any) -> Any:
-        eh = self.e_half
-        return t * t / (eh - 1.0) + (eh + 3.0) / (3.0 * (eh - 1.0) ** 2)
-
-    def _plug_in_variance(self, statistic: MomentStatistic) -> float:
-        # E[t*^2 | t] = t^2 e^{ε/2}/(e^{ε/2} - 1) + c, so Σ t^2 is estimable without bias.
-        eh = self.e_half
-        c = (eh + 3.0) / (3.0 * (eh - 1.0) ** 2)
-        mean_sq = (statistic.total_sq / statistic.n - c) * (eh - 1.0) / eh
-        return float(self.conditional_variance(math.sqrt(min(1.0, max(0.0, mean_sq)))))
-
-    def output_probability(self, t: float, y: float) -> float:
-        if abs(y) > self.C:
-            return 0.0
-        left, right = (float(x) for x in self.bounds(t))
-        return self.density_high if left <= y <= right else self.density_low
-
-    def output_cdf(self, t: float, y: float) -> float:
-        left, right = (float(x) for x in self.bounds(t))
-        y = min(max(y, -self.C), self.C)
-        low_left = (min(y, left) + self.C) * self.density_low
-        mid = max(0.0, min(y, right) - left) * self.density_high
-        high = max(0.0, y - right) * self.density_low
-        return min(1.0, low_left + mid + high)
+    def _sample_index_batch(
+        self, levels: npt.NDArray[np.int64], rng: np.random.Generator
+    ) -> npt.NDArray[np.int64]:
+        return self.grid.sample_batch(levels, rng)
 
 
 class Hybrid(NumericMechanism):
-    """Wang et al.'s Hybrid Mechanism: piecewise w.p. α, Duchi otherwise."""
+    """Wang et al.'s Hybrid Mechanism: piecewise w.p. α, Duchi otherwise, on the same level.
+
+    Output indices: the N piecewise cells, then N for -B and N + 1 for +B.
+    """
 
     wire_id = "hybrid"
     _name = "hybrid"
 
-    def __init__(self, epsilon: Decimal, lo: Decimal, hi: Decimal) -> None:
-        super().__init__(epsilon, lo, hi)
-        self.pm = Piecewise(epsilon, lo, hi)
-        self.duchi = Duchi(epsilon, lo, hi)
-        # Wang et al. ICDE 2019, Section III-C, eq. (5).
-        self.alpha = 1.0 - math.exp(-self._eps / 2.0) if self._eps > HYBRID_EPSILON_STAR else 0.0
+    def __init__(
+        self, epsilon: Decimal, lo: Decimal, hi: Decimal, levels: int, cells: int
+    ) -> None:
+        super().__init__(epsilon, lo, hi, levels)
+        self.grid = _PiecewiseGrid(levels, cells, Weights.for_epsilon(epsilon, 2 * cells))
+        self.duchi_weights = Weights.for_epsilon(epsilon, 2 * levels)
+        self.B_exact = _duchi_value(self.duchi_weights)
+        #: α = floor((1 - e^{-ε/2}) 2^32) / 2^32 above ε* (Wang et al. ICDE 2019, eq. (5)).
+        self.alpha_weight = (
+            (1 << WEIGHT_BITS) - 1 - exp_floor(-epsilon / 2, 1 << WEIGHT_BITS)
+            if epsilon > HYBRID_EPSILON_STAR
+            else 0
+        )
+        self.alpha_exact = Fraction(self.alpha_weight, 1 << WEIGHT_BITS)
+        self.alpha = float(self.alpha_exact)
+        c0_pm, c2_pm = self.grid.moments()
+        a = self.alpha_exact
+        c0 = a * c0_pm + (1 - a) * self.B_exact**2
+        if self.alpha_weight:
+            self._set_table([*self.grid.values(), -self.B_exact, self.B_exact], c0, a * c2_pm)
+        else:
+            self._set_table([-self.B_exact, self.B_exact], c0, Fraction(0))
+        self.B = float(self.B_exact)
 
-    def randomize(self, t: float, rng: random.Random) -> float:
-        if rng.random() < self.alpha:
-            return self.pm.randomize(t, rng)
-        return self.duchi.randomize(t, rng)
+    @property
+    def cells(self) -> int:
+        return self.grid.cells
 
-    def randomize_batch(
-        self, t: npt.NDArray[np.float64], rng: np.random.Generator
-    ) -> npt.NDArray[np.float64]:
+    def index_weights(self, level: int) -> tuple[int, ...]:
+        """α_w Z_D W_PM(i|j) for cells, (2^32 - α_w) Z_PM W_D(±|j) for ±B."""
+        duchi = _duchi_weights(self.duchi_weights, self.levels, level)
+        if not self.alpha_weight:
+            return duchi
+        z_duchi = self.levels * (self.duchi_weights.high + self.duchi_weights.low)
+        rest = (1 << WEIGHT_BITS) - self.alpha_weight
+        cells = tuple(self.alpha_weight * z_duchi * w for w in self.grid.weights_at(level))
+        return cells + tuple(rest * self.grid.total * w for w in duchi)
+
+    def _duchi_offset(self) -> int:
+        return self.grid.cells if self.alpha_weight else 0
+
+    def _sample_index(self, level: int, rng: random.Random) -> int:
+        if rng.randrange(1 << WEIGHT_BITS) < self.alpha_weight:
+            return self.grid.sample(level, rng)
+        minus, plus = _duchi_weights(self.duchi_weights, self.levels, level)
+        return self._duchi_offset() + int(rng.randrange(minus + plus) < plus)
+
+    def _sample_index_batch(
+        self, levels: npt.NDArray[np.int64], rng: np.random.Generator
+    ) -> npt.NDArray[np.int64]:
         import numpy as np
 
-        use_pm = rng.random(t.shape[0]) < self.alpha
-        return np.where(use_pm, self.pm.randomize_batch(t, rng), self.duchi.randomize_batch(t, rng))
-
-    def _check_range(self, y: float) -> None:
-        if self.alpha == 0.0:
-            self.duchi._check_range(y)
-        elif abs(y) > self.pm.C * (1.0 + RANGE_SLACK):
-            raise OutputDomainError("OUT_OF_DOMAIN", "hybrid output outside [-C, C]")
-
-    def conditional_variance(self, t: Any) -> Any:
-        return self.alpha * self.pm.conditional_variance(t) + (
-            1.0 - self.alpha
-        ) * self.duchi.conditional_variance(t)
-
-    def _plug_in_variance(self, statistic: MomentStatistic) -> float:
-        if self.alpha == 0.0:
-            return self.duchi.B**2  # worst case t = 0, as for duchi
-        return float(self.conditional_variance(0.0))  # independent of t (Lemma 3)
-
-    def is_atom(self, y: float) -> bool:
-        """Whether y is one of Duchi's two outputs (a point mass)."""
-        return abs(abs(y) - self.duchi.B) <= RANGE_SLACK * self.duchi.B
-
-    def output_probability(self, t: float, y: float) -> float:
-        if self.is_atom(y):
-            return (1.0 - self.alpha) * self.duchi.output_probability(t, y)
-        return self.alpha * self.pm.output_probability(t, y)
-
-    def output_cdf(self, t: float, y: float) -> float:
-        return self.alpha * self.pm.output_cdf(t, y) + (1.0 - self.alpha) * self.duchi.output_cdf(
-            t, y
-        )
+        n = levels.shape[0]
+        a, b = self.duchi_weights.high, self.duchi_weights.low
+        draw = rng.integers(0, self.levels * (a + b), size=n, dtype=np.int64)
+        duchi = self._duchi_offset() + (draw < self.levels * b + (a - b) * levels)
+        if not self.alpha_weight:
+            return duchi.astype(np.int64)
+        use_pm = rng.integers(0, 1 << WEIGHT_BITS, size=n, dtype=np.int64) < self.alpha_weight
+        return np.where(use_pm, self.grid.sample_batch(levels, rng), duchi).astype(np.int64)
 
 
-class Laplace(NumericMechanism):
-    """Local Laplace on the clipped, normalized value: t* = t + Lap(2/ε)."""
+#: Mechanisms that take the grid parameters "levels" and "cells".
+GRID_MECHANISMS = ("piecewise", "hybrid")
 
-    wire_id = "laplace"
-    _name = "laplace"
-
-    def __init__(self, epsilon: Decimal, lo: Decimal, hi: Decimal) -> None:
-        super().__init__(epsilon, lo, hi)
-        self.b = 2.0 / self._eps
-
-    def randomize(self, t: float, rng: random.Random) -> float:
-        # Difference of two Exp(1/b) draws is Laplace(0, b).
-        return t + self.b * (rng.expovariate(1.0) - rng.expovariate(1.0))
-
-    def randomize_batch(
-        self, t: npt.NDArray[np.float64], rng: np.random.Generator
-    ) -> npt.NDArray[np.float64]:
-        return t + rng.laplace(0.0, self.b, size=t.shape[0])
-
-    def _check_range(self, y: float) -> None:
-        return None  # any finite double
-
-    def conditional_variance(self, t: Any) -> Any:
-        return 2.0 * self.b**2 + 0.0 * t
-
-    def _plug_in_variance(self, statistic: MomentStatistic) -> float:
-        return 2.0 * self.b**2
-
-    def output_probability(self, t: float, y: float) -> float:
-        return math.exp(-abs(y - t) / self.b) / (2.0 * self.b)
-
-    def output_cdf(self, t: float, y: float) -> float:
-        z = (y - t) / self.b
-        return 0.5 * math.exp(z) if z < 0 else 1.0 - 0.5 * math.exp(-z)
-
-
-__all__ = ["Duchi", "Hybrid", "Laplace", "NumericMechanism", "Piecewise"]
+__all__ = [
+    "DEFAULT_LEVELS",
+    "GRID_MECHANISMS",
+    "Duchi",
+    "Hybrid",
+    "NumericMechanism",
+    "Piecewise",
+    "exp_floor",
+    "grid_params",
+    "parse_grid",
+]

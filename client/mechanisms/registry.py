@@ -11,8 +11,12 @@ Registered ids and their policy params (strings, plain notation):
     ss                              categorical, optional "d" (subset size)
     rappor-grr, rappor-oue,         categorical, required "epsilon_permanent"
     rappor-sue                      (memoized; see memo.py)
-    duchi, piecewise, hybrid,       numeric (lo, hi), no params
-    laplace
+    duchi                           numeric (lo, hi), no params
+    piecewise, hybrid               numeric (lo, hi), optional "levels" and "cells"
+                                    (grid size; see numeric.py)
+
+Retired ids (`RETIRED_IDS`) stay reserved: they are never registered again,
+and building one raises `RetiredMechanismError` naming the replacement.
 """
 
 from __future__ import annotations
@@ -38,14 +42,34 @@ Factory = Callable[[Decimal, "int | tuple[Decimal, Decimal]", Mapping[str, str]]
 _REGISTRY: dict[str, Factory] = {}
 
 
+#: Retired wire ids, reserved forever, and why (the message names the replacement).
+#: laplace emitted t + Lap(2/ε) as a double: its bits leak the input (Mironov,
+#: CCS 2012) and any finite double was a possible output, so one report could
+#: carry unbounded weight; piecewise and hybrid dominate it at every ε (Wang et
+#: al., ICDE 2019, Section III-D).
+RETIRED_IDS: dict[str, str] = {
+    "laplace": (
+        "mechanism 'laplace' is retired: its floating-point outputs leak the input "
+        "(Mironov, CCS 2012) and are unbounded; sign a new version of the policy with "
+        "'hybrid' (or 'piecewise'), which has lower variance at every epsilon"
+    ),
+}
+
+
 class UnknownMechanismError(KeyError):
     """No mechanism is registered under this wire id."""
+
+
+class RetiredMechanismError(UnknownMechanismError):
+    """The wire id belonged to a mechanism that was retired; the message names the replacement."""
 
 
 def register(wire_id: str, factory: Factory) -> None:
     """Register `factory` under `wire_id`; a duplicate id raises ValueError."""
     if wire_id in _REGISTRY:
         raise ValueError(f"mechanism id {wire_id!r} is already registered")
+    if wire_id in RETIRED_IDS:
+        raise ValueError(f"mechanism id {wire_id!r} is retired and reserved; choose another id")
     _REGISTRY[wire_id] = factory
 
 
@@ -61,6 +85,8 @@ def create(
     params: Mapping[str, str] | None = None,
 ) -> Mechanism:  # type: ignore[type-arg]
     """Build the mechanism `wire_id` from validated policy parameters."""
+    if wire_id in RETIRED_IDS:
+        raise RetiredMechanismError(RETIRED_IDS[wire_id])
     try:
         factory = _REGISTRY[wire_id]
     except KeyError:
@@ -119,17 +145,19 @@ def _numeric_factory(wire_id: str) -> Factory:
     def factory(
         epsilon: Decimal, metric: int | tuple[Decimal, Decimal], params: Mapping[str, str]
     ) -> Mechanism:  # type: ignore[type-arg]
-        from fedldp.client.mechanisms.numeric import Duchi, Hybrid, Laplace, Piecewise
+        from fedldp.client.mechanisms.numeric import Duchi, Hybrid, Piecewise, parse_grid
 
         lo, hi = numeric_metric(wire_id, metric)
-        no_params(wire_id, params)
-        classes: dict[str, type[Duchi | Piecewise | Hybrid | Laplace]] = {
-            "duchi": Duchi,
+        if wire_id == "duchi":
+            no_params(wire_id, params)
+            return Duchi(epsilon, lo, hi)
+        only_params(wire_id, params, {"levels", "cells"})
+        levels, cells = parse_grid(wire_id, epsilon, dict(params))
+        grid_classes: dict[str, type[Piecewise | Hybrid]] = {
             "piecewise": Piecewise,
             "hybrid": Hybrid,
-            "laplace": Laplace,
         }
-        return classes[wire_id](epsilon, lo, hi)
+        return grid_classes[wire_id](epsilon, lo, hi, levels, cells)
 
     return factory
 
@@ -142,5 +170,5 @@ register("hr", _categorical_factory("hr", "hadamard", "HadamardResponse"))
 register("ss", _categorical_factory("ss", "subset", "SubsetSelection", param="d"))
 for _memo_id in ("rappor-grr", "rappor-oue", "rappor-sue"):
     register(_memo_id, _memo_factory(_memo_id))
-for _numeric_id in ("duchi", "piecewise", "hybrid", "laplace"):
+for _numeric_id in ("duchi", "piecewise", "hybrid"):
     register(_numeric_id, _numeric_factory(_numeric_id))

@@ -23,6 +23,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import (
     Ed25519PublicKey,
 )
 from fedldp.client.mechanisms.auto import choose_frequency_oracle
+from fedldp.client.mechanisms.numeric import grid_params
 from fedldp.client.policy.envelope import (
     POLICY_PAYLOAD_TYPE,
     ROOT_PAYLOAD_TYPE,
@@ -431,6 +432,7 @@ def policy_from_dict(data: Mapping[str, Any]) -> policy_pb2.Policy:
             )
 
     resolve_auto_mechanism(policy)
+    state_numeric_grid(policy)
     content_problems, _ = policy_problems(policy)
     for problem in content_problems:
         if problem not in problems:
@@ -567,6 +569,7 @@ class Authority:
         policy = self._base_policy(mechanism=mechanism, **fields)
         policy.metric.numeric.lo = lo
         policy.metric.numeric.hi = hi
+        state_numeric_grid(policy)
         _raise_problems(policy)
         return policy
 
@@ -589,6 +592,27 @@ def resolve_auto_mechanism(policy: policy_pb2.Policy) -> None:
         spec.id = choose_frequency_oracle(len(values), epsilon)
     except ValueError:
         return
+
+
+def state_numeric_grid(policy: policy_pb2.Policy) -> None:
+    """Write the grid a numeric mechanism derives ("levels", "cells") into its params, in place.
+
+    piecewise and hybrid randomize onto a grid fixed by the policy
+    (`fedldp.client.mechanisms.numeric`); stating it in the signed params means
+    every device, collector and aggregator builds the same table even if the
+    defaults change later. Parameters already given are kept; invalid input is
+    left for validation to report.
+    """
+    spec = policy.mechanism
+    if policy.metric.WhichOneof("kind") != "numeric":
+        return
+    try:
+        epsilon = parse_decimal(spec.epsilon)
+    except ValueError:
+        return
+    stated = grid_params(spec.id, epsilon, dict(spec.params))
+    for key, value in stated.items():
+        spec.params[key] = value
 
 
 def _raise_problems(policy: policy_pb2.Policy) -> None:

@@ -7,8 +7,10 @@ enumerated and every law checked exactly.
 from __future__ import annotations
 
 import math
+import struct
 from dataclasses import dataclass
-from decimal import Decimal
+from decimal import Decimal, localcontext
+from fractions import Fraction
 from typing import Any
 
 import numpy as np
@@ -60,9 +62,10 @@ CATEGORICAL_CASES = [
 NUMERIC_CASES = [
     Case("duchi", Decimal("1"), (LO, HI)),
     Case("piecewise", Decimal("1"), (LO, HI)),
+    Case("piecewise", Decimal("4"), (LO, HI), (("levels", "8"), ("cells", "10"))),
     Case("hybrid", Decimal("2"), (LO, HI)),
+    Case("hybrid", Decimal("1"), (LO, HI), (("levels", "6"), ("cells", "10"))),
     Case("hybrid", Decimal("0.5"), (LO, HI)),
-    Case("laplace", Decimal("1"), (LO, HI)),
 ]
 ALL_CASES = CATEGORICAL_CASES + NUMERIC_CASES
 
@@ -109,22 +112,56 @@ def max_log_ratio(mech: FrequencyOracle) -> float:
     return worst
 
 
-def numeric_max_log_ratio(mech: NumericMechanism) -> float:
-    """The same over a grid of inputs t and outputs y (densities, or atoms' masses)."""
-    ts = np.linspace(-1.0, 1.0, 9)
-    ys: list[float] = list(np.linspace(-30.0, 30.0, 601))
-    for name in ("C", "B"):
-        for holder in (mech, getattr(mech, "pm", None), getattr(mech, "duchi", None)):
-            value = getattr(holder, name, None) if holder is not None else None
-            if value is not None:
-                ys += [value, -value, value * (1 - 1e-12), -value * (1 - 1e-12)]
-    worst = 0.0
-    for y in ys:
-        probs = [mech.output_probability(float(t), float(y)) for t in ts]
-        positive = [p for p in probs if p > 0]
-        if not positive:
-            continue
-        if len(positive) < len(probs):
-            return math.inf
-        worst = max(worst, math.log(max(positive) / min(positive)))
+def wire_bytes(y: float) -> bytes:
+    """The 8 bytes of a NumericPayload value as they leave the device."""
+    return struct.pack("<d", y)
+
+
+def level_wire_law(mech: NumericMechanism, level: int) -> dict[bytes, Fraction]:
+    """Exact law of the wire bytes given an input level, from the sampler's integer weights.
+
+    Indices whose table doubles coincide add up (the wire cannot tell them apart).
+    """
+    weights = mech.index_weights(level)
+    total = sum(weights)
+    law: dict[bytes, Fraction] = {}
+    for y, w in zip(mech.table, weights, strict=True):
+        if w:
+            key = wire_bytes(y)
+            law[key] = law.get(key, Fraction(0)) + Fraction(w, total)
+    return law
+
+
+def input_wire_law(mech: NumericMechanism, value: Any) -> dict[bytes, Fraction]:
+    """Exact law of the wire bytes for a real input: the rounding law mixed over levels."""
+    law: dict[bytes, Fraction] = {}
+    for level, p in mech.level_law(value):
+        for key, q in level_wire_law(mech, level).items():
+            law[key] = law.get(key, Fraction(0)) + p * q
+    return law
+
+
+def max_ratio(laws: list[dict[bytes, Fraction]]) -> Fraction | None:
+    """max over two laws and a wire value of P[y|x]/P[y|x'] (None: some P[y|x'] = 0 < P[y|x])."""
+    keys = set().union(*laws)
+    worst = Fraction(1)
+    for key in keys:
+        probs = [law.get(key, Fraction(0)) for law in laws]
+        if min(probs) == 0:
+            return None
+        worst = max(worst, max(probs) / min(probs))
     return worst
+
+
+def numeric_max_ratio(mech: NumericMechanism) -> Fraction | None:
+    """`max_ratio` over every input level (real inputs mix these; see numeric.py)."""
+    return max_ratio([level_wire_law(mech, j) for j in range(mech.levels + 1)])
+
+
+def exp_bounds(epsilon: Decimal) -> tuple[Fraction, Fraction]:
+    """Rationals L < e^ε < U (decimal exp at 60 digits, widened by 1e-50 relative)."""
+    with localcontext() as ctx:
+        ctx.prec = 60
+        e = epsilon.exp()
+        margin = e * Decimal("1e-50")
+        return Fraction(e - margin), Fraction(e + margin)
