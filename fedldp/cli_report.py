@@ -70,20 +70,40 @@ def load_verified_policy(
     except PolicyError as exc:
         raise click.ClickException(f"trust folder {trust_dir}: {exc}") from None
     found: list[VerifiedPolicy] = []
+    refused: list[str] = []
     for path in sorted(Path(policy_dir).glob("*.policy")):
         try:
-            verified = verify_policy(read_envelope(path), trust, now=at, audience=audience)
-        except PolicyError:
+            envelope = read_envelope(path)
+            verified = verify_policy(envelope, trust, now=at, audience=audience)
+        except PolicyError as exc:
+            if _names_policy(path, policy_id):
+                refused.append(f"{path.name}: {exc}")
             continue
         if verified.policy_id == policy_id and (version is None or verified.version == version):
             found.append(verified)
     if not found:
         which = f"{policy_id!r}" + (f" v{version}" if version is not None else "")
+        why = f"; refused: {'; '.join(refused)}" if refused else ""
         raise click.ClickException(
             f"no valid signed policy {which} in {policy_dir} at time {at} (check the id, "
-            "the version, the trust folder and --at)"
+            f"the version, the trust folder and --at){why}"
         )
     return max(found, key=lambda p: p.version)
+
+
+def _names_policy(path: Path, policy_id: str) -> bool:
+    """Whether the policy file at `path` parses and carries `policy_id` (for error messages;
+    e.g. a policy of the retired 'laplace' mechanism, whose stored rows cannot be reported)."""
+    from google.protobuf.message import DecodeError
+
+    from fedldp.client.policy import PolicyError
+    from fedldp.client.policy.files import read_envelope
+    from fedldp.v1 import policy_pb2
+
+    try:
+        return policy_pb2.Policy.FromString(read_envelope(path).payload).policy_id == policy_id
+    except (DecodeError, OSError, PolicyError):
+        return False
 
 
 @click.command("report")

@@ -216,6 +216,10 @@ def grid_params(wire_id: str, epsilon: Decimal, params: dict[str, str]) -> dict[
 
 def parse_grid(wire_id: str, epsilon: Decimal, params: dict[str, str]) -> tuple[int, int]:
     """(levels J, cells N) from the policy's params, defaults derived as documented."""
+    if not isinstance(epsilon, Decimal):
+        raise TypeError("epsilon must be a decimal.Decimal (exact), not a float")
+    if not epsilon.is_finite() or epsilon <= 0:
+        raise ValueError(f"epsilon must be finite and positive, got {epsilon}")
     levels = _plain_int(wire_id, params, "levels")
     cells = _plain_int(wire_id, params, "cells")
     if levels is None:
@@ -588,7 +592,8 @@ class _PiecewiseGrid:
         in_band = r < w * a
         rest = (r - w * a) // b
         outside = np.where(rest < levels, rest, rest + w)
-        return np.where(in_band, levels + r // a, outside).astype(np.int64)
+        chosen: npt.NDArray[np.int64] = np.where(in_band, levels + r // a, outside)
+        return chosen.astype(np.int64)
 
 
 class Piecewise(NumericMechanism):
@@ -597,9 +602,7 @@ class Piecewise(NumericMechanism):
     wire_id = "piecewise"
     _name = "piecewise"
 
-    def __init__(
-        self, epsilon: Decimal, lo: Decimal, hi: Decimal, levels: int, cells: int
-    ) -> None:
+    def __init__(self, epsilon: Decimal, lo: Decimal, hi: Decimal, levels: int, cells: int) -> None:
         super().__init__(epsilon, lo, hi, levels)
         self.grid = _PiecewiseGrid(levels, cells, Weights.for_epsilon(epsilon, 2 * cells))
         c0, c2 = self.grid.moments()
@@ -630,9 +633,7 @@ class Hybrid(NumericMechanism):
     wire_id = "hybrid"
     _name = "hybrid"
 
-    def __init__(
-        self, epsilon: Decimal, lo: Decimal, hi: Decimal, levels: int, cells: int
-    ) -> None:
+    def __init__(self, epsilon: Decimal, lo: Decimal, hi: Decimal, levels: int, cells: int) -> None:
         super().__init__(epsilon, lo, hi, levels)
         self.grid = _PiecewiseGrid(levels, cells, Weights.for_epsilon(epsilon, 2 * cells))
         self.duchi_weights = Weights.for_epsilon(epsilon, 2 * levels)

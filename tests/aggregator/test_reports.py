@@ -94,7 +94,7 @@ def test_merge_of_collectors_equals_single_store_exactly(
     assert via_file.context.sources == ("eu", "us")
 
 
-@pytest.mark.parametrize("mechanism", ["piecewise", "duchi", "hybrid", "laplace"])
+@pytest.mark.parametrize("mechanism", ["piecewise", "duchi", "hybrid"])
 def test_numeric_merge_in_any_order_equals_single_store_exactly(
     make_policy: PolicyFactory,
     submit: Submit,

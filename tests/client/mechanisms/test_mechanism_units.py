@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 from fedldp.client.mechanisms import (
     MemoState,
+    RetiredMechanismError,
     UnknownMechanismError,
     choose_frequency_oracle,
     create,
@@ -27,7 +28,7 @@ from fedldp.client.mechanisms.base import BitVectorOutput, CategoryOutput, Hashe
 from fedldp.client.mechanisms.grr import GRR
 from fedldp.client.mechanisms.hadamard import fwht
 from fedldp.client.mechanisms.memo import RapporGRR, RapporOUE
-from fedldp.client.mechanisms.numeric import Hybrid, Laplace
+from fedldp.client.mechanisms.numeric import Hybrid
 from fedldp.client.mechanisms.olh import OLH, default_g, hash_value
 from fedldp.client.mechanisms.oracle import FrequencyOracle
 from mech_cases import ALL_CASES, HI, LO  # type: ignore[import-not-found]
@@ -90,7 +91,7 @@ def test_categorical_validation(wire_id: str) -> None:
         mech.perturb_batch(np.array([0, mech.k]), np.random.default_rng(0))
 
 
-@pytest.mark.parametrize("wire_id", ["duchi", "piecewise", "hybrid", "laplace"])
+@pytest.mark.parametrize("wire_id", ["duchi", "piecewise", "hybrid"])
 def test_numeric_validation_and_clipping(wire_id: str) -> None:
     for lo, hi in (
         (Decimal(1), Decimal(1)),
@@ -370,9 +371,48 @@ def test_fwht_is_the_hadamard_matrix() -> None:
 
 
 def test_hybrid_switches_to_duchi_below_epsilon_star() -> None:
-    assert Hybrid(Decimal("0.5"), LO, HI).alpha == 0.0
-    assert Hybrid(Decimal(1), LO, HI).alpha == pytest.approx(1 - math.exp(-0.5))
-    assert Laplace(Decimal(2), LO, HI).b == 1.0
+    below = Hybrid(Decimal("0.61"), LO, HI, 16, 30)
+    assert below.alpha == 0.0 and len(below.table) == 2  # only ±B can be sent
+    above = Hybrid(Decimal(1), LO, HI, 16, 26)
+    assert above.alpha == pytest.approx(1 - math.exp(-0.5), abs=2**-32)
+    assert len(above.table) == 26 + 2
+
+
+def test_numeric_grid_params_are_validated() -> None:
+    rng = (LO, HI)
+    mech = create("piecewise", Decimal(1), rng, {})
+    assert (mech.levels, mech.cells) == (256, 256 + round(256 * math.exp(-0.5)))
+    assert create("hybrid", Decimal(1), rng, {"levels": "8", "cells": "12"}).cells == 12
+    assert create("piecewise", Decimal(2), rng, {"levels": "100"}).cells == 100 + 37
+    bad = [
+        {"levels": "1"},
+        {"levels": "4097"},
+        {"levels": "8", "cells": "8"},
+        {"levels": "8", "cells": "17"},
+        {"levels": "-8"},
+        {"levels": "1e3"},
+        {"levels": "8.0"},
+        {"levels": "٣"},
+        {"cells": "9999999"},
+        {"band": "3"},
+    ]
+    for params in bad:
+        for wire_id in ("piecewise", "hybrid"):
+            with pytest.raises(ValueError, match=r"levels|cells|band"):
+                create(wire_id, Decimal(1), rng, params)
+    with pytest.raises(ValueError, match="no parameters"):
+        create("duchi", Decimal(1), rng, {"levels": "8"})
+    with pytest.raises(ValueError, match="too small"):
+        create("duchi", Decimal("1e-12"), rng, {})
+
+
+def test_laplace_is_retired_and_its_id_reserved() -> None:
+    with pytest.raises(RetiredMechanismError, match=r"retired.*hybrid") as info:
+        create("laplace", Decimal(1), (LO, HI), {})
+    assert isinstance(info.value, UnknownMechanismError)
+    assert "laplace" not in registered_ids()
+    with pytest.raises(ValueError, match="reserved"):
+        register("laplace", lambda *_: create("duchi", Decimal(1), (LO, HI), {}))
 
 
 @pytest.mark.parametrize("eps", ["0.5", "2", "4"])

@@ -1,0 +1,326 @@
+"""The numeric mechanisms' guarantees, computed exactly on the bytes that leave the device.
+
+* privacy: the whole law of the wire bytes per input level, as Fractions from the
+  very integer weights the sampler draws with, has max ratio <= e^ε (rational
+  comparison against a lower bound of e^ε), for every mechanism at ε in
+  {0.5, 1, 2, 4} and two grid sizes; also for pairs of real inputs one ulp
+  apart, through the exact rounding step. A band weight ratio above e^ε fails.
+* the wire: for inputs at and beyond the ends, one ulp apart and in between,
+  every double sent (device path with a seeded random.Random and with the OS
+  CSPRNG, batch path with numpy) is bit for bit one of the fixed table values,
+  which do not depend on the input. Today's floating-point piecewise (the
+  legacy fixture) fails that check and shows the bit leak the issue describes.
+* unbiasedness and the variance formula, exactly (Fractions over the law).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import struct
+from collections.abc import Iterator
+from decimal import Decimal
+from fractions import Fraction
+from typing import Any
+
+import numpy as np
+import pytest
+from fedldp.client.mechanisms import create
+from fedldp.client.mechanisms.numeric import (
+    Hybrid,
+    NumericMechanism,
+    Piecewise,
+    Weights,
+    default_band,
+    exp_floor,
+)
+from legacy_float_numeric import LegacyPiecewise  # type: ignore[import-not-found]
+from mech_cases import (  # type: ignore[import-not-found]
+    HI,
+    LO,
+    exp_bounds,
+    input_wire_law,
+    max_ratio,
+    wire_bytes,
+)
+from test_mechanism_contract import (  # type: ignore[import-not-found]
+    check_unbiased_and_variance,
+    population,
+)
+
+EPSILONS = ["0.5", "1", "2", "4"]
+#: (params) of the two grid sizes checked: the derived default, and a small one.
+GRIDS: list[dict[str, str]] = [{}, {"levels": "16"}]
+
+
+def build(wire_id: str, epsilon: str, params: dict[str, str] | None = None) -> NumericMechanism:
+    mech = create(wire_id, Decimal(epsilon), (LO, HI), params or {})
+    assert isinstance(mech, NumericMechanism)
+    return mech
+
+
+def level_wire_weights(mech: NumericMechanism, level: int) -> dict[bytes, int]:
+    """Integer weight of every wire value given a level (same total for every level)."""
+    law: dict[bytes, int] = {}
+    for y, w in zip(mech.table, mech.index_weights(level), strict=True):
+        if w:
+            key = wire_bytes(y)
+            law[key] = law.get(key, 0) + w
+    return law
+
+
+def max_level_ratio(mech: NumericMechanism) -> Fraction | None:
+    """Exact max over levels j, j' and wire values y of P[y|j]/P[y|j'] (None: infinite)."""
+    laws = [level_wire_weights(mech, j) for j in range(mech.levels + 1)]
+    totals = {sum(law.values()) for law in laws}
+    assert len(totals) == 1, "the total weight must not depend on the level"
+    worst = Fraction(1)
+    for key in set().union(*laws):
+        weights = [law.get(key, 0) for law in laws]
+        if min(weights) == 0:
+            return None
+        worst = max(worst, Fraction(max(weights), min(weights)))
+    return worst
+
+
+def assert_ratio_at_most_e_eps(ratio: Fraction | None, epsilon: str) -> None:
+    lower, _ = exp_bounds(Decimal(epsilon))
+    assert ratio is not None, "a wire value is possible under one input and not another"
+    assert ratio <= lower, f"max ratio {float(ratio)!r} exceeds e^{epsilon}"
+
+
+# --- exact privacy ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("grid", GRIDS, ids=["default-grid", "levels16"])
+@pytest.mark.parametrize("epsilon", EPSILONS)
+@pytest.mark.parametrize("wire_id", ["duchi", "piecewise", "hybrid"])
+def test_exact_ratio_over_every_level_is_at_most_e_eps(
+    wire_id: str, epsilon: str, grid: dict[str, str]
+) -> None:
+    mech = build(wire_id, epsilon, {} if wire_id == "duchi" else grid)
+    ratio = max_level_ratio(mech)
+    assert_ratio_at_most_e_eps(ratio, epsilon)
+    assert ratio is not None and math.log(ratio) > float(epsilon) - 1e-9  # and tight
+
+
+def wide_band(epsilon: str, factor: str) -> Piecewise:
+    """Broken: band weight ratio floor(e^{factor ε} 2^32)/2^32 instead of e^ε."""
+    mech = Piecewise(Decimal(epsilon), LO, HI, 16, 24)
+    wide = Weights.for_epsilon(Decimal(epsilon) * Decimal(factor), 48)
+    mech.grid = type(mech.grid)(16, 24, wide)
+    return mech
+
+
+@pytest.mark.parametrize("factor", ["1.001", "2"])
+def test_exact_ratio_check_fails_on_a_band_ratio_above_e_eps(factor: str) -> None:
+    with pytest.raises(AssertionError, match="exceeds"):
+        assert_ratio_at_most_e_eps(max_level_ratio(wide_band("1", factor)), "1")
+
+
+def test_exact_ratio_check_fails_when_the_output_set_depends_on_the_input() -> None:
+    """Broken: a cell that only the top level can produce (its weight moved elsewhere)."""
+
+    class LeakyCell(Piecewise):
+        def index_weights(self, level: int) -> tuple[int, ...]:
+            weights = list(super().index_weights(level))
+            if level != self.levels:
+                weights[0] += weights[-1]
+                weights[-1] = 0
+            return tuple(weights)
+
+    mech = LeakyCell(Decimal(1), LO, HI, 8, 12)
+    with pytest.raises(AssertionError, match="one input"):
+        assert_ratio_at_most_e_eps(max_level_ratio(mech), "1")
+
+
+def neighbours(x: float) -> list[float]:
+    """x and the doubles one and two ulps either side."""
+    down = math.nextafter(x, -math.inf)
+    up = math.nextafter(x, math.inf)
+    return [math.nextafter(down, -math.inf), down, x, up, math.nextafter(up, math.inf)]
+
+
+def real_inputs(mech: NumericMechanism) -> list[float]:
+    lo, hi = float(mech.lo), float(mech.hi)
+    level = lo + (hi - lo) * 3 / mech.levels  # exactly on a level, and its neighbours
+    return [*neighbours(lo), *neighbours(hi), *neighbours(1.0), *neighbours(level), 0.1, 1e-300]
+
+
+@pytest.mark.parametrize("epsilon", EPSILONS)
+@pytest.mark.parametrize("wire_id", ["duchi", "piecewise", "hybrid"])
+def test_real_inputs_one_ulp_apart_through_the_exact_rounding(wire_id: str, epsilon: str) -> None:
+    mech = build(wire_id, epsilon, {} if wire_id == "duchi" else {"levels": "16"})
+    inputs = real_inputs(mech)
+    laws = [input_wire_law(mech, x) for x in inputs]
+    assert_ratio_at_most_e_eps(max_ratio(laws), epsilon)
+    for x, law in zip(inputs, laws, strict=True):
+        assert sum(law.values()) == 1
+        # The rounding sees every bit of x: E[t_J] is t exactly, as a rational.
+        clipped = min(max(Fraction(x), Fraction(mech.lo)), Fraction(mech.hi))
+        t = 2 * (clipped - Fraction(mech.lo)) / (Fraction(mech.hi) - Fraction(mech.lo)) - 1
+        levels = mech.level_law(x)
+        assert sum(p * (Fraction(2 * j, mech.levels) - 1) for j, p in levels) == t
+
+
+def test_inputs_one_ulp_apart_get_different_exact_rounding_laws() -> None:
+    mech = build("piecewise", "1", {"levels": "16"})
+    x = 1.0 + 2**-40
+    assert mech.level_law(x) != mech.level_law(math.nextafter(x, math.inf))
+
+
+def test_weights_are_the_floor_of_e_eps() -> None:
+    for epsilon in EPSILONS:
+        w = Weights.for_epsilon(Decimal(epsilon), 1024)
+        lower, upper = exp_bounds(Decimal(epsilon))
+        assert w.low == 1 << 32
+        assert w.high <= lower * w.low and w.high + 1 > upper * w.low
+    assert default_band(Decimal("4"), 256) == round(256 * math.exp(-2))
+
+
+def test_exp_floor_refuses_an_undecidable_floor() -> None:
+    with pytest.raises(ValueError, match="decide"):
+        exp_floor(Decimal(0), 7)
+
+
+# --- the wire: a fixed table, bit for bit -------------------------------------------------
+
+
+def extreme_inputs(mech: NumericMechanism) -> list[Any]:
+    lo, hi = float(mech.lo), float(mech.hi)
+    return [
+        *real_inputs(mech),
+        lo - 1e300,
+        hi + 1e300,
+        -1.797e308,
+        1.797e308,
+        Decimal("1.5"),
+        3,
+        math.nextafter(lo, -math.inf),
+        math.nextafter(hi, math.inf),
+    ]
+
+
+CASES = [
+    ("duchi", "1", {}),
+    ("piecewise", "0.5", {}),
+    ("piecewise", "4", {"levels": "16"}),
+    ("hybrid", "1", {}),
+    ("hybrid", "4", {"levels": "16"}),
+    ("hybrid", "0.5", {}),
+]
+
+
+def sent(mech: NumericMechanism, value: Any, n: int, seed: int) -> Iterator[bytes]:
+    rng = random.Random(seed)
+    for _ in range(n):
+        yield wire_bytes(mech.perturb(value, rng=rng).value)
+
+
+@pytest.mark.parametrize(("wire_id", "epsilon", "params"), CASES)
+def test_every_double_sent_is_a_table_value_independent_of_the_input(
+    wire_id: str, epsilon: str, params: dict[str, str]
+) -> None:
+    mech = build(wire_id, epsilon, params)
+    table = {wire_bytes(y) for y in mech.table}
+    # The table is a function of the policy only: a fresh build gives the same bytes.
+    assert [wire_bytes(y) for y in build(wire_id, epsilon, params).table] == [
+        wire_bytes(y) for y in mech.table
+    ]
+    for seed, value in enumerate(extreme_inputs(mech)):
+        assert set(sent(mech, value, 300, seed)) <= table
+        assert wire_bytes(mech.perturb(value).value) in table  # OS CSPRNG
+    batch = mech.perturb_batch(
+        np.array([float(v) for v in extreme_inputs(mech)] * 500), np.random.default_rng(5)
+    )
+    assert {wire_bytes(float(y)) for y in batch} <= table
+    assert batch.dtype == np.float64
+
+
+def test_the_legacy_float_piecewise_fails_the_wire_check_and_leaks_its_bits() -> None:
+    """Today's float piecewise (test fixture): its doubles are not a fixed set, and the
+    issue's byte event (an output in [1, 2) with an odd last mantissa bit) happens
+    under one end of the range and never under the other."""
+    legacy = LegacyPiecewise(Decimal(1), Decimal(0), Decimal(1))
+    rng = np.random.default_rng(1)
+    at_lo = legacy.perturb_batch(np.zeros(200_000), rng)
+    at_hi = legacy.perturb_batch(np.ones(200_000), rng)
+
+    def odd_in_one_two(ys: np.ndarray) -> int:
+        bits = ys.view(np.uint64)
+        return int(np.sum((ys >= 1.0) & (ys < 2.0) & ((bits & np.uint64(1)) == 1)))
+
+    counts = sorted([odd_in_one_two(at_lo), odd_in_one_two(at_hi)])
+    assert counts[0] == 0 and counts[1] > 100  # an infinite ratio on the bytes
+    table = {wire_bytes(y) for y in build("piecewise", "1").table}
+    assert not {wire_bytes(float(y)) for y in at_lo[:1000]} <= table
+
+
+@pytest.mark.parametrize("epsilon", EPSILONS)
+def test_the_same_byte_event_has_bounded_ratio_on_the_grid(epsilon: str) -> None:
+    """Exact P[event] under both ends for every (sign, exponent, last bit) event class."""
+    mech = build("piecewise", epsilon)
+    lower, _ = exp_bounds(Decimal(epsilon))
+
+    def event_law(value: float) -> dict[tuple[int, int], Fraction]:
+        law: dict[tuple[int, int], Fraction] = {}
+        for key, p in input_wire_law(mech, value).items():
+            (bits,) = struct.unpack("<Q", key)
+            event = (bits >> 52, bits & 1)
+            law[event] = law.get(event, Fraction(0)) + p
+        return law
+
+    a, b = event_law(float(mech.lo)), event_law(float(mech.hi))
+    assert set(a) == set(b)
+    for event in a:
+        assert max(a[event], b[event]) <= lower * min(a[event], b[event])
+
+
+# --- unbiasedness and the variance formula, exactly ------------------------------------------
+
+
+@pytest.mark.parametrize(("wire_id", "epsilon", "params"), CASES)
+def test_exact_mean_and_variance_of_the_law(
+    wire_id: str, epsilon: str, params: dict[str, str]
+) -> None:
+    mech = build(wire_id, epsilon, params)
+    exact_values = exact_table(mech)
+    by_bytes = dict(zip([wire_bytes(y) for y in mech.table], exact_values, strict=True))
+    for x in real_inputs(mech):
+        law = input_wire_law(mech, x)
+        mean = sum(p * by_bytes[k] for k, p in law.items())
+        second = sum(p * by_bytes[k] ** 2 for k, p in law.items())
+        clipped = min(max(Fraction(x), Fraction(mech.lo)), Fraction(mech.hi))
+        t = 2 * (clipped - Fraction(mech.lo)) / (Fraction(mech.hi) - Fraction(mech.lo)) - 1
+        assert mean == t  # exactly unbiased on the exact table values
+        variance = float(second - t * t)
+        assert float(mech.conditional_variance(float(t))) == pytest.approx(variance, rel=1e-9)
+        # The doubles sent are the exact values rounded: the bias is at most their rounding.
+        float_mean = sum(p * Fraction(struct.unpack("<d", k)[0]) for k, p in law.items())
+        assert abs(float_mean - t) <= max(abs(v) for v in exact_values) * Fraction(1, 2**52)
+
+
+def exact_table(mech: NumericMechanism) -> list[Fraction]:
+    """The exact rationals behind the table doubles (numeric.py's formulas)."""
+    if isinstance(mech, Hybrid):
+        duchi = [-mech.B_exact, mech.B_exact]
+        return [*mech.grid.values(), *duchi] if mech.alpha_weight else duchi
+    if isinstance(mech, Piecewise):
+        return mech.grid.values()
+    return [-mech.B_exact, mech.B_exact]  # type: ignore[attr-defined]
+
+
+class NoRoundingTerm(Piecewise):
+    """Broken variance: leaves out the rounding term c2 (t - t_lo)(t_hi - t)."""
+
+    def conditional_variance(self, t: Any) -> Any:
+        return super().conditional_variance(t) - self._c2 * self.rounding_variance(t)
+
+
+def test_variance_includes_the_rounding_term_and_the_check_catches_its_absence() -> None:
+    coarse = Piecewise(Decimal(4), LO, HI, 2, 3)  # J = 2: the rounding term is large
+    values = population(coarse, 3000, seed=11)
+    check_unbiased_and_variance(coarse, values, reps=300, seed=5)
+    broken = NoRoundingTerm(Decimal(4), LO, HI, 2, 3)
+    with pytest.raises(AssertionError, match="variance ratio"):
+        check_unbiased_and_variance(broken, values, reps=300, seed=5)
