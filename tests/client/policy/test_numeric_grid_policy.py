@@ -12,17 +12,18 @@
 from __future__ import annotations
 
 import copy
+from decimal import Decimal
 from pathlib import Path
 
 import pytest
 import tomllib
-from conftest import DAY  # type: ignore[import-not-found]
 from fedldp.client.mechanisms.numeric import DEFAULT_LEVELS, default_band
 from fedldp.client.policy import Authority, InvalidPolicyError, TrustStore, verify_policy
 from fedldp.client.policy.authoring import policy_from_dict
 from fedldp.client.policy.envelope import POLICY_PAYLOAD_TYPE, sign_envelope
 from fedldp.v1 import policy_pb2
 
+DAY = 86400
 EXAMPLE = Path(__file__).resolve().parents[3] / "deploy" / "policies" / "example-policy.toml"
 
 
@@ -45,8 +46,6 @@ def numeric(authority: Authority, now: int, mechanism: str, **params: str) -> po
 def test_authoring_states_the_derived_grid(
     authority: Authority, trust: TrustStore, now: int, mechanism: str
 ) -> None:
-    from decimal import Decimal
-
     policy = numeric(authority, now, mechanism)
     cells = DEFAULT_LEVELS + default_band(Decimal(2), DEFAULT_LEVELS)
     assert dict(policy.mechanism.params) == {"levels": str(DEFAULT_LEVELS), "cells": str(cells)}
