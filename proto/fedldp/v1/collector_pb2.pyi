@@ -241,7 +241,10 @@ Global___HashedPayload: _TypeAlias = HashedPayload  # noqa: Y015
 
 @_typing.final
 class NumericPayload(_message.Message):
-    """Numeric mechanisms: the perturbed value (finite; NaN and infinities refused)."""
+    """Numeric mechanisms: one of the policy's fixed grid values, bit for bit
+    (anything else is refused: NaN and infinities as NON_FINITE, other doubles
+    as OUT_OF_DOMAIN).
+    """
 
     DESCRIPTOR: _descriptor.Descriptor
 

@@ -262,8 +262,9 @@ class MechanismSpec(_message.Message):
     MEMO_CHARGING_FIELD_NUMBER: _builtins.int
     id: _builtins.str
     """Stable wire id from the mechanism registry ("grr", "oue", "sue", "olh",
-    "hr", "ss", "duchi", "piecewise", "hybrid", "laplace", ...). Ids are
-    never reused. "auto" is resolved when the policy is authored, never signed.
+    "hr", "ss", "duchi", "piecewise", "hybrid", ...). Ids are never reused:
+    "laplace" is retired and reserved (policies naming it are refused).
+    "auto" is resolved when the policy is authored, never signed.
     """
     epsilon: _builtins.str
     """Per-report epsilon (decimal string)."""
@@ -271,7 +272,8 @@ class MechanismSpec(_message.Message):
     @_builtins.property
     def params(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
         """Mechanism-specific parameters as decimal or integer strings
-        (e.g. "g" for OLH, "epsilon_permanent" for memoized mechanisms).
+        (e.g. "g" for OLH, "epsilon_permanent" for memoized mechanisms, the grid
+        "levels" and "cells" for piecewise and hybrid, stated when authored).
         """
 
     def __init__(
