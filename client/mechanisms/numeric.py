@@ -9,7 +9,8 @@ mechanism here therefore emits one value of a finite table fixed by the policy
 (ε, range, the grid parameters), independent of the input, and chooses the
 table index with exact integer arithmetic, so the probability of every wire
 value under every input is an exact rational (`level_law`, `index_weights`,
-`table`) and its ratio between any two inputs is checked against e^ε in tests.
+`table`, `wire_probability`) and its ratio between any two inputs is checked
+against e^ε in tests.
 
 Steps of one report (device path, `perturb`):
 
@@ -91,7 +92,7 @@ The wire value stays in the normalized unit (an unbiased randomization of t),
 so the estimator is mean(x) = lo + (hi - lo)(mean y + 1)/2 for every mechanism.
 The collector accepts a report only when its double is bit-for-bit one of the
 table values (`check_output`; NaN and infinities: NON_FINITE, anything else:
-OUT_OF_DOMAIN), so one report's weight is at most max |y_i|.
+OUT_OF_DOMAIN), so one report's weight is at most `bound` = max |y_i|.
 
 laplace is retired (registry.RETIRED_IDS): no grid version of it would beat
 piecewise or hybrid, which dominate it at every ε (Wang et al. Section III-D).
@@ -216,12 +217,22 @@ def grid_params(wire_id: str, epsilon: Decimal, params: dict[str, str]) -> dict[
 
 def parse_grid(wire_id: str, epsilon: Decimal, params: dict[str, str]) -> tuple[int, int]:
     """(levels J, cells N) from the policy's params, defaults derived as documented."""
+    levels = _plain_int(wire_id, params, "levels")
+    cells = _plain_int(wire_id, params, "cells")
+    return grid_size(wire_id, epsilon, levels, cells)
+
+
+def grid_size(
+    wire_id: str, epsilon: Decimal, levels: int | None, cells: int | None
+) -> tuple[int, int]:
+    """(J, N): the given grid, validated, or the derived default for what is None."""
     if not isinstance(epsilon, Decimal):
         raise TypeError("epsilon must be a decimal.Decimal (exact), not a float")
     if not epsilon.is_finite() or epsilon <= 0:
         raise ValueError(f"epsilon must be finite and positive, got {epsilon}")
-    levels = _plain_int(wire_id, params, "levels")
-    cells = _plain_int(wire_id, params, "cells")
+    for name, given in (("levels", levels), ("cells", cells)):
+        if given is not None and (isinstance(given, bool) or not isinstance(given, int)):
+            raise TypeError(f"{wire_id} {name} must be an int")
     if levels is None:
         levels = DEFAULT_LEVELS
     if not MIN_LEVELS <= levels <= MAX_LEVELS:
@@ -243,6 +254,11 @@ def _plain_int(wire_id: str, params: dict[str, str], name: str) -> int | None:
     if not isinstance(text, str) or not text.isascii() or not text.isdigit() or len(text) > 6:
         raise ValueError(f"{wire_id} parameter {name!r} must be a plain integer (digits only)")
     return int(text)
+
+
+def _same_bits(a: float, b: float) -> bool:
+    """Whether two doubles have the same 8 bytes (0.0 and -0.0 differ; NaN is no table value)."""
+    return a == b and math.copysign(1.0, a) == math.copysign(1.0, b)
 
 
 def _fraction_of(value: float | int | Decimal) -> tuple[int, int]:
@@ -292,6 +308,8 @@ class NumericMechanism(Mechanism[float, MomentStatistic]):
             self._index.setdefault(y, i)
         self.c0, self.c2 = c0, c2
         self._c0, self._c2 = float(c0), float(c2)
+        #: The largest |wire value|: the most one accepted report can move the sum.
+        self.bound = max(abs(y) for y in self.table)
 
     # --- clipping and normalization ---
 
@@ -332,6 +350,15 @@ class NumericMechanism(Mechanism[float, MomentStatistic]):
             return [(low, Fraction(1))]
         up = Fraction(rest, den)
         return [(low, 1 - up), (low + 1, up)]
+
+    def wire_probability(self, value: float | int | Decimal, y: float) -> Fraction:
+        """P[the report is the double y, bit for bit | value], exactly (0 off the table)."""
+        total = Fraction(0)
+        for level, p in self.level_law(value):
+            weights = self.index_weights(level)
+            mass = sum(w for t, w in zip(self.table, weights, strict=True) if _same_bits(t, y))
+            total += p * Fraction(mass, sum(weights))
+        return total
 
     def _level(self, clipped: float, rng: random.Random) -> int:
         num, den = self._position(clipped)
@@ -410,7 +437,7 @@ class NumericMechanism(Mechanism[float, MomentStatistic]):
     def index_of(self, y: float) -> int:
         """The output index whose table value has exactly the bits of y (OutputDomainError)."""
         i = self._index.get(y)
-        if i is None or math.copysign(1.0, y) != math.copysign(1.0, self.table[i]):
+        if i is None or not _same_bits(y, self.table[i]):
             raise OutputDomainError(
                 "OUT_OF_DOMAIN",
                 f"{self._name} output is not one of the policy's {len(self._index)} grid values",
@@ -597,12 +624,23 @@ class _PiecewiseGrid:
 
 
 class Piecewise(NumericMechanism):
-    """Wang et al.'s Piecewise Mechanism on N = J + w exact cell values."""
+    """Wang et al.'s Piecewise Mechanism on N = J + w exact cell values.
+
+    `levels` and `cells` default to the derived grid (`grid_size`).
+    """
 
     wire_id = "piecewise"
     _name = "piecewise"
 
-    def __init__(self, epsilon: Decimal, lo: Decimal, hi: Decimal, levels: int, cells: int) -> None:
+    def __init__(
+        self,
+        epsilon: Decimal,
+        lo: Decimal,
+        hi: Decimal,
+        levels: int | None = None,
+        cells: int | None = None,
+    ) -> None:
+        levels, cells = grid_size(self.wire_id, epsilon, levels, cells)
         super().__init__(epsilon, lo, hi, levels)
         self.grid = _PiecewiseGrid(levels, cells, Weights.for_epsilon(epsilon, 2 * cells))
         c0, c2 = self.grid.moments()
@@ -627,13 +665,23 @@ class Piecewise(NumericMechanism):
 class Hybrid(NumericMechanism):
     """Wang et al.'s Hybrid Mechanism: piecewise w.p. α, Duchi otherwise, on the same level.
 
-    Output indices: the N piecewise cells, then N for -B and N + 1 for +B.
+    Output indices: the N piecewise cells, then N for -B and N + 1 for +B (only
+    0 for -B and 1 for +B when α = 0). `levels` and `cells` default to the
+    derived grid (`grid_size`).
     """
 
     wire_id = "hybrid"
     _name = "hybrid"
 
-    def __init__(self, epsilon: Decimal, lo: Decimal, hi: Decimal, levels: int, cells: int) -> None:
+    def __init__(
+        self,
+        epsilon: Decimal,
+        lo: Decimal,
+        hi: Decimal,
+        levels: int | None = None,
+        cells: int | None = None,
+    ) -> None:
+        levels, cells = grid_size(self.wire_id, epsilon, levels, cells)
         super().__init__(epsilon, lo, hi, levels)
         self.grid = _PiecewiseGrid(levels, cells, Weights.for_epsilon(epsilon, 2 * cells))
         self.duchi_weights = Weights.for_epsilon(epsilon, 2 * levels)
@@ -705,5 +753,6 @@ __all__ = [
     "Piecewise",
     "exp_floor",
     "grid_params",
+    "grid_size",
     "parse_grid",
 ]

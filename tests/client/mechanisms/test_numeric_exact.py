@@ -324,3 +324,35 @@ def test_variance_includes_the_rounding_term_and_the_check_catches_its_absence()
     broken = NoRoundingTerm(Decimal(4), LO, HI, 2, 3)
     with pytest.raises(AssertionError, match="variance ratio"):
         check_unbiased_and_variance(broken, values, reps=300, seed=5)
+
+
+# --- the exact-law API the auditor and tests share ------------------------------------------
+
+
+@pytest.mark.parametrize(("wire_id", "epsilon", "params"), CASES)
+def test_wire_probability_is_the_exact_law(
+    wire_id: str, epsilon: str, params: dict[str, str]
+) -> None:
+    mech = build(wire_id, epsilon, params)
+    x = float(mech.lo) + 0.3 * float(mech.hi - mech.lo)
+    law = input_wire_law(mech, x)
+    distinct = {wire_bytes(y): y for y in mech.table}
+    assert sum(mech.wire_probability(x, y) for y in distinct.values()) == 1
+    for key, y in distinct.items():
+        assert mech.wire_probability(x, y) == law[key]
+    off_grid = [
+        math.nextafter(mech.bound, math.inf),
+        0.123456789,
+        -0.0 if 0.0 in mech.table else 0.0,
+    ]
+    assert all(mech.wire_probability(x, y) == 0 for y in off_grid)
+    assert mech.bound == max(abs(y) for y in mech.table)
+
+
+def test_direct_construction_uses_the_derived_grid_and_validates_it() -> None:
+    assert Piecewise(Decimal(1), LO, HI).table == build("piecewise", "1").table
+    assert Hybrid(Decimal(2), LO, HI, 16).table == build("hybrid", "2", {"levels": "16"}).table
+    with pytest.raises(ValueError, match="cells"):
+        Piecewise(Decimal(1), LO, HI, 8, 8)
+    with pytest.raises(TypeError, match="int"):
+        Hybrid(Decimal(1), LO, HI, 8.0)  # type: ignore[arg-type]
