@@ -143,21 +143,36 @@ class World:
             workers=8,
             log_level="ERROR",
         )
+        self._config = config
+        self._registry = registry
         self.collector = start_collector(config, registry=registry)
         self.trust_dir = tmp / "trust"
         (self.trust_dir / "pinned").mkdir(parents=True)
         write_public_key(a.root_public_keys[0], self.trust_dir / "pinned" / "root.pem")
         write_envelope(a.root_envelope, self.trust_dir / "1.root")
 
+    def start_collector(self, name: str, listen: str = "127.0.0.1:0") -> Any:
+        """Another collector with the same policies, on its own ledger file, at `listen`."""
+        import dataclasses
+
+        from fedldp.collector.server import start_collector
+
+        config = dataclasses.replace(
+            self._config, ledger_url=f"sqlite:///{self.tmp / (name + '.db')}", listen=listen
+        )
+        return start_collector(config, registry=self._registry)
+
     def token(self, subject: str) -> str:
         return self.tokens.mint(subject, expires_at=int(time.time()) + 86400)
 
-    def client(self, state: Path, subject: str = "bench-device", **kwargs: Any) -> Any:
+    def client(
+        self, state: Path, subject: str = "bench-device", target: str = "", **kwargs: Any
+    ) -> Any:
         from fedldp.client.sdk import Client
         from fedldp.client.transport import Credentials
 
         return Client(
-            self.collector.address,
+            target or self.collector.address,
             trust_root=self.trust_dir,
             state_dir=state,
             credentials=Credentials.insecure_bearer(self.token(subject)),
@@ -464,6 +479,228 @@ def _checkpoint(client: Any) -> None:
     client._store._conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
 
 
+# --- outages and the state footprint (--outage) ------------------------------------------
+
+
+class SubmitLog:
+    """Every `Transport.submit_raw` call of this process: (monotonic start, ok, reports).
+
+    The SDK's own Submit attempts, counted where they leave the device (whether
+    or not a collector is listening), by wrapping the class method for the
+    duration of a measurement.
+    """
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[float, bool, int]] = []
+
+    def __enter__(self) -> SubmitLog:
+        from fedldp.client.transport import Transport
+
+        original = Transport.submit_raw
+        log = self.calls
+
+        def counting(transport: Any, reports: Any) -> Any:
+            started = time.monotonic()
+            try:
+                response = original(transport, reports)
+            except Exception:
+                log.append((started, False, len(reports)))
+                raise
+            log.append((started, True, len(reports)))
+            return response
+
+        self._original = original
+        Transport.submit_raw = counting  # type: ignore[method-assign]
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        from fedldp.client.transport import Transport
+
+        Transport.submit_raw = self._original  # type: ignore[method-assign]
+
+    def between(self, start: float, end: float) -> tuple[int, int, int]:
+        """(calls, failed calls, reports acknowledged) of calls started in [start, end)."""
+        inside = [c for c in self.calls if start <= c[0] < end]
+        return len(inside), sum(not ok for _, ok, _ in inside), sum(n for _, ok, n in inside if ok)
+
+
+def measure_outage(
+    world: World, outage_s: float, after_s: float, backlog: int, interval_s: float
+) -> dict[str, Any]:
+    """A device with a backlog rides out an outage of `outage_s`, then `after_s` of service.
+
+    The device: `Client(background=True, send_interval_seconds=interval_s)`,
+    default `Backoff`, batches of 100. Its collector (the real one, own ledger
+    file) is stopped at t=0; at t=0 the app records `backlog` reports, then one
+    more every second for the whole run. At t=`outage_s` the collector is
+    restarted on the same port and the app calls `client.wake()` (its
+    connectivity hook). Counted: the SDK's Submit calls (`SubmitLog`) and the
+    reports acknowledged, per phase and per minute, and how long after the
+    wake() every report recorded before it was acknowledged.
+    """
+    state = world.tmp / f"outage-{secrets.token_hex(4)}"
+    collector = world.start_collector(state.name)
+    port = collector.port
+    recorded: list[float] = []
+    with SubmitLog() as log:
+        client = world.client(
+            state,
+            subject=state.name,
+            target=collector.address,
+            background=True,
+            send_interval_seconds=interval_s,
+            max_outbox=backlog + 1000,
+        )
+        try:
+            collector.stop(grace=0.0)
+            start = time.monotonic()
+            for label in _values("m.grr", backlog, random.Random(5)):
+                client.record("m.grr", label)
+                recorded.append(time.monotonic())
+            restart = start + outage_s
+            end = restart + after_s
+            next_record = start + 1.0
+            woke = None
+            while True:
+                now = time.monotonic()
+                if woke is None and now >= restart:
+                    collector = world.start_collector(state.name, listen=f"127.0.0.1:{port}")
+                    woke = time.monotonic()
+                    client.wake()  # the app's connectivity hook
+                if now >= end:
+                    break
+                if now >= next_record:
+                    client.record("m.grr", LABELS_16[len(recorded) % 16])
+                    recorded.append(time.monotonic())
+                    next_record += 1.0
+                    continue
+                time.sleep(max(0.0, min(next_record, restart if woke is None else end) - now))
+            pending_at_end = client.pending()
+        finally:
+            client.close()
+            collector.stop(grace=1.0)
+    assert woke is not None
+    before_wake = sum(t < woke for t in recorded)
+    delivered, delivered_at = 0, None
+    for started, ok, n in log.calls:
+        delivered += n if ok else 0
+        if delivered_at is None and delivered >= before_wake:
+            delivered_at = started
+    phases = {"outage": (start, woke), "after": (woke, woke + after_s)}
+    out: dict[str, Any] = {"backlog": backlog, "recorded": len(recorded)}
+    for name, (a, b) in phases.items():
+        calls, failed, acked = log.between(a, b)
+        per_minute = 60.0 / (b - a)
+        out[name] = {
+            "seconds": b - a,
+            "submit_calls": calls,
+            "failed_calls": failed,
+            "reports_acknowledged": acked,
+            "submit_calls_per_min": calls * per_minute,
+            "reports_acknowledged_per_min": acked * per_minute,
+        }
+    out["backlog_delivered_s_after_wake"] = (
+        None if delivered_at is None else max(0.0, delivered_at - woke)
+    )
+    out["pending_at_end"] = pending_at_end
+    return out
+
+
+def _dir_bytes(state: Path) -> dict[str, int]:
+    return {p.name: p.stat().st_size for p in sorted(state.iterdir()) if p.is_file()}
+
+
+def measure_state_files(world: World, sizes: list[int]) -> dict[str, Any]:
+    """Files in the state folder, measured from the outside (the app's view).
+
+    Public API only: `Client(...)`, `record()`, `flush()`, `close()`; the folder
+    is listed with `os.stat` while the client is open. Idle: a client that
+    recorded and flushed 200 reports (everything acknowledged). Pending: N
+    reports recorded and not sent. Closed: after `close()`.
+    """
+    out: dict[str, Any] = {}
+    state = world.tmp / "files-idle"
+    with world.client(state, subject="files-idle") as client:
+        for label in _values("m.grr", 200, random.Random(6)):
+            client.record("m.grr", label)
+        client.flush(timeout=60)
+        out["idle (200 recorded, all sent)"] = _dir_bytes(state)
+    out["idle, after close()"] = _dir_bytes(state)
+    for n in sizes:
+        state = world.tmp / f"files-{n}"
+        with world.client(state, subject=f"files-{n}", max_outbox=n + 1) as client:
+            for label in _values("m.grr", n, random.Random(7)):
+                client.record("m.grr", label)
+            out[f"{n:,} pending"] = _dir_bytes(state)
+        out[f"{n:,} pending, after close()"] = _dir_bytes(state)
+    return out
+
+
+def _print_outage(figures: dict[str, Any]) -> None:
+    o = figures["outage"]
+    rows = []
+    for phase in ("outage", "after"):
+        f = o[phase]
+        rows.append(
+            [
+                f"{phase} ({f['seconds']:.0f} s)",
+                f"{f['submit_calls']} ({f['failed_calls']} failed)",
+                f"{f['submit_calls_per_min']:.1f}",
+                f"{f['reports_acknowledged']}",
+                f"{f['reports_acknowledged_per_min']:.0f}",
+            ]
+        )
+    print(
+        f"Outage: backlog {o['backlog']} reports + 1 record/s, {o['recorded']} recorded; "
+        f"backlog delivered {fmt_float(o['backlog_delivered_s_after_wake'])} s after wake(); "
+        f"pending at the end {o['pending_at_end']}"
+    )
+    print(format_table(["phase", "Submit calls", "calls/min", "acknowledged", "reports/min"], rows))
+    print()
+    rows = [
+        [
+            name,
+            ", ".join(
+                f"{k.replace('fedldp-device.sqlite3', 'db')}: {v / 1024:.0f} KiB"
+                for k, v in files.items()
+            )
+            or "(none)",
+            f"{sum(files.values()) / 1024:.0f}",
+        ]
+        for name, files in figures["state_files"].items()
+    ]
+    print("State folder on disk (files and sizes, KiB)")
+    print(format_table(["state", "files", "total KiB"], rows))
+
+
+def outage_main(args: argparse.Namespace) -> int:
+    outage_s, after_s = (15.0, 15.0) if args.quick else (60.0, 60.0)
+    sizes = [1000] if args.quick else [1000, 10_000]
+    params = {
+        "outage_s": outage_s,
+        "after_s": after_s,
+        "backlog": 1000,
+        "send_interval_s": 5.0,
+        "state_sizes": sizes,
+        "quick": args.quick,
+    }
+    with tempfile.TemporaryDirectory(prefix="fedldp-bench-sdk-") as tmp:
+        world = World(Path(tmp))
+        try:
+            figures = {
+                "outage": measure_outage(world, outage_s, after_s, 1000, 5.0),
+                "state_files": measure_state_files(world, sizes),
+            }
+        finally:
+            world.close()
+    _print_outage(figures)
+    if args.json:
+        write_json(
+            args.json, benchmark="sdk-outage", params=params, figures=figures, packages=PACKAGES
+        )
+    return 0
+
+
 # --- main -----------------------------------------------------------------------------------
 
 
@@ -477,7 +714,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="small sizes (< 1 minute)")
     parser.add_argument("--json", type=Path, help="write every figure here")
     parser.add_argument("--runs", type=int, default=None, help="timed runs per figure (>= 5)")
+    parser.add_argument(
+        "--outage",
+        action="store_true",
+        help="only the outage run and the state folder sizes (--quick: 15 s + 15 s, < 1 minute)",
+    )
     args = parser.parse_args(argv)
+    if args.outage:
+        return outage_main(args)
     runs = max(5, args.runs or 5)
     calls = 30 if args.quick else 500
     pending = 200 if args.quick else 3000
