@@ -510,7 +510,7 @@ class SubmitLog:
             return response
 
         self._original = original
-        Transport.submit_raw = counting  # type: ignore[method-assign]
+        Transport.submit_raw = counting  # type: ignore[method-assign,assignment]
         return self
 
     def __exit__(self, *exc: object) -> None:

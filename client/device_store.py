@@ -21,6 +21,16 @@ is on disk and survives a power cut or SIGKILL; every write runs in a
 ``BEGIN IMMEDIATE`` transaction, so two processes sharing a state directory
 serialize their writes and cannot overspend the budget together.
 
+Footprint: the write-ahead log is bounded. SQLite checkpoints it into the main
+file once it holds `WAL_AUTOCHECKPOINT_PAGES` pages, and the next write then
+restarts it from the beginning and truncates the file to `JOURNAL_SIZE_LIMIT`
+bytes (``PRAGMA wal_autocheckpoint``, ``PRAGMA journal_size_limit``), so while a
+client records the ``-wal`` file stays under about `JOURNAL_SIZE_LIMIT` plus
+one transaction. `DeviceStore.checkpoint` (the client calls it after sends and
+at idle) copies the log into the main file and truncates it to zero bytes;
+`close` does the same and SQLite then deletes the ``-wal`` and ``-shm`` files,
+leaving the one state file (unless another process has it open).
+
 Privacy: no table stores a raw value. The outbox holds randomizer outputs only;
 memo rows are keyed by a keyed hash of the value (see ``memo_key``), so even the
 state file does not list the values a user recorded, only their permanent
@@ -54,6 +64,14 @@ STATE_FILE_NAME = "fedldp-device.sqlite3"
 SCHEMA_VERSION = 1
 #: Most event rows kept; older events are pruned (their counters stay).
 MAX_EVENTS = 1000
+#: Write-ahead log pages after which a commit checkpoints the log (4 KiB pages).
+WAL_AUTOCHECKPOINT_PAGES = 64
+#: Size, bytes, the write-ahead log file is truncated to when it restarts.
+JOURNAL_SIZE_LIMIT = 256 * 1024
+#: How long a checkpoint waits for another process's transaction, ms (then it is skipped).
+CHECKPOINT_BUSY_MS = 100
+#: The connection's ordinary wait for another process's lock, seconds.
+BUSY_TIMEOUT_SECONDS = 30.0
 
 #: Decimal arithmetic for the budget ledger: any rounding raises instead of
 #: silently changing a sum (policy epsilons are short decimal strings, so exact
@@ -280,14 +298,18 @@ class DeviceStore:
         if not self.path.exists():
             _create_from_template(self.path)
         self._conn = sqlite3.connect(
-            self.path, timeout=30.0, isolation_level=None, check_same_thread=False
+            self.path, timeout=BUSY_TIMEOUT_SECONDS, isolation_level=None, check_same_thread=False
         )
+        #: Commits since the last checkpoint (0: the log holds nothing of ours).
+        self._unchecked = 0
         try:
             with contextlib.suppress(OSError):
                 os.chmod(self.path, 0o600)
             self._conn.execute("PRAGMA journal_mode=WAL")
             self._conn.execute("PRAGMA synchronous=FULL")
             self._conn.execute("PRAGMA foreign_keys=ON")
+            self._conn.execute(f"PRAGMA wal_autocheckpoint={WAL_AUTOCHECKPOINT_PAGES:d}")
+            self._conn.execute(f"PRAGMA journal_size_limit={JOURNAL_SIZE_LIMIT:d}")
             self._migrate()
         except sqlite3.DatabaseError as exc:
             self._conn.close()
@@ -340,11 +362,42 @@ class DeviceStore:
             )
 
     def close(self) -> None:
-        """Close the database (idempotent)."""
+        """Checkpoint and close the database (idempotent).
+
+        The last connection to close deletes the ``-wal`` and ``-shm`` files, so a
+        closed store is one file.
+        """
         with self._lock:
             if not self._closed:
+                self._unchecked = max(self._unchecked, 1)
+                with contextlib.suppress(sqlite3.Error):
+                    self.checkpoint()
                 self._closed = True
                 self._conn.close()
+
+    def checkpoint(self) -> bool:
+        """Copy the write-ahead log into the state file and truncate it to zero bytes.
+
+        ``PRAGMA wal_checkpoint(TRUNCATE)``; a no-op when nothing was committed
+        since the last one. Waits at most `CHECKPOINT_BUSY_MS` for another
+        process's transaction, then leaves the log for the next checkpoint (the
+        log stays bounded by `JOURNAL_SIZE_LIMIT` meanwhile). Returns whether the
+        log was fully checkpointed.
+        """
+        with self._lock:
+            if self._closed:
+                raise StateError("the device store is closed")
+            if not self._unchecked:
+                return True
+            self._conn.execute(f"PRAGMA busy_timeout={CHECKPOINT_BUSY_MS:d}")
+            try:
+                busy, _, _ = self._conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
+            finally:
+                self._conn.execute(f"PRAGMA busy_timeout={int(BUSY_TIMEOUT_SECONDS * 1000):d}")
+            if busy:
+                return False
+            self._unchecked = 0
+            return True
 
     @contextlib.contextmanager
     def transaction(self) -> Iterator[sqlite3.Connection]:
@@ -363,6 +416,7 @@ class DeviceStore:
                 raise
             else:
                 self._conn.execute("COMMIT")
+                self._unchecked += 1
 
     # --- meta, counters, events ---
 

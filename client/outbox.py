@@ -21,16 +21,25 @@ Reports that the collector refuses permanently (invalid, budget exhausted,
 unknown or expired policy, id conflict) leave the outbox with an event and a
 counter; their budget is not refunded, because the randomized output did reach
 the collector's network endpoint.
+
+Backoff is per device and collector, not per report (`SendGate`): a failed
+Submit call (no answer, or a refusal with a ``retry-after-ms`` hint) pauses
+every send to that collector until the backoff or the hint ends; the next
+attempt is one batch (a probe), and the rest follow only once it succeeded. The
+gate is stored in the state file, so a restarted app honours it too.
 """
 
 from __future__ import annotations
 
+import json
+import random
 import sqlite3
 from collections.abc import Sequence
 from dataclasses import dataclass
 from decimal import Decimal
 
 from fedldp.client.device_store import DeviceStore, Event
+from fedldp.client.transport import Backoff
 
 #: Default bound on pending reports.
 DEFAULT_MAX_REPORTS = 10_000
@@ -178,17 +187,27 @@ class Outbox:
     # --- outcomes ---
 
     def acknowledge(
-        self, report_ids: Sequence[bytes], *, duplicates: int = 0, read_schedule: bool = False
+        self,
+        report_ids: Sequence[bytes],
+        *,
+        duplicates: int = 0,
+        read_schedule: bool = False,
+        gate: SendGate | None = None,
     ) -> tuple[float | None, int] | None:
         """The collector committed these reports: remove them, count them.
 
         With `read_schedule`, returns `schedule()` as read in the same
         transaction, after the removal (a flush's last batch saves a transaction);
-        otherwise, or when there was nothing to acknowledge, None.
+        otherwise, or when there was nothing to acknowledge, None. A `gate` in
+        backoff is reset in the same transaction (the call succeeded).
         """
-        if not report_ids:
+        reset = gate is not None and gate.failures > 0
+        if not report_ids and not reset:
             return None
         with self.store.transaction() as conn:
+            if reset:
+                assert gate is not None
+                gate.succeeded(conn)
             conn.executemany("DELETE FROM outbox WHERE report_id=?", [(r,) for r in report_ids])
             DeviceStore.bump(conn, "acknowledged", len(report_ids))
             if duplicates:
@@ -213,10 +232,150 @@ class Outbox:
         return event
 
     def defer(self, delays: Sequence[tuple[OutboxEntry, float]], *, now: float, error: str) -> None:
-        """A transient failure: count an attempt and schedule each report's next try."""
+        """Reports the collector answered without an outcome: count an attempt, retry later.
+
+        Each report gets its own next try (the call itself succeeded, so the
+        device-wide `SendGate` stays open for the others).
+        """
         with self.store.transaction() as conn:
             conn.executemany(
                 "UPDATE outbox SET attempts=attempts+1, next_attempt_at=?, last_error=? "
                 "WHERE report_id=?",
                 [(now + delay, error, entry.report_id) for entry, delay in delays],
             )
+
+    def call_failed(
+        self,
+        batch: Sequence[OutboxEntry],
+        *,
+        gate: SendGate,
+        now: float,
+        error: str,
+        retry_after: float | None,
+    ) -> float:
+        """A Submit call failed as a whole: close the gate, count the attempt (one transaction).
+
+        The batch's rows count one more attempt and keep the error; their own
+        schedule is unchanged (the gate holds every report back). Returns the
+        pause in seconds.
+        """
+        with self.store.transaction() as conn:
+            conn.executemany(
+                "UPDATE outbox SET attempts=attempts+1, last_error=? WHERE report_id=?",
+                [(error, entry.report_id) for entry in batch],
+            )
+            DeviceStore.bump(conn, "send_failures")
+            return gate.failed(conn, now=now, retry_after=retry_after)
+
+    def retry_now(self, gate: SendGate, *, now: float) -> None:
+        """Make every pending report due now, once (`Client.wake`).
+
+        Rows waiting out their own delay become due; the gate opens now unless a
+        server's retry hint is still running (then it opens when the hint ends).
+        The failure count is kept, so the next attempt is a probe and a failed
+        probe backs off further.
+        """
+        with self.store.transaction() as conn:
+            conn.execute("UPDATE outbox SET next_attempt_at=0 WHERE next_attempt_at > ?", (now,))
+            gate.open_now(conn, now=now)
+
+
+@dataclass
+class GateState:
+    """One collector's backoff state, as stored (Unix seconds)."""
+
+    #: Consecutive failed calls; 0: sending freely. Above 0 the next call is a probe.
+    failures: int = 0
+    #: No Submit call before this time (the backoff delay or the server's hint).
+    resume_at: float = 0.0
+    #: The end of the last retry hint (`retry-after-ms`); `wake()` does not override it.
+    hint_until: float = 0.0
+
+
+class SendGate:
+    """One backoff state per device and collector: whether, and from when, to send.
+
+    A failed Submit call (transport failure, or a refusal with a retry hint)
+    closes the gate for ``Backoff.delay(failures)`` seconds (full jitter, raised
+    to the hint); while it is closed nothing is sent to that collector, by
+    `flush()` or the background sender. When it reopens, one batch is sent as
+    a probe; its success resets the failure count (in the transaction that
+    applies its outcomes), and only then are the remaining batches sent. The
+    state lives in the ``meta`` table under ``send_gate <collector>``, written in
+    the transaction that records the failure, so a restarted app honours it.
+
+    Not thread-safe by itself: the client calls it under its send lock.
+    """
+
+    def __init__(self, target: str, backoff: Backoff, rng: random.Random) -> None:
+        self.key = f"send_gate {target}"
+        self.backoff = backoff
+        self._rng = rng
+        self.state = GateState()
+
+    @property
+    def failures(self) -> int:
+        """Consecutive failed calls (0: not in backoff)."""
+        return self.state.failures
+
+    @property
+    def resume_at(self) -> float:
+        """Unix time from which the next call may be made."""
+        return self.state.resume_at
+
+    def load(self, conn: sqlite3.Connection, *, now: float) -> None:
+        """Read the stored state (inside the caller's transaction).
+
+        A stored pause longer than any the SDK sets (the clock went back, or the
+        file was edited) is shortened to the longest legitimate one from `now`.
+        """
+        text = DeviceStore.read_meta(conn, self.key)
+        if text is None:
+            self.state = GateState()
+            return
+        try:
+            raw = json.loads(text)
+            state = GateState(
+                failures=max(0, int(raw["failures"])),
+                resume_at=float(raw["resume_at"]),
+                hint_until=float(raw["hint_until"]),
+            )
+        except (ValueError, KeyError, TypeError):
+            state = GateState()
+        longest = now + max(self.backoff.max_seconds, self.backoff.max_hint_seconds)
+        state.resume_at = min(state.resume_at, longest)
+        state.hint_until = min(state.hint_until, longest)
+        self.state = state
+
+    def _save(self, conn: sqlite3.Connection) -> None:
+        s = self.state
+        DeviceStore.set_meta(
+            conn,
+            self.key,
+            json.dumps(
+                {"failures": s.failures, "resume_at": s.resume_at, "hint_until": s.hint_until}
+            ),
+        )
+
+    def failed(self, conn: sqlite3.Connection, *, now: float, retry_after: float | None) -> float:
+        """A call failed: pause every send (inside the caller's transaction); the pause, s."""
+        failures = self.state.failures + 1
+        delay = self.backoff.delay(failures, rng=self._rng, retry_after=retry_after)
+        hint_until = self.state.hint_until
+        if retry_after is not None:
+            hint_until = now + min(retry_after, self.backoff.max_hint_seconds)
+        self.state = GateState(failures=failures, resume_at=now + delay, hint_until=hint_until)
+        self._save(conn)
+        return delay
+
+    def succeeded(self, conn: sqlite3.Connection) -> None:
+        """A call was answered: leave backoff (inside the caller's transaction)."""
+        self.state = GateState(hint_until=self.state.hint_until)
+        self._save(conn)
+
+    def open_now(self, conn: sqlite3.Connection, *, now: float) -> None:
+        """Reopen now, or when a running retry hint ends (inside the caller's transaction)."""
+        resume_at = min(self.state.resume_at, max(now, self.state.hint_until))
+        if resume_at != self.state.resume_at:
+            self.state.resume_at = resume_at
+            self._save(conn)

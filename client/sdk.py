@@ -32,9 +32,13 @@ What happens, in order (see docs/sdk.md for the full contract):
    outbox together with the budget charge in one SQLite transaction (WAL,
    synchronous FULL). Nothing is sent before that transaction commits.
 4. **Send.** `flush()` (or the background sender) submits the stored bytes,
-   unchanged, until the collector acknowledges them; transient failures back off
-   exponentially with full jitter, honouring ``retry-after-ms`` hints; permanent
-   refusals are not retried and leave an event.
+   unchanged, until the collector acknowledges them. A failed call (no answer,
+   or a refusal with a ``retry-after-ms`` hint) pauses *all* sending to that
+   collector (one backoff per device: exponential with full jitter, never
+   shorter than the hint); then one batch goes first as a probe, and the rest
+   follow once it succeeded. `wake()` (e.g. from a network-change callback) and
+   `flush(retry_now=True)` retry at once. Permanent refusals are not retried and
+   leave an event.
 
 The wire carries only the randomizer's output and the policy's identity: the
 report's fields are the id, the policy (id, version, digest), the hour-truncated
@@ -73,6 +77,7 @@ from fedldp.client.outbox import (
     OutboxEntry,
     OutboxFullError,
     RecordRefusedError,
+    SendGate,
 )
 from fedldp.client.policy import (
     PolicyError,
@@ -113,10 +118,13 @@ _PERMANENT = frozenset(
 class NoPolicyError(RecordRefusedError):
     """No verified, active policy covers the metric; the message says why.
 
-    `reason` is "NO_POLICY" (none fetched), "POLICY_REJECTED" (fetched but failed
-    verification), "POLICY_INACTIVE" (expired, not yet valid, or its key expired),
-    "AMBIGUOUS_POLICY" (several policies cover the metric: pass `policy_id`) or
-    "UNSUPPORTED_POLICY" (this SDK cannot run the policy's mechanism).
+    `reason` is "NO_POLICY" (no policy for this metric was fetched: check the
+    metric name; policies rejected for *other* metrics do not change this),
+    "POLICY_REJECTED" (a policy for this metric was fetched but failed
+    verification), "POLICY_INACTIVE" (expired, not yet valid, or its key
+    expired), "AMBIGUOUS_POLICY" (several policies cover the metric: pass
+    `policy_id`) or "UNSUPPORTED_POLICY" (this SDK cannot run the policy's
+    mechanism).
     """
 
     reason = "NO_POLICY"
@@ -272,11 +280,13 @@ class Client:
         max_outbox: bound on unsent reports; when full, `record()` refuses (see
             `fedldp.client.outbox` for why refuse-new rather than drop-oldest).
         batch_size: reports per Submit call.
-        backoff: retry timing (`Backoff`).
+        backoff: retry timing (`Backoff`), one backoff state per device and
+            collector (`fedldp.client.outbox.SendGate`); gRPC's reconnect backoff
+            is configured from it (`fedldp.client.transport.channel_options`).
         timeout_seconds: a call's deadline, enforced on the device.
         background: start a sender thread that flushes every
-            `send_interval_seconds` and refreshes policies every
-            `policy_refresh_seconds`.
+            `send_interval_seconds` (or when a backoff ends, or on `wake()`) and
+            refreshes policies every `policy_refresh_seconds`.
         fetch_policies: fetch policies in the constructor when the cache is older
             than `policy_refresh_seconds` (a failure is logged, not raised: an
             offline device still records under cached policies).
@@ -339,20 +349,27 @@ class Client:
         self._policy_refresh = policy_refresh_seconds
         self._on_event = on_event
         self._lock = threading.RLock()  # policy cache and trust store
-        self._send_lock = threading.Lock()  # one sender at a time
+        self._send_lock = threading.Lock()  # one sender at a time; guards the gate
         self._closing = threading.Event()
-        self._wake = threading.Event()
+        self._signal = _Signal()  # wakes a waiting flush() or sender thread
+        self._retry_requested = threading.Event()  # set by wake(), applied by the sender
+        self._gate = SendGate(collector, self._backoff, self._jitter)
         self._closed = False
         self._thread: threading.Thread | None = None
         self._policies: dict[str, VerifiedPolicy] = {}
-        self._rejections: dict[str, str] = {}
+        #: Rejected policies: label -> (the metric it claims, unverified, or None; why).
+        self._rejections: dict[str, tuple[str | None, str]] = {}
 
         self._store = DeviceStore(state_dir)
         try:
             self._outbox = Outbox(self._store, max_reports=max_outbox)
             fetched_at = self._load_state(trust_root)
             self._transport = Transport(
-                collector, credentials, timeout_seconds=timeout_seconds, channel=channel
+                collector,
+                credentials,
+                timeout_seconds=timeout_seconds,
+                channel=channel,
+                backoff=self._backoff,
             )
         except BaseException:
             self._store.close()
@@ -384,14 +401,17 @@ class Client:
         """Stop the background sender, close the channel and the state file (idempotent).
 
         Unsent reports stay in the outbox and are sent by the next Client on the
-        same `state_dir`.
+        same `state_dir`, which also honours a backoff in progress. The state
+        file's write-ahead log is checkpointed into it and removed, so a closed
+        client leaves one file in `state_dir` (unless another process still has
+        the same state open).
         """
         with self._lock:
             if self._closed:
                 return
             self._closed = True
         self._closing.set()
-        self._wake.set()
+        self._signal.notify()
         if self._thread is not None:
             self._thread.join()
         with self._send_lock:
@@ -425,6 +445,7 @@ class Client:
             highest = DeviceStore.read_highest_versions(conn)
             cached = DeviceStore.read_policies(conn)
             fetched_at = DeviceStore.read_meta(conn, "policies_fetched_at")
+            self._gate.load(conn, now=time.time())
         for event in events:
             self._emit(event)
         loaded: dict[str, VerifiedPolicy] = {}
@@ -433,7 +454,10 @@ class Client:
                 envelope = policy_pb2.SignedEnvelope.FromString(stored.envelope)
                 loaded[stored.policy_id] = self._verify(envelope, now, highest)
             except (PolicyError, DecodeError) as exc:
-                self._rejections[stored.policy_id] = f"cached policy no longer verifies: {exc}"
+                self._rejections[stored.policy_id] = (
+                    stored.metric,
+                    f"cached policy no longer verifies: {exc}",
+                )
         with self._lock:
             self._policies = loaded
         return fetched_at
@@ -511,13 +535,13 @@ class Client:
                 highest = DeviceStore.read_highest_versions(conn)
                 cached = {p.policy_id: p for p in DeviceStore.read_policies(conn)}
                 accepted: dict[str, VerifiedPolicy] = {}
-                rejected: dict[str, str] = {}
+                rejected: dict[str, tuple[str | None, str]] = {}
                 for envelope in response.policies:
                     try:
                         verified = self._verify(envelope, now, highest)
                     except PolicyError as exc:
-                        label = _unverified_label(envelope)
-                        rejected[label] = str(exc)
+                        label, claimed_metric = _unverified_claim(envelope)
+                        rejected[label] = (claimed_metric, str(exc))
                         rejection_events.append(
                             Event(now, "policy_rejected", type(exc).__name__, str(exc), label)
                         )
@@ -533,7 +557,7 @@ class Client:
                             "version already accepted under the same number; a changed policy "
                             "needs a higher version"
                         )
-                        rejected[verified.policy_id] = reason
+                        rejected[verified.policy_id] = (verified.metric_name, reason)
                         rejection_events.append(
                             Event(
                                 now,
@@ -591,7 +615,11 @@ class Client:
             self._rejections = rejected
         for event in rejection_events:
             self._emit(event)
-        return PolicyRefresh(tuple(sorted(accepted)), rejected, trust.root_version)
+        return PolicyRefresh(
+            tuple(sorted(accepted)),
+            {label: why for label, (_, why) in rejected.items()},
+            trust.root_version,
+        )
 
     def policies(self) -> list[VerifiedPolicy]:
         """The verified policies currently cached (active or not), by policy id."""
@@ -637,18 +665,28 @@ class Client:
                 + "; refresh_policies() fetches newer versions",
                 reason="POLICY_INACTIVE",
             )
-        if rejections:
-            listing = "; ".join(f"{k}: {v}" for k, v in sorted(rejections.items()))
+        # Only rejections of policies that claim this metric explain its absence; a
+        # rejected policy whose metric is unknown (undecodable) or another one's is
+        # not the cause, and the app should check the metric name.
+        ours = {k: why for k, (m, why) in rejections.items() if m == metric}
+        if ours:
+            listing = "; ".join(f"{k}: {why}" for k, why in sorted(ours.items()))
             raise NoPolicyError(
-                f"no verified policy for metric {metric!r}; policies fetched but rejected: "
-                f"{listing}",
+                f"no verified policy for metric {metric!r}; its policy was fetched but "
+                f"rejected: {listing}",
                 reason="POLICY_REJECTED",
             )
         fetched = self._store.get_meta("policies_fetched_at")
+        note = (
+            f" ({len(rejections)} policies for other or unknown metrics were rejected: "
+            "see events())"
+            if rejections
+            else ""
+        )
         raise NoPolicyError(
             f"no policy for metric {metric!r} is cached (last fetch: "
-            f"{'never' if fetched is None else fetched}); call refresh_policies() "
-            "while the collector is reachable, or check the metric name",
+            f"{'never' if fetched is None else fetched}){note}; check the metric name, "
+            "or call refresh_policies() while the collector is reachable",
             reason="NO_POLICY",
         )
 
@@ -780,51 +818,86 @@ class Client:
 
     # --- sending ---
 
-    def flush(self, timeout: float | None = 30.0) -> FlushResult:
+    def flush(self, timeout: float | None = 30.0, *, retry_now: bool = False) -> FlushResult:
         """Send pending reports until the outbox is empty or `timeout` seconds pass.
 
-        Waits out backoff delays within the timeout (None: no limit). Returns
-        counts; reports still pending stay in the outbox for the next flush.
+        Obeys the device's backoff (`SendGate`): while it is paused, waits for it
+        to end within the timeout (None: no limit), then sends one batch as a
+        probe and the rest only after the probe succeeded. `retry_now=True` does
+        what `wake()` does first: every pending report is due now, and a
+        backoff of the SDK's own ends now (a server's retry hint still runs to
+        its end). Returns counts; reports still pending stay in the outbox.
         Never raises for transport failures (they are counted and logged).
+        Ends with a checkpoint of the state file (see `DeviceStore.checkpoint`).
         """
         self._check_open()
+        if retry_now:
+            self._retry_requested.set()
         deadline = None if timeout is None else time.monotonic() + timeout
         totals = _Totals()
         pending: int | None = None
         with self._send_lock:
             while not self._closing.is_set():
+                generation = self._signal.generation()
                 self._send_due(totals)
                 known, totals.schedule = totals.schedule, None
                 next_due, pending = known if known is not None else self._outbox.schedule()
                 if next_due is None:
                     break
-                wait = max(0.0, next_due - time.time())
+                wait = max(0.0, max(next_due, self._gate.resume_at) - time.time())
                 if deadline is not None and time.monotonic() + wait > deadline:
                     break
                 pending = None
-                if wait > 0 and self._closing.wait(wait):
-                    break
+                if wait > 0:
+                    self._signal.wait(generation, wait)
+            self._store.checkpoint()
         return totals.result(self._outbox.pending() if pending is None else pending)
 
-    def _send_due(self, totals: _Totals) -> None:
-        """Send every report due now, batch by batch (caller holds the send lock).
+    def wake(self) -> None:
+        """Retry now: make every pending report due at once, once (e.g. the network is back).
 
-        A batch shorter than `batch_size` was everything due when it was read;
-        reports recorded meanwhile are seen by the caller's next `schedule()`.
+        Non-blocking and safe from any thread, so it can be called straight from
+        a connectivity callback (Android ``ConnectivityManager.NetworkCallback.
+        onAvailable``, a desktop network-change notification). The next send (the
+        background sender's, woken now, or the next `flush()`) ignores the SDK's
+        own backoff and the reports' own delays, and sends one batch as a probe;
+        the rest follow once it succeeded, and a failed probe backs off as any
+        failure does. A server's ``retry-after-ms`` hint still in force is
+        honoured: the probe waits for its end. Several wake() calls before the
+        next send make one probe.
         """
+        self._retry_requested.set()
+        self._signal.notify()
+
+    def _send_due(self, totals: _Totals) -> None:
+        """Send every report due now, batch by batch, if the gate is open (caller holds the lock).
+
+        After a failure the first batch is a probe: `_send_batch` resets the gate
+        when it succeeds, and the loop goes on to the rest; when it fails the gate
+        closes and the loop stops. A batch shorter than `batch_size` was
+        everything due when it was read; reports recorded meanwhile are seen by
+        the caller's next `schedule()`.
+        """
+        if self._retry_requested.is_set():
+            self._retry_requested.clear()
+            self._outbox.retry_now(self._gate, now=time.time())
+            totals.schedule = None
         while not self._closing.is_set():
-            batch = self._outbox.due(time.time(), self._batch_size)
+            now = time.time()
+            if self._gate.resume_at > now:
+                return
+            batch = self._outbox.due(now, self._batch_size)
             if not batch:
                 return
             if not self._send_batch(batch, totals) or len(batch) < self._batch_size:
                 return
 
     def _send_batch(self, batch: Sequence[OutboxEntry], totals: _Totals) -> bool:
-        """Submit one batch; False when the call failed (stop sending for now)."""
+        """Submit one batch; False when the call failed (the gate is then closed)."""
         try:
             response = self._transport.submit_raw([e.report for e in batch])
         except TransportError as exc:
-            self._defer(batch, f"{exc.code.name}: {exc.detail}", exc.retry_after, totals)
+            self._call_failed(batch, f"{exc.code.name}: {exc.detail}", exc.retry_after, totals)
             if not exc.transient:
                 # Authentication, permission or configuration: retrying alone will not
                 # fix it; the reports stay queued and the app is told.
@@ -836,7 +909,7 @@ class Client:
         if len(outcomes) != len(batch) or any(
             o.report_id != e.report_id for o, e in zip(outcomes, batch, strict=False)
         ):
-            self._defer(batch, "PROTOCOL: outcomes do not match the batch", None, totals)
+            self._call_failed(batch, "PROTOCOL: outcomes do not match the batch", None, totals)
             return False
         acknowledged: list[bytes] = []
         duplicates = 0
@@ -857,35 +930,52 @@ class Client:
                 retry.append(entry)
         # A short batch was everything due: read the schedule the flush needs next
         # in the same transaction (COUNT(*) scans the outbox, so not per batch).
+        # A probe's success reopens the gate in that transaction too.
         totals.schedule = self._outbox.acknowledge(
-            acknowledged, duplicates=duplicates, read_schedule=len(batch) < self._batch_size
+            acknowledged,
+            duplicates=duplicates,
+            read_schedule=len(batch) < self._batch_size,
+            gate=self._gate,
         )
         totals.acknowledged += len(acknowledged)
         totals.duplicates += duplicates
         if retry:
-            self._defer(retry, "PROTOCOL: unknown outcome", None, totals)
+            self._defer_unknown(retry, totals)
         return True
 
-    def _defer(
+    def _call_failed(
         self,
         batch: Sequence[OutboxEntry],
         error: str,
         retry_after: float | None,
         totals: _Totals,
     ) -> None:
-        failures = max(e.attempts for e in batch) + 1
-        delay = self._backoff.delay(failures, rng=self._jitter, retry_after=retry_after)
-        self._outbox.defer([(e, delay) for e in batch], now=time.time(), error=error)
-        totals.schedule = None  # the deferral changed the schedule
+        """Close the gate after a failed call: nothing is sent until the pause ends."""
+        delay = self._outbox.call_failed(
+            batch, gate=self._gate, now=time.time(), error=error, retry_after=retry_after
+        )
+        totals.schedule = None
         totals.failed_attempts += 1
         totals.last_error = error
-        with self._store.transaction() as conn:
-            DeviceStore.bump(conn, "send_failures")
         logger.info(
-            "fedldp: send of %d report(s) failed (%s); next try in %.2f s",
+            "fedldp: send of %d report(s) failed (%s); sending paused for %.2f s "
+            "(%d consecutive failure(s))",
             len(batch),
             error,
             delay,
+            self._gate.failures,
+        )
+
+    def _defer_unknown(self, entries: Sequence[OutboxEntry], totals: _Totals) -> None:
+        """Reports answered with an outcome this SDK does not know: retry each later."""
+        error = "PROTOCOL: unknown outcome"
+        failures = max(e.attempts for e in entries) + 1
+        delay = self._backoff.delay(failures, rng=self._jitter)
+        self._outbox.defer([(e, delay) for e in entries], now=time.time(), error=error)
+        totals.schedule = None
+        totals.last_error = error
+        logger.info(
+            "fedldp: %d report(s) got an unknown outcome; retry in %.2f s", len(entries), delay
         )
 
     # --- background sender ---
@@ -894,8 +984,10 @@ class Client:
         """Start the sender thread (idempotent): flushes and refreshes policies periodically.
 
         Sends happen on the thread's own schedule (every `send_interval_seconds`
-        with ±50 % jitter, or when a backoff delay ends), never triggered by
-        `record()`, so the timing of sends does not follow the timing of values.
+        with ±50 % jitter, when a backoff ends, or on `wake()`), never triggered
+        by `record()`, so the timing of sends does not follow the timing of
+        values. The thread obeys the same gate as `flush()`, and checkpoints the
+        state file after each round.
         """
         self._check_open()
         with self._lock:
@@ -906,13 +998,10 @@ class Client:
             )
             self._thread.start()
 
-    def wake(self) -> None:
-        """Ask the background sender to run now (e.g. when the network comes back)."""
-        self._wake.set()
-
     def _run_background(self) -> None:
         next_refresh = time.monotonic()
         while not self._closing.is_set():
+            generation = self._signal.generation()
             if time.monotonic() >= next_refresh:
                 next_refresh = time.monotonic() + self._policy_refresh
                 try:
@@ -927,11 +1016,11 @@ class Client:
                     return
                 self._send_due(_Totals())
                 next_due = self._outbox.next_due_at()
+                self._store.checkpoint()
             wait = self._send_interval * self._jitter.uniform(0.5, 1.5)
             if next_due is not None:
-                wait = min(wait, max(0.05, next_due - time.time()))
-            self._wake.wait(wait)
-            self._wake.clear()
+                wait = min(wait, max(0.05, max(next_due, self._gate.resume_at) - time.time()))
+            self._signal.wait(generation, wait)
 
     # --- inspection ---
 
@@ -996,6 +1085,32 @@ class Client:
                 self._on_event(event)
             except Exception:
                 logger.exception("fedldp: on_event callback raised; ignored")
+
+
+class _Signal:
+    """Wakes waiting senders (`wake()`, `close()`); nothing is lost between check and wait.
+
+    A waiter reads `generation()` before its work and waits for it to change, so
+    a notification that arrives during the work ends the wait at once.
+    """
+
+    def __init__(self) -> None:
+        self._condition = threading.Condition()
+        self._generation = 0
+
+    def generation(self) -> int:
+        with self._condition:
+            return self._generation
+
+    def notify(self) -> None:
+        with self._condition:
+            self._generation += 1
+            self._condition.notify_all()
+
+    def wait(self, generation: int, timeout: float) -> None:
+        """Wait up to `timeout` s, or until notified after `generation` was read."""
+        with self._condition:
+            self._condition.wait_for(lambda: self._generation != generation, timeout)
 
 
 @dataclass
@@ -1090,17 +1205,22 @@ def _memo_adapter(policy: VerifiedPolicy) -> Memoized | None:
     )
 
 
-def _unverified_label(envelope: policy_pb2.SignedEnvelope) -> str:
-    """A label for a rejected envelope in messages: its claimed id (unverified) or digest."""
+def _unverified_claim(envelope: policy_pb2.SignedEnvelope) -> tuple[str, str | None]:
+    """A rejected envelope's label for messages and the metric it claims (both unverified).
+
+    The label is the claimed policy id and version, or the payload's digest; the
+    metric is None when the payload does not decode or names none.
+    """
     try:
         claimed = policy_pb2.Policy.FromString(envelope.payload)
     except DecodeError:
         claimed = None
+    metric = claimed.metric.name if claimed is not None and claimed.metric.name else None
     if claimed is not None and claimed.policy_id:
-        return f"{claimed.policy_id[:64]} v{claimed.version} (unverified)"
+        return f"{claimed.policy_id[:64]} v{claimed.version} (unverified)", metric
     import hashlib
 
-    return f"envelope {hashlib.sha256(envelope.payload).hexdigest()[:16]}"
+    return f"envelope {hashlib.sha256(envelope.payload).hexdigest()[:16]}", metric
 
 
 __all__ = [

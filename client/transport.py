@@ -22,7 +22,26 @@ Three rules shape this module:
 Backoff is exponential with "full jitter" (Brooker, "Exponential Backoff And
 Jitter", AWS Architecture Blog, 2015): ``delay = uniform(0, min(cap, base·2^n))``
 after the n-th consecutive failure, which spreads a fleet's retries evenly
-instead of synchronizing them.
+instead of synchronizing them. The SDK keeps one such backoff per device and
+collector (`fedldp.client.outbox.SendGate`); this module makes sure gRPC's own
+connection backoff never stacks on top of it:
+
+* calls are made with ``wait_for_ready=False``: a call on a channel that is in
+  TRANSIENT_FAILURE fails at once instead of queueing behind gRPC's reconnect
+  timer, so the SDK's schedule alone decides when a report is retried;
+* a channel whose call failed without an answer (UNAVAILABLE or
+  DEADLINE_EXCEEDED, no retry hint) is closed and replaced by a fresh one before
+  the next call: a closed channel makes no reconnect attempts during the SDK's
+  backoff, and the SDK's next attempt (a probe) makes exactly one new
+  connection attempt, immediately, instead of failing fast until gRPC's own
+  reconnect timer (up to 120 s by default) runs out;
+* `channel_options` ties gRPC's reconnect backoff for a channel that stays up
+  (e.g. after a GOAWAY) to the SDK's: ``grpc.initial_reconnect_backoff_ms`` =
+  `Backoff.base_seconds`, ``grpc.max_reconnect_backoff_ms`` =
+  `Backoff.max_seconds`, ``grpc.min_reconnect_backoff_ms`` (gRPC's minimum
+  connect timeout) = the call timeout, ``grpc.enable_retries`` = 0 (gRPC's own
+  retries off: the SDK's retries resend the stored bytes on its persisted
+  schedule).
 """
 
 from __future__ import annotations
@@ -139,6 +158,25 @@ class Backoff:
         return d
 
 
+def channel_options(backoff: Backoff, timeout_seconds: float) -> list[tuple[str, int]]:
+    """The gRPC channel options that make gRPC's reconnect backoff follow the SDK's.
+
+    See the module docstring: gRPC's reconnect delays start at the SDK's base
+    delay and stop at its maximum, a connection attempt may take the whole call
+    timeout, and gRPC does not retry calls itself.
+    """
+    return [
+        ("grpc.initial_reconnect_backoff_ms", max(1, round(backoff.base_seconds * 1000))),
+        ("grpc.max_reconnect_backoff_ms", max(1, round(backoff.max_seconds * 1000))),
+        ("grpc.min_reconnect_backoff_ms", max(1, round(timeout_seconds * 1000))),
+        ("grpc.enable_retries", 0),
+    ]
+
+
+#: Failures after which the channel is replaced (no answer came from the server).
+_CONNECTION_FAILURES = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
+
+
 class TransportError(Exception):
     """A call failed as a whole; no report in it is known to be acknowledged.
 
@@ -195,6 +233,7 @@ _Methods = tuple[
     "grpc.UnaryUnaryMultiCallable[Any, Any]",
     "grpc.UnaryUnaryMultiCallable[Any, Any]",
 ]
+_GET_POLICIES, _SUBMIT, _GET_BUDGET = 0, 1, 2
 _shared_lock = threading.Lock()
 _shared_methods: weakref.WeakKeyDictionary[grpc.Channel, _Methods] = weakref.WeakKeyDictionary()
 
@@ -236,13 +275,15 @@ class Transport:
         timeout_seconds: float = 30.0,
         options: Sequence[tuple[str, int | str]] = (),
         channel: grpc.Channel | None = None,
+        backoff: Backoff | None = None,
     ) -> None:
         """Dial `target`, or use `channel` if given.
 
-        A given `channel` is shared, not owned: `close()` leaves it open. It is
-        for simulations that run many devices in one process (each device keeps
-        its own credentials, state and outbox; only the HTTP/2 connection is
-        shared). A real device passes nothing and gets a connection of its own.
+        A given `channel` is shared, not owned: `close()` leaves it open and it is
+        never replaced. It is for simulations that run many devices in one
+        process (each device keeps its own credentials, state and outbox; only
+        the HTTP/2 connection is shared). A real device passes nothing and gets a
+        connection of its own, with `channel_options(backoff, timeout_seconds)`.
         """
         if not target or any(c.isspace() for c in target):
             raise ValueError("collector must be a 'host:port' target without spaces")
@@ -251,47 +292,70 @@ class Transport:
         self.target = target
         self.credentials = credentials
         self.timeout_seconds = timeout_seconds
-        channel_options: list[tuple[str, int | str]] = [
+        self.options: list[tuple[str, int | str]] = [
             ("grpc.use_local_subchannel_pool", 1),
-            ("grpc.enable_retries", 0),  # retries are ours: same bytes, persisted backoff
+            *channel_options(backoff or Backoff(), timeout_seconds),
             ("grpc.max_receive_message_length", MAX_RECEIVE_BYTES),
             # No bandwidth-delay probes: reports are small, and fewer timing-driven
             # PING frames leave less on the wire that is not the request itself.
             ("grpc.http2.bdp_probe", 0),
             *options,
         ]
+        self._metadata = credentials.metadata()
         self._owns_channel = channel is None
+        self._channel_lock = threading.Lock()
+        self._closed = False
+        #: How many channels this Transport has opened (the first included).
+        self.channels_opened = 0
         if channel is not None:
             self._channel = channel
-        elif credentials.insecure:
-            self._channel = grpc.insecure_channel(target, options=channel_options)
-        else:
-            channel_credentials = grpc.ssl_channel_credentials(
-                root_certificates=credentials.root_certificates,
-                private_key=credentials.private_key,
-                certificate_chain=credentials.certificate_chain,
-            )
-            self._channel = grpc.secure_channel(
-                target, channel_credentials, options=channel_options
-            )
-        self._metadata = credentials.metadata()
-        if channel is None:
-            self._get_policies, self._submit, self._get_budget = _methods(self._channel)
-        else:
             # Shared channel: its method handles carry no credentials (the bearer
             # token travels in each call's metadata), so Transports share them.
             with _shared_lock:
                 methods = _shared_methods.get(channel)
                 if methods is None:
                     methods = _shared_methods[channel] = _methods(channel)
-            self._get_policies, self._submit, self._get_budget = methods
+            self._methods = methods
+        else:
+            self._channel, self._methods = self._open()
 
-    def _call(self, method: grpc.UnaryUnaryMultiCallable[Any, Any], request: object) -> object:
-        future = method.future(request, metadata=self._metadata)
+    def _open(self) -> tuple[grpc.Channel, _Methods]:
+        """A new channel of our own, and its method handles."""
+        self.channels_opened += 1
+        if self.credentials.insecure:
+            channel = grpc.insecure_channel(self.target, options=self.options)
+        else:
+            channel_credentials = grpc.ssl_channel_credentials(
+                root_certificates=self.credentials.root_certificates,
+                private_key=self.credentials.private_key,
+                certificate_chain=self.credentials.certificate_chain,
+            )
+            channel = grpc.secure_channel(self.target, channel_credentials, options=self.options)
+        return channel, _methods(channel)
+
+    def _replace_channel(self, failed: grpc.Channel) -> None:
+        """Close `failed` (if still current and ours) and open a fresh channel.
+
+        The new channel is idle until the next call, which then makes one
+        connection attempt at once (see the module docstring).
+        """
+        with self._channel_lock:
+            if not self._owns_channel or self._closed or self._channel is not failed:
+                return
+            self._channel, self._methods = self._open()
+        failed.close()
+
+    def _call(self, index: int, request: object) -> object:
+        with self._channel_lock:
+            if self._closed:
+                raise TransportError(grpc.StatusCode.CANCELLED, "the transport is closed", None)
+            channel, method = self._channel, self._methods[index]
+        future = method.future(request, metadata=self._metadata, wait_for_ready=False)
         try:
             return future.result(timeout=self.timeout_seconds)
         except grpc.FutureTimeoutError:
             future.cancel()  # type: ignore[no-untyped-call]
+            self._replace_channel(channel)
             raise TransportError(
                 grpc.StatusCode.DEADLINE_EXCEEDED,
                 f"no answer within {self.timeout_seconds} s",
@@ -299,11 +363,14 @@ class Transport:
             ) from None
         except grpc.RpcError as exc:
             call: grpc.Call = exc  # type: ignore[assignment]
-            raise TransportError(
+            error = TransportError(
                 call.code(),
                 call.details() or "",
                 retry_after_seconds(call.trailing_metadata()),
-            ) from None
+            )
+            if error.code in _CONNECTION_FAILURES and error.retry_after is None:
+                self._replace_channel(channel)
+            raise error from None
 
     def get_policies(
         self, *, known_root_version: int = 0, metric: str = ""
@@ -312,24 +379,28 @@ class Transport:
         request = collector_pb2.GetPoliciesRequest(
             metric=metric, known_root_version=known_root_version
         )
-        response = self._call(self._get_policies, request)
+        response = self._call(_GET_POLICIES, request)
         assert isinstance(response, collector_pb2.GetPoliciesResponse)
         return response
 
     def submit_raw(self, reports: Sequence[bytes]) -> collector_pb2.SubmitResponse:
         """Submit serialized Reports exactly as given; one outcome per report expected."""
-        response = self._call(self._submit, submit_request_bytes(reports))
+        response = self._call(_SUBMIT, submit_request_bytes(reports))
         assert isinstance(response, collector_pb2.SubmitResponse)
         return response
 
     def get_budget(self, policy_id: str = "") -> collector_pb2.GetBudgetResponse:
         """What the collector's ledger says this device's subject has left."""
-        response = self._call(self._get_budget, collector_pb2.GetBudgetRequest(policy_id=policy_id))
+        response = self._call(_GET_BUDGET, collector_pb2.GetBudgetRequest(policy_id=policy_id))
         assert isinstance(response, collector_pb2.GetBudgetResponse)
         return response
 
     def close(self) -> None:
         """Close the channel if this Transport opened it (idempotent)."""
+        with self._channel_lock:
+            if self._closed:
+                return
+            self._closed = True
         if self._owns_channel:
             self._channel.close()
 
@@ -346,6 +417,7 @@ __all__ = [
     "Credentials",
     "Transport",
     "TransportError",
+    "channel_options",
     "jitter_rng",
     "retry_after_seconds",
     "submit_request_bytes",
