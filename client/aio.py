@@ -13,6 +13,7 @@ easier to keep correct than two.
                            state_dir=..., credentials=token) as client:
         await client.record("browser.homepage", "news.example")
         await client.flush()
+        client.wake()        # from a connectivity callback: retry now (never blocks)
 
 Cancelling an awaiting task does not cancel the work already handed to the
 thread: a `record()` that was started either completes (report stored) or
@@ -72,9 +73,13 @@ class AsyncClient:
         """`Client.record` in a worker thread."""
         return await asyncio.to_thread(self.client.record, metric, value, policy_id=policy_id)
 
-    async def flush(self, timeout: float | None = 30.0) -> FlushResult:
-        """`Client.flush` in a worker thread."""
-        return await asyncio.to_thread(self.client.flush, timeout)
+    async def flush(self, timeout: float | None = 30.0, *, retry_now: bool = False) -> FlushResult:
+        """`Client.flush` in a worker thread (same backoff gate, same `retry_now`)."""
+        return await asyncio.to_thread(self.client.flush, timeout, retry_now=retry_now)
+
+    def wake(self) -> None:
+        """`Client.wake`: retry now. Non-blocking, so it is called without await."""
+        self.client.wake()
 
     async def refresh_policies(self) -> PolicyRefresh:
         """`Client.refresh_policies` in a worker thread."""

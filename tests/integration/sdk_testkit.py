@@ -8,7 +8,11 @@ injected *between* the SDK and it, by
   can cut the first connections, and can run a hook when the collector answers;
 * `FaultProxy`: a real gRPC server that forwards each call's raw request bytes to
   the collector and can refuse the first calls with UNAVAILABLE (+ retry hint),
-  or forward a call and then lose its answer.
+  or forward a call and then lose its answer; it logs every Submit call's
+  arrival, answer and retry hint (a counting relay).
+
+`SubmitWatch` counts a client's own Submit attempts (whether or not anything
+listens) and lets a test wait for deliveries without polling.
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ from typing import Any
 import grpc
 from fedldp.client.policy import Authority
 from fedldp.client.sdk import Client, TrustRoot
-from fedldp.client.transport import Credentials
+from fedldp.client.transport import Backoff, Credentials, TransportError, retry_after_seconds
 from fedldp.collector.auth import TokenAuthority
 from fedldp.collector.config import CollectorConfig
 from fedldp.collector.policies import PolicyRegistry
@@ -246,6 +250,16 @@ def _close(*socks: socket.socket) -> None:
 # --- gRPC fault proxy --------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class ProxyCall:
+    """One Submit call through `FaultProxy` (monotonic times, this process)."""
+
+    arrived: float
+    answered: float
+    code: str  # "OK" or the status code's name
+    retry_after_ms: int | None
+
+
 class FaultProxy:
     """A real gRPC server forwarding raw request bytes to the collector, with faults.
 
@@ -269,6 +283,7 @@ class FaultProxy:
         self.retry_after_ms = retry_after_ms
         self.submits: list[bytes] = []
         self.outcomes: list[str] = []
+        self.calls: list[ProxyCall] = []
         self._lock = threading.Lock()
         self._channel = grpc.insecure_channel(upstream)
         self._server = grpc.server(ThreadPoolExecutor(max_workers=4))
@@ -281,6 +296,21 @@ class FaultProxy:
         return f"127.0.0.1:{self.port}"
 
     def forward(self, method: str, request: bytes, context: grpc.ServicerContext) -> bytes:
+        arrived = time.monotonic()
+        code, hint = "OK", None
+        try:
+            return self._forward(method, request, context)
+        except _AbortError as abort:
+            code, hint = abort.code.name, abort.retry_after_ms
+            if hint is not None:
+                context.set_trailing_metadata((("retry-after-ms", str(hint)),))
+            context.abort(abort.code, abort.detail)
+        finally:
+            if method.endswith("/Submit"):
+                with self._lock:
+                    self.calls.append(ProxyCall(arrived, time.monotonic(), code, hint))
+
+    def _forward(self, method: str, request: bytes, context: grpc.ServicerContext) -> bytes:
         metadata = tuple((k, v) for k, v in context.invocation_metadata() if k == "authorization")
         fault = None
         if method.endswith("/Submit"):
@@ -293,23 +323,37 @@ class FaultProxy:
                     fault = "lose"
                 self.outcomes.append(fault or "ok")
         if fault == "fail":
-            if self.retry_after_ms is not None:
-                context.set_trailing_metadata((("retry-after-ms", str(self.retry_after_ms)),))
-            context.abort(grpc.StatusCode.UNAVAILABLE, "injected: collector unavailable")
+            raise _AbortError(
+                grpc.StatusCode.UNAVAILABLE, "injected: collector unavailable", self.retry_after_ms
+            )
         call = self._channel.unary_unary(
             method, request_serializer=None, response_deserializer=None
         )
         try:
             response: bytes = call(request, metadata=metadata, timeout=10)
         except grpc.RpcError as exc:
-            context.abort(exc.code(), exc.details() or "")  # type: ignore[attr-defined]
+            # Pass the collector's answer on, retry hint included.
+            hint = retry_after_seconds(exc.trailing_metadata())  # type: ignore[attr-defined]
+            raise _AbortError(
+                exc.code(),  # type: ignore[attr-defined]
+                exc.details() or "",  # type: ignore[attr-defined]
+                None if hint is None else round(hint * 1000),
+            ) from None
         if fault == "lose":
-            context.abort(grpc.StatusCode.UNAVAILABLE, "injected: answer lost after commit")
+            raise _AbortError(
+                grpc.StatusCode.UNAVAILABLE, "injected: answer lost after commit", None
+            )
         return response
 
     def close(self) -> None:
         self._server.stop(None)
         self._channel.close()
+
+
+class _AbortError(Exception):
+    def __init__(self, code: grpc.StatusCode, detail: str, retry_after_ms: int | None) -> None:
+        super().__init__(detail)
+        self.code, self.detail, self.retry_after_ms = code, detail, retry_after_ms
 
 
 class _ProxyHandler(grpc.GenericRpcHandler):
@@ -323,6 +367,65 @@ class _ProxyHandler(grpc.GenericRpcHandler):
             return self.proxy.forward(method, request, context)
 
         return grpc.unary_unary_rpc_method_handler(behavior)
+
+
+# --- watching a client's Submit calls -------------------------------------------------------
+
+
+class SubmitWatch:
+    """Counts a client's Submit attempts and acknowledged reports; waits on them.
+
+    Wraps the client's own `Transport.submit_raw` (instance attribute), so it
+    sees every attempt, including those that never reach a server. `wait_for`
+    blocks on a condition variable notified after each call: no polling.
+    """
+
+    def __init__(self, client: Client) -> None:
+        self.calls: list[tuple[float, bool, int]] = []  # (monotonic start, ok, reports)
+        self._condition = threading.Condition()
+        transport = client._transport
+        original = transport.submit_raw
+
+        def submit_raw(reports: Sequence[bytes]) -> Any:
+            started = time.monotonic()
+            try:
+                response = original(reports)
+            except TransportError:
+                self._add((started, False, len(reports)))
+                raise
+            self._add((started, True, len(reports)))
+            return response
+
+        transport.submit_raw = submit_raw  # type: ignore[method-assign]
+
+    def _add(self, call: tuple[float, bool, int]) -> None:
+        with self._condition:
+            self.calls.append(call)
+            self._condition.notify_all()
+
+    def delivered(self) -> int:
+        """Reports in successful calls (all acknowledged by a healthy collector)."""
+        with self._condition:
+            return sum(n for _, ok, n in self.calls if ok)
+
+    def failures(self, since: float = 0.0) -> int:
+        """Failed calls started at or after `since` (monotonic)."""
+        with self._condition:
+            return sum(not ok for t, ok, _ in self.calls if t >= since)
+
+    def wait_for(self, predicate: Callable[[], bool], timeout: float) -> bool:
+        """Wait until `predicate()` (re-checked after each call) holds, up to `timeout` s."""
+        with self._condition:
+            return self._condition.wait_for(predicate, timeout)
+
+
+@dataclass(frozen=True)
+class NoJitter(Backoff):
+    """A backoff whose delay is always the top of the jitter range (deterministic tests)."""
+
+    def delay(self, failures: int, *, rng: Any, retry_after: float | None = None) -> float:
+        d = self.ceiling(failures)
+        return d if retry_after is None else max(d, min(retry_after, self.max_hint_seconds))
 
 
 def http2_frames(stream: bytes) -> list[tuple[int, int, int, bytes]]:

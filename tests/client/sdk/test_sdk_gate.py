@@ -1,0 +1,163 @@
+"""The device-wide send gate: one backoff per collector, stored, bounded, probe-first."""
+
+from __future__ import annotations
+
+import json
+import random
+import secrets
+from collections.abc import Iterator
+from decimal import Decimal
+from pathlib import Path
+
+import grpc
+import pytest
+from fedldp.client.device_store import STATE_FILE_NAME, DeviceStore
+from fedldp.client.outbox import GateState, Outbox, SendGate
+from fedldp.client.transport import Backoff, Credentials, Transport, channel_options
+
+BACKOFF = Backoff(base_seconds=1.0, max_seconds=60.0, max_hint_seconds=600.0)
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[DeviceStore]:
+    s = DeviceStore(tmp_path)
+    yield s
+    s.close()
+
+
+def _gate(store: DeviceStore, target: str = "collector:443", now: float = 1000.0) -> SendGate:
+    gate = SendGate(target, BACKOFF, random.Random(1))
+    with store.transaction() as conn:
+        gate.load(conn, now=now)
+    return gate
+
+
+def _add(store: DeviceStore, n: int) -> None:
+    with store.transaction() as conn:
+        for _ in range(n):
+            Outbox.add(
+                conn,
+                report_id=secrets.token_bytes(16),
+                policy_id="p",
+                policy_version=1,
+                window_start=0,
+                epsilon=Decimal("0.5"),
+                report=b"r",
+                created_at=0,
+            )
+
+
+def test_failure_pauses_and_is_stored_per_collector(store: DeviceStore) -> None:
+    gate = _gate(store)
+    with store.transaction() as conn:
+        delay = gate.failed(conn, now=1000.0, retry_after=None)
+    assert 0 <= delay <= BACKOFF.ceiling(1)
+    assert (gate.failures, gate.resume_at) == (1, 1000.0 + delay)
+    again = _gate(store)  # a restarted app
+    assert again.state == gate.state
+    assert _gate(store, target="other:443").state == GateState()
+
+
+def test_hint_is_a_floor_and_capped(store: DeviceStore) -> None:
+    gate = _gate(store)
+    with store.transaction() as conn:
+        assert gate.failed(conn, now=0.0, retry_after=30.0) >= 30.0
+        assert gate.state.hint_until == 30.0
+        assert gate.failed(conn, now=0.0, retry_after=10_000.0) == 600.0
+        assert gate.state.hint_until == 600.0
+
+
+def test_success_resets_but_keeps_hint(store: DeviceStore) -> None:
+    gate = _gate(store)
+    with store.transaction() as conn:
+        gate.failed(conn, now=0.0, retry_after=5.0)
+        gate.succeeded(conn)
+    assert gate.state == GateState(hint_until=5.0)
+
+
+def test_open_now_respects_a_running_hint(store: DeviceStore) -> None:
+    gate = _gate(store)
+    with store.transaction() as conn:
+        gate.failed(conn, now=0.0, retry_after=50.0)
+        gate.open_now(conn, now=10.0)
+        assert gate.resume_at == 50.0  # the server's hint stands
+        gate.state.resume_at = 300.0  # a longer backoff of our own
+        gate.open_now(conn, now=60.0)
+        assert gate.resume_at == 60.0  # hint over: now
+        assert gate.failures == 1  # the next attempt is still a probe
+
+
+def test_stored_pause_is_bounded_and_bad_state_ignored(store: DeviceStore) -> None:
+    gate = _gate(store)
+    with store.transaction() as conn:
+        DeviceStore.set_meta(
+            conn, gate.key, json.dumps({"failures": 3, "resume_at": 1e12, "hint_until": 1e12})
+        )
+    loaded = _gate(store, now=1000.0)
+    assert loaded.resume_at == 1000.0 + 600.0  # the longest pause the SDK sets
+    with store.transaction() as conn:
+        DeviceStore.set_meta(conn, gate.key, "{not json")
+    assert _gate(store).state == GateState()
+
+
+def test_call_failed_is_one_transaction_and_retry_now_makes_all_due(store: DeviceStore) -> None:
+    outbox = Outbox(store)
+    _add(store, 3)
+    entries = outbox.entries()
+    outbox.defer([(entries[2], 500.0)], now=0.0, error="PROTOCOL: unknown outcome")
+    gate = _gate(store)
+    before = store._unchecked
+    outbox.call_failed(entries[:2], gate=gate, now=0.0, error="UNAVAILABLE: x", retry_after=None)
+    assert store._unchecked == before + 1
+    assert [e.attempts for e in outbox.entries()] == [1, 1, 1]
+    assert store.counters()["send_failures"] == 1
+    assert len(outbox.due(1.0, 10)) == 2  # the deferred one waits for its own time
+    outbox.retry_now(gate, now=1.0)
+    assert len(outbox.due(1.0, 10)) == 3
+    assert gate.resume_at <= 1.0
+
+
+def test_checkpoint_truncates_the_log_and_close_leaves_one_file(tmp_path: Path) -> None:
+    store = DeviceStore(tmp_path)
+    _add(store, 50)
+    wal = tmp_path / (STATE_FILE_NAME + "-wal")
+    assert wal.stat().st_size > 0
+    assert store.checkpoint()
+    assert wal.stat().st_size == 0
+    store.close()
+    assert [p.name for p in tmp_path.iterdir()] == [STATE_FILE_NAME]
+
+
+def test_channel_options_follow_the_sdk_backoff() -> None:
+    options = dict(channel_options(Backoff(base_seconds=0.25, max_seconds=90.0), 7.5))
+    assert options == {
+        "grpc.initial_reconnect_backoff_ms": 250,
+        "grpc.max_reconnect_backoff_ms": 90_000,
+        "grpc.min_reconnect_backoff_ms": 7_500,
+        "grpc.enable_retries": 0,
+    }
+    transport = Transport(
+        "127.0.0.1:1", Credentials.insecure_bearer("t"), timeout_seconds=7.5, backoff=BACKOFF
+    )
+    try:
+        assert dict(transport.options)["grpc.max_reconnect_backoff_ms"] == 60_000
+    finally:
+        transport.close()
+
+
+def test_failed_connection_gets_a_fresh_channel() -> None:
+    """No server: each call fails and the next one uses a new channel (one connect each)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # nothing listens once closed
+    transport = Transport(f"127.0.0.1:{port}", Credentials.insecure_bearer("t"), timeout_seconds=5)
+    try:
+        for expected in (2, 3):
+            with pytest.raises(Exception) as info:
+                transport.submit_raw([b""])
+            assert getattr(info.value, "code", None) == grpc.StatusCode.UNAVAILABLE
+            assert transport.channels_opened == expected
+    finally:
+        transport.close()

@@ -1,0 +1,83 @@
+"""The device state folder stays within its documented bound (docs/sdk.md, "Footprint").
+
+Measured as an app sees it: the files in `state_dir` and their sizes (`os.stat`),
+with only the public API driving the client. The bound, per the docs:
+
+* while a client is open: the state file <= 128 KiB + 160 KiB per 1,000 pending
+  reports, its ``-wal`` <= `JOURNAL_SIZE_LIMIT` + 64 KiB (one transaction), the
+  ``-shm`` index 32 KiB;
+* at idle (after `flush()` sent everything): the ``-wal`` is empty;
+* after `close()`: one file.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from fedldp.client import device_store
+from fedldp.client.device_store import JOURNAL_SIZE_LIMIT, STATE_FILE_NAME
+from sdk_testkit import LABELS, Deployment, running_deployment
+
+KIB = 1024
+WAL_BOUND = JOURNAL_SIZE_LIMIT + 64 * KIB
+SHM_SIZE = 32 * KIB
+
+
+def main_file_bound(pending: int) -> int:
+    """The documented bound on the state file itself, bytes."""
+    return 128 * KIB + 160 * KIB * pending // 1000
+
+
+@pytest.fixture
+def deployment(tmp_path: Path) -> Iterator[Deployment]:
+    with running_deployment(tmp_path) as d:
+        yield d
+
+
+def _files(state: Path) -> dict[str, int]:
+    return {p.name: p.stat().st_size for p in state.iterdir()}
+
+
+def _record_pending(deployment: Deployment, state: Path, n: int) -> dict[str, int]:
+    """Record `n` reports without sending; the folder's files while the client is open."""
+    with deployment.client(deployment.collectors[0].address, state, max_outbox=n + 1) as c:
+        for i in range(n):
+            c.record("browser.homepage", LABELS[i % len(LABELS)])
+        assert c.pending() == n
+        return _files(state)
+
+
+def test_state_files_within_bound_pending_idle_and_closed(
+    deployment: Deployment, tmp_path: Path
+) -> None:
+    deployment.categorical(epsilon="0.001", epsilon_cap="10")
+    deployment.start()
+    state = tmp_path / "d"
+    files = _record_pending(deployment, state, 1000)
+    assert set(files) <= {STATE_FILE_NAME, STATE_FILE_NAME + "-wal", STATE_FILE_NAME + "-shm"}
+    assert files[STATE_FILE_NAME] <= main_file_bound(1000)
+    assert files.get(STATE_FILE_NAME + "-wal", 0) <= WAL_BOUND
+    assert files.get(STATE_FILE_NAME + "-shm", 0) <= SHM_SIZE
+    # Closed: the log was checkpointed and removed.
+    assert _files(state).keys() == {STATE_FILE_NAME}
+    # Idle: everything sent, the log truncated to nothing while the client stays open.
+    with deployment.client(deployment.collectors[0].address, state, fetch_policies=False) as c:
+        assert c.flush(timeout=60).pending == 0
+        idle = _files(state)
+        assert idle.get(STATE_FILE_NAME + "-wal", 0) == 0
+        assert idle[STATE_FILE_NAME] <= main_file_bound(1000)
+    assert _files(state).keys() == {STATE_FILE_NAME}
+
+
+def test_broken_store_without_log_limits_exceeds_bound(
+    deployment: Deployment, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The broken variant (SQLite's defaults: 1,000-page autocheckpoint, no size limit)."""
+    monkeypatch.setattr(device_store, "WAL_AUTOCHECKPOINT_PAGES", 1000)
+    monkeypatch.setattr(device_store, "JOURNAL_SIZE_LIMIT", -1)
+    deployment.categorical(epsilon="0.001", epsilon_cap="10")
+    deployment.start()
+    files = _record_pending(deployment, tmp_path / "d", 100)
+    assert files[STATE_FILE_NAME + "-wal"] > WAL_BOUND
