@@ -4,8 +4,8 @@ Measured as an app sees it: the files in `state_dir` and their sizes (`os.stat`)
 with only the public API driving the client. The bound, per the docs:
 
 * while a client is open: the state file <= 128 KiB + 160 KiB per 1,000 pending
-  reports, its ``-wal`` <= `JOURNAL_SIZE_LIMIT` + 64 KiB (one transaction), the
-  ``-shm`` index 32 KiB;
+  reports, its ``-wal`` <= `WAL_AUTOCHECKPOINT_PAGES` pages + 64 KiB (one
+  transaction) = 576 KiB, the ``-shm`` index 32 KiB;
 * at idle (after `flush()` sent everything): the ``-wal`` is empty;
 * after `close()`: one file.
 """
@@ -17,11 +17,11 @@ from pathlib import Path
 
 import pytest
 from fedldp.client import device_store
-from fedldp.client.device_store import JOURNAL_SIZE_LIMIT, STATE_FILE_NAME
+from fedldp.client.device_store import STATE_FILE_NAME, WAL_AUTOCHECKPOINT_PAGES
 from sdk_testkit import LABELS, Deployment, running_deployment
 
 KIB = 1024
-WAL_BOUND = JOURNAL_SIZE_LIMIT + 64 * KIB
+WAL_BOUND = WAL_AUTOCHECKPOINT_PAGES * 4 * KIB + 64 * KIB
 SHM_SIZE = 32 * KIB
 
 
@@ -79,5 +79,5 @@ def test_broken_store_without_log_limits_exceeds_bound(
     monkeypatch.setattr(device_store, "JOURNAL_SIZE_LIMIT", -1)
     deployment.categorical(epsilon="0.001", epsilon_cap="10")
     deployment.start()
-    files = _record_pending(deployment, tmp_path / "d", 100)
+    files = _record_pending(deployment, tmp_path / "d", 200)
     assert files[STATE_FILE_NAME + "-wal"] > WAL_BOUND
