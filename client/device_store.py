@@ -306,8 +306,8 @@ class DeviceStore:
         self._conn = sqlite3.connect(
             self.path, timeout=BUSY_TIMEOUT_SECONDS, isolation_level=None, check_same_thread=False
         )
-        #: Commits since the last checkpoint (0: the log holds nothing of ours).
-        self._unchecked = 0
+        #: `total_changes` at the last checkpoint: equal means nothing of ours to copy.
+        self._checkpointed_changes = 0
         try:
             with contextlib.suppress(OSError):
                 os.chmod(self.path, 0o600)
@@ -375,17 +375,16 @@ class DeviceStore:
         """
         with self._lock:
             if not self._closed:
-                self._unchecked = max(self._unchecked, 1)
                 with contextlib.suppress(sqlite3.Error):
-                    self.checkpoint()
+                    self.checkpoint(force=True)
                 self._closed = True
                 self._conn.close()
 
-    def checkpoint(self) -> bool:
+    def checkpoint(self, *, force: bool = False) -> bool:
         """Copy the write-ahead log into the state file and truncate it to zero bytes.
 
-        ``PRAGMA wal_checkpoint(TRUNCATE)``; a no-op when nothing was committed
-        since the last one. Waits at most `CHECKPOINT_BUSY_MS` for another
+        ``PRAGMA wal_checkpoint(TRUNCATE)``; unless `force`, a no-op when this
+        connection changed no row since the last one. Waits at most `CHECKPOINT_BUSY_MS` for another
         process's transaction, then leaves the log for the next checkpoint (it
         stays bounded by the automatic checkpoints meanwhile). Returns whether the
         log was fully checkpointed.
@@ -393,7 +392,8 @@ class DeviceStore:
         with self._lock:
             if self._closed:
                 raise StateError("the device store is closed")
-            if not self._unchecked:
+            changes = self._conn.total_changes
+            if changes == self._checkpointed_changes and not force:
                 return True
             self._conn.execute(f"PRAGMA busy_timeout={CHECKPOINT_BUSY_MS:d}")
             try:
@@ -402,7 +402,7 @@ class DeviceStore:
                 self._conn.execute(f"PRAGMA busy_timeout={int(BUSY_TIMEOUT_SECONDS * 1000):d}")
             if busy:
                 return False
-            self._unchecked = 0
+            self._checkpointed_changes = changes
             return True
 
     @contextlib.contextmanager
@@ -422,7 +422,6 @@ class DeviceStore:
                 raise
             else:
                 self._conn.execute("COMMIT")
-                self._unchecked += 1
 
     # --- meta, counters, events ---
 

@@ -201,15 +201,15 @@ class Outbox:
         otherwise, or when there was nothing to acknowledge, None. A `gate` in
         backoff is reset in the same transaction (the call succeeded).
         """
-        reset = gate is not None and gate.failures > 0
-        if not report_ids and not reset:
+        reset = gate if gate is not None and gate.failures > 0 else None
+        if not report_ids and reset is None:
             return None
         with self.store.transaction() as conn:
-            if reset:
-                assert gate is not None
-                gate.succeeded(conn)
-            conn.executemany("DELETE FROM outbox WHERE report_id=?", [(r,) for r in report_ids])
-            DeviceStore.bump(conn, "acknowledged", len(report_ids))
+            if reset is not None:
+                reset.succeeded(conn)
+            if report_ids:
+                conn.executemany("DELETE FROM outbox WHERE report_id=?", [(r,) for r in report_ids])
+                DeviceStore.bump(conn, "acknowledged", len(report_ids))
             if duplicates:
                 DeviceStore.bump(conn, "acknowledged_duplicate", duplicates)
             return self._schedule(conn) if read_schedule else None

@@ -986,8 +986,9 @@ class Client:
         Sends happen on the thread's own schedule (every `send_interval_seconds`
         with ±50 % jitter, when a backoff ends, or on `wake()`), never triggered
         by `record()`, so the timing of sends does not follow the timing of
-        values. The thread obeys the same gate as `flush()`, and checkpoints the
-        state file after each round.
+        values. The thread obeys the same gate as `flush()` (its policy
+        refreshes wait for the gate too), and checkpoints the state file after
+        each round.
         """
         self._check_open()
         with self._lock:
@@ -1002,7 +1003,8 @@ class Client:
         next_refresh = time.monotonic()
         while not self._closing.is_set():
             generation = self._signal.generation()
-            if time.monotonic() >= next_refresh:
+            # Policy fetches wait for the gate too: a paused device makes no calls.
+            if time.monotonic() >= next_refresh and self._gate.resume_at <= time.time():
                 next_refresh = time.monotonic() + self._policy_refresh
                 try:
                     self.refresh_policies()

@@ -106,9 +106,11 @@ def test_call_failed_is_one_transaction_and_retry_now_makes_all_due(store: Devic
     entries = outbox.entries()
     outbox.defer([(entries[2], 500.0)], now=0.0, error="PROTOCOL: unknown outcome")
     gate = _gate(store)
-    before = store._unchecked
+    statements: list[str] = []
+    store._conn.set_trace_callback(statements.append)
     outbox.call_failed(entries[:2], gate=gate, now=0.0, error="UNAVAILABLE: x", retry_after=None)
-    assert store._unchecked == before + 1
+    store._conn.set_trace_callback(None)
+    assert statements.count("BEGIN IMMEDIATE") == 1
     assert [e.attempts for e in outbox.entries()] == [1, 1, 1]
     assert store.counters()["send_failures"] == 1
     assert len(outbox.due(1.0, 10)) == 2  # the deferred one waits for its own time
