@@ -570,7 +570,7 @@ class Client:
                         continue
                     change = _window_change(conn, verified)
                     if change is not None:
-                        rejected[verified.policy_id] = str(change)
+                        rejected[verified.policy_id] = (verified.metric_name, str(change))
                         rejection_events.append(
                             Event(
                                 now,

@@ -9,13 +9,15 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from decimal import Decimal
 from pathlib import Path
 
+import grpc
 import pytest
 from fedldp.client.outbox import OutboxFullError
 from fedldp.client.sdk import BadValueError, BudgetGuardError, NoPolicyError, _memo_adapter
-from fedldp.v1 import policy_pb2
+from fedldp.v1 import collector_pb2, policy_pb2
 from sdk_testkit import LABELS, Deployment, running_deployment
 
 
@@ -74,15 +76,39 @@ def test_policy_inactive(deployment: Deployment, tmp_path: Path) -> None:
         assert info.value.reason == "POLICY_INACTIVE"
 
 
+class PolicyServer:
+    """A real gRPC server answering GetPolicies with the given envelopes, nothing else.
+
+    The collector refuses to serve two policies for one metric, so a device can
+    only meet that from a deployment that is misconfigured in another way; this
+    stands in for it, signed by the real authority.
+    """
+
+    def __init__(self, envelopes: list[policy_pb2.SignedEnvelope]) -> None:
+        answer = collector_pb2.GetPoliciesResponse(policies=envelopes).SerializeToString()
+        handler = grpc.method_handlers_generic_handler(
+            "fedldp.v1.Collector",
+            {"GetPolicies": grpc.unary_unary_rpc_method_handler(lambda request, context: answer)},
+        )
+        self.server = grpc.server(ThreadPoolExecutor(max_workers=2))
+        self.server.add_generic_rpc_handlers((handler,))
+        self.port = self.server.add_insecure_port("127.0.0.1:0")
+        self.server.start()
+
+    def close(self) -> None:
+        self.server.stop(None)
+
+
 def test_ambiguous_policy(deployment: Deployment, tmp_path: Path) -> None:
-    deployment.categorical("a")
-    deployment.categorical("b")
-    collector = deployment.start()
-    with deployment.client(collector.address, tmp_path / "d") as c:
-        with pytest.raises(NoPolicyError, match="pass policy_id=") as info:
-            c.record("browser.homepage", LABELS[0])
-        assert info.value.reason == "AMBIGUOUS_POLICY"
-        assert c.record("browser.homepage", LABELS[0], policy_id="b").policy_id == "b"
+    server = PolicyServer([deployment.categorical("a"), deployment.categorical("b")])
+    try:
+        with deployment.client(f"127.0.0.1:{server.port}", tmp_path / "d") as c:
+            with pytest.raises(NoPolicyError, match="pass policy_id=") as info:
+                c.record("browser.homepage", LABELS[0])
+            assert info.value.reason == "AMBIGUOUS_POLICY"
+            assert c.record("browser.homepage", LABELS[0], policy_id="b").policy_id == "b"
+    finally:
+        server.close()
 
 
 def test_unsupported_policy(deployment: Deployment, tmp_path: Path) -> None:
