@@ -112,6 +112,16 @@ class Deployment:
         self.collectors.append(running)
         return running
 
+    def outage(self, collector: RunningCollector) -> PortHold:
+        """Stop `collector` and keep its port (see `PortHold`) until `restart`."""
+        collector.stop(grace=0)
+        return PortHold(collector.port)
+
+    def restart(self, hold: PortHold, **config: Any) -> RunningCollector:
+        """Start the collector again on the held port, with the same ledger file."""
+        hold.release()
+        return self.start(listen=f"127.0.0.1:{hold.port}", **config)
+
     def token(self, subject: str = "device-1") -> str:
         return TokenAuthority(self.secret).mint(subject, expires_at=int(time.time()) + 86400)
 
@@ -150,6 +160,25 @@ class Deployment:
     def stop(self) -> None:
         for c in self.collectors:
             c.stop(grace=1.0)
+
+
+class PortHold:
+    """A stopped collector's port, kept from other processes during the outage.
+
+    A socket bound to the port but not listening: the device's connection
+    attempts are refused, as with nothing there, and no other process on the
+    machine can be given the port meanwhile (so the restart on the same port
+    cannot find it taken).
+    """
+
+    def __init__(self, port: int) -> None:
+        self.port = port
+        self._socket = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self._socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._socket.bind(("127.0.0.1", port))
+
+    def release(self) -> None:
+        self._socket.close()
 
 
 # --- TCP relay ---------------------------------------------------------------------------

@@ -166,7 +166,6 @@ def _outage_attempts(deployment: Deployment, tmp_path: Path) -> tuple[int, int, 
     """
     deployment.categorical(epsilon="0.01", epsilon_cap="100")
     collector = deployment.start()
-    port = collector.port
     with deployment.client(
         collector.address,
         tmp_path / "d",
@@ -177,12 +176,12 @@ def _outage_attempts(deployment: Deployment, tmp_path: Path) -> tuple[int, int, 
         timeout_seconds=5,
     ) as c:
         watch = SubmitWatch(c)
-        collector.stop(grace=0)
+        hold = deployment.outage(collector)
         _record(c, 20)
         c.wake()  # start sending now, into the outage
         time.sleep(OUTAGE_S)  # the outage itself (not a wait for a result)
         in_outage = watch.failures()
-        deployment.start(listen=f"127.0.0.1:{port}")  # same port, same ledger file
+        deployment.restart(hold)  # same port, same ledger file
         back = time.monotonic()
         c.wake()  # the app's connectivity hook
         delivered = watch.wait_for(lambda: watch.delivered() >= 20, DELIVERY_BOUND_S)
@@ -227,16 +226,15 @@ def _wake_after_long_backoff(deployment: Deployment, tmp_path: Path) -> tuple[bo
     """
     deployment.categorical()
     collector = deployment.start()
-    port = collector.port
     with deployment.client(
         collector.address, tmp_path / "d", background=True, send_interval_seconds=3600, backoff=LONG
     ) as c:
         watch = SubmitWatch(c)
-        collector.stop(grace=0)
+        hold = deployment.outage(collector)
         _record(c, 3)
         c.wake()
         assert watch.wait_for(lambda: watch.failures() >= 1, DELIVERY_BOUND_S)
-        deployment.start(listen=f"127.0.0.1:{port}")
+        deployment.restart(hold)
         c.wake()
         delivered = watch.wait_for(lambda: watch.delivered() >= 3, DELIVERY_BOUND_S)
         return delivered, watch.failures()
@@ -262,13 +260,12 @@ def test_backoff_survives_restart_and_flush_retry_now(
 ) -> None:
     deployment.categorical()
     collector = deployment.start()
-    port = collector.port
     with deployment.client(collector.address, tmp_path / "d", backoff=LONG) as c:
-        collector.stop(grace=0)
+        hold = deployment.outage(collector)
         _record(c, 2)
         first = c.flush(timeout=2)
         assert (first.failed_attempts, first.pending) == (1, 2)
-    deployment.start(listen=f"127.0.0.1:{port}")
+    deployment.restart(hold)
     # A restarted app honours the stored pause: no call at all.
     with deployment.client(
         collector.address, tmp_path / "d", backoff=LONG, fetch_policies=False
@@ -304,7 +301,6 @@ def test_wake_does_not_override_a_retry_hint(deployment: Deployment, tmp_path: P
 def test_async_client_wake_and_retry_now(deployment: Deployment, tmp_path: Path) -> None:
     deployment.categorical()
     collector = deployment.start()
-    port = collector.port
 
     async def scenario() -> tuple[int, int]:
         async with AsyncClient(
@@ -315,10 +311,10 @@ def test_async_client_wake_and_retry_now(deployment: Deployment, tmp_path: Path)
             backoff=LONG,
             timeout_seconds=5.0,
         ) as ac:
-            collector.stop(grace=0)
+            hold = deployment.outage(collector)
             await ac.record("browser.homepage", LABELS[0])
             failed = (await ac.flush(timeout=1)).failed_attempts
-            deployment.start(listen=f"127.0.0.1:{port}")
+            deployment.restart(hold)
             ac.wake()  # non-blocking: fine on the event loop
             return failed, (await ac.flush(timeout=DELIVERY_BOUND_S)).acknowledged
 
