@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Mapping
-from decimal import Decimal
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from decimal import MAX_EMAX, MIN_EMIN, Context, Decimal, Inexact
+from fractions import Fraction
 from typing import TYPE_CHECKING, Any
 
 from fedldp.client.mechanisms.base import (
@@ -28,14 +30,128 @@ if TYPE_CHECKING:
     import numpy as np
     import numpy.typing as npt
 
-#: Binary digits of a probability used by the exact Bernoulli bit samplers: a
-#: probability `prob` is realized as floor(prob * 2**64) / 2**64 (error < 2**-64).
-PROB_BITS = 64
+#: Every probability a categorical sampler realizes is numerator / 2**PROB_BITS
+#: exactly (`DyadicProbability`): 53 bits, the resolution of numpy's
+#: `Generator.random()`, so the device path and the batch path compare the
+#: same integer against the same threshold.
+PROB_BITS = 53
+PROB_ONE = 1 << PROB_BITS
+#: Decimal digits of e^x used to bound a probability before rounding it (>= 50).
+EXP_DIGITS = 60
+#: Largest exponent accepted by `exp_epsilon` and `exp_bounds`: beyond it
+#: e^ε overflows a double and every threshold is already 0 or 2**53.
+MAX_EXPONENT = Decimal(700)
+
+
+def _check_exponent(x: Decimal) -> None:
+    if not x.is_finite() or x > MAX_EXPONENT:
+        raise ValueError(f"epsilon must be at most {MAX_EXPONENT} for this mechanism")
 
 
 def exp_epsilon(epsilon: Decimal) -> float:
-    """e^ε in floating point (the probabilities are floats; ε itself stays exact)."""
+    """e^ε in floating point, for parameter choices only (g, d, auto), never for a sampler."""
+    _check_exponent(epsilon)
     return math.exp(float(epsilon))
+
+
+def exp_bounds(x: Decimal, digits: int = EXP_DIGITS) -> tuple[Fraction, Fraction]:
+    """Rationals lo < e^x < hi with (hi - lo) / e^x below 3·10^(1 - digits).
+
+    `decimal` computes exp correctly rounded (half-even) to the context's
+    precision, so e^x lies within half a unit in the last place of the result;
+    one unit either side brackets it. The bracket is exact rational arithmetic.
+    """
+    _check_exponent(x)
+    value = Context(prec=digits, Emax=MAX_EMAX, Emin=MIN_EMIN).exp(x)
+    unit = Fraction(10) ** (value.adjusted() - digits + 1)
+    return Fraction(value) - unit, Fraction(value) + unit
+
+
+def half(x: Decimal) -> Decimal:
+    """x / 2 exactly (Inexact is trapped; one more digit always suffices)."""
+    digits = len(x.as_tuple().digits)
+    return Context(prec=digits + 2, traps=[Inexact]).divide(x, 2)
+
+
+@dataclass(frozen=True, slots=True)
+class DyadicProbability:
+    """The probability numerator / 2**53, exactly what every sampler here realizes.
+
+    `draw` (device, `random.Random`), `draw_batch` (numpy), `bernoulli_bits`
+    and `bernoulli_words` all return 1 / True for a uniform integer
+    U in [0, 2**53) exactly when U < numerator, so the realized probability is
+    this rational, not a float near it. A mechanism builds each threshold with
+    `dyadic_from_exp`, rounding in the direction that can only lower its
+    privacy ratio (`at_most` for a probability that raises the ratio, e.g.
+    keeping the truth; `at_least` for one that lowers it).
+    """
+
+    numerator: int
+
+    def __post_init__(self) -> None:
+        n = self.numerator
+        if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= PROB_ONE:
+            raise ValueError("a dyadic probability's numerator must be an integer in [0, 2**53]")
+
+    @classmethod
+    def at_most(cls, prob: Fraction) -> DyadicProbability:
+        """The largest multiple of 2**-53 that is <= prob."""
+        return cls(math.floor(prob * PROB_ONE))
+
+    @classmethod
+    def at_least(cls, prob: Fraction) -> DyadicProbability:
+        """The smallest multiple of 2**-53 that is >= prob."""
+        return cls(math.ceil(prob * PROB_ONE))
+
+    @property
+    def exact(self) -> Fraction:
+        """numerator / 2**53 as a Fraction."""
+        return Fraction(self.numerator, PROB_ONE)
+
+    def __float__(self) -> float:
+        return math.ldexp(self.numerator, -PROB_BITS)  # exact: numerator <= 2**53
+
+    def complement(self) -> DyadicProbability:
+        """1 - self, exactly."""
+        return DyadicProbability(PROB_ONE - self.numerator)
+
+    def draw(self, rng: random.Random) -> bool:
+        """True with probability exactly numerator / 2**53 (one `getrandbits(53)`)."""
+        return rng.getrandbits(PROB_BITS) < self.numerator
+
+    def draw_batch(self, size: int, rng: np.random.Generator) -> npt.NDArray[np.bool_]:
+        """`size` independent draws of `draw`, from a numpy generator.
+
+        Every numpy bit generator's `random()` returns m · 2**-53 with m uniform
+        in [0, 2**53) (the top 53 bits of a 64-bit word; MT19937: 27 + 26 bits),
+        and numerator · 2**-53 is a double exactly, so the float comparison is
+        the integer comparison m < numerator: the same law as `draw`.
+        """
+        return rng.random(size) < float(self)
+
+
+def dyadic_from_exp(
+    formula: Callable[[Fraction], Fraction], x: Decimal, *, round_up: bool = False
+) -> DyadicProbability:
+    """formula(e^x) rounded down (or up) to a multiple of 2**-53, exactly.
+
+    `formula` must be monotone in e^x (every mechanism's probability is a
+    monotone rational function of e^ε). It is evaluated, in exact rational
+    arithmetic, at both ends of a bracket of e^x from `exp_bounds` (60 digits
+    first); when both ends round to the same multiple so does the exact value.
+    Otherwise the bracket is narrowed. e^x is irrational for x != 0, so the
+    exact value is never a multiple of 2**-53 and the loop ends.
+    """
+    rounding = math.ceil if round_up else math.floor
+    digits = EXP_DIGITS
+    while True:
+        lo, hi = exp_bounds(x, digits)
+        ends = {rounding(formula(lo) * PROB_ONE), rounding(formula(hi) * PROB_ONE)}
+        if len(ends) == 1:
+            return DyadicProbability(ends.pop())
+        if digits > 4 * EXP_DIGITS * 16:
+            raise ArithmeticError("cannot round the probability: bracket did not narrow")
+        digits *= 2
 
 
 def check_domain_size(k: object, *, minimum: int = 2) -> int:
@@ -133,130 +249,151 @@ def int_to_bits(value: int, length: int) -> BitVectorOutput:
     return BitVectorOutput(value.to_bytes(byte_length(length), "little"), length)
 
 
-def _prob_digits(prob: float) -> int:
-    if not 0.0 <= prob <= 1.0:
-        raise ValueError("probability outside [0, 1]")
-    if prob == 1.0:
-        return (1 << PROB_BITS) - 1  # 1 - 2**-64: indistinguishable in any test
-    return int(math.ldexp(prob, PROB_BITS))
-
-
-def bernoulli_bits(prob: float, length: int, rng: random.Random) -> int:
+def bernoulli_bits(prob: DyadicProbability, length: int, rng: random.Random) -> int:
     """`length` independent Bernoulli(prob) bits as an int, from random words.
 
-    Exact bit-sliced comparison U < prob for a uniform U = 0.R1 R2 R3... whose
-    binary digits come from `rng.getrandbits(length)` (one word per digit level,
-    every bit position in parallel), most significant digit first. A position is
-    decided at the first level where its random digit differs from prob's digit.
-    Costs about log2(length) + 2 calls of getrandbits instead of `length` calls
-    of random(); the number of calls does not depend on any true value.
+    Bit i is 1 exactly when W_i >= 2**53 - prob.numerator, where W_i is the
+    uniform 53-bit integer whose binary digits, most significant first, are
+    bit i of successive `rng.getrandbits(length)` words: P[bit = 1] is
+    prob.numerator / 2**53 exactly. Every position is compared in parallel and
+    decided at its first digit that differs from c = 2**53 - 1 - numerator's
+    (W_i > c is the same test): there a word bit 1 (where c has 0) means 1, a
+    word bit 0 (where c has 1) means 0; a position equal to c in all 53 digits
+    is 0. About log2(length) + 2 calls instead of `length` draws; the number of
+    calls never depends on a true value.
     """
-    digits = _prob_digits(prob)
+    numerator = prob.numerator
+    if numerator == PROB_ONE:
+        return (1 << length) - 1
     result = 0
     undecided = (1 << length) - 1
     for level in range(PROB_BITS - 1, -1, -1):
         if not undecided:
             break
         word = rng.getrandbits(length)
-        if (digits >> level) & 1:
-            result |= undecided & ~word
+        if (numerator >> level) & 1:  # c's digit is 0: word bit 1 decides 1
+            won = undecided & word
+            result |= won
+            undecided ^= won
+        else:  # c's digit is 1: word bit 0 decides 0
             undecided &= word
-        else:
-            undecided &= ~word
     return result
 
 
-#: Relative cost of one sparse position (geometric gap, scatter) against one
-#: 64-bit word of one dense level; calibrated on numpy 2.x, it only steers speed.
-_SPARSE_COST = 16.0
-_MAX_DENSE_LEVELS = 16
-
-
-def _dense_sparse_plan(prob: float) -> tuple[int, float]:
-    """(J, s): J dense digit levels, then independent Bernoulli(s) bits OR-ed in.
-
-    With q_J = prob truncated to J binary digits, a bit is 1 with probability
-    q_J + (1 - q_J) s = prob when s = (prob - q_J) / (1 - q_J).
-    """
-    digits = _prob_digits(prob)
-    best: tuple[float, int, float] | None = None
-    for levels in range(_MAX_DENSE_LEVELS + 1):
-        q_levels = (digits >> (PROB_BITS - levels)) / 2.0**levels if levels else 0.0
-        sparse = (prob - q_levels) / (1.0 - q_levels) if q_levels < 1.0 else 0.0
-        cost = levels / 64.0 + _SPARSE_COST * sparse
-        if best is None or cost < best[0]:
-            best = (cost, levels, max(0.0, sparse))
-    assert best is not None
-    return best[1], best[2]
+#: `bernoulli_words` compares the first FULL_LEVELS digit levels over every
+#: word, then COMPACT_LEVELS at a time over only the words that still hold an
+#: undecided bit, and resolves the bits one by one once at most RESOLVE_WORDS
+#: such words are left. Speed choices only: the law is the same for any values.
+FULL_LEVELS = 8
+COMPACT_LEVELS = 3
+RESOLVE_WORDS = 4096
 
 
 def bernoulli_words(
-    prob: float, rows: int, length: int, rng: np.random.Generator
+    prob: DyadicProbability, rows: int, length: int, rng: np.random.Generator
 ) -> npt.NDArray[np.uint64]:
     """`rows` x `length` Bernoulli(prob) bits packed in little-endian uint64 words.
 
-    The numpy counterpart of `bernoulli_bits`: shape (rows, ceil(length / 64)),
-    bit j of word w of a row is vector bit 64 w + j; padding bits are zero.
-    Dense part: the first J binary digits of prob by the same bit-sliced
-    comparison (one random word per 64 bits per digit), giving Bernoulli(q_J).
-    Sparse part: the remaining probability as independent Bernoulli(s) bits,
-    s = (prob - q_J)/(1 - q_J), placed by geometric gaps over the row-major bit
-    stream and OR-ed in, so each bit is 1 with probability exactly
-    q_J + (1 - q_J) s = prob (up to the double rounding of s). J minimizes the
-    work: about J/64 + 16 s operations per bit instead of one draw per bit.
+    The numpy counterpart of `bernoulli_bits`, with the same law and the same
+    comparison: bit i is 1 exactly when W_i >= 2**53 - prob.numerator for a
+    uniform 53-bit W_i whose digits, most significant first, are bit i of one
+    random 64-bit word per level. Shape (rows, ceil(length / 64)), bit j of
+    word w of a row is vector bit 64 w + j, padding bits zero.
+
+    Levels are compared word-parallel, first over every word, then only over
+    the words that still hold an undecided bit (a decided bit ignores its later
+    digits). Once few such words are left after J levels, each undecided bit
+    draws its remaining 53 - J digits as one uniform integer V_i < 2**(53 - J)
+    (`Generator.integers`) and is 1 exactly when V_i >= 2**(53 - J) - r, r the
+    numerator's last 53 - J digits: together, the comparison above.
     """
     import numpy as np
 
     words = (length + 63) // 64
     total = rows * words
-    digits = _prob_digits(prob)
-    levels, sparse = _dense_sparse_plan(prob)
-    result = np.zeros(total, dtype=np.uint64)
+    numerator = prob.numerator
     undecided = np.full(total, np.uint64(0xFFFFFFFFFFFFFFFF), dtype=np.uint64)
     tail = length % 64
     if tail and rows:
         undecided.reshape(rows, words)[:, -1] = np.uint64((1 << tail) - 1)
-    draw = _raw_words(rng)
-    scratch = np.empty(total, dtype=np.uint64)
-    for level in range(PROB_BITS - 1, PROB_BITS - 1 - levels, -1):
-        word = draw(total)
-        if (digits >> level) & 1:
-            np.bitwise_not(word, out=scratch)
-            np.bitwise_and(scratch, undecided, out=scratch)
-            np.bitwise_or(result, scratch, out=result)
-            np.bitwise_and(undecided, word, out=undecided)
-        else:
-            np.bitwise_not(word, out=word)
-            np.bitwise_and(undecided, word, out=undecided)
-    bits = rows * length
-    if sparse > 0.0 and bits:
-        chunks = []
-        last = -1  # index of the last placed bit in the row-major stream
-        while last < bits - 1:
-            remaining = (bits - 1 - last) * sparse
-            gaps = rng.geometric(sparse, size=int(remaining + 6.0 * math.sqrt(remaining) + 64))
-            positions = np.cumsum(gaps) + last
-            chunks.append(positions)
-            last = int(positions[-1])
-        positions = np.concatenate(chunks)
-        positions = positions[: np.searchsorted(positions, bits)]
-        if positions.size:
-            row, col = np.divmod(positions, length)
-            word_index = row * words + (col >> 6)
-            masks = np.left_shift(np.uint64(1), (col & 63).astype(np.uint64))
-            starts = np.concatenate(([0], np.flatnonzero(np.diff(word_index)) + 1))
-            result[word_index[starts]] |= np.bitwise_or.reduceat(masks, starts)
+    if numerator == PROB_ONE:
+        return undecided.reshape(rows, words)
+    result = np.zeros(total, dtype=np.uint64)
+    if numerator == 0:
+        return result.reshape(rows, words)
+    # Below the numerator's lowest set digit c's digits are all 1: an undecided bit is 0.
+    levels = PROB_BITS - ((numerator & -numerator).bit_length() - 1)
+    done = min(levels, FULL_LEVELS)
+    _compare_levels(result, undecided, numerator, PROB_BITS - 1, done, rng)
+    if done == levels:
+        return result.reshape(rows, words)
+    index = np.flatnonzero(undecided)
+    while done < levels and index.size > RESOLVE_WORDS:
+        step = min(COMPACT_LEVELS, levels - done)
+        sub_result = np.zeros(index.size, dtype=np.uint64)
+        sub_undecided = undecided[index]
+        _compare_levels(sub_result, sub_undecided, numerator, PROB_BITS - 1 - done, step, rng)
+        result[index] |= sub_result
+        undecided[index] = sub_undecided
+        index = index[np.flatnonzero(sub_undecided)]
+        done += step
+    rest_bits = PROB_BITS - done
+    rest = numerator & ((1 << rest_bits) - 1)
+    if rest and index.size:
+        _resolve_undecided(result, undecided, index, (1 << rest_bits) - rest, rest_bits, rng)
     return result.reshape(rows, words)
 
 
-def _raw_words(rng: np.random.Generator) -> Any:
-    """A function drawing `size` uniform uint64 words (raw output of 64-bit generators)."""
+def _compare_levels(
+    result: npt.NDArray[np.uint64],
+    undecided: npt.NDArray[np.uint64],
+    numerator: int,
+    first: int,
+    count: int,
+    rng: np.random.Generator,
+) -> None:
+    """Digit levels first, first - 1, ... (`count` of them), as in `bernoulli_bits`."""
     import numpy as np
 
-    bit_generator = rng.bit_generator
-    sixty_four = (np.random.PCG64, np.random.PCG64DXSM, np.random.SFC64, np.random.Philox)
-    if isinstance(bit_generator, sixty_four):
-        return lambda size: bit_generator.random_raw(size)
+    draw = _raw_words(rng)
+    won = np.empty(result.shape[0], dtype=np.uint64)
+    for level in range(first, first - count, -1):
+        word = draw(result.shape[0])
+        if (numerator >> level) & 1:
+            np.bitwise_and(undecided, word, out=won)
+            np.bitwise_or(result, won, out=result)
+            np.bitwise_xor(undecided, won, out=undecided)
+        else:
+            np.bitwise_and(undecided, word, out=undecided)
+
+
+def _resolve_undecided(
+    result: npt.NDArray[np.uint64],
+    undecided: npt.NDArray[np.uint64],
+    index: npt.NDArray[np.intp],
+    threshold: int,
+    rest_bits: int,
+    rng: np.random.Generator,
+) -> None:
+    """Set each undecided bit (words `index`) iff a uniform V < 2**rest_bits is >= threshold."""
+    import numpy as np
+
+    as_bytes = undecided[index].astype("<u8").view(np.uint8).reshape(-1, 8)
+    word_of, bit_of = np.nonzero(np.unpackbits(as_bytes, axis=1, bitorder="little"))
+    draws = rng.integers(0, 1 << rest_bits, size=word_of.size, dtype=np.uint64)
+    hit = draws >= np.uint64(threshold)
+    masks = np.left_shift(np.uint64(1), bit_of[hit].astype(np.uint64))
+    np.bitwise_or.at(result, index[word_of[hit]], masks)
+
+
+def _raw_words(rng: np.random.Generator) -> Any:
+    """A function drawing `size` uniform uint64 words (every bit a fair coin).
+
+    `integers` over the full uint64 range returns the generator's raw 64-bit
+    outputs without rejection; it is faster than `bit_generator.random_raw`.
+    """
+    import numpy as np
+
     top = np.uint64(0xFFFFFFFFFFFFFFFF)
     return lambda size: rng.integers(0, top, size=size, dtype=np.uint64, endpoint=True)
 

@@ -13,7 +13,7 @@ The device reports y in [0, K):
     P[y | v] = 2 e^ε / (K (e^ε + 1))   for y in C_v,
                2 / (K (e^ε + 1))       otherwise,
 
-so the ratio is e^ε exactly. Rows are orthogonal, so |C_v ∩ C_x| = K/4 for
+so the ratio is e^ε. Rows are orthogonal, so |C_v ∩ C_x| = K/4 for
 v != x: a report supports v when y ∈ C_v, with
 
     support_p = e^ε / (e^ε + 1),   support_q = 1/2,
@@ -25,9 +25,15 @@ term), never below OUE's 4 e^ε / (e^ε - 1)^2 but with log2(K) bits per report.
 The statistic counts outputs y (K counters); C(v) = (n + W[v+1]) / 2 with W the
 fast Walsh–Hadamard transform of those counts, O(K log K).
 
-Sampling is exact and branch-free in the value: draw y uniformly in [0, K);
-if y is on the wrong side (in C_v or not), flip bit `lowbit(v + 1)` of y,
-which toggles the parity of popcount((v+1) & y) and is a bijection.
+Sampling is exact and branch-free in the value: the side is "in C_v" when a
+uniform 53-bit integer is below T = floor(p_in 2^53), p_in = e^ε/(e^ε + 1)
+(from a 60-digit decimal e^ε, `_common.dyadic_from_exp`); draw y uniformly in
+[0, K) (`randrange`); if y is on the wrong side, flip bit `lowbit(v + 1)` of y,
+which toggles the parity of popcount((v+1) & y) and is a bijection between
+C_v and its complement. So the realized law (`p_exact`, `exact_probability`) is
+P[y | v] = 2 p_exact / K on C_v and 2 (1 - p_exact) / K off it, p_exact =
+T / 2^53, and the realized ratio T / (2^53 - T) <= e^ε exactly (increasing in
+T, T <= p_in 2^53); support_p = p_exact, support_q = 1/2 exactly.
 
 Wire: CategoryPayload, index in [0, K). Batch layout: int64 array of y.
 """
@@ -37,6 +43,7 @@ from __future__ import annotations
 import random
 from collections.abc import Iterator
 from decimal import Decimal
+from fractions import Fraction
 from typing import TYPE_CHECKING, Any
 
 from fedldp.client.mechanisms._common import (
@@ -44,7 +51,7 @@ from fedldp.client.mechanisms._common import (
     check_category,
     check_index,
     count_category,
-    exp_epsilon,
+    dyadic_from_exp,
 )
 from fedldp.client.mechanisms.base import (
     CategoryOutput,
@@ -87,20 +94,20 @@ class HadamardResponse(FrequencyOracle):
     def __init__(self, epsilon: Decimal, k: int) -> None:
         super().__init__(epsilon, k)
         self.K = 1 << k.bit_length()  # smallest power of two > k
-        e = exp_epsilon(epsilon)
-        # Acharya, Sun, Zhang 2019, Section 3.
-        self.p_in = e / (e + 1.0)
-        self.support_p = self.p_in
+        # Acharya, Sun, Zhang 2019, Section 3: p_in = e^ε / (e^ε + 1), rounded down.
+        self.inside = dyadic_from_exp(lambda e: e / (e + 1), epsilon)
+        self.p_exact = self.inside.exact
+        self.support_p = float(self.p_exact)
         self.support_q = 0.5
 
     def in_set(self, value: int, y: int) -> bool:
         """y ∈ C_value."""
         return _parity((value + 1) & y) == 0
 
-    def output_probability(self, value: int, output: Output) -> float:
+    def exact_probability(self, value: int, output: Output) -> Fraction:
         assert isinstance(output, CategoryOutput)
-        mass = self.p_in if self.in_set(value, output.index) else 1.0 - self.p_in
-        return 2.0 * mass / self.K
+        side = self.p_exact if self.in_set(value, output.index) else 1 - self.p_exact
+        return 2 * side / self.K
 
     def outputs(self) -> Iterator[Output]:
         return (CategoryOutput(y) for y in range(self.K))
@@ -108,7 +115,7 @@ class HadamardResponse(FrequencyOracle):
     def perturb(self, value: int, *, rng: random.Random | None = None) -> CategoryOutput:
         check_index(value, self.k)
         r = rng if rng is not None else system_random()
-        want_in = r.random() < self.p_in
+        want_in = self.inside.draw(r)
         y = r.randrange(self.K)
         row = value + 1
         if self.in_set(value, y) != want_in:
@@ -118,14 +125,14 @@ class HadamardResponse(FrequencyOracle):
     def perturb_batch(
         self, values: npt.NDArray[np.int64], rng: np.random.Generator
     ) -> npt.NDArray[np.int64]:
-        """int64 outputs y, same distribution as `perturb`."""
+        """int64 outputs y, the same law as `perturb`."""
         import numpy as np
 
         values = np.asarray(values, dtype=np.int64)
         if values.size and (values.min() < 0 or values.max() >= self.k):
             raise ValueError(f"values must be indices in [0, {self.k})")
         n = values.shape[0]
-        want_in = rng.random(n) < self.p_in
+        want_in = self.inside.draw_batch(n, rng)
         y = rng.integers(0, self.K, size=n, dtype=np.int64)
         row = values + 1
         folded = row & y

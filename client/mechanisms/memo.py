@@ -84,6 +84,7 @@ from fractions import Fraction
 from typing import TYPE_CHECKING, Any
 
 from fedldp.client.mechanisms._common import (
+    DyadicProbability,
     bernoulli_bits,
     bernoulli_words,
     check_bit_vector,
@@ -121,28 +122,15 @@ if TYPE_CHECKING:
 GRID = Fraction(1, 1 << 53)
 
 
-def _random_below(prob: float) -> Fraction:
-    """The exact P[random() < prob] for a 53-bit `random()`: ceil(prob 2^53) / 2^53."""
-    return min(Fraction(1), Fraction(math.ceil(Fraction(prob) / GRID)) * GRID)
-
-
-def _bits_below(prob: float) -> Fraction:
-    """The exact P[bit = 1] of `_common.bernoulli_bits(prob)`: floor(prob 2^64) / 2^64."""
-    return Fraction(math.floor(Fraction(prob) * (1 << 64)), 1 << 64)
-
-
 def exact_probabilities(mechanism: GRR | UnaryEncoding) -> tuple[Fraction, Fraction]:
     """(p, q) exactly as `mechanism.perturb` realizes them (the permanent response's law).
 
-    GRR keeps the value when `random() < p` and otherwise draws one of the
-    other k - 1 values uniformly; the unary encodings draw the other bits with
-    `bernoulli_bits(q)` and the true bit with `random() < p` (grr.py, unary.py).
-    This is the one place that reads the base samplers' law.
+    The base mechanisms state their realized law themselves (`p_exact`,
+    `q_exact`: GRR keeps the value with p and reports each other value with q;
+    a unary encoding's true bit is 1 with p, every other bit with q; grr.py,
+    unary.py). This is the one place that reads it.
     """
-    if isinstance(mechanism, GRR):
-        p = _random_below(mechanism.p)
-        return p, (1 - p) / (mechanism.k - 1)
-    return _random_below(mechanism.p), _bits_below(mechanism.q)
+    return mechanism.p_exact, mechanism.q_exact
 
 
 def _least_on_grid(holds: Callable[[Fraction], bool], lo: int, hi: int) -> int:
@@ -349,6 +337,7 @@ class MemoizedUnary(Memoized):
         #: Probability that the instantaneous response flips a permanent bit (on the
         #: 2^-53 grid, so `bernoulli_bits` realizes it exactly).
         self.flip = float(self.flip_exact)
+        self.flip_draw = DyadicProbability.at_most(self.flip_exact)  # exact: on the grid
         self.support_p = self.base.support_p
         self.support_q = self.base.support_q
         self._finish()
@@ -383,7 +372,7 @@ class MemoizedUnary(Memoized):
             stored = self.permanent.perturb(value, rng=r).bits
             state.responses[value] = stored
         permanent = check_bit_vector(BitVectorOutput(stored, self.k), self.k, name=self.wire_id)
-        return int_to_bits(permanent ^ bernoulli_bits(self.flip, self.k, r), self.k)
+        return int_to_bits(permanent ^ bernoulli_bits(self.flip_draw, self.k, r), self.k)
 
     def perturb_batch(
         self, values: npt.NDArray[np.int64], rng: np.random.Generator
@@ -395,7 +384,7 @@ class MemoizedUnary(Memoized):
         chunk = max(1, (1 << 18) // ((self.k + 63) // 64))
         for start in range(0, permanent.shape[0], chunk):
             block = permanent[start : start + chunk]
-            flips = bernoulli_words(self.flip, block.shape[0], self.k, rng)
+            flips = bernoulli_words(self.flip_draw, block.shape[0], self.k, rng)
             np.bitwise_xor(block, words_to_bytes(flips, self.k), out=block)
         return permanent
 
@@ -412,7 +401,7 @@ class MemoizedUnary(Memoized):
         permanent = self.permanent.perturb_batch(values, rng)
         out = np.empty((permanent.shape[0], reports, permanent.shape[1]), dtype=np.uint8)
         for t in range(reports):
-            flips = bernoulli_words(self.flip, permanent.shape[0], self.k, rng)
+            flips = bernoulli_words(self.flip_draw, permanent.shape[0], self.k, rng)
             out[:, t, :] = permanent ^ words_to_bytes(flips, self.k)
         return out
 

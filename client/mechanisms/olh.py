@@ -8,9 +8,19 @@ hash's seed:
     p = e^ε / (e^ε + g - 1)   keep the hash value,
     q = 1 / (e^ε + g - 1)     each of the g - 1 other values,
 
-so the privacy ratio is p/q = e^ε whatever the family. A report (s, y)
-supports v when h_s(v) = y: support_p = p, and, because the family below has
-collision probability exactly 1/g, support_q = p/g + (g-1) q/g = 1/g, so
+so the privacy ratio is p/q = e^ε whatever the family: P[(s, y) | v] is
+p / |seeds| when y = h_s(v) and q / |seeds| otherwise.
+
+What the sampler realizes (exactly; `p_exact`, `q_exact`, `exact_probability`):
+the seed is `randrange(g^(m+1))`, the hash value is kept when a uniform 53-bit
+integer is below T = floor(p 2^53) (p from a 60-digit decimal e^ε,
+`_common.dyadic_from_exp`), otherwise another value is `randrange(g - 1)`:
+p_exact = T / 2^53, q_exact = (1 - p_exact)/(g - 1), and the realized ratio
+T (g - 1)/(2^53 - T) <= e^ε exactly (it increases with T, and T <= p 2^53).
+
+A report (s, y) supports v when h_s(v) = y: support_p = p_exact, and, because
+the family below has collision probability exactly 1/g,
+support_q = p_exact/g + (g-1) q_exact/g = 1/g, so
 
     Var[f̂_v] = (f_v p(1-p) + (1-f_v)(1/g)(1-1/g)) / (n (p - 1/g)^2),
 
@@ -53,9 +63,10 @@ import math
 import random
 from collections.abc import Iterator
 from decimal import Decimal
+from fractions import Fraction
 from typing import TYPE_CHECKING, Any
 
-from fedldp.client.mechanisms._common import check_index, exp_epsilon
+from fedldp.client.mechanisms._common import check_index, dyadic_from_exp, exp_epsilon
 from fedldp.client.mechanisms.base import (
     CountStatistic,
     HashedOutput,
@@ -142,10 +153,17 @@ class OLH(FrequencyOracle):
         self.seed_space: int = g ** (m + 1)
         if self.seed_space > 2**63:
             raise ValueError("olh seed space g^(m+1) exceeds 2^63; lower g or k")
-        e = exp_epsilon(epsilon)
-        # Wang et al. 2017, Section 4.4.
-        self.p = e / (e + g - 1)
-        self.q = 1.0 / (e + g - 1)
+        # Wang et al. 2017, Section 4.4: p = e^ε / (e^ε + g - 1), rounded down.
+        self.keep = dyadic_from_exp(lambda e: e / (e + g - 1), epsilon)
+        self.p_exact = self.keep.exact
+        self.q_exact = (1 - self.p_exact) / (g - 1)
+        self.p = float(self.p_exact)
+        self.q = float(self.q_exact)
+        #: P[(s, y) | v] when y = h_s(v), and otherwise (seeds are uniform).
+        self._report_mass: tuple[Fraction, Fraction] = (
+            self.p_exact / self.seed_space,
+            self.q_exact / self.seed_space,
+        )
         self.support_p = self.p
         self.support_q = 1.0 / g
 
@@ -160,7 +178,7 @@ class OLH(FrequencyOracle):
         r = rng if rng is not None else system_random()
         seed = r.randrange(self.seed_space)
         hashed = hash_value(seed, value, self.g, self.m)
-        if r.random() < self.p:
+        if self.keep.draw(r):
             return HashedOutput(seed, hashed)
         other = r.randrange(self.g - 1)
         return HashedOutput(seed, other + 1 if other >= hashed else other)
@@ -196,7 +214,7 @@ class OLH(FrequencyOracle):
     def perturb_batch(
         self, values: npt.NDArray[np.int64], rng: np.random.Generator
     ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
-        """(seeds, values) int64 arrays, same distribution as `perturb`."""
+        """(seeds, values) int64 arrays, the same law as `perturb`."""
         import numpy as np
 
         values = np.asarray(values, dtype=np.int64)
@@ -218,7 +236,7 @@ class OLH(FrequencyOracle):
             h += digits[:, m]
             hashed[start : start + chunk] = h % g
             seeds[start : start + chunk] = digits @ powers
-        keep = rng.random(n) < self.p
+        keep = self.keep.draw_batch(n, rng)
         other = rng.integers(0, g - 1, size=n, dtype=np.int64)
         other += other >= hashed
         return seeds, np.where(keep, hashed, other)
@@ -344,10 +362,10 @@ class OLH(FrequencyOracle):
 
     # --- tests ---
 
-    def output_probability(self, value: int, output: Output) -> float:
+    def exact_probability(self, value: int, output: Output) -> Fraction:
         assert isinstance(output, HashedOutput)
         hashed = hash_value(output.seed, value, self.g, self.m)
-        return float(self.p if output.value == hashed else self.q) / self.seed_space
+        return self._report_mass[0 if output.value == hashed else 1]
 
     def outputs(self) -> Iterator[Output]:
         return (HashedOutput(s, y) for s in range(self.seed_space) for y in range(self.g))

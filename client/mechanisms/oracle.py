@@ -15,7 +15,11 @@ the n reports supporting v, the unbiased estimate and its exact variance are
     Var[f̂_v] = (f_v p*(1 - p*) + (1 - f_v) q*(1 - q*)) / (n (p* - q*)^2).
 
 A subclass says how to perturb, how to check an output, how to count support
-(`support_counts`), and gives its exact output probabilities for the tests.
+(`support_counts`), and states the exact law its sampler realizes
+(`exact_probability`, Fractions computed from the sampler's own integer
+thresholds), from which the contract tests check the privacy ratio against
+e^ε exactly. Its float `support_p`, `support_q` are that law's, so the
+estimator is unbiased for what is actually sampled.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from __future__ import annotations
 from abc import abstractmethod
 from collections.abc import Iterator, Sequence
 from decimal import Decimal
+from fractions import Fraction
 from typing import TYPE_CHECKING, Any
 
 from fedldp.client.mechanisms._common import check_domain_size, support_variance
@@ -63,9 +68,22 @@ class FrequencyOracle(Mechanism[int, CountStatistic]):
 
     # --- contract pieces a subclass provides ---
 
-    @abstractmethod
+    def exact_probability(self, value: int, output: Output) -> Fraction:
+        """P[perturb(value) == output] exactly as the sampler realizes it.
+
+        Every categorical sampler here draws only integers (thresholds of
+        `_common.DyadicProbability`, `randrange`, `sample`), so this is a
+        rational number, computed from the same thresholds the sampler uses.
+        """
+        raise NotImplementedError(f"{type(self).__name__} does not state its exact law")
+
+    def exact_law(self, value: int) -> dict[Output, Fraction]:
+        """Every output with its exact probability under `value` (small parameters)."""
+        return {output: self.exact_probability(value, output) for output in self.outputs()}
+
     def output_probability(self, value: int, output: Output) -> float:
-        """P[perturb(value) == output], exactly as the randomizer draws it."""
+        """P[perturb(value) == output] as a float (`exact_probability`, rounded)."""
+        return float(self.exact_probability(value, output))
 
     @abstractmethod
     def outputs(self) -> Iterator[Output]:

@@ -8,12 +8,24 @@ of [0, k) of fixed size d:
     P[S | v] = e^ε / Z   if v ∈ S,    1 / Z   otherwise,
     Z = C(k-1, d-1) e^ε + C(k-1, d),
 
-so the ratio is e^ε exactly. Equivalently: with probability
+so the ratio is e^ε. Equivalently: with probability
 p_in = d e^ε / (d e^ε + k - d) include v and d-1 uniform others, else d uniform
-others. A report supports v when v ∈ S:
+others.
 
-    support_p = p_in,
-    support_q = (p_in (d-1) + (1 - p_in) d) / (k - 1),
+What the sampler realizes (exactly; `p_exact`, `exact_probability`): v is
+included when a uniform 53-bit integer is below T = floor(p_in 2^53) (p_in
+from a 60-digit decimal e^ε, `_common.dyadic_from_exp`); the others are a
+uniform subset of the other k - 1 values (`random.sample`, integer draws).
+With p_exact = T / 2^53,
+
+    P[S | v] = p_exact / C(k-1, d-1)   if v ∈ S,   (1 - p_exact) / C(k-1, d)   otherwise,
+
+so the realized ratio is T/(2^53 - T) · (k - d)/d, increasing in T, and
+T <= p_in 2^53 makes it <= p_in/(1 - p_in) · (k - d)/d = e^ε exactly.
+A report supports v when v ∈ S:
+
+    support_p = p_exact,
+    support_q = (p_exact (d-1) + (1 - p_exact) d) / (k - 1),
 
 and `oracle.FrequencyOracle` gives the estimator and exact variance. The
 default d minimizes the f = 0 variance among the integers next to
@@ -31,6 +43,7 @@ import math
 import random
 from collections.abc import Iterator
 from decimal import Decimal
+from fractions import Fraction
 from typing import TYPE_CHECKING, Any
 
 from fedldp.client.mechanisms._common import (
@@ -39,6 +52,7 @@ from fedldp.client.mechanisms._common import (
     check_bit_vector,
     check_index,
     column_counts,
+    dyadic_from_exp,
     exp_epsilon,
     f0_variance_scalar,
     int_to_bits,
@@ -95,19 +109,19 @@ class SubsetSelection(FrequencyOracle):
         if isinstance(d, bool) or not isinstance(d, int) or not 1 <= d <= k - 1:
             raise ValueError(f"ss subset size d must be an integer in [1, {k - 1}], got {d!r}")
         self.d = d
-        e = exp_epsilon(epsilon)
-        self.p_in, q = _probabilities(e, k, d)
-        self.support_p = self.p_in
-        self.support_q = q
-        # log Z, Z = C(k-1, d-1) e^ε + C(k-1, d) = C(k-1, d) (1 + d e^ε / (k - d)).
-        self._log_z = math.log(math.comb(k - 1, d)) + math.log1p(d * e / (k - d))
-        self._log_e = float(epsilon)
+        # Ye and Barg 2018, Section III: p_in = d e^ε / (d e^ε + k - d), rounded down.
+        self.include = dyadic_from_exp(lambda e: d * e / (d * e + k - d), epsilon)
+        self.p_exact = self.include.exact
+        self.support_p = float(self.p_exact)
+        self.support_q = float((self.p_exact * (d - 1) + (1 - self.p_exact) * d) / (k - 1))
 
-    def output_probability(self, value: int, output: Output) -> float:
+    def exact_probability(self, value: int, output: Output) -> Fraction:
         bits = check_bit_vector(output, self.k, name="ss")
         if bits.bit_count() != self.d:
-            return 0.0
-        return math.exp((self._log_e if (bits >> value) & 1 else 0.0) - self._log_z)
+            return Fraction(0)
+        if (bits >> value) & 1:
+            return self.p_exact / math.comb(self.k - 1, self.d - 1)
+        return (1 - self.p_exact) / math.comb(self.k - 1, self.d)
 
     def outputs(self) -> Iterator[Output]:
         for subset in itertools.combinations(range(self.k), self.d):
@@ -116,7 +130,7 @@ class SubsetSelection(FrequencyOracle):
     def perturb(self, value: int, *, rng: random.Random | None = None) -> BitVectorOutput:
         check_index(value, self.k)
         r = rng if rng is not None else system_random()
-        include = r.random() < self.p_in
+        include = self.include.draw(r)
         chosen = r.sample(range(self.k - 1), self.d - 1 if include else self.d)
         bits = 1 << value if include else 0
         for j in chosen:
@@ -126,12 +140,11 @@ class SubsetSelection(FrequencyOracle):
     def perturb_batch(
         self, values: npt.NDArray[np.int64], rng: np.random.Generator
     ) -> npt.NDArray[np.uint8]:
-        """Packed rows (n, ceil(k/8)), same distribution as `perturb`.
+        """Packed rows (n, ceil(k/8)), the same law as `perturb`.
 
-        Uniform subsets of the other k-1 values: by Floyd's algorithm (Bentley and
-        Floyd, CACM 1987) vectorized over rows when d <= FLOYD_MAX_D (exact), else
-        by random keys (the d smallest of k-1 uniform doubles; a tie has
-        probability below k^2 2^-53).
+        Uniform subsets of the other k-1 values, from integer draws only: by
+        Floyd's algorithm (Bentley and Floyd, CACM 1987) vectorized over rows
+        when d <= FLOYD_MAX_D, else by random keys (`_keys_chunk`).
         """
         import numpy as np
 
@@ -147,7 +160,7 @@ class SubsetSelection(FrequencyOracle):
         for start in range(0, n, chunk):
             v = values[start : start + chunk]
             rows = v.shape[0]
-            include = np.asarray(rng.random(rows) < self.p_in)
+            include = self.include.draw_batch(rows, rng)
             chosen = sampler(rows, include, rng)  # (rows, k - 1): the other values picked
             # Other j is value j + (j >= v): columns above v take chosen[:, c - 1].
             mask = np.zeros((rows, k), dtype=bool)
@@ -181,14 +194,36 @@ class SubsetSelection(FrequencyOracle):
     def _keys_chunk(
         self, rows: int, include: npt.NDArray[np.bool_], rng: np.random.Generator
     ) -> npt.NDArray[np.bool_]:
+        """Per row, the d others with the smallest of k-1 uniform 64-bit keys,
+        less one uniform member of them where the truth is included.
+
+        The keys are exchangeable, so given that no key outside the d smallest
+        equals the d-th smallest (a row where one does is drawn again:
+        probability below k 2^-64) the d smallest form a uniform d-subset, and
+        removing a uniform member of a uniform d-subset leaves a uniform
+        (d-1)-subset.
+        """
         import numpy as np
 
         others, d = self.k - 1, self.d
-        keys = rng.random((rows, others))
-        order = np.argpartition(keys, d - 1, axis=1)[:, :d]
-        # Positions [0, d-1) hold the d-1 smallest keys; position d-1 the d-th.
+        order = np.empty((rows, d), dtype=np.intp)
+        pending = np.arange(rows)
+        while pending.size:
+            keys = rng.integers(
+                0,
+                np.uint64(0xFFFFFFFFFFFFFFFF),
+                size=(pending.size, others),
+                dtype=np.uint64,
+                endpoint=True,
+            )
+            smallest = np.argpartition(keys, d - 1, axis=1)[:, :d]
+            kth = np.take_along_axis(keys, smallest, axis=1).max(axis=1)
+            clean = np.count_nonzero(keys <= kth[:, None], axis=1) == d
+            order[pending[clean]] = smallest[clean]
+            pending = pending[~clean]
         take = np.ones((rows, d), dtype=bool)
-        take[include, d - 1] = False
+        dropped = rng.integers(0, d, size=rows)
+        take[np.flatnonzero(include), dropped[include]] = False
         chosen = np.zeros((rows, others), dtype=bool)
         row_index = np.broadcast_to(np.arange(rows)[:, None], (rows, d))
         chosen[row_index[take], order[take]] = True

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import struct
+from collections import Counter
 from dataclasses import dataclass
 from decimal import Decimal, localcontext
 from fractions import Fraction
@@ -59,6 +60,8 @@ CATEGORICAL_CASES = [
     Case("rappor-sue", Decimal("1"), 3, (("epsilon_permanent", "2"),)),
     Case("rappor-grr", Decimal("1"), 4, (("epsilon_permanent", "3"),)),
 ]
+#: The memoized ones (their exact laws and charges are memo.py's own contract).
+MEMO_CASES = [c for c in CATEGORICAL_CASES if c.wire_id.startswith("rappor-")]
 NUMERIC_CASES = [
     Case("duchi", Decimal("1"), (LO, HI)),
     Case("piecewise", Decimal("1"), (LO, HI)),
@@ -68,6 +71,25 @@ NUMERIC_CASES = [
     Case("hybrid", Decimal("0.5"), (LO, HI)),
 ]
 ALL_CASES = CATEGORICAL_CASES + NUMERIC_CASES
+
+#: The frequency oracles whose samplers state their exact law (`exact_probability`).
+EXACT_ORACLES = ("grr", "oue", "sue", "olh", "hr", "ss")
+EXACT_EPSILONS = ("0.5", "1", "2", "4")
+#: Domain sizes per oracle: every output is enumerated, so small ones.
+EXACT_KS = {
+    "grr": (2, 5, 64),
+    "oue": (2, 3, 5),
+    "sue": (2, 3, 5),
+    "olh": (2, 5),
+    "hr": (2, 5, 8),
+    "ss": (3, 5, 8),
+}
+EXACT_CASES = [
+    Case(wire_id, Decimal(eps), k)
+    for wire_id in EXACT_ORACLES
+    for eps in EXACT_EPSILONS
+    for k in EXACT_KS[wire_id]
+]
 
 
 def perturb_one(mech: Mechanism, value: Any, rng: Any, memo: Any = None) -> Output:  # type: ignore[type-arg]
@@ -91,9 +113,52 @@ def batch_to_outputs(mech: Mechanism, batch: Any) -> list[Output]:  # type: igno
     return [CategoryOutput(int(i)) for i in batch]
 
 
-def exact_law(mech: FrequencyOracle, value: int) -> dict[Output, float]:
-    """Every output with its probability, from the mechanism's own contract."""
+def float_law(mech: FrequencyOracle, value: int) -> dict[Output, float]:
+    """Every output with its probability as a float (the exact law rounded, where stated)."""
     return {o: mech.output_probability(value, o) for o in mech.outputs()}
+
+
+def exact_laws(mech: FrequencyOracle) -> list[list[Fraction]]:
+    """`exact_law(x)` for every input x, as lists aligned on `mech.outputs()`.
+
+    From `exact_probability`, i.e. from the sampler's own integer thresholds.
+    """
+    return [list(mech.exact_law(x).values()) for x in range(mech.k)]
+
+
+def _distinct(values: list[Fraction] | tuple[Fraction, ...]) -> list[Fraction]:
+    """The values, one per object (mechanisms reuse a few Fraction objects; cheap)."""
+    return list({id(p): p for p in values}.values())
+
+
+def total_mass(law: list[Fraction]) -> Fraction:
+    """The exact sum of a law's probabilities (equal objects grouped)."""
+    counts = Counter(map(id, law))
+    values = {id(p): p for p in law}
+    return sum((values[key] * n for key, n in counts.items()), Fraction(0))
+
+
+def exact_max_ratio(laws: list[list[Fraction]]) -> Fraction | None:
+    """max over outputs o and inputs x, x' of P[o|x] / P[o|x'], in exact rationals.
+
+    None when some output is possible under one input and impossible under another.
+    """
+    worst = Fraction(1)
+    for column in zip(*laws, strict=True):
+        distinct = _distinct(column)
+        if len(distinct) == 1:
+            continue
+        high, low = max(distinct), min(distinct)
+        if high == low:
+            continue
+        if low == 0:
+            return None
+        # high / low > worst, without building the fraction (no gcd) unless it is.
+        if high.numerator * low.denominator * worst.denominator > (
+            worst.numerator * low.numerator * high.denominator
+        ):
+            worst = high / low
+    return worst
 
 
 def max_log_ratio(mech: FrequencyOracle) -> float:

@@ -7,7 +7,8 @@ import random
 import subprocess
 import sys
 import textwrap
-from decimal import Decimal
+from decimal import Context, Decimal
+from fractions import Fraction
 from typing import Any
 
 import numpy as np
@@ -22,7 +23,17 @@ from fedldp.client.mechanisms import (
     registered_ids,
     resolve,
 )
-from fedldp.client.mechanisms._common import bernoulli_bits, bernoulli_words, words_to_bytes
+from fedldp.client.mechanisms._common import (
+    PROB_BITS,
+    RESOLVE_WORDS,
+    DyadicProbability,
+    bernoulli_bits,
+    bernoulli_words,
+    dyadic_from_exp,
+    exp_bounds,
+    half,
+    words_to_bytes,
+)
 from fedldp.client.mechanisms.auto import AUTO_CANDIDATES, f0_variance
 from fedldp.client.mechanisms.base import BitVectorOutput, CategoryOutput, HashedOutput
 from fedldp.client.mechanisms.grr import GRR
@@ -333,9 +344,16 @@ def test_memo_grr_and_lifetime_bound() -> None:
 
 
 @pytest.mark.parametrize("prob", [0.0, 0.018, 0.2689, 0.5, 0.9, 1.0])
-def test_packed_bernoulli_samplers(prob: float) -> None:
+@pytest.mark.parametrize("resolve_words", [RESOLVE_WORDS, 0], ids=["resolve", "compact"])
+def test_packed_bernoulli_samplers(
+    prob: float, resolve_words: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from fedldp.client.mechanisms import _common
+
+    monkeypatch.setattr(_common, "RESOLVE_WORDS", resolve_words)
+    dyadic = DyadicProbability.at_least(Fraction(prob))
     rows, length = 400, 131
-    words = bernoulli_words(prob, rows, length, np.random.default_rng(2))
+    words = bernoulli_words(dyadic, rows, length, np.random.default_rng(2))
     packed = words_to_bytes(words, length)
     assert packed.shape == (rows, 17)
     bits = np.unpackbits(packed, axis=1, bitorder="little")
@@ -343,11 +361,148 @@ def test_packed_bernoulli_samplers(prob: float) -> None:
     total = rows * length
     ones = int(bits.sum())
     sd = math.sqrt(total * prob * (1 - prob))
-    assert abs(ones - total * prob) <= 5 * sd + 1e-9  # z = 5: false-failure rate < 1e-6
-    single = [bernoulli_bits(prob, length, random.Random(i)) for i in range(rows)]
+    # z = 5.3 for each of the two checks: false-failure rate < 1e-6 together.
+    assert abs(ones - total * prob) <= 5.3 * sd + 1e-9
+    single = [bernoulli_bits(dyadic, length, random.Random(i)) for i in range(rows)]
     assert all(b >> length == 0 for b in single)
     ones = sum(bin(b).count("1") for b in single)
-    assert abs(ones - total * prob) <= 5 * sd + 1e-9
+    assert abs(ones - total * prob) <= 5.3 * sd + 1e-9
+
+
+class LevelWords(random.Random):
+    """getrandbits(64) returns, level by level, digit 52, 51, ... of every W_i (bit i)."""
+
+    def __init__(self, w: list[int]) -> None:
+        self.w, self.level = w, 0
+        super().__init__(0)
+
+    def word(self) -> int:
+        digit = PROB_BITS - 1 - self.level
+        self.level += 1
+        return sum(((wi >> digit) & 1) << i for i, wi in enumerate(self.w))
+
+    def getrandbits(self, n: int) -> int:
+        assert n == len(self.w)
+        return self.word()
+
+
+class LevelGenerator:
+    """Duck-typed numpy Generator for `bernoulli_words` on one 64-bit word of W's.
+
+    Full-range uint64 draws are the next digit level; a draw below 2**r is, for
+    each still undecided position in order, the last r digits of its W_i.
+    """
+
+    def __init__(self, w: list[int], numerator: int) -> None:
+        self.levels = LevelWords(w)
+        self.w, self.complement = w, 2**PROB_BITS - 1 - numerator
+
+    def integers(self, low: int, high: Any, size: int, dtype: Any, endpoint: bool = False) -> Any:
+        if endpoint:
+            assert int(high) == 2**64 - 1 and size <= 1
+            return np.array([self.levels.word()][:size], dtype=np.uint64)
+        rest_bits = int(high).bit_length() - 1
+        assert rest_bits == PROB_BITS - self.levels.level
+        undecided = [wi for wi in self.w if wi >> rest_bits == self.complement >> rest_bits]
+        assert size == len(undecided)
+        return np.array([wi % 2**rest_bits for wi in undecided], dtype=np.uint64)
+
+
+def boundary_ws(numerator: int, rng: random.Random) -> list[int]:
+    """64 W's: at the threshold 2^53 - numerator, sharing long prefixes with it, and random."""
+    edge = 2**PROB_BITS - numerator
+    near = [edge - 1, edge, edge + 1, 0, 2**PROB_BITS - 1]
+    for shared in (8, 9, 14, 20, 30, 52):
+        low = rng.getrandbits(PROB_BITS - shared)
+        near.append(((edge - 1) >> (PROB_BITS - shared) << (PROB_BITS - shared)) | low)
+    near = [w for w in near if 0 <= w < 2**PROB_BITS]
+    return (near + [rng.getrandbits(PROB_BITS) for _ in range(64)])[:64]
+
+
+@pytest.mark.parametrize(
+    "numerator",
+    [
+        DyadicProbability.at_least(
+            Fraction(1) / (Fraction(2718281828459045, 10**15) + 1)
+        ).numerator,
+        2**52 + 1,
+        3 << 40,
+        1,
+        2**53 - 1,
+        0x1A2B3C4D5E6F7,
+    ],
+)
+@pytest.mark.parametrize("resolve_words", [RESOLVE_WORDS, 0], ids=["resolve", "compact"])
+def test_bernoulli_samplers_compare_exactly_at_the_threshold(
+    numerator: int, resolve_words: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Device and batch samplers output bit i = [W_i >= 2^53 - numerator] for the same W's.
+
+    So both realize P = numerator / 2^53 exactly, whatever the dense/compact/resolve split.
+    """
+    from fedldp.client.mechanisms import _common
+
+    monkeypatch.setattr(_common, "RESOLVE_WORDS", resolve_words)
+    prob = DyadicProbability(numerator)
+    for seed in range(3):
+        w = boundary_ws(numerator, random.Random(seed))
+        expected = sum(1 << i for i, wi in enumerate(w) if wi >= 2**PROB_BITS - numerator)
+        assert bernoulli_bits(prob, 64, LevelWords(w)) == expected
+        words = bernoulli_words(prob, 1, 64, LevelGenerator(w, numerator))  # type: ignore[arg-type]
+        assert int(words[0, 0]) == expected
+
+
+def test_exact_probability_helpers() -> None:
+    for text in ("0.5", "1", "2", "4", "0.123456789", "37"):
+        x = Decimal(text)
+        truth = Context(prec=200).exp(x)
+        lo, hi = exp_bounds(x)
+        assert lo < Fraction(truth) < hi and (hi - lo) / lo < Fraction(1, 10**58)
+        for formula, round_up in ((lambda e: e / (e + 6), False), (lambda e: 1 / (e + 1), True)):
+            exact = formula(Fraction(truth)) * 2**PROB_BITS
+            expected = math.ceil(exact) if round_up else math.floor(exact)
+            assert dyadic_from_exp(formula, x, round_up=round_up).numerator == expected
+        assert half(x) * 2 == x
+    assert half(Decimal("0.123456789012345678901234567890123456789")) == Decimal(
+        "0.0617283945061728394506172839450617283945"
+    )
+    third = Fraction(1, 3)
+    assert DyadicProbability.at_most(third).numerator == 2**PROB_BITS // 3
+    assert DyadicProbability.at_least(third).numerator == 2**PROB_BITS // 3 + 1
+    assert DyadicProbability.at_most(Fraction(1, 4)) == DyadicProbability.at_least(Fraction(1, 4))
+    assert DyadicProbability(5).complement().numerator == 2**PROB_BITS - 5
+    assert float(DyadicProbability(2**PROB_BITS)) == 1.0
+    for bad in (-1, 2**PROB_BITS + 1, True, 0.5):
+        with pytest.raises(ValueError, match="numerator"):
+            DyadicProbability(bad)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("wire_id", ["grr", "oue", "sue", "olh", "hr", "ss"])
+def test_epsilon_beyond_700_is_refused_clearly(wire_id: str) -> None:
+    with pytest.raises(ValueError, match="at most 700"):
+        create(wire_id, Decimal(1401), 8)  # sue's exponent is ε/2
+
+
+def test_subset_random_keys_redraw_a_row_whose_keys_tie_at_the_boundary() -> None:
+    from fedldp.client.mechanisms.subset import SubsetSelection
+
+    mech = SubsetSelection(Decimal(1), 6, 2)  # the 2 smallest of 5 keys
+
+    class Keys:
+        def __init__(self) -> None:
+            self.draws = [
+                np.array([[5, 1, 5, 9, 7]], dtype=np.uint64),  # 2nd smallest ties: drawn again
+                np.array([[4, 1, 5, 9, 7]], dtype=np.uint64),
+            ]
+
+        def integers(self, low: int, high: Any, size: Any, dtype: Any = None, **kw: Any) -> Any:
+            if kw.get("endpoint"):
+                return self.draws.pop(0)
+            return np.zeros(size, dtype=np.int64)
+
+    keys = Keys()
+    chosen = mech._keys_chunk(1, np.array([False]), keys)  # type: ignore[arg-type]
+    assert chosen.tolist() == [[True, True, False, False, False]] and not keys.draws
 
 
 def test_bit_layout_matches_the_wire_contract() -> None:
