@@ -286,7 +286,7 @@ def bernoulli_bits(prob: DyadicProbability, length: int, rng: random.Random) -> 
 #: such words are left. Speed choices only: the law is the same for any values.
 FULL_LEVELS = 8
 COMPACT_LEVELS = 3
-RESOLVE_WORDS = 4096
+RESOLVE_WORDS = 256
 
 
 def bernoulli_words(

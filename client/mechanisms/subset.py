@@ -216,10 +216,10 @@ class SubsetSelection(FrequencyOracle):
                 dtype=np.uint64,
                 endpoint=True,
             )
-            smallest = np.argpartition(keys, d - 1, axis=1)[:, :d]
-            kth = np.take_along_axis(keys, smallest, axis=1).max(axis=1)
-            clean = np.count_nonzero(keys <= kth[:, None], axis=1) == d
-            order[pending[clean]] = smallest[clean]
+            part = np.argpartition(keys, d - 1, axis=1)  # position d-1: the d-th smallest
+            kth = np.take_along_axis(keys, part[:, d - 1 : d], axis=1)
+            clean = np.count_nonzero(keys <= kth, axis=1) == d
+            order[pending[clean]] = part[clean, :d]
             pending = pending[~clean]
         take = np.ones((rows, d), dtype=bool)
         dropped = rng.integers(0, d, size=rows)

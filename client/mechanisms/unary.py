@@ -68,6 +68,10 @@ if TYPE_CHECKING:
     import numpy.typing as npt
 
 
+#: Words of packed bits sampled per chunk by `unary_bits_batch` (speed only).
+CHUNK_WORDS = 1 << 16
+
+
 def unary_bits_batch(
     values: npt.NDArray[np.int64],
     k: int,
@@ -83,8 +87,8 @@ def unary_bits_batch(
         raise ValueError(f"values must be indices in [0, {k})")
     n = values.shape[0]
     out = np.empty((n, byte_length(k)), dtype=np.uint8)
-    # Chunks of about 2 MiB of words keep the sampler's passes in cache.
-    chunk = max(1, (1 << 18) // ((k + 63) // 64))
+    # Chunks of CHUNK_WORDS words keep the sampler's passes in cache.
+    chunk = max(1, CHUNK_WORDS // ((k + 63) // 64))
     for start in range(0, n, chunk):
         v = values[start : start + chunk]
         rows = v.shape[0]
