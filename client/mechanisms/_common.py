@@ -38,8 +38,9 @@ PROB_BITS = 53
 PROB_ONE = 1 << PROB_BITS
 #: Decimal digits of e^x used to bound a probability before rounding it (>= 50).
 EXP_DIGITS = 60
-#: Largest exponent accepted by `exp_epsilon` and `exp_bounds`: beyond it
-#: e^ε overflows a double and every threshold is already 0 or 2**53.
+#: Largest exponent accepted by `exp_epsilon` and `exp_bounds`: beyond it e^ε
+#: overflows the double that chooses g, d and `auto` (and every threshold is
+#: within 2**-53 of 0 or 1 well before).
 MAX_EXPONENT = Decimal(700)
 
 
@@ -77,9 +78,10 @@ def half(x: Decimal) -> Decimal:
 class DyadicProbability:
     """The probability numerator / 2**53, exactly what every sampler here realizes.
 
-    `draw` (device, `random.Random`), `draw_batch` (numpy), `bernoulli_bits`
-    and `bernoulli_words` all return 1 / True for a uniform integer
-    U in [0, 2**53) exactly when U < numerator, so the realized probability is
+    `draw` (device, `random.Random`) and `draw_batch` (numpy) return True
+    exactly when a uniform integer U in [0, 2**53) is < numerator;
+    `bernoulli_bits` and `bernoulli_words` set a bit exactly when a uniform
+    53-bit W is >= 2**53 - numerator. Either way the realized probability is
     this rational, not a float near it. A mechanism builds each threshold with
     `dyadic_from_exp`, rounding in the direction that can only lower its
     privacy ratio (`at_most` for a probability that raises the ratio, e.g.
@@ -111,10 +113,6 @@ class DyadicProbability:
     def __float__(self) -> float:
         return math.ldexp(self.numerator, -PROB_BITS)  # exact: numerator <= 2**53
 
-    def complement(self) -> DyadicProbability:
-        """1 - self, exactly."""
-        return DyadicProbability(PROB_ONE - self.numerator)
-
     def draw(self, rng: random.Random) -> bool:
         """True with probability exactly numerator / 2**53 (one `getrandbits(53)`)."""
         return rng.getrandbits(PROB_BITS) < self.numerator
@@ -139,8 +137,9 @@ def dyadic_from_exp(
     monotone rational function of e^ε). It is evaluated, in exact rational
     arithmetic, at both ends of a bracket of e^x from `exp_bounds` (60 digits
     first); when both ends round to the same multiple so does the exact value.
-    Otherwise the bracket is narrowed. e^x is irrational for x != 0, so the
-    exact value is never a multiple of 2**-53 and the loop ends.
+    Otherwise the bracket is narrowed: e^x is transcendental for rational
+    x != 0 (Lindemann), so a non-constant rational formula of it is never a
+    multiple of 2**-53, and some precision separates it from the nearest one.
     """
     rounding = math.ceil if round_up else math.floor
     digits = EXP_DIGITS
@@ -149,7 +148,7 @@ def dyadic_from_exp(
         ends = {rounding(formula(lo) * PROB_ONE), rounding(formula(hi) * PROB_ONE)}
         if len(ends) == 1:
             return DyadicProbability(ends.pop())
-        if digits > 4 * EXP_DIGITS * 16:
+        if digits > 64 * EXP_DIGITS:
             raise ArithmeticError("cannot round the probability: bracket did not narrow")
         digits *= 2
 
