@@ -3,23 +3,31 @@
 Every release follows the same order, enforced by this module:
 
 1. validate the request (bounds, ε, δ, mechanism) - bad input changes nothing;
-2. reserve (ε, δ) in the ledger by (subject, purpose) with the caller's
-   idempotency key (`Ledger.reserve`; the cap comes from the ledger, never
-   from the caller); an exhausted budget raises
+2. claim (ε, δ) in the ledger by (subject, purpose) with the caller's
+   idempotency key and a fresh owner token (`Ledger.reserve`; the cap comes
+   from the ledger, never from the caller); an exhausted budget raises
    `CentralBudgetExhaustedError` before any data is read;
-3. only then call `load()` to read the protected data, compute the true
+3. record durably that the data is being opened (`Ledger.open_data`) - before
+   the first byte is read;
+4. only then call `load()` to read the protected data, compute the true
    aggregate exactly (decimal arithmetic on clipped values), round it to the
    noise lattice and add exact integer noise (`noise.py`);
-4. settle the reservation with the spent (ε, δ) and one event per noise draw
+5. settle the reservation with the spent (ε, δ) and one event per noise draw
    (kind, parameters, the released output) so that composition can be
    recomputed from the ledger alone and a retry can return the same output;
-5. return the noised value. The true aggregate is never logged, stored or
-   returned; an exception raised while computing cancels the reservation
-   (nothing was released) and never carries the true value.
+6. return the noised value. The true aggregate is never logged, stored or
+   returned, and an exception never carries it.
+
+Refund rule: only a failure before step 3 committed (nothing was read)
+cancels the reservation. From step 3 on, any outcome - success, a data error
+such as a non-numeric value, KeyboardInterrupt - settles it as spent, the full
+reserved (ε, δ): a data-dependent failure is itself an output. A crash leaves
+it open (charged) until an operator settles it (`fedldp ledger reservations`).
 
 Retrying with the same idempotency key returns the original release, charged
-once, without reading the data again. A key whose reservation was cancelled
-raises `ReleaseCancelledError` (use a new key).
+once, without reading the data again; while the first run still holds the
+key, a retry raises `ReleaseInProgressError`; a key whose run failed after
+reading raises `ReleaseFailedError`, a cancelled one `ReleaseCancelledError`.
 
 Neighbouring datasets differ by adding or removing one record (unbounded DP).
 Sensitivities: count 1; sum of values clipped to [L, U]: max(|L|, |U|); mean
@@ -40,6 +48,7 @@ import enum
 import json
 import math
 import random
+import secrets
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal, InvalidOperation
@@ -74,6 +83,18 @@ class ReleaseConflictError(ReleaseError):
     """The idempotency key was used for a different query."""
 
 
+class ReleaseInProgressError(ReleaseError):
+    """Another run holds the reservation of this idempotency key; it is not computed twice."""
+
+
+class ReleaseFailedError(ReleaseError):
+    """The run of this idempotency key failed after reading data: charged, nothing released."""
+
+
+#: Lease of a release's claim: a release reads its data and settles within seconds.
+RELEASE_LEASE_SECONDS = 600
+
+
 class CentralLedger(Protocol):
     """What releases need from the ledger (fedldp.collector.ledger.Ledger)."""
 
@@ -87,6 +108,16 @@ class CentralLedger(Protocol):
         idempotency_key: str,
         now: int,
         metadata: Mapping[str, str] | None = None,
+        owner: str | None = None,
+        lease_seconds: int = ...,
+    ) -> Any: ...
+
+    def open_data(
+        self, reservation_id: str, *, owner: str, now: int, lease_seconds: int = ...
+    ) -> Any: ...
+
+    def renew_lease(
+        self, reservation_id: str, *, owner: str, now: int, lease_seconds: int
     ) -> Any: ...
 
     def settle(
@@ -97,9 +128,11 @@ class CentralLedger(Protocol):
         delta_spent: Decimal,
         events: Sequence[Mapping[str, object]] = (),
         now: int,
+        owner: str | None = None,
+        reason: str = ...,
     ) -> Any: ...
 
-    def cancel(self, reservation_id: str, *, now: int) -> Any: ...
+    def cancel(self, reservation_id: str, *, now: int, owner: str | None = None) -> Any: ...
 
     def central_events(self, subject: str, purpose: str) -> Sequence[Any]: ...
 
@@ -304,6 +337,31 @@ def _find_prior_release(
     ]
 
 
+def _owned_by_another(
+    ledger: CentralLedger, reservation: Any, subject: str, purpose: str
+) -> tuple[str, list[Mapping[str, object]]]:
+    """The answer for a key another run claimed: its published output, or a refusal."""
+    rid = str(reservation.id)
+    if reservation.status == "cancelled":
+        raise ReleaseCancelledError(
+            "the release with this idempotency key was cancelled before it read any data; "
+            "retry with a new key"
+        )
+    if reservation.status == "reserved":
+        raise ReleaseInProgressError(
+            f"another run holds this idempotency key (reservation {rid}, lease until "
+            f"{reservation.lease_expires_at}); it is never released twice: retry later for "
+            "its result"
+        )
+    events = _find_prior_release(ledger, subject, purpose, rid)
+    if not events:
+        raise ReleaseFailedError(
+            f"the release with this idempotency key (reservation {rid}) failed after reading "
+            f"the data ({reservation.close_reason}); its budget is spent and nothing was released"
+        )
+    return rid, events
+
+
 def _run_release(
     ledger: CentralLedger,
     *,
@@ -316,7 +374,16 @@ def _run_release(
     metadata: Mapping[str, str],
     compute: Callable[[], list[dict[str, object]]],
 ) -> tuple[str, list[Mapping[str, object]]]:
-    """Reserve, then compute (reading data), then settle; returns (reservation id, events)."""
+    """Claim, mark the data opened, compute (reading data), settle; (reservation id, events).
+
+    The refund rule (docs/aggregator.md): before `open_data` is committed no
+    protected byte has been read and a failure cancels the reservation; from
+    then on every outcome (success, data error, KeyboardInterrupt) settles it
+    as spent, the full reserved (ε, δ), and a crash leaves it open until an
+    operator settles it as spent. A key another run claimed is never computed
+    again: its published output is returned, or the call is refused.
+    """
+    owner = secrets.token_hex(16)
     reservation = ledger.reserve(
         subject=subject,
         purpose=purpose,
@@ -325,28 +392,39 @@ def _run_release(
         idempotency_key=idempotency_key,
         now=now,
         metadata=dict(metadata),
+        owner=owner,
+        lease_seconds=RELEASE_LEASE_SECONDS,
     )
     prior_meta = dict(getattr(reservation, "metadata", None) or {})
     if prior_meta and prior_meta != dict(metadata):
         raise ReleaseConflictError(
             "this idempotency key was used for a different query; use a new key"
         )
-    if reservation.status == "settled":
-        return str(reservation.id), _find_prior_release(ledger, subject, purpose, reservation.id)
-    if reservation.status == "cancelled":
-        raise ReleaseCancelledError(
-            "the release with this idempotency key was cancelled; retry with a new key"
-        )
+    if not reservation.held_by(owner):
+        return _owned_by_another(ledger, reservation, subject, purpose)
+    rid = str(reservation.id)
+    try:
+        ledger.open_data(rid, owner=owner, now=now, lease_seconds=RELEASE_LEASE_SECONDS)
+    except BaseException:
+        ledger.cancel(rid, now=now, owner=owner)  # nothing was read: the one refund
+        raise
     try:
         events = compute()
-    except BaseException:
-        ledger.cancel(reservation.id, now=now)
+    except BaseException as exc:
+        ledger.settle(
+            rid,
+            epsilon_spent=epsilon,
+            delta_spent=delta,
+            events=(),
+            now=now,
+            owner=owner,
+            reason=f"failed after the data was opened ({type(exc).__name__}); nothing released",
+        )
         raise
-    ledger.settle(reservation.id, epsilon_spent=epsilon, delta_spent=delta, events=events, now=now)
-    # Two concurrent calls with one key may both compute; only the events the ledger kept
-    # (the first settlement) are ever returned, so one charge never yields two outputs.
-    stored = _find_prior_release(ledger, subject, purpose, str(reservation.id))
-    return str(reservation.id), stored or list(events)
+    ledger.settle(
+        rid, epsilon_spent=epsilon, delta_spent=delta, events=events, now=now, owner=owner
+    )
+    return rid, list(events)
 
 
 def _output(events: Sequence[Mapping[str, object]], query: str) -> Decimal:

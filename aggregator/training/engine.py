@@ -16,9 +16,17 @@ The order of a run is the contract (DESIGN.md, Ledger: central releases):
    is settled in the ledger (the rest is released), then the files are
    renamed into place.
 
-Any failure after step 2 — an Opacus or accountant error included — cancels
-the reservation, removes the temporary files and raises TrainingAbortedError:
-there is no fallback to non-private training and no artifact.
+The refund rule: the reservation is an atomic claim (a fresh owner token and a
+lease, renewed before each interval). Right before the data is read, the run
+records in the ledger that it opens the data (`Ledger.open_data`). A failure
+before that mark (nothing read) cancels the reservation; any outcome after it -
+success, a data or Opacus or accountant error, KeyboardInterrupt - settles it as
+spent: what the accountant certifies for the released model on success, the
+full reservation otherwise. A crash leaves it open and charged until an operator
+settles it as spent. Failures remove the temporary files and raise
+TrainingAbortedError: there is no fallback to non-private training and no
+artifact. A second run with the same idempotency key never trains: it raises
+ReservationTakenError.
 """
 
 from __future__ import annotations
@@ -30,6 +38,7 @@ import hashlib
 import json
 import os
 import platform
+import secrets
 import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
@@ -73,6 +82,8 @@ RECEIPT_FILE = "receipt.json"
 # ε is charged to the ledger rounded up to this quantum (never below the bound).
 SPEND_QUANTUM = Decimal("1e-12")
 EVENT_KIND = "poisson_subsampled_gaussian"
+#: Lease of a training run's claim, renewed before every certified interval.
+TRAIN_LEASE_SECONDS = 3600
 
 
 class BudgetRefusedError(RuntimeError):
@@ -80,7 +91,13 @@ class BudgetRefusedError(RuntimeError):
 
 
 class TrainingAbortedError(RuntimeError):
-    """The run failed after reserving; the reservation was cancelled and no artifact written."""
+    """The run failed after reserving; no artifact was written. The reservation was
+    cancelled if no data had been read, else settled as spent."""
+
+
+class ReservationTakenError(BudgetRefusedError):
+    """The idempotency key's reservation belongs to another run (open or closed): this run
+    reads nothing and trains nothing."""
 
 
 class PoissonSamplingError(ValueError):
@@ -508,7 +525,9 @@ def train_private(
                 close()
 
 
-def _reserve(config: TrainConfig, ledger: CentralLedger, clock: Callable[[], int]) -> Any:
+def _reserve(
+    config: TrainConfig, ledger: CentralLedger, clock: Callable[[], int], owner: str
+) -> Any:
     import sqlalchemy as sa
     from fedldp.collector.ledger import LedgerError
 
@@ -523,6 +542,8 @@ def _reserve(config: TrainConfig, ledger: CentralLedger, clock: Callable[[], int
             idempotency_key=key,
             now=clock(),
             metadata={"kind": "dp-sgd", "data_source": config.data.source},
+            owner=owner,
+            lease_seconds=TRAIN_LEASE_SECONDS,
         )
     except LedgerError as exc:
         raise BudgetRefusedError(f"the ledger refused the reservation: {exc}") from exc
@@ -530,10 +551,15 @@ def _reserve(config: TrainConfig, ledger: CentralLedger, clock: Callable[[], int
         raise BudgetRefusedError(
             f"the ledger is unavailable ({type(exc).__name__}); nothing was reserved"
         ) from exc
-    if res.status != "reserved":
-        raise BudgetRefusedError(
-            f"idempotency key {key!r} belongs to reservation {res.id}, which is {res.status}; "
-            "a new release needs a new key"
+    if not res.held_by(owner):
+        state = (
+            f"held by another run (lease until {res.lease_expires_at})"
+            if res.status == "reserved"
+            else res.status
+        )
+        raise ReservationTakenError(
+            f"idempotency key {key!r} belongs to reservation {res.id}, which is {state}; "
+            "a run never trains twice under one reservation: a new run needs a new key"
         )
     return res
 
@@ -552,7 +578,8 @@ def _reserved_run(
     started: float,
 ) -> TrainingResult:
     t0 = time.perf_counter()
-    reservation = _reserve(config, ledger, clock)
+    owner = secrets.token_hex(16)
+    reservation = _reserve(config, ledger, clock, owner)
     reserve_seconds = time.perf_counter() - t0
     log(
         f"reserved eps={config.budget.epsilon} delta={config.budget.delta} "
@@ -562,6 +589,7 @@ def _reserved_run(
     suffix = f".tmp-{reservation.id}"
     tmp_model = out_dir / (MODEL_FILE + suffix)
     tmp_receipt = out_dir / (RECEIPT_FILE + suffix)
+    access = _DataAccess(ledger, reservation.id, owner, clock)
     settled = False
     try:
         result = _train_and_write(
@@ -577,6 +605,7 @@ def _reserved_run(
             tmp_model,
             tmp_receipt,
             started,
+            access,
         )
         spent = result.epsilon_spent
         t0 = time.perf_counter()
@@ -584,16 +613,9 @@ def _reserved_run(
             reservation.id,
             epsilon_spent=spent,
             delta_spent=Decimal(result.receipt["privacy"]["delta_spent"]),
-            events=[
-                {
-                    "kind": EVENT_KIND,
-                    "noise_multiplier": result.receipt["training"]["noise_multiplier"],
-                    "sample_rate": result.receipt["training"]["sample_rate"],
-                    "steps": result.steps,
-                    "accountant": result.receipt["privacy"]["accountant"]["used"],
-                }
-            ],
+            events=[training_event(result.receipt)],
             now=clock(),
+            owner=owner,
         )
         settled = True
         result.timings["reserve"] = reserve_seconds
@@ -609,16 +631,101 @@ def _reserved_run(
         _cleanup([tmp_model, tmp_receipt])
         if settled:
             raise  # spent and nothing released: safe, but say so through the exception
-        try:
-            ledger.cancel(reservation.id, now=clock())
-        except Exception as cancel_exc:  # the abort must still surface
-            log(f"cancelling reservation {reservation.id} failed: {type(cancel_exc).__name__}")
+        outcome = _close_failed_run(config, ledger, reservation.id, owner, access, exc, clock, log)
         if isinstance(exc, Exception):
             raise TrainingAbortedError(
                 f"training aborted ({type(exc).__name__}: {exc}); reservation "
-                f"{reservation.id} cancelled, no model written"
+                f"{reservation.id} {outcome}, no model written"
             ) from exc
         raise
+
+
+class _DataAccess:
+    """The run's side of the refund rule: `open()` records in the ledger, durably and
+    BEFORE the first read, that the protected data is being opened; `heartbeat()`
+    renews the claim's lease while training runs."""
+
+    def __init__(
+        self, ledger: CentralLedger, reservation_id: str, owner: str, clock: Callable[[], int]
+    ) -> None:
+        self.ledger = ledger
+        self.reservation_id = reservation_id
+        self.owner = owner
+        self.clock = clock
+        self.opened = False
+
+    def open(self) -> None:
+        self.ledger.open_data(
+            self.reservation_id,
+            owner=self.owner,
+            now=self.clock(),
+            lease_seconds=TRAIN_LEASE_SECONDS,
+        )
+        self.opened = True
+
+    def heartbeat(self) -> None:
+        self.ledger.renew_lease(
+            self.reservation_id,
+            owner=self.owner,
+            now=self.clock(),
+            lease_seconds=TRAIN_LEASE_SECONDS,
+        )
+
+
+def _close_failed_run(
+    config: TrainConfig,
+    ledger: CentralLedger,
+    reservation_id: str,
+    owner: str,
+    access: _DataAccess,
+    exc: BaseException,
+    clock: Callable[[], int],
+    log: Callable[[str], None],
+) -> str:
+    """Cancel (nothing read) or settle as spent (data opened); what happened, for messages.
+
+    Whether the data was opened is asked of the ledger when unsure (open_data may have
+    committed and then failed to answer): the ledger refuses to cancel an opened one.
+    """
+    from fedldp.collector.ledger import DataOpenedError
+
+    try:
+        if not access.opened:
+            try:
+                ledger.cancel(reservation_id, now=clock(), owner=owner)
+                return "cancelled (no data was read)"
+            except DataOpenedError:
+                pass
+        ledger.settle(
+            reservation_id,
+            epsilon_spent=config.budget.epsilon,
+            delta_spent=config.budget.delta,
+            events=(),
+            now=clock(),
+            owner=owner,
+            reason=f"failed after the data was opened ({type(exc).__name__}); nothing released",
+        )
+        return "settled as spent (the data had been read)"
+    except Exception as close_exc:  # the abort must still surface
+        log(f"closing reservation {reservation_id} failed: {type(close_exc).__name__}")
+        return "left open (charged) for an operator to settle"
+
+
+def training_event(receipt: dict[str, Any]) -> dict[str, Any]:
+    """The ledger event of a finished run: the accountant's inputs and the artefact digests,
+    so a receipt can be checked against the ledger (receipt.verify_receipt)."""
+    training, privacy = receipt["training"], receipt["privacy"]
+    return {
+        "kind": EVENT_KIND,
+        "noise_multiplier": training["noise_multiplier"],
+        "sample_rate": training["sample_rate"],
+        "steps": training["steps"],
+        "delta": privacy["delta"],
+        "accountant": privacy["accountant"]["used"],
+        "model_sha256": receipt["model"]["artifact_sha256"],
+        "data_digest": receipt["dataset"]["digest"],
+        "randomness": receipt["randomness"]["source"],
+    }
 
 
 def _train_and_write(
@@ -634,6 +741,7 @@ def _train_and_write(
     tmp_model: Path,
     tmp_receipt: Path,
     started: float,
+    access: _DataAccess,
 ) -> TrainingResult:
     tp = config.training
     delta = float(config.budget.delta)
@@ -645,6 +753,7 @@ def _train_and_write(
     # 3. data, sample rate, noise, step limit.
     timings: dict[str, float] = {}
     t0 = time.perf_counter()
+    access.open()  # durable BEFORE the first read: from here on nothing is refunded
     dataset = load(config.data)
     timings["load"] = time.perf_counter() - t0
     n = dataset.n_rows
@@ -725,6 +834,7 @@ def _train_and_write(
                 break
             if steps == certified:
                 t0 = time.perf_counter()
+                access.heartbeat()
                 target = min(steps + check_every, limit)
                 # the optimizer's own record must be a prefix of the certified plan
                 done = [(float(a), float(b), int(c)) for a, b, c in recorder.history]

@@ -109,6 +109,15 @@ central_reservations = sa.Table(
     sa.Column("events_json", sa.Text, nullable=True),
     sa.Column("created_at", sa.BigInteger, nullable=False),
     sa.Column("closed_at", sa.BigInteger, nullable=True),
+    # Ownership (migration 0003_central_ownership): the run that claimed the reservation, and
+    # until when its lease runs (renewed while it works); NULL on rows made before.
+    sa.Column("owner", sa.Text, nullable=True),
+    sa.Column("lease_expires_at", sa.BigInteger, nullable=True),
+    # When the run declared that it opens the protected data (written BEFORE the first
+    # read): from then on the reservation can only be settled as spent, never cancelled.
+    sa.Column("data_opened_at", sa.BigInteger, nullable=True),
+    # Why it was closed: "released", "failed after data was opened: ...", "operator: ...".
+    sa.Column("close_reason", sa.Text, nullable=True),
     sa.Index("ix_central_subject_purpose", "subject", "purpose"),
 )
 
@@ -126,4 +135,31 @@ policy_lineage = sa.Table(
     sa.Column("first_version", sa.BigInteger, nullable=False),  # the version that recorded it
     sa.Column("recorded_at", sa.BigInteger, nullable=False),
     sa.UniqueConstraint("metric_name", name="uq_policy_lineage_metric_name"),
+)
+
+#: Every transition of every central reservation (reserved, data_opened, settled,
+#: cancelled, settled_stale), append-only: the operator's actions are events too.
+central_reservation_log = sa.Table(
+    "central_reservation_log",
+    metadata,
+    sa.Column(
+        "id",
+        sa.BigInteger().with_variant(sa.Integer, "sqlite"),
+        primary_key=True,
+        autoincrement=True,
+    ),
+    sa.Column("reservation_id", sa.Text, nullable=False),
+    sa.Column("at", sa.BigInteger, nullable=False),
+    sa.Column("action", sa.Text, nullable=False),
+    sa.Column("detail_json", sa.Text, nullable=False),
+    sa.Index("ix_central_log_reservation", "reservation_id"),
+)
+
+#: Facts about the ledger itself; "ledger_id" (a UUID drawn when the table is created)
+#: names this ledger in signed receipts, so a receipt cannot be checked against another.
+ledger_info = sa.Table(
+    "ledger_info",
+    metadata,
+    sa.Column("key", sa.Text, primary_key=True),
+    sa.Column("value", sa.Text, nullable=False),
 )

@@ -39,6 +39,7 @@ durable throughput is not one fsync per report.
 
 from __future__ import annotations
 
+import dataclasses
 import decimal
 import json
 import logging
@@ -59,8 +60,10 @@ import sqlalchemy as sa
 from fedldp.collector.ledger import migrate
 from fedldp.collector.ledger.schema import (
     central_caps,
+    central_reservation_log,
     central_reservations,
     conflicts,
+    ledger_info,
     policy_lineage,
     reports,
     spend,
@@ -330,6 +333,20 @@ class Reservation:
     created_at: int
     metadata: Mapping[str, str] = field(default_factory=dict)
     closed_at: int | None = None
+    owner: str | None = None  # the run that claimed it (None: made before ownership)
+    lease_expires_at: int | None = None
+    data_opened_at: int | None = None  # set before the first protected byte is read
+    close_reason: str | None = None
+
+    def held_by(self, owner: str) -> bool:
+        """True when `owner` is the run that claimed this reservation."""
+        return self.owner is not None and secrets.compare_digest(self.owner, owner)
+
+    def stale(self, now: int) -> bool:
+        """Open, and its owner's lease has run out (or it never had one)."""
+        return self.status == "reserved" and (
+            self.lease_expires_at is None or self.lease_expires_at <= now
+        )
 
 
 @dataclass(frozen=True)
@@ -367,6 +384,22 @@ class ReservationNotFoundError(LedgerError, KeyError):
 
 class ReservationStateError(LedgerError, ValueError):
     """The reservation is not in a state that allows this transition."""
+
+
+class ReservationOwnedError(LedgerError):
+    """Another run holds this reservation (its owner token differs): never run twice."""
+
+
+class DataOpenedError(ReservationStateError):
+    """The run declared it opened the protected data: the reservation cannot be cancelled."""
+
+
+class LeaseActiveError(ReservationStateError):
+    """The reservation's owner still holds a live lease: an operator may not settle it yet."""
+
+
+#: A claim's lease when the caller names none: an owner renews it while it works.
+DEFAULT_LEASE_SECONDS = 600
 
 
 # --- helpers ---------------------------------------------------------------------------
@@ -1535,21 +1568,32 @@ class Ledger:
         idempotency_key: str,
         now: int,
         metadata: Mapping[str, str] | None = None,
+        owner: str | None = None,
+        lease_seconds: int = DEFAULT_LEASE_SECONDS,
     ) -> Reservation:
-        """Reserve (ε, δ) for a central release before any protected data is read.
+        """Claim (ε, δ) for one central run before any protected data is read.
 
         The cap is read from the ledger (`set_central_cap`), never from the caller.
         Raises NoCentralCapError when none is set, CentralBudgetExhaustedError when
         reserved + settled + this would exceed the cap (basic composition), and
         IdempotencyConflictError when `idempotency_key` was used for a different
-        (subject, purpose, ε, δ). The same key with the same content returns the
-        original reservation and reserves nothing more.
+        (subject, purpose, ε, δ).
+
+        Ownership: the new row is claimed by `owner` (a fresh random token when
+        None) with a lease until now + `lease_seconds`, in the same transaction
+        that checks the key (unique: a concurrent insert of the key reruns and
+        finds it), so exactly one caller ever claims a key. The same key again
+        returns the existing reservation with *its* owner and reserves nothing:
+        a caller holds the reservation only when ``result.held_by(owner)``.
         """
         _exact_decimal("epsilon", epsilon, positive=True)
         _exact_decimal("delta", delta, positive=False)
         if not idempotency_key:
             raise ValueError("idempotency_key must be non-empty")
+        if lease_seconds < 1:
+            raise ValueError("lease_seconds must be at least 1")
         meta = dict(metadata or {})
+        claimant = owner or secrets.token_hex(16)
 
         def tx(conn: sa.Connection) -> Reservation:
             prior = conn.execute(
@@ -1604,6 +1648,10 @@ class Ledger:
                     events_json=None,
                     created_at=now,
                     closed_at=None,
+                    owner=claimant,
+                    lease_expires_at=now + lease_seconds,
+                    data_opened_at=None,
+                    close_reason=None,
                 )
             )
             conn.execute(
@@ -1613,6 +1661,7 @@ class Ledger:
                     epsilon_committed=_s(eps_total), delta_committed=_s(delta_total), updated_at=now
                 )
             )
+            _log(conn, rid, now, "reserved", epsilon=str(epsilon), delta=str(delta))
             return Reservation(
                 rid,
                 subject,
@@ -1626,7 +1675,64 @@ class Ledger:
                 now,
                 meta,
                 None,
+                claimant,
+                now + lease_seconds,
             )
+
+        return self.transaction(tx)
+
+    def open_data(
+        self,
+        reservation_id: str,
+        *,
+        owner: str,
+        now: int,
+        lease_seconds: int = DEFAULT_LEASE_SECONDS,
+    ) -> Reservation:
+        """Record, durably, that `owner` is about to read the protected data.
+
+        Call it BEFORE the first read: once committed, the reservation can no
+        longer be cancelled (`cancel` raises DataOpenedError), only settled as
+        spent, whatever happens to the run (error, interrupt, crash). Renews the
+        lease. Idempotent for the owner; another owner gets ReservationOwnedError,
+        a closed reservation ReservationStateError.
+        """
+
+        def tx(conn: sa.Connection) -> Reservation:
+            res = _reservation(self._locked_reservation(conn, reservation_id))
+            _check_owner(res, owner)
+            if res.status != "reserved":
+                raise ReservationStateError(f"reservation {reservation_id} is {res.status}")
+            opened = res.data_opened_at if res.data_opened_at is not None else now
+            conn.execute(
+                sa.update(central_reservations)
+                .where(central_reservations.c.id == reservation_id)
+                .values(data_opened_at=opened, lease_expires_at=now + lease_seconds)
+            )
+            if res.data_opened_at is None:
+                _log(conn, reservation_id, now, "data_opened")
+            return dataclasses.replace(
+                res, data_opened_at=opened, lease_expires_at=now + lease_seconds
+            )
+
+        return self.transaction(tx)
+
+    def renew_lease(
+        self, reservation_id: str, *, owner: str, now: int, lease_seconds: int
+    ) -> Reservation:
+        """Extend the owner's lease to now + `lease_seconds` (a heartbeat of a long run)."""
+
+        def tx(conn: sa.Connection) -> Reservation:
+            res = _reservation(self._locked_reservation(conn, reservation_id))
+            _check_owner(res, owner)
+            if res.status != "reserved":
+                raise ReservationStateError(f"reservation {reservation_id} is {res.status}")
+            conn.execute(
+                sa.update(central_reservations)
+                .where(central_reservations.c.id == reservation_id)
+                .values(lease_expires_at=now + lease_seconds)
+            )
+            return dataclasses.replace(res, lease_expires_at=now + lease_seconds)
 
         return self.transaction(tx)
 
@@ -1638,12 +1744,17 @@ class Ledger:
         delta_spent: Decimal,
         events: Sequence[Mapping[str, object]] = (),
         now: int,
+        owner: str | None = None,
+        reason: str = "released",
     ) -> Reservation:
-        """Record what a release really spent (≤ reserved); the rest is released.
+        """Record what a run really spent (≤ reserved); the rest is released.
 
-        `events` (JSON-serializable mappings, e.g. {"kind": "gaussian",
-        "noise_multiplier": ..., "sample_rate": ..., "steps": ...}) are kept for
-        replay by an RDP/PLD accountant. Settling again with the same amounts
+        `events` (JSON-serializable mappings, e.g. {"kind":
+        "poisson_subsampled_gaussian", "noise_multiplier": ..., "sample_rate":
+        ..., "steps": ...}) are kept for replay by an RDP/PLD accountant;
+        `reason` says why it closed. `owner` must be the claiming run's token
+        (ReservationOwnedError otherwise); None is the administrative path (no
+        ownership check). Settling again by the same owner with the same amounts
         returns the settled reservation; any other transition raises
         ReservationStateError. Spent above reserved raises ValueError.
         """
@@ -1652,8 +1763,8 @@ class Ledger:
         events_json = json.dumps([dict(e) for e in events], sort_keys=True, default=str)
 
         def tx(conn: sa.Connection) -> Reservation:
-            row = self._locked_reservation(conn, reservation_id)
-            res = _reservation(row)
+            res = _reservation(self._locked_reservation(conn, reservation_id))
+            _check_owner(res, owner)
             if res.status == "settled" and (res.epsilon_spent, res.delta_spent) == (
                 epsilon_spent,
                 delta_spent,
@@ -1666,77 +1777,127 @@ class Ledger:
                     f"spent (eps={epsilon_spent}, delta={delta_spent}) exceeds reserved "
                     f"(eps={res.epsilon}, delta={res.delta})"
                 )
-            self._release(
+            self._close(conn, res, "settled", epsilon_spent, delta_spent, events_json, reason, now)
+            _log(
                 conn,
-                res,
-                EXACT.subtract(res.epsilon, epsilon_spent),
-                EXACT.subtract(res.delta, delta_spent),
+                reservation_id,
                 now,
-            )
-            conn.execute(
-                sa.update(central_reservations)
-                .where(central_reservations.c.id == reservation_id)
-                .values(
-                    status="settled",
-                    epsilon_spent=_s(epsilon_spent),
-                    delta_spent=_s(delta_spent),
-                    events_json=events_json,
-                    closed_at=now,
-                )
-            )
-            return Reservation(
-                res.id,
-                res.subject,
-                res.purpose,
-                res.epsilon,
-                res.delta,
                 "settled",
-                epsilon_spent,
-                delta_spent,
-                res.idempotency_key,
-                res.created_at,
-                res.metadata,
-                now,
+                epsilon_spent=str(epsilon_spent),
+                delta_spent=str(delta_spent),
+                reason=reason,
+            )
+            return dataclasses.replace(
+                res,
+                status="settled",
+                epsilon_spent=epsilon_spent,
+                delta_spent=delta_spent,
+                closed_at=now,
+                close_reason=reason,
             )
 
         return self.transaction(tx)
 
-    def cancel(self, reservation_id: str, *, now: int) -> Reservation:
-        """Release a whole reservation (an aborted run); its history is kept.
+    def cancel(self, reservation_id: str, *, now: int, owner: str | None = None) -> Reservation:
+        """Release a whole reservation of a run that read no protected byte.
 
-        Cancelling a cancelled reservation returns it; a settled one raises
-        ReservationStateError.
+        Refused with DataOpenedError once `open_data` was recorded: from then on
+        the reservation is settled as spent, never refunded. Cancelling a
+        cancelled reservation returns it; a settled one raises
+        ReservationStateError; another owner's, ReservationOwnedError.
         """
 
         def tx(conn: sa.Connection) -> Reservation:
-            row = self._locked_reservation(conn, reservation_id)
-            res = _reservation(row)
+            res = _reservation(self._locked_reservation(conn, reservation_id))
+            _check_owner(res, owner)
             if res.status == "cancelled":
                 return res
             if res.status != "reserved":
                 raise ReservationStateError(f"reservation {reservation_id} is {res.status}")
-            self._release(conn, res, res.epsilon, res.delta, now)
-            conn.execute(
-                sa.update(central_reservations)
-                .where(central_reservations.c.id == reservation_id)
-                .values(status="cancelled", closed_at=now)
-            )
-            return Reservation(
-                res.id,
-                res.subject,
-                res.purpose,
-                res.epsilon,
-                res.delta,
-                "cancelled",
-                None,
-                None,
-                res.idempotency_key,
-                res.created_at,
-                res.metadata,
+            if res.data_opened_at is not None:
+                raise DataOpenedError(
+                    f"reservation {reservation_id} opened the protected data at "
+                    f"{res.data_opened_at}; it can only be settled as spent"
+                )
+            reason = "cancelled before the data was opened"
+            self._close(conn, res, "cancelled", None, None, None, reason, now)
+            _log(conn, reservation_id, now, "cancelled", reason=reason)
+            return dataclasses.replace(res, status="cancelled", closed_at=now, close_reason=reason)
+
+        return self.transaction(tx)
+
+    def settle_stale(self, reservation_id: str, *, now: int, note: str = "") -> Reservation:
+        """Operator action: settle an open reservation whose lease ran out, AS SPENT.
+
+        The full reserved (ε, δ) is charged (nothing is ever refunded this way,
+        whether or not the run opened its data) and the action is logged as a
+        ``settled_stale`` event with `note`. A live lease raises LeaseActiveError;
+        a closed reservation, ReservationStateError.
+        """
+
+        def tx(conn: sa.Connection) -> Reservation:
+            res = _reservation(self._locked_reservation(conn, reservation_id))
+            if res.status != "reserved":
+                raise ReservationStateError(f"reservation {reservation_id} is {res.status}")
+            if not res.stale(now):
+                raise LeaseActiveError(
+                    f"reservation {reservation_id} is held by a live run until "
+                    f"{res.lease_expires_at}; settle it after its lease expires"
+                )
+            reason = "operator: stale lease settled as spent" + (f" ({note})" if note else "")
+            self._close(conn, res, "settled", res.epsilon, res.delta, "[]", reason, now)
+            _log(
+                conn,
+                reservation_id,
                 now,
+                "settled_stale",
+                epsilon_spent=str(res.epsilon),
+                delta_spent=str(res.delta),
+                data_opened=res.data_opened_at is not None,
+                note=note,
+            )
+            return dataclasses.replace(
+                res,
+                status="settled",
+                epsilon_spent=res.epsilon,
+                delta_spent=res.delta,
+                closed_at=now,
+                close_reason=reason,
             )
 
         return self.transaction(tx)
+
+    def _close(
+        self,
+        conn: sa.Connection,
+        res: Reservation,
+        status: str,
+        eps_spent: Decimal | None,
+        delta_spent: Decimal | None,
+        events_json: str | None,
+        reason: str,
+        now: int,
+    ) -> None:
+        """Move `res` to `status`, releasing from the cap what was reserved but not spent."""
+        self._release(
+            conn,
+            res,
+            EXACT.subtract(res.epsilon, eps_spent or Decimal(0)),
+            EXACT.subtract(res.delta, delta_spent or Decimal(0)),
+            now,
+        )
+        conn.execute(
+            sa.update(central_reservations)
+            .where(central_reservations.c.id == res.id)
+            .values(
+                status=status,
+                epsilon_spent=None if eps_spent is None else _s(eps_spent),
+                delta_spent=None if delta_spent is None else _s(delta_spent),
+                events_json=events_json,
+                closed_at=now,
+                close_reason=reason,
+            )
+        )
 
     def _locked_reservation(self, conn: sa.Connection, reservation_id: str) -> Any:
         row = conn.execute(
@@ -1765,6 +1926,57 @@ class Ledger:
                 updated_at=now,
             )
         )
+
+    def reservation(self, reservation_id: str) -> Reservation:
+        """One reservation by id (ReservationNotFoundError when there is none)."""
+
+        def tx(conn: sa.Connection) -> Reservation:
+            row = conn.execute(
+                sa.select(central_reservations).where(central_reservations.c.id == reservation_id)
+            ).first()
+            if row is None:
+                raise ReservationNotFoundError(f"no reservation {reservation_id!r}")
+            return _reservation(row)
+
+        return self.transaction(tx, write=False)
+
+    def all_reservations(self) -> list[Reservation]:
+        """Every central reservation of every subject, oldest first."""
+
+        def tx(conn: sa.Connection) -> list[Reservation]:
+            q = sa.select(central_reservations).order_by(
+                central_reservations.c.created_at, central_reservations.c.id
+            )
+            return [_reservation(r) for r in conn.execute(q)]
+
+        return self.transaction(tx, write=False)
+
+    def reservation_log(self, reservation_id: str) -> list[dict[str, object]]:
+        """The transitions of one reservation, oldest first: {"at", "action", **detail}."""
+
+        def tx(conn: sa.Connection) -> list[dict[str, object]]:
+            q = (
+                sa.select(central_reservation_log)
+                .where(central_reservation_log.c.reservation_id == reservation_id)
+                .order_by(central_reservation_log.c.id)
+            )
+            return [
+                {"at": int(r.at), "action": r.action, **json.loads(r.detail_json)}
+                for r in conn.execute(q)
+            ]
+
+        return self.transaction(tx, write=False)
+
+    def ledger_id(self) -> str:
+        """This ledger's identity (a UUID drawn when its schema was created)."""
+
+        def tx(conn: sa.Connection) -> str:
+            value = conn.execute(
+                sa.select(ledger_info.c.value).where(ledger_info.c.key == "ledger_id")
+            ).scalar_one()
+            return str(value)
+
+        return self.transaction(tx, write=False)
 
     def central_spend(self, subject: str, purpose: str) -> tuple[Decimal, Decimal]:
         """(ε, δ) reserved + settled for (subject, purpose), by basic composition."""
@@ -1834,6 +2046,25 @@ def _lineage(row: Any) -> PolicyLineage:
     )
 
 
+def _check_owner(res: Reservation, owner: str | None) -> None:
+    """ReservationOwnedError when `owner` is given and is not the reservation's owner."""
+    if owner is not None and res.owner is not None and not res.held_by(owner):
+        raise ReservationOwnedError(
+            f"reservation {res.id} belongs to another run; this run may not change it"
+        )
+
+
+def _log(conn: sa.Connection, reservation_id: str, now: int, action: str, **detail: object) -> None:
+    conn.execute(
+        sa.insert(central_reservation_log).values(
+            reservation_id=reservation_id,
+            at=now,
+            action=action,
+            detail_json=json.dumps(detail, sort_keys=True),
+        )
+    )
+
+
 def _reservation(row: Any) -> Reservation:
     return Reservation(
         id=row.id,
@@ -1848,6 +2079,10 @@ def _reservation(row: Any) -> Reservation:
         created_at=int(row.created_at),
         metadata=json.loads(row.metadata_json),
         closed_at=None if row.closed_at is None else int(row.closed_at),
+        owner=row.owner,
+        lease_expires_at=None if row.lease_expires_at is None else int(row.lease_expires_at),
+        data_opened_at=None if row.data_opened_at is None else int(row.data_opened_at),
+        close_reason=row.close_reason,
     )
 
 

@@ -18,8 +18,9 @@ from pathlib import Path
 import pytest
 from fedldp.aggregator.central.accounting import compose
 from fedldp.aggregator.central.releases import (
-    ReleaseCancelledError,
     ReleaseConflictError,
+    ReleaseFailedError,
+    ReleaseInProgressError,
     _clipped_sum,
     _round_half_up,
     plan_noise,
@@ -147,7 +148,10 @@ def test_retry_with_the_same_key_returns_the_same_release_charged_once(ledger: L
     assert ledger.central_spend(SUBJECT, PURPOSE) == (Decimal(1), Decimal(0))
 
 
-def test_a_failure_while_computing_cancels_the_reservation(ledger: Ledger) -> None:
+def test_a_data_error_after_the_data_was_opened_is_charged(ledger: Ledger) -> None:
+    """A non-numeric value is a data-dependent outcome: the reservation is settled as
+    spent (never cancelled), and a retry with the same key does not read again."""
+
     def load() -> list[object]:
         return [Decimal(1), "not a number"]
 
@@ -162,15 +166,17 @@ def test_a_failure_while_computing_cancels_the_reservation(ledger: Ledger) -> No
             upper=Decimal(1),
         )
     assert "'not a number'" not in str(info.value)  # the value itself is never echoed
-    assert ledger.central_spend(SUBJECT, PURPOSE) == (Decimal(0), Decimal(0))
-    assert [r.status for r in ledger.reservations(SUBJECT, PURPOSE)] == ["cancelled"]
-    with pytest.raises(ReleaseCancelledError):
+    assert ledger.central_spend(SUBJECT, PURPOSE) == (Decimal(1), Decimal(0))
+    (res,) = ledger.reservations(SUBJECT, PURPOSE)
+    assert res.status == "settled" and res.epsilon_spent == Decimal(1)
+    assert res.close_reason is not None and "ValueError" in res.close_reason
+    with pytest.raises(ReleaseFailedError, match="budget is spent"):
         team_sum(
             ledger,
             epsilon=Decimal("1"),
             idempotency_key="bad",
             now=6,
-            load=lambda: DATA,
+            load=lambda: pytest.fail("read again"),
             lower=Decimal(0),
             upper=Decimal(1),
         )
@@ -387,10 +393,10 @@ def test_release_cli_count_retry_and_spend(ledger: Ledger, tmp_path: Path) -> No
     assert json.loads(spend.output)["basic_epsilon"] == "1"
 
 
-def test_concurrent_calls_with_one_key_release_one_output(ledger: Ledger) -> None:
-    """A second call with the same key, made while the first is still reading data, and
-    the first call both return the one output the ledger kept: one charge, one release."""
-    inner: list[object] = []
+def test_a_second_call_while_the_first_holds_the_key_never_computes(ledger: Ledger) -> None:
+    """A second call with the same key, made while the first is still reading data, is
+    refused without reading; after the first settles, the key returns its one output."""
+    inner: list[BaseException] = []
 
     def args(load: Callable[[], list[Decimal]]) -> dict[str, object]:
         return {
@@ -405,11 +411,17 @@ def test_concurrent_calls_with_one_key_release_one_output(ledger: Ledger) -> Non
             "granularity": Decimal("0.01"),
         }
 
+    def never() -> list[Decimal]:
+        raise AssertionError("the second call read the data")
+
     def outer_load() -> list[Decimal]:
-        inner.append(private_sum(ledger, **args(lambda: DATA)))  # type: ignore[arg-type]
+        with pytest.raises(ReleaseInProgressError, match="never released twice") as info:
+            private_sum(ledger, **args(never))  # type: ignore[arg-type]
+        inner.append(info.value)
         return DATA
 
     outer = private_sum(ledger, **args(outer_load))  # type: ignore[arg-type]
-    (first,) = inner
-    assert outer == first
+    assert len(inner) == 1
+    again = private_sum(ledger, **args(never))  # type: ignore[arg-type]
+    assert again == outer
     assert ledger.central_spend(SUBJECT, PURPOSE) == (Decimal(1), Decimal(0))

@@ -176,7 +176,7 @@ def test_batchnorm_rejected_and_fixed_only_when_asked(
     assert not any(isinstance(m, torch.nn.BatchNorm1d) for m in result.model.modules())
 
 
-def test_injected_accountant_failure_aborts_and_cancels(
+def test_injected_accountant_failure_after_reading_is_charged(
     make_config: ConfigFactory, ledger: Ledger, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from opacus.accountants.analysis.prv.prvs import DiscretePRV
@@ -187,12 +187,13 @@ def test_injected_accountant_failure_aborts_and_cancels(
 
     monkeypatch.setattr(DiscretePRV, "compute_epsilon", broken)
     cfg = make_config(accountant={"kind": "prv"})
-    with pytest.raises(TrainingAbortedError, match="cancelled, no model written"):
+    with pytest.raises(TrainingAbortedError, match=r"settled as spent .*no model written"):
         train_private(cfg, ledger=ledger)
     (res,) = ledger.reservations(SUBJECT, PURPOSE)
-    assert res.status == "cancelled"
+    # the accountant failed after the data was read: charged in full, never refunded
+    assert res.status == "settled" and res.epsilon_spent == cfg.budget.epsilon
     assert _outputs(cfg) == []
-    assert ledger.central_spend(SUBJECT, PURPOSE) == (Decimal(0), Decimal(0))
+    assert ledger.central_spend(SUBJECT, PURPOSE) == (cfg.budget.epsilon, cfg.budget.delta)
 
     # only when configured, RDP stands in, and the receipt says so
     fallback = make_config(accountant={"kind": "prv", "fallback_to_rdp": True})
@@ -223,7 +224,8 @@ def test_injected_opacus_failure_mid_training_aborts(
         train_private(cfg, ledger=ledger)
     assert calls["n"] == 3
     (res,) = ledger.reservations(SUBJECT, PURPOSE)
-    assert res.status == "cancelled"
+    assert res.status == "settled" and res.epsilon_spent == cfg.budget.epsilon
+    assert res.close_reason is not None and "RuntimeError" in res.close_reason
     assert _outputs(cfg) == []
 
 
@@ -327,7 +329,7 @@ def test_sql_source_and_missing_parquet_support(
             load_dataset(cfg)
 
 
-def test_repeated_unit_is_refused_and_cancels(
+def test_repeated_unit_is_refused_and_charged(
     make_config: ConfigFactory, ledger: Ledger, tmp_path: Path
 ) -> None:
     path = tmp_path / "dup.csv"
@@ -336,7 +338,7 @@ def test_repeated_unit_is_refused_and_cancels(
     with pytest.raises(TrainingAbortedError, match="repeats a unit"):
         train_private(cfg, ledger=ledger)
     (res,) = ledger.reservations(SUBJECT, PURPOSE)
-    assert res.status == "cancelled"
+    assert res.status == "settled"  # found while reading: the data was opened
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,197 @@
+"""The refund rule and one owner per reservation, on SQLite and PostgreSQL.
+
+Refund rule: a reservation is cancelled only when the run failed before it
+recorded `open_data` (so it read no protected byte); from that mark on, every
+outcome (data error, KeyboardInterrupt, crash) leaves it charged in full. Each
+release kind and training is run with a failure injected before and after the
+first read. Ownership: the same idempotency key is claimed by exactly one run,
+checked with concurrent processes.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fedldp.aggregator.central.releases import (
+    ReleaseFailedError,
+    private_choice,
+    private_count,
+    private_mean,
+    private_sum,
+)
+from fedldp.collector.ledger import (
+    DataOpenedError,
+    LeaseActiveError,
+    Ledger,
+    ReservationOwnedError,
+    ReservationStateError,
+    open_ledger,
+)
+
+SUBJECT, PURPOSE = "team", "race"
+WORKER = Path(__file__).with_name("race_worker.py")
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'ledger.db'}"
+    return str(request.getfixturevalue("postgresql_url"))
+
+
+@pytest.fixture
+def ledger(url: str) -> Iterator[Ledger]:
+    led = open_ledger(url)
+    led.set_central_cap(SUBJECT, PURPOSE, epsilon_cap=Decimal(10), delta_cap=Decimal("1e-4"))
+    yield led
+    led.close()
+
+
+class LedgerDown:
+    """The real ledger, except that recording `open_data` fails (an unreachable ledger)."""
+
+    def __init__(self, ledger: Ledger) -> None:
+        self._ledger = ledger
+
+    def open_data(self, *args: Any, **kwargs: Any) -> Any:
+        raise ConnectionError("ledger unreachable")
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._ledger, name)
+
+
+def _release(kind: str) -> Callable[..., Any]:
+    """A release of `kind` charging (SUBJECT, PURPOSE) with ε = 1 over `load`."""
+    common = {"subject": SUBJECT, "purpose": PURPOSE, "epsilon": Decimal(1)}
+    bounds = {"lower": Decimal(0), "upper": Decimal(10)}
+
+    def run(ledger: Any, key: str, load: Callable[[], Any]) -> Any:
+        if kind == "choice":
+            return private_choice(
+                ledger, **common, idempotency_key=key, now=1, load=load, candidates=["a", "b"]
+            )
+        fn = {"count": private_count, "sum": private_sum, "mean": private_mean}[kind]
+        extra = {} if kind == "count" else bounds
+        return fn(ledger, **common, **extra, idempotency_key=key, now=1, load=load)
+
+    return run
+
+
+KINDS = ["count", "sum", "mean", "choice"]
+
+
+def _rows_then(exc: BaseException) -> Callable[[], Iterator[str]]:
+    """A loader that yields protected rows, then fails."""
+
+    def load() -> Iterator[str]:
+        yield "3"
+        raise exc
+
+    return load
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_release_failing_before_the_first_read_is_cancelled(ledger: Ledger, kind: str) -> None:
+    reads: list[int] = []
+    with pytest.raises(ConnectionError):
+        _release(kind)(LedgerDown(ledger), "k", lambda: reads.append(1) or ["a"])
+    assert reads == []
+    (res,) = ledger.reservations(SUBJECT, PURPOSE)
+    assert res.status == "cancelled" and res.data_opened_at is None
+    assert ledger.central_spend(SUBJECT, PURPOSE) == (Decimal(0), Decimal(0))
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("failure", [ValueError("bad row"), KeyboardInterrupt()])
+def test_release_failing_after_the_first_read_is_charged(
+    ledger: Ledger, kind: str, failure: BaseException
+) -> None:
+    with pytest.raises(type(failure)):
+        _release(kind)(ledger, "k", _rows_then(failure))
+    (res,) = ledger.reservations(SUBJECT, PURPOSE)
+    assert res.status == "settled" and res.data_opened_at is not None
+    assert (res.epsilon_spent, res.delta_spent) == (res.epsilon, res.delta)
+    assert ledger.central_spend(SUBJECT, PURPOSE)[0] == Decimal(1)
+    assert [e["action"] for e in ledger.reservation_log(res.id)] == [
+        "reserved",
+        "data_opened",
+        "settled",
+    ]
+    with pytest.raises(ReleaseFailedError):  # the key never reads again, nor refunds
+        _release(kind)(ledger, "k", lambda: pytest.fail("read again"))
+
+
+def test_crash_after_opening_stays_charged_until_an_operator_settles_it(ledger: Ledger) -> None:
+    """A run killed after open_data: cancel is refused, the lease runs out, the operator
+    settles it as spent (the full amount) and that action is logged."""
+    res = ledger.reserve(
+        subject=SUBJECT,
+        purpose=PURPOSE,
+        epsilon=Decimal(2),
+        delta=Decimal(0),
+        idempotency_key="crashed",
+        now=100,
+        owner="run-a",
+        lease_seconds=60,
+    )
+    ledger.open_data(res.id, owner="run-a", now=110, lease_seconds=60)
+    with pytest.raises(DataOpenedError):
+        ledger.cancel(res.id, now=120, owner="run-a")
+    with pytest.raises(DataOpenedError):
+        ledger.cancel(res.id, now=120)  # the administrative path refuses too
+    with pytest.raises(ReservationOwnedError):
+        ledger.settle(
+            res.id, epsilon_spent=Decimal(0), delta_spent=Decimal(0), now=120, owner="run-b"
+        )
+    with pytest.raises(LeaseActiveError):
+        ledger.settle_stale(res.id, now=169)
+    assert ledger.reservation(res.id).stale(170)
+    done = ledger.settle_stale(res.id, now=170, note="run-a was killed")
+    assert (done.status, done.epsilon_spent) == ("settled", Decimal(2))
+    assert ledger.central_spend(SUBJECT, PURPOSE) == (Decimal(2), Decimal(0))
+    log = ledger.reservation_log(res.id)
+    assert log[-1]["action"] == "settled_stale" and log[-1]["note"] == "run-a was killed"
+    with pytest.raises(ReservationStateError):
+        ledger.settle_stale(res.id, now=171)
+    assert ledger.reconcile() == []
+
+
+def _wait_for(path: Path, lines: int) -> None:
+    deadline = time.monotonic() + 120
+    while not (path.exists() and len(path.read_text().splitlines()) >= lines):
+        assert time.monotonic() < deadline, f"{path} never reached {lines} line(s)"
+        time.sleep(0.05)
+
+
+def _start(*args: str) -> subprocess.Popen[bytes]:
+    return subprocess.Popen([sys.executable, str(WORKER), *args])
+
+
+def test_concurrent_release_processes_with_one_key_release_once(
+    ledger: Ledger, url: str, tmp_path: Path
+) -> None:
+    marker, go = tmp_path / "reads", tmp_path / "go"
+    outs = [tmp_path / f"out{i}.json" for i in range(3)]
+    first = _start("release", url, "one-key", str(marker), str(go), str(outs[0]))
+    _wait_for(marker, 1)  # the first process has opened the data and holds the key
+    second = _start("release", url, "one-key", str(marker), str(go), str(outs[1]))
+    assert second.wait(120) == 0
+    go.touch()
+    assert first.wait(120) == 0
+    third = _start("release", url, "one-key", str(marker), str(go), str(outs[2]))
+    assert third.wait(120) == 0
+    a, b, c = (json.loads(o.read_text()) for o in outs)
+    assert b["error"] == "ReleaseInProgressError", b
+    assert c == a and "ok" in a  # the first run's published output, not a second draw
+    assert marker.read_text().splitlines() == ["read"]  # the data was read once
+    (res,) = ledger.reservations(SUBJECT, PURPOSE)
+    assert res.status == "settled"
+    assert ledger.central_spend(SUBJECT, PURPOSE) == (Decimal(1), Decimal(0))
