@@ -487,13 +487,19 @@ def choice_cmd(candidates: str, **options: Any) -> None:
 def spend_cmd(
     ledger_url: str, subject: str, purpose: str, composition: str, target_delta: float | None
 ) -> None:
-    """Composed (epsilon, delta) spent by (subject, purpose), recomputed from the ledger."""
-    from fedldp.aggregator.central.accounting import compose
+    """Composed (epsilon, delta) spent by (subject, purpose), recomputed from the ledger.
+
+    rdp/pld compose every stored event kind; an event they cannot compose is an
+    error (exit status 1), never a silent fallback to summing.
+    """
+    from fedldp.aggregator.central.accounting import CompositionError, compose
     from fedldp.collector.ledger import open_ledger
 
     ledger = open_ledger(ledger_url)
     try:
         spent = compose(ledger, subject, purpose, composition, target_delta=target_delta)
+    except CompositionError as exc:
+        raise click.ClickException(str(exc)) from None
     finally:
         ledger.close()
     click.echo(

@@ -318,27 +318,33 @@ def test_composition_recomputed_from_the_ledger_alone(ledger: Ledger, tmp_path: 
     basic = compose(ledger, SUBJECT, PURPOSE, "basic")
     assert (basic.basic_epsilon, basic.basic_delta) == (Decimal("2.70"), Decimal("0.0000010"))
     rdp = compose(ledger, SUBJECT, PURPOSE, "rdp")
-    assert rdp.tight_events == 10 and rdp.basic_events == 1
+    assert rdp.tight_events == 11 and rdp.basic_events == 0
     assert rdp.epsilon < basic.epsilon and rdp.delta == pytest.approx(1e-6)
-    # Golden: the same events composed directly with dp-accounting.
+    # Golden, built independently: every event is zCDP (discrete Gaussian Δ²/2σ², discrete
+    # Laplace ε²/2), and zCDP ρ composes to ρ total = the RDP curve of ONE Gaussian with
+    # noise multiplier 1/sqrt(2ρ), composed here directly with dp-accounting.
     import dp_accounting
     from dp_accounting import rdp as rdp_lib
 
-    nm = next(
+    gauss = [
         e.event
         for e in ledger.central_events(SUBJECT, PURPOSE)
         if e.event["kind"] == "discrete_gaussian"
-    )["noise_multiplier"]
+    ]
+    rho = sum(
+        int(str(e["lattice_sensitivity"])) ** 2 / (2 * float(str(e["sigma"])) ** 2) for e in gauss
+    )
+    rho += 0.2**2 / 2
     acc = rdp_lib.RdpAccountant()
-    acc.compose(dp_accounting.GaussianDpEvent(float(str(nm))), 10)
-    assert rdp.epsilon == pytest.approx(min(2.5, acc.get_epsilon(1e-6)) + 0.2, rel=1e-9)
+    acc.compose(dp_accounting.GaussianDpEvent(1 / math.sqrt(2 * rho)))
+    assert rdp.epsilon == pytest.approx(min(2.7, acc.get_epsilon(1e-6)), rel=1e-6)
     fresh = open_ledger(f"sqlite:///{tmp_path / 'ledger.db'}")
     try:
         assert compose(fresh, SUBJECT, PURPOSE, "rdp") == rdp
     finally:
         fresh.close()
-    pld = compose(ledger, SUBJECT, PURPOSE, "pld")  # discrete Gaussians compose basically here
-    assert pld.epsilon == pytest.approx(basic.epsilon)
+    pld = compose(ledger, SUBJECT, PURPOSE, "pld")
+    assert pld.tight_events == 11 and pld.epsilon < basic.epsilon
 
 
 def test_release_cli_count_retry_and_spend(ledger: Ledger, tmp_path: Path) -> None:
