@@ -305,24 +305,41 @@ def _decimal(text: str | None, name: str) -> Decimal | None:
     return value
 
 
-def _reader(path: str, column: str | None) -> Any:
-    """A loader over a one-value-per-line file or a CSV column; read only when called."""
+class _DataFile:
+    """A loader over a one-value-per-line file or a CSV column, read only when called.
 
-    def load() -> Iterator[str]:
-        with open(path, encoding="utf-8", newline="") as fh:
-            if column is None:
-                for line in fh:
-                    text = line.strip()
-                    if text:
-                        yield text
-                return
-            reader = csv.DictReader(fh)
-            if reader.fieldnames is None or column not in reader.fieldnames:
-                raise click.ClickException(f"{path} has no column {column!r}")
-            for row in reader:
-                yield row[column]
+    It hashes the exact bytes it reads (`sha256`, the data manifest digest stored
+    in the ledger's events and signed into the receipt), so the digest is of
+    what was released, read once, after the ledger recorded the data opened.
+    """
 
-    return load
+    def __init__(self, path: str, column: str | None) -> None:
+        self.path, self.column = path, column
+        self.sha256: str | None = None
+
+    def digest(self) -> str:
+        assert self.sha256 is not None, "the data was not read"
+        return self.sha256
+
+    def __call__(self) -> Iterator[str]:
+        import hashlib
+        import io
+
+        with open(self.path, "rb") as fh:
+            raw = fh.read()
+        self.sha256 = hashlib.sha256(raw).hexdigest()
+        text = io.StringIO(raw.decode("utf-8"), newline="")
+        if self.column is None:
+            for line in text:
+                value = line.strip()
+                if value:
+                    yield value
+            return
+        reader = csv.DictReader(text)
+        if reader.fieldnames is None or self.column not in reader.fieldnames:
+            raise click.ClickException(f"{self.path} has no column {self.column!r}")
+        for row in reader:
+            yield row[self.column]
 
 
 _common = [
@@ -344,6 +361,21 @@ _common = [
         help="one value per line, or a CSV with --column",
     ),
     click.option("--column", help="CSV column holding the values"),
+    click.option(
+        "--receipt",
+        "receipt_path",
+        type=click.Path(dir_okay=False),
+        help="write the signed release receipt here (needs --signing-key)",
+    ),
+    click.option(
+        "--signing-key",
+        "signing_key",
+        type=click.Path(exists=True, dir_okay=False),
+        help="the service's Ed25519 receipt key (fedldp keys generate)",
+    ),
+    click.option(
+        "--passphrase-env", metavar="VAR", help="passphrase of an encrypted --signing-key"
+    ),
 ]
 
 
@@ -406,27 +438,65 @@ def _release_kwargs(options: dict[str, Any]) -> dict[str, Any]:
     BadParameter naming its option; the data file becomes a lazy loader.
     """
     kwargs = dict(options)
-    kwargs["load"] = _reader(kwargs.pop("data_path"), kwargs.pop("column"))
+    data = _DataFile(kwargs.pop("data_path"), kwargs.pop("column"))
+    kwargs["load"] = data
+    kwargs["data_digest"] = data.digest
     for name in _DECIMAL_OPTIONS:
         if f"{name}_text" in kwargs:
             kwargs[name] = _decimal(kwargs.pop(f"{name}_text"), f"--{name}")
     return kwargs
 
 
+def _signing_key(path: str | None, passphrase_env: str | None, receipt: str | None) -> Any:
+    """The receipt key, loaded before anything is reserved (None: no receipt asked for)."""
+    if receipt is None:
+        if path is not None:
+            raise click.UsageError("--signing-key needs --receipt PATH")
+        return None
+    if path is None:
+        raise click.UsageError("--receipt needs --signing-key (receipts are always signed)")
+    if Path(receipt).exists():
+        raise click.ClickException(f"{receipt} exists; a receipt is never overwritten")
+    from fedldp.cli_keys import passphrase_from_env
+    from fedldp.client.policy import KeyFileError, load_private_key
+
+    try:
+        return load_private_key(path, passphrase=passphrase_from_env(passphrase_env))
+    except KeyFileError as exc:
+        raise click.ClickException(str(exc)) from None
+
+
 def _run(fn: Any, **options: Any) -> None:
-    """Parse `options`, call `fn(ledger, now=..., **kwargs)` and print its result as JSON."""
+    """Parse `options`, call `fn(ledger, now=..., **kwargs)`, print its result as JSON and
+    write its signed receipt when asked."""
     from fedldp.aggregator.central.releases import ReleaseError
     from fedldp.collector.ledger import open_ledger
     from fedldp.collector.ledger.store import LedgerError
 
+    receipt_path = options.pop("receipt_path")
+    key = _signing_key(options.pop("signing_key"), options.pop("passphrase_env"), receipt_path)
     kwargs = _release_kwargs(options)
     ledger = open_ledger(kwargs.pop("ledger_url"))
     try:
-        _emit(fn(ledger, now=int(time.time()), **kwargs))
+        result = fn(ledger, now=int(time.time()), **kwargs)
+        _emit(result)
+        if key is not None:
+            _write_receipt(ledger, result, key, Path(receipt_path))
     except (LedgerError, ReleaseError, ValueError, TypeError) as exc:
         raise click.ClickException(str(exc)) from None
     finally:
         ledger.close()
+
+
+def _write_receipt(ledger: Any, result: Any, key: Any, path: Path) -> None:
+    from fedldp.aggregator.central.receipts import release_receipt
+    from fedldp.aggregator.central.signing import RELEASE_RECEIPT_TYPE, sign
+
+    receipt = release_receipt(ledger, result.reservation_id, value=str(result.value))
+    envelope = sign(RELEASE_RECEIPT_TYPE, receipt, key)
+    with path.open("x", encoding="utf-8") as fh:
+        fh.write(json.dumps(envelope, indent=2, sort_keys=True) + "\n")
+    click.echo(f"receipt: {path}", err=True)
 
 
 # Each command takes the options of its decorators as keyword arguments:

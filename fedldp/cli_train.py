@@ -107,39 +107,136 @@ def verify() -> None:
     """Check evidence an independent reviewer can replay."""
 
 
+def _trusted(paths: tuple[Path, ...]) -> dict[str, Any]:
+    """Trusted receipt public keys by key id (a click error for an unreadable file)."""
+    from fedldp.aggregator.central.signing import trusted_keys
+    from fedldp.client.policy import KeyFileError, load_public_key
+
+    try:
+        return trusted_keys([load_public_key(p) for p in paths])
+    except (KeyFileError, OSError) as exc:
+        raise click.ClickException(str(exc)) from exc
+
+
+def _report(checks: list[Any], ok: bool, as_json: bool, what: str) -> None:
+    if as_json:
+        click.echo(
+            json.dumps({"ok": ok, "checks": [dataclasses.asdict(c) for c in checks]}, indent=2)
+        )
+    else:
+        for c in checks:
+            mark = "SKIP" if c.skipped else ("ok  " if c.ok else "FAIL")
+            click.echo(f"{mark} {c.name}: {c.detail}")
+        click.echo(f"{what} verified" if ok else f"{what} NOT verified")
+    if not ok:
+        raise SystemExit(1)
+
+
+_ledger_option = click.option(
+    "--ledger", "ledger_url", required=True, help="URL of the ledger the run was charged to"
+)
+_trusted_option = click.option(
+    "--trusted-key",
+    "trusted_key_paths",
+    required=True,
+    multiple=True,
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="the service's receipt public key (.pub); repeat for several",
+)
+_seeded_option = click.option(
+    "--accept-seeded",
+    is_flag=True,
+    help="accept a receipt of a seeded (not-for-release) run, for tests",
+)
+
+
 @verify.command(name="training")
 @click.argument("receipt", type=click.Path(dir_okay=False, path_type=Path))
+@_ledger_option
+@_trusted_option
+@_seeded_option
 @click.option(
     "--no-data", is_flag=True, help="do not re-read the dataset (its digest is not checked)"
 )
 @click.option("--data-url", help="SQLAlchemy URL for a SQL source (the receipt hides its password)")
 @click.option("--json", "as_json", is_flag=True, help="print the checks as JSON")
-def verify_training(receipt: Path, no_data: bool, data_url: str | None, as_json: bool) -> None:
-    """Replay a training receipt's accountant and check its artifact and dataset digests.
+def verify_training(
+    receipt: Path,
+    ledger_url: str,
+    trusted_key_paths: tuple[Path, ...],
+    accept_seeded: bool,
+    no_data: bool,
+    data_url: str | None,
+    as_json: bool,
+) -> None:
+    """Check a signed training receipt against the ledger; replay its accountant.
 
+    Checks the signature (a --trusted-key), the ledger row (same ledger, settled,
+    same owner and amounts, same accountant inputs and digests), the model file,
+    the randomness (seeded runs refused unless --accept-seeded), the accountant
+    replayed on the receipt's and on the ledger's inputs, and the dataset digest.
     Exit status 0 when every check passes, 1 otherwise.
     """
     _need_train_extra()
     from fedldp.aggregator.training.receipt import ReceiptError, verify_receipt
+    from fedldp.collector.ledger import open_ledger
 
-    try:
-        result = verify_receipt(receipt, check_data=not no_data, data_url=data_url)
-    except ReceiptError as exc:
-        raise click.ClickException(str(exc)) from exc
-    if as_json:
-        click.echo(
-            json.dumps(
-                {"ok": result.ok, "checks": [dataclasses.asdict(c) for c in result.checks]},
-                indent=2,
+    trusted = _trusted(trusted_key_paths)
+    with open_ledger(ledger_url) as ledger:
+        try:
+            result = verify_receipt(
+                receipt,
+                trusted=trusted,
+                ledger=ledger,
+                accept_seeded=accept_seeded,
+                check_data=not no_data,
+                data_url=data_url,
             )
-        )
-    else:
-        for c in result.checks:
-            mark = "SKIP" if c.skipped else ("ok  " if c.ok else "FAIL")
-            click.echo(f"{mark} {c.name}: {c.detail}")
-        click.echo("receipt verified" if result.ok else "receipt NOT verified")
-    if not result.ok:
-        raise SystemExit(1)
+        except ReceiptError as exc:
+            raise click.ClickException(str(exc)) from exc
+    _report(result.checks, result.ok, as_json, "receipt")
+
+
+@verify.command(name="release")
+@click.argument("receipt", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@_ledger_option
+@_trusted_option
+@_seeded_option
+@click.option(
+    "--data",
+    "data_path",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="the released data file, to check its sha256 against the receipt",
+)
+@click.option("--json", "as_json", is_flag=True, help="print the checks as JSON")
+def verify_release(
+    receipt: Path,
+    ledger_url: str,
+    trusted_key_paths: tuple[Path, ...],
+    accept_seeded: bool,
+    data_path: Path | None,
+    as_json: bool,
+) -> None:
+    """Check a signed central-release receipt against the ledger; replay its accountant.
+
+    Exit status 0 when every check passes, 1 otherwise.
+    """
+    from fedldp.aggregator.central.receipts import ReleaseReceiptError, verify_release_receipt
+    from fedldp.collector.ledger import open_ledger
+
+    trusted = _trusted(trusted_key_paths)
+    with open_ledger(ledger_url) as ledger:
+        try:
+            result = verify_release_receipt(
+                receipt,
+                trusted=trusted,
+                ledger=ledger,
+                accept_seeded=accept_seeded,
+                data_path=data_path,
+            )
+        except ReleaseReceiptError as exc:
+            raise click.ClickException(str(exc)) from exc
+    _report(result.checks, result.ok, as_json, "release receipt")
 
 
 @click.group(name="audit")

@@ -136,6 +136,8 @@ class CentralLedger(Protocol):
 
     def central_events(self, subject: str, purpose: str) -> Sequence[Any]: ...
 
+    def ledger_id(self) -> str: ...
+
 
 @dataclass(frozen=True)
 class CentralRelease:
@@ -373,6 +375,7 @@ def _run_release(
     now: int,
     metadata: Mapping[str, str],
     compute: Callable[[], list[dict[str, object]]],
+    data_digest: Callable[[], str] | None = None,
 ) -> tuple[str, list[Mapping[str, object]]]:
     """Claim, mark the data opened, compute (reading data), settle; (reservation id, events).
 
@@ -382,6 +385,7 @@ def _run_release(
     as spent, the full reserved (ε, δ), and a crash leaves it open until an
     operator settles it as spent. A key another run claimed is never computed
     again: its published output is returned, or the call is refused.
+    `data_digest()`, called after `compute`, is stored in every event.
     """
     owner = secrets.token_hex(16)
     reservation = ledger.reserve(
@@ -410,6 +414,10 @@ def _run_release(
         raise
     try:
         events = compute()
+        if data_digest is not None:  # the data manifest digest, for signed receipts
+            digest = data_digest()
+            for event in events:
+                event["data_sha256"] = digest
     except BaseException as exc:
         ledger.settle(
             rid,
@@ -482,6 +490,7 @@ def _one_query_release(
     now: int,
     metadata: Mapping[str, str],
     rng: random.Random | None,
+    data_digest: Callable[[], str] | None = None,
 ) -> CentralRelease:
     """Charge `plan`'s (ε, δ), then release `true_value()` (read only after the reservation)
     with one draw of `plan`'s noise; a retry returns the output the ledger kept."""
@@ -503,6 +512,7 @@ def _one_query_release(
         now=now,
         metadata=metadata,
         compute=compute,
+        data_digest=data_digest,
     )
     return CentralRelease(
         query,
@@ -531,6 +541,7 @@ def private_count(
     delta: Decimal = Decimal(0),
     calibration: GaussianCalibration | str = GaussianCalibration.ANALYTIC,
     rng: random.Random | None = None,
+    data_digest: Callable[[], str] | None = None,
 ) -> CentralRelease:
     """A noised count of the records `load()` yields (sensitivity 1, granularity 1)."""
     plan = plan_noise(
@@ -552,6 +563,7 @@ def private_count(
         now=now,
         metadata=_meta("count", plan.mechanism.value, calibration=plan.calibration),
         rng=rng,
+        data_digest=data_digest,
     )
 
 
@@ -571,6 +583,7 @@ def private_sum(
     granularity: Decimal | None = None,
     calibration: GaussianCalibration | str = GaussianCalibration.ANALYTIC,
     rng: random.Random | None = None,
+    data_digest: Callable[[], str] | None = None,
 ) -> CentralRelease:
     """A noised sum of values clipped to [lower, upper]; sensitivity max(|lower|, |upper|)."""
     sens = _check_bounds(lower, upper)
@@ -593,6 +606,7 @@ def private_sum(
         now=now,
         metadata=_bounded_meta("sum", plan, lower, upper),
         rng=rng,
+        data_digest=data_digest,
     )
 
 
@@ -612,6 +626,7 @@ def private_mean(
     granularity: Decimal | None = None,
     calibration: GaussianCalibration | str = GaussianCalibration.ANALYTIC,
     rng: random.Random | None = None,
+    data_digest: Callable[[], str] | None = None,
 ) -> CentralRelease:
     """Noised sum / noised count, each with half of (ε, δ); clipped into [lower, upper].
 
@@ -657,6 +672,7 @@ def private_mean(
         now=now,
         metadata=_bounded_meta("mean", sum_plan, lower, upper),
         compute=compute,
+        data_digest=data_digest,
     )
     noisy_sum, noisy_count = _output(events, "sum"), _output(events, "count")
     if noisy_count < 1:
@@ -712,6 +728,7 @@ def private_choice(
     candidates: Sequence[str],
     load: Callable[[], Iterable[str]],
     rng: random.Random | None = None,
+    data_digest: Callable[[], str] | None = None,
 ) -> CentralRelease:
     """Choose the (approximately) most frequent candidate with the exponential mechanism.
 
@@ -755,6 +772,7 @@ def private_choice(
         now=now,
         metadata=_meta("choice", "exponential", candidates=digest),
         compute=compute,
+        data_digest=data_digest,
     )
     chosen_label = next((str(e["output"]) for e in events if e.get("query") == "choice"), None)
     if chosen_label is None:

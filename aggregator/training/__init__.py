@@ -9,6 +9,7 @@ Importing this package imports torch and Opacus; `fedldp.aggregator.training.con
 alone does not. See docs/training.md.
 """
 
+from fedldp.aggregator.central.receipts import Verification
 from fedldp.aggregator.training.accounting import AccountantError, BudgetAccountant, epsilon
 from fedldp.aggregator.training.config import (
     TrainConfig,
@@ -36,7 +37,7 @@ from fedldp.aggregator.training.models import (
     choose_grad_sample_mode,
     validate_model,
 )
-from fedldp.aggregator.training.receipt import ReceiptError, Verification, verify_receipt
+from fedldp.aggregator.training.receipt import ReceiptError, verify_receipt
 
 __all__ = [
     "AccountantError",

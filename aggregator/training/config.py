@@ -16,6 +16,7 @@ The TOML layout (see deploy/examples/train.toml)::
     [accountant] kind, fallback_to_rdp, eps_error
     [randomness] source, seed
     [output]    dir
+    [receipt]   signing_key, passphrase_env
 """
 
 from __future__ import annotations
@@ -294,6 +295,17 @@ class RandomnessConfig:
 
 
 @dataclass(frozen=True)
+class ReceiptConfig:
+    """How the receipt is signed: `signing_key` is an Ed25519 PEM private key file (from
+    `fedldp keys generate`), decrypted with the passphrase in environment variable
+    `passphrase_env` when set. Without a key the receipt is written unsigned, and
+    `fedldp verify training` refuses it."""
+
+    signing_key: str | None = None
+    passphrase_env: str | None = None
+
+
+@dataclass(frozen=True)
 class TrainConfig:
     """The whole, validated, training configuration."""
 
@@ -304,6 +316,7 @@ class TrainConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     accountant: AccountantConfig = field(default_factory=AccountantConfig)
     randomness: RandomnessConfig = field(default_factory=RandomnessConfig)
+    receipt: ReceiptConfig = field(default_factory=ReceiptConfig)
 
 
 def config_from_mapping(raw: Mapping[str, Any], *, base_dir: Path | None = None) -> TrainConfig:
@@ -314,7 +327,7 @@ def config_from_mapping(raw: Mapping[str, Any], *, base_dir: Path | None = None)
     _no_unknown(
         "top level",
         raw,
-        ("budget", "data", "model", "training", "accountant", "randomness", "output"),
+        ("budget", "data", "model", "training", "accountant", "randomness", "output", "receipt"),
     )
     base = base_dir or Path.cwd()
 
@@ -446,6 +459,17 @@ def config_from_mapping(raw: Mapping[str, Any], *, base_dir: Path | None = None)
         raise TrainingConfigError("[output] dir is required")
     output_dir = Path(resolve(_text("output", "dir", o["dir"])))
 
+    rc = _table(raw, "receipt")
+    _no_unknown("receipt", rc, ("signing_key", "passphrase_env"))
+    receipt = ReceiptConfig(
+        signing_key=resolve(_text("receipt", "signing_key", rc["signing_key"]))
+        if "signing_key" in rc
+        else None,
+        passphrase_env=_text("receipt", "passphrase_env", rc["passphrase_env"])
+        if "passphrase_env" in rc
+        else None,
+    )
+
     return TrainConfig(
         budget=budget,
         data=data,
@@ -454,6 +478,7 @@ def config_from_mapping(raw: Mapping[str, Any], *, base_dir: Path | None = None)
         model=model,
         accountant=accountant,
         randomness=randomness,
+        receipt=receipt,
     )
 
 

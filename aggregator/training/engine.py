@@ -50,7 +50,9 @@ from typing import Any
 
 import numpy as np
 import torch
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from fedldp.aggregator.central.releases import CentralLedger
+from fedldp.aggregator.central.signing import TRAINING_RECEIPT_TYPE, sign
 from fedldp.aggregator.training.accounting import (
     AccountantError,
     BudgetAccountant,
@@ -59,7 +61,13 @@ from fedldp.aggregator.training.accounting import (
     prv_delta_error,
     within,
 )
-from fedldp.aggregator.training.config import DataConfig, ModelConfig, TrainConfig
+from fedldp.aggregator.training.config import (
+    DataConfig,
+    ModelConfig,
+    ReceiptConfig,
+    TrainConfig,
+    TrainingConfigError,
+)
 from fedldp.aggregator.training.data import Dataset, load_dataset, redact_url
 from fedldp.aggregator.training.models import (
     build_mlp,
@@ -501,6 +509,8 @@ def train_private(
         log(f"fixed for DP-SGD: {change}")
     log(f"grad-sample mode: {mode_reason}")
 
+    signing_key = load_signing_key(config.receipt)
+
     # 2. reserve before reading.
     own_ledger = ledger is None
     if ledger is None:
@@ -516,13 +526,49 @@ def train_private(
             ) from exc
     try:
         return _reserved_run(
-            config, ledger, model, custom, fixed, mode, mode_reason, load, clock, log, started
+            config,
+            ledger,
+            model,
+            custom,
+            fixed,
+            mode,
+            mode_reason,
+            load,
+            clock,
+            log,
+            started,
+            signing_key,
         )
     finally:
         if own_ledger:
             close = getattr(ledger, "close", None)
             if close is not None:
                 close()
+
+
+def load_signing_key(receipt: ReceiptConfig) -> Ed25519PrivateKey | None:
+    """The receipt signing key of the configuration (None: unsigned receipts).
+
+    Read before anything is reserved: a missing or unreadable key is a
+    configuration error that changes nothing.
+    """
+    if receipt.signing_key is None:
+        return None
+    from fedldp.client.policy import KeyFileError, load_private_key
+
+    passphrase = None
+    if receipt.passphrase_env is not None:
+        value = os.environ.get(receipt.passphrase_env)
+        if not value:
+            raise TrainingConfigError(
+                f"[receipt] passphrase_env: environment variable {receipt.passphrase_env} "
+                "is not set or empty"
+            )
+        passphrase = value.encode("utf-8")
+    try:
+        return load_private_key(receipt.signing_key, passphrase=passphrase)
+    except (KeyFileError, OSError) as exc:
+        raise TrainingConfigError(f"[receipt] signing_key: {exc}") from exc
 
 
 def _reserve(
@@ -576,6 +622,7 @@ def _reserved_run(
     clock: Callable[[], int],
     log: Callable[[str], None],
     started: float,
+    signing_key: Ed25519PrivateKey | None,
 ) -> TrainingResult:
     t0 = time.perf_counter()
     owner = secrets.token_hex(16)
@@ -590,6 +637,7 @@ def _reserved_run(
     tmp_model = out_dir / (MODEL_FILE + suffix)
     tmp_receipt = out_dir / (RECEIPT_FILE + suffix)
     access = _DataAccess(ledger, reservation.id, owner, clock)
+    access.ledger_id = str(ledger.ledger_id())
     settled = False
     try:
         result = _train_and_write(
@@ -606,6 +654,7 @@ def _reserved_run(
             tmp_receipt,
             started,
             access,
+            signing_key,
         )
         spent = result.epsilon_spent
         t0 = time.perf_counter()
@@ -653,6 +702,7 @@ class _DataAccess:
         self.owner = owner
         self.clock = clock
         self.opened = False
+        self.ledger_id = ""
 
     def open(self) -> None:
         self.ledger.open_data(
@@ -742,6 +792,7 @@ def _train_and_write(
     tmp_receipt: Path,
     started: float,
     access: _DataAccess,
+    signing_key: Ed25519PrivateKey | None,
 ) -> TrainingResult:
     tp = config.training
     delta = float(config.budget.delta)
@@ -950,13 +1001,21 @@ def _train_and_write(
         "randomness": rand.describe(),
         "model": model_desc,
         "ledger": {
+            "ledger_id": access.ledger_id,
             "reservation_id": reservation.id,
+            "owner": access.owner,
             "subject": config.budget.subject,
             "purpose": config.budget.purpose,
             "idempotency_key": reservation.idempotency_key,
+            "epsilon_reserved": str(config.budget.epsilon),
+            "delta_reserved": str(config.budget.delta),
         },
+        "for_release": not rand.seeded,
     }
-    tmp_receipt.write_text(json.dumps(receipt, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    document: dict[str, Any] = (
+        receipt if signing_key is None else sign(TRAINING_RECEIPT_TYPE, receipt, signing_key)
+    )
+    tmp_receipt.write_text(json.dumps(document, indent=2, sort_keys=True) + "\n", encoding="utf-8")
     timings["write"] = time.perf_counter() - t0
     total = time.perf_counter() - started
     return TrainingResult(

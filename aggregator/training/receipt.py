@@ -1,17 +1,24 @@
 """Privacy receipts: reading, replaying and checking them (`fedldp verify training`).
 
 A receipt (schema "fedldp.training-receipt/v1", written by engine.py and
-documented in docs/training.md) is JSON beside the model. Verification uses the
-receipt alone for the privacy claim:
+documented in docs/training.md) is canonical JSON inside a DSSE envelope signed
+with the training service's Ed25519 receipt key (aggregator/central/signing.py).
+`verify_receipt` runs every check and reports each with its own message:
 
-- the accountant history (σ, q, steps) is replayed through Opacus's PRV and RDP
-  accountants with the recorded parameters, and each recomputed ε must match
-  the recorded one to REL_TOL relative;
-- the ε of the accountant in force must be within the budget and no more than
-  the ε charged to the ledger (`epsilon_spent`);
-- the model artifact's sha256 must match; the dataset's canonical digest (and
-  file sha256) must match when the data is reachable (`--data-url` overrides
-  a SQL URL whose password the receipt does not hold).
+- signature: a trusted key signed the exact payload (unsigned, untrusted or
+  altered receipts fail);
+- replay: the accountant history (σ, q, steps) is replayed through Opacus's PRV
+  and RDP accountants; each ε must match the recorded one to REL_TOL, the ε
+  of the accountant in force must be ≤ the charged ε ≤ the budget;
+- ledger: the receipt names this ledger (its UUID); the reservation exists, is
+  settled, has the receipt's owner, reserved and spent (ε, δ); the ledger's
+  event holds the same accountant inputs (noise multiplier, sample rate,
+  steps, δ), model digest, data digest and randomness source, and replaying
+  the accountant on the LEDGER's inputs gives at most the ledger's charge;
+- artifact: the model file's sha256 equals the receipt's and the ledger's;
+- randomness: a seeded run is not for release (refused unless accepted);
+- dataset: its canonical digest (and file sha256) match when readable
+  (`--data-url` overrides a SQL URL whose password the receipt does not hold).
 
 Compatibility: fields are only ever added; a reader ignores unknown fields and
 refuses an unknown schema.
@@ -22,51 +29,47 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from dataclasses import dataclass, field
+from collections.abc import Mapping
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+from fedldp.aggregator.central.receipts import ReceiptLedger, Verification
+from fedldp.aggregator.central.signing import (
+    TRAINING_RECEIPT_TYPE,
+    SignatureError,
+    is_envelope,
+    payload_of,
+    verify,
+)
+
 REL_TOL = 1e-6
 SCHEMA = "fedldp.training-receipt/v1"
+EVENT_KIND = "poisson_subsampled_gaussian"  # engine.EVENT_KIND, without importing torch
 
 
 class ReceiptError(ValueError):
     """The receipt cannot be read or is not a fedldp training receipt."""
 
 
-@dataclass(frozen=True)
-class Check:
-    """One verification step and its outcome."""
-
-    name: str
-    ok: bool
-    detail: str
-    skipped: bool = False
-
-
-@dataclass
-class Verification:
-    """All checks of one receipt; `ok` when none failed (skipped ones are listed)."""
-
-    checks: list[Check] = field(default_factory=list)
-
-    @property
-    def ok(self) -> bool:
-        return all(c.ok for c in self.checks if not c.skipped)
-
-    def add(self, name: str, ok: bool, detail: str, *, skipped: bool = False) -> None:
-        self.checks.append(Check(name, ok, detail, skipped))
-
-
 def load_receipt(path: Path) -> dict[str, Any]:
-    """Parse a receipt and check its schema id."""
+    """Parse a receipt (signed envelope or plain JSON) and check its schema id.
+
+    The signature is NOT checked here (`verify_receipt` does): for tools that
+    only read what the receipt says, such as the membership audit.
+    """
     try:
         receipt = json.loads(path.read_text(encoding="utf-8"))
     except OSError as exc:
         raise ReceiptError(f"cannot read {path}: {exc.strerror}") from exc
     except json.JSONDecodeError as exc:
         raise ReceiptError(f"{path} is not JSON: {exc}") from exc
+    if is_envelope(receipt):
+        try:
+            receipt = payload_of(receipt)
+        except SignatureError as exc:
+            raise ReceiptError(f"{path}: {exc}") from exc
     if not isinstance(receipt, dict) or receipt.get("schema") != SCHEMA:
         raise ReceiptError(f"{path} is not a {SCHEMA} receipt")
     return receipt
@@ -100,14 +103,24 @@ def replay_epsilons(receipt: dict[str, Any]) -> dict[str, float]:
 
 
 def verify_receipt(
-    path: Path, *, check_data: bool = True, data_url: str | None = None
+    path: Path,
+    *,
+    trusted: Mapping[str, Ed25519PublicKey],
+    ledger: ReceiptLedger,
+    accept_seeded: bool = False,
+    check_data: bool = True,
+    data_url: str | None = None,
 ) -> Verification:
-    """Verify the receipt at `path` (module docstring); never raises on a failed check."""
+    """Verify the receipt at `path` (module docstring) against the trusted receipt keys
+    (by key id) and the ledger; never raises on a failed check."""
     from fedldp.aggregator.training.accounting import AccountantError
     from fedldp.aggregator.training.data import DataError, file_sha256, load_dataset
 
     receipt = load_receipt(path)
     out = Verification()
+    _check_signature(out, path, trusted)
+    _check_ledger(out, receipt, ledger)
+    _check_randomness(out, receipt, accept_seeded)
     privacy = receipt["privacy"]
     used = privacy["accountant"]["used"]
     recorded = privacy["epsilon"]
@@ -169,21 +182,7 @@ def verify_receipt(
             else f"{used} epsilon {eps_used!r}, charged {spent}, reserved {budget}: inconsistent",
         )
 
-    artifact = path.parent / receipt["model"]["artifact"]
-    if not artifact.is_file():
-        out.add("artifact", False, f"{artifact} is missing")
-    else:
-        digest = _sha256(artifact)
-        out.add(
-            "artifact",
-            digest == receipt["model"]["artifact_sha256"],
-            f"sha256 {digest}"
-            + (
-                ""
-                if digest == receipt["model"]["artifact_sha256"]
-                else f" != recorded {receipt['model']['artifact_sha256']}"
-            ),
-        )
+    _check_artifact(out, path, receipt, ledger)
 
     ds = receipt["dataset"]
     if not check_data:
@@ -210,6 +209,169 @@ def verify_receipt(
         raw = file_sha256(Path(ds["path"]))
         out.add("dataset file", raw == ds["source_sha256"], f"sha256 {raw}")
     return out
+
+
+def _check_signature(
+    out: Verification, path: Path, trusted: Mapping[str, Ed25519PublicKey]
+) -> None:
+    document = json.loads(path.read_text(encoding="utf-8"))
+    if not is_envelope(document):
+        out.add("signature", False, "the receipt is not signed (plain JSON, no envelope)")
+        return
+    try:
+        _, signer = verify(document, TRAINING_RECEIPT_TYPE, trusted)
+    except SignatureError as exc:
+        out.add("signature", False, str(exc))
+        return
+    out.add("signature", True, f"signed by trusted receipt key {signer}")
+
+
+def _ledger_event(receipt: dict[str, Any], ledger: ReceiptLedger) -> dict[str, Any] | None:
+    led = receipt.get("ledger", {})
+    for ev in ledger.central_events(str(led.get("subject")), str(led.get("purpose"))):
+        if ev.reservation_id == led.get("reservation_id") and ev.event.get("kind") == EVENT_KIND:
+            return dict(ev.event)
+    return None
+
+
+def _check_ledger(out: Verification, receipt: dict[str, Any], ledger: ReceiptLedger) -> None:
+    """The receipt against the ledger: identity, reservation, amounts, owner, inputs."""
+    from fedldp.collector.ledger import ReservationNotFoundError
+
+    led, privacy, training = receipt.get("ledger", {}), receipt["privacy"], receipt["training"]
+    here = ledger.ledger_id()
+    out.add(
+        "ledger identity",
+        led.get("ledger_id") == here,
+        f"ledger {here}"
+        if led.get("ledger_id") == here
+        else f"the receipt names ledger {led.get('ledger_id')!r}, this ledger is {here}",
+    )
+    rid = str(led.get("reservation_id"))
+    try:
+        res = ledger.reservation(rid)
+    except ReservationNotFoundError:
+        out.add("reservation", False, f"no reservation {rid!r} in this ledger")
+        return
+    problems = []
+    if res.status != "settled":
+        problems.append(f"it is {res.status}, not settled")
+    if res.owner != led.get("owner"):
+        problems.append("its owner is not the run that wrote this receipt")
+    if (res.subject, res.purpose) != (led.get("subject"), led.get("purpose")):
+        problems.append(f"it charges ({res.subject}, {res.purpose}), not the receipt's")
+    amounts = {
+        "epsilon_budget": (privacy.get("epsilon_budget"), res.epsilon),
+        "delta": (privacy.get("delta"), res.delta),
+        "epsilon_spent": (privacy.get("epsilon_spent"), res.epsilon_spent),
+        "delta_spent": (privacy.get("delta_spent"), res.delta_spent),
+    }
+    for name, (claimed, recorded) in amounts.items():
+        if recorded is None or _decimal(claimed) != recorded:
+            problems.append(f"receipt {name} {claimed} != ledger's {recorded}")
+    out.add(
+        "reservation",
+        not problems,
+        f"{rid} settled, same owner and amounts"
+        if not problems
+        else f"{rid}: " + "; ".join(problems),
+    )
+    event = _ledger_event(receipt, ledger)
+    if event is None:
+        out.add("accountant inputs", False, f"the ledger holds no training event for {rid}")
+        return
+    claimed_inputs = {
+        "noise_multiplier": training.get("noise_multiplier"),
+        "sample_rate": training.get("sample_rate"),
+        "steps": training.get("steps"),
+        "delta": privacy.get("delta"),
+    }
+    differ = [
+        f"{k} {v!r} != ledger's {event.get(k)!r}"
+        for k, v in claimed_inputs.items()
+        if str(v) != str(event.get(k))
+    ]
+    out.add(
+        "accountant inputs",
+        not differ,
+        "noise multiplier, sample rate, steps and delta as in the ledger"
+        if not differ
+        else "; ".join(differ),
+    )
+    _replay_ledger_event(out, event, receipt, res.epsilon_spent)
+
+
+def _replay_ledger_event(
+    out: Verification, event: dict[str, Any], receipt: dict[str, Any], charged: Decimal | None
+) -> None:
+    """The accountant replayed on the ledger's own inputs must fit the ledger's charge."""
+    from fedldp.aggregator.training.accounting import AccountantError, epsilon
+
+    try:
+        mech = str(event.get("accountant", "prv"))
+        again = epsilon(
+            mech,
+            [(float(event["noise_multiplier"]), float(event["sample_rate"]), int(event["steps"]))],
+            float(Decimal(str(event["delta"]))),
+            eps_error=float(receipt["privacy"]["accountant"]["prv_eps_error"]),
+            reference=True,
+        )
+    except (AccountantError, KeyError, ValueError) as exc:
+        out.add("ledger replay", False, f"cannot replay the ledger's event: {exc}")
+        return
+    ok = charged is not None and Decimal(again) <= charged
+    out.add(
+        "ledger replay",
+        ok,
+        f"{mech} epsilon {again!r} from the ledger's inputs <= charged {charged}"
+        if ok
+        else f"{mech} epsilon {again!r} from the ledger's inputs exceeds the charge {charged}",
+    )
+
+
+def _check_randomness(out: Verification, receipt: dict[str, Any], accept_seeded: bool) -> None:
+    source = receipt.get("randomness", {}).get("source")
+    seeded = source != "os-entropy" or receipt.get("for_release") is not True
+    if not seeded:
+        out.add("randomness", True, "os-entropy: for release")
+    elif accept_seeded:
+        out.add("randomness", True, f"{source}: NOT for release (accepted with --accept-seeded)")
+    else:
+        out.add(
+            "randomness",
+            False,
+            f"randomness {source!r}: a seeded run is not for release "
+            "(pass --accept-seeded to accept it, for tests only)",
+        )
+
+
+def _check_artifact(
+    out: Verification, path: Path, receipt: dict[str, Any], ledger: ReceiptLedger
+) -> None:
+    claimed = receipt["model"]["artifact_sha256"]
+    artifact = path.parent / receipt["model"]["artifact"]
+    if not artifact.is_file():
+        out.add("artifact", False, f"{artifact} is missing")
+        return
+    digest = _sha256(artifact)
+    event = _ledger_event(receipt, ledger) or {}
+    problems = []
+    if digest != claimed:
+        problems.append(f"file sha256 {digest} != receipt's {claimed}")
+    if event.get("model_sha256") != digest:
+        problems.append(f"file sha256 {digest} != the ledger's record {event.get('model_sha256')}")
+    if event.get("data_digest") != receipt["dataset"].get("digest"):
+        problems.append("the receipt's data digest differs from the ledger's record")
+    if event.get("randomness") != receipt.get("randomness", {}).get("source"):
+        problems.append("the receipt's randomness source differs from the ledger's record")
+    out.add("artifact", not problems, f"sha256 {digest}" if not problems else "; ".join(problems))
+
+
+def _decimal(value: object) -> Decimal | None:
+    try:
+        return Decimal(str(value))
+    except ArithmeticError:
+        return None
 
 
 def load_trained_model(receipt_path: Path) -> Any:

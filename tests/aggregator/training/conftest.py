@@ -48,6 +48,36 @@ def ledger(ledger_url: str) -> Iterator[Ledger]:
     led.close()
 
 
+@pytest.fixture(scope="session")
+def receipt_key(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """The training service's receipt key pair (private .key, public .pub), made once."""
+    from fedldp.client.policy import generate_key, write_private_key, write_public_key
+
+    folder = tmp_path_factory.mktemp("receipt-key")
+    key = generate_key()
+    write_private_key(key, folder / "receipts.key")
+    write_public_key(key.public_key(), folder / "receipts.pub")
+    return folder / "receipts.key", folder / "receipts.pub"
+
+
+@pytest.fixture()
+def check_receipt(receipt_key: tuple[Path, Path], ledger: Ledger) -> Callable[..., Any]:
+    """`check_receipt(path, **kw)`: verify_receipt against the fixture's key and ledger
+    (seeded runs accepted unless accept_seeded=False is passed)."""
+    from fedldp.aggregator.central.signing import trusted_keys
+    from fedldp.aggregator.training.receipt import verify_receipt
+    from fedldp.client.policy import load_public_key
+
+    trusted = trusted_keys([load_public_key(receipt_key[1])])
+
+    def check(path: Path, **kwargs: Any) -> Any:
+        kwargs.setdefault("accept_seeded", True)
+        kwargs.setdefault("ledger", ledger)
+        return verify_receipt(path, trusted=trusted, **kwargs)
+
+    return check
+
+
 @pytest.fixture()
 def table(tmp_path: Path) -> Path:
     path = tmp_path / "train.csv"
@@ -59,7 +89,9 @@ ConfigFactory = Callable[..., Any]
 
 
 @pytest.fixture()
-def make_config(tmp_path: Path, ledger_url: str, table: Path) -> ConfigFactory:
+def make_config(
+    tmp_path: Path, ledger_url: str, table: Path, receipt_key: tuple[Path, Path]
+) -> ConfigFactory:
     """Build a validated TrainConfig; keyword sections update the defaults."""
     from fedldp.aggregator.training.config import config_from_mapping
 
@@ -88,6 +120,7 @@ def make_config(tmp_path: Path, ledger_url: str, table: Path) -> ConfigFactory:
             "accountant": {"kind": "rdp"},
             "randomness": {"source": "seeded", "seed": 3},
             "output": {"dir": str(tmp_path / "out")},
+            "receipt": {"signing_key": str(receipt_key[0])},
         }
         for name, values in sections.items():
             raw.setdefault(name, {}).update(values)

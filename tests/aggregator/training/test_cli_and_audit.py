@@ -19,7 +19,14 @@ from .conftest import PURPOSE, SUBJECT, write_table
 pytestmark = [pytest.mark.train, pytest.mark.filterwarnings("ignore::UserWarning")]
 
 
-def _toml(tmp_path: Path, ledger_url: str, *, norm: str = "none", epsilon: str = "1") -> Path:
+def _toml(
+    tmp_path: Path,
+    ledger_url: str,
+    *,
+    key: Path,
+    norm: str = "none",
+    epsilon: str = "1",
+) -> Path:
     text = f"""
 [budget]
 ledger = "{ledger_url}"
@@ -49,37 +56,53 @@ kind = "rdp"
 
 [output]
 dir = "out"
+
+[receipt]
+signing_key = "{key}"
 """
     path = tmp_path / "train.toml"
     path.write_text(text)
     return path
 
 
-def test_train_verify_audit_commands(tmp_path: Path, ledger: Ledger, ledger_url: str) -> None:
+def test_train_verify_audit_commands(
+    tmp_path: Path, ledger: Ledger, ledger_url: str, receipt_key: tuple[Path, Path]
+) -> None:
     pytest.importorskip("opacus", reason="needs the train extra: pip install 'fedldp[train]'")
     write_table(tmp_path / "train.csv")
     write_table(tmp_path / "holdout.csv", rows=120, seed=8)
     runner = CliRunner()
 
     refused = runner.invoke(
-        main, ["train", "--config", str(_toml(tmp_path, ledger_url, epsilon="20"))]
+        main,
+        ["train", "--config", str(_toml(tmp_path, ledger_url, key=receipt_key[0], epsilon="20"))],
     )
     assert refused.exit_code == 1 and "Nothing was read or written" in refused.output
 
-    bn = runner.invoke(main, ["train", "--config", str(_toml(tmp_path, ledger_url, norm="batch"))])
+    bn = runner.invoke(
+        main,
+        ["train", "--config", str(_toml(tmp_path, ledger_url, key=receipt_key[0], norm="batch"))],
+    )
     assert bn.exit_code == 1 and "--fix-model" in bn.output
     assert ledger.reservations(SUBJECT) == []
 
     ok = runner.invoke(
-        main, ["train", "--config", str(_toml(tmp_path, ledger_url, norm="batch")), "--fix-model"]
+        main,
+        [
+            "train",
+            "--config",
+            str(_toml(tmp_path, ledger_url, key=receipt_key[0], norm="batch")),
+            "--fix-model",
+        ],
     )
     assert ok.exit_code == 0, ok.output
     assert "fixed for DP-SGD" in ok.output and "BatchNorm1d -> GroupNorm" in ok.output
     receipt = tmp_path / "out" / "receipt.json"
-    assert json.loads(receipt.read_text())["randomness"]["source"] == "os-entropy"
+    assert json.loads(receipt.read_text())["payloadType"].endswith("training-receipt.v1+json")
     assert ledger.central_spend(SUBJECT, PURPOSE)[0] <= Decimal(1)
 
-    verified = runner.invoke(main, ["verify", "training", str(receipt)])
+    trust = ["--ledger", ledger_url, "--trusted-key", str(receipt_key[1])]
+    verified = runner.invoke(main, ["verify", "training", str(receipt), *trust])
     assert verified.exit_code == 0, verified.output
     assert "receipt verified" in verified.output
 
@@ -103,7 +126,7 @@ def test_train_verify_audit_commands(tmp_path: Path, ledger: Ledger, ledger_url:
     assert {a["attack"] for a in audits[0]["attacks"]} == {"loss-threshold", "offline-lira"}
 
     (tmp_path / "out" / "model.pt").write_bytes(b"not the model")
-    broken = runner.invoke(main, ["verify", "training", str(receipt), "--no-data"])
+    broken = runner.invoke(main, ["verify", "training", str(receipt), "--no-data", *trust])
     assert broken.exit_code == 1 and "FAIL artifact" in broken.output
 
 

@@ -6,7 +6,6 @@ RDP (fast); the replay test uses PRV, the default.
 
 from __future__ import annotations
 
-import json
 import warnings
 from collections.abc import Callable
 from decimal import Decimal
@@ -30,10 +29,10 @@ from fedldp.aggregator.training import (
     poisson_loader,
     require_poisson_loader,
     train_private,
-    verify_receipt,
 )
 from fedldp.aggregator.training.config import DataConfig
 from fedldp.aggregator.training.data import DataError, Dataset
+from fedldp.aggregator.training.receipt import load_receipt
 from fedldp.collector.ledger import Ledger
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -87,12 +86,15 @@ def test_refused_reservation_reads_nothing_and_writes_nothing(
     assert counter.calls == 0
 
 
-def test_run_settles_spend_and_receipt_replays(make_config: ConfigFactory, ledger: Ledger) -> None:
+def test_run_settles_spend_and_receipt_replays(
+    make_config: ConfigFactory, ledger: Ledger, check_receipt: Callable[..., Any]
+) -> None:
     counter = CountingLoader()
     cfg = make_config(accountant={"kind": "prv"}, budget={"idempotency_key": "run-1"})
     result = train_private(cfg, ledger=ledger, load=counter)
     assert counter.calls == 1
-    receipt = json.loads(result.receipt_path.read_text())
+    receipt = load_receipt(result.receipt_path)
+    assert receipt == result.receipt
     assert receipt["privacy"]["accountant"]["used"] == "prv"
     assert receipt["ledger"]["reservation_id"] == result.reservation_id
     assert set(receipt["privacy"]["epsilon"]) >= {"prv", "rdp"}
@@ -103,25 +105,34 @@ def test_run_settles_spend_and_receipt_replays(make_config: ConfigFactory, ledge
     (res,) = ledger.reservations(SUBJECT, PURPOSE)
     assert res.status == "settled" and res.epsilon == Decimal("1")
 
-    check = verify_receipt(result.receipt_path)
+    check = check_receipt(result.receipt_path)
     assert check.ok, [c for c in check.checks if not c.ok]
-    assert {c.name for c in check.checks} >= {"epsilon[prv]", "epsilon[rdp]", "artifact", "dataset"}
+    assert {c.name for c in check.checks} >= {
+        "signature",
+        "ledger identity",
+        "reservation",
+        "accountant inputs",
+        "ledger replay",
+        "epsilon[prv]",
+        "epsilon[rdp]",
+        "artifact",
+        "randomness",
+        "dataset",
+    }
+    # a seeded run is not for release: refused unless accepted
+    refused = check_receipt(result.receipt_path, accept_seeded=False)
+    assert [c.name for c in refused.checks if not c.ok] == ["randomness"]
 
-    # a tampered epsilon (1e-5 relative), artifact or dataset is caught
-    tampered = dict(receipt)
-    tampered["privacy"] = dict(receipt["privacy"])
-    tampered["privacy"]["epsilon"] = dict(receipt["privacy"]["epsilon"])
-    tampered["privacy"]["epsilon"]["prv"] *= 1 + 1e-5
-    result.receipt_path.write_text(json.dumps(tampered))
-    assert not verify_receipt(result.receipt_path).ok
-    result.receipt_path.write_text(json.dumps(receipt))
+    # a changed model file, or dataset, is caught
+    signed = result.receipt_path.read_bytes()
     with result.model_path.open("ab") as fh:
         fh.write(b"\0")
-    bad = verify_receipt(result.receipt_path, check_data=False)
+    bad = check_receipt(result.receipt_path, check_data=False)
     assert [c.name for c in bad.checks if not c.ok] == ["artifact"]
     with Path(cfg.data.path).open("a") as fh:
         fh.write("0.1,0.2,0.3,0.4,1\n")
-    assert "dataset" in [c.name for c in verify_receipt(result.receipt_path).checks if not c.ok]
+    assert "dataset" in [c.name for c in check_receipt(result.receipt_path).checks if not c.ok]
+    assert result.receipt_path.read_bytes() == signed
 
     # the same idempotency key after settlement: refused, nothing read
     again = make_config(
@@ -129,7 +140,7 @@ def test_run_settles_spend_and_receipt_replays(make_config: ConfigFactory, ledge
         budget={"idempotency_key": "run-1"},
         output={"dir": str(result.model_path.parent) + "-again"},
     )
-    with pytest.raises(BudgetRefusedError, match="is settled"):
+    with pytest.raises(BudgetRefusedError, match=r"is settled.*never trains twice"):
         train_private(again, ledger=ledger, load=counter)
     assert counter.calls == 1
 
@@ -139,7 +150,7 @@ def test_stops_before_exceeding_the_budget(make_config: ConfigFactory, ledger: L
     sigma = 3.0
     cfg = make_config(training={"noise_multiplier": sigma, "epochs": 100}, budget={"epsilon": "1"})
     result = train_private(cfg, ledger=ledger)
-    tr = json.loads(result.receipt_path.read_text())["training"]
+    tr = load_receipt(result.receipt_path)["training"]
     assert result.stop_reason == "budget"
     assert 0 < result.steps == tr["step_limit"] < tr["planned_steps"] == 500
     q, delta = tr["sample_rate"], 1e-5
@@ -170,14 +181,17 @@ def test_batchnorm_rejected_and_fixed_only_when_asked(
     logs: list[str] = []
     cfg = make_config(model={"norm": "batch", "fix_model": True})
     result = train_private(cfg, ledger=ledger, log=logs.append)
-    fixed = json.loads(result.receipt_path.read_text())["model"]["fixed"]
+    fixed = load_receipt(result.receipt_path)["model"]["fixed"]
     assert fixed and all("BatchNorm1d -> GroupNorm" in f for f in fixed)
     assert any("fixed for DP-SGD" in m for m in logs)
     assert not any(isinstance(m, torch.nn.BatchNorm1d) for m in result.model.modules())
 
 
 def test_injected_accountant_failure_after_reading_is_charged(
-    make_config: ConfigFactory, ledger: Ledger, monkeypatch: pytest.MonkeyPatch
+    make_config: ConfigFactory,
+    ledger: Ledger,
+    monkeypatch: pytest.MonkeyPatch,
+    check_receipt: Callable[..., Any],
 ) -> None:
     from opacus.accountants.analysis.prv.prvs import DiscretePRV
 
@@ -198,10 +212,10 @@ def test_injected_accountant_failure_after_reading_is_charged(
     # only when configured, RDP stands in, and the receipt says so
     fallback = make_config(accountant={"kind": "prv", "fallback_to_rdp": True})
     result = train_private(fallback, ledger=ledger)
-    acct = json.loads(result.receipt_path.read_text())["privacy"]["accountant"]
+    acct = load_receipt(result.receipt_path)["privacy"]["accountant"]
     assert acct["requested"] == "prv" and acct["used"] == "rdp"
     assert "Discrete mean differs" in acct["fallback_reason"]
-    assert verify_receipt(result.receipt_path).ok
+    assert check_receipt(result.receipt_path).ok
 
 
 def test_injected_opacus_failure_mid_training_aborts(
@@ -231,7 +245,7 @@ def test_injected_opacus_failure_mid_training_aborts(
 
 def test_poisson_sampling_in_effect(make_config: ConfigFactory, ledger: Ledger) -> None:
     result = train_private(make_config(training={"epochs": 4}), ledger=ledger)
-    tr = json.loads(result.receipt_path.read_text())["training"]
+    tr = load_receipt(result.receipt_path)["training"]
     assert tr["batch_size_min"] < tr["batch_size_max"]  # Poisson: sizes vary around 40
 
     x, y = torch.zeros(50, 3), torch.zeros(50, dtype=torch.long)
@@ -252,11 +266,11 @@ def test_grad_sample_mode_is_chosen_and_reported(
     make_config: ConfigFactory, ledger: Ledger
 ) -> None:
     mlp = train_private(make_config(), ledger=ledger)
-    mode = json.loads(mlp.receipt_path.read_text())["training"]["grad_sample_mode"]
+    mode = load_receipt(mlp.receipt_path)["training"]["grad_sample_mode"]
     assert mode["mode"] == "ghost" and "Linear" in mode["reason"]
     cfg = make_config(model={"norm": "layer"}, output={"dir": str(mlp.model_path.parent) + "-ln"})
     ln = train_private(cfg, ledger=ledger)
-    mode = json.loads(ln.receipt_path.read_text())["training"]["grad_sample_mode"]
+    mode = load_receipt(ln.receipt_path)["training"]["grad_sample_mode"]
     assert mode["mode"] in ("ghost", "hooks") and "LayerNorm" in mode["reason"]
     assert "timing probe" in mode["reason"] and "synthetic" in mode["reason"]
     assert ln.timings["probe"] > 0 and "probe" not in mlp.timings
@@ -290,7 +304,7 @@ def test_timing_probe_leaves_the_model_untouched() -> None:
 
 
 def test_sql_source_and_missing_parquet_support(
-    make_config: ConfigFactory, ledger: Ledger, tmp_path: Path
+    make_config: ConfigFactory, ledger: Ledger, tmp_path: Path, check_receipt: Callable[..., Any]
 ) -> None:
     import sqlalchemy as sa
 
@@ -314,9 +328,9 @@ def test_sql_source_and_missing_parquet_support(
         "unit_column": "person",
     }
     result = train_private(make_config(data=data), ledger=ledger)
-    ds = json.loads(result.receipt_path.read_text())["dataset"]
+    ds = load_receipt(result.receipt_path)["dataset"]
     assert ds["rows"] == 120 and ds["features"] == ["a", "b"] and ds["source"] == "sql"
-    assert verify_receipt(result.receipt_path).ok
+    assert check_receipt(result.receipt_path).ok
 
     try:
         import pyarrow  # noqa: F401

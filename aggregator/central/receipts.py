@@ -1,0 +1,368 @@
+"""Signed receipts of central releases, and their verification against the ledger.
+
+`release_receipt` describes one settled release (schema
+"fedldp.release-receipt/v1", documented in docs/aggregator.md) from the ledger
+itself: the ledger's identity, the reservation (id, owner, subject, purpose,
+reserved and spent ε and δ), the events (mechanism, noise parameters, the
+released output, the data file's sha256 recorded at release time), the
+libraries and the randomness source. `fedldp release ... --receipt PATH
+--signing-key KEY` signs it (signing.py, DSSE envelope);
+`verify_release_receipt` (`fedldp verify release`) checks, each with its own
+message: the signature, the ledger's identity, the reservation (settled, same
+owner and amounts), the events against the ledger's, the released value
+against the events, the accountant replayed on the events, the randomness
+(seeded releases are not for release unless accepted) and, given the data
+file, its sha256.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import platform
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from decimal import Decimal
+from fractions import Fraction
+from importlib import metadata
+from pathlib import Path
+from typing import Any, Protocol
+
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+from fedldp.aggregator.central.signing import (
+    RELEASE_RECEIPT_TYPE,
+    SignatureError,
+    is_envelope,
+    payload_of,
+    read_json,
+    verify,
+)
+
+SCHEMA = "fedldp.release-receipt/v1"
+#: Slack of a PLD replay against a calibrated (ε, δ) (PLD discretization, pessimistic).
+PLD_SLACK = 1e-3
+
+
+class ReleaseReceiptError(ValueError):
+    """The file is not a release receipt at all (unreadable, not JSON, other schema)."""
+
+
+@dataclass(frozen=True)
+class Check:
+    """One verification step and its outcome."""
+
+    name: str
+    ok: bool
+    detail: str
+    skipped: bool = False
+
+
+@dataclass
+class Verification:
+    """All checks of one receipt; `ok` when none failed (skipped ones are listed)."""
+
+    checks: list[Check] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return all(c.ok for c in self.checks if not c.skipped)
+
+    def add(self, name: str, ok: bool, detail: str, *, skipped: bool = False) -> None:
+        self.checks.append(Check(name, ok, detail, skipped))
+
+    def failures(self) -> dict[str, str]:
+        """{check name: message} of the failed checks."""
+        return {c.name: c.detail for c in self.checks if not c.ok and not c.skipped}
+
+
+class ReceiptLedger(Protocol):
+    """What receipts read from the ledger (fedldp.collector.ledger.Ledger)."""
+
+    def ledger_id(self) -> str: ...
+
+    def reservation(self, reservation_id: str) -> Any: ...
+
+    def central_events(self, subject: str, purpose: str) -> Sequence[Any]: ...
+
+
+def library_versions() -> dict[str, str]:
+    """Versions of what shapes a central release (for its receipt)."""
+    out = {"python": platform.python_version()}
+    for name in ("fedldp", "dp-accounting", "numpy", "scipy", "cryptography"):
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            out[name] = "not installed"
+    return out
+
+
+def file_sha256(path: Path) -> str:
+    """Lowercase hex SHA-256 of a file's bytes."""
+    h = hashlib.sha256()
+    with path.open("rb") as fh:
+        while chunk := fh.read(1 << 20):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _events_of(ledger: ReceiptLedger, res: Any) -> list[dict[str, Any]]:
+    return [
+        dict(e.event)
+        for e in ledger.central_events(res.subject, res.purpose)
+        if e.reservation_id == res.id
+    ]
+
+
+def release_receipt(
+    ledger: ReceiptLedger,
+    reservation_id: str,
+    *,
+    value: str,
+    randomness: str = "os-csprng",
+) -> dict[str, Any]:
+    """The receipt of a settled release, built from the ledger (module docstring).
+
+    `randomness` is "os-csprng" for the production path (OS CSPRNG) and
+    "seeded" when the caller passed its own generator: such a receipt is marked
+    not for release.
+    """
+    res = ledger.reservation(reservation_id)
+    if res.status != "settled":
+        raise ValueError(f"reservation {reservation_id} is {res.status}: nothing was released")
+    events = _events_of(ledger, res)
+    digests = sorted({str(e.get("data_sha256")) for e in events if "data_sha256" in e})
+    return {
+        "schema": SCHEMA,
+        "kind": res.metadata.get("kind"),
+        "value": value,
+        "ledger": {
+            "ledger_id": ledger.ledger_id(),
+            "reservation_id": res.id,
+            "owner": res.owner,
+            "subject": res.subject,
+            "purpose": res.purpose,
+            "idempotency_key": res.idempotency_key,
+            "metadata": dict(res.metadata),
+            "epsilon_reserved": str(res.epsilon),
+            "delta_reserved": str(res.delta),
+            "epsilon_spent": str(res.epsilon_spent),
+            "delta_spent": str(res.delta_spent),
+        },
+        "events": events,
+        "data": {"sha256": digests[0] if len(digests) == 1 else None},
+        "libraries": library_versions(),
+        "randomness": {"source": randomness},
+        "for_release": randomness == "os-csprng",
+    }
+
+
+# --- verification ---
+
+
+def verify_release_receipt(
+    path: Path,
+    *,
+    trusted: Mapping[str, Ed25519PublicKey],
+    ledger: ReceiptLedger,
+    accept_seeded: bool = False,
+    data_path: Path | None = None,
+) -> Verification:
+    """Verify a signed release receipt (module docstring); never raises on a failed check.
+
+    Raises ReleaseReceiptError only when the file is not a release receipt at all.
+    """
+    try:
+        document = read_json(path)
+    except (OSError, ValueError) as exc:
+        raise ReleaseReceiptError(f"cannot read {path}: {exc}") from exc
+    out = Verification()
+    if is_envelope(document):
+        try:
+            receipt = payload_of(document)
+        except SignatureError as exc:
+            raise ReleaseReceiptError(f"{path}: {exc}") from exc
+        try:
+            _, signer = verify(document, RELEASE_RECEIPT_TYPE, trusted)
+            out.add("signature", True, f"signed by trusted receipt key {signer}")
+        except SignatureError as exc:
+            out.add("signature", False, str(exc))
+    else:
+        receipt = document
+        out.add("signature", False, "the receipt is not signed (plain JSON, no envelope)")
+    if not isinstance(receipt, dict) or receipt.get("schema") != SCHEMA:
+        raise ReleaseReceiptError(f"{path} is not a {SCHEMA} receipt")
+    res = _check_reservation(out, receipt, ledger)
+    if res is not None:
+        _check_events(out, receipt, ledger, res)
+    _check_value(out, receipt)
+    _replay(out, receipt)
+    _check_randomness(out, receipt, accept_seeded)
+    _check_data(out, receipt, data_path)
+    return out
+
+
+def _check_reservation(
+    out: Verification, receipt: dict[str, Any], ledger: ReceiptLedger
+) -> Any | None:
+    from fedldp.collector.ledger import ReservationNotFoundError
+
+    led = receipt.get("ledger", {})
+    here = ledger.ledger_id()
+    out.add(
+        "ledger identity",
+        led.get("ledger_id") == here,
+        f"ledger {here}"
+        if led.get("ledger_id") == here
+        else f"the receipt names ledger {led.get('ledger_id')!r}, this ledger is {here}",
+    )
+    rid = str(led.get("reservation_id"))
+    try:
+        res = ledger.reservation(rid)
+    except ReservationNotFoundError:
+        out.add("reservation", False, f"no reservation {rid!r} in this ledger")
+        return None
+    problems = []
+    if res.status != "settled":
+        problems.append(f"it is {res.status}, not settled")
+    if res.owner != led.get("owner"):
+        problems.append("its owner is not the run named in this receipt")
+    if (res.subject, res.purpose) != (led.get("subject"), led.get("purpose")):
+        problems.append(f"it charges ({res.subject}, {res.purpose}), not the receipt's")
+    for name, recorded in (
+        ("epsilon_reserved", res.epsilon),
+        ("delta_reserved", res.delta),
+        ("epsilon_spent", res.epsilon_spent),
+        ("delta_spent", res.delta_spent),
+    ):
+        if recorded is None or _decimal(led.get(name)) != recorded:
+            problems.append(f"receipt {name} {led.get(name)} != ledger's {recorded}")
+    out.add(
+        "reservation",
+        not problems,
+        f"{rid} settled, same owner and amounts"
+        if not problems
+        else f"{rid}: " + "; ".join(problems),
+    )
+    return res
+
+
+def _check_events(
+    out: Verification, receipt: dict[str, Any], ledger: ReceiptLedger, res: Any
+) -> None:
+    recorded = _events_of(ledger, res)
+    same = recorded == receipt.get("events")
+    out.add(
+        "events",
+        same,
+        f"{len(recorded)} event(s) as in the ledger (mechanism, noise, output)"
+        if same
+        else "the receipt's events (mechanism, noise parameters or outputs) differ from the "
+        "ledger's",
+    )
+
+
+def _check_value(out: Verification, receipt: dict[str, Any]) -> None:
+    """The released value follows from the events' outputs (mean: noisy sum / noisy count)."""
+    events = {str(e.get("query")): e for e in receipt.get("events", [])}
+    kind, value = receipt.get("kind"), receipt.get("value")
+    try:
+        if kind == "mean":
+            meta = receipt["ledger"]["metadata"]
+            lower, upper = Decimal(meta["lower"]), Decimal(meta["upper"])
+            noisy_sum = Decimal(str(events["sum"]["output"]))
+            noisy_count = Decimal(str(events["count"]["output"]))
+            expected = (
+                (lower + upper) / 2
+                if noisy_count < 1
+                else min(max(noisy_sum / noisy_count, lower), upper)
+            )
+            ok = Decimal(str(value)) == expected
+        else:
+            ok = str(events[str(kind)]["output"]) == str(value)
+    except (KeyError, ArithmeticError, TypeError):
+        ok = False
+    out.add(
+        "value",
+        ok,
+        f"{kind} {value} follows from the recorded outputs"
+        if ok
+        else f"the released value {value!r} does not follow from the recorded outputs",
+    )
+
+
+def _event_epsilon(event: Mapping[str, Any]) -> Fraction:
+    """The ε an event's own parameters give (pure kinds exactly; Gaussian kinds by PLD)."""
+    from fedldp.aggregator.central.accounting import events_epsilon
+
+    kind = event.get("kind")
+    if kind == "discrete_laplace":
+        return Fraction(int(event["lattice_sensitivity"])) / Fraction(str(event["scale"]))
+    if kind == "exponential":
+        return Fraction(str(event["epsilon"]))
+    eps = events_epsilon([event], "pld", float(Decimal(str(event["delta"]))))
+    return Fraction(eps) - Fraction(PLD_SLACK)
+
+
+def _replay(out: Verification, receipt: dict[str, Any]) -> None:
+    """Each event's parameters give at most its recorded ε; Σ of events ≤ the charge."""
+    from fedldp.aggregator.central.accounting import CompositionError
+
+    events = receipt.get("events", [])
+    spent = _decimal(receipt.get("ledger", {}).get("epsilon_spent"))
+    problems = []
+    total = Fraction(0)
+    try:
+        for e in events:
+            claimed = Fraction(str(e["epsilon"]))
+            total += claimed
+            if _event_epsilon(e) > claimed:
+                problems.append(f"{e.get('kind')} noise gives more than its epsilon {claimed}")
+    except (CompositionError, KeyError, ValueError, ZeroDivisionError) as exc:
+        problems.append(f"cannot replay: {exc}")
+    if spent is None or total > Fraction(spent):
+        problems.append(f"events' epsilon {float(total)} exceeds the charge {spent}")
+    if not events:
+        problems.append("no events to replay")
+    out.add(
+        "accountant replay",
+        not problems,
+        f"every event's noise gives at most its epsilon; total {float(total)} <= {spent}"
+        if not problems
+        else "; ".join(problems),
+    )
+
+
+def _check_randomness(out: Verification, receipt: dict[str, Any], accept_seeded: bool) -> None:
+    source = receipt.get("randomness", {}).get("source")
+    if source == "os-csprng" and receipt.get("for_release") is True:
+        out.add("randomness", True, "os-csprng: for release")
+    elif accept_seeded:
+        out.add("randomness", True, f"{source}: NOT for release (accepted with --accept-seeded)")
+    else:
+        out.add(
+            "randomness",
+            False,
+            f"randomness {source!r}: a seeded release is not for release "
+            "(pass --accept-seeded to accept it, for tests only)",
+        )
+
+
+def _check_data(out: Verification, receipt: dict[str, Any], data_path: Path | None) -> None:
+    claimed = receipt.get("data", {}).get("sha256")
+    recorded = {e.get("data_sha256") for e in receipt.get("events", [])}
+    if data_path is None:
+        out.add("data", True, "not checked (pass --data FILE)", skipped=True)
+        return
+    digest = file_sha256(data_path)
+    ok = digest == claimed and recorded == {digest}
+    out.add(
+        "data",
+        ok,
+        f"sha256 {digest}" if ok else f"file sha256 {digest} != the receipt's {claimed}",
+    )
+
+
+def _decimal(value: object) -> Decimal | None:
+    try:
+        return Decimal(str(value))
+    except ArithmeticError:
+        return None

@@ -1,0 +1,147 @@
+"""Signed central-release receipts: written by `fedldp release`, checked by `fedldp verify
+release` against the ledger; each tamper fails on its own check (SQLite and PostgreSQL)."""
+
+from __future__ import annotations
+
+import copy
+import json
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+from fedldp.aggregator.central.receipts import release_receipt, verify_release_receipt
+from fedldp.aggregator.central.releases import private_count
+from fedldp.aggregator.central.signing import (
+    RELEASE_RECEIPT_TYPE,
+    payload_of,
+    sign,
+    trusted_keys,
+)
+from fedldp.client.policy import generate_key, load_private_key, load_public_key
+from fedldp.collector.ledger import Ledger, open_ledger
+
+from fedldp.cli import main
+
+SUBJECT, PURPOSE = "team", "weekly"
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'ledger.db'}"
+    return str(request.getfixturevalue("postgresql_url"))
+
+
+@pytest.fixture
+def ledger(url: str) -> Any:
+    led = open_ledger(url)
+    led.set_central_cap(SUBJECT, PURPOSE, epsilon_cap=Decimal(10), delta_cap=Decimal("1e-4"))
+    yield led
+    led.close()
+
+
+@pytest.fixture
+def keys(tmp_path: Path) -> tuple[Path, Path]:
+    out = CliRunner().invoke(main, ["keys", "generate", "--out", str(tmp_path), "--name", "rcpt"])
+    assert out.exit_code == 0, out.output
+    return tmp_path / "rcpt.key", tmp_path / "rcpt.pub"
+
+
+def _release(url: str, tmp_path: Path, keys: tuple[Path, Path], kind: str, *extra: str) -> Path:
+    data = tmp_path / "data.txt"
+    data.write_text("\n".join(str(v) for v in range(1, 41)) + "\n")
+    receipt = tmp_path / f"{kind}.receipt.json"
+    out = CliRunner().invoke(
+        main,
+        [
+            "release", kind, "--ledger", url, "--subject", SUBJECT, "--purpose", PURPOSE,
+            "--epsilon", "1", "--key", f"k-{kind}", "--data", str(data),
+            "--receipt", str(receipt), "--signing-key", str(keys[0]), *extra,
+        ],
+    )  # fmt: skip
+    assert out.exit_code == 0, out.output
+    return receipt
+
+
+@pytest.mark.parametrize(
+    ("kind", "extra"),
+    [
+        ("count", ()),
+        ("sum", ("--lower", "0", "--upper", "50")),
+        ("mean", ("--lower", "0", "--upper", "50", "--mechanism", "gaussian", "--delta", "1e-6")),
+        ("choice", ("--candidates", "1,2,3")),
+    ],
+)
+def test_every_release_kind_verifies(
+    ledger: Ledger, url: str, tmp_path: Path, keys: tuple[Path, Path], kind: str, extra: Any
+) -> None:
+    receipt = _release(url, tmp_path, keys, kind, *extra)
+    out = CliRunner().invoke(
+        main,
+        [
+            "verify", "release", str(receipt), "--ledger", url,
+            "--trusted-key", str(keys[1]), "--data", str(tmp_path / "data.txt"),
+        ],
+    )  # fmt: skip
+    assert out.exit_code == 0, out.output
+    assert "release receipt verified" in out.output and "SKIP" not in out.output
+
+
+def test_each_tamper_fails_on_its_own_check(
+    ledger: Ledger, url: str, tmp_path: Path, keys: tuple[Path, Path]
+) -> None:
+    path = _release(url, tmp_path, keys, "sum", "--lower", "0", "--upper", "50")
+    original = payload_of(json.loads(path.read_text()))
+    key = load_private_key(keys[0])
+    trusted = trusted_keys([load_public_key(keys[1])])
+
+    def failures(receipt: dict[str, Any], signer: Any = key, **kw: Any) -> dict[str, str]:
+        path.write_text(json.dumps(sign(RELEASE_RECEIPT_TYPE, receipt, signer)))
+        return verify_release_receipt(path, trusted=trusted, ledger=ledger, **kw).failures()
+
+    assert failures(original, data_path=tmp_path / "data.txt") == {}
+
+    def edit(fn: Any) -> dict[str, Any]:
+        forged = copy.deepcopy(original)
+        fn(forged)
+        return forged
+
+    value = edit(lambda r: r.update(value=str(Decimal(r["value"]) + 1)))
+    assert set(failures(value)) == {"value"}
+    output = edit(lambda r: r["events"][0].update(output="0"))
+    assert set(failures(output)) == {"events", "value"}
+    spent = edit(lambda r: r["ledger"].update(epsilon_spent="0.5"))
+    assert "receipt epsilon_spent 0.5 != ledger's 1" in failures(spent)["reservation"]
+    moved = edit(lambda r: r["ledger"].update(reservation_id="f" * 32))
+    assert "no reservation" in failures(moved)["reservation"]
+    weaker = edit(lambda r: r["events"][0].update(scale="1/100"))  # noise shrunk 1000x
+    got = failures(weaker)
+    assert "noise gives more than its epsilon" in got["accountant replay"] and "events" in got
+    assert "untrusted key" in failures(original, generate_key())["signature"]
+    (tmp_path / "data.txt").write_text("1\n")
+    assert "file sha256" in failures(original, data_path=tmp_path / "data.txt")["data"]
+
+
+def test_a_seeded_release_is_not_for_release(ledger: Ledger, tmp_path: Path) -> None:
+    import random
+
+    rel = private_count(
+        ledger,
+        subject=SUBJECT,
+        purpose=PURPOSE,
+        epsilon=Decimal(1),
+        idempotency_key="seeded",
+        now=1,
+        load=lambda: ["a", "b"],
+        rng=random.Random(4),
+    )
+    key = generate_key()
+    receipt = release_receipt(ledger, rel.reservation_id, value=str(rel.value), randomness="seeded")
+    path = tmp_path / "seeded.json"
+    path.write_text(json.dumps(sign(RELEASE_RECEIPT_TYPE, receipt, key)))
+    trusted = trusted_keys([key.public_key()])
+    refused = verify_release_receipt(path, trusted=trusted, ledger=ledger).failures()
+    assert set(refused) == {"randomness"} and "not for release" in refused["randomness"]
+    assert verify_release_receipt(path, trusted=trusted, ledger=ledger, accept_seeded=True).ok
