@@ -210,3 +210,14 @@ def set_cap_cmd(
         except (TypeError, ValueError) as exc:
             raise click.ClickException(str(exc)) from None
     click.echo(f"central cap of {subject} for {purpose}: eps={eps} delta={delta}")
+
+
+def _attach_central_commands() -> None:
+    """`ledger reservations` and `ledger settle-stale` live with the central commands."""
+    from fedldp.cli_train import ledger_reservations, ledger_settle_stale
+
+    ledger.add_command(ledger_reservations)
+    ledger.add_command(ledger_settle_stale)
+
+
+_attach_central_commands()

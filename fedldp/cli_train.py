@@ -408,3 +408,161 @@ def audit_membership(
         }
         json_path.write_text(json.dumps(payload, indent=2) + "\n", encoding="utf-8")
         click.echo(f"wrote {json_path}")
+
+
+# --- `fedldp ledger reservations` and `fedldp ledger settle-stale` (attached to the
+# `ledger` group in cli_collector.py) ---
+
+_RESERVATION_STATES = ("open", "stale", "settled", "cancelled")
+
+
+def _ledger_url_of(url: str | None, config_path: str | None) -> str:
+    from fedldp.cli_collector import _ledger_url
+
+    return _ledger_url(url, config_path)
+
+
+def _age(seconds: int) -> str:
+    """A short human duration: 42s, 17m, 5h, 3d."""
+    s = abs(seconds)
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if s >= size:
+            return f"{s // size}{unit}"
+    return f"{s}s"
+
+
+def _state(res: Any, now: int) -> str:
+    if res.status == "reserved":
+        return "stale" if res.stale(now) else "open"
+    return str(res.status)
+
+
+def _reservation_row(res: Any, now: int) -> dict[str, Any]:
+    return {
+        "id": res.id,
+        "state": _state(res, now),
+        "subject": res.subject,
+        "purpose": res.purpose,
+        "kind": res.metadata.get("kind"),
+        "age_seconds": now - res.created_at,
+        "epsilon_reserved": str(res.epsilon),
+        "delta_reserved": str(res.delta),
+        "epsilon_spent": None if res.epsilon_spent is None else str(res.epsilon_spent),
+        "delta_spent": None if res.delta_spent is None else str(res.delta_spent),
+        "data_opened": res.data_opened_at is not None,
+        "lease_expires_at": res.lease_expires_at,
+        "closed_at": res.closed_at,
+        "reason": res.close_reason,
+    }
+
+
+@click.command(name="reservations")
+@click.option(
+    "--state",
+    "states",
+    multiple=True,
+    type=click.Choice(_RESERVATION_STATES),
+    help="only these states (repeat; default: all). stale = open with its lease expired",
+)
+@click.option("--subject", help="only this subject")
+@click.option(
+    "--url",
+    envvar="FEDLDP_COLLECTOR_LEDGER_URL",
+    help="ledger URL (default: from --config / FEDLDP_COLLECTOR_LEDGER_URL)",
+)
+@click.option(
+    "--config",
+    "config_path",
+    type=click.Path(exists=True, dir_okay=False),
+    help="collector.toml to read ledger_url from",
+)
+@click.option("--now", type=int, help="the time to judge leases at (Unix seconds; default: now)")
+@click.option("--json", "as_json", is_flag=True, help="one JSON object per reservation")
+def ledger_reservations(
+    states: tuple[str, ...],
+    subject: str | None,
+    url: str | None,
+    config_path: str | None,
+    now: int | None,
+    as_json: bool,
+) -> None:
+    """List central reservations: open, stale (lease expired), settled, cancelled.
+
+    An open or stale reservation is charged in full until it is settled; a stale one
+    (its run crashed or was killed) is settled by `fedldp ledger settle-stale`.
+    """
+    import time
+
+    from fedldp.collector.ledger import open_ledger
+
+    now = int(time.time()) if now is None else now
+    with open_ledger(_ledger_url_of(url, config_path)) as led:
+        rows = [_reservation_row(r, now) for r in led.all_reservations()]
+    rows = [
+        r
+        for r in rows
+        if (not states or r["state"] in states) and (subject is None or r["subject"] == subject)
+    ]
+    if as_json:
+        for r in rows:
+            click.echo(json.dumps(r, sort_keys=True))
+        return
+    if not rows:
+        click.echo("no reservations")
+        return
+    click.echo(
+        f"{'reservation':<32} {'state':<9} {'age':>5} {'eps':>8} {'delta':>8} "
+        f"{'spent':>14} {'data':<6} subject/purpose"
+    )
+    for r in rows:
+        spent = r["epsilon_spent"] if r["epsilon_spent"] is not None else "-"
+        click.echo(
+            f"{r['id']:<32} {r['state']:<9} {_age(r['age_seconds']):>5} "
+            f"{r['epsilon_reserved']:>8} {r['delta_reserved']:>8} {spent:>14} "
+            f"{'opened' if r['data_opened'] else '-':<6} {r['subject']}/{r['purpose']}"
+        )
+    charged = [r for r in rows if r["state"] in ("open", "stale")]
+    if charged:
+        click.echo(
+            f"{len(charged)} open reservation(s) charged in full until settled; "
+            f"{sum(r['state'] == 'stale' for r in charged)} stale"
+        )
+
+
+@click.command(name="settle-stale")
+@click.argument("reservation_id")
+@click.option("--now", type=int, help="the time to judge leases at (Unix seconds; default: now)")
+@click.option("--note", default="", help="why (kept in the reservation's log)")
+@click.option(
+    "--url",
+    envvar="FEDLDP_COLLECTOR_LEDGER_URL",
+    help="ledger URL (default: from --config / FEDLDP_COLLECTOR_LEDGER_URL)",
+)
+@click.option(
+    "--config",
+    "config_path",
+    type=click.Path(exists=True, dir_okay=False),
+    help="collector.toml to read ledger_url from",
+)
+def ledger_settle_stale(
+    reservation_id: str, note: str, url: str | None, config_path: str | None, now: int | None
+) -> None:
+    """Settle a STALE reservation AS SPENT (the full reserved amount; never a refund).
+
+    Refused while its run's lease is live. The action is logged as an event of the
+    reservation (settled_stale, with --note).
+    """
+    import time
+
+    from fedldp.collector.ledger import LedgerError, open_ledger
+
+    with open_ledger(_ledger_url_of(url, config_path)) as led:
+        try:
+            stamp = int(time.time()) if now is None else now
+            res = led.settle_stale(reservation_id, now=stamp, note=note)
+        except (LedgerError, KeyError) as exc:
+            raise click.ClickException(str(exc).strip("\"'")) from None
+    click.echo(
+        f"reservation {res.id} settled as spent: eps={res.epsilon_spent} "
+        f"delta={res.delta_spent} ({res.subject}/{res.purpose})"
+    )

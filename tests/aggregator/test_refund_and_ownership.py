@@ -195,3 +195,50 @@ def test_concurrent_release_processes_with_one_key_release_once(
     (res,) = ledger.reservations(SUBJECT, PURPOSE)
     assert res.status == "settled"
     assert ledger.central_spend(SUBJECT, PURPOSE) == (Decimal(1), Decimal(0))
+
+
+def test_killed_run_is_listed_then_settled_as_spent_by_the_operator(
+    ledger: Ledger, url: str, tmp_path: Path
+) -> None:
+    """kill -9 while the run reads: the reservation stays charged (open, data opened), shows
+    as stale once the lease is over, and the operator settles it as spent, logged."""
+    import signal
+
+    from click.testing import CliRunner
+
+    from fedldp.cli import main
+
+    marker, go = tmp_path / "reads", tmp_path / "go"
+    run = _start("release", url, "killed", str(marker), str(go), str(tmp_path / "out.json"))
+    _wait_for(marker, 1)
+    run.send_signal(signal.SIGKILL)
+    run.wait(60)
+    (res,) = ledger.reservations(SUBJECT, PURPOSE)
+    assert res.status == "reserved" and res.data_opened_at is not None
+    assert ledger.central_spend(SUBJECT, PURPOSE) == (Decimal(1), Decimal(0))
+    done = ledger.reserve(
+        subject=SUBJECT, purpose=PURPOSE, epsilon=Decimal("0.5"), delta=Decimal(0),
+        idempotency_key="done", now=res.created_at, owner="o",
+    )  # fmt: skip
+    ledger.cancel(done.id, now=res.created_at, owner="o")
+    runner = CliRunner()
+    base = ["ledger", "reservations", "--url", url, "--json"]
+    rows = [json.loads(line) for line in runner.invoke(main, base).output.splitlines()]
+    assert sorted((r["state"], r["data_opened"]) for r in rows) == [
+        ("cancelled", False),
+        ("open", True),
+    ]
+    refused = runner.invoke(main, ["ledger", "settle-stale", res.id, "--url", url])
+    assert refused.exit_code == 1 and "held by a live run" in refused.output
+    later = str(res.lease_expires_at + 1)
+    stale = runner.invoke(main, [*base, "--state", "stale", "--now", later]).output.splitlines()
+    assert [json.loads(line)["id"] for line in stale] == [res.id]
+    table = runner.invoke(main, ["ledger", "reservations", "--url", url, "--now", later])
+    assert "stale" in table.output and "1 open reservation(s) charged in full" in table.output
+    settled = runner.invoke(
+        main, ["ledger", "settle-stale", res.id, "--url", url, "--now", later, "--note", "oom"]
+    )
+    assert settled.exit_code == 0 and "settled as spent: eps=1" in settled.output
+    assert ledger.central_spend(SUBJECT, PURPOSE) == (Decimal(1), Decimal(0))
+    assert ledger.reservation_log(res.id)[-1]["action"] == "settled_stale"
+    assert ledger.reconcile() == []
