@@ -14,15 +14,21 @@ Two attacks, both needing only the model's outputs on a row and its label:
 
 The held-out rows are split in two: a reference half (used only to fit μ, σ) and
 an evaluation half; members are subsampled to the evaluation half's size so both
-classes weigh the same. Reported: ROC AUC and TPR at the requested FPRs (the
-smallest FPR that can be resolved is 1 / number of evaluated non-members).
+classes weigh the same. Reported: ROC AUC with a 95 % percentile-bootstrap
+interval (BOOTSTRAP resamples of members and non-members, fixed seed; Efron and
+Tibshirani 1993, §13.3), and TPR at each requested FPR with a 95 %
+Clopper–Pearson interval (exact binomial; Clopper and Pearson 1934). An FPR is
+reported only when the evaluated non-members allow at least MIN_FALSE_POSITIVES
+false positives at it (n · FPR ≥ 10); a lower FPR is listed as unresolved with
+the number of held-out rows it would need, rather than given a point estimate
+that the sample cannot support.
 
 For an (ε, δ)-DP training run, any attack's ROC lies under
 TPR ≤ min(1, e^ε·FPR + δ, 1 − e^(−ε)·(1 − δ − FPR)) (Kairouz, Oh, Viswanath
 2015, "The Composition Theorem for Differential Privacy", Thm. 2.1; the
 hypothesis-testing region of (ε, δ)-DP), and its AUC under the area of that
-curve. An empirical point above the bound means the guarantee, or the
-implementation, is broken (up to sampling error of the empirical TPR).
+curve. A TPR whose Clopper–Pearson LOWER bound is above the DP bound at its
+achieved FPR refutes the claimed (ε, δ) at 95 % confidence (`violations`).
 
 Audit outputs are computed from the private training rows and are not
 themselves differentially private: they are for the operator's review.
@@ -41,6 +47,41 @@ from numpy.typing import NDArray
 from torch import nn
 
 DEFAULT_FPRS = (0.001, 0.01, 0.1)
+#: An FPR is resolvable when the evaluated non-members allow this many false positives.
+MIN_FALSE_POSITIVES = 10
+#: Bootstrap resamples of the AUC interval, and the intervals' confidence level.
+BOOTSTRAP = 1000
+LEVEL = 0.95
+
+
+def clopper_pearson(k: int, n: int, level: float = LEVEL) -> tuple[float, float]:
+    """The exact (Clopper–Pearson 1934) two-sided interval of a binomial proportion k/n."""
+    from scipy.stats import beta
+
+    a = (1 - level) / 2
+    lo = 0.0 if k == 0 else float(beta.ppf(a, k, n - k + 1))
+    hi = 1.0 if k == n else float(beta.ppf(1 - a, k + 1, n - k))
+    return lo, hi
+
+
+def auc_interval(
+    members: NDArray[np.float64],
+    nonmembers: NDArray[np.float64],
+    *,
+    seed: int,
+    resamples: int = BOOTSTRAP,
+    level: float = LEVEL,
+) -> tuple[float, float]:
+    """Percentile-bootstrap interval of the AUC: members and non-members resampled
+    independently with replacement (fixed seed: reproducible)."""
+    rng = np.random.default_rng(seed)
+    n, m = len(members), len(nonmembers)
+    stats = [
+        roc_auc(members[rng.integers(0, n, n)], nonmembers[rng.integers(0, m, m)])
+        for _ in range(resamples)
+    ]
+    a = (1 - level) / 2
+    return float(np.quantile(stats, a)), float(np.quantile(stats, 1 - a))
 
 
 def dp_tpr_bound(epsilon: float, delta: float, fpr: float) -> float:
@@ -92,21 +133,12 @@ def logit_confidence(
 
 def roc_auc(members: NDArray[np.float64], nonmembers: NDArray[np.float64]) -> float:
     """P(score_member > score_nonmember) + ½·P(tie) (Mann–Whitney U / (n·m))."""
-    scores = np.concatenate([members, nonmembers])
-    order = scores.argsort(kind="mergesort")
-    ranks = np.empty(len(scores), dtype=np.float64)
-    sorted_scores = scores[order]
-    # average ranks over ties
-    i = 0
-    while i < len(scores):
-        j = i
-        while j + 1 < len(scores) and sorted_scores[j + 1] == sorted_scores[i]:
-            j += 1
-        ranks[order[i : j + 1]] = (i + j) / 2 + 1
-        i = j + 1
+    from scipy.stats import rankdata
+
+    ranks = rankdata(np.concatenate([members, nonmembers]))  # ties get their average rank
     n, m = len(members), len(nonmembers)
-    u = ranks[:n].sum() - n * (n + 1) / 2
-    return float(u / (n * m))
+    u = float(ranks[:n].sum()) - n * (n + 1) / 2
+    return u / (n * m)
 
 
 def tpr_at_fpr(
@@ -123,12 +155,19 @@ def tpr_at_fpr(
 
 @dataclass(frozen=True)
 class AttackResult:
-    """One attack's figures on one model."""
+    """One attack's figures on one model, with 95 % intervals (module docstring).
+
+    `tpr_at_fpr`, `achieved_fpr` and `tpr_interval` hold the resolvable FPRs only;
+    `unresolved` maps each other requested FPR to the non-members it would need.
+    """
 
     attack: str
     auc: float
     tpr_at_fpr: dict[float, float]
     achieved_fpr: dict[float, float]
+    auc_interval: tuple[float, float] = (0.0, 1.0)
+    tpr_interval: dict[float, tuple[float, float]] = field(default_factory=dict)
+    unresolved: dict[float, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -145,6 +184,18 @@ class AuditReport:
     def bound(self, fpr: float) -> float:
         return dp_tpr_bound(self.epsilon, self.delta, fpr)
 
+    def violations(self) -> list[str]:
+        """(attack, FPR) points whose TPR lower bound exceeds the DP bound at the achieved
+        FPR, and AUC lower bounds above the DP AUC bound: evidence against (ε, δ)."""
+        out = []
+        for a in self.attacks:
+            for f, (lo, _) in a.tpr_interval.items():
+                if lo > self.bound(a.achieved_fpr[f]):
+                    out.append(f"{a.attack} TPR@{f:g}")
+            if a.auc_interval[0] > dp_auc_bound(self.epsilon, self.delta):
+                out.append(f"{a.attack} AUC")
+        return out
+
     def to_json(self) -> dict[str, Any]:
         return {
             "model": self.model,
@@ -154,17 +205,24 @@ class AuditReport:
             "n_nonmembers": self.n_nonmembers,
             "fpr_resolution": 1 / self.n_nonmembers,
             "auc_bound": dp_auc_bound(self.epsilon, self.delta),
+            "confidence_level": LEVEL,
+            "violations": self.violations(),
             "attacks": [
                 {
                     "attack": a.attack,
                     "auc": a.auc,
+                    "auc_interval": list(a.auc_interval),
                     "tpr_at_fpr": {
                         str(f): {
                             "tpr": t,
+                            "tpr_interval": list(a.tpr_interval[f]),
                             "achieved_fpr": a.achieved_fpr[f],
-                            "dp_bound": self.bound(f),
+                            "dp_bound": self.bound(a.achieved_fpr[f]),
                         }
                         for f, t in a.tpr_at_fpr.items()
+                    },
+                    "unresolved_fpr": {
+                        str(f): {"needs_nonmembers": n} for f, n in a.unresolved.items()
                     },
                 }
                 for a in self.attacks
@@ -223,11 +281,34 @@ def membership_audit(
 
     report = AuditReport(name, epsilon, delta, take, take)
     for attack, sm, sn in (("loss-threshold", loss_m, loss_n), ("offline-lira", lr_m, lr_n)):
-        tprs, achieved = {}, {}
-        for f in fprs:
-            tprs[f], achieved[f] = tpr_at_fpr(sm, sn, f)
-        report.attacks.append(AttackResult(attack, roc_auc(sm, sn), tprs, achieved))
+        report.attacks.append(_attack_result(attack, sm, sn, fprs, seed))
     return report
+
+
+def _attack_result(
+    attack: str,
+    members: NDArray[np.float64],
+    nonmembers: NDArray[np.float64],
+    fprs: Sequence[float],
+    seed: int,
+) -> AttackResult:
+    """AUC and TPR at each resolvable FPR, with their 95 % intervals."""
+    tprs, achieved, intervals, unresolved = {}, {}, {}, {}
+    for f in fprs:
+        if len(nonmembers) * f < MIN_FALSE_POSITIVES:
+            unresolved[f] = math.ceil(MIN_FALSE_POSITIVES / f)
+            continue
+        tprs[f], achieved[f] = tpr_at_fpr(members, nonmembers, f)
+        intervals[f] = clopper_pearson(round(tprs[f] * len(members)), len(members))
+    return AttackResult(
+        attack,
+        roc_auc(members, nonmembers),
+        tprs,
+        achieved,
+        auc_interval(members, nonmembers, seed=seed),
+        intervals,
+        unresolved,
+    )
 
 
 def format_report(report: AuditReport) -> str:
@@ -241,7 +322,17 @@ def format_report(report: AuditReport) -> str:
     ]
     for a in report.attacks:
         parts = [
-            f"TPR@{f:g}={t:.4f} (bound {report.bound(f):.4f})" for f, t in a.tpr_at_fpr.items()
+            f"TPR@{f:g}={t:.3f} [{a.tpr_interval[f][0]:.3f}, {a.tpr_interval[f][1]:.3f}] "
+            f"(bound {report.bound(a.achieved_fpr[f]):.3f})"
+            for f, t in a.tpr_at_fpr.items()
         ]
-        lines.append(f"  {a.attack:<15} AUC={a.auc:.4f}  " + "  ".join(parts))
+        parts += [f"TPR@{f:g} unresolved (needs {n} non-members)" for f, n in a.unresolved.items()]
+        lo, hi = a.auc_interval
+        lines.append(f"  {a.attack:<15} AUC={a.auc:.3f} [{lo:.3f}, {hi:.3f}]  " + "  ".join(parts))
+    found = report.violations()
+    lines.append(
+        "  95% intervals; no point refutes the (eps, delta) bound"
+        if not found
+        else f"  BOUND REFUTED at 95% by: {', '.join(found)}"
+    )
     return "\n".join(lines)
