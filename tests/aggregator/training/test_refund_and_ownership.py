@@ -21,7 +21,7 @@ import pytest
 pytest.importorskip("torch", reason="needs the train extra: pip install 'fedldp[train]'")
 pytest.importorskip("opacus", reason="needs the train extra: pip install 'fedldp[train]'")
 
-from fedldp.aggregator.training import TrainingAbortedError, train_private
+from fedldp.aggregator.training import ReservationTakenError, TrainingAbortedError, train_private
 from fedldp.aggregator.training.config import DataConfig
 from fedldp.aggregator.training.data import DataError, Dataset
 from fedldp.collector.ledger import Ledger
@@ -138,24 +138,21 @@ def test_two_training_processes_with_one_key_train_once(
     }
     config_json = tmp_path / "config.json"
     config_json.write_text(json.dumps(raw))
-    marker, go = tmp_path / "reads", tmp_path / "go"
-    outs = [tmp_path / "a.json", tmp_path / "b.json"]
-
-    def start(out: Path) -> subprocess.Popen[bytes]:
-        args = [str(config_json), str(marker), str(go), str(out)]
-        return subprocess.Popen([sys.executable, str(WORKER), "train", *args])
-
-    first = start(outs[0])
+    marker, go, out = tmp_path / "reads", tmp_path / "go", tmp_path / "a.json"
+    args = [str(config_json), str(marker), str(go), str(out)]
+    first = subprocess.Popen([sys.executable, str(WORKER), "train", *args])
     deadline = time.monotonic() + 120
     while not marker.exists():  # the first run has opened the data and holds the key
         assert time.monotonic() < deadline and first.poll() is None, "first run never read"
         time.sleep(0.05)
-    second = start(outs[1])
-    assert second.wait(120) == 0
+    # the second run, in this process, with the same configuration and key
+    reads: list[DataConfig] = []
+    with pytest.raises(ReservationTakenError, match="never trains twice"):
+        train_private(cfg, load=lambda c: reads.append(c) or pytest.fail("read"))
+    assert reads == []
     go.touch()
     assert first.wait(120) == 0
-    a, b = (json.loads(o.read_text()) for o in outs)
-    assert b["error"] == "ReservationTakenError" and "never trains twice" in b["message"]
+    a = json.loads(out.read_text())
     assert "ok" in a
     assert marker.read_text().splitlines() == ["read"]
     (res,) = ledger.reservations(SUBJECT, PURPOSE)
