@@ -6,6 +6,8 @@ Heavy imports (numpy, SQLAlchemy, matplotlib, scipy) happen inside the commands.
 from __future__ import annotations
 
 import csv
+import hashlib
+import io
 import json
 import time
 from collections.abc import Callable, Iterator
@@ -305,12 +307,29 @@ def _decimal(text: str | None, name: str) -> Decimal | None:
     return value
 
 
+class _HashingReader(io.RawIOBase):
+    """A raw binary stream over `fh` that feeds every byte it hands out to `digest`."""
+
+    def __init__(self, fh: io.BufferedReader, digest: Any) -> None:
+        self._fh, self._digest = fh, digest
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        n = self._fh.readinto(buffer)
+        if n:
+            self._digest.update(memoryview(buffer)[:n])
+        return n or 0
+
+
 class _DataFile:
     """A loader over a one-value-per-line file or a CSV column, read only when called.
 
-    It hashes the exact bytes it reads (`sha256`, the data manifest digest stored
-    in the ledger's events and signed into the receipt), so the digest is of
-    what was released, read once, after the ledger recorded the data opened.
+    It hashes the exact bytes it reads, streaming (`sha256` once the whole file
+    was read: the data manifest digest stored in the ledger's events and signed
+    into the receipt), so the digest is of what was released, read once, after
+    the ledger recorded the data opened.
     """
 
     def __init__(self, path: str, column: str | None) -> None:
@@ -318,28 +337,28 @@ class _DataFile:
         self.sha256: str | None = None
 
     def digest(self) -> str:
-        assert self.sha256 is not None, "the data was not read"
+        assert self.sha256 is not None, "the data was not read to its end"
         return self.sha256
 
     def __call__(self) -> Iterator[str]:
-        import hashlib
-        import io
-
+        digest = hashlib.sha256()
         with open(self.path, "rb") as fh:
-            raw = fh.read()
-        self.sha256 = hashlib.sha256(raw).hexdigest()
-        text = io.StringIO(raw.decode("utf-8"), newline="")
-        if self.column is None:
-            for line in text:
-                value = line.strip()
-                if value:
-                    yield value
-            return
-        reader = csv.DictReader(text)
-        if reader.fieldnames is None or self.column not in reader.fieldnames:
-            raise click.ClickException(f"{self.path} has no column {self.column!r}")
-        for row in reader:
-            yield row[self.column]
+            text = io.TextIOWrapper(
+                io.BufferedReader(_HashingReader(fh, digest)), encoding="utf-8", newline=""
+            )
+            if self.column is None:
+                for line in text:
+                    value = line.strip()
+                    if value:
+                        yield value
+            else:
+                reader = csv.DictReader(text)
+                if reader.fieldnames is None or self.column not in reader.fieldnames:
+                    raise click.ClickException(f"{self.path} has no column {self.column!r}")
+                for row in reader:
+                    yield row[self.column]
+            text.read()  # hash to the end whatever the parser left
+        self.sha256 = digest.hexdigest()
 
 
 _common = [

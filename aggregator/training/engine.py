@@ -510,6 +510,8 @@ def train_private(
     log(f"grad-sample mode: {mode_reason}")
 
     signing_key = load_signing_key(config.receipt)
+    if signing_key is None:
+        log("no [receipt] signing_key: the receipt will be unsigned, and verify refuses it")
 
     # 2. reserve before reading.
     own_ledger = ledger is None
