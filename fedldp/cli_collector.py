@@ -221,3 +221,13 @@ def _attach_central_commands() -> None:
 
 
 _attach_central_commands()
+
+
+def _attach_ops_commands() -> None:
+    """Deployment commands (fedldp/cli_ops.py) join these groups."""
+    from fedldp import cli_ops
+
+    collector.add_command(cli_ops.health_cmd)
+
+
+_attach_ops_commands()
