@@ -92,15 +92,36 @@ _pem = click.Path(exists=True, dir_okay=False)
 
 
 @click.command("health")
-@click.option("--addr", required=True, help="HOST:PORT of the collector's gRPC endpoint")
 @click.option(
-    "--tls", is_flag=True, help="connect with TLS (needed when the collector has tls_cert)"
+    "--addr",
+    required=True,
+    envvar="FEDLDP_HEALTH_ADDR",
+    help="HOST:PORT of the collector's gRPC endpoint",
 )
-@click.option("--ca", type=_pem, help="CA certificate (PEM) that signed the server's certificate")
-@click.option("--cert", type=_pem, help="client certificate (PEM), when the collector has mtls")
-@click.option("--key", type=_pem, help="client private key (PEM), with --cert")
+@click.option(
+    "--tls",
+    is_flag=True,
+    envvar="FEDLDP_HEALTH_TLS",
+    help="connect with TLS (needed when the collector has tls_cert)",
+)
+@click.option(
+    "--ca",
+    type=_pem,
+    envvar="FEDLDP_HEALTH_CA",
+    help="CA certificate (PEM) that signed the server's certificate",
+)
+@click.option(
+    "--cert",
+    type=_pem,
+    envvar="FEDLDP_HEALTH_CERT",
+    help="client certificate (PEM), when the collector has mtls",
+)
+@click.option(
+    "--key", type=_pem, envvar="FEDLDP_HEALTH_KEY", help="client private key (PEM), with --cert"
+)
 @click.option(
     "--server-name",
+    envvar="FEDLDP_HEALTH_SERVER_NAME",
     help="name to verify in the server's certificate (default: HOST of --addr)",
 )
 @click.option(
@@ -121,7 +142,11 @@ def health_cmd(
     timeout: float,
 ) -> None:
     """Exit 0 if the collector at --addr answers SERVING on the standard gRPC health
-    service, 1 otherwise (for container HEALTHCHECKs and Kubernetes exec probes)."""
+    service, 1 otherwise (for container HEALTHCHECKs and Kubernetes exec probes).
+
+    Each option except --service and --timeout can also come from
+    FEDLDP_HEALTH_<OPTION> (ADDR, TLS, CA, CERT, KEY, SERVER_NAME), so one image
+    HEALTHCHECK serves plaintext and TLS deployments."""
     if timeout <= 0:
         raise click.UsageError("--timeout must be positive")
     files = _tls_files(tls, ca, cert, key, server_name)

@@ -130,6 +130,15 @@ def test_tls(deployment: Deployment, tmp_path: Path, tls: TlsMaterial, server: s
             "--addr", running.address, "--tls", "--ca", str(tls.ca), "--server-name", "localhost"
         )
         assert by_ip.exit_code == 0, by_ip.output
+        # The same from the environment, as the image's HEALTHCHECK runs it.
+        env = {
+            "FEDLDP_HEALTH_ADDR": running.address,
+            "FEDLDP_HEALTH_TLS": "1",
+            "FEDLDP_HEALTH_CA": str(tls.ca),
+            "FEDLDP_HEALTH_SERVER_NAME": "localhost",
+        }
+        from_env = CliRunner().invoke(main, ["collector", "health"], env=env)
+        assert (from_env.exit_code, from_env.output) == (0, "SERVING\n")
         # Plaintext against TLS, an untrusted CA, the wrong name: refused, one line each.
         for args in (
             ("--addr", running.address, "--timeout", "2"),
