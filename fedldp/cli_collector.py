@@ -228,6 +228,7 @@ def _attach_ops_commands() -> None:
     from fedldp import cli_ops
 
     collector.add_command(cli_ops.health_cmd)
+    ledger.add_command(cli_ops.migrate_cmd)
 
 
 _attach_ops_commands()

@@ -1,4 +1,4 @@
-"""Operator commands for deployments: `fedldp collector health`.
+"""Operator commands for deployments: `fedldp collector health`, `fedldp ledger migrate`.
 
 `health` is the container and Kubernetes health check: it asks a collector's
 standard gRPC health service (grpc.health.v1.Health/Check, the protocol that
@@ -159,3 +159,59 @@ def health_cmd(
     if status != "SERVING":
         raise click.ClickException(f"{addr}: {service or '(server)'} is {status}")
     click.echo("SERVING")
+
+
+def _ledger_url(url: str | None, config_path: str | None) -> str:
+    """--url, else the config's ledger_url (FEDLDP_COLLECTOR_* variables apply)."""
+    if url:
+        return url
+    from fedldp.collector.config import ConfigError, load_config
+
+    try:
+        return load_config(config_path).ledger_url
+    except ConfigError as exc:
+        raise click.ClickException(f"pass --url or a config with ledger_url ({exc})") from None
+
+
+_url_option = click.option(
+    "--url",
+    envvar="FEDLDP_COLLECTOR_LEDGER_URL",
+    help="ledger URL (default: from --config / FEDLDP_COLLECTOR_LEDGER_URL)",
+)
+_config_option = click.option(
+    "--config",
+    "config_path",
+    type=click.Path(exists=True, dir_okay=False),
+    help="collector.toml to read ledger_url from",
+)
+
+
+@click.command("migrate")
+@_url_option
+@_config_option
+def migrate_cmd(url: str | None, config_path: str | None) -> None:
+    """Bring the ledger's schema to the newest migration (a no-op when it is there).
+
+    Run it once before collectors of a new version serve (the compose file's and the
+    Kubernetes manifests' migration job). Collectors also migrate on start; several
+    at once are serialized (an advisory lock on PostgreSQL, BEGIN IMMEDIATE on SQLite).
+    """
+    import sqlalchemy as sa
+
+    from fedldp.collector.ledger.migrate import current_revision, head_revision, upgrade
+
+    engine = sa.create_engine(_ledger_url(url, config_path))
+    try:
+        with engine.connect() as connection:
+            before = current_revision(connection)
+        upgrade(engine)
+        with engine.connect() as connection:
+            after = current_revision(connection)
+    except sa.exc.SQLAlchemyError as exc:
+        detail = _one_line(str(exc.orig) if getattr(exc, "orig", None) else str(exc))
+        raise click.ClickException(f"cannot migrate the ledger: {detail}") from None
+    finally:
+        engine.dispose()
+    if after != head_revision():
+        raise click.ClickException(f"ledger at {after}, expected head {head_revision()}")
+    click.echo(f"ledger schema at {after} (head); was {before or 'empty'}")

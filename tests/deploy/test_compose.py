@@ -1,0 +1,195 @@
+"""deploy/compose/compose.yaml: valid against the Compose Specification's JSON
+schema (vendored, tests/deploy/vendor), loaded, and consistent with the collector
+it runs: its environment is a valid collector configuration, the health check
+speaks TLS exactly when the collector does, every command is one the `fedldp`
+CLI accepts, the migration finishes before any collector serves, and the Envoy
+configuration (deploy/envoy/envoy.yaml) routes to the replicas' port and
+health-checks their gRPC health service. No container engine runs here: the
+file is not started by these tests (docs/operations.md says so)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+import click
+import jsonschema
+import pytest
+import yaml
+from fedldp.collector.config import load_config
+from fedldp.collector.server import SERVICE_NAME
+
+from fedldp.cli import main
+
+ROOT = Path(__file__).resolve().parents[2]
+COMPOSE = ROOT / "deploy" / "compose" / "compose.yaml"
+ENVOY = ROOT / "deploy" / "envoy" / "envoy.yaml"
+SCHEMA = Path(__file__).parent / "vendor" / "compose-spec.json"
+SCHEMA_SHA256 = "d549057ebc2925f39f62799eab0db7b9e2c18b35b6c00595199116da3ed10e64"
+FEDLDP_SERVICES = ("migrate", "collector", "report", "reconcile")
+
+
+@pytest.fixture(scope="module")
+def compose() -> dict[str, Any]:
+    data = yaml.safe_load(COMPOSE.read_text(encoding="utf-8"))
+    assert isinstance(data, dict)
+    return data
+
+
+@pytest.fixture(scope="module")
+def envoy() -> dict[str, Any]:
+    data = yaml.safe_load(ENVOY.read_text(encoding="utf-8"))
+    assert isinstance(data, dict)
+    return data
+
+
+def test_valid_against_the_compose_specification(compose: dict[str, Any]) -> None:
+    raw = SCHEMA.read_bytes()
+    assert hashlib.sha256(raw).hexdigest() == SCHEMA_SHA256
+    schema = json.loads(raw)
+    jsonschema.Draft202012Validator.check_schema(schema)
+    validator = jsonschema.Draft202012Validator(schema)
+    errors = sorted(validator.iter_errors(compose), key=lambda e: list(e.path))
+    assert not errors, "\n".join(f"{list(e.path)}: {e.message}" for e in errors)
+    # The schema does reject what Compose rejects (a broken variant).
+    broken = {**compose, "services": {"x": {"image": "a", "restart": ["no"]}}}
+    assert list(validator.iter_errors(broken))
+
+
+def _command(service: dict[str, Any]) -> list[str]:
+    command = service["command"]
+    assert isinstance(command, list), "exec form only"
+    return [str(c) for c in command]
+
+
+def _cli_accepts(argv: list[str]) -> None:
+    """`fedldp ARGV` names a real command and only options it declares."""
+    group: click.Command = main
+    rest = list(argv)
+    while isinstance(group, click.Group) and rest and not rest[0].startswith("-"):
+        sub = group.get_command(click.Context(group), rest.pop(0))
+        assert sub is not None, f"no command in {argv}"
+        group = sub
+    declared = {o for p in group.params for o in getattr(p, "opts", [])}
+    used = {a for a in rest if a.startswith("--")}
+    assert used <= declared, f"{argv}: unknown options {used - declared}"
+
+
+def test_every_fedldp_command_is_one_the_cli_accepts(compose: dict[str, Any]) -> None:
+    services = compose["services"]
+    for name in FEDLDP_SERVICES:
+        _cli_accepts(_command(services[name]))
+        assert services[name]["image"] == "fedldp:0.1.0"
+        assert services[name]["build"]["dockerfile"] == "deploy/Containerfile"
+    _cli_accepts(services["collector"]["healthcheck"]["test"][2:])
+    assert _command(services["migrate"])[:2] == ["ledger", "migrate"]
+    assert (COMPOSE.parent / services["collector"]["build"]["context"]).resolve() == ROOT
+
+
+def test_migration_runs_before_collectors_serve(compose: dict[str, Any]) -> None:
+    services = compose["services"]
+    migrate, collector = services["migrate"], services["collector"]
+    assert migrate["depends_on"]["ledger-db"] == {"condition": "service_healthy"}
+    assert migrate["restart"] == "no"
+    assert collector["depends_on"]["migrate"] == {"condition": "service_completed_successfully"}
+    assert services["envoy"]["depends_on"]["collector"] == {"condition": "service_healthy"}
+    assert collector["deploy"]["replicas"] >= 2
+
+
+def _collector_config(compose: dict[str, Any], service: str) -> Any:
+    env = {k: str(v) for k, v in compose["services"][service]["environment"].items()}
+    toml = compose["configs"]["collector_toml"]["file"]
+    return load_config(COMPOSE.parent / toml, env=env)
+
+
+def test_environment_is_a_valid_collector_configuration(compose: dict[str, Any]) -> None:
+    for name in FEDLDP_SERVICES:
+        cfg = _collector_config(compose, name)
+        assert cfg.ledger_url.startswith("postgresql+psycopg://fedldp@ledger-db:5432/")
+        service = compose["services"][name]
+        # The password is never in the environment: libpq reads the pgpass secret.
+        assert service["environment"]["PGPASSFILE"] == "/run/secrets/pgpass"
+        assert "pgpass" in service["secrets"]
+        assert not any("PASSWORD" in k for k in service["environment"])
+        # Read-only root filesystem, no privileges, unprivileged user, /tmp on tmpfs.
+        assert service["read_only"] is True and service["cap_drop"] == ["ALL"]
+        assert service["user"] == "10001:10001"
+        assert any(t.startswith("/tmp") for t in service["tmpfs"])
+
+
+def test_health_check_speaks_tls_exactly_when_the_collector_does(
+    compose: dict[str, Any],
+) -> None:
+    collector = compose["services"]["collector"]
+    cfg = _collector_config(compose, "collector")
+    test = collector["healthcheck"]["test"]
+    assert test[:4] == ["CMD", "fedldp", "collector", "health"]
+    assert test[test.index("--addr") + 1] == f"127.0.0.1:{cfg.listen.rsplit(':', 1)[1]}"
+    assert bool(cfg.tls_cert) == ("--tls" in test)
+    mounted = {f"/run/secrets/{s}" for s in collector["secrets"]}
+    assert {cfg.tls_cert, cfg.tls_key, cfg.token_secret_file} <= mounted
+    assert test[test.index("--ca") + 1] in mounted
+    assert not cfg.mtls, "behind a TLS-terminating Envoy the subject comes from tokens"
+    timeout = float(test[test.index("--timeout") + 1])
+    assert timeout < float(collector["healthcheck"]["timeout"].rstrip("s"))
+
+
+def test_secrets_configs_and_ports(compose: dict[str, Any]) -> None:
+    declared = set(compose["secrets"])
+    for name, service in compose["services"].items():
+        assert set(service.get("secrets", [])) <= declared, name
+    for secret in compose["secrets"].values():
+        assert secret["file"].startswith("./secrets/")
+    for config in compose["configs"].values():
+        assert (COMPOSE.parent / config["file"]).is_file()
+    published = {p["target"]: p for p in compose["services"]["envoy"]["ports"]}
+    assert published[8443]["published"] == "7443"
+    assert published[9901]["host_ip"] == "127.0.0.1", "Envoy's admin stays on loopback"
+    metrics = compose["services"]["collector"]["ports"]
+    assert metrics == [{"target": 9464, "host_ip": "127.0.0.1", "protocol": "tcp"}]
+
+
+def test_envoy_routes_to_healthy_replicas_over_tls(
+    compose: dict[str, Any], envoy: dict[str, Any]
+) -> None:
+    cfg = _collector_config(compose, "collector")
+    (listener,) = envoy["static_resources"]["listeners"]
+    (cluster,) = envoy["static_resources"]["clusters"]
+    published = {p["target"] for p in compose["services"]["envoy"]["ports"]}
+    assert listener["address"]["socket_address"]["port_value"] in published
+    assert envoy["admin"]["address"]["socket_address"]["port_value"] in published
+    (chain,) = listener["filter_chains"]
+    hcm = chain["filters"][0]["typed_config"]
+    (vhost,) = hcm["route_config"]["virtual_hosts"]
+    (route,) = vhost["routes"]
+    assert route["match"]["prefix"] == f"/{SERVICE_NAME}/"
+    assert route["route"]["cluster"] == cluster["name"]
+    endpoint = cluster["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]
+    address = endpoint["address"]["socket_address"]
+    assert address["address"] == "collector", "the compose service name (every replica)"
+    assert str(address["port_value"]) == cfg.listen.rsplit(":", 1)[1]
+    assert cluster["type"] == "STRICT_DNS"
+    (check,) = cluster["health_checks"]
+    assert check["grpc_health_check"]["service_name"] == SERVICE_NAME
+    h2 = cluster["typed_extension_protocol_options"]
+    assert "http2_protocol_options" in next(iter(h2.values()))["explicit_http_config"]
+    # TLS to the replicas because the collectors serve TLS; the name checked is the one
+    # the compose health check verifies.
+    assert bool(cfg.tls_cert) == ("transport_socket" in cluster)
+    upstream = cluster["transport_socket"]["typed_config"]
+    health_test = compose["services"]["collector"]["healthcheck"]["test"]
+    assert upstream["sni"] == health_test[health_test.index("--server-name") + 1]
+    envoy_secrets = {f"/run/secrets/{s}" for s in compose["services"]["envoy"]["secrets"]}
+    files = {
+        upstream["common_tls_context"]["validation_context"]["trusted_ca"]["filename"],
+        *(
+            c[k]["filename"]
+            for c in chain["transport_socket"]["typed_config"]["common_tls_context"][
+                "tls_certificates"
+            ]
+            for k in ("certificate_chain", "private_key")
+        ),
+    }
+    assert files <= envoy_secrets

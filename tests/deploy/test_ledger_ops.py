@@ -1,0 +1,50 @@
+"""`fedldp ledger migrate` (the compose and Kubernetes migration job) on a real
+SQLite file and the suite's real PostgreSQL server."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+from click.testing import CliRunner
+from fedldp.collector.ledger.migrate import current_revision, head_revision
+
+from fedldp.cli import main
+
+
+def _revision(url: str) -> str | None:
+    engine = sa.create_engine(url)
+    try:
+        with engine.connect() as connection:
+            return current_revision(connection)
+    finally:
+        engine.dispose()
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def empty_ledger_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'ledger.db'}"
+    return str(request.getfixturevalue("postgresql_url"))
+
+
+def test_migrate_brings_an_empty_ledger_to_head_then_is_a_no_op(empty_ledger_url: str) -> None:
+    assert _revision(empty_ledger_url) is None
+    first = CliRunner().invoke(main, ["ledger", "migrate", "--url", empty_ledger_url])
+    assert first.exit_code == 0, first.output
+    assert first.output == f"ledger schema at {head_revision()} (head); was empty\n"
+    assert _revision(empty_ledger_url) == head_revision()
+    again = CliRunner().invoke(
+        main, ["ledger", "migrate"], env={"FEDLDP_COLLECTOR_LEDGER_URL": empty_ledger_url}
+    )
+    assert again.exit_code == 0, again.output
+    assert f"was {head_revision()}" in again.output
+
+
+def test_migrate_without_a_database_is_one_line(tmp_path: Path) -> None:
+    url = "postgresql+psycopg://nobody@127.0.0.1:9/none?connect_timeout=2"
+    result = CliRunner().invoke(main, ["ledger", "migrate", "--url", url])
+    assert result.exit_code == 1
+    assert len(result.output.strip().splitlines()) == 1
+    assert result.output.startswith("Error: cannot migrate the ledger:")
