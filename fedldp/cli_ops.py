@@ -208,7 +208,8 @@ def migrate_cmd(url: str | None, config_path: str | None) -> None:
         with engine.connect() as connection:
             after = current_revision(connection)
     except sa.exc.SQLAlchemyError as exc:
-        detail = _one_line(str(exc.orig) if getattr(exc, "orig", None) else str(exc))
+        cause = exc.orig if isinstance(exc, sa.exc.DBAPIError) else exc
+        detail = _one_line(str(cause))
         raise click.ClickException(f"cannot migrate the ledger: {detail}") from None
     finally:
         engine.dispose()
