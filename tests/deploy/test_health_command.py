@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner, Result
-from deploy_tls import TlsMaterial
+from deploy_testkit import TlsMaterial
 from fedldp.collector.server import (
     SERVICE_NAME,
     RunningCollector,

@@ -1,5 +1,6 @@
-"""Test TLS material: a throwaway CA, a server certificate for localhost, and
-client certificates, written as PEM files (cryptography, EC P-256)."""
+"""Helpers for the deployment tests: throwaway TLS material (a CA, a server
+certificate for localhost, a client certificate; cryptography, EC P-256), and a
+check that a command line in a deployment file is one the `fedldp` CLI accepts."""
 
 from __future__ import annotations
 
@@ -7,10 +8,13 @@ import datetime
 from dataclasses import dataclass
 from pathlib import Path
 
+import click
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
+
+from fedldp.cli import main
 
 
 def _name(common_name: str) -> x509.Name:
@@ -97,3 +101,17 @@ class TlsMaterial:
                 folder / "other-ca.pem",
             ),
         )
+
+
+def cli_accepts(argv: list[str]) -> None:
+    """`fedldp ARGV` names a real command and uses only options it declares."""
+    command: click.Command = main
+    rest = list(argv)
+    while isinstance(command, click.Group) and rest and not rest[0].startswith("-"):
+        sub = command.get_command(click.Context(command), rest.pop(0))
+        assert sub is not None, f"no such command in {argv}"
+        command = sub
+    assert not isinstance(command, click.Group), f"{argv} names a group, not a command"
+    declared = {o for p in command.params for o in getattr(p, "opts", [])}
+    used = {a for a in rest if a.startswith("--")}
+    assert used <= declared, f"{argv}: unknown options {sorted(used - declared)}"
