@@ -229,6 +229,8 @@ def _attach_ops_commands() -> None:
 
     collector.add_command(cli_ops.health_cmd)
     ledger.add_command(cli_ops.migrate_cmd)
+    ledger.add_command(cli_ops.backup_cmd)
+    ledger.add_command(cli_ops.restore_cmd)
 
 
 _attach_ops_commands()

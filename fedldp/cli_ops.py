@@ -1,4 +1,4 @@
-"""Operator commands for deployments: `fedldp collector health`, `fedldp ledger migrate`.
+"""Deployment commands: `fedldp collector health`, `fedldp ledger migrate|backup|restore`.
 
 `health` is the container and Kubernetes health check: it asks a collector's
 standard gRPC health service (grpc.health.v1.Health/Check, the protocol that
@@ -216,3 +216,261 @@ def migrate_cmd(url: str | None, config_path: str | None) -> None:
     if after != head_revision():
         raise click.ClickException(f"ledger at {after}, expected head {head_revision()}")
     click.echo(f"ledger schema at {after} (head); was {before or 'empty'}")
+
+
+# --- backup and restore (collector/ledger/restore.py states the rule) ---
+
+_pg_bin_option = click.option(
+    "--pg-bin",
+    type=click.Path(exists=True, file_okay=False),
+    help="folder holding pg_dump/pg_restore (PostgreSQL; default: from PATH)",
+)
+
+
+def _pg_tool(name: str, pg_bin: str | None) -> str:
+    import shutil
+
+    found = shutil.which(name, path=pg_bin) if pg_bin else shutil.which(name)
+    if found is None:
+        raise click.ClickException(
+            f"{name} not found: install the PostgreSQL client tools of the server's major "
+            "version, or pass --pg-bin"
+        )
+    return found
+
+
+def _libpq(url: str) -> tuple[str, dict[str, str]]:
+    """A libpq connection URI for a SQLAlchemy PostgreSQL URL, and the environment
+    that carries its password (never on a command line, where `ps` shows it)."""
+    import os
+
+    import sqlalchemy as sa
+
+    parsed = sa.make_url(url)
+    env = dict(os.environ)
+    if parsed.password is not None:
+        env["PGPASSWORD"] = str(parsed.password)
+    uri = parsed.set(drivername="postgresql", password=None).render_as_string(hide_password=False)
+    return uri, env
+
+
+def _run_tool(argv: list[str], env: dict[str, str] | None = None) -> str:
+    import subprocess
+
+    done = subprocess.run(argv, capture_output=True, text=True, env=env, check=False)
+    if done.returncode != 0:
+        last = (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]
+        raise click.ClickException(f"{Path(argv[0]).name} failed: {_one_line(last)}")
+    return done.stdout
+
+
+def _sqlite_path(url: str) -> Path:
+    import sqlalchemy as sa
+
+    database = sa.make_url(url).database or ""
+    if not database or database == ":memory:":
+        raise click.ClickException("the ledger URL names no SQLite file")
+    return Path(database)
+
+
+def _sqlite_copy(source: Path, target: Path) -> None:
+    """Copy a live SQLite database with SQLite's online backup API: one step (all
+    pages), so the copy is the snapshot of one read transaction; writers go on."""
+    import sqlite3
+
+    src = sqlite3.connect(f"file:{source}?mode=ro", uri=True)
+    dst = sqlite3.connect(target)
+    try:
+        src.backup(dst)
+        (check,) = dst.execute("PRAGMA integrity_check").fetchone()
+        if check != "ok":
+            raise click.ClickException(f"the copy of {source} fails integrity_check: {check}")
+    finally:
+        dst.close()
+        src.close()
+
+
+def _durable_rename(tmp: Path, out: Path) -> None:
+    import os
+
+    with tmp.open("rb") as f:
+        os.fsync(f.fileno())
+    os.replace(tmp, out)
+    directory = os.open(out.parent, os.O_RDONLY)
+    try:
+        os.fsync(directory)
+    finally:
+        os.close(directory)
+
+
+@click.command("backup")
+@_url_option
+@_config_option
+@_pg_bin_option
+@click.argument("out", type=click.Path(dir_okay=False))
+def backup_cmd(url: str | None, config_path: str | None, pg_bin: str | None, out: str) -> None:
+    """Back up the ledger to OUT while collectors keep serving.
+
+    SQLite: SQLite's online backup API into a new file, marked with the time just
+    before the copy (a copy that is put back without `fedldp ledger restore`
+    charges nothing). PostgreSQL: pg_dump's custom format (one snapshot).
+    Restore with `fedldp ledger restore`.
+    """
+    import time
+
+    import sqlalchemy as sa
+
+    from fedldp.collector.ledger import migrate, restore
+
+    ledger_url = _ledger_url(url, config_path)
+    target = Path(out)
+    if target.exists():
+        raise click.ClickException(f"{target} exists: back up to a new file")
+    tmp = target.with_name(target.name + ".partial")
+    tmp.unlink(missing_ok=True)
+    taken_at = int(time.time())  # before the snapshot: the gap starts no later
+    backend = sa.make_url(ledger_url).get_backend_name()
+    try:
+        if backend == "sqlite":
+            source = _sqlite_path(ledger_url)
+            if not source.is_file():
+                raise click.ClickException(f"no ledger file at {source}")
+            _sqlite_copy(source, tmp)
+            engine = sa.create_engine(f"sqlite:///{tmp}")
+            try:
+                migrate.upgrade(engine)
+                with engine.begin() as connection:
+                    restore.mark_backup(
+                        connection, backup_time=taken_at, source=f"sqlite-backup:{source.name}"
+                    )
+            finally:
+                engine.dispose()
+        elif backend == "postgresql":
+            uri, env = _libpq(ledger_url)
+            _run_tool(
+                [_pg_tool("pg_dump", pg_bin), "--format=custom", "--no-owner", "-f", str(tmp), uri],
+                env,
+            )
+        else:
+            raise click.ClickException(f"cannot back up a {backend!r} ledger")
+        _durable_rename(tmp, target)
+    finally:
+        tmp.unlink(missing_ok=True)
+    click.echo(f"ledger backed up to {target} (taken at {taken_at})")
+
+
+def _archive_time(pg_restore: str, archive: Path) -> int | None:
+    """pg_dump's archive creation time (set before its snapshot), when the listing
+    states it in UTC; None otherwise (the restore then relies on the data alone)."""
+    import datetime
+
+    listing = _run_tool([pg_restore, "--list", str(archive)], {"PGTZ": "UTC", "TZ": "UTC"})
+    for line in listing.splitlines():
+        text = line.strip("; ").strip()
+        if text.startswith("Archive created at "):
+            stamp = text.removeprefix("Archive created at ").strip()
+            try:
+                when = datetime.datetime.strptime(stamp, "%Y-%m-%d %H:%M:%S UTC")
+            except ValueError:
+                return None
+            return int(when.replace(tzinfo=datetime.timezone.utc).timestamp())
+    return None
+
+
+def _empty_database(url: str) -> bool:
+    import sqlalchemy as sa
+
+    engine = sa.create_engine(url)
+    try:
+        with engine.connect() as connection:
+            return not sa.inspect(connection).get_table_names()
+    finally:
+        engine.dispose()
+
+
+@click.command("restore")
+@_url_option
+@_config_option
+@_pg_bin_option
+@click.argument("backup", type=click.Path(exists=True, dir_okay=False))
+def restore_cmd(url: str | None, config_path: str | None, pg_bin: str | None, backup: str) -> None:
+    """Restore BACKUP (from `fedldp ledger backup`) into a new, empty ledger.
+
+    Records the restore epoch: every charge in a budget window overlapping
+    [backup time, restore time] is refused until the window ends, so no subject
+    can spend again what was spent after the backup. Then reconciles the restored
+    ledger (exit status 1 on any mismatch). Stop every collector of the old ledger
+    first; start them on the restored one afterwards.
+    """
+    import time
+
+    import sqlalchemy as sa
+
+    from fedldp.collector.ledger import migrate, open_ledger, restore
+
+    ledger_url = _ledger_url(url, config_path)
+    source = Path(backup)
+    backend = sa.make_url(ledger_url).get_backend_name()
+    archive_time: int | None = None
+    tmp: Path | None = None
+    if backend == "sqlite":
+        target = _sqlite_path(ledger_url)
+        if target.exists():
+            raise click.ClickException(
+                f"{target} exists: restore into a new file (move the old ledger away first)"
+            )
+        tmp = target.with_name(target.name + ".partial")
+        tmp.unlink(missing_ok=True)
+        _sqlite_copy(source, tmp)
+        work_url = f"sqlite:///{tmp}"
+    elif backend == "postgresql":
+        if not _empty_database(ledger_url):
+            raise click.ClickException("the target database is not empty: restore into a new one")
+        pg_restore = _pg_tool("pg_restore", pg_bin)
+        archive_time = _archive_time(pg_restore, source)
+        uri, env = _libpq(ledger_url)
+        _run_tool(
+            [
+                pg_restore,
+                "--no-owner",
+                "--no-privileges",
+                "--exit-on-error",
+                "--single-transaction",
+                "-d",
+                uri,
+                str(source),
+            ],
+            env,
+        )
+        work_url = ledger_url
+    else:
+        raise click.ClickException(f"cannot restore into a {backend!r} ledger")
+    try:
+        engine = sa.create_engine(work_url)
+        try:
+            migrate.upgrade(engine)  # a backup from an older version
+            with engine.begin() as connection:
+                gap = restore.record_restore(
+                    connection,
+                    restore_time=int(time.time()) + 1,  # covers the current second
+                    source=f"restore:{source.name}",
+                    archive_time=archive_time,
+                )
+        finally:
+            engine.dispose()
+        if tmp is not None:
+            _durable_rename(tmp, _sqlite_path(ledger_url))
+    finally:
+        if tmp is not None:
+            tmp.unlink(missing_ok=True)
+    click.echo(
+        f"restored {source} with restore epoch [{gap.backup_time}, {gap.restore_time}]: "
+        "charges in windows overlapping it are refused until those windows end"
+    )
+    with open_ledger(ledger_url) as led:
+        mismatches = led.reconcile()
+    for m in mismatches:
+        click.echo(f"MISMATCH {m}")
+    if mismatches:
+        raise click.ClickException(f"{len(mismatches)} mismatch(es) in the restored ledger")
+    click.echo("ledger consistent: every running total matches the raw rows")

@@ -163,3 +163,21 @@ ledger_info = sa.Table(
     sa.Column("key", sa.Text, primary_key=True),
     sa.Column("value", sa.Text, nullable=False),
 )
+
+#: Backups and restores (`fedldp ledger backup` / `restore`, collector/ledger/restore.py).
+#: A restored ledger refuses charges in every window overlapping [backup_time,
+#: restore_time]; restore_time NULL marks an unrestored backup copy (gap open-ended).
+restore_epochs = sa.Table(
+    "restore_epochs",
+    metadata,
+    sa.Column(
+        "id",
+        sa.BigInteger().with_variant(sa.Integer, "sqlite"),
+        primary_key=True,
+        autoincrement=True,
+    ),
+    sa.Column("backup_time", sa.BigInteger, nullable=False),
+    sa.Column("restore_time", sa.BigInteger, nullable=True),
+    sa.Column("source", sa.Text, nullable=False),
+    sa.Column("recorded_at", sa.BigInteger, nullable=False),
+)

@@ -57,7 +57,7 @@ from itertools import chain
 from typing import TYPE_CHECKING, Any, NamedTuple, NoReturn, Protocol, TypeAlias, TypeVar
 
 import sqlalchemy as sa
-from fedldp.collector.ledger import migrate
+from fedldp.collector.ledger import migrate, restore
 from fedldp.collector.ledger.schema import (
     central_caps,
     central_reservation_log,
@@ -110,6 +110,8 @@ _IN_KEYS = 512  # three parameters per key
 #: After a group met a report id stored before, this many groups read their ids
 #: before deciding (see `Ledger.submit_many`).
 _READ_IDS_AFTER_A_REPEAT = 64
+#: The cap of a window a restore gap refuses: every charge exceeds it (ε > 0).
+_NOTHING_FITS = Decimal(-1)
 #: The `reports` columns that every report of one policy shares, bound once per
 #: INSERT statement (their order in a run's `shared` tuple) ...
 _REPORT_POLICY_COLUMNS = (
@@ -629,6 +631,11 @@ class Ledger:
                 f"unsupported ledger database {self.dialect!r}: use sqlite or postgresql"
             )
         migrate.upgrade(self._write_engine)
+        #: Gaps of restores from backups (restore.py): charges in a window that
+        #: overlaps one are refused. Read once: a restore happens with the
+        #: collectors stopped, and they open the restored ledger afterwards.
+        with self._read_engine.connect() as connection:
+            self.restore_gaps = restore.load_gaps(connection)
         # Reports go in with multi-row INSERTs on SQLite (32766 bound variables at
         # most since 3.32), one policy's reports per statement, its shared columns
         # bound once; with COPY on PostgreSQL. SQLite has no row locks (BEGIN
@@ -724,6 +731,15 @@ class Ledger:
 
     # -- LDP ingestion --
 
+    def _window_cap(self, policy: LedgerPolicy, window_start: int) -> Decimal:
+        """The cap charges in this window are checked against: the policy's, or
+        below zero (nothing fits: BUDGET_EXHAUSTED) when the window overlaps the
+        gap of a restore from a backup (restore.py states the rule)."""
+        gaps = self.restore_gaps
+        if gaps and restore.refused_by(gaps, window_start, policy.window_seconds):
+            return _NOTHING_FITS
+        return policy.epsilon_cap
+
     def submit(
         self, subject: str, reports_in: Sequence[CheckedReport], *, now: int
     ) -> list[OutcomeValue]:
@@ -732,7 +748,8 @@ class Ledger:
         Returns one Outcome per report, in order: ACCEPTED (stored and charged
         now), DUPLICATE (same id and content as a stored report: nothing charged),
         BUDGET_EXHAUSTED (charging it would exceed the policy's cap for the
-        window: nothing stored) or CONFLICT (id used before with other content or
+        window, or the window overlaps a restore gap, restore.py: nothing stored)
+        or CONFLICT (id used before with other content or
         by another subject: nothing stored; the attempt is recorded). Acknowledge
         only after this returns: it returns after the commit.
         """
@@ -863,7 +880,7 @@ class Ledger:
                             (subject, pid, window),
                             stat_key,
                             pol.charge,
-                            pol.epsilon_cap,
+                            self._window_cap(pol, window),
                             run_reports,
                             shared,
                             rows,
