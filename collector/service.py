@@ -28,6 +28,7 @@ from fedldp.client.policy import VerifiedPolicy
 from fedldp.collector.committer import GroupCommitter
 from fedldp.collector.errors import BatchTooLargeError
 from fedldp.collector.ledger import CheckedReport, Ledger, SubmitBatch
+from fedldp.collector.ledger.restore import refused_by
 from fedldp.collector.ledger.store import EXACT, OutcomeValue
 from fedldp.collector.metrics import CollectorMetrics
 from fedldp.collector.policies import Lookup, PolicyRegistry
@@ -384,6 +385,8 @@ class CollectorService:
             start = p.window_start(now)
             spent = self.ledger.spent(subject, p.policy_id, start)
             left = max(EXACT.subtract(p.epsilon_cap, spent), type(spent)(0))
+            if refused_by(self.ledger.restore_gaps, start, p.window_seconds):
+                left = type(spent)(0)  # a restored ledger's gap: nothing is charged here
             out.budgets.add(
                 policy_id=p.policy_id,
                 policy_version=p.version,

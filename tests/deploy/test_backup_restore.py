@@ -195,6 +195,23 @@ def test_backup_under_load_restores_and_refuses_the_gap(
         assert _charge(led, policy, "after-backup", next_window) == ACCEPTED
         assert led.reconcile() == []
 
+    # Through a collector on the restored ledger: GetBudget says nothing is left in
+    # this window, and Submit is refused.
+    collector = start_collector(deployment.config(store.restored), registry=deployment.registry())
+    try:
+        auth = bearer_metadata(deployment.token("after-backup"))
+        with grpc.insecure_channel(collector.address) as channel:
+            stub = collector_pb2_grpc.CollectorStub(channel)
+            (budget,) = stub.GetBudget(
+                pb.GetBudgetRequest(policy_id="color"), metadata=auth
+            ).budgets
+            assert (budget.epsilon_spent, budget.epsilon_remaining) == ("0", "0")
+            report = make_report(policy, CategoryOutput(1), coarse_time=coarse(int(time.time())))
+            response = stub.Submit(pb.SubmitRequest(reports=[report]), metadata=auth)
+            assert response.outcomes[0].outcome == pb.OUTCOME_BUDGET_EXHAUSTED
+    finally:
+        collector.stop(2.0)
+
     # Broken variant: the same restore without its epoch would let "after-backup"
     # spend again in this window what it spent after the backup.
     engine = sa.create_engine(store.restored)
