@@ -456,6 +456,14 @@ def restore_cmd(url: str | None, config_path: str | None, pg_bin: str | None, ba
                     source=f"restore:{source.name}",
                     archive_time=archive_time,
                 )
+        except sa.exc.SQLAlchemyError as exc:
+            cause = exc.orig if isinstance(exc, sa.exc.DBAPIError) else exc
+            left = (
+                "" if tmp is not None else " (drop the database: it holds data without its epoch)"
+            )
+            raise click.ClickException(
+                f"cannot record the restore epoch{left}: {_one_line(str(cause))}"
+            ) from None
         finally:
             engine.dispose()
         if tmp is not None:
