@@ -278,7 +278,7 @@ def _sqlite_copy(source: Path, target: Path) -> None:
     pages), so the copy is the snapshot of one read transaction; writers go on."""
     import sqlite3
 
-    src = sqlite3.connect(f"file:{source}?mode=ro", uri=True)
+    src = sqlite3.connect(f"{source.resolve().as_uri()}?mode=ro", uri=True)
     dst = sqlite3.connect(target)
     try:
         src.backup(dst)
