@@ -281,3 +281,51 @@ def test_grr_pruning_loses_nothing(k: int, eps: str, eps_perm: str) -> None:
     for m in range(1, 13):
         loss = _ln(_grr_unpruned(mech, m))
         assert loss <= mech._loss(m) < _LN.add(loss, Decimal("1e-30"))
+
+
+# --- reports of one value at two ε1 never share a permanent response ----------------
+
+
+def _mixed_grr_ratio(k: int, p: Fraction, keeps: list[Fraction]) -> Fraction:
+    """Exact max over output sequences and v != v' of P(y|v)/P(y|v') for rappor-grr
+    reports of one value sharing ONE permanent response (permanent keep `p`) with
+    instantaneous keeps `keeps` (one per report, possibly different ε1).
+
+    Labels beyond T + 2 are symmetric, so outputs are enumerated over min(k, T + 2).
+    """
+    q = (1 - p) / (k - 1)
+    others = [(1 - keep) / (k - 1) for keep in keeps]
+    labels = min(k, len(keeps) + 2)
+    none = math.prod(others)
+    best = Fraction(1)
+    for outputs in itertools.product(range(labels), repeat=len(keeps)):
+        g = [
+            math.prod(
+                keep if y == z else other
+                for y, keep, other in zip(outputs, keeps, others, strict=True)
+            )
+            for z in range(labels)
+        ]
+        total = sum(g) + (k - labels) * none
+        probs = [q * total + (p - q) * gz for gz in g]
+        best = max(best, max(probs) / min(probs))
+    return best
+
+
+def test_a_change_of_epsilon1_draws_new_permanent_responses() -> None:
+    """Two versions differing only in ε1 would under-charge if they shared a memo.
+
+    Broken variant (kept): one permanent response shared by one report at ε1 = 0.05
+    and one at ε1 = 0.5 (k = 256, ε∞ = 1) loses more than the two charges. The
+    shipped memo key includes ε1, so the SDK (which keys memo rows by it) never
+    shares the permanent response between them.
+    """
+    low = create("rappor-grr", Decimal("0.05"), 256, {"epsilon_permanent": "1"})
+    high = create("rappor-grr", Decimal("0.5"), 256, {"epsilon_permanent": "1"})
+    assert isinstance(low, RapporGRR) and isinstance(high, RapporGRR)
+    shared = _mixed_grr_ratio(256, low.p_exact, [low.p_r_exact, high.p_r_exact])
+    charged = low.report_charge + high.report_charge
+    assert math.log(shared) > float(charged)  # sharing would under-charge
+    assert low.memo_key != high.memo_key
+    with pytest.raises(ValueError, match="other parameters"):
+        high.perturb(3, memo=low.new_memo())
