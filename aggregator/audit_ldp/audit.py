@@ -36,7 +36,6 @@ from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-
 from fedldp.aggregator.audit_ldp import stats
 from fedldp.aggregator.audit_ldp.features import Feature, features_for
 from fedldp.aggregator.audit_ldp.sampling import (
@@ -232,10 +231,12 @@ class _Plan:
         return len(self.paths) * (events + len(self.inputs) * self.law_tests_per_input)
 
 
-def _inputs(domain: int | tuple[Decimal, Decimal]) -> tuple[list[tuple[str, Any]], list[tuple[int, int]]]:
+def _inputs(
+    domain: int | tuple[Decimal, Decimal],
+) -> tuple[list[tuple[str, Any]], list[tuple[int, int]]]:
     if isinstance(domain, int):
         values = sorted({0, 1, domain - 1})
-        inputs = [(str(v), v) for v in values]
+        inputs: list[tuple[str, Any]] = [(str(v), v) for v in values]
         pairs = [(i, j) for i in range(len(inputs)) for j in range(i + 1, len(inputs))]
         return inputs, pairs
     lo, hi = float(domain[0]), float(domain[1])
@@ -323,9 +324,7 @@ def _events(
     for i, j in plan.pairs:
         for f, feature in enumerate(plan.features):
             event = stats.select_event(keys(f, i, i, j, False), keys(f, j, i, j, False), level)
-            bound = stats.bound_event(
-                event, keys(f, i, i, j, True), keys(f, j, i, j, True), level
-            )
+            bound = stats.bound_event(event, keys(f, i, i, j, True), keys(f, j, i, j, True), level)
             results.append(
                 EventResult(
                     path=path,
@@ -360,14 +359,24 @@ def _laws(
             rate = mech.support_p if v == x else mech.support_q
             p_value = stats.binomial_p_value(int(support[v]), reports.n, rate)
             results.append(
-                LawResult(path, label, f"supports {other_label}: rate = {rate:.6g}", p_value, p_value >= level)
+                LawResult(
+                    path,
+                    label,
+                    f"supports {other_label}: rate = {rate:.6g}",
+                    p_value,
+                    p_value >= level,
+                )
             )
         if plan.law_tests_per_input > len(plan.inputs):
             size = mech.statistic_size()
             observed = np.bincount(np.asarray(first, dtype=np.int64), minlength=size)
-            declared = np.array([mech.output_probability(x, CategoryOutput(o)) for o in range(size)])
+            declared = np.array(
+                [mech.output_probability(x, CategoryOutput(o)) for o in range(size)]
+            )
             p_value = stats.chi_square_p_value(observed, declared)
-            results.append(LawResult(path, label, "output law (chi-square)", p_value, p_value >= level))
+            results.append(
+                LawResult(path, label, "output law (chi-square)", p_value, p_value >= level)
+            )
     return results
 
 

@@ -26,7 +26,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-
 from fedldp.aggregator.audit_ldp.sampling import Reports
 
 if TYPE_CHECKING:
@@ -50,6 +49,11 @@ class Feature:
     pairwise: bool
 
 
+def _as_keys(values: Any) -> IntArray:
+    """An int64 key array (keys are small non-negative integers)."""
+    return np.asarray(values, dtype=np.int64)
+
+
 def _joint(parts: list[IntArray], base: int) -> IntArray:
     """Combine per-report keys in [0, base) into one key per user (base-`base` digits)."""
     key = np.zeros(parts[0].shape[0], dtype=np.int64)
@@ -69,7 +73,7 @@ def _category_class(reports: Reports, x: Any, y: Any, mech: Any) -> IntArray:
 
 def _bit(rows: npt.NDArray[np.uint8], i: int) -> IntArray:
     """Bit i of packed little-endian rows."""
-    return ((rows[:, i >> 3] >> (i & 7)) & 1).astype(np.int64)
+    return _as_keys((rows[:, i >> 3] >> (i & 7)) & 1)
 
 
 def _bits_pair(reports: Reports, x: Any, y: Any, mech: Any) -> IntArray:
@@ -79,7 +83,7 @@ def _bits_pair(reports: Reports, x: Any, y: Any, mech: Any) -> IntArray:
 def _bits_pair_weight(reports: Reports, x: Any, y: Any, mech: Any) -> IntArray:
     rows = reports.columns[0]
     weight = np.unpackbits(rows, axis=1).sum(axis=1, dtype=np.int64)
-    return _bit(rows, x) + 2 * _bit(rows, y) + 4 * weight
+    return _as_keys(_bit(rows, x) + 2 * _bit(rows, y) + 4 * weight)
 
 
 def olh_hash(seeds: IntArray, value: int, g: int, m: int) -> IntArray:
@@ -94,14 +98,14 @@ def olh_hash(seeds: IntArray, value: int, g: int, m: int) -> IntArray:
         rest, digit = np.divmod(rest, g)
         value, v = divmod(value, g)
         acc = (acc + digit * v) % g
-    return (acc + rest) % g
+    return _as_keys((acc + rest) % g)
 
 
 def _hashed_support(reports: Reports, x: Any, y: Any, mech: Any) -> IntArray:
     seeds, hashed = reports.columns[0]
     sx = olh_hash(seeds, x, mech.g, mech.m) == hashed
     sy = olh_hash(seeds, y, mech.g, mech.m) == hashed
-    return (sx.astype(np.int64) + 2 * sy.astype(np.int64)).astype(np.int64)
+    return _as_keys(sx.astype(np.int64) + 2 * sy.astype(np.int64))
 
 
 def _numeric_bits(reports: Reports) -> npt.NDArray[np.uint64]:
@@ -112,19 +116,19 @@ def _sign_exponent_low(bits: int) -> KeyFunction:
     def keys(reports: Reports, x: Any, y: Any, mech: Any) -> IntArray:
         u = _numeric_bits(reports)
         high = u >> np.uint64(_MANTISSA_BITS)
-        return ((high << np.uint64(bits)) | (u & np.uint64((1 << bits) - 1))).astype(np.int64)
+        return _as_keys((high << np.uint64(bits)) | (u & np.uint64((1 << bits) - 1)))
 
     return keys
 
 
 def _sign_exponent_top4(reports: Reports, x: Any, y: Any, mech: Any) -> IntArray:
     u = _numeric_bits(reports)
-    return (u >> np.uint64(_MANTISSA_BITS - 4)).astype(np.int64)
+    return _as_keys(u >> np.uint64(_MANTISSA_BITS - 4))
 
 
 def _byte(j: int) -> KeyFunction:
     def keys(reports: Reports, x: Any, y: Any, mech: Any) -> IntArray:
-        return ((_numeric_bits(reports) >> np.uint64(8 * j)) & np.uint64(0xFF)).astype(np.int64)
+        return _as_keys((_numeric_bits(reports) >> np.uint64(8 * j)) & np.uint64(0xFF))
 
     return keys
 

@@ -26,7 +26,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-
 from fedldp.client.mechanisms.base import (
     BitVectorOutput,
     CategoryOutput,

@@ -58,7 +58,9 @@ def cp_upper(successes: IntArray | int, n: int, level: float) -> FloatArray:
     return np.asarray(np.where(x < n, bound, 1.0), dtype=np.float64)
 
 
-def log_ratio_bound(hits: IntArray | int, misses: IntArray | int, n: int, level: float) -> FloatArray:
+def log_ratio_bound(
+    hits: IntArray | int, misses: IntArray | int, n: int, level: float
+) -> FloatArray:
     """ln(cp_lower(hits) / cp_upper(misses)): -inf when `hits` is 0."""
     with np.errstate(divide="ignore"):
         return np.asarray(

@@ -23,8 +23,8 @@ from fedldp.aggregator.audit_ldp import (
     audit_mechanism,
     audit_spec,
     resolve_spec,
+    stats,
 )
-from fedldp.aggregator.audit_ldp import stats
 from fedldp.aggregator.audit_ldp.features import olh_hash
 from fedldp.aggregator.audit_ldp.sampling import wire_bits
 from fedldp.client.mechanisms import create, registered_ids
@@ -79,9 +79,7 @@ def test_event_selection_finds_the_leaking_key_and_bounds_it_on_fresh_samples() 
     n, level = 100_000, 1e-7
     # Key 3 has probability 0.04 under x and 0.01 under x': ratio 4 (ln 4 = 1.386).
     law_x, law_y = [0.32, 0.32, 0.32, 0.04], [0.33, 0.33, 0.33, 0.01]
-    sel_x, sel_y, est_x, est_y = (
-        rng.choice(4, size=n, p=p) for p in (law_x, law_y, law_x, law_y)
-    )
+    sel_x, sel_y, est_x, est_y = (rng.choice(4, size=n, p=p) for p in (law_x, law_y, law_x, law_y))
     event = stats.select_event(sel_x, sel_y, level)
     assert event.forward and event.keys.tolist() == [3]
     bound = stats.bound_event(event, est_x, est_y, level)
