@@ -26,7 +26,7 @@ from fedldp.aggregator.audit_ldp import (
     stats,
 )
 from fedldp.aggregator.audit_ldp.features import olh_hash
-from fedldp.aggregator.audit_ldp.sampling import wire_bits
+from fedldp.aggregator.audit_ldp.sampling import sample_device, wire_bits
 from fedldp.client.mechanisms import create, registered_ids
 from fedldp.client.mechanisms.base import NumericOutput
 from fedldp.client.mechanisms.numeric import Piecewise
@@ -200,3 +200,12 @@ def _describe(report: AuditReport) -> str:
     best = report.best_event()
     bad = [law for law in report.laws if not law.passed]
     return f"{report.wire_id}: claim {report.claim}, best {best}, law failures {bad}"
+
+
+def test_device_path_shares_one_permanent_response_per_user() -> None:
+    """With ε1 = ε∞ the instantaneous response is the permanent one: T equal reports."""
+    mech = create("rappor-grr", Decimal(1), 8, {"epsilon_permanent": "1"})
+    reports = sample_device(mech, "category", 3, 500, 3, random.Random(2))
+    first, *others = reports.columns
+    assert all(np.array_equal(first, other) for other in others)
+    assert len(set(first.tolist())) > 1  # ... while users draw their own
