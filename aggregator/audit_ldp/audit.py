@@ -9,12 +9,10 @@ neighbouring inputs and returns an `AuditReport`:
 * for each path (device, batch), input pair and feature (`features.py`): an event
   chosen on the first half of the samples, and its ε lower bound on the second
   half (`stats.py`);
-* law checks, for frequency oracles: each input's support rates against the
-  declared p* and q* (exact binomial test), and, for category reports with at
-  most `MAX_CHI_SQUARE_CELLS` outputs, Pearson's chi-square of the output
-  histogram against the declared law (`output_probability`). A sampler whose
-  law is not the declared one fails even when it is *less* revealing than
-  claimed (e.g. GRR drawing its false answer from all k values).
+* for each path and input, the law checks of `laws.py` (the sampler against
+  the law the mechanism declares). A sampler whose law is not the declared one
+  fails even when it is *less* revealing than claimed (e.g. GRR randomizing at
+  ε/2 while declaring ε).
 
 Error control (Bonferroni): with m = the number of CP bounds plus law tests
 planned, each is run at level α/m, so a correct mechanism FAILS with probability
@@ -38,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from fedldp.aggregator.audit_ldp import stats
 from fedldp.aggregator.audit_ldp.features import Feature, features_for
+from fedldp.aggregator.audit_ldp.laws import LawTest, law_tests
 from fedldp.aggregator.audit_ldp.sampling import (
     Reports,
     has_longitudinal_batch,
@@ -45,9 +44,8 @@ from fedldp.aggregator.audit_ldp.sampling import (
     sample_batch,
     sample_device,
 )
-from fedldp.client.mechanisms.base import CategoryOutput, Mechanism
+from fedldp.client.mechanisms.base import Mechanism
 from fedldp.client.mechanisms.memo import Memoized
-from fedldp.client.mechanisms.oracle import FrequencyOracle
 from fedldp.client.mechanisms.registry import UnknownMechanismError, create
 
 if TYPE_CHECKING:
@@ -59,8 +57,6 @@ DEFAULT_ALPHA = 1e-6
 DEFAULT_SAMPLES = 400_000
 #: Default reports per input on the device path (one `perturb` call each).
 DEFAULT_DEVICE_SAMPLES = 40_000
-#: Largest category output range compared with its declared law by chi-square.
-MAX_CHI_SQUARE_CELLS = 1024
 PATHS = ("device", "batch")
 
 #: Parameter of the memoized mechanisms: the permanent response's ε∞.
@@ -222,13 +218,14 @@ class _Plan:
     features: tuple[Feature, ...]
     reports: int
     paths: tuple[str, ...]
-    law_tests_per_input: int
+    #: Per input, the tests of its reports against the declared law.
+    law_tests: list[list[LawTest]]
     notes: tuple[str, ...]
 
     @property
     def tests(self) -> int:
         events = len(self.pairs) * len(self.features) * 2
-        return len(self.paths) * (events + len(self.inputs) * self.law_tests_per_input)
+        return len(self.paths) * (events + sum(len(t) for t in self.law_tests))
 
 
 def _inputs(
@@ -251,13 +248,6 @@ def _inputs(
     return inputs, [(0, 2), (0, 1), (1, 2), (1, 3), (0, 4)]
 
 
-def _law_tests_per_input(mech: Mechanism, kind: str, inputs: int) -> int:  # type: ignore[type-arg]
-    if not isinstance(mech, FrequencyOracle):
-        return 0
-    chi_square = kind == "category" and mech.statistic_size() <= MAX_CHI_SQUARE_CELLS
-    return inputs + int(chi_square)
-
-
 def _plan(mech: Mechanism, domain: Any, settings: AuditSettings) -> _Plan:  # type: ignore[type-arg]
     inputs, pairs = _inputs(domain)
     kind = output_kind(mech, inputs[0][1])
@@ -270,8 +260,9 @@ def _plan(mech: Mechanism, domain: Any, settings: AuditSettings) -> _Plan:  # ty
         notes.append("batch path skipped: no perturb_batch_longitudinal for T > 1")
     if not paths:
         raise ValueError(f"{mech.wire_id}: no path left to audit ({'; '.join(notes)})")
-    if not isinstance(mech, FrequencyOracle):
-        notes.append("no law check (declared law not available for this output kind)")
+    laws = [law_tests(mech, kind, inputs, x) for _, x in inputs]
+    if not any(laws):
+        notes.append("no law check: the mechanism declares no law the auditor can test")
     return _Plan(
         kind=kind,
         inputs=inputs,
@@ -279,7 +270,7 @@ def _plan(mech: Mechanism, domain: Any, settings: AuditSettings) -> _Plan:  # ty
         features=features_for(kind, reports),
         reports=reports,
         paths=paths,
-        law_tests_per_input=_law_tests_per_input(mech, kind, len(inputs)),
+        law_tests=laws,
         notes=tuple(notes),
     )
 
@@ -339,44 +330,12 @@ def _events(
     return results
 
 
-def _laws(
-    mech: Mechanism,  # type: ignore[type-arg]
-    plan: _Plan,
-    path: str,
-    samples: list[Reports],
-    level: float,
-) -> list[LawResult]:
-    if plan.law_tests_per_input == 0:
-        return []
-    assert isinstance(mech, FrequencyOracle)
+def _laws(plan: _Plan, path: str, samples: list[Reports], level: float) -> list[LawResult]:
     results = []
-    for (label, x), reports in zip(plan.inputs, samples, strict=True):
-        first = reports.columns[0]  # one report per user: the base law at ε
-        statistic = mech.new_statistic()
-        mech.accumulate_batch(statistic, first)
-        support = mech.support_counts(statistic)
-        for other_label, v in plan.inputs:
-            rate = mech.support_p if v == x else mech.support_q
-            p_value = stats.binomial_p_value(int(support[v]), reports.n, rate)
-            results.append(
-                LawResult(
-                    path,
-                    label,
-                    f"supports {other_label}: rate = {rate:.6g}",
-                    p_value,
-                    p_value >= level,
-                )
-            )
-        if plan.law_tests_per_input > len(plan.inputs):
-            size = mech.statistic_size()
-            observed = np.bincount(np.asarray(first, dtype=np.int64), minlength=size)
-            declared = np.array(
-                [mech.output_probability(x, CategoryOutput(o)) for o in range(size)]
-            )
-            p_value = stats.chi_square_p_value(observed, declared)
-            results.append(
-                LawResult(path, label, "output law (chi-square)", p_value, p_value >= level)
-            )
+    for (label, _), tests, reports in zip(plan.inputs, plan.law_tests, samples, strict=True):
+        for test in tests:
+            p_value = test.p_value(reports)
+            results.append(LawResult(path, label, test.name, p_value, p_value >= level))
     return results
 
 
@@ -394,7 +353,7 @@ def audit_mechanism(
     for path in plan.paths:
         samples = _sample(mech, plan, path, settings)
         events.extend(_events(mech, plan, path, samples, level))
-        laws.extend(_laws(mech, plan, path, samples, level))
+        laws.extend(_laws(plan, path, samples, level))
     return AuditReport(
         wire_id=mech.wire_id,
         epsilon=mech.epsilon,
