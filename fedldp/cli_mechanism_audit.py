@@ -302,5 +302,8 @@ def verify_mechanism(
             f"confidence {confidence} per audit (Bonferroni over its tests); reports per input: "
             f"batch {settings.samples}, device {settings.device_samples}"
         )
+        notes = {f"{s.wire_id}: {note}" for s, r in rows for note in r.notes}
+        for note in sorted(notes):
+            click.echo(f"note: {note}")
     if not all(r.passed for _, r in rows):
         raise SystemExit(1)
