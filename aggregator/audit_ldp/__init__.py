@@ -18,7 +18,6 @@ from fedldp.aggregator.audit_ldp.audit import (
     MechanismSpec,
     audit_mechanism,
     audit_spec,
-    report_charge,
     resolve_spec,
 )
 
@@ -33,6 +32,5 @@ __all__ = [
     "MechanismSpec",
     "audit_mechanism",
     "audit_spec",
-    "report_charge",
     "resolve_spec",
 ]

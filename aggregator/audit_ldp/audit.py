@@ -39,7 +39,6 @@ from fedldp.aggregator.audit_ldp.features import Feature, features_for
 from fedldp.aggregator.audit_ldp.laws import LawTest, law_tests
 from fedldp.aggregator.audit_ldp.sampling import (
     Reports,
-    has_longitudinal_batch,
     output_kind,
     sample_batch,
     sample_device,
@@ -204,12 +203,6 @@ class AuditReport:
         return self.epsilon_lb() <= float(self.claim) and self.law_passed
 
 
-def report_charge(mech: Mechanism) -> Decimal:  # type: ignore[type-arg]
-    """What the ledger charges per report of `mech`."""
-    charge: Decimal = getattr(mech, "report_charge", mech.epsilon)
-    return charge
-
-
 @dataclass(frozen=True)
 class _Plan:
     kind: str
@@ -253,13 +246,7 @@ def _plan(mech: Mechanism, domain: Any, settings: AuditSettings) -> _Plan:  # ty
     kind = output_kind(mech, inputs[0][1])
     memoized = isinstance(mech, Memoized)
     reports = settings.reports if memoized else 1
-    paths = settings.paths
     notes: list[str] = []
-    if reports > 1 and "batch" in paths and not has_longitudinal_batch(mech):
-        paths = tuple(p for p in paths if p != "batch")
-        notes.append("batch path skipped: no perturb_batch_longitudinal for T > 1")
-    if not paths:
-        raise ValueError(f"{mech.wire_id}: no path left to audit ({'; '.join(notes)})")
     laws = [law_tests(mech, kind, inputs, x) for _, x in inputs]
     if not any(laws):
         notes.append("no law check: the mechanism declares no law the auditor can test")
@@ -269,7 +256,7 @@ def _plan(mech: Mechanism, domain: Any, settings: AuditSettings) -> _Plan:  # ty
         pairs=pairs,
         features=features_for(kind, reports),
         reports=reports,
-        paths=paths,
+        paths=settings.paths,
         law_tests=laws,
         notes=tuple(notes),
     )
@@ -358,7 +345,7 @@ def audit_mechanism(
         wire_id=mech.wire_id,
         epsilon=mech.epsilon,
         reports=plan.reports,
-        claim=report_charge(mech) * plan.reports,
+        claim=mech.report_charge * plan.reports,
         alpha=settings.alpha,
         tests=plan.tests,
         events=tuple(events),

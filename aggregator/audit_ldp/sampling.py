@@ -145,11 +145,6 @@ def batch_column(kind: str, output: Any) -> Any:
     return output
 
 
-def has_longitudinal_batch(mech: Mechanism) -> bool:  # type: ignore[type-arg]
-    """Whether the mechanism has a batch path for T > 1 reports sharing a memo."""
-    return callable(getattr(mech, "perturb_batch_longitudinal", None))
-
-
 def sample_batch(
     mech: Mechanism,  # type: ignore[type-arg]
     kind: str,
@@ -163,7 +158,10 @@ def sample_batch(
     values = np.full(users, value, dtype=dtype)
     if reports == 1:
         return Reports(kind, [batch_column(kind, mech.perturb_batch(values, generator))])
-    out = mech.perturb_batch_longitudinal(values, reports, generator)  # type: ignore[attr-defined]
+    longitudinal = getattr(mech, "perturb_batch_longitudinal", None)
+    if longitudinal is None:
+        raise ValueError(f"{mech.wire_id} has no batch path for {reports} reports per user")
+    out = longitudinal(values, reports, generator)
     if kind == "hashed":
         seeds, hashed = out
         return Reports(kind, [(seeds[:, t], hashed[:, t]) for t in range(reports)])

@@ -86,27 +86,8 @@ class HalvedGRR(GRR):
 
 
 class SequentialChargeRapporGRR(RapporGRR):
-    """Today's rappor-grr charging: ε1 per report, as if reports were independent.
-
-    Also a batch path for T reports sharing one permanent response (the shipped
-    rappor-grr has none yet): the permanent GRR at ε∞, then T instantaneous GRRs
-    at ε_r around it, exactly as `perturb(value, memo=...)` does T times.
-    """
+    """rappor-grr charged as before issue 14: ε1 per report, as if reports were independent."""
 
     @property
     def report_charge(self) -> Decimal:
         return self.epsilon
-
-    def perturb_batch_longitudinal(
-        self, values: Any, reports: int, rng: np.random.Generator
-    ) -> npt.NDArray[np.int64]:
-        values = np.asarray(values, dtype=np.int64)
-        permanent = self.permanent.perturb_batch(values, rng)
-        n = values.shape[0]
-        columns = []
-        for _ in range(reports):
-            keep = rng.random(n) < self.p_r
-            other = rng.integers(0, self.k - 1, size=n, dtype=np.int64)
-            other += other >= permanent
-            columns.append(np.where(keep, permanent, other))
-        return np.stack(columns, axis=1)

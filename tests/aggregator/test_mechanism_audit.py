@@ -185,15 +185,34 @@ def test_floating_point_piecewise_fails_on_its_raw_bits(epsilon: str) -> None:
     assert not report.passed
 
 
+#: Issue 14's longitudinal case: k = 64, ε1 = 0.5, ε∞ = 2, T = 2 reports of one value,
+#: exact loss L(2) = 1.478; 2·10⁶ users per input and half give the audit its power.
+LONGITUDINAL = AuditSettings(samples=4_000_000, reports=2, paths=("batch",), seed=7)
+
+
 def test_sequential_charging_of_rappor_grr_fails_the_longitudinal_audit() -> None:
-    """k = 64, ε1 = 0.5, ε∞ = 2, T = 2: exact loss 1.478, charged 1.0 (issue 14)."""
+    """Charged ε1 per report, two reports cost 1.0 < 1.478: the audit proves more."""
     broken = SequentialChargeRapporGRR(Decimal("0.5"), 64, Decimal(2))
-    settings = AuditSettings(samples=4_000_000, reports=2, paths=("batch",), seed=7)
-    report = audit_mechanism(broken, 64, settings)
+    report = audit_mechanism(broken, 64, LONGITUDINAL)
     assert report.claim == Decimal("1.0")
     assert 1.0 < report.epsilon_lb() < 1.478
     assert report.law_passed
     assert not report.passed
+
+
+def test_rappor_grr_joint_charge_passes_the_same_audit() -> None:
+    mech = create("rappor-grr", Decimal("0.5"), 64, {"epsilon_permanent": "2"})
+    report = audit_mechanism(mech, 64, LONGITUDINAL)
+    assert report.claim == 2 * mech.report_charge >= Decimal("1.4776")
+    assert 1.0 < report.epsilon_lb() <= float(report.claim)
+    assert report.passed, _describe(report)
+
+
+@pytest.mark.parametrize("wire_id", ["rappor-grr", "rappor-oue", "rappor-sue"])
+def test_memoized_mechanisms_pass_three_reports_on_both_paths(wire_id: str) -> None:
+    report = audit_spec(spec(wire_id), seeded(reports=3))
+    assert report.reports == 3 and {e.path for e in report.events} == {"device", "batch"}
+    assert report.passed, _describe(report)
 
 
 def _describe(report: AuditReport) -> str:
