@@ -287,6 +287,7 @@ def _events(
     select = [s.rows(0, half) for s in samples]
     fresh = [s.rows(half, 2 * half) for s in samples]
     cache: dict[tuple[int, int, int, int, bool], npt.NDArray[np.int64]] = {}
+    histograms: dict[tuple[int, int, int, int], stats.Histogram] = {}
 
     def keys(f: int, source: int, i: int, j: int, fresh_half: bool) -> npt.NDArray[np.int64]:
         """Feature f of input `source`'s reports, for the pair (x_i, x_j)."""
@@ -298,10 +299,18 @@ def _events(
             cache[slot] = feature.keys(data, plan.inputs[i][1], plan.inputs[j][1], mech)
         return cache[slot]
 
+    def selection(f: int, source: int, i: int, j: int) -> stats.Histogram:
+        """The histogram of `keys` on the selection half (computed once per slot)."""
+        pair = (i, j) if plan.features[f].pairwise else (-1, -1)
+        slot = (f, source, *pair)
+        if slot not in histograms:
+            histograms[slot] = stats.histogram(keys(f, source, i, j, False))
+        return histograms[slot]
+
     results = []
     for i, j in plan.pairs:
         for f, feature in enumerate(plan.features):
-            event = stats.select_event(keys(f, i, i, j, False), keys(f, j, i, j, False), level)
+            event = stats.select_event(selection(f, i, i, j), selection(f, j, i, j), level)
             bound = stats.bound_event(event, keys(f, i, i, j, True), keys(f, j, i, j, True), level)
             results.append(
                 EventResult(

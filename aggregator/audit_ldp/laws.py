@@ -11,9 +11,9 @@ mechanism's at the per-report ε, memoized or not):
   `support_counts`, so the collector's counting is exercised too);
 * category reports with at most `MAX_CHI_SQUARE_CELLS` values — the output
   histogram against `output_probability` (Pearson's chi-square);
-* numeric mechanisms that declare an exact finite law (a wire `table`,
-  `level_law`, `index_weights`) — the histogram of the wire values, matched
-  bit for bit to the table, against that law (chi-square; a value outside the
+* numeric mechanisms (finite wire table, `numeric.NumericMechanism`) — the
+  histogram of the wire values, matched bit for bit to the table, against the
+  exact law `level_law` x `index_weights` (chi-square; a value outside the
   table has declared probability 0 and fails).
 """
 
@@ -28,6 +28,7 @@ import numpy as np
 from fedldp.aggregator.audit_ldp import stats
 from fedldp.aggregator.audit_ldp.sampling import Reports
 from fedldp.client.mechanisms.base import CategoryOutput, Mechanism
+from fedldp.client.mechanisms.numeric import NumericMechanism
 from fedldp.client.mechanisms.oracle import FrequencyOracle
 
 if TYPE_CHECKING:
@@ -59,14 +60,9 @@ def _category_p_value(mech: FrequencyOracle, x: int, reports: Reports) -> float:
     return stats.chi_square_p_value(observed, declared)
 
 
-def declares_table_law(mech: Mechanism) -> bool:  # type: ignore[type-arg]
-    """Whether a numeric mechanism declares an exact law over a finite wire table."""
-    return bool(getattr(mech, "table", None)) and all(
-        callable(getattr(mech, name, None)) for name in ("level_law", "index_weights")
-    )
-
-
-def table_law(mech: Any, x: float) -> tuple[npt.NDArray[np.uint64], npt.NDArray[np.float64]]:
+def table_law(
+    mech: NumericMechanism, x: float
+) -> tuple[npt.NDArray[np.uint64], npt.NDArray[np.float64]]:
     """(distinct wire bit patterns, sorted; their declared probabilities) for input x.
 
     P[index i | x] = Σ_j P(level j | x) W(i | j) / Σ_i' W(i' | j); table values that
@@ -82,7 +78,7 @@ def table_law(mech: Any, x: float) -> tuple[npt.NDArray[np.uint64], npt.NDArray[
     return distinct, np.asarray(summed, dtype=np.float64)
 
 
-def _table_p_value(mech: Any, x: float, reports: Reports) -> float:
+def _table_p_value(mech: NumericMechanism, x: float, reports: Reports) -> float:
     distinct, declared = table_law(mech, x)
     bits = np.asarray(reports.columns[0], dtype=np.uint64)
     where = np.minimum(np.searchsorted(distinct, bits), distinct.shape[0] - 1)
@@ -107,6 +103,6 @@ def law_tests(
         if kind == "category" and mech.statistic_size() <= MAX_CHI_SQUARE_CELLS:
             tests.append(LawTest("output law (chi-square)", partial(_category_p_value, mech, x)))
         return tests
-    if kind == "numeric" and declares_table_law(mech):
+    if isinstance(mech, NumericMechanism):
         return [LawTest("wire table law (chi-square)", partial(_table_p_value, mech, x))]
     return []

@@ -79,11 +79,26 @@ class Event:
     selection_bound: float
 
 
-def _counts(keys: IntArray, universe: IntArray) -> IntArray:
-    """How often each key of `universe` (sorted, containing every key) occurs in `keys`."""
-    return np.bincount(np.searchsorted(universe, keys), minlength=universe.shape[0]).astype(
-        np.int64
-    )
+@dataclass(frozen=True)
+class Histogram:
+    """The distinct keys of n samples (sorted) and how often each occurs."""
+
+    keys: IntArray
+    counts: IntArray
+    n: int
+
+
+def histogram(keys: IntArray) -> Histogram:
+    """The histogram of one input's keys."""
+    distinct, counts = np.unique(keys, return_counts=True)
+    return Histogram(distinct, counts.astype(np.int64), int(keys.shape[0]))
+
+
+def _on(universe: IntArray, h: Histogram) -> IntArray:
+    """`h`'s counts on `universe` (sorted, containing every key of `h`)."""
+    counts = np.zeros(universe.shape[0], dtype=np.int64)
+    counts[np.searchsorted(universe, h.keys)] = h.counts
+    return counts
 
 
 def _best_prefix(
@@ -96,18 +111,17 @@ def _best_prefix(
     return universe[order[: best + 1]], float(bounds[best])
 
 
-def select_event(keys_x: IntArray, keys_y: IntArray, level: float) -> Event:
+def select_event(x: Histogram, y: Histogram, level: float) -> Event:
     """Choose, on selection samples of x and of x' (same size), the event to bound.
 
     Both orientations are tried (E likelier under x, or under x'); the better wins.
     """
-    if keys_x.shape != keys_y.shape:
+    if x.n != y.n:
         raise ValueError("selection samples of both inputs must have the same size")
-    n = keys_x.shape[0]
-    universe = np.union1d(keys_x, keys_y)
-    cx, cy = _counts(keys_x, universe), _counts(keys_y, universe)
-    fwd_keys, fwd = _best_prefix(universe, cx, cy, n, level)
-    bwd_keys, bwd = _best_prefix(universe, cy, cx, n, level)
+    universe = np.union1d(x.keys, y.keys)
+    cx, cy = _on(universe, x), _on(universe, y)
+    fwd_keys, fwd = _best_prefix(universe, cx, cy, x.n, level)
+    bwd_keys, bwd = _best_prefix(universe, cy, cx, x.n, level)
     if fwd >= bwd:
         return Event(fwd_keys, True, fwd)
     return Event(bwd_keys, False, bwd)

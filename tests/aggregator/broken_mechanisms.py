@@ -16,6 +16,7 @@ import numpy.typing as npt
 from fedldp.client.mechanisms.base import BitVectorOutput, CategoryOutput, system_random
 from fedldp.client.mechanisms.grr import GRR
 from fedldp.client.mechanisms.memo import RapporGRR
+from fedldp.client.mechanisms.numeric import Piecewise
 from fedldp.client.mechanisms.unary import OUE
 
 #: Probability with which `StickyOUE` keeps the true bit (OUE's p is 1/2).
@@ -91,3 +92,15 @@ class SequentialChargeRapporGRR(RapporGRR):
     @property
     def report_charge(self) -> Decimal:
         return self.epsilon
+
+
+class UniformIndexPiecewise(Piecewise):
+    """Grid piecewise drawing its output index uniformly, whatever the input level."""
+
+    def _sample_index(self, level: int, rng: random.Random) -> int:
+        return rng.randrange(len(self.table))
+
+    def _sample_index_batch(
+        self, levels: npt.NDArray[np.int64], rng: np.random.Generator
+    ) -> npt.NDArray[np.int64]:
+        return rng.integers(0, len(self.table), size=levels.shape[0], dtype=np.int64)

@@ -29,7 +29,6 @@ from fedldp.aggregator.audit_ldp.features import olh_hash
 from fedldp.aggregator.audit_ldp.sampling import sample_device, wire_bits
 from fedldp.client.mechanisms import create, registered_ids
 from fedldp.client.mechanisms.base import NumericOutput
-from fedldp.client.mechanisms.numeric import Piecewise
 from fedldp.client.mechanisms.olh import hash_value
 
 from tests.aggregator.broken_mechanisms import (
@@ -37,7 +36,13 @@ from tests.aggregator.broken_mechanisms import (
     HalvedGRR,
     SequentialChargeRapporGRR,
     StickyOUE,
+    UniformIndexPiecewise,
     WholeDomainGRR,
+)
+from tests.client.mechanisms.legacy_float_numeric import (
+    LegacyHybrid,
+    LegacyLaplace,
+    LegacyPiecewise,
 )
 
 K = 16
@@ -80,12 +85,12 @@ def test_event_selection_finds_the_leaking_key_and_bounds_it_on_fresh_samples() 
     # Key 3 has probability 0.04 under x and 0.01 under x': ratio 4 (ln 4 = 1.386).
     law_x, law_y = [0.32, 0.32, 0.32, 0.04], [0.33, 0.33, 0.33, 0.01]
     sel_x, sel_y, est_x, est_y = (rng.choice(4, size=n, p=p) for p in (law_x, law_y, law_x, law_y))
-    event = stats.select_event(sel_x, sel_y, level)
+    event = stats.select_event(stats.histogram(sel_x), stats.histogram(sel_y), level)
     assert event.forward and event.keys.tolist() == [3]
     bound = stats.bound_event(event, est_x, est_y, level)
     assert 1.0 < bound.epsilon_lb < math.log(4)
     # Swapping the inputs finds the same event, oriented the other way.
-    assert not stats.select_event(sel_y, sel_x, level).forward
+    assert not stats.select_event(stats.histogram(sel_y), stats.histogram(sel_x), level).forward
 
 
 def test_chi_square_pools_small_cells_and_flags_impossible_outputs() -> None:
@@ -118,8 +123,6 @@ def test_olh_support_feature_uses_the_contract_hash() -> None:
 @pytest.mark.parametrize("wire_id", registered_ids())
 def test_shipped_mechanism_passes_one_report(wire_id: str) -> None:
     s = spec(wire_id)
-    if wire_id in ("piecewise", "hybrid", "laplace"):
-        pytest.skip("floating-point numeric mechanisms leak through their bits (issue 14)")
     report = audit_spec(s, seeded())
     assert report.passed, _describe(report)
     assert 0.0 < report.epsilon_lb("batch") <= float(s.epsilon)
@@ -177,11 +180,29 @@ def test_epsilon_off_by_a_factor_fails() -> None:
 
 @pytest.mark.parametrize("epsilon", ["0.5", "1", "2", "4"])
 def test_floating_point_piecewise_fails_on_its_raw_bits(epsilon: str) -> None:
-    broken = Piecewise(Decimal(epsilon), *RANGE)
-    report = audit_mechanism(broken, RANGE, seeded(device=5_000))
-    best = report.best_event()
-    assert best is not None and report.epsilon_lb("batch") > float(epsilon) + 1.0
+    """The piecewise mechanism as it shipped before issue 14 (a double computed
+    from the input): events on the wire bits occur under one input only."""
+    broken = LegacyPiecewise(Decimal(epsilon), *RANGE)
+    report = audit_mechanism(broken, RANGE, seeded(samples=100_000, device=5_000))
+    assert report.epsilon_lb("batch") > float(epsilon) + 1.0
     assert report.epsilon_lb("device") > float(epsilon)
+    assert not report.passed
+
+
+@pytest.mark.parametrize("legacy", [LegacyHybrid, LegacyLaplace])
+def test_floating_point_hybrid_and_laplace_fail_on_their_raw_bits(legacy: type) -> None:
+    broken = legacy(Decimal(2), *RANGE)
+    report = audit_mechanism(broken, RANGE, seeded(samples=100_000, device=2))
+    assert report.epsilon_lb("batch") > 3.0
+    assert not report.passed
+
+
+def test_numeric_sampler_off_its_declared_law_fails_the_law_check() -> None:
+    """Grid piecewise drawing its table index uniformly: it leaks nothing (ε bound
+    about 0) but is not the declared law, so its estimates are wrong."""
+    report = audit_mechanism(UniformIndexPiecewise(Decimal(1), *RANGE), RANGE, seeded())
+    assert report.epsilon_lb() < 0.1
+    assert {law.path for law in report.laws if not law.passed} == {"device", "batch"}
     assert not report.passed
 
 
