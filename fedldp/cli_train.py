@@ -1,5 +1,8 @@
 """`fedldp train`, `fedldp verify training` and `fedldp audit membership`.
 
+`fedldp verify mechanism` lives in `fedldp.cli_mechanism_audit` and is attached
+to the `verify` group here.
+
 torch and Opacus are imported inside the commands, so `fedldp --help` works
 without the `train` extra; a command that needs them says what to install.
 """
@@ -13,6 +16,8 @@ from pathlib import Path
 from typing import Any
 
 import click
+
+from fedldp.cli_mechanism_audit import verify_mechanism
 
 TRAIN_EXTRA_HINT = "pip install 'fedldp[train]'"
 
@@ -237,6 +242,9 @@ def verify_release(
         except ReleaseReceiptError as exc:
             raise click.ClickException(str(exc)) from exc
     _report(result.checks, result.ok, as_json, "release receipt")
+
+
+verify.add_command(verify_mechanism)
 
 
 @click.group(name="audit")

@@ -1,0 +1,168 @@
+"""Run the shipped randomizer on one input, many times, through the device or the batch path.
+
+The device path calls `mech.perturb(value)` exactly as the SDK does: `rng=None`
+(the OS CSPRNG, `secrets.SystemRandom`) unless a test passes a seeded
+`random.Random`, and, for a memoized mechanism, one fresh `MemoState` per
+simulated user shared by that user's T reports (the SDK keeps one permanent
+response per (user, metric, value); `client/sdk.py`, `_perturb_memoized`).
+A numeric report is taken from the wire: the `NumericPayload` message the SDK
+sends (`fedldp.client.wire.fill_payload`), serialized, and its IEEE-754 binary64
+bit pattern read back from those bytes.
+
+The batch path calls `mech.perturb_batch(values, generator)` (for T reports of
+a memoized mechanism, `perturb_batch_longitudinal(values, T, generator)`), and
+reads a numeric output's bit pattern from its float64 array (the same bytes as
+struct.pack('<d')).
+
+Both paths return `Reports`: per report index t < T, one column in the batch
+layout of the mechanism (int64 indices; uint8 packed rows; (seeds, values);
+uint64 bit patterns for numeric outputs).
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+from fedldp.client.mechanisms.base import (
+    BitVectorOutput,
+    CategoryOutput,
+    HashedOutput,
+    Mechanism,
+    NumericOutput,
+    Output,
+)
+from fedldp.client.mechanisms.memo import Memoized
+from fedldp.client.wire import fill_payload
+from fedldp.v1 import collector_pb2
+
+if TYPE_CHECKING:
+    import numpy.typing as npt
+
+#: Output kinds the auditor reads (the payload kinds of the wire contract it supports).
+KINDS: dict[type, str] = {
+    CategoryOutput: "category",
+    BitVectorOutput: "bits",
+    HashedOutput: "hashed",
+    NumericOutput: "numeric",
+}
+#: NumericPayload's only field, `double value = 1`: wire type 1 (64-bit), tag byte 0x09.
+_DOUBLE_TAG = 0x09
+
+
+@dataclass(frozen=True)
+class Reports:
+    """n users' reports on one input: `columns[t]` holds every user's t-th report."""
+
+    kind: str
+    columns: list[Any]
+
+    @property
+    def n(self) -> int:
+        """Number of users."""
+        first = self.columns[0]
+        return int((first[0] if self.kind == "hashed" else first).shape[0])
+
+    def rows(self, start: int, stop: int) -> Reports:
+        """Users start..stop-1."""
+        if self.kind == "hashed":
+            cols = [(s[start:stop], v[start:stop]) for s, v in self.columns]
+            return Reports(self.kind, cols)
+        return Reports(self.kind, [c[start:stop] for c in self.columns])
+
+
+def output_kind(mech: Mechanism, value: Any) -> str:  # type: ignore[type-arg]
+    """The payload kind of `mech`'s reports (one report of `value`, seeded generator)."""
+    probe = _perturb(mech, value, random.Random(0), _new_memo(mech))
+    try:
+        return KINDS[type(probe)]
+    except KeyError:
+        raise ValueError(f"{mech.wire_id}: cannot audit {type(probe).__name__} reports") from None
+
+
+def _new_memo(mech: Mechanism) -> Any:  # type: ignore[type-arg]
+    return mech.new_memo() if isinstance(mech, Memoized) else None
+
+
+def _perturb(mech: Mechanism, value: Any, rng: random.Random | None, memo: Any) -> Output:  # type: ignore[type-arg]
+    if memo is None:
+        return mech.perturb(value, rng=rng)
+    memoized: Any = mech  # every concrete Memoized takes memo= (memo.py)
+    out: Output = memoized.perturb(value, rng=rng, memo=memo)
+    return out
+
+
+def wire_bits(output: NumericOutput) -> int:
+    """The binary64 bit pattern of a numeric report as the device serializes it."""
+    report = collector_pb2.Report()
+    fill_payload(report, output)
+    raw = report.numeric.SerializeToString()
+    if not raw:  # proto3 leaves out the default +0.0
+        return 0
+    if len(raw) != 9 or raw[0] != _DOUBLE_TAG:
+        raise ValueError("unexpected NumericPayload encoding")
+    return int.from_bytes(raw[1:], "little")
+
+
+def device_column(kind: str, outputs: list[Output]) -> Any:
+    """One report per user, from `perturb` outputs, in the batch layout of `kind`."""
+    if kind == "category":
+        return np.fromiter((o.index for o in outputs), dtype=np.int64, count=len(outputs))  # type: ignore[union-attr]
+    if kind == "bits":
+        raw = b"".join(o.bits for o in outputs)  # type: ignore[union-attr]
+        return np.frombuffer(raw, dtype=np.uint8).reshape(len(outputs), -1)
+    if kind == "hashed":
+        seeds = np.fromiter((o.seed for o in outputs), dtype=np.int64, count=len(outputs))  # type: ignore[union-attr]
+        values = np.fromiter((o.value for o in outputs), dtype=np.int64, count=len(outputs))  # type: ignore[union-attr]
+        return seeds, values
+    return np.fromiter((wire_bits(o) for o in outputs), dtype=np.uint64, count=len(outputs))  # type: ignore[arg-type]
+
+
+def sample_device(
+    mech: Mechanism,  # type: ignore[type-arg]
+    kind: str,
+    value: Any,
+    users: int,
+    reports: int,
+    rng: random.Random | None,
+) -> Reports:
+    """`users` simulated devices each sending `reports` reports of `value`."""
+    columns: list[list[Output]] = [[] for _ in range(reports)]
+    for _ in range(users):
+        memo = _new_memo(mech)
+        for column in columns:
+            column.append(_perturb(mech, value, rng, memo))
+    return Reports(kind, [device_column(kind, c) for c in columns])
+
+
+def batch_column(kind: str, output: Any) -> Any:
+    """The layout of a `perturb_batch` result (numeric: float64 -> uint64 bit patterns)."""
+    if kind == "numeric":
+        floats: npt.NDArray[np.float64] = np.ascontiguousarray(output, dtype=np.float64)
+        return floats.view(np.uint64)
+    return output
+
+
+def sample_batch(
+    mech: Mechanism,  # type: ignore[type-arg]
+    kind: str,
+    value: Any,
+    users: int,
+    reports: int,
+    generator: np.random.Generator,
+) -> Reports:
+    """`users` simulated devices each sending `reports` reports of `value` (numpy path)."""
+    dtype = np.float64 if kind == "numeric" else np.int64
+    values = np.full(users, value, dtype=dtype)
+    if reports == 1:
+        return Reports(kind, [batch_column(kind, mech.perturb_batch(values, generator))])
+    longitudinal = getattr(mech, "perturb_batch_longitudinal", None)
+    if longitudinal is None:
+        raise ValueError(f"{mech.wire_id} has no batch path for {reports} reports per user")
+    out = longitudinal(values, reports, generator)
+    if kind == "hashed":
+        seeds, hashed = out
+        return Reports(kind, [(seeds[:, t], hashed[:, t]) for t in range(reports)])
+    return Reports(kind, [batch_column(kind, out[:, t]) for t in range(reports)])
