@@ -10,6 +10,7 @@ collector processes on one port instead (collector/supervisor.py).
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import json
 import logging
@@ -102,7 +103,14 @@ def serve(
         from fedldp.collector.supervisor import supervise
 
         return supervise(config, config_path=config_path, port_file=port_file)
-    running = start_collector(config)
+    try:
+        running = start_collector(config)
+    except PolicyError as exc:  # the operator's folders: one line saying which file and why
+        logging.getLogger("fedldp.collector").error(
+            "collector not started: the policy folder does not load",
+            extra={"fields": {"error": str(exc)}},
+        )
+        return 1
     settle_heap()
     if port_file is not None:
         path = Path(port_file)
@@ -125,17 +133,13 @@ def serve(
     signal.signal(signal.SIGTERM, _on_signal)
     signal.signal(signal.SIGINT, _on_signal)
     signal.signal(signal.SIGHUP, _on_hup)
-    log = logging.getLogger("fedldp.collector")
     while not stop.wait(0.2):
         if reload.is_set():
             reload.clear()
-            try:
+            # A set that fails to load is not served: reload_policies logged and
+            # counted it, and the set served before stays.
+            with contextlib.suppress(PolicyError, OSError, ValueError):
                 running.reload_policies()
-            except (PolicyError, OSError, ValueError) as exc:  # keep the old set; say why
-                log.error(
-                    "policy reload failed; keeping the loaded policies",
-                    extra={"fields": {"error": str(exc)}},
-                )
     started = time.monotonic()
     running.stop(config.drain_seconds)
     logging.getLogger("fedldp.collector").info(

@@ -82,6 +82,13 @@ class CollectorMetrics:
             ["reason"],
             registry=r,
         )
+        self.policy_reloads = Counter(
+            "fedldp_collector_policy_reloads",
+            "Policy folder reloads (SIGHUP) by result: ok (the new set is served) or "
+            "failed (the set served before is kept)",
+            ["result"],
+            registry=r,
+        )
         self.in_flight = Gauge(
             "fedldp_collector_commit_queue_requests",
             "Requests waiting for the ledger",

@@ -339,25 +339,50 @@ class RunningCollector:
     def reload_policies(self) -> PolicyRegistry:
         """Reload the trust and policy folders (SIGHUP); on any error keep the old set.
 
-        The new set's versions are checked against their lineage in the ledger
-        first (`activate`: a version that changes its policy id's window or metric
-        is refused, logged and counted; the others are served). Requests in
-        progress finish with the registry they started with; later ones see the
-        new one (a single reference swap).
+        All or nothing: a set that fails to load (`PolicyRegistry.from_folders`: a
+        refused policy file, a malformed ``retired`` list, an unreadable folder) or
+        to activate (`activate`: the ledger failed while checking lineage) is not
+        served; the set served before stays, an ERROR line says so and why,
+        `fedldp_collector_policy_reloads_total{result="failed"}` counts it, and the
+        error is raised to the caller. Activation checks the new set's versions
+        against their lineage in the ledger (a version that changes its policy
+        id's window or metric is refused, logged and counted; the others are
+        served). Requests in progress finish with the registry they started with;
+        later ones see the new one (a single reference swap).
         """
         if self.config is None or not (self.config.trust_dir and self.config.policy_dir):
             raise ValueError("this collector was not started from policy folders")
         now = self.clock()
-        registry = PolicyRegistry.from_folders(
-            self.config.trust_dir,
-            self.config.policy_dir,
-            now=now,
-            audience=self.config.audience,
-        )
-        activate(registry, self.ledger, self.metrics, now=now)
+        try:
+            registry = PolicyRegistry.from_folders(
+                self.config.trust_dir,
+                self.config.policy_dir,
+                now=now,
+                audience=self.config.audience,
+            )
+            activate(registry, self.ledger, self.metrics, now=now)
+        except (PolicyError, OSError, ValueError) as exc:
+            self.metrics.policy_reloads.labels("failed").inc()
+            log.error(
+                "policy reload failed; keeping the policies served before",
+                extra={
+                    "fields": {
+                        "error": str(exc),
+                        "policies": len(self.registry.policies),
+                        "inactive": len(self.registry.inactive),
+                    }
+                },
+            )
+            raise
         self.registry = registry
         self.service.registry = registry
-        log.info("policies reloaded", extra={"fields": {"policies": len(registry.policies)}})
+        self.metrics.policy_reloads.labels("ok").inc()
+        log.info(
+            "policies reloaded",
+            extra={
+                "fields": {"policies": len(registry.policies), "inactive": len(registry.inactive)}
+            },
+        )
         return registry
 
     @property
