@@ -26,6 +26,7 @@ from typing import Any
 from fedldp.client.policy import PolicyError
 from fedldp.collector.config import CollectorConfig
 from fedldp.collector.server import start_collector
+from fedldp.collector.supervisor import watch_supervisor
 
 
 class JsonFormatter(logging.Formatter):
@@ -103,6 +104,8 @@ def serve(
         from fedldp.collector.supervisor import supervise
 
         return supervise(config, config_path=config_path, port_file=port_file)
+    stop = threading.Event()
+    watch_supervisor(stop.set)  # a supervised process drains when its supervisor dies
     try:
         running = start_collector(config)
     except PolicyError as exc:  # the operator's folders: one line saying which file and why
@@ -117,7 +120,6 @@ def serve(
         tmp = path.with_name(path.name + ".tmp")
         tmp.write_text(str(running.port), encoding="ascii")
         os.replace(tmp, path)
-    stop = threading.Event()
 
     def _on_signal(signum: int, _frame: FrameType | None) -> None:
         logging.getLogger("fedldp.collector").info(
