@@ -40,6 +40,22 @@ class CollectorMetrics:
             "Requests refused by the per-subject rate limit",
             registry=r,
         )
+        self.refusals = Counter(
+            "fedldp_collector_refusals",
+            "Requests refused before the service, by error: UnauthenticatedError, "
+            "RateLimitedError, OverloadedError, MalformedRequestError, BatchTooLargeError, "
+            "ShuttingDownError, LedgerUnavailableError",
+            ["error"],
+            registry=r,
+        )
+        self.shed = Counter(
+            "fedldp_collector_shed",
+            "Requests refused for overload (RESOURCE_EXHAUSTED with retry-after-ms), by "
+            "the limit reached: requests (max_concurrent_rpcs) or request bytes "
+            "(max_inflight_bytes, max_connection_inflight_bytes)",
+            ["limit"],
+            registry=r,
+        )
         self.commit_seconds = Histogram(
             "fedldp_collector_ledger_commit_seconds",
             "Ledger transaction latency (one group commit), seconds",
