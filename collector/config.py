@@ -88,7 +88,7 @@ class CollectorConfig:
         },
     )
     max_inflight_bytes: int = field(
-        default=64 * 1024 * 1024,
+        default=32 * 1024 * 1024,
         metadata={
             "help": "request bytes in flight at most, over all connections: a request "
             "counts max_message_bytes from before its body is read until it is read, then "
