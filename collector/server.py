@@ -1,16 +1,20 @@
 """The gRPC server: thin handlers around `CollectorService`, and its lifecycle.
 
 Each handler: authenticate (subject from the token or client certificate, never
-from the request) -> rate limit -> parse the raw request bytes -> service call
--> serialize. Nothing is read or written before authentication succeeds.
-Handlers receive raw bytes (no gRPC-side deserializer) so that a truncated or
-garbage message gets INVALID_ARGUMENT from `errors.STATUS`, not INTERNAL.
+from the request; call metadata only) -> rate limit -> admission (an RPC slot
+and room under the byte budgets, collector/admission.py) -> read the one
+request message -> parse -> service call -> serialize. Nothing of a request's
+body is read before it is admitted. Handlers take the request stream of raw
+bytes (no gRPC-side deserializer): a truncated or garbage message gets
+INVALID_ARGUMENT from `errors.STATUS`, not INTERNAL, and an unadmitted one is
+never read.
 
-Server choice: grpcio's sync server (a thread pool) by default, the asyncio
-server on request (`server = "asyncio"`; one event-loop thread runs every
-handler and the group committer resolves a whole group's futures with one
-callback): see docs/collector.md for the measurements on this machine. Durable
-throughput comes from the group committer either way.
+Server choice: grpcio's asyncio server by default (one event-loop thread runs
+every handler and the group committer resolves a whole group's futures with one
+callback), the sync server (a thread pool) on request: see docs/collector.md
+for the measurements. Durable throughput comes from the group committer either
+way. The gRPC health service is not a Collector RPC (no slot, no byte budget);
+`health_listen` serves it on a port of its own as well.
 
 `start_collector(config)` runs a collector in-process (tests, the demo, the
 daemon); `RunningCollector.stop(grace)` drains: health goes NOT_SERVING, new
