@@ -19,6 +19,8 @@ from __future__ import annotations
 import math
 import os
 import secrets
+import shutil
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -96,7 +98,14 @@ def fuzzed(tmp_path_factory: pytest.TempPathFactory, now: int) -> Iterator[Fuzze
     d.add_categorical("oue", labels=("a", "b", "c", "d", "e"), mechanism="oue", epsilon="0.001")
     d.add_numeric("num", epsilon="0.001", epsilon_cap="1000000")
     d.add_categorical("olh", mechanism="olh", epsilon="0.001", epsilon_cap="1000000")
-    base: Path = tmp_path_factory.mktemp("fuzz")
+    # The ledger on tmpfs when there is one: its fsyncs cost nothing there, and
+    # durability is not what this module tests (test_faults.py does).
+    shm = Path("/dev/shm")
+    base = (
+        Path(tempfile.mkdtemp(prefix="fedldp-fuzz-", dir=shm))
+        if shm.is_dir() and os.access(shm, os.W_OK)
+        else tmp_path_factory.mktemp("fuzz")
+    )
     config = d.config(
         f"sqlite:///{base / 'ledger.db'}", group_commit_delay_ms=0.0, max_message_bytes=65536
     )
@@ -113,6 +122,7 @@ def fuzzed(tmp_path_factory: pytest.TempPathFactory, now: int) -> Iterator[Fuzze
     finally:
         state.channel.close()
         running.stop(1.0)
+        shutil.rmtree(base, ignore_errors=True)
 
 
 # -- strategies --
