@@ -18,6 +18,7 @@ import pytest
 from fedldp.client.mechanisms import CategoryOutput
 from fedldp.collector.admission import Admission
 from fedldp.collector.auth import bearer_metadata
+from fedldp.collector.ledger.sqlite_ingest import CACHE_KIB
 from fedldp.collector.server import RefusalLog, RunningCollector, start_collector
 from fedldp.collector.testing import (
     Deployment,
@@ -246,7 +247,8 @@ def test_memory_stays_bounded_under_a_flood_and_returns_to_idle(
 ) -> None:
     """300 concurrent ~1 MB requests over 30 connections for 3 s (bench.collector_memory
     runs 1,000 for 60 s): peak RSS under MEMORY_BOUND_BYTES, back within 32 MiB of the
-    idle size once the load stops (waited for up to 10 s), overload refusals hinted."""
+    idle size once the load stops (waited for up to 10 s; the valid case may also keep
+    SQLite's filled page cache), overload refusals hinted."""
     d, proc = flood_target
     pid = proc.proc.pid
     token = bearer_metadata(d.token("flooder"))
@@ -274,10 +276,13 @@ def test_memory_stays_bounded_under_a_flood_and_returns_to_idle(
     assert load.codes.get(expected[case], 0) > 0, load.codes
     assert set(load.codes) <= {expected[case], "RESOURCE_EXHAUSTED"}, load.codes
     assert load.without_hint == 0
+    # Back to idle, but for what the valid flood legitimately keeps: SQLite's page
+    # cache of the ingestion connection fills up to its size (CACHE_KIB).
+    margin = 32 * MiB + (CACHE_KIB * 1024 if case == "valid" else 0)
     deadline = time.monotonic() + 10
-    while rss_bytes(pid) > idle + 32 * MiB and time.monotonic() < deadline:
+    while rss_bytes(pid) > idle + margin and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert rss_bytes(pid) <= idle + 32 * MiB
+    assert rss_bytes(pid) <= idle + margin
 
 
 # -- refusals are counted, their log lines bounded --
