@@ -26,6 +26,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -79,15 +80,14 @@ def flood(case: str, *, concurrency: int, connections: int, seconds: float) -> d
     proc = spawn(write_config(d, base, f"sqlite:///{base / 'ledger.db'}", "memory"), "memory")
     try:
         token = bearer_metadata(d.token("flooder"))
-        if case == "unauthenticated":
-            body = secrets.token_bytes(1_000_000)
-            make, metadata = (lambda: body), ()
-        elif case == "garbage":
-            body = secrets.token_bytes(1_000_000)
-            make, metadata = (lambda: body), token
-        else:
+        metadata: tuple[tuple[str, str], ...] = () if case == "unauthenticated" else token
+        make: Callable[[], bytes]
+        if case == "valid":
             blob, offsets = big_bitvector_request(d, "big", now=now, reports=950, bits=7800)
-            make, metadata = (lambda: with_fresh_ids(blob, offsets)), token
+            make = lambda: with_fresh_ids(blob, offsets)  # noqa: E731
+        else:
+            body = secrets.token_bytes(1_000_000)
+            make = lambda: body  # noqa: E731
         pid = proc.proc.pid
         run_load(proc.address, make, metadata, concurrency=1, connections=1, seconds=1.0)
         time.sleep(1.5)

@@ -216,7 +216,7 @@ class CollectorServicer:
     async def _aread(self, request_type: type[Message], context: Any) -> tuple[Message, int]:
         """`_read` on the asyncio server."""
         message = await context.read()
-        request_bytes = None if message is grpc.aio.EOF else message
+        request_bytes = None if message is grpc.aio.EOF else message  # type: ignore[attr-defined]
         size = len(request_bytes) if request_bytes is not None else 0
         return self._parse(request_type, request_bytes), size
 

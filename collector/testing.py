@@ -557,7 +557,7 @@ async def _load(
     deadline = time.monotonic() + seconds
 
     async def caller(i: int) -> None:
-        call_fn = channels[i % len(channels)].unary_unary(method)
+        call_fn = channels[i % len(channels)].unary_unary(method, None, None)
         while time.monotonic() < deadline:
             try:
                 await call_fn(make_request(), metadata=tuple(metadata), timeout=timeout)
@@ -568,14 +568,15 @@ async def _load(
                     grpc.StatusCode.RESOURCE_EXHAUSTED,
                     grpc.StatusCode.UNAVAILABLE,
                 )
-                hinted = any(k == "retry-after-ms" for k, _ in exc.trailing_metadata() or ())
+                trailers: Any = exc.trailing_metadata() or ()
+                hinted = any(key == "retry-after-ms" for key, _ in trailers)
                 result.count(code.name, hinted if overload else None)
 
     try:
         await asyncio.gather(*(caller(i) for i in range(concurrency)))
     finally:
         for ch in channels:
-            await ch.close()
+            await ch.close(None)
     return result
 
 

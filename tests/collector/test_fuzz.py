@@ -35,9 +35,9 @@ from fedldp.v1 import collector_pb2 as pb
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+# Per property; five properties below (CI: 3,000 cases; nightly: 130,000).
 CI_EXAMPLES = 600
 NIGHTLY_EXAMPLES = 26_000
-PROPERTIES = 5  # the @given tests below (CI: 3,000 cases; nightly: 130,000)
 NIGHTLY = os.environ.get("FEDLDP_FUZZ_NIGHTLY") == "1"
 EXAMPLES = int(os.environ.get("FEDLDP_FUZZ_EXAMPLES", NIGHTLY_EXAMPLES if NIGHTLY else CI_EXAMPLES))
 FUZZ = settings(
