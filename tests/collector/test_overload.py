@@ -5,12 +5,14 @@ its idle size once they stop; refusals are counted, not logged one by one."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import secrets
 import signal
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -142,7 +144,7 @@ def test_health_answers_while_submit_sheds_at_twice_saturation(
 
 
 def test_the_rpc_limit_and_the_byte_budget_each_shed_with_a_hint(
-    deployment: Deployment, small: RunningCollector, now: int
+    deployment: Deployment, small: RunningCollector, now: int, tmp_path: Path
 ) -> None:
     auth = bearer_metadata(deployment.token("busy"))
     policy = deployment.verified(deployment.envelopes[0])
@@ -154,18 +156,33 @@ def test_the_rpc_limit_and_the_byte_budget_each_shed_with_a_hint(
     # Many small requests: the RPC limit (4) is what sheds.
     small_load = run_load(small.address, valid, auth, concurrency=32, connections=8, seconds=1.0)
     assert _shed(small, "requests") > 0
-    # Messages of 200 KB on 4 connections: each connection holds at most two
-    # reservations of 256 KiB at once, the whole server four.
-    big = secrets.token_bytes(200_000)
-    big_load = run_load(
-        small.address, lambda: big, auth, concurrency=32, connections=4, seconds=1.0
+    assert small.admission is not None
+    assert (small.admission.bytes, small.admission.rpcs) == (0, 0)  # all given back
+    # 200 KB messages to a collector with RPC slots to spare and room for one
+    # reservation of 256 KiB, without waiting: the byte budget is what sheds.
+    assert small.config is not None
+    config = dataclasses.replace(
+        small.config,
+        ledger_url=f"sqlite:///{tmp_path / 'bytes.db'}",
+        max_concurrent_rpcs=256,
+        max_inflight_bytes=256 * 1024,
+        max_connection_inflight_bytes=256 * 1024,
+        admission_wait_ms=0.0,
     )
-    assert _shed(small, "request bytes") > 0
+    roomy = start_collector(config, registry=deployment.registry())
+    try:
+        big = secrets.token_bytes(200_000)
+        big_load = run_load(
+            roomy.address, lambda: big, auth, concurrency=32, connections=4, seconds=1.0
+        )
+        assert _shed(roomy, "request bytes") > 0 and _shed(roomy, "requests") == 0
+        assert roomy.admission is not None
+        assert (roomy.admission.bytes, roomy.admission.rpcs) == (0, 0)
+    finally:
+        roomy.stop(1.0)
     for load in (small_load, big_load):
         assert load.without_hint == 0
         assert load.with_hint == load.codes.get("RESOURCE_EXHAUSTED", 0) > 0
-    assert small.admission is not None
-    assert (small.admission.bytes, small.admission.rpcs) == (0, 0)  # all given back
 
 
 # -- the admission counts --
