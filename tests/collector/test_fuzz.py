@@ -47,6 +47,8 @@ FUZZ = settings(
     database=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
+# The nightly run is long: no per-test timeout then (pyproject's applies in CI).
+pytestmark = [pytest.mark.timeout(0)] if NIGHTLY else []
 ALLOWED_ERRORS = {grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.RESOURCE_EXHAUSTED}
 U32, U64, I64 = 2**32 - 1, 2**64 - 1, 2**63 - 1
 
@@ -62,12 +64,11 @@ class Fuzzed:
         self.channel = grpc.insecure_channel(running.address)
         self.auth = bearer_metadata(deployment.token("fuzzer"))
         self.accepted: set[bytes] = set()
-        self.calls = 0
+        self.reports = st.lists(_report(self.policies, now), max_size=6)
 
     def call(self, method: str, request: bytes, *, auth: bool = True) -> bytes | None:
         """The response bytes, or None for an allowed request-level refusal."""
         stub = self.channel.unary_unary(f"/fedldp.v1.Collector/{method}")
-        self.calls += 1
         try:
             return stub(request, metadata=self.auth if auth else (), timeout=30)  # type: ignore[no-any-return]
         except grpc.RpcError as exc:
@@ -154,14 +155,16 @@ def _payload() -> st.SearchStrategy[dict[str, Any]]:
     )
 
 
+PAYLOAD = _payload()
+REPORT_ID = st.one_of(st.just(b""), st.binary(min_size=16, max_size=16), st.binary(max_size=24))
+
+
 @st.composite
 def _report(draw: st.DrawFn, policies: list[VerifiedPolicy], now: int) -> pb.Report:
     known = draw(st.sampled_from(policies))
     hour = coarse(now)
     return pb.Report(
-        report_id=draw(
-            st.one_of(st.just(b""), st.binary(min_size=16, max_size=16), st.binary(max_size=24))
-        ),
+        report_id=draw(REPORT_ID),
         policy_id=draw(st.one_of(st.just(known.policy_id), st.text(max_size=12))),
         policy_version=draw(st.one_of(st.just(known.version), st.integers(0, U64))),
         policy_digest=draw(st.one_of(st.just(known.digest), st.binary(max_size=40))),
@@ -171,7 +174,7 @@ def _report(draw: st.DrawFn, policies: list[VerifiedPolicy], now: int) -> pb.Rep
                 st.integers(-I64 - 1, I64),
             )
         ),
-        **draw(_payload()),
+        **draw(PAYLOAD),
     )
 
 
@@ -181,7 +184,7 @@ def _report(draw: st.DrawFn, policies: list[VerifiedPolicy], now: int) -> pb.Rep
 @FUZZ
 @given(data=st.data())
 def test_structured_submit(fuzzed: Fuzzed, data: st.DataObject) -> None:
-    reports = data.draw(st.lists(_report(fuzzed.policies, fuzzed.now), max_size=6))
+    reports = data.draw(fuzzed.reports)
     if reports and data.draw(st.booleans()):
         reports.append(reports[0])  # an id repeated in the request
     fuzzed.submit(pb.SubmitRequest(reports=reports).SerializeToString())
