@@ -137,9 +137,10 @@ def _ingest(running: RunningCollector) -> tuple[threading.Lock, sqlite3.Connecti
 def test_the_database_failing_mid_batch_loses_and_double_charges_nothing(
     tmp_path: Path, now: int
 ) -> None:
-    """SQLite interrupts the group transaction at random steps (a progress handler:
-    about a third of the transactions fail, some inside COMMIT); the requests of a
-    failed group answer UNAVAILABLE and are resent."""
+    """SQLite interrupts group transactions at random steps (a progress handler,
+    every 50 virtual-machine steps a 1% chance: a transaction fails anywhere from
+    BEGIN to COMMIT); the requests of a failed group answer UNAVAILABLE and are
+    resent."""
     d, policy = _deployment(now)
     running = start_collector(
         d.config(f"sqlite:///{tmp_path / 'ledger.db'}"), registry=d.registry(now=now)
