@@ -6,6 +6,13 @@ Token format (version 1), all parts URL-safe base64 without padding except
     v1.<b64(subject)>.<expiry>.<b64(mac)>
     mac = HMAC-SHA256(secret, "fedldp-token-v1\\0" + subject + "\\0" + expiry)
 
+Exactly one spelling of a token verifies: each base64 part must be the
+canonical encoding of its bytes (no padding, no characters a lenient decoder
+skips, unused low bits zero) and `expiry` the canonical decimal of a positive
+integer (ASCII digits, no sign, no leading zero), checked before the MAC. So a
+token cannot be re-spelled into many strings that verify (each would take a
+place in the verified-token cache).
+
 The collector verifies a token with one HMAC and a constant-time comparison: no
 database round trip. Tokens are minted by an operator (or an enrollment service)
 holding the same secret (`fedldp collector mint-token`). The ledger's subject is
@@ -38,8 +45,17 @@ def _b64(data: bytes) -> str:
     return base64.urlsafe_b64encode(data).rstrip(b"=").decode("ascii")
 
 
-def _unb64(text: str) -> bytes:
-    return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+#: The canonical decimal of a positive expiry (at most 18 digits: int64 range).
+_EXPIRY_RE = re.compile(r"^[1-9][0-9]{0,17}$")
+
+
+def _unb64_canonical(text: str) -> bytes:
+    """The bytes `text` encodes, if `text` is their canonical unpadded URL-safe
+    base64 encoding; ValueError otherwise."""
+    data = base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+    if _b64(data) != text:
+        raise ValueError("not the canonical base64 encoding")
+    return data
 
 
 def check_subject(subject: str) -> str:
@@ -89,11 +105,11 @@ class TokenAuthority:
                 raise UnauthenticatedError("bearer token expired; mint a new one")
             return known[0]
         parts = token.split(".")
-        if len(parts) != 4 or parts[0] != TOKEN_VERSION or not parts[2].isdigit():
+        if len(parts) != 4 or parts[0] != TOKEN_VERSION or not _EXPIRY_RE.match(parts[2]):
             raise UnauthenticatedError("malformed bearer token")
         try:
-            subject = _unb64(parts[1]).decode("ascii")
-            mac = _unb64(parts[3])
+            subject = _unb64_canonical(parts[1]).decode("ascii")
+            mac = _unb64_canonical(parts[3])
         except (binascii.Error, UnicodeDecodeError, ValueError):
             raise UnauthenticatedError("malformed bearer token") from None
         expiry = int(parts[2])
@@ -114,7 +130,10 @@ class Authenticator:
     """Derives the ledger subject of a call from its credentials.
 
     Accepts, in order: a client certificate's common name when mutual TLS is on
-    (`mtls=True`), else an ``authorization: Bearer <token>`` metadata entry.
+    (`mtls=True`), else an ``authorization: Bearer <token>`` metadata entry. A
+    certificate without a common name (grpcio reports an empty one) falls back
+    to the token; a certificate whose common name is not a valid subject is
+    refused (its holder is not given a token's subject instead).
     """
 
     def __init__(self, tokens: TokenAuthority | None, *, mtls: bool = False) -> None:
@@ -132,7 +151,7 @@ class Authenticator:
     ) -> str:
         """The authenticated subject; UnauthenticatedError when there is none."""
         if self.mtls:
-            names = auth_context.get("x509_common_name") or []
+            names = [n for n in auth_context.get("x509_common_name") or () if n]
             if names:
                 try:
                     return check_subject(names[0].decode("utf-8"))

@@ -83,8 +83,39 @@ class CollectorConfig:
     max_message_bytes: int = field(
         default=1024 * 1024,
         metadata={
-            "help": "largest request accepted, bytes (memory is bounded by about "
-            "max_concurrent_rpcs x max_message_bytes x 3)"
+            "help": "largest request accepted, bytes (larger: RESOURCE_EXHAUSTED from the "
+            "transport)"
+        },
+    )
+    max_inflight_bytes: int = field(
+        default=32 * 1024 * 1024,
+        metadata={
+            "help": "request bytes in flight at most, over all connections: a request "
+            "counts max_message_bytes from before its body is read until it is read, then "
+            "its size until answered; beyond, RESOURCE_EXHAUSTED with retry-after-ms "
+            "(docs/collector.md, 'Memory and overload')"
+        },
+    )
+    max_connection_inflight_bytes: int = field(
+        default=16 * 1024 * 1024,
+        metadata={"help": "request bytes in flight at most on one connection (as above)"},
+    )
+    admission_wait_ms: float = field(
+        default=100.0,
+        metadata={
+            "help": "how long a request may wait for room under max_inflight_bytes before "
+            "it is refused (RESOURCE_EXHAUSTED with retry-after-ms)"
+        },
+    )
+    max_streams_per_connection: int = field(
+        default=100,
+        metadata={"help": "concurrent HTTP/2 streams (RPCs) per connection (transport setting)"},
+    )
+    health_listen: str = field(
+        default="",
+        metadata={
+            "help": "host:port of a separate gRPC health endpoint with its own threads, "
+            "answering however loaded the main port is (empty: health on the main port only)"
         },
     )
     max_reports_per_request: int = field(
@@ -123,7 +154,11 @@ class CollectorConfig:
         },
     )
     max_concurrent_rpcs: int = field(
-        default=256, metadata={"help": "RPCs in progress at most; beyond, RESOURCE_EXHAUSTED"}
+        default=256,
+        metadata={
+            "help": "Collector RPCs in progress at most (health checks not counted); beyond, "
+            "RESOURCE_EXHAUSTED with retry-after-ms"
+        },
     )
     group_commit_max_reports: int = field(
         default=20000, metadata={"help": "most reports in one ledger transaction"}
@@ -172,6 +207,16 @@ class CollectorConfig:
             problems.append("mtls needs tls_cert, tls_key and tls_client_ca")
         if self.max_reports_per_request < 1 or self.max_message_bytes < 1024:
             problems.append("max_reports_per_request >= 1 and max_message_bytes >= 1024")
+        if not (
+            self.max_message_bytes <= self.max_connection_inflight_bytes <= self.max_inflight_bytes
+        ):
+            problems.append(
+                "max_message_bytes <= max_connection_inflight_bytes <= max_inflight_bytes"
+            )
+        if not 0 <= self.admission_wait_ms <= 60_000:
+            problems.append("admission_wait_ms is between 0 and 60000")
+        if self.max_concurrent_rpcs < 1 or self.max_streams_per_connection < 1:
+            problems.append("max_concurrent_rpcs and max_streams_per_connection are >= 1")
         if not 0 <= self.group_commit_delay_ms <= 1000:
             problems.append("group_commit_delay_ms is between 0 and 1000")
         if self.ledger_isolation not in ("", "READ COMMITTED", "SERIALIZABLE"):

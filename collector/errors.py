@@ -12,11 +12,22 @@ import grpc
 
 
 class CollectorError(Exception):
-    """Base of request-level errors; `metadata` goes out as trailing metadata."""
+    """Base of request-level errors; `metadata` goes out as trailing metadata.
 
-    def __init__(self, message: str, *, metadata: tuple[tuple[str, str], ...] = ()) -> None:
+    `subject` is the authenticated caller when known (for the log's hashed tag
+    only; never sent, never logged as it is).
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        metadata: tuple[tuple[str, str], ...] = (),
+        subject: str = "",
+    ) -> None:
         super().__init__(message)
         self.metadata = metadata
+        self.subject = subject
 
 
 class UnauthenticatedError(CollectorError):
@@ -25,6 +36,11 @@ class UnauthenticatedError(CollectorError):
 
 class RateLimitedError(CollectorError):
     """The subject sent more requests per second than allowed; retry after the hint."""
+
+
+class OverloadedError(CollectorError):
+    """The collector is at its limit of RPCs in progress or request bytes in flight;
+    retry after the hint (nothing of the request was read)."""
 
 
 class BatchTooLargeError(CollectorError):
@@ -47,6 +63,7 @@ class LedgerUnavailableError(CollectorError):
 STATUS: dict[type[CollectorError], grpc.StatusCode] = {
     UnauthenticatedError: grpc.StatusCode.UNAUTHENTICATED,
     RateLimitedError: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    OverloadedError: grpc.StatusCode.RESOURCE_EXHAUSTED,
     BatchTooLargeError: grpc.StatusCode.RESOURCE_EXHAUSTED,
     MalformedRequestError: grpc.StatusCode.INVALID_ARGUMENT,
     ShuttingDownError: grpc.StatusCode.UNAVAILABLE,

@@ -40,6 +40,22 @@ class CollectorMetrics:
             "Requests refused by the per-subject rate limit",
             registry=r,
         )
+        self.refusals = Counter(
+            "fedldp_collector_refusals",
+            "Requests refused before the service, by error: UnauthenticatedError, "
+            "RateLimitedError, OverloadedError, MalformedRequestError, BatchTooLargeError, "
+            "ShuttingDownError, LedgerUnavailableError",
+            ["error"],
+            registry=r,
+        )
+        self.shed = Counter(
+            "fedldp_collector_shed",
+            "Requests refused for overload (RESOURCE_EXHAUSTED with retry-after-ms), by "
+            "the limit reached: requests (max_concurrent_rpcs) or request bytes "
+            "(max_inflight_bytes, max_connection_inflight_bytes)",
+            ["limit"],
+            registry=r,
+        )
         self.commit_seconds = Histogram(
             "fedldp_collector_ledger_commit_seconds",
             "Ledger transaction latency (one group commit), seconds",
@@ -80,6 +96,13 @@ class CollectorMetrics:
             "Policy versions refused activation (at start or reload), by reason: "
             "window_changed, metric_changed or metric_taken (see docs/collector.md)",
             ["reason"],
+            registry=r,
+        )
+        self.policy_reloads = Counter(
+            "fedldp_collector_policy_reloads",
+            "Policy folder reloads (SIGHUP) by result: ok (the new set is served) or "
+            "failed (the set served before is kept)",
+            ["result"],
             registry=r,
         )
         self.in_flight = Gauge(

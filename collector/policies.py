@@ -2,9 +2,11 @@
 
 A report is accepted only for an active (policy id, version, digest): the
 registry answers `lookup` with the verified policy or the precise reason it is
-not usable. Policies whose signature verified but whose validity interval does
-not contain `now` are remembered as inactive, so a report for them is
-EXPIRED_POLICY rather than UNKNOWN_POLICY.
+not usable. Policies whose signature verified but that are not served — their
+validity interval does not contain `now`, or the operator retired them (the
+policy folder's ``retired`` list, or a ``*.policy.retired`` file) — are
+remembered as inactive, so a report for them is EXPIRED_POLICY (collector.proto:
+"expired, not yet valid or retired") rather than UNKNOWN_POLICY.
 
 One budget per (subject, metric) across versions (DESIGN.md, "Ledger"). The
 ledger keys spend by (subject, policy id, window start), so:
@@ -21,6 +23,12 @@ ledger keys spend by (subject, policy id, window start), so:
   share one spend row, and a version retired in mid-window shares it with its
   successor, so no window holds more than any version in force during it
   promises.
+
+Loading the folders is all or nothing: a policy file refused for any reason
+other than its validity interval or another deployment's audience, or a
+malformed ``retired`` list, fails the load (`PolicyFolderError`), so a collector
+never starts with, and a reload never swaps in, a set its operator did not
+intend; a reload that fails keeps the set already served (server.py).
 """
 
 from __future__ import annotations
@@ -35,6 +43,7 @@ from pathlib import Path
 from typing import NamedTuple, Protocol
 
 from fedldp.client.policy import (
+    AudienceMismatchError,
     ExpiredPolicyError,
     NotYetValidPolicyError,
     PolicyError,
@@ -53,6 +62,16 @@ from fedldp.collector.ledger import PolicyLineage
 from fedldp.v1 import policy_pb2
 
 log = logging.getLogger(__name__)
+
+#: Refusals of a policy file that do not fail loading the folder: the policy is
+#: outside its validity interval (remembered as inactive) or addressed to another
+#: deployment sharing the folder.
+_NOT_OURS_NOW = (ExpiredPolicyError, NotYetValidPolicyError, AudienceMismatchError)
+_RETIRED_SUFFIX = ".policy.retired"
+
+
+class PolicyFolderError(PolicyError):
+    """The policy folder cannot be loaded as a whole; the message names every file."""
 
 
 class Lookup(enum.Enum):
@@ -144,9 +163,20 @@ class PolicyRegistry:
         now: int,
         audience: str | None,
     ) -> PolicyRegistry:
-        """Load the trust folder and the policy folder (formats: fedldp.client.policy.files)."""
+        """Load the trust folder and the policy folder (formats: fedldp.client.policy.files).
+
+        Raises PolicyFolderError when a policy file is refused for a reason other
+        than its validity interval or audience, or the ``retired`` list is
+        malformed (see the module docstring); OSError when a folder cannot be read.
+        Retired policies whose signature verifies are remembered as inactive.
+        """
         trust = load_trust_folder(trust_dir, now=now)
         accepted, refused = load_policy_folder(policy_dir, trust, now=now, audience=audience)
+        failed = [(path, error) for path, error in refused if not isinstance(error, _NOT_OURS_NOW)]
+        if failed:
+            raise PolicyFolderError(
+                "; ".join(f"policy file {path.name} refused: {error}" for path, error in failed)
+            )
         reg = cls()
         for verified in accepted:
             reg.add(verified)
@@ -154,8 +184,10 @@ class PolicyRegistry:
             if isinstance(error, (ExpiredPolicyError, NotYetValidPolicyError)):
                 reg._remember_inactive(read_envelope(path))
                 log.info("policy file %s is outside its validity interval", path.name)
-            else:
-                log.error("policy file %s refused: %s", path.name, error)
+        refused_paths = {path for path, _ in refused}
+        reg._remember_retired(
+            Path(policy_dir), trust, now=now, audience=audience, skip=refused_paths
+        )
         roots = [read_envelope(p) for p in sorted(Path(trust_dir).glob("*.root"))]
         reg.set_roots(roots or [trust.root_envelope], max_version=trust.root_version)
         return reg
@@ -168,6 +200,36 @@ class PolicyRegistry:
             raise PolicyError(f"policy {key[0]} v{key[1]} given twice with different contents")
         self.policies[key] = verified
         self._know(key, _Term(verified.epsilon_cap, verified.not_before, verified.expires_at))
+
+    def _remember_retired(
+        self,
+        folder: Path,
+        trust: TrustStore,
+        *,
+        now: int,
+        audience: str | None,
+        skip: set[Path],
+    ) -> None:
+        """Remember as inactive every policy of `folder` that was left out because it
+        is retired: a ``*.policy`` file neither accepted nor refused (the ``retired``
+        list names it), or a ``*.policy.retired`` file whose signature verifies."""
+        for path in sorted(folder.glob("*.policy")):
+            if path in skip:
+                continue
+            env = read_envelope(path)
+            msg = policy_pb2.Policy.FromString(env.payload)
+            if (msg.policy_id, int(msg.version)) not in self.policies:
+                self._remember_inactive(env)  # verified by load_policy_folder
+        for path in sorted(folder.glob("*" + _RETIRED_SUFFIX)):
+            try:
+                env = read_envelope(path)
+                verify_policy(env, trust, now=now, audience=audience)
+            except (ExpiredPolicyError, NotYetValidPolicyError):
+                pass  # the signature verified before the validity interval
+            except PolicyError as exc:
+                log.info("retired policy file %s not remembered: %s", path.name, exc)
+                continue
+            self._remember_inactive(env)
 
     def _remember_inactive(self, env: policy_pb2.SignedEnvelope) -> None:
         # verify_policy checked the signature and the content before the validity

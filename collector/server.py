@@ -1,16 +1,20 @@
 """The gRPC server: thin handlers around `CollectorService`, and its lifecycle.
 
 Each handler: authenticate (subject from the token or client certificate, never
-from the request) -> rate limit -> parse the raw request bytes -> service call
--> serialize. Nothing is read or written before authentication succeeds.
-Handlers receive raw bytes (no gRPC-side deserializer) so that a truncated or
-garbage message gets INVALID_ARGUMENT from `errors.STATUS`, not INTERNAL.
+from the request; call metadata only) -> rate limit -> admission (an RPC slot
+and room under the byte budgets, collector/admission.py) -> read the one
+request message -> parse -> service call -> serialize. Nothing of a request's
+body is read before it is admitted. Handlers take the request stream of raw
+bytes (no gRPC-side deserializer): a truncated or garbage message gets
+INVALID_ARGUMENT from `errors.STATUS`, not INTERNAL, and an unadmitted one is
+never read.
 
-Server choice: grpcio's sync server (a thread pool) by default, the asyncio
-server on request (`server = "asyncio"`; one event-loop thread runs every
-handler and the group committer resolves a whole group's futures with one
-callback): see docs/collector.md for the measurements on this machine. Durable
-throughput comes from the group committer either way.
+Server choice: grpcio's asyncio server by default (one event-loop thread runs
+every handler and the group committer resolves a whole group's futures with one
+callback), the sync server (a thread pool) on request: see docs/collector.md
+for the measurements. Durable throughput comes from the group committer either
+way. The gRPC health service is not a Collector RPC (no slot, no byte budget);
+`health_listen` serves it on a port of its own as well.
 
 `start_collector(config)` runs a collector in-process (tests, the demo, the
 daemon); `RunningCollector.stop(grace)` drains: health goes NOT_SERVING, new
@@ -24,7 +28,7 @@ import asyncio
 import logging
 import threading
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,12 +37,14 @@ from typing import Any
 import grpc
 import sqlalchemy as sa
 from fedldp.client.policy import PolicyError
+from fedldp.collector.admission import Admission, retry_after_ms
 from fedldp.collector.auth import Authenticator, TokenAuthority
 from fedldp.collector.committer import GroupCommitter
 from fedldp.collector.config import CollectorConfig, ConfigError
 from fedldp.collector.errors import (
     CollectorError,
     MalformedRequestError,
+    OverloadedError,
     RateLimitedError,
     UnauthenticatedError,
     status_of,
@@ -65,8 +71,73 @@ def _subject_tag(subject: str) -> str:
     return hashlib.sha256(subject.encode("utf-8")).hexdigest()[:12]
 
 
+class RefusalLog:
+    """Refused requests are counted in metrics; this keeps their log lines bounded.
+
+    At most `lines` lines per `interval` seconds (each with the method, code, error
+    and, where the subject is known, its tag); the refusals past that are counted
+    and reported by one summary line (`refusals not logged`, with the count) when
+    the next interval starts. A flood of refusals writes at most `lines` + 1 lines
+    per interval.
+    """
+
+    def __init__(
+        self,
+        *,
+        lines: int = 10,
+        interval: float = 10.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.lines = lines
+        self.interval = interval
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._window_start = -float("inf")
+        self._logged = 0
+        self._suppressed = 0
+
+    def refused(self, level: int, fields: dict[str, Any]) -> None:
+        """Log one refusal (`fields`: its structured data), within the budget."""
+        now = self._clock()
+        with self._lock:
+            suppressed = 0
+            if now - self._window_start >= self.interval:
+                suppressed, self._suppressed = self._suppressed, 0
+                self._window_start, self._logged = now, 0
+            allowed = self._logged < self.lines
+            if allowed:
+                self._logged += 1
+            else:
+                self._suppressed += 1
+        if suppressed:
+            log.warning(
+                "refusals not logged",
+                extra={"fields": {"count": suppressed, "seconds": self.interval}},
+            )
+        if allowed:
+            log.log(level, "request refused", extra={"fields": fields})
+
+
+#: Log level of each kind of refusal (others: WARNING).
+_REFUSAL_LEVEL: dict[type[CollectorError], int] = {
+    UnauthenticatedError: logging.INFO,
+    RateLimitedError: logging.INFO,
+    OverloadedError: logging.INFO,
+}
+
+
 class CollectorServicer:
-    """Raw-bytes handlers for the three Collector RPCs."""
+    """Handlers for the three Collector RPCs, taking the request stream unread.
+
+    Each handler: authenticate (call metadata only) -> rate limit -> admission (an
+    RPC slot, then room for the largest message under the byte budgets,
+    collector/admission.py) -> read the one request message as raw bytes -> parse
+    -> service call -> serialize. A request refused before the read was never
+    buffered by the server beyond the transport's flow-control window. Refusals
+    are counted (`fedldp_collector_refusals_total{error}`) and logged within
+    `RefusalLog`'s budget; the status is sent after leaving the `except` block, so
+    no exception keeps the request's frames (and bytes) alive in a cycle.
+    """
 
     def __init__(
         self,
@@ -75,13 +146,23 @@ class CollectorServicer:
         limiter: RateLimiter,
         metrics: CollectorMetrics,
         clock: Callable[[], int],
+        *,
+        admission: Admission,
+        reserve_bytes: int,
+        admission_wait: float,
+        refusal_log: RefusalLog | None = None,
     ) -> None:
         self.service = service
         self.authenticator = authenticator
         self.limiter = limiter
         self.metrics = metrics
         self.clock = clock
+        self.admission = admission
+        self.reserve_bytes = reserve_bytes
+        self.admission_wait = admission_wait
+        self.refusal_log = refusal_log or RefusalLog()
         self._request_children: dict[tuple[str, grpc.StatusCode], Any] = {}
+        self._refusal_children: dict[str, Any] = {}
 
     def _count(self, method: str, code: grpc.StatusCode) -> None:
         """Count one RPC by method and status (the labelled child is bound once)."""
@@ -91,10 +172,8 @@ class CollectorServicer:
             self._request_children[(method, code)] = child
         child.inc()
 
-    def _begin(
-        self, request_type: type[Message], request_bytes: bytes, context: Any
-    ) -> tuple[str, Any]:
-        """Authenticate, rate-limit and parse; the subject and the request message."""
+    def _authenticate(self, context: Any) -> str:
+        """The caller's subject, rate-limited; from the call metadata only."""
         auth_context = context.auth_context() if self.authenticator.mtls else {}
         subject = self.authenticator.subject_from(
             context.invocation_metadata() or (), auth_context, now=self.clock()
@@ -105,73 +184,141 @@ class CollectorServicer:
             raise RateLimitedError(
                 "too many requests for this subject; retry after the hint",
                 metadata=(("retry-after-ms", str(max(1, int(wait * 1000 + 0.999)))),),
+                subject=subject,
             )
+        return subject
+
+    def _overloaded(self, what: str) -> OverloadedError:
+        self.metrics.shed.labels(what).inc()
+        return OverloadedError(
+            f"the collector is at its limit of {what} in flight; retry after the hint",
+            metadata=(("retry-after-ms", str(retry_after_ms())),),
+        )
+
+    @staticmethod
+    def _parse(request_type: type[Message], request_bytes: bytes | None) -> Message:
+        if request_bytes is None:
+            raise MalformedRequestError("the call carried no request message")
         try:
-            request = request_type.FromString(request_bytes)
+            return request_type.FromString(request_bytes)
         except DecodeError:
             raise MalformedRequestError(
                 f"the request is not a valid {request_type.DESCRIPTOR.full_name}"
             ) from None
-        return subject, request
 
-    def _refused(self, method: str, exc: CollectorError, subject: str) -> grpc.StatusCode:
+    def _read(self, request_type: type[Message], requests: Iterator[bytes]) -> tuple[Message, int]:
+        """The request message, parsed, and its size in bytes. The raw bytes live only
+        in this frame: dropped as soon as it returns or raises."""
+        request_bytes = next(requests, None)
+        size = len(request_bytes) if request_bytes is not None else 0
+        return self._parse(request_type, request_bytes), size
+
+    async def _aread(self, request_type: type[Message], context: Any) -> tuple[Message, int]:
+        """`_read` on the asyncio server."""
+        message = await context.read()
+        request_bytes = None if message is grpc.aio.EOF else message  # type: ignore[attr-defined]
+        size = len(request_bytes) if request_bytes is not None else 0
+        return self._parse(request_type, request_bytes), size
+
+    def _refused(
+        self, method: str, exc: CollectorError, subject: str
+    ) -> tuple[grpc.StatusCode, str, tuple[tuple[str, str], ...]]:
+        """Count and (within the log budget) log a refusal; its status, detail and
+        trailing metadata."""
         code = status_of(exc)
-        level = logging.INFO if isinstance(exc, UnauthenticatedError) else logging.WARNING
-        log.log(
-            level,
-            "request refused",
-            extra={
-                "fields": {
-                    "method": method,
-                    "code": code.name,
-                    "error": type(exc).__name__,
-                    "subject_tag": _subject_tag(subject) if subject else None,
-                }
+        name = type(exc).__name__
+        child = self._refusal_children.get(name)
+        if child is None:
+            child = self._refusal_children[name] = self.metrics.refusals.labels(name)
+        child.inc()
+        subject = subject or exc.subject
+        self.refusal_log.refused(
+            _REFUSAL_LEVEL.get(type(exc), logging.WARNING),
+            {
+                "method": method,
+                "code": code.name,
+                "error": name,
+                "subject_tag": _subject_tag(subject) if subject else None,
             },
         )
-        return code
+        return code, str(exc), exc.metadata
 
     def _call(
         self,
         method: str,
         request_type: type[Message],
         body: Callable[[str, Any], Message],
-        request_bytes: bytes,
+        requests: Iterator[bytes],
         context: grpc.ServicerContext,
     ) -> bytes:
         code = grpc.StatusCode.OK
         subject = ""
+        peer = context.peer()
+        admission = self.admission
+        entered = False
+        held = 0
         try:
-            subject, request = self._begin(request_type, request_bytes, context)
+            subject = self._authenticate(context)
+            if not admission.enter():
+                raise self._overloaded("requests")
+            entered = True
+            if not admission.reserve(peer, self.reserve_bytes, timeout=self.admission_wait):
+                raise self._overloaded("request bytes")
+            held = self.reserve_bytes
+            request, size = self._read(request_type, requests)
+            admission.resize(peer, held, size)
+            held = size
             return body(subject, request).SerializeToString()
         except CollectorError as exc:
-            code = self._refused(method, exc, subject)
-            if exc.metadata:
-                context.set_trailing_metadata(exc.metadata)
-            context.abort(code, str(exc))
-            raise  # unreachable: abort raises
+            code, detail, trailers = self._refused(method, exc, subject)
         finally:
+            admission.release(peer, held)
+            if entered:
+                admission.leave()
             self._count(method, code)
+        # Outside the except block: the exception and its frames are gone already.
+        if trailers:
+            context.set_trailing_metadata(trailers)
+        context.abort(code, detail)
+        raise AssertionError("unreachable: abort raises")
 
     async def _acall(
         self,
         method: str,
         request_type: type[Message],
         body: Callable[[str, Any], Awaitable[Message]],
-        request_bytes: bytes,
         context: grpc.aio.ServicerContext[Any, Any],
     ) -> bytes:
         code = grpc.StatusCode.OK
         subject = ""
+        peer = context.peer()
+        admission = self.admission
+        entered = False
+        held = 0
         try:
-            subject, request = self._begin(request_type, request_bytes, context)
+            subject = self._authenticate(context)
+            if not admission.enter():
+                raise self._overloaded("requests")
+            entered = True
+            if not await admission.reserve_async(
+                peer, self.reserve_bytes, timeout=self.admission_wait
+            ):
+                raise self._overloaded("request bytes")
+            held = self.reserve_bytes
+            request, size = await self._aread(request_type, context)
+            admission.resize(peer, held, size)
+            held = size
             return (await body(subject, request)).SerializeToString()
         except CollectorError as exc:
-            code = self._refused(method, exc, subject)
-            await context.abort(code, str(exc), trailing_metadata=exc.metadata)
-            raise  # unreachable: abort raises
+            code, detail, trailers = self._refused(method, exc, subject)
         finally:
+            admission.release(peer, held)
+            if entered:
+                admission.leave()
             self._count(method, code)
+        # Outside the except block: the exception and its frames are gone already.
+        await context.abort(code, detail, trailing_metadata=trailers)
+        raise AssertionError("unreachable: abort raises")
 
     def async_handler(self) -> grpc.GenericRpcHandler[Any, Any]:
         """The asyncio-server flavour of `handler`: validation runs on the event loop,
@@ -196,10 +343,10 @@ class CollectorServicer:
         def method(
             name: str, req: type[Message], body: Callable[[str, Any], Awaitable[Message]]
         ) -> Any:
-            async def behavior(request_bytes: bytes, context: Any) -> bytes:
-                return await self._acall(name, req, body, request_bytes, context)
+            async def behavior(_requests: Any, context: Any) -> bytes:
+                return await self._acall(name, req, body, context)
 
-            return grpc.unary_unary_rpc_method_handler(behavior)
+            return grpc.stream_unary_rpc_method_handler(behavior)
 
         return grpc.method_handlers_generic_handler(
             SERVICE_NAME,
@@ -211,14 +358,15 @@ class CollectorServicer:
         )
 
     def handler(self) -> grpc.GenericRpcHandler[Any, Any]:
-        """The generic handler registering the three methods (raw request bytes)."""
+        """The generic handler registering the three methods (the request stream of
+        raw bytes, read by `_call` once admitted)."""
         svc = self.service
 
         def method(name: str, req: type[Message], body: Callable[[str, Any], Message]) -> Any:
-            def behavior(request_bytes: bytes, context: grpc.ServicerContext) -> bytes:
-                return self._call(name, req, body, request_bytes, context)
+            def behavior(requests: Iterator[bytes], context: grpc.ServicerContext) -> bytes:
+                return self._call(name, req, body, requests, context)
 
-            return grpc.unary_unary_rpc_method_handler(behavior)
+            return grpc.stream_unary_rpc_method_handler(behavior)
 
         return grpc.method_handlers_generic_handler(
             SERVICE_NAME,
@@ -244,10 +392,13 @@ class _SyncTransport:
         options: list[tuple[str, Any]],
         creds: grpc.ServerCredentials | None,
     ) -> None:
+        # No grpcio concurrency limit (its refusals carry no retry hint): the
+        # handlers' admission bounds Collector RPCs; calls waiting for a thread are
+        # bounded by connections x max_streams_per_connection and hold no more
+        # than the transport's flow-control window each.
         self.server = grpc.server(
             ThreadPoolExecutor(max_workers=config.workers, thread_name_prefix="rpc"),
             options=options,
-            maximum_concurrent_rpcs=config.max_concurrent_rpcs,
         )
         self.server.add_generic_rpc_handlers((servicer.handler(),))
         self.health = health.HealthServicer()
@@ -291,9 +442,10 @@ class _AsyncTransport:
         options: list[tuple[str, Any]],
         creds: grpc.ServerCredentials | None,
     ) -> int:
-        self.server = grpc.aio.server(
-            options=options, maximum_concurrent_rpcs=config.max_concurrent_rpcs
-        )
+        # No grpcio concurrency limit: its refusals carry no retry hint and count
+        # health checks. The handlers' admission (collector/admission.py) bounds
+        # Collector RPCs and their bytes before reading a request.
+        self.server = grpc.aio.server(options=options)
         self.server.add_generic_rpc_handlers((servicer.async_handler(),))
         self.health = health_aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
@@ -320,6 +472,30 @@ class _AsyncTransport:
         self.loop.close()
 
 
+class _HealthPort:
+    """A separate plaintext endpoint serving only the gRPC health service, on a
+    sync server with threads of its own (`health_listen`): it answers while the
+    main port sheds load, and says NOT_SERVING once the collector drains."""
+
+    def __init__(self, listen: str) -> None:
+        self.server = grpc.server(ThreadPoolExecutor(max_workers=2, thread_name_prefix="health"))
+        self.health = health.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
+        self.port = self.server.add_insecure_port(listen)
+        if self.port == 0:
+            raise OSError(f"could not bind {listen}")
+        self.server.start()
+        for name in ("", SERVICE_NAME):
+            self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
+
+    def drain(self) -> None:
+        """NOT_SERVING from now on."""
+        self.health.enter_graceful_shutdown()
+
+    def stop(self) -> None:
+        self.server.stop(None).wait()
+
+
 @dataclass
 class RunningCollector:
     """A started collector: its port, ledger, metrics; `stop` drains it."""
@@ -334,30 +510,57 @@ class RunningCollector:
     config: CollectorConfig | None = None
     clock: Callable[[], int] = field(default=lambda: int(time.time()))
     _metrics_server: Any = None
+    health_port: _HealthPort | None = None
+    admission: Admission | None = None
     _stopped: threading.Event = field(default_factory=threading.Event)
 
     def reload_policies(self) -> PolicyRegistry:
         """Reload the trust and policy folders (SIGHUP); on any error keep the old set.
 
-        The new set's versions are checked against their lineage in the ledger
-        first (`activate`: a version that changes its policy id's window or metric
-        is refused, logged and counted; the others are served). Requests in
-        progress finish with the registry they started with; later ones see the
-        new one (a single reference swap).
+        All or nothing: a set that fails to load (`PolicyRegistry.from_folders`: a
+        refused policy file, a malformed ``retired`` list, an unreadable folder) or
+        to activate (`activate`: the ledger failed while checking lineage) is not
+        served; the set served before stays, an ERROR line says so and why,
+        `fedldp_collector_policy_reloads_total{result="failed"}` counts it, and the
+        error is raised to the caller. Activation checks the new set's versions
+        against their lineage in the ledger (a version that changes its policy
+        id's window or metric is refused, logged and counted; the others are
+        served). Requests in progress finish with the registry they started with;
+        later ones see the new one (a single reference swap).
         """
         if self.config is None or not (self.config.trust_dir and self.config.policy_dir):
             raise ValueError("this collector was not started from policy folders")
         now = self.clock()
-        registry = PolicyRegistry.from_folders(
-            self.config.trust_dir,
-            self.config.policy_dir,
-            now=now,
-            audience=self.config.audience,
-        )
-        activate(registry, self.ledger, self.metrics, now=now)
+        try:
+            registry = PolicyRegistry.from_folders(
+                self.config.trust_dir,
+                self.config.policy_dir,
+                now=now,
+                audience=self.config.audience,
+            )
+            activate(registry, self.ledger, self.metrics, now=now)
+        except (PolicyError, OSError, ValueError) as exc:
+            self.metrics.policy_reloads.labels("failed").inc()
+            log.error(
+                "policy reload failed; keeping the policies served before",
+                extra={
+                    "fields": {
+                        "error": str(exc),
+                        "policies": len(self.registry.policies),
+                        "inactive": len(self.registry.inactive),
+                    }
+                },
+            )
+            raise
         self.registry = registry
         self.service.registry = registry
-        log.info("policies reloaded", extra={"fields": {"policies": len(registry.policies)}})
+        self.metrics.policy_reloads.labels("ok").inc()
+        log.info(
+            "policies reloaded",
+            extra={
+                "fields": {"policies": len(registry.policies), "inactive": len(registry.inactive)}
+            },
+        )
         return registry
 
     @property
@@ -370,7 +573,11 @@ class RunningCollector:
         `grace` s), then flush the committer and close the ledger."""
         if self._stopped.is_set():
             return
+        if self.health_port is not None:
+            self.health_port.drain()
         self.transport.stop(grace)
+        if self.health_port is not None:
+            self.health_port.stop()
         self.committer.close()
         self.ledger.close()
         if self._metrics_server is not None:
@@ -470,11 +677,31 @@ def start_collector(
     )
     service = CollectorService(registry, ledger, committer, metrics, limits, now_fn)
     limiter = RateLimiter(config.rate_limit_per_second, config.rate_limit_burst)
-    servicer = CollectorServicer(service, authenticator, limiter, metrics, now_fn)
+    admission = Admission(
+        max_rpcs=config.max_concurrent_rpcs,
+        max_bytes=config.max_inflight_bytes,
+        max_connection_bytes=config.max_connection_inflight_bytes,
+    )
+    servicer = CollectorServicer(
+        service,
+        authenticator,
+        limiter,
+        metrics,
+        now_fn,
+        admission=admission,
+        reserve_bytes=config.max_message_bytes,
+        admission_wait=config.admission_wait_ms / 1000,
+    )
     options: list[tuple[str, Any]] = [
+        # Larger messages are refused by the transport (RESOURCE_EXHAUSTED).
         ("grpc.max_receive_message_length", config.max_message_bytes),
         ("grpc.max_send_message_length", config.max_message_bytes),
         ("grpc.so_reuseport", 1 if config.reuse_port else 0),
+        ("grpc.max_concurrent_streams", config.max_streams_per_connection),
+        # No bandwidth-delay probing: a stream's receive window stays at the
+        # transport's look-ahead until its handler reads the message, so bytes of
+        # requests not yet admitted stay (mostly) in the client.
+        ("grpc.http2.bdp_probe", 0),
     ]
     creds = None
     if config.tls_cert:
@@ -490,6 +717,15 @@ def start_collector(
         committer.close()
         ledger.close()
         raise
+    health_port = None
+    if config.health_listen:
+        try:
+            health_port = _HealthPort(config.health_listen)
+        except Exception:
+            transport.stop(0)
+            committer.close()
+            ledger.close()
+            raise
     metrics_server = None
     if config.metrics_listen:
         from prometheus_client import start_http_server
@@ -503,6 +739,7 @@ def start_collector(
         extra={
             "fields": {
                 "port": transport.port,
+                "health_port": health_port.port if health_port is not None else None,
                 "server": config.server,
                 "tls": bool(config.tls_cert),
                 "mtls": config.mtls,
@@ -523,4 +760,6 @@ def start_collector(
         config=config,
         clock=now_fn,
         _metrics_server=metrics_server,
+        health_port=health_port,
+        admission=admission,
     )

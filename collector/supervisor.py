@@ -26,10 +26,27 @@ The supervisor:
 Per-process state stays per process: the rate limit (a device's channel is one
 connection, which one process serves), the statistics shard (host:pid, or
 `instance_id`/index) and the caches.
+
+Processes die with their supervisor, and one generation serves at a time:
+- every process watches its supervisor (`watch_supervisor`): a liveness pipe
+  whose write end only the supervisor holds (its end of file means the
+  supervisor is gone, however it died) and, on Linux, the parent-death signal
+  (`prctl(PR_SET_PDEATHSIG, SIGTERM)`); either way the process drains as on
+  SIGTERM and exits;
+- the supervisor holds an exclusive `flock` on a generation lock file per
+  thing it serves — `<ledger>-serve.lock` beside a SQLite ledger, and
+  `fedldp-collector-<port>.lock` in the temporary folder for a fixed port —
+  and its processes inherit the locked file. The lock is free only once every
+  process of a generation has exited, so a new supervisor started while an
+  earlier generation still serves (its processes draining after a `kill -9` of
+  their supervisor) waits for them, up to `drain_seconds` + 5 s, and otherwise
+  exits 1 saying so — never four listeners on one port.
 """
 
 from __future__ import annotations
 
+import ctypes
+import fcntl
 import logging
 import os
 import shutil
@@ -40,6 +57,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
 from wsgiref.simple_server import WSGIServer
@@ -65,6 +83,101 @@ def restart_delay(quick_exits: int) -> float:
 
 #: How long the processes may take to start serving.
 START_TIMEOUT_SECONDS = 120.0
+#: A generation lock held by an earlier generation is waited for this long beyond
+#: `drain_seconds` (its processes drain, then exit) before giving up.
+GENERATION_WAIT_EXTRA_SECONDS = 5.0
+#: Environment of a supervised process: its supervisor's pid and the descriptor of
+#: the read end of its liveness pipe (not settings: `load_config` ignores them).
+SUPERVISOR_PID_ENV = "FEDLDP_SUPERVISOR_PID"
+LIVENESS_FD_ENV = "FEDLDP_SUPERVISOR_LIVENESS_FD"
+_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+
+
+class GenerationLockedError(RuntimeError):
+    """An earlier generation of collector processes still serves this port or ledger."""
+
+
+def generation_lock_paths(config: CollectorConfig, port: int) -> list[Path]:
+    """The generation lock files of a supervisor serving `port` and `config`'s ledger:
+    one beside a SQLite ledger, one per fixed port (port 0 was chosen fresh)."""
+    import sqlalchemy as sa
+
+    paths = []
+    url = sa.make_url(config.ledger_url)
+    if url.get_backend_name() == "sqlite" and url.database:
+        paths.append(Path(url.database + "-serve.lock"))
+    host, wanted = _split_listen(config.listen)
+    if wanted != 0:
+        tag = "".join(c if c.isalnum() else "_" for c in host) or "any"
+        paths.append(Path(tempfile.gettempdir()) / f"fedldp-collector-{tag}-{port}.lock")
+    return paths
+
+
+def take_generation_locks(paths: list[Path], *, wait_seconds: float) -> list[int]:
+    """Lock every path (exclusive, non-blocking `flock`, retried for up to
+    `wait_seconds`); the open descriptors, which the processes inherit.
+    GenerationLockedError if a lock stays held (an earlier generation serves)."""
+    fds: list[int] = []
+    deadline = time.monotonic() + wait_seconds
+    waited = False
+    try:
+        for path in paths:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            fds.append(fd)
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() >= deadline:
+                        raise GenerationLockedError(
+                            f"{path} is locked: collector processes of an earlier generation "
+                            "still serve this port or ledger; stop them first"
+                        ) from None
+                    if not waited:
+                        waited = True
+                        log.warning(
+                            "an earlier generation of collector processes still serves; "
+                            "waiting for it to exit",
+                            extra={"fields": {"lock": str(path)}},
+                        )
+                    time.sleep(0.1)
+    except BaseException:
+        for fd in fds:
+            os.close(fd)
+        raise
+    return fds
+
+
+def watch_supervisor(on_death: Callable[[], None]) -> None:
+    """In a process started by `supervise`: call `on_death` (once, from a thread or a
+    signal handler) when the supervisor is gone. No-op in a collector started
+    otherwise. Linux: the parent-death signal SIGTERM (handled as a drain), then a
+    check that the parent is still the supervisor (it may have died before the
+    signal was armed); everywhere: a thread waiting for the liveness pipe's end
+    of file."""
+    expected = os.environ.pop(SUPERVISOR_PID_ENV, "")
+    fd_text = os.environ.pop(LIVENESS_FD_ENV, "")
+    if not expected:
+        return
+    if sys.platform.startswith("linux"):
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0) != 0:
+            log.warning("prctl(PR_SET_PDEATHSIG) failed; watching the liveness pipe only")
+    if os.getppid() != int(expected):
+        on_death()
+        return
+    if fd_text:
+        fd = int(fd_text)
+
+        def _watch() -> None:
+            while os.read(fd, 1):  # the supervisor writes nothing: this returns at EOF
+                pass
+            os.close(fd)
+            log.warning("the supervisor is gone; draining")
+            on_death()
+
+        threading.Thread(target=_watch, name="supervisor-watch", daemon=True).start()
 
 
 def _split_listen(listen: str) -> tuple[str, int]:
@@ -86,19 +199,23 @@ def _reserve_port(host: str) -> socket.socket:
 
 
 class _Worker:
-    """One collector process: its index, command and current `Popen`."""
+    """One collector process: its index, command and current `Popen`; it inherits
+    `keep_fds` (the liveness pipe's read end, the generation locks)."""
 
-    def __init__(self, index: int, argv: list[str], env: dict[str, str]) -> None:
+    def __init__(
+        self, index: int, argv: list[str], env: dict[str, str], keep_fds: tuple[int, ...]
+    ) -> None:
         self.index = index
         self.argv = argv
         self.env = env
+        self.keep_fds = keep_fds
         self.proc: subprocess.Popen[bytes] | None = None
         self.restart_at: float | None = None
         self.started_at = 0.0
         self.quick_exits = 0  # exits in a row within STABLE_SECONDS of a start
 
     def start(self) -> None:
-        self.proc = subprocess.Popen(self.argv, env=self.env)
+        self.proc = subprocess.Popen(self.argv, env=self.env, pass_fds=self.keep_fds)
         self.restart_at = None
         self.started_at = time.monotonic()
 
@@ -109,19 +226,34 @@ def supervise(
     config_path: str | Path | None,
     port_file: str | Path | None,
 ) -> int:
-    """Run `config.processes` collector processes until SIGTERM/SIGINT; exit status."""
+    """Run `config.processes` collector processes until SIGTERM/SIGINT; exit status
+    (1 when they could not all start, or an earlier generation still serves)."""
     host, port = _split_listen(config.listen)
     reserved = _reserve_port(host) if port == 0 else None
     if reserved is not None:
         port = reserved.getsockname()[1]
+    try:
+        locks = take_generation_locks(
+            generation_lock_paths(config, port),
+            wait_seconds=config.drain_seconds + GENERATION_WAIT_EXTRA_SECONDS,
+        )
+    except GenerationLockedError as exc:
+        log.error("collector processes not started", extra={"fields": {"error": str(exc)}})
+        if reserved is not None:
+            reserved.close()
+        return 1
+    liveness_read, liveness_write = os.pipe()  # both close-on-exec; read end passed on
+    keep_fds = (liveness_read, *locks)
     workdir = Path(tempfile.mkdtemp(prefix="fedldp-collector-"))
     metrics_dir = workdir / "metrics" if config.metrics_listen else None
     if metrics_dir is not None:
         metrics_dir.mkdir()
-    workers = [
-        _Worker(i, *_command(config, i, host, port, config_path, workdir, metrics_dir))
-        for i in range(config.processes)
-    ]
+    workers = []
+    for i in range(config.processes):
+        argv, env = _command(config, i, host, port, config_path, workdir, metrics_dir)
+        env[SUPERVISOR_PID_ENV] = str(os.getpid())
+        env[LIVENESS_FD_ENV] = str(liveness_read)
+        workers.append(_Worker(i, argv, env, keep_fds))
     stop = threading.Event()
     hup = threading.Event()
 
@@ -168,6 +300,8 @@ def supervise(
         if reserved is not None:
             reserved.close()
         shutil.rmtree(workdir, ignore_errors=True)
+        for fd in (liveness_read, liveness_write, *locks):
+            os.close(fd)
 
 
 def _command(

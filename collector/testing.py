@@ -9,6 +9,7 @@ production keys.
 
 from __future__ import annotations
 
+import asyncio
 import glob
 import hashlib
 import itertools
@@ -21,13 +22,14 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fedldp.client.mechanisms.base import CategoryOutput, Output
+from fedldp.client.mechanisms.base import BitVectorOutput, CategoryOutput, Output
 from fedldp.client.policy import Authority, TrustStore, VerifiedPolicy, verify_policy
 from fedldp.client.policy.files import write_envelope, write_public_key
 from fedldp.collector.auth import TokenAuthority
@@ -428,3 +430,178 @@ class PostgresServer:
             capture_output=True,
         )
         shutil.rmtree(self.base, ignore_errors=True)
+
+
+# --- load and attack generation (tests/collector/test_overload.py, bench.collector_memory) ---
+
+SUBMIT_METHOD = "/fedldp.v1.Collector/Submit"
+HEALTH_METHOD = "/grpc.health.v1.Health/Check"
+
+
+def big_bitvector_request(
+    deployment: Deployment, policy_id: str, *, now: int, reports: int, bits: int
+) -> tuple[bytes, list[int]]:
+    """A valid SubmitRequest of `reports` bit-vector reports of `bits` bits each
+    under `policy_id` (an OUE policy of `bits` labels in `deployment`), and the
+    offset of each report id in its bytes (to give every copy fresh ids)."""
+    envelope = next(
+        e
+        for e in deployment.envelopes
+        if policy_pb2.Policy.FromString(e.payload).policy_id == policy_id
+    )
+    policy = deployment.verified(envelope)
+    ids = [secrets.token_bytes(16) for _ in range(reports)]
+    message = pb.SubmitRequest(
+        reports=[
+            make_report(
+                policy,
+                BitVectorOutput(bytes((bits + 7) // 8), bits),
+                report_id=rid,
+                coarse_time=coarse(now),
+            )
+            for rid in ids
+        ]
+    )
+    blob = message.SerializeToString()
+    return blob, [blob.index(rid) for rid in ids]
+
+
+def with_fresh_ids(blob: bytes, offsets: Sequence[int]) -> bytes:
+    """`blob` with a new random 16-byte report id at each offset."""
+    out = bytearray(blob)
+    fresh = secrets.token_bytes(16 * len(offsets))
+    for i, at in enumerate(offsets):
+        out[at : at + 16] = fresh[16 * i : 16 * i + 16]
+    return bytes(out)
+
+
+def rss_bytes(pid: int) -> int:
+    """Resident memory of process `pid` now (VmRSS), bytes."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError(f"no VmRSS for process {pid}")
+
+
+class RssSampler:
+    """Samples a process's resident memory every `interval` s in a thread: `peak`,
+    and `samples` as (monotonic time, bytes)."""
+
+    def __init__(self, pid: int, *, interval: float = 0.02) -> None:
+        self.pid = pid
+        self.interval = interval
+        self.samples: list[tuple[float, int]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="rss-sampler", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.samples.append((time.monotonic(), rss_bytes(self.pid)))
+            except (FileNotFoundError, ProcessLookupError, RuntimeError):
+                return
+            self._stop.wait(self.interval)
+
+    @property
+    def peak(self) -> int:
+        return max((b for _, b in self.samples), default=0)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+@dataclass
+class LoadResult:
+    """What a load run saw: status code name -> calls, calls refused for overload
+    (RESOURCE_EXHAUSTED or UNAVAILABLE) with and without a `retry-after-ms` hint."""
+
+    codes: dict[str, int] = field(default_factory=dict)
+    with_hint: int = 0
+    without_hint: int = 0
+
+    def count(self, code: str, hinted: bool | None) -> None:
+        self.codes[code] = self.codes.get(code, 0) + 1
+        if hinted is True:
+            self.with_hint += 1
+        elif hinted is False:
+            self.without_hint += 1
+
+
+async def _load(
+    address: str,
+    make_request: Callable[[], bytes],
+    metadata: Sequence[tuple[str, str]],
+    *,
+    concurrency: int,
+    connections: int,
+    seconds: float,
+    timeout: float,
+    method: str,
+) -> LoadResult:
+    import grpc
+    import grpc.aio
+
+    result = LoadResult()
+    channels = [
+        grpc.aio.insecure_channel(
+            address,
+            options=[
+                ("grpc.use_local_subchannel_pool", 1),
+                ("grpc.max_send_message_length", 64 * 1024 * 1024),
+            ],
+        )
+        for _ in range(max(1, connections))
+    ]
+    deadline = time.monotonic() + seconds
+
+    async def caller(i: int) -> None:
+        call_fn = channels[i % len(channels)].unary_unary(method, None, None)
+        while time.monotonic() < deadline:
+            try:
+                await call_fn(make_request(), metadata=tuple(metadata), timeout=timeout)
+                result.count("OK", None)
+            except grpc.aio.AioRpcError as exc:
+                code = exc.code()
+                overload = code in (
+                    grpc.StatusCode.RESOURCE_EXHAUSTED,
+                    grpc.StatusCode.UNAVAILABLE,
+                )
+                trailers: Any = exc.trailing_metadata() or ()
+                hinted = any(key == "retry-after-ms" for key, _ in trailers)
+                result.count(code.name, hinted if overload else None)
+
+    try:
+        await asyncio.gather(*(caller(i) for i in range(concurrency)))
+    finally:
+        for ch in channels:
+            await ch.close(None)
+    return result
+
+
+def run_load(
+    address: str,
+    make_request: Callable[[], bytes],
+    metadata: Sequence[tuple[str, str]] = (),
+    *,
+    concurrency: int,
+    connections: int,
+    seconds: float,
+    timeout: float = 30.0,
+    method: str = SUBMIT_METHOD,
+) -> LoadResult:
+    """Keep `concurrency` calls of raw request bytes in flight over `connections`
+    connections for `seconds` (grpc.aio, on a fresh event loop in this thread)."""
+    return asyncio.run(
+        _load(
+            address,
+            make_request,
+            metadata,
+            concurrency=concurrency,
+            connections=connections,
+            seconds=seconds,
+            timeout=timeout,
+            method=method,
+        )
+    )

@@ -34,6 +34,9 @@ CACHE_KIB = 32768
 #: dirty is copied to the database once: ≈ 6% less collector CPU per report at
 #: 100 reports per call in alternating A/B runs (bench.collector's load).
 WAL_AUTOCHECKPOINT_PAGES = 10_000
+#: How long a statement waits for another connection's (or process's) lock before
+#: failing with "database is locked". Set first on every connection.
+BUSY_TIMEOUT_MS = 30_000
 
 
 class IngestConnection:
@@ -52,10 +55,7 @@ class IngestConnection:
     def connection(self) -> sqlite3.Connection:
         """The open connection (opened on first use). Call with `lock` held."""
         if self._conn is None:
-            conn = sqlite3.connect(
-                str(self.path), isolation_level=None, check_same_thread=False, timeout=30.0
-            )
-            conn.execute("PRAGMA journal_mode=WAL")
+            conn = _connect(self.path)
             conn.execute("PRAGMA synchronous=FULL")
             conn.execute(f"PRAGMA cache_size=-{CACHE_KIB}")
             conn.execute(f"PRAGMA wal_autocheckpoint={WAL_AUTOCHECKPOINT_PAGES:d}")
@@ -105,3 +105,33 @@ class WriterLock:
             if self._fd is not None:
                 os.close(self._fd)
                 self._fd = None
+
+
+def _connect(path: Path) -> sqlite3.Connection:
+    """A connection whose first statement set the busy timeout (autocommit mode)."""
+    conn = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False, timeout=0)
+    conn.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS:d}")
+    return conn
+
+
+def ensure_wal(ingest: IngestConnection) -> None:
+    """Put the database file in WAL mode, once, when the ledger is opened.
+
+    WAL is a property of the file (it persists), so it is set when the mode is not
+    WAL yet — a new ledger — and never by every connection: changing the journal
+    mode needs the database to itself, and SQLite answers "database is locked" at
+    once, without its busy handler, when another process's connection holds the
+    file meanwhile (two collector processes opening a new ledger together). The
+    change is made holding the writer lock, which every process opening or
+    ingesting into the file takes, so two openers never race on it.
+    """
+    with ingest.lock:
+        conn = _connect(ingest.path)
+        try:
+            mode = conn.execute("PRAGMA journal_mode").fetchone()[0]
+            if str(mode).lower() != "wal":
+                mode = conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
+            if str(mode).lower() != "wal":
+                raise sqlite3.OperationalError(f"{ingest.path}: cannot use WAL (mode {mode})")
+        finally:
+            conn.close()

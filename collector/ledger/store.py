@@ -69,7 +69,7 @@ from fedldp.collector.ledger.schema import (
     spend,
     statistics,
 )
-from fedldp.collector.ledger.sqlite_ingest import IngestConnection
+from fedldp.collector.ledger.sqlite_ingest import BUSY_TIMEOUT_MS, IngestConnection, ensure_wal
 from fedldp.collector.wire import output_from_json, output_to_json
 from fedldp.v1 import collector_pb2
 from sqlalchemy import event
@@ -609,6 +609,7 @@ class Ledger:
             _configure_sqlite(self._write_engine, begin="BEGIN IMMEDIATE")
             _configure_sqlite(self._read_engine, begin="BEGIN")
             self._ingest = IngestConnection(database)
+            ensure_wal(self._ingest)  # before any engine connects (the migrations)
         elif self.dialect == "postgresql":
             self._ingest = None
             isolation = isolation or "READ COMMITTED"
@@ -2169,15 +2170,16 @@ def _in_statement(dialect: str, name: str, size: int) -> str:
 
 
 def _configure_sqlite(engine: sa.Engine, *, begin: str) -> None:
-    """WAL, synchronous=FULL, a busy timeout, and our own BEGIN statement."""
+    """A busy timeout (first: any later statement may wait on another process's
+    lock), synchronous=FULL, and our own BEGIN statement. The journal mode is the
+    database file's, set once (`sqlite_ingest.ensure_wal`), not per connection."""
 
     @event.listens_for(engine, "connect")
     def _on_connect(dbapi_conn: Any, _record: Any) -> None:
         dbapi_conn.isolation_level = None  # we issue BEGIN ourselves
         cur = dbapi_conn.cursor()
-        cur.execute("PRAGMA journal_mode=WAL")
+        cur.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS:d}")
         cur.execute("PRAGMA synchronous=FULL")
-        cur.execute("PRAGMA busy_timeout=30000")
         # 32 MiB page cache per connection (default 2 MiB): report ids are random, so
         # every insert touches a random leaf of the id index.
         cur.execute("PRAGMA cache_size=-32768")

@@ -250,3 +250,83 @@ def test_sighup_reloads_policies_in_every_process(now: int, tmp_path: Path) -> N
         assert seen == [2] * 16
     finally:
         assert _stop(proc) == 0
+
+
+def _alive(pid: int) -> bool:
+    """Whether `pid` is a live process (not a zombie)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return False
+    return state != "Z"
+
+
+def test_processes_die_with_their_supervisor_and_a_new_one_starts_clean(
+    two: Deployment, tmp_path: Path, now: int
+) -> None:
+    """kill -9 of the supervisor: its processes drain and exit (parent-death signal,
+    liveness pipe); a new supervisor on the same fixed port and ledger then starts
+    and serves alone, and nothing acknowledged was lost."""
+    url = f"sqlite:///{tmp_path / 'ledger.db'}"
+    port = free_port()
+    config = write_config(
+        two, tmp_path, url, "multi", processes=2, listen=f"127.0.0.1:{port}", drain_seconds=2.0
+    )
+    first = spawn(config, "multi")
+    wide = two.verified(two.envelopes[0])
+    acknowledged: list[bytes] = []
+    auth = bearer_metadata(two.token("d"))
+
+    def submit_one() -> None:
+        report = make_report(wide, CategoryOutput(1), coarse_time=coarse(now))
+        with grpc.insecure_channel(
+            f"127.0.0.1:{port}", options=[("grpc.use_local_subchannel_pool", 1)]
+        ) as ch:
+            out = collector_pb2_grpc.CollectorStub(ch).Submit(
+                pb.SubmitRequest(reports=[report]), metadata=auth, timeout=30
+            )
+        assert out.outcomes[0].outcome == pb.OUTCOME_ACCEPTED
+        acknowledged.append(report.report_id)
+
+    children = _children(first)
+    assert len(children) == 2
+    for _ in range(4):
+        submit_one()
+    first.proc.kill()  # kill -9 of the supervisor
+    first.proc.wait()
+    deadline = time.monotonic() + 60  # a bound for the wait, not a timing assertion
+    while any(_alive(pid) for pid in children) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not any(_alive(pid) for pid in children)
+    second = spawn(config, "multi")
+    try:
+        assert len(_children(second)) == 2
+        for _ in range(4):
+            submit_one()
+    finally:
+        assert _stop(second) == 0
+    log = first.log.read_text()
+    assert "the supervisor is gone; draining" in log
+    with open_ledger(url) as led:
+        assert all(led.has_report(rid) for rid in acknowledged)
+        assert led.report_count("wide", 1) == 8
+        assert led.reconcile() == []
+
+
+def test_a_supervisor_does_not_start_beside_a_live_generation(
+    two: Deployment, tmp_path: Path
+) -> None:
+    """While the generation lock of the ledger is held (an earlier generation still
+    serving), a new supervisor waits, then exits 1 saying why, starting nothing."""
+    import fcntl
+
+    url = f"sqlite:///{tmp_path / 'ledger.db'}"
+    config = write_config(two, tmp_path, url, "multi", processes=2, drain_seconds=0.0)
+    with open(tmp_path / "ledger.db-serve.lock", "w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        with pytest.raises(RuntimeError, match="exited with 1"):
+            spawn(config, "multi")
+    assert (
+        "an earlier generation of collector processes still serves"
+        in (tmp_path / "multi.log").read_text()
+    )

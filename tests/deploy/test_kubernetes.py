@@ -213,8 +213,9 @@ def test_every_configured_path_is_in_the_projected_volume() -> None:
 
 def test_memory_limit_covers_the_documented_bound() -> None:
     _, container, config = _collector()
-    # deploy/collector.toml: request memory is bounded by about
-    # max_concurrent_rpcs x max_message_bytes x 3, per process.
+    # deploy/collector.toml: one process stays under 384 MiB at the default byte
+    # budget; the older, looser bound (max_concurrent_rpcs x max_message_bytes x 3
+    # plus the process) still fits, and is what this checks.
     bound = config.processes * (
         config.max_concurrent_rpcs * config.max_message_bytes * 3 + PROCESS_BASELINE
     )
