@@ -17,6 +17,7 @@ COMMANDS: list[tuple[str, str]] = [
     ("fedldp.cli_train", "audit"),
     ("fedldp.cli_client", "client"),
     ("fedldp.cli_collector", "collector"),
+    ("fedldp.cli_dashboard", "dashboard"),
     ("fedldp.demo", "demo"),
     ("fedldp.cli_keys", "keys"),
     ("fedldp.cli_collector", "ledger"),

@@ -1,0 +1,345 @@
+"""What the dashboard shows, computed from the ledger's additive statistics.
+
+Every estimate comes from `fedldp.aggregator.reports` (`partials_from_ledger`,
+`merge_partials`, `report_for_policy`): the same merge, release gate and JSON
+layout as `fedldp report`, so the JSON API returns exactly what
+`fedldp report --format json` prints for the same ledger, policy and options.
+A view reads the statistics rows (one per window and collector shard) and
+merges them: its cost does not depend on how many reports are stored.
+
+Budget figures come from the `spend` table (GROUP BY counts, never a subject)
+and the central reservations from `central_reservations` (counts and exact
+ε sums per purpose and status). Spend rows of a closed window no longer
+change, so their aggregates are kept; the open window's are recomputed at
+most every `budget_ttl_s` seconds and shown with the time they were read.
+"""
+
+from __future__ import annotations
+
+import decimal
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from decimal import Decimal
+from typing import Any
+
+from fedldp.aggregator.consistency import Consistency
+from fedldp.aggregator.dashboard.source import ReadOnlyLedger, SpendGroup, WindowCount
+from fedldp.aggregator.estimation import FrequencyReport, NumericReport, heavy_hitters
+from fedldp.aggregator.reports import (
+    Partial,
+    ReportError,
+    merge_partials,
+    partials_from_ledger,
+    report_for_policy,
+)
+from fedldp.client.policy import VerifiedPolicy
+from fedldp.collector.ledger import EXACT
+
+#: The source name `fedldp report` gives a single ledger (it appears in the JSON).
+SOURCE = "ledger"
+
+
+def iso_utc(epoch: int | float) -> str:
+    """`epoch` as ISO 8601 UTC, e.g. 2026-12-01T00:00:00Z."""
+    return datetime.fromtimestamp(int(epoch), timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+class UnknownPolicyError(ReportError):
+    """No verified policy with that id is loaded."""
+
+
+@dataclass(frozen=True)
+class Options:
+    """What a view is computed with (the analyst's choices)."""
+
+    confidence: float = 0.95
+    consistency: str = Consistency.NONE.value
+    simultaneous: bool = False
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.confidence < 1.0:
+            raise ValueError("confidence must be in (0, 1)")
+        Consistency.parse(self.consistency)
+
+
+@dataclass(frozen=True)
+class WindowReport:
+    """One window's report, or why it is withheld (the release gate)."""
+
+    window_start: int
+    n: int
+    report: FrequencyReport | NumericReport | None
+    withheld: str | None
+
+
+@dataclass(frozen=True)
+class PolicySummary:
+    """One row of the index page."""
+
+    policy: VerifiedPolicy
+    latest_window: int | None
+    latest_n: int
+    windows: int
+
+    @property
+    def released(self) -> bool:
+        """Whether the latest window passes the release gate."""
+        return self.latest_n >= max(1, self.policy.min_reports_for_release)
+
+
+@dataclass(frozen=True)
+class WindowBudget:
+    """ε charged and subjects in one window of one policy (counts only)."""
+
+    window_start: int
+    reports: int
+    subjects: int
+    epsilon_charged: Decimal
+    at_cap: int
+
+
+@dataclass(frozen=True)
+class PurposeReservations:
+    """Central reservations of one purpose: open, settled and cancelled."""
+
+    purpose: str
+    open_count: int
+    open_epsilon: Decimal
+    settled_count: int
+    settled_epsilon: Decimal
+    cancelled_count: int
+
+
+@dataclass(frozen=True)
+class BudgetView:
+    """The budget page."""
+
+    policies: dict[str, list[WindowBudget]]
+    reservations: list[PurposeReservations]
+    read_at: int
+
+
+@dataclass
+class _SpendCache:
+    closed: dict[tuple[str, int], list[SpendGroup]] = field(default_factory=dict)
+    open_rows: dict[tuple[str, int], tuple[float, list[SpendGroup]]] = field(default_factory=dict)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+class Dashboard:
+    """The dashboard's data over one read-only ledger and the verified policies.
+
+    `policies`: the verified policies (the highest version per policy id is
+    shown, as `fedldp report` picks by default). `trend_windows`: how many of the
+    latest windows the trend and budget pages cover; `top_values`: how many
+    values the trend follows.
+    """
+
+    def __init__(
+        self,
+        ledger: ReadOnlyLedger,
+        policies: Sequence[VerifiedPolicy],
+        *,
+        trend_windows: int = 12,
+        top_values: int = 5,
+        budget_ttl_s: float = 10.0,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.ledger = ledger
+        chosen: dict[str, VerifiedPolicy] = {}
+        for p in policies:
+            if p.policy_id not in chosen or p.version > chosen[p.policy_id].version:
+                chosen[p.policy_id] = p
+        self.policies = dict(sorted(chosen.items()))
+        self.trend_windows = trend_windows
+        self.top_values = top_values
+        self.budget_ttl_s = budget_ttl_s
+        self.clock = clock
+        self._spend = _SpendCache()
+
+    # -- policies and windows --
+
+    def policy(self, policy_id: str) -> VerifiedPolicy:
+        """The shown version of `policy_id` (UnknownPolicyError if none)."""
+        try:
+            return self.policies[policy_id]
+        except KeyError:
+            raise UnknownPolicyError("no verified policy with that id is loaded") from None
+
+    def _window_counts(self) -> dict[str, list[WindowCount]]:
+        by_policy: dict[str, list[WindowCount]] = defaultdict(list)
+        for wc in self.ledger.window_counts():
+            shown = self.policies.get(wc.policy_id)
+            if shown is not None and shown.version == wc.version:
+                by_policy[wc.policy_id].append(wc)
+        return by_policy
+
+    def index(self) -> list[PolicySummary]:
+        """One summary per policy: its latest window with reports and that count."""
+        counts = self._window_counts()
+        out = []
+        for pid, policy in self.policies.items():
+            windows = counts.get(pid, [])
+            latest = windows[-1] if windows else None
+            out.append(
+                PolicySummary(
+                    policy=policy,
+                    latest_window=None if latest is None else latest.window_start,
+                    latest_n=0 if latest is None else latest.n,
+                    windows=len(windows),
+                )
+            )
+        return out
+
+    # -- reports --
+
+    def report(
+        self,
+        policy_id: str,
+        window_start: int | None,
+        options: Options,
+        *,
+        with_heavy_hitters: bool = False,
+    ) -> dict[str, Any]:
+        """The JSON of `fedldp report --format json` for the same arguments.
+
+        Raises InsufficientReportsError below the release gate, ValueError for
+        consistency on a numeric policy, UnknownPolicyError for an unknown id.
+        """
+        policy = self.policy(policy_id)
+        partials = partials_from_ledger(self.ledger, policy, window_start, source=SOURCE)
+        result = report_for_policy(
+            policy,
+            merge_partials(policy.mechanism, partials),
+            window_start=window_start,
+            confidence=options.confidence,
+            simultaneous=options.simultaneous,
+            consistency=options.consistency,
+        )
+        data = result.to_dict()
+        if with_heavy_hitters and isinstance(result, FrequencyReport):
+            data["heavy_hitters"] = [h.to_dict() for h in heavy_hitters(result)]
+        return data
+
+    def window_reports(self, policy_id: str, options: Options) -> list[WindowReport]:
+        """The latest `trend_windows` windows' reports, oldest first (one statistics read)."""
+        policy = self.policy(policy_id)
+        by_window: dict[int, list[Partial]] = defaultdict(list)
+        for part in partials_from_ledger(self.ledger, policy, None, source=SOURCE):
+            by_window[part.window_start].append(part)
+        out = []
+        for start in sorted(by_window)[-self.trend_windows :]:
+            merged = merge_partials(policy.mechanism, by_window[start])
+            try:
+                result = report_for_policy(
+                    policy,
+                    merged,
+                    window_start=start,
+                    confidence=options.confidence,
+                    simultaneous=options.simultaneous,
+                    consistency=options.consistency if policy.labels is not None else None,
+                )
+            except ReportError as exc:
+                out.append(WindowReport(start, merged.n, None, str(exc)))
+                continue
+            out.append(WindowReport(start, merged.n, result, None))
+        return out
+
+    # -- budget --
+
+    def budget(self) -> BudgetView:
+        """ε charged and subjects at their cap per policy and window; central reservations."""
+        with decimal.localcontext(EXACT):  # exact sums of ε (any rounding raises)
+            return self._budget(self.clock())
+
+    def _budget(self, now: float) -> BudgetView:
+        counts = self._window_counts()
+        policies: dict[str, list[WindowBudget]] = {}
+        for pid, policy in self.policies.items():
+            windows = counts.get(pid, [])[-self.trend_windows :]
+            groups = self._spend_groups(policy, [w.window_start for w in windows], now)
+            rows = []
+            for w in windows:
+                mine = [g for g in groups if g.window_start == w.window_start]
+                rows.append(
+                    WindowBudget(
+                        window_start=w.window_start,
+                        reports=w.n,
+                        subjects=sum(g.subjects for g in mine),
+                        epsilon_charged=sum(
+                            (g.epsilon_spent * g.subjects for g in mine), Decimal(0)
+                        ),
+                        at_cap=sum(
+                            g.subjects
+                            for g in mine
+                            if g.epsilon_spent + policy.charge > g.epsilon_cap
+                        ),
+                    )
+                )
+            policies[pid] = rows
+        return BudgetView(policies=policies, reservations=self._reservations(), read_at=int(now))
+
+    def _spend_groups(
+        self, policy: VerifiedPolicy, windows: list[int], now: float
+    ) -> list[SpendGroup]:
+        """Spend aggregates of `windows`: closed windows once, the open one every TTL."""
+        pid = policy.policy_id
+        out: list[SpendGroup] = []
+        with self._spend.lock:
+            todo = []
+            for start in windows:
+                key = (pid, start)
+                if key in self._spend.closed:
+                    out.extend(self._spend.closed[key])
+                elif key in self._spend.open_rows and (
+                    now - self._spend.open_rows[key][0] < self.budget_ttl_s
+                ):
+                    out.extend(self._spend.open_rows[key][1])
+                else:
+                    todo.append(start)
+            fresh = self.ledger.spend_groups(pid, todo)
+            for start in todo:
+                mine = [g for g in fresh if g.window_start == start]
+                if start + policy.window_seconds <= now:
+                    self._spend.closed[(pid, start)] = mine
+                else:
+                    self._spend.open_rows[(pid, start)] = (now, mine)
+            out.extend(fresh)
+        return out
+
+    def _reservations(self) -> list[PurposeReservations]:
+        acc: dict[str, dict[str, Any]] = {}
+        for g in self.ledger.reservation_groups():
+            row = acc.setdefault(
+                g.purpose,
+                {
+                    "open": 0,
+                    "open_eps": Decimal(0),
+                    "settled": 0,
+                    "settled_eps": Decimal(0),
+                    "cancelled": 0,
+                },
+            )
+            if g.status == "reserved":
+                row["open"] += g.count
+                row["open_eps"] += g.epsilon * g.count
+            elif g.status == "settled":
+                row["settled"] += g.count
+                row["settled_eps"] += (g.epsilon_spent or Decimal(0)) * g.count
+            else:
+                row["cancelled"] += g.count
+        return [
+            PurposeReservations(
+                purpose=purpose,
+                open_count=r["open"],
+                open_epsilon=r["open_eps"],
+                settled_count=r["settled"],
+                settled_epsilon=r["settled_eps"],
+                cancelled_count=r["cancelled"],
+            )
+            for purpose, r in sorted(acc.items())
+        ]

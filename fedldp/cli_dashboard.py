@@ -1,0 +1,112 @@
+"""`fedldp dashboard`: serve the read-only analyst dashboard (docs/dashboard.md)."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import click
+
+from fedldp.cli_report import _settings
+
+if TYPE_CHECKING:
+    from fedldp.aggregator.dashboard.model import Dashboard
+
+#: Environment variable holding the bearer token (alternative to --token-file).
+TOKEN_ENV = "FEDLDP_DASHBOARD_TOKEN"
+
+
+def load_dashboard(
+    ledger_url: str, policy_dir: str | Path, trust_dir: str | Path, audience: str | None
+) -> Dashboard:
+    """A Dashboard over the ledger at `ledger_url` (opened read-only) and the policies
+    of `policy_dir` that verify now against `trust_dir` (click errors say what is wrong)."""
+    from fedldp.aggregator.dashboard.model import Dashboard
+    from fedldp.aggregator.dashboard.source import ReadOnlyLedger, SourceError
+    from fedldp.client.policy import PolicyError
+    from fedldp.client.policy.files import load_policy_folder, load_trust_folder
+
+    now = int(time.time())
+    try:
+        trust = load_trust_folder(trust_dir, now=now)
+    except PolicyError as exc:
+        raise click.ClickException(f"trust folder {trust_dir}: {exc}") from None
+    policies, _refused = load_policy_folder(policy_dir, trust, now=now, audience=audience)
+    try:
+        ledger = ReadOnlyLedger(ledger_url)
+    except SourceError as exc:
+        raise click.ClickException(str(exc)) from None
+    return Dashboard(ledger, policies)
+
+
+def _token(token_file: str | None) -> str | None:
+    if token_file is not None:
+        text = Path(token_file).read_text(encoding="utf-8").strip()
+        if not text:
+            raise click.ClickException(f"{token_file} is empty; it must hold the bearer token")
+        return text
+    return os.environ.get(TOKEN_ENV) or None
+
+
+def _split_listen(listen: str) -> tuple[str, int]:
+    host, sep, port_text = listen.rpartition(":")
+    if not sep or not host or not port_text.isdigit() or int(port_text) > 65535:
+        raise click.BadParameter("--listen must be HOST:PORT, e.g. 127.0.0.1:8080")
+    return host, int(port_text)
+
+
+@click.command("dashboard")
+@click.option(
+    "--config",
+    "config_path",
+    type=click.Path(exists=True, dir_okay=False),
+    help="collector.toml supplying ledger_url, policy_dir, trust_dir, audience",
+)
+@click.option("--ledger", "ledger_url", help="ledger URL (opened read-only)")
+@click.option("--policies", "policy_dir", type=click.Path(file_okay=False))
+@click.option("--trust", "trust_dir", type=click.Path(file_okay=False))
+@click.option("--audience", help="deployment name the policies must list (default: 'default')")
+@click.option(
+    "--listen", default="127.0.0.1:8050", show_default=True, help="HOST:PORT (port 0: any free)"
+)
+@click.option(
+    "--token-file",
+    type=click.Path(exists=True, dir_okay=False),
+    help=f"file holding the bearer token (or set {TOKEN_ENV}); required off loopback",
+)
+def dashboard(
+    config_path: str | None,
+    ledger_url: str | None,
+    policy_dir: str | None,
+    trust_dir: str | None,
+    audience: str | None,
+    listen: str,
+    token_file: str | None,
+) -> None:
+    """Serve a read-only web dashboard of the policies' estimates and budgets."""
+    from fedldp.aggregator.dashboard.app import DashboardConfigError, DashboardServer, check_bind
+
+    urls, policy_dir, trust_dir, aud = _settings(
+        config_path, (ledger_url,) if ledger_url else (), policy_dir, trust_dir, audience
+    )
+    if not urls or not policy_dir or not trust_dir:
+        raise click.UsageError("pass --config, or --ledger, --policies and --trust")
+    host, port = _split_listen(listen)
+    token = _token(token_file)
+    try:
+        check_bind(host, token)
+    except DashboardConfigError as exc:
+        raise click.ClickException(str(exc)) from None
+    view = load_dashboard(urls[0], policy_dir, trust_dir, aud)
+    try:
+        server = DashboardServer(view, host=host, port=port, token=token)
+    except OSError as exc:
+        view.ledger.close()
+        raise click.ClickException(f"cannot listen on {listen}: {exc.strerror}") from None
+    click.echo(f"fedldp dashboard on {server.url} (read-only; Ctrl-C to stop)")
+    try:
+        server.serve_forever()
+    finally:
+        view.ledger.close()
