@@ -14,9 +14,9 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check --upgrade pip
 
-# The demo needs the collector and aggregator roles.
+# The demo needs the collector and aggregator roles (and the dashboard, for --dashboard).
 $(VENV)/.demo-installed: $(BIN)/python $(DEPS)
-	$(PIP) -e '.[aggregator]'
+	$(PIP) -e '.[dashboard]'
 	touch $@
 
 # Tests need every role (training included) and the dev tools.

@@ -86,25 +86,48 @@ def dashboard(
     token_file: str | None,
 ) -> None:
     """Serve a read-only web dashboard of the policies' estimates and budgets."""
-    from fedldp.aggregator.dashboard.app import DashboardConfigError, DashboardServer, check_bind
-
     urls, policy_dir, trust_dir, aud = _settings(
         config_path, (ledger_url,) if ledger_url else (), policy_dir, trust_dir, audience
     )
     if not urls or not policy_dir or not trust_dir:
         raise click.UsageError("pass --config, or --ledger, --policies and --trust")
     host, port = _split_listen(listen)
-    token = _token(token_file)
+    serve_dashboard(
+        urls[0], policy_dir, trust_dir, aud, host=host, port=port, token=_token(token_file)
+    )
+
+
+def serve_dashboard(
+    ledger_url: str,
+    policy_dir: str | Path,
+    trust_dir: str | Path,
+    audience: str | None,
+    *,
+    host: str,
+    port: int,
+    token: str | None,
+) -> None:
+    """Serve the dashboard until interrupted; print its URL first (click errors on refusal)."""
+    try:
+        from fedldp.aggregator.dashboard.app import (
+            DashboardConfigError,
+            DashboardServer,
+            check_bind,
+        )
+    except ModuleNotFoundError as exc:
+        raise click.ClickException(
+            f"the dashboard needs {exc.name!r}: pip install 'fedldp[dashboard]'"
+        ) from None
     try:
         check_bind(host, token)
     except DashboardConfigError as exc:
         raise click.ClickException(str(exc)) from None
-    view = load_dashboard(urls[0], policy_dir, trust_dir, aud)
+    view = load_dashboard(ledger_url, policy_dir, trust_dir, audience)
     try:
         server = DashboardServer(view, host=host, port=port, token=token)
     except OSError as exc:
         view.ledger.close()
-        raise click.ClickException(f"cannot listen on {listen}: {exc.strerror}") from None
+        raise click.ClickException(f"cannot listen on {host}:{port}: {exc.strerror}") from None
     click.echo(f"fedldp dashboard on {server.url} (read-only; Ctrl-C to stop)")
     try:
         server.serve_forever()

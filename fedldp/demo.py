@@ -449,6 +449,12 @@ def _report(deployment: Deployment, now: int, confidence: float) -> Any:
 )
 @click.option("--threads", default=8, show_default=True, help="devices at once per process")
 @click.option("--confidence", default=0.95, show_default=True, help="confidence level of the CIs")
+@click.option(
+    "--dashboard",
+    "with_dashboard",
+    is_flag=True,
+    help="then serve `fedldp dashboard` on the demo's ledger (127.0.0.1) until Ctrl-C",
+)
 def demo(
     devices: int,
     epsilon: str,
@@ -460,6 +466,7 @@ def demo(
     processes: int,
     threads: int,
     confidence: float,
+    with_dashboard: bool,
 ) -> None:
     """Run the whole pipeline: signed policy, collector, simulated devices, report."""
     from fedldp.aggregator.render import render_html, render_table
@@ -530,6 +537,23 @@ def demo(
     click.echo(f"HTML report: {html_path.resolve()}")
     if tally.failed_devices:
         raise SystemExit(1)
+    if with_dashboard:
+        _serve_dashboard(deployment)
+
+
+def _serve_dashboard(deployment: Deployment) -> None:
+    """`fedldp dashboard` on the demo's ledger (read-only), on a free loopback port."""
+    from fedldp.cli_dashboard import serve_dashboard
+
+    serve_dashboard(
+        deployment.ledger_url,
+        deployment.out / "policies",
+        deployment.out / "trust",
+        AUDIENCE,
+        host="127.0.0.1",
+        port=0,
+        token=None,
+    )
 
 
 if __name__ == "__main__":  # pragma: no cover

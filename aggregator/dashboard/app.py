@@ -301,6 +301,7 @@ class DashboardServer:
         self.socket = socket.socket(family, socket.SOCK_STREAM)
         self.socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self.socket.bind((host.strip("[]"), port))
+        self.socket.listen(128)  # connections queue from now on, before serving starts
         self.port = int(self.socket.getsockname()[1])
         app = create_app(dashboard, token=token, loopback_only=is_loopback(host))
         self.server = uvicorn.Server(

@@ -242,9 +242,11 @@ def test_ledger_file_unchanged_by_views(rich: Setup, rich_server: Any) -> None:
 def test_read_only_source_cannot_write_or_create(rich: Setup, tmp_path: Any) -> None:
     source = ReadOnlyLedger(rich.ledger_url)
     try:
-        with pytest.raises(sa.exc.OperationalError, match="readonly|read-only|query_only"):
-            with source._engine.begin() as conn:
-                conn.execute(sa.text("DELETE FROM statistics"))
+        with (
+            pytest.raises(sa.exc.OperationalError, match=r"readonly|read-only|query_only"),
+            source._engine.begin() as conn,
+        ):
+            conn.execute(sa.text("DELETE FROM statistics"))
     finally:
         source.close()
     missing = tmp_path / "absent.db"
@@ -294,3 +296,46 @@ def test_loopback_refuses_foreign_host_header(rich_server: Any) -> None:
     """DNS rebinding: a page on evil.example resolving to 127.0.0.1 gets nothing."""
     assert get(rich_server.url, {"Host": "evil.example"})[0] == 400
     assert get(rich_server.url, {"Host": f"localhost:{rich_server.port}"})[0] == 200
+
+
+def test_demo_dashboard_flag(tmp_path: Any) -> None:
+    """`fedldp demo --dashboard` prints the dashboard's URL and serves the demo's ledger."""
+    import signal
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "fedldp.cli",
+            "demo",
+            "--devices",
+            "300",
+            "--processes",
+            "1",
+            "--seed",
+            "3",
+            "--dashboard",
+            "--out",
+            str(tmp_path / "demo"),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        url = None
+        for line in proc.stdout:
+            if line.startswith("fedldp dashboard on "):
+                url = line.split()[3]
+                break
+        assert url is not None and url.startswith("http://127.0.0.1:")
+        status, _, body = get(url)
+        assert status == 200 and "demo.browser-homepage" in body
+        status, _, _ = get(f"{url}api/policies/demo.browser-homepage/report")
+        assert status == 200
+    finally:
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=30) in (0, 1, -signal.SIGINT, 130)
