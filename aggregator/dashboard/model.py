@@ -19,7 +19,7 @@ from __future__ import annotations
 import decimal
 import threading
 import time
-from collections import defaultdict
+from collections import OrderedDict, defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -39,6 +39,8 @@ from fedldp.aggregator.reports import (
 from fedldp.client.policy import VerifiedPolicy
 from fedldp.collector.ledger import EXACT
 
+#: Window reports kept by `Dashboard.window_reports` (least recently used dropped first).
+_REPORT_CACHE = 2048
 #: The source name `fedldp report` gives a single ledger (it appears in the JSON).
 SOURCE = "ledger"
 
@@ -160,6 +162,8 @@ class Dashboard:
         self.budget_ttl_s = budget_ttl_s
         self.clock = clock
         self._spend = _SpendCache()
+        self._reports: OrderedDict[tuple[Any, ...], WindowReport] = OrderedDict()
+        self._reports_lock = threading.Lock()
 
     # -- policies and windows --
 
@@ -226,28 +230,58 @@ class Dashboard:
         return data
 
     def window_reports(self, policy_id: str, options: Options) -> list[WindowReport]:
-        """The latest `trend_windows` windows' reports, oldest first (one statistics read)."""
+        """The latest `trend_windows` windows' reports, oldest first (one statistics read).
+
+        A window's report is kept (LRU, `_REPORT_CACHE` entries) under the exact
+        partial statistics it was computed from (each shard's n and statistic
+        text), so a view re-estimates only the windows whose statistics changed
+        since (in practice the open one); the rows are read on every view.
+        """
         policy = self.policy(policy_id)
         by_window: dict[int, list[Partial]] = defaultdict(list)
         for part in partials_from_ledger(self.ledger, policy, None, source=SOURCE):
             by_window[part.window_start].append(part)
         out = []
         for start in sorted(by_window)[-self.trend_windows :]:
-            merged = merge_partials(policy.mechanism, by_window[start])
-            try:
-                result = report_for_policy(
-                    policy,
-                    merged,
-                    window_start=start,
-                    confidence=options.confidence,
-                    simultaneous=options.simultaneous,
-                    consistency=options.consistency if policy.labels is not None else None,
-                )
-            except ReportError as exc:
-                out.append(WindowReport(start, merged.n, None, str(exc)))
-                continue
-            out.append(WindowReport(start, merged.n, result, None))
+            parts = by_window[start]
+            key = (
+                policy.policy_id,
+                policy.version,
+                policy.digest,
+                start,
+                options,
+                tuple((p.shard, p.n, p.statistic_json) for p in parts),
+            )
+            with self._reports_lock:
+                cached = self._reports.get(key)
+                if cached is not None:
+                    self._reports.move_to_end(key)
+            if cached is None:
+                cached = self._window_report(policy, start, parts, options)
+                with self._reports_lock:
+                    self._reports[key] = cached
+                    while len(self._reports) > _REPORT_CACHE:
+                        self._reports.popitem(last=False)
+            out.append(cached)
         return out
+
+    @staticmethod
+    def _window_report(
+        policy: VerifiedPolicy, start: int, parts: list[Partial], options: Options
+    ) -> WindowReport:
+        merged = merge_partials(policy.mechanism, parts)
+        try:
+            result = report_for_policy(
+                policy,
+                merged,
+                window_start=start,
+                confidence=options.confidence,
+                simultaneous=options.simultaneous,
+                consistency=options.consistency if policy.labels is not None else None,
+            )
+        except ReportError as exc:
+            return WindowReport(start, merged.n, None, str(exc))
+        return WindowReport(start, merged.n, result, None)
 
     # -- budget --
 
@@ -258,13 +292,16 @@ class Dashboard:
 
     def _budget(self, now: float) -> BudgetView:
         counts = self._window_counts()
+        shown = {pid: counts.get(pid, [])[-self.trend_windows :] for pid in self.policies}
+        groups = self._spend_groups(
+            {pid: [w.window_start for w in windows] for pid, windows in shown.items()}, now
+        )
         policies: dict[str, list[WindowBudget]] = {}
-        for pid, policy in self.policies.items():
-            windows = counts.get(pid, [])[-self.trend_windows :]
-            groups = self._spend_groups(policy, [w.window_start for w in windows], now)
+        for pid, windows in shown.items():
+            charge = self.policies[pid].charge
             rows = []
             for w in windows:
-                mine = [g for g in groups if g.window_start == w.window_start]
+                mine = groups.get((pid, w.window_start), [])
                 rows.append(
                     WindowBudget(
                         window_start=w.window_start,
@@ -274,9 +311,7 @@ class Dashboard:
                             (g.epsilon_spent * g.subjects for g in mine), Decimal(0)
                         ),
                         at_cap=sum(
-                            g.subjects
-                            for g in mine
-                            if g.epsilon_spent + policy.charge > g.epsilon_cap
+                            g.subjects for g in mine if g.epsilon_spent + charge > g.epsilon_cap
                         ),
                     )
                 )
@@ -284,31 +319,38 @@ class Dashboard:
         return BudgetView(policies=policies, reservations=self._reservations(), read_at=int(now))
 
     def _spend_groups(
-        self, policy: VerifiedPolicy, windows: list[int], now: float
-    ) -> list[SpendGroup]:
-        """Spend aggregates of `windows`: closed windows once, the open one every TTL."""
-        pid = policy.policy_id
-        out: list[SpendGroup] = []
-        with self._spend.lock:
-            todo = []
-            for start in windows:
-                key = (pid, start)
-                if key in self._spend.closed:
-                    out.extend(self._spend.closed[key])
-                elif key in self._spend.open_rows and (
-                    now - self._spend.open_rows[key][0] < self.budget_ttl_s
+        self, windows: dict[str, list[int]], now: float
+    ) -> dict[tuple[str, int], list[SpendGroup]]:
+        """Spend aggregates per (policy, window): closed windows read once, open ones at
+        most every `budget_ttl_s` seconds; whatever is due is read in one query."""
+        out: dict[tuple[str, int], list[SpendGroup]] = {}
+        cache = self._spend
+        with cache.lock:
+            due: list[tuple[str, int]] = []
+            for pid, starts in windows.items():
+                for start in starts:
+                    key = (pid, start)
+                    if key in cache.closed:
+                        out[key] = cache.closed[key]
+                    elif key in cache.open_rows and now - cache.open_rows[key][0] < (
+                        self.budget_ttl_s
+                    ):
+                        out[key] = cache.open_rows[key][1]
+                    else:
+                        due.append(key)
+            fresh: dict[tuple[str, int], list[SpendGroup]] = {key: [] for key in due}
+            if due:
+                for g in self.ledger.spend_groups(
+                    sorted({pid for pid, _ in due}), sorted({start for _, start in due})
                 ):
-                    out.extend(self._spend.open_rows[key][1])
+                    if (g.policy_id, g.window_start) in fresh:
+                        fresh[(g.policy_id, g.window_start)].append(g)
+            for key, mine in fresh.items():
+                if key[1] + self.policies[key[0]].window_seconds <= now:
+                    cache.closed[key] = mine
                 else:
-                    todo.append(start)
-            fresh = self.ledger.spend_groups(pid, todo)
-            for start in todo:
-                mine = [g for g in fresh if g.window_start == start]
-                if start + policy.window_seconds <= now:
-                    self._spend.closed[(pid, start)] = mine
-                else:
-                    self._spend.open_rows[(pid, start)] = (now, mine)
-            out.extend(fresh)
+                    cache.open_rows[key] = (now, mine)
+                out[key] = mine
         return out
 
     def _reservations(self) -> list[PurposeReservations]:

@@ -46,6 +46,10 @@ footer { margin-top: 2em; border-top: 1px solid #ddd; padding-top: 0.5em; }
 """
 
 
+#: Values drawn and tabulated per window; a larger domain shows its largest estimates.
+MAX_VALUES_SHOWN = 40
+
+
 def _num(x: float, digits: int = 4) -> str:
     return f"{x:.{digits}f}"
 
@@ -165,6 +169,14 @@ def _frequency_section(start: int, report: FrequencyReport, options: Options) ->
         f"Window {iso_utc(start)}: {what}; whiskers: {_ci_words(options)} of the raw estimate; "
         "red circle: raw estimate"
     )
+    shown = list(report.estimates)
+    subset = ""
+    if len(shown) > MAX_VALUES_SHOWN:
+        shown = report.top(MAX_VALUES_SHOWN)
+        subset = (
+            f'<p class="note" id="values-shown">The {MAX_VALUES_SHOWN} largest estimates of '
+            f"{len(report.estimates)} values; the JSON API has every value.</p>"
+        )
     bars = [
         Bar(
             label=e.label,
@@ -175,7 +187,7 @@ def _frequency_section(start: int, report: FrequencyReport, options: Options) ->
             title=f"{e.label}: {_num(e.estimate)} ({what}); raw {_num(e.raw_estimate)}, "
             f"{_ci_words(options)} [{_num(e.ci_low)}, {_num(e.ci_high)}]",
         )
-        for e in report.estimates
+        for e in shown
     ]
     rows = "".join(
         f'<tr data-label="{escape(e.label)}"><td>{escape(e.label)}</td>'
@@ -184,7 +196,7 @@ def _frequency_section(start: int, report: FrequencyReport, options: Options) ->
         f'<td class="num ci-low">{_num(e.ci_low)}</td>'
         f'<td class="num ci-high">{_num(e.ci_high)}</td>'
         f'<td class="num se">{_num(e.std_error)}</td></tr>'
-        for e in report.estimates
+        for e in shown
     )
     hh = heavy_hitters(report)
     hh_text = ", ".join(f"{escape(h.label)} (z = {h.z_score:.1f})" for h in hh) or "none"
@@ -193,6 +205,7 @@ def _frequency_section(start: int, report: FrequencyReport, options: Options) ->
         f'<p id="latest" class="note">{report.n} reports · consistency: '
         f'<span id="consistency-used">{escape(report.consistency)}</span> · '
         f"{_ci_words(options)} of the raw estimate (exact variance of the mechanism)</p>"
+        + subset
         + bar_chart(bars, caption=caption)
         + f'<p class="note">{escape(caption)}.</p>'
         '<table id="estimates"><thead><tr><th>value</th>'

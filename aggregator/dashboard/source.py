@@ -163,22 +163,26 @@ class ReadOnlyLedger:
         )
         return [WindowCount(r[0], int(r[1]), int(r[2]), int(r[3])) for r in self._rows(q)]
 
-    def spend_groups(self, policy_id: str, windows: list[int]) -> list[SpendGroup]:
-        """Subjects per (window, ε spent, cap) of `policy_id` in `windows`: counts only."""
-        if not windows:
+    def spend_groups(self, policy_ids: list[str], windows: list[int]) -> list[SpendGroup]:
+        """Subjects per (policy, window, ε spent, cap) for `policy_ids` × `windows`:
+        counts only (one scan of the spend table)."""
+        if not policy_ids or not windows:
             return []
         q = (
             sa.select(
+                spend.c.policy_id,
                 spend.c.window_start,
                 spend.c.epsilon_spent,
                 spend.c.epsilon_cap,
                 sa.func.count(),
             )
-            .where(spend.c.policy_id == policy_id, spend.c.window_start.in_(windows))
-            .group_by(spend.c.window_start, spend.c.epsilon_spent, spend.c.epsilon_cap)
+            .where(spend.c.policy_id.in_(policy_ids), spend.c.window_start.in_(windows))
+            .group_by(
+                spend.c.policy_id, spend.c.window_start, spend.c.epsilon_spent, spend.c.epsilon_cap
+            )
         )
         return [
-            SpendGroup(policy_id, int(r[0]), Decimal(r[1]), Decimal(r[2]), int(r[3]))
+            SpendGroup(str(r[0]), int(r[1]), Decimal(r[2]), Decimal(r[3]), int(r[4]))
             for r in self._rows(q)
         ]
 
