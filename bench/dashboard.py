@@ -36,7 +36,7 @@ from fedldp.aggregator.dashboard.app import DashboardServer
 from fedldp.aggregator.dashboard.model import Dashboard, Options
 from fedldp.aggregator.dashboard.source import ReadOnlyLedger
 from fedldp.client.policy import Authority, VerifiedPolicy, verify_policy
-from fedldp.collector.ledger import open_ledger
+from fedldp.collector.ledger import Ledger, open_ledger
 from fedldp.collector.ledger.schema import central_reservations, spend, statistics
 
 from bench._common import Timing, format_table, time_runs, write_json
@@ -87,6 +87,15 @@ def _zipf(k: int) -> np.ndarray:
     return np.asarray(w / w.sum())
 
 
+def _insert(ledger: Ledger, table: sa.Table, rows: list[dict[str, Any]]) -> None:
+    """INSERT `rows` into `table` in one transaction."""
+
+    def tx(conn: sa.Connection) -> None:
+        conn.execute(sa.insert(table), rows)
+
+    ledger.transaction(tx)
+
+
 def build(path: Path, chosen: list[VerifiedPolicy], n: int) -> float:
     """Fill the ledger at `path` with n reports' statistics and the latest window's spend."""
     started = time.perf_counter()
@@ -118,7 +127,7 @@ def build(path: Path, chosen: list[VerifiedPolicy], n: int) -> float:
                             "updated_at": NOW,
                         }
                     )
-            ledger.transaction(lambda conn, rows=rows: conn.execute(sa.insert(statistics), rows))
+            _insert(ledger, statistics, rows)
             subjects = per_cell * SHARDS
             for start in range(0, subjects, 100_000):
                 chunk = [
@@ -133,7 +142,7 @@ def build(path: Path, chosen: list[VerifiedPolicy], n: int) -> float:
                     }
                     for i in range(start, min(start + 100_000, subjects))
                 ]
-                ledger.transaction(lambda conn, chunk=chunk: conn.execute(sa.insert(spend), chunk))
+                _insert(ledger, spend, chunk)
         reservations = [
             {
                 "id": f"r{i}",
@@ -152,7 +161,7 @@ def build(path: Path, chosen: list[VerifiedPolicy], n: int) -> float:
             }
             for i in range(1000)
         ]
-        ledger.transaction(lambda conn: conn.execute(sa.insert(central_reservations), reservations))
+        _insert(ledger, central_reservations, reservations)
     finally:
         ledger.close()
     return time.perf_counter() - started
@@ -166,7 +175,8 @@ def http_get(url: str) -> Callable[[], int]:
     return run
 
 
-def _ms(t: Timing) -> str:
+def _ms(t: Any) -> str:
+    assert isinstance(t, Timing)
     return f"{t.median * 1e3:.1f} ms [{t.min * 1e3:.1f}-{t.max * 1e3:.1f}]"
 
 

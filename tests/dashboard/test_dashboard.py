@@ -20,8 +20,10 @@ from fedldp.aggregator.dashboard.app import (
     DashboardConfigError,
     check_bind,
 )
-from fedldp.aggregator.dashboard.model import Options, iso_utc
+from fedldp.aggregator.dashboard.model import Dashboard, Options, WindowReport, iso_utc
 from fedldp.aggregator.dashboard.source import ReadOnlyLedger, SourceError
+from fedldp.aggregator.estimation import frequency_report
+from fedldp.aggregator.reports import merge_partials
 
 from fedldp.cli import main
 from fedldp.cli_dashboard import load_dashboard
@@ -154,19 +156,41 @@ def test_policy_page_numbers_equal_the_report(rich_server: Any) -> None:
     assert _cells(numeric, "ci-low") == [f"{nd['ci_low']:.4f}"]
 
 
+def withheld_shown(dash: Dashboard, policy_id: str, window: int) -> bool:
+    """Whether `dash` computes a report for `window` (it must not: below the gate)."""
+    reports = dash.window_reports(policy_id, Options())
+    return any(w.window_start == window and w.report is not None for w in reports)
+
+
+class GatelessDashboard(Dashboard):
+    """Broken variant: estimates every window, ignoring the release gate."""
+
+    @staticmethod
+    def _window_report(policy: Any, start: int, parts: Any, options: Options) -> WindowReport:
+        merged = merge_partials(policy.mechanism, parts)
+        result = frequency_report(policy.mechanism, merged.statistic, list(policy.labels))
+        return WindowReport(start, merged.n, result, None)
+
+
 def test_withheld_window_estimates_never_shown(rich: Setup, rich_server: Any) -> None:
-    """The window below the release gate appears as withheld, with no estimate anywhere."""
+    """The window below the release gate appears as withheld, with no estimate anywhere;
+    the check catches a dashboard that ignores the gate."""
     withheld = windows_of(rich_server.url, "app.color")[3]
     dash = load_dashboard(rich.ledger_url, rich.policy_dir, rich.trust_dir, rich.audience)
+    broken = GatelessDashboard(dash.ledger, list(dash.policies.values()))
     try:
-        reports = dash.window_reports("app.color", Options())
+        assert not withheld_shown(dash, "app.color", withheld)
+        assert withheld_shown(broken, "app.color", withheld)
+        gated = [
+            w for w in dash.window_reports("app.color", Options()) if w.window_start == withheld
+        ]
+        assert gated[0].n == COLOR_COUNTS[3] and gated[0].withheld is not None
     finally:
         dash.ledger.close()
-    gated = [w for w in reports if w.window_start == withheld]
-    assert len(gated) == 1 and gated[0].report is None and gated[0].n == COLOR_COUNTS[3]
     _, _, page = get(f"{rich_server.url}policies/app.color")
     day = re.escape(iso_utc(withheld)[:10])
     assert not re.search(rf"window {day}: ", page)  # no trend point titled with that window
+    assert iso_utc(withheld) in page  # named as withheld
 
 
 def test_budget_counts(rich_server: Any) -> None:
