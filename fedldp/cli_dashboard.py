@@ -123,6 +123,7 @@ def serve_dashboard(
     except DashboardConfigError as exc:
         raise click.ClickException(str(exc)) from None
     view = load_dashboard(ledger_url, policy_dir, trust_dir, audience)
+    view.budget()  # reads the spend aggregates once, so no analyst's first view waits for it
     try:
         server = DashboardServer(view, host=host, port=port, token=token)
     except OSError as exc:

@@ -10,13 +10,15 @@ merges them: its cost does not depend on how many reports are stored.
 Budget figures come from the `spend` table (GROUP BY counts, never a subject)
 and the central reservations from `central_reservations` (counts and exact
 ε sums per purpose and status). Spend rows of a closed window no longer
-change, so their aggregates are kept; the open window's are recomputed at
-most every `budget_ttl_s` seconds and shown with the time they were read.
+change, so their aggregates are kept; the open window's are re-read in the
+background when older than `budget_ttl_s` seconds, and every budget view says
+when its oldest figure was read.
 """
 
 from __future__ import annotations
 
 import decimal
+import logging
 import threading
 import time
 from collections import OrderedDict, defaultdict
@@ -38,6 +40,8 @@ from fedldp.aggregator.reports import (
 )
 from fedldp.client.policy import VerifiedPolicy
 from fedldp.collector.ledger import EXACT
+
+log = logging.getLogger(__name__)
 
 #: Window reports kept by `Dashboard.window_reports` (least recently used dropped first).
 _REPORT_CACHE = 2048
@@ -122,14 +126,19 @@ class BudgetView:
 
     policies: dict[str, list[WindowBudget]]
     reservations: list[PurposeReservations]
+    #: When the oldest figure shown was read from the ledger.
     read_at: int
 
 
 @dataclass
 class _SpendCache:
+    """Spend aggregates per (policy, window): closed windows for good, open ones with the
+    time they were read; `refreshing` while a background re-read runs."""
+
     closed: dict[tuple[str, int], list[SpendGroup]] = field(default_factory=dict)
     open_rows: dict[tuple[str, int], tuple[float, list[SpendGroup]]] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
+    refreshing: bool = False
 
 
 class Dashboard:
@@ -293,7 +302,7 @@ class Dashboard:
     def _budget(self, now: float) -> BudgetView:
         counts = self._window_counts()
         shown = {pid: counts.get(pid, [])[-self.trend_windows :] for pid in self.policies}
-        groups = self._spend_groups(
+        groups, read_at = self._spend_groups(
             {pid: [w.window_start for w in windows] for pid, windows in shown.items()}, now
         )
         policies: dict[str, list[WindowBudget]] = {}
@@ -316,42 +325,77 @@ class Dashboard:
                     )
                 )
             policies[pid] = rows
-        return BudgetView(policies=policies, reservations=self._reservations(), read_at=int(now))
+        return BudgetView(
+            policies=policies, reservations=self._reservations(), read_at=int(read_at)
+        )
 
     def _spend_groups(
         self, windows: dict[str, list[int]], now: float
-    ) -> dict[tuple[str, int], list[SpendGroup]]:
-        """Spend aggregates per (policy, window): closed windows read once, open ones at
-        most every `budget_ttl_s` seconds; whatever is due is read in one query."""
+    ) -> tuple[dict[tuple[str, int], list[SpendGroup]], float]:
+        """Spend aggregates per (policy, window) and when the oldest of them was read.
+
+        A closed window's spend never changes: read once. An open window's is read
+        on its first view; afterwards a view gets the kept figures at once, and when
+        they are older than `budget_ttl_s` a background thread re-reads them (one
+        scan), so no view waits for the spend table after the first.
+        """
         out: dict[tuple[str, int], list[SpendGroup]] = {}
+        read_at = now
         cache = self._spend
+        due: list[tuple[str, int]] = []
+        stale: list[tuple[str, int]] = []
         with cache.lock:
-            due: list[tuple[str, int]] = []
             for pid, starts in windows.items():
                 for start in starts:
                     key = (pid, start)
                     if key in cache.closed:
                         out[key] = cache.closed[key]
-                    elif key in cache.open_rows and now - cache.open_rows[key][0] < (
-                        self.budget_ttl_s
-                    ):
-                        out[key] = cache.open_rows[key][1]
+                    elif key in cache.open_rows:
+                        when, rows = cache.open_rows[key]
+                        out[key] = rows
+                        read_at = min(read_at, when)
+                        if now - when >= self.budget_ttl_s:
+                            stale.append(key)
                     else:
                         due.append(key)
-            fresh: dict[tuple[str, int], list[SpendGroup]] = {key: [] for key in due}
-            if due:
-                for g in self.ledger.spend_groups(
-                    sorted({pid for pid, _ in due}), sorted({start for _, start in due})
-                ):
-                    if (g.policy_id, g.window_start) in fresh:
-                        fresh[(g.policy_id, g.window_start)].append(g)
+            refresh = bool(stale) and not cache.refreshing
+            cache.refreshing = cache.refreshing or refresh
+        if due:
+            out.update(self._read_spend(due, now))
+        if refresh:
+            threading.Thread(
+                target=self._refresh_spend, args=(stale,), name="dashboard-spend", daemon=True
+            ).start()
+        return out, read_at
+
+    def _read_spend(
+        self, keys: list[tuple[str, int]], now: float
+    ) -> dict[tuple[str, int], list[SpendGroup]]:
+        """Read the spend aggregates of `keys` (one scan) and keep them."""
+        fresh: dict[tuple[str, int], list[SpendGroup]] = {key: [] for key in keys}
+        for g in self.ledger.spend_groups(
+            sorted({pid for pid, _ in keys}), sorted({start for _, start in keys})
+        ):
+            if (g.policy_id, g.window_start) in fresh:
+                fresh[(g.policy_id, g.window_start)].append(g)
+        with self._spend.lock:
             for key, mine in fresh.items():
                 if key[1] + self.policies[key[0]].window_seconds <= now:
-                    cache.closed[key] = mine
+                    self._spend.closed[key] = mine
+                    self._spend.open_rows.pop(key, None)
                 else:
-                    cache.open_rows[key] = (now, mine)
-                out[key] = mine
-        return out
+                    self._spend.open_rows[key] = (now, mine)
+        return fresh
+
+    def _refresh_spend(self, keys: list[tuple[str, int]]) -> None:
+        """Background re-read of stale open windows (a failure keeps the old figures)."""
+        try:
+            self._read_spend(keys, self.clock())
+        except Exception:  # the page keeps showing the figures with their older read time
+            log.warning("re-reading the spend table failed", exc_info=True)
+        finally:
+            with self._spend.lock:
+                self._spend.refreshing = False
 
     def _reservations(self) -> list[PurposeReservations]:
         acc: dict[str, dict[str, Any]] = {}

@@ -363,3 +363,27 @@ def test_demo_dashboard_flag(tmp_path: Any) -> None:
     finally:
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=30) in (0, 1, -signal.SIGINT, 130)
+
+
+def test_budget_open_window_refreshed_in_background(rich: Setup) -> None:
+    """A stale open window is shown at once with its older read time, then re-read."""
+    import threading
+
+    now = [float(NOW)]
+    loaded = load_dashboard(rich.ledger_url, rich.policy_dir, rich.trust_dir, rich.audience)
+    dash = Dashboard(
+        loaded.ledger, list(loaded.policies.values()), budget_ttl_s=10, clock=lambda: now[0]
+    )
+    try:
+        first = dash.budget()
+        assert first.read_at == NOW
+        now[0] += 100
+        second = dash.budget()
+        assert second.read_at == NOW and second.policies == first.policies
+        for thread in threading.enumerate():
+            if thread.name == "dashboard-spend":
+                thread.join(timeout=60)
+        third = dash.budget()
+        assert third.read_at == NOW + 100 and third.policies == first.policies
+    finally:
+        dash.ledger.close()
