@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import time
 import urllib.error
 import urllib.request
 from decimal import Decimal
@@ -65,7 +66,7 @@ def cli_report(setup: Setup, policy_id: str, *extra: str) -> dict[str, Any]:
             "--audience",
             setup.audience,
             "--at",
-            str(NOW),
+            str(int(time.time())),
             "--format",
             "json",
             *extra,
@@ -387,3 +388,57 @@ def test_budget_open_window_refreshed_in_background(rich: Setup) -> None:
         assert third.read_at == NOW + 100 and third.policies == first.policies
     finally:
         dash.ledger.close()
+
+
+@pytest.mark.postgres
+def test_postgresql_ledger_read_only(rich: Setup, postgresql_url: str) -> None:
+    """PostgreSQL: the API equals `fedldp report`; the source's transactions refuse writes."""
+    import random
+
+    from fedldp.collector.ledger import open_ledger
+
+    from tests.dashboard.conftest import _submit
+
+    loaded = load_dashboard(rich.ledger_url, rich.policy_dir, rich.trust_dir, rich.audience)
+    loaded.ledger.close()
+    color = loaded.policies["app.color"]
+    ledger = open_ledger(postgresql_url, shard="pg-a")
+    try:
+        rng = random.Random(4)
+        _submit(ledger, color, rng.choices(range(6), k=200), at=NOW, subjects=100, rng=rng)
+    finally:
+        ledger.close()
+    source = ReadOnlyLedger(postgresql_url)
+    try:
+        dash = Dashboard(source, list(loaded.policies.values()))
+        data = dash.report("app.color", None, Options(consistency="norm-sub"))
+        expected = CliRunner().invoke(
+            main,
+            [
+                "report",
+                "--policy",
+                "app.color",
+                "--ledger",
+                postgresql_url,
+                "--policies",
+                str(rich.policy_dir),
+                "--trust",
+                str(rich.trust_dir),
+                "--at",
+                str(int(time.time())),
+                "--format",
+                "json",
+                "--consistency",
+                "norm-sub",
+            ],
+        )
+        assert expected.exit_code == 0, expected.output
+        assert data == json.loads(expected.output)
+        assert dash.budget().policies["app.color"][0].subjects == 100
+        with (
+            pytest.raises(sa.exc.InternalError, match="read-only transaction"),
+            source._engine.begin() as conn,
+        ):
+            conn.execute(sa.text("DELETE FROM statistics"))
+    finally:
+        source.close()
