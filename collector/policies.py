@@ -17,9 +17,15 @@ ledger keys spend by (subject, policy id, window start), so:
   window or metric name, or a policy id claiming a metric another policy id
   holds, is refused (not served, its reports UNKNOWN_POLICY) and the other
   versions keep being served;
+* activation then records every version it lets in, in the ledger
+  (`Ledger.record_versions`), and refuses a version whose digest differs from
+  the recorded one for its (id, version) (``version_conflict``) or whose cap is
+  below the cap in force of a window of its validity that has already begun
+  (``cap_lowered``: spend made there before could exceed it);
 * the cap (`charged`): every report is charged against the smallest cap of
   the versions of its policy id known here whose validity interval meets the
-  current window, not only its own version's cap. Versions in force at once
+  current window, and the ledger lowers that to the smallest cap of the versions
+  any collector recorded (`Ledger._cap_in_force`). Versions in force at once
   share one spend row, and a version retired in mid-window shares it with its
   successor, so no window holds more than any version in force during it
   promises.
@@ -36,7 +42,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
 from pathlib import Path
@@ -58,7 +64,7 @@ from fedldp.client.policy.files import (
     read_envelope,
 )
 from fedldp.client.policy.validation import parse_decimal
-from fedldp.collector.ledger import PolicyLineage
+from fedldp.collector.ledger import PolicyLineage, PolicyVersion
 from fedldp.v1 import policy_pb2
 
 log = logging.getLogger(__name__)
@@ -91,13 +97,18 @@ class LineageLedger(Protocol):
         self, policy_id: str, metric_name: str, window_seconds: int, version: int, *, now: int
     ) -> PolicyLineage: ...
 
+    def record_versions(
+        self, versions: Sequence[PolicyVersion], *, clock: Callable[[], int]
+    ) -> dict[tuple[str, int], str]: ...
+
 
 class Refusal(NamedTuple):
     """A version refused activation: `reason` is its stable word (metrics label)."""
 
     policy_id: str
     version: int
-    reason: str  # "window_changed" | "metric_changed" | "metric_taken"
+    #: "window_changed" | "metric_changed" | "metric_taken" | "version_conflict" | "cap_lowered"
+    reason: str
     detail: str
 
 
@@ -244,16 +255,22 @@ class PolicyRegistry:
         self.terms.setdefault(key[0], {})[key[1]] = term
         self._charged.clear()
 
-    def enforce_lineage(self, ledger: LineageLedger, *, now: int) -> list[Refusal]:
+    def enforce_lineage(
+        self, ledger: LineageLedger, *, now: int, clock: Callable[[], int] | None = None
+    ) -> list[Refusal]:
         """Activate the verified versions against their lineage in `ledger`; the refusals.
 
         In (policy id, version) order, each version claims its policy id's lineage
         (`Ledger.claim_lineage`: recorded by the first version ever activated on
         this ledger, by any collector). A version whose window length or metric
         name differs from its policy id's, or whose metric name another policy id
-        holds, is removed from the served set and remembered as refused; the other
-        versions are served as before. Raises what the ledger raises (nothing is
-        changed in this registry then; build a fresh one to retry).
+        holds, is refused. The others are recorded in the ledger's policy versions
+        in one transaction (`Ledger.record_versions`, deciding at `clock()`,
+        default `now`), which refuses a version recorded with other contents or
+        one that lowers the cap of a window already begun. A refused version is
+        removed from the served set and remembered as refused; the other versions
+        are served as before. Raises what the ledger raises (nothing is changed in
+        this registry then; build a fresh one to retry).
         """
         refusals: list[Refusal] = []
         verdicts: list[tuple[tuple[str, int], str]] = []
@@ -265,6 +282,24 @@ class PolicyRegistry:
             detail = lineage.refusal(p.policy_id, p.metric_name, p.window_seconds)
             if detail is not None:
                 verdicts.append((key, detail))
+        lineage_refused = {key for key, _ in verdicts}
+        recorded = ledger.record_versions(
+            [
+                PolicyVersion(
+                    p.policy_id,
+                    p.version,
+                    p.epsilon_cap,
+                    p.window_seconds,
+                    p.not_before,
+                    p.expires_at,
+                    p.digest,
+                )
+                for key, p in sorted(self.policies.items())
+                if key not in lineage_refused
+            ],
+            clock=clock or (lambda: now),
+        )
+        verdicts.extend(sorted(recorded.items()))
         for key, detail in verdicts:
             verified = self.policies.pop(key)
             self.refused[key] = (verified.digest, detail)
