@@ -135,6 +135,9 @@ class PolicyRegistry:
     refused: dict[tuple[str, int], tuple[bytes, str]] = field(default_factory=dict)
     #: every known version's cap and validity (active and inactive), per policy id
     terms: dict[str, dict[int, _Term]] = field(default_factory=dict)
+    #: versions not valid yet (signature and content verified): their metric name and
+    #: record, so activation records a cap published ahead of its window
+    upcoming: dict[tuple[str, int], tuple[str, PolicyVersion]] = field(default_factory=dict)
     #: (policy id, version, window start) -> the version as charged in that window
     _charged: dict[tuple[str, int, int], VerifiedPolicy] = field(default_factory=dict, repr=False)
 
@@ -159,7 +162,7 @@ class PolicyRegistry:
             try:
                 verified = verify_policy(env, trust, now=now, audience=audience)
             except (ExpiredPolicyError, NotYetValidPolicyError):
-                reg._remember_inactive(env)
+                reg._remember_inactive(env, now=now)
                 continue
             reg.add(verified)
         reg.set_roots(roots or [trust.root_envelope])
@@ -193,7 +196,7 @@ class PolicyRegistry:
             reg.add(verified)
         for path, error in refused:
             if isinstance(error, (ExpiredPolicyError, NotYetValidPolicyError)):
-                reg._remember_inactive(read_envelope(path))
+                reg._remember_inactive(read_envelope(path), now=now)
                 log.info("policy file %s is outside its validity interval", path.name)
         refused_paths = {path for path, _ in refused}
         reg._remember_retired(
@@ -242,14 +245,33 @@ class PolicyRegistry:
                 continue
             self._remember_inactive(env)
 
-    def _remember_inactive(self, env: policy_pb2.SignedEnvelope) -> None:
+    def _remember_inactive(self, env: policy_pb2.SignedEnvelope, *, now: int | None = None) -> None:
+        """Remember a verified envelope outside its validity interval (or retired).
+
+        With `now` (not retired) a version whose validity starts after `now` is
+        also kept in `upcoming`, for activation to record it ahead.
+        """
         # verify_policy checked the signature and the content before the validity
         # interval: the cap parses.
         msg = policy_pb2.Policy.FromString(env.payload)
         key = (msg.policy_id, int(msg.version))
-        self.inactive[key] = policy_digest(env.payload)
+        digest = policy_digest(env.payload)
+        self.inactive[key] = digest
         cap = parse_decimal(msg.budget.epsilon_cap)
         self._know(key, _Term(cap, int(msg.not_before), int(msg.expires_at)))
+        if now is not None and int(msg.not_before) > now:
+            self.upcoming[key] = (
+                msg.metric.name,
+                PolicyVersion(
+                    key[0],
+                    key[1],
+                    cap,
+                    int(msg.budget.window_seconds),
+                    int(msg.not_before),
+                    int(msg.expires_at),
+                    digest,
+                ),
+            )
 
     def _know(self, key: tuple[str, int], term: _Term) -> None:
         self.terms.setdefault(key[0], {})[key[1]] = term
@@ -283,26 +305,38 @@ class PolicyRegistry:
             if detail is not None:
                 verdicts.append((key, detail))
         lineage_refused = {key for key, _ in verdicts}
-        recorded = ledger.record_versions(
-            [
-                PolicyVersion(
-                    p.policy_id,
-                    p.version,
-                    p.epsilon_cap,
-                    p.window_seconds,
-                    p.not_before,
-                    p.expires_at,
-                    p.digest,
-                )
-                for key, p in sorted(self.policies.items())
-                if key not in lineage_refused
-            ],
-            clock=clock or (lambda: now),
-        )
+        to_record = [
+            PolicyVersion(
+                p.policy_id,
+                p.version,
+                p.epsilon_cap,
+                p.window_seconds,
+                p.not_before,
+                p.expires_at,
+                p.digest,
+            )
+            for key, p in sorted(self.policies.items())
+            if key not in lineage_refused
+        ]
+        # A version published ahead of its validity is recorded too (when it fits its
+        # policy id's lineage; otherwise its activation refuses it once it is valid),
+        # so its cap applies on every collector from its first window.
+        for key in sorted(self.upcoming):
+            metric_name, upcoming = self.upcoming[key]
+            lineage = ledger.claim_lineage(
+                key[0], metric_name, upcoming.window_seconds, key[1], now=now
+            )
+            if lineage.refusal(key[0], metric_name, upcoming.window_seconds) is None:
+                to_record.append(upcoming)
+        recorded = ledger.record_versions(to_record, clock=clock or (lambda: now))
         verdicts.extend(sorted(recorded.items()))
         for key, detail in verdicts:
-            verified = self.policies.pop(key)
-            self.refused[key] = (verified.digest, detail)
+            if key in self.policies:
+                digest = self.policies.pop(key).digest
+            else:  # an upcoming version
+                digest = self.inactive.pop(key)
+                del self.upcoming[key]
+            self.refused[key] = (digest, detail)
             del self.terms[key[0]][key[1]]
             self._charged.clear()
             reason = detail.split(":", 1)[0]
