@@ -94,7 +94,8 @@ class CollectorMetrics:
         self.policy_refusals = Counter(
             "fedldp_collector_policy_refusals",
             "Policy versions refused activation (at start or reload), by reason: "
-            "window_changed, metric_changed or metric_taken (see docs/collector.md)",
+            "window_changed, metric_changed, metric_taken, version_conflict or cap_lowered "
+            "(see docs/collector.md)",
             ["reason"],
             registry=r,
         )

@@ -17,9 +17,15 @@ ledger keys spend by (subject, policy id, window start), so:
   window or metric name, or a policy id claiming a metric another policy id
   holds, is refused (not served, its reports UNKNOWN_POLICY) and the other
   versions keep being served;
+* activation then records every version it lets in, in the ledger
+  (`Ledger.record_versions`), and refuses a version whose digest differs from
+  the recorded one for its (id, version) (``version_conflict``) or whose cap is
+  below the cap in force of a window of its validity that has already begun
+  (``cap_lowered``: spend made there before could exceed it);
 * the cap (`charged`): every report is charged against the smallest cap of
   the versions of its policy id known here whose validity interval meets the
-  current window, not only its own version's cap. Versions in force at once
+  current window, and the ledger lowers that to the smallest cap of the versions
+  any collector recorded (`Ledger._cap_in_force`). Versions in force at once
   share one spend row, and a version retired in mid-window shares it with its
   successor, so no window holds more than any version in force during it
   promises.
@@ -36,7 +42,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
 from pathlib import Path
@@ -58,7 +64,7 @@ from fedldp.client.policy.files import (
     read_envelope,
 )
 from fedldp.client.policy.validation import parse_decimal
-from fedldp.collector.ledger import PolicyLineage
+from fedldp.collector.ledger import PolicyLineage, PolicyVersion
 from fedldp.v1 import policy_pb2
 
 log = logging.getLogger(__name__)
@@ -91,13 +97,18 @@ class LineageLedger(Protocol):
         self, policy_id: str, metric_name: str, window_seconds: int, version: int, *, now: int
     ) -> PolicyLineage: ...
 
+    def record_versions(
+        self, versions: Sequence[PolicyVersion], *, clock: Callable[[], int]
+    ) -> dict[tuple[str, int], str]: ...
+
 
 class Refusal(NamedTuple):
     """A version refused activation: `reason` is its stable word (metrics label)."""
 
     policy_id: str
     version: int
-    reason: str  # "window_changed" | "metric_changed" | "metric_taken"
+    #: "window_changed" | "metric_changed" | "metric_taken" | "version_conflict" | "cap_lowered"
+    reason: str
     detail: str
 
 
@@ -124,6 +135,9 @@ class PolicyRegistry:
     refused: dict[tuple[str, int], tuple[bytes, str]] = field(default_factory=dict)
     #: every known version's cap and validity (active and inactive), per policy id
     terms: dict[str, dict[int, _Term]] = field(default_factory=dict)
+    #: versions not valid yet (signature and content verified): their metric name and
+    #: record, so activation records a cap published ahead of its window
+    upcoming: dict[tuple[str, int], tuple[str, PolicyVersion]] = field(default_factory=dict)
     #: (policy id, version, window start) -> the version as charged in that window
     _charged: dict[tuple[str, int, int], VerifiedPolicy] = field(default_factory=dict, repr=False)
 
@@ -148,7 +162,7 @@ class PolicyRegistry:
             try:
                 verified = verify_policy(env, trust, now=now, audience=audience)
             except (ExpiredPolicyError, NotYetValidPolicyError):
-                reg._remember_inactive(env)
+                reg._remember_inactive(env, now=now)
                 continue
             reg.add(verified)
         reg.set_roots(roots or [trust.root_envelope])
@@ -182,7 +196,7 @@ class PolicyRegistry:
             reg.add(verified)
         for path, error in refused:
             if isinstance(error, (ExpiredPolicyError, NotYetValidPolicyError)):
-                reg._remember_inactive(read_envelope(path))
+                reg._remember_inactive(read_envelope(path), now=now)
                 log.info("policy file %s is outside its validity interval", path.name)
         refused_paths = {path for path, _ in refused}
         reg._remember_retired(
@@ -231,29 +245,54 @@ class PolicyRegistry:
                 continue
             self._remember_inactive(env)
 
-    def _remember_inactive(self, env: policy_pb2.SignedEnvelope) -> None:
+    def _remember_inactive(self, env: policy_pb2.SignedEnvelope, *, now: int | None = None) -> None:
+        """Remember a verified envelope outside its validity interval (or retired).
+
+        With `now` (not retired) a version whose validity starts after `now` is
+        also kept in `upcoming`, for activation to record it ahead.
+        """
         # verify_policy checked the signature and the content before the validity
         # interval: the cap parses.
         msg = policy_pb2.Policy.FromString(env.payload)
         key = (msg.policy_id, int(msg.version))
-        self.inactive[key] = policy_digest(env.payload)
+        digest = policy_digest(env.payload)
+        self.inactive[key] = digest
         cap = parse_decimal(msg.budget.epsilon_cap)
         self._know(key, _Term(cap, int(msg.not_before), int(msg.expires_at)))
+        if now is not None and int(msg.not_before) > now:
+            self.upcoming[key] = (
+                msg.metric.name,
+                PolicyVersion(
+                    key[0],
+                    key[1],
+                    cap,
+                    int(msg.budget.window_seconds),
+                    int(msg.not_before),
+                    int(msg.expires_at),
+                    digest,
+                ),
+            )
 
     def _know(self, key: tuple[str, int], term: _Term) -> None:
         self.terms.setdefault(key[0], {})[key[1]] = term
         self._charged.clear()
 
-    def enforce_lineage(self, ledger: LineageLedger, *, now: int) -> list[Refusal]:
+    def enforce_lineage(
+        self, ledger: LineageLedger, *, now: int, clock: Callable[[], int] | None = None
+    ) -> list[Refusal]:
         """Activate the verified versions against their lineage in `ledger`; the refusals.
 
         In (policy id, version) order, each version claims its policy id's lineage
         (`Ledger.claim_lineage`: recorded by the first version ever activated on
         this ledger, by any collector). A version whose window length or metric
         name differs from its policy id's, or whose metric name another policy id
-        holds, is removed from the served set and remembered as refused; the other
-        versions are served as before. Raises what the ledger raises (nothing is
-        changed in this registry then; build a fresh one to retry).
+        holds, is refused. The others are recorded in the ledger's policy versions
+        in one transaction (`Ledger.record_versions`, deciding at `clock()`,
+        default `now`), which refuses a version recorded with other contents or
+        one that lowers the cap of a window already begun. A refused version is
+        removed from the served set and remembered as refused; the other versions
+        are served as before. Raises what the ledger raises (nothing is changed in
+        this registry then; build a fresh one to retry).
         """
         refusals: list[Refusal] = []
         verdicts: list[tuple[tuple[str, int], str]] = []
@@ -265,9 +304,39 @@ class PolicyRegistry:
             detail = lineage.refusal(p.policy_id, p.metric_name, p.window_seconds)
             if detail is not None:
                 verdicts.append((key, detail))
+        lineage_refused = {key for key, _ in verdicts}
+        to_record = [
+            PolicyVersion(
+                p.policy_id,
+                p.version,
+                p.epsilon_cap,
+                p.window_seconds,
+                p.not_before,
+                p.expires_at,
+                p.digest,
+            )
+            for key, p in sorted(self.policies.items())
+            if key not in lineage_refused
+        ]
+        # A version published ahead of its validity is recorded too (when it fits its
+        # policy id's lineage; otherwise its activation refuses it once it is valid),
+        # so its cap applies on every collector from its first window.
+        for key in sorted(self.upcoming):
+            metric_name, upcoming = self.upcoming[key]
+            lineage = ledger.claim_lineage(
+                key[0], metric_name, upcoming.window_seconds, key[1], now=now
+            )
+            if lineage.refusal(key[0], metric_name, upcoming.window_seconds) is None:
+                to_record.append(upcoming)
+        recorded = ledger.record_versions(to_record, clock=clock or (lambda: now))
+        verdicts.extend(sorted(recorded.items()))
         for key, detail in verdicts:
-            verified = self.policies.pop(key)
-            self.refused[key] = (verified.digest, detail)
+            if key in self.policies:
+                digest = self.policies.pop(key).digest
+            else:  # an upcoming version
+                digest = self.inactive.pop(key)
+                del self.upcoming[key]
+            self.refused[key] = (digest, detail)
             del self.terms[key[0]][key[1]]
             self._charged.clear()
             reason = detail.split(":", 1)[0]

@@ -538,7 +538,7 @@ class RunningCollector:
                 now=now,
                 audience=self.config.audience,
             )
-            activate(registry, self.ledger, self.metrics, now=now)
+            activate(registry, self.ledger, self.metrics, now=now, clock=self.clock)
         except (PolicyError, OSError, ValueError) as exc:
             self.metrics.policy_reloads.labels("failed").inc()
             log.error(
@@ -595,17 +595,24 @@ class PolicyActivationError(PolicyError):
 
 
 def activate(
-    registry: PolicyRegistry, ledger: Ledger, metrics: CollectorMetrics, *, now: int
+    registry: PolicyRegistry,
+    ledger: Ledger,
+    metrics: CollectorMetrics,
+    *,
+    now: int,
+    clock: Callable[[], int] | None = None,
 ) -> None:
-    """Check `registry`'s versions against their lineage in `ledger` (refusing those
-    that would split a budget: `PolicyRegistry.enforce_lineage`); log and count each
-    refusal. The other versions are served.
+    """Check `registry`'s versions against their lineage in `ledger` and record them
+    in its policy versions (refusing those that would split a budget or lower the
+    cap of a window already begun: `PolicyRegistry.enforce_lineage`, deciding at
+    `clock()`, default `now`); log and count each refusal. The other versions are
+    served.
 
     Raises PolicyActivationError when the ledger fails (the registry is then
     unchanged and must not be served: a reload keeps the set served before).
     """
     try:
-        refusals = registry.enforce_lineage(ledger, now=now)
+        refusals = registry.enforce_lineage(ledger, now=now, clock=clock)
     except sa.exc.SQLAlchemyError as exc:
         raise PolicyActivationError(
             f"cannot check the policies' lineage in the ledger ({type(exc).__name__}); "
@@ -662,7 +669,7 @@ def start_collector(
     )
     metrics = CollectorMetrics()
     try:
-        activate(registry, ledger, metrics, now=now_fn())
+        activate(registry, ledger, metrics, now=now_fn(), clock=now_fn)
     except BaseException:
         ledger.close()
         raise

@@ -376,15 +376,18 @@ class CollectorService:
 
     def get_budget(self, subject: str, request: pb.GetBudgetRequest) -> pb.GetBudgetResponse:
         """What `subject` spent and has left in the current window of each active policy
-        (the cap is the one in force: `PolicyRegistry.charged`)."""
+        (the cap is the one in force: `PolicyRegistry.charged`, lowered by the
+        ledger's recorded versions, `Ledger.cap_in_force`)."""
         now = self.clock()
         out = pb.GetBudgetResponse()
         registry = self.registry
         for active in registry.active(now=now, policy_id=request.policy_id):
-            p = registry.charged(active, now=now)  # the cap in force, as the ledger checks it
+            p = registry.charged(active, now=now)
             start = p.window_start(now)
+            # The cap in force, as the ledger checks it (its recorded versions too).
+            cap = self.ledger.cap_in_force(p, start)
             spent = self.ledger.spent(subject, p.policy_id, start)
-            left = max(EXACT.subtract(p.epsilon_cap, spent), type(spent)(0))
+            left = max(EXACT.subtract(cap, spent), type(spent)(0))
             if refused_by(self.ledger.restore_gaps, start, p.window_seconds):
                 left = type(spent)(0)  # a restored ledger's gap: nothing is charged here
             out.budgets.add(
@@ -392,7 +395,7 @@ class CollectorService:
                 policy_version=p.version,
                 window_start=start,
                 window_end=start + p.window_seconds,
-                epsilon_cap=str(p.epsilon_cap),
+                epsilon_cap=str(cap),
                 epsilon_spent=str(spent),
                 epsilon_remaining=str(left),
                 charge_per_report=str(p.charge),

@@ -31,6 +31,7 @@ from fedldp.collector.ledger.schema import (
     central_reservations,
     conflicts,
     policy_lineage,
+    policy_versions,
     reports,
     restore_epochs,
     spend,
@@ -48,6 +49,7 @@ _WRITE_TIMES: tuple[sa.ColumnElement[int], ...] = (
     central_reservations.c.created_at,
     central_reservations.c.closed_at,
     policy_lineage.c.recorded_at,
+    policy_versions.c.recorded_at,
     restore_epochs.c.recorded_at,
 )
 

@@ -181,3 +181,30 @@ restore_epochs = sa.Table(
     sa.Column("source", sa.Text, nullable=False),
     sa.Column("recorded_at", sa.BigInteger, nullable=False),
 )
+
+#: Every policy version a collector activated (`Ledger.record_versions`), by any
+#: collector on this ledger: its cap, window and validity [not_before, expires_at).
+#: A report is charged against the smallest cap among the recorded versions of its
+#: policy id whose validity overlaps its window, whatever versions the charging
+#: collector itself knows (docs/policies.md, "Versions and budgets", rule 3).
+policy_versions = sa.Table(
+    "policy_versions",
+    metadata,
+    sa.Column("policy_id", sa.Text, primary_key=True),
+    sa.Column("version", sa.BigInteger, primary_key=True),
+    sa.Column("epsilon_cap", sa.Text, nullable=False),  # exact decimal
+    sa.Column("window_seconds", sa.BigInteger, nullable=False),
+    sa.Column("not_before", sa.BigInteger, nullable=False),
+    sa.Column("expires_at", sa.BigInteger, nullable=False),
+    sa.Column("digest", sa.LargeBinary(32), nullable=False),  # SHA-256 of the signed payload
+    sa.Column("recorded_at", sa.BigInteger, nullable=False),  # first activation (its clock)
+)
+
+#: One row (id 1): a counter bumped in every transaction that records a version, so a
+#: charge transaction re-reads `policy_versions` only when its cached generation is old.
+policy_version_generation = sa.Table(
+    "policy_version_generation",
+    metadata,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=False),
+    sa.Column("generation", sa.BigInteger, nullable=False),
+)

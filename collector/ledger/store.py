@@ -9,10 +9,14 @@ Invariants (../../DESIGN.md, "Ledger"):
 * idempotent: the same report id with the same content (and subject) is a
   DUPLICATE and charges nothing; the same id with other content is a CONFLICT,
   refused and recorded;
-* the cap comes from the verified policy passed in, never from a request (the
-  collector passes the cap in force over its policy id's versions:
-  `fedldp.collector.policies.PolicyRegistry.charged`); every version of a
-  policy id has one window length (`claim_lineage`), so they share spend rows;
+* the cap comes from the verified policy passed in, never from a request, lowered
+  to the smallest cap of the versions of its policy id recorded in this ledger
+  (`record_versions`, by any collector) whose validity overlaps the window: the
+  cap in force does not depend on which versions the charging collector knows.
+  The recorded versions are cached with their generation, which every charge
+  transaction reads after locking its spend rows (`_submit_rows`); every
+  version of a policy id has one window length (`claim_lineage`), so they share
+  spend rows;
 * `reconcile` recomputes every running total from the raw rows.
 
 Concurrency. Each call is one named transaction, safe to rerun, retried on
@@ -65,6 +69,8 @@ from fedldp.collector.ledger.schema import (
     conflicts,
     ledger_info,
     policy_lineage,
+    policy_version_generation,
+    policy_versions,
     reports,
     spend,
     statistics,
@@ -295,11 +301,81 @@ class PolicyLineage:
 
 
 @dataclass(frozen=True)
+class PolicyVersion:
+    """One policy version as the ledger records it when a collector activates it.
+
+    Its validity is [not_before, expires_at); it is *in force during* a window
+    [w, w + window_seconds) when the two intervals overlap. `recorded_at` is the
+    recording collector's clock when the version was first recorded (0 on a
+    version not recorded yet).
+    """
+
+    policy_id: str
+    version: int
+    epsilon_cap: Decimal
+    window_seconds: int
+    not_before: int
+    expires_at: int
+    digest: bytes
+    recorded_at: int = 0
+
+    def overlaps(self, window_start: int, window_seconds: int) -> bool:
+        """Whether this version is in force during [window_start, window_start + window_seconds)."""
+        return self.not_before < window_start + window_seconds and self.expires_at > window_start
+
+
+def smallest_cap(
+    versions: Iterable[PolicyVersion], window_start: int, window_seconds: int
+) -> Decimal | None:
+    """The smallest cap among `versions` in force during the window; None if none is."""
+    caps = [v.epsilon_cap for v in versions if v.overlaps(window_start, window_seconds)]
+    return min(caps) if caps else None
+
+
+def lowered_window(
+    candidate: PolicyVersion, recorded: Sequence[PolicyVersion], now: int
+) -> int | None:
+    """The first window that has begun at `now` in which `candidate` would lower the
+    cap in force below every recorded version in force during it; None if none.
+
+    Windows are the candidate's (every version of a policy id has one length,
+    `claim_lineage`). A window with no recorded version in force has had no charge
+    under this ledger's rule (every version that accepts reports is recorded first),
+    so a candidate lowers nothing there. The smallest recorded cap only changes
+    where a recorded version's first or last window starts or ends, so those
+    windows and the candidate's first are the only ones checked.
+    """
+    w = candidate.window_seconds
+    first = candidate.not_before // w
+    last = min(-(-candidate.expires_at // w) - 1, now // w)  # begun: k * w <= now
+    points = {first}
+    for v in recorded:
+        points.update((v.not_before // w, -(-v.expires_at // w)))
+    for k in sorted(p for p in points if first <= p <= last):
+        cap = smallest_cap(recorded, k * w, w)
+        if cap is not None and candidate.epsilon_cap < cap:
+            return k * w
+    return None
+
+
+@dataclass(frozen=True)
+class _Versions:
+    """The recorded versions as last read, by policy id, with their generation."""
+
+    generation: int
+    by_policy: Mapping[str, tuple[PolicyVersion, ...]]
+    #: (policy id, window start, window length) -> `smallest_cap` (memo, bounded)
+    caps: dict[tuple[str, int, int], Decimal | None] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
 class Mismatch:
     """A disagreement between a running total and the raw rows it summarizes.
 
-    kind: "spend" (ε or count differs), "over_cap" (raw spend above the cap it was
-    charged under), "statistic_count" (statistics n differs from stored reports),
+    kind: "spend" (ε or count differs), "over_cap" (raw spend above the cap in
+    force: the smallest of the caps its reports were charged under and of the
+    recorded versions in force during the window), "statistic_count" (statistics
+    n differs from stored reports),
     "central" (central running totals differ from the reservations),
     "central_over_cap", "window" (a window start that is not one of its policy id's
     recorded window length: charged under another window, see `claim_lineage`).
@@ -538,7 +614,8 @@ class _Run(NamedTuple):
     key: tuple[str, str, int]  # the spend row: (subject, policy id, window start)
     stat_key: tuple[str, int, int]  # the statistics row: (policy id, version, window start)
     epsilon: Decimal  # charged per report
-    cap: Decimal  # the verified policy's cap
+    cap: Decimal  # the cap in force (`Ledger._window_cap`) as of the plan's generation
+    policy: LedgerPolicy
     reports: list[CheckedReport]
     #: the policy's `_REPORT_POLICY_COLUMNS` values (one tuple object per policy)
     shared: tuple[Any, ...]
@@ -554,12 +631,26 @@ class _GroupPlan:
     ids: set[bytes]
     repeated: bool  # some id occurs twice in the group
     latest_now: int
+    generation: int  # of the recorded versions the runs' caps were worked out with
     keys: set[tuple[str, str, int]] = field(default_factory=set)  # every run's spend row
     runs: list[list[_Run]] = field(default_factory=list)  # per batch, in order
     # statistics row -> the first policy seen for it, and every output of the group
     # for it accumulated (with their count)
     policies: dict[tuple[str, int, int], LedgerPolicy] = field(default_factory=dict)
     statistics: dict[tuple[str, int, int], tuple[Any, int]] = field(default_factory=dict)
+
+
+class _SaConn:
+    """`_Driver.execute` over a SQLAlchemy connection (reads outside the hot path)."""
+
+    __slots__ = ("_conn",)
+
+    def __init__(self, conn: sa.Connection) -> None:
+        self._conn = conn
+
+    def execute(self, sql: str, params: Sequence[Any]) -> Iterable[Any]:
+        """Run one statement (driver SQL); its rows."""
+        return self._conn.exec_driver_sql(sql, tuple(params)).all()
 
 
 class _ConcurrentUpdateError(Exception):
@@ -637,6 +728,10 @@ class Ledger:
         #: collectors stopped, and they open the restored ledger afterwards.
         with self._read_engine.connect() as connection:
             self.restore_gaps = restore.load_gaps(connection)
+        #: The recorded policy versions (`record_versions`) as last read, and the
+        #: smallest cap per (policy id, window start, window length) worked out from
+        #: them; both replaced together when a transaction reads a newer generation.
+        self._versions = _Versions(-1, {})
         # Reports go in with multi-row INSERTs on SQLite (32766 bound variables at
         # most since 3.32), one policy's reports per statement, its shared columns
         # bound once; with COPY on PostgreSQL. SQLite has no row locks (BEGIN
@@ -664,6 +759,7 @@ class Ledger:
         #: groups rerun because a report id had been stored before (observability)
         self.stored_id_reruns = 0
         self._read_ids_groups = 0  # groups still to read their ids first
+        self.transaction(lambda conn: self._load_versions(_SaConn(conn)), write=False)
 
     def _in_sql(self, name: str, size: int) -> str:
         sql = self._in_sql_cache.get((name, size))
@@ -732,14 +828,36 @@ class Ledger:
 
     # -- LDP ingestion --
 
-    def _window_cap(self, policy: LedgerPolicy, window_start: int) -> Decimal:
-        """The cap charges in this window are checked against: the policy's, or
-        below zero (nothing fits: BUDGET_EXHAUSTED) when the window overlaps the
-        gap of a restore from a backup (restore.py states the rule)."""
+    def _cap_in_force(
+        self, policy: LedgerPolicy, window_start: int, versions: _Versions | None = None
+    ) -> Decimal:
+        """The policy's cap, lowered to the smallest cap of the recorded versions of
+        its policy id in force during the window (`versions`: the cached ones)."""
+        vs = self._versions if versions is None else versions
+        key = (policy.policy_id, window_start, policy.window_seconds)
+        try:
+            recorded = vs.caps[key]
+        except KeyError:
+            recorded = smallest_cap(
+                vs.by_policy.get(policy.policy_id, ()), window_start, policy.window_seconds
+            )
+            if len(vs.caps) >= 4096:
+                vs.caps.clear()
+            vs.caps[key] = recorded
+        cap = policy.epsilon_cap
+        return cap if recorded is None or cap <= recorded else recorded
+
+    def _window_cap(
+        self, policy: LedgerPolicy, window_start: int, versions: _Versions | None = None
+    ) -> Decimal:
+        """The cap charges in this window are checked against: the cap in force
+        (`_cap_in_force`), or below zero (nothing fits: BUDGET_EXHAUSTED) when the
+        window overlaps the gap of a restore from a backup (restore.py states the
+        rule)."""
         gaps = self.restore_gaps
         if gaps and restore.refused_by(gaps, window_start, policy.window_seconds):
             return _NOTHING_FITS
-        return policy.epsilon_cap
+        return self._cap_in_force(policy, window_start, versions)
 
     def submit(
         self, subject: str, reports_in: Sequence[CheckedReport], *, now: int
@@ -838,16 +956,19 @@ class Ledger:
         # coarse_time): the loop indexes and unpacks it rather than call its
         # properties (a Python call each).
         ids = {r[0] for b in batches for r in b.reports}
+        versions = self._versions  # one snapshot of the cache for the whole plan
         plan = _GroupPlan(
             ids=ids,
             repeated=len(ids) != sum(len(b.reports) for b in batches),
             latest_now=max(b.now for b in batches),
+            generation=versions.generation,
         )
         blob = _blob_parameter(self.dialect)
         shard = self.shard
-        # id(policy) -> its `_REPORT_POLICY_COLUMNS` values; policies are compared by
-        # identity (VerifiedPolicy instances are immutable and alive during the call).
-        shared_values: dict[int, tuple[Any, ...]] = {}
+        # (id(policy), window) -> its `_REPORT_POLICY_COLUMNS` values (the cap is the
+        # one in force in the window); policies are compared by identity
+        # (VerifiedPolicy instances are immutable and alive during the call).
+        shared_values: dict[tuple[int, int], tuple[Any, ...]] = {}
         # id(output) -> its stored form: the service passes one object for equal
         # category outputs (outputs are alive, hence ids distinct, during the call).
         payloads: dict[int, str] = {}
@@ -863,14 +984,14 @@ class Ledger:
                 if pol is not current:  # a new run: what its reports share
                     current = pol
                     pid, version, window = pol.policy_id, pol.version, pol.window_start(now)
-                    shared = shared_values.get(id(pol))
+                    shared = shared_values.get((id(pol), window))
                     if shared is None:
-                        shared = shared_values[id(pol)] = (
+                        shared = shared_values[(id(pol), window)] = (
                             pid,
                             version,
                             blob(pol.digest),
                             _s(pol.charge),
-                            _s(pol.epsilon_cap),
+                            _s(self._cap_in_force(pol, window, versions)),
                             shard,
                         )
                     stat_key = (pid, version, window)
@@ -881,7 +1002,8 @@ class Ledger:
                             (subject, pid, window),
                             stat_key,
                             pol.charge,
-                            self._window_cap(pol, window),
+                            self._window_cap(pol, window, versions),
+                            pol,
                             run_reports,
                             shared,
                             rows,
@@ -939,6 +1061,16 @@ class Ledger:
                 if any(r[0] not in known for r in run.reports)
             }
         state = self._lock_spend(db, sorted(keys), plan.latest_now)
+        # The recorded versions' generation, read AFTER the spend rows are locked: a
+        # transaction recording a version (`record_versions`) holds the spend table
+        # locked on PostgreSQL and the writer lock on SQLite, so either it committed
+        # before this read (and this read sees its generation) or it waits for this
+        # transaction to end. Caps worked out with an older generation are redone.
+        generation = self._read_generation(db, charging=True)
+        if generation != plan.generation:
+            if generation != self._versions.generation:
+                self._load_versions(db)
+            self._recap(plan)
 
         outcomes: list[list[OutcomeValue]] = []
         # id(policy's shared values) -> (those values, the accepted reports' rows)
@@ -1040,6 +1172,41 @@ class Ledger:
         if accepted:
             self._merge_statistics(db, plan, accepted, plan.latest_now, written)
         return outcomes
+
+    def _read_generation(self, db: _Driver | _SaConn, *, charging: bool = False) -> int:
+        """The recorded versions' generation (one primary-key read). A charge
+        (`charging`) under PostgreSQL's SERIALIZABLE reads it FOR SHARE: a
+        transaction whose snapshot predates a version's recording then fails with
+        a serialization error and reruns with a fresh snapshot."""
+        sql = self._sql["select_generation"]
+        if charging and self.isolation == "SERIALIZABLE" and self.dialect == "postgresql":
+            sql += " FOR SHARE"
+        ((generation,),) = db.execute(sql, ())
+        return int(generation)
+
+    def _load_versions(self, db: _Driver | _SaConn) -> None:
+        """Read every recorded version and its generation (one transaction) into the cache."""
+        generation = self._read_generation(db)
+        by_policy: dict[str, list[PolicyVersion]] = defaultdict(list)
+        for row in db.execute(self._sql["select_versions"], ()):
+            v = _policy_version(row)
+            by_policy[v.policy_id].append(v)
+        self._versions = _Versions(generation, {k: tuple(v) for k, v in by_policy.items()})
+
+    def _recap(self, plan: _GroupPlan) -> None:
+        """Work out the runs' caps again with the cached versions (a newer generation)."""
+        versions = self._versions
+        shared_now: dict[int, tuple[Any, ...]] = {}
+        for runs in plan.runs:
+            for i, run in enumerate(runs):
+                window = run.key[2]
+                shared = shared_now.get(id(run.shared))
+                if shared is None:
+                    cap_text = _s(self._cap_in_force(run.policy, window, versions))
+                    shared = shared_now[id(run.shared)] = (*run.shared[:4], cap_text, run.shared[5])
+                cap = self._window_cap(run.policy, window, versions)
+                runs[i] = run._replace(cap=cap, shared=shared)
+        plan.generation = versions.generation
 
     def _stored_id_met(self, cause: BaseException | None = None) -> NoReturn:
         """A group decided without reading its ids met a stored one: rerun it reading
@@ -1378,6 +1545,118 @@ class Ledger:
 
         return self.transaction(tx, write=False)
 
+    # -- policy versions --
+
+    def record_versions(
+        self, versions: Sequence[PolicyVersion], *, clock: Callable[[], int]
+    ) -> dict[tuple[str, int], str]:
+        """Record each version not recorded yet, in one transaction; the refused ones.
+
+        Returns {(policy id, version): why} for the versions that must not be
+        activated; every other one is recorded (or was already, with the same
+        digest). Refused, with a stable reason word first:
+
+        * ``version_conflict``: the ledger holds other bytes (digest) for this
+          (policy id, version), recorded by another collector;
+        * ``cap_lowered``: the version is new to this ledger and its cap is below
+          the cap in force (the smallest recorded cap) of a window of its validity
+          that has already begun (`lowered_window`): spend made in that window
+          before it was recorded could exceed it. Sign it with a `not_before` in a
+          window that has not begun yet.
+
+        Versions recorded together count as recorded at once (no charge can fall
+        between them). The rule is decided at `clock()` read after every charge in
+        progress has ended and before any other starts: on PostgreSQL the
+        transaction first locks the spend table (EXCLUSIVE mode: charges lock
+        their spend rows, so they wait, and the generation they read after that
+        lock is this one's); on SQLite the writer lock does the same. A
+        recorded version bumps the generation, so every collector's next charge
+        transaction re-reads the versions.
+        """
+
+        def tx(conn: sa.Connection) -> dict[tuple[str, int], str]:
+            if self.dialect == "postgresql":
+                conn.exec_driver_sql("LOCK TABLE spend IN EXCLUSIVE MODE")
+            now = clock()
+            recorded: dict[str, list[PolicyVersion]] = defaultdict(list)
+            for row in _SaConn(conn).execute(self._sql["select_versions"], ()):
+                v = _policy_version(row)
+                recorded[v.policy_id].append(v)
+            known = {(v.policy_id, v.version): v for vs in recorded.values() for v in vs}
+            refused: dict[tuple[str, int], str] = {}
+            new: list[PolicyVersion] = []
+            for v in sorted(versions, key=lambda x: (x.policy_id, x.version)):
+                key = (v.policy_id, v.version)
+                prior = known.get(key)
+                if prior is not None:
+                    if prior.digest != v.digest:
+                        refused[key] = (
+                            f"version_conflict: policy {v.policy_id!r} v{v.version} is recorded "
+                            "in the ledger with other contents (another signed envelope for "
+                            "the same version); publish one envelope per version"
+                        )
+                    continue
+                lowered = lowered_window(v, recorded.get(v.policy_id, ()), now)
+                if lowered is not None:
+                    refused[key] = (
+                        f"cap_lowered: policy {v.policy_id!r} v{v.version} (cap {v.epsilon_cap}) "
+                        f"would lower the cap in force of the window starting at {lowered}, "
+                        "which began before the version was recorded: spend already made "
+                        "in it may exceed the new cap; sign it with not_before in a window "
+                        "that has not begun (a lower cap takes effect from a window start)"
+                    )
+                    continue
+                new.append(dataclasses.replace(v, recorded_at=now))
+            if new:
+                conn.execute(
+                    sa.insert(policy_versions),
+                    [
+                        {
+                            "policy_id": v.policy_id,
+                            "version": v.version,
+                            "epsilon_cap": _s(v.epsilon_cap),
+                            "window_seconds": v.window_seconds,
+                            "not_before": v.not_before,
+                            "expires_at": v.expires_at,
+                            "digest": v.digest,
+                            "recorded_at": v.recorded_at,
+                        }
+                        for v in new
+                    ],
+                )
+                conn.execute(
+                    sa.update(policy_version_generation)
+                    .where(policy_version_generation.c.id == 1)
+                    .values(generation=policy_version_generation.c.generation + 1)
+                )
+            return refused
+
+        return self.transaction(tx)
+
+    def policy_versions(self) -> list[PolicyVersion]:
+        """Every recorded policy version, by (policy id, version)."""
+
+        def tx(conn: sa.Connection) -> list[PolicyVersion]:
+            return [
+                _policy_version(r) for r in _SaConn(conn).execute(self._sql["select_versions"], ())
+            ]
+
+        return self.transaction(tx, write=False)
+
+    def cap_in_force(self, policy: LedgerPolicy, window_start: int) -> Decimal:
+        """The cap a charge of `policy` in this window is checked against now: its cap
+        lowered to the smallest cap of the recorded versions in force during the
+        window (re-read when their generation changed). A restore gap is not
+        applied here (GetBudget shows it separately)."""
+
+        def tx(conn: sa.Connection) -> None:
+            db = _SaConn(conn)
+            if self._read_generation(db) != self._versions.generation:
+                self._load_versions(db)
+
+        self.transaction(tx, write=False)
+        return self._cap_in_force(policy, window_start)
+
     # -- reconcile --
 
     def reconcile(self) -> list[Mismatch]:
@@ -1385,10 +1664,11 @@ class Ledger:
 
         Independent of the running totals: sums each subject's `reports.charge`
         per (policy, window) exactly and compares with `spend`; checks the raw sum
-        against the cap the reports were charged under; checks each window start
-        against its policy id's recorded window length; compares each statistics
-        n with the stored report count; recomputes central commitments from the
-        reservations. An empty list means the ledger is consistent.
+        against the cap in force, the smallest of the caps its reports were
+        charged under and of the recorded versions in force during the window;
+        checks each window start against its policy id's recorded window length;
+        compares each statistics n with the stored report count; recomputes
+        central commitments from the reservations. An empty list means the ledger is consistent.
         """
         return self.transaction(self._reconcile_tx, write=False)
 
@@ -1411,7 +1691,7 @@ class Ledger:
             acc[0] = EXACT.add(acc[0], _dec(charge))
             acc[1] += 1
             capd = _dec(cap)
-            acc[2] = capd if acc[2] is None else max(acc[2], capd)
+            acc[2] = capd if acc[2] is None else min(acc[2], capd)
             count_by_policy[(pid, int(ver), int(win))] += 1
         windows = {
             pid: int(w)
@@ -1419,6 +1699,10 @@ class Ledger:
                 sa.select(policy_lineage.c.policy_id, policy_lineage.c.window_seconds)
             )
         }
+        versions: dict[str, list[PolicyVersion]] = defaultdict(list)
+        for row in _SaConn(conn).execute(self._sql["select_versions"], ()):
+            v = _policy_version(row)
+            versions[v.policy_id].append(v)
         recorded = {
             (r.subject, r.policy_id, int(r.window_start)): (
                 _dec(r.epsilon_spent),
@@ -1440,9 +1724,14 @@ class Ledger:
                         f"{spent_rec} ({n_rec} reports)",
                     )
                 )
+            window = windows.get(key[1])
+            if cap is not None and window is not None:
+                # The cap in force: also every recorded version in force during the window.
+                recorded_cap = smallest_cap(versions.get(key[1], ()), key[2], window)
+                if recorded_cap is not None and recorded_cap < cap:
+                    cap = recorded_cap
             if cap is not None and spent_raw > cap:
                 out.append(Mismatch("over_cap", key[0], scope, str(spent_raw), f"cap {cap}"))
-            window = windows.get(key[1])
             if window is not None and key[2] % window != 0:
                 out.append(
                     Mismatch("window", key[0], scope, f"{spent_raw} charged", f"window {window} s")
@@ -2054,6 +2343,21 @@ class Ledger:
         return self.transaction(tx, write=False)
 
 
+def _policy_version(row: Sequence[Any]) -> PolicyVersion:
+    """A `select_versions` row as a PolicyVersion."""
+    pid, version, cap, window, not_before, expires_at, digest, recorded_at = row
+    return PolicyVersion(
+        pid,
+        int(version),
+        _dec(cap),
+        int(window),
+        int(not_before),
+        int(expires_at),
+        bytes(digest),
+        int(recorded_at),
+    )
+
+
 def _lineage(row: Any) -> PolicyLineage:
     return PolicyLineage(
         row.policy_id,
@@ -2108,6 +2412,9 @@ def _statements(dialect: str) -> dict[str, str]:
     """The fixed statements of the ingestion hot path, in the driver's paramstyle."""
     ph = "?" if dialect == "sqlite" else "%s"
     return {
+        "select_generation": "SELECT generation FROM policy_version_generation WHERE id = 1",
+        "select_versions": "SELECT policy_id, version, epsilon_cap, window_seconds, not_before,"
+        " expires_at, digest, recorded_at FROM policy_versions ORDER BY policy_id, version",
         "insert_conflicts": "INSERT INTO conflicts (report_id, subject, content_digest, seen_at)"
         f" VALUES ({ph}, {ph}, {ph}, {ph})",
         "ensure_spend": "INSERT INTO spend (subject, policy_id, window_start, epsilon_spent,"

@@ -423,7 +423,12 @@ def test_versions_in_force_together_share_the_smallest_cap(
 def test_broken_variant_charging_each_version_its_own_cap_lets_v1_reach_four(
     sqlite_url: str, start: Callable[..., RunningCollector], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """Both layers switched off: the registry's min over the versions it knows and
+    the ledger's min over the recorded versions (either alone stops v1 at 2)."""
     monkeypatch.setattr(PolicyRegistry, "charged", lambda self, verified, *, now: verified)
+    monkeypatch.setattr(
+        Ledger, "_cap_in_force", lambda self, policy, window, versions=None: policy.epsilon_cap
+    )
     clock = Clock(86400 * 20000)
     d, v1, _v2 = _caps(clock)
     collector = start(d, sqlite_url, clock)
