@@ -423,10 +423,9 @@ class SendGate:
     def claim(self, conn: sqlite3.Connection, *, now: float) -> bool:
         """Take the send slot if the gate is open and no other call is in flight.
 
-        Reads the stored state first (inside the caller's ``BEGIN IMMEDIATE``
-        transaction, which then stores the claim); False leaves the row as it was.
+        The caller `load`ed the state in this ``BEGIN IMMEDIATE`` transaction,
+        which then stores the claim; False leaves the row as it was.
         """
-        self.load(conn, now=now)
         if self.state.resume_at > now or self._held_by_other():
             return False
         self.state.holder, self.state.held_until = self.token, now + self.lease_seconds

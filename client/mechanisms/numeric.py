@@ -457,8 +457,8 @@ class NumericMechanism(Mechanism[float, MomentStatistic]):
         """Input levels of an array of values (randomized rounding in float64).
 
         The rounding probability u - floor(u) is computed in float64 here (the
-        device path computes it exactly); given the level, the batch and device
-        paths use the same integer weights.
+        device path computes it exactly on the 2^-K grid); given the level, the
+        batch and device paths use the same integer weights.
         """
         import numpy as np
 
