@@ -406,22 +406,32 @@ class DeviceStore:
             return True
 
     @contextlib.contextmanager
-    def transaction(self) -> Iterator[sqlite3.Connection]:
+    def transaction(self, *, durable: bool = True) -> Iterator[sqlite3.Connection]:
         """An exclusive write transaction (``BEGIN IMMEDIATE``), committed on success.
 
         Any exception rolls everything back: a failed operation changes nothing.
+        `durable=False` commits without an fsync (``synchronous=NORMAL`` for this
+        transaction: atomic and consistent, and on disk with the next durable
+        commit or checkpoint); only for state whose loss in a power cut is
+        harmless (the send slot's claim).
         """
         with self._lock:
             if self._closed:
                 raise StateError("the device store is closed")
-            self._conn.execute("BEGIN IMMEDIATE")
+            if not durable:
+                self._conn.execute("PRAGMA synchronous=NORMAL")
             try:
-                yield self._conn
-            except BaseException:
-                self._conn.execute("ROLLBACK")
-                raise
-            else:
-                self._conn.execute("COMMIT")
+                self._conn.execute("BEGIN IMMEDIATE")
+                try:
+                    yield self._conn
+                except BaseException:
+                    self._conn.execute("ROLLBACK")
+                    raise
+                else:
+                    self._conn.execute("COMMIT")
+            finally:
+                if not durable:
+                    self._conn.execute("PRAGMA synchronous=FULL")
 
     # --- meta, counters, events ---
 

@@ -26,13 +26,16 @@ Backoff is per device and collector, not per report (`SendGate`): a failed
 Submit call (no answer, or a refusal with a ``retry-after-ms`` hint) pauses
 every send to that collector until the backoff or the hint ends; the next
 attempt is one batch (a probe), and the rest follow only once it succeeded. The
-gate is stored in the state file, so a restarted app honours it too.
+gate lives in the state file and is read in the transaction that picks each
+batch, so every process sharing the folder (and a restarted app) obeys it, and
+one send slot in it keeps a single call in flight per device and collector.
 """
 
 from __future__ import annotations
 
 import json
 import random
+import secrets
 import sqlite3
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -156,6 +159,33 @@ class Outbox:
             ).fetchall()
         return [_entry(r) for r in rows]
 
+    def claim_due(self, gate: SendGate, now: float, limit: int) -> list[OutboxEntry]:
+        """Up to `limit` due reports, oldest first, with the send slot claimed for them.
+
+        One ``BEGIN IMMEDIATE`` transaction reads the stored gate (one primary-key
+        read), and only when it is open and no other sender's call is in flight
+        reads the due rows and, when there are some, claims the slot
+        (`SendGate.claim`). Empty: nothing due, or the gate says wait
+        (`gate.resume_at`). The claim is not fsynced (a lost claim is harmless;
+        the outcome's transaction is durable and frees it).
+        """
+        with self.store.transaction(durable=False) as conn:
+            gate.load(conn, now=now)
+            if gate.resume_at > now:
+                return []
+            rows = conn.execute(
+                f"SELECT {_COLUMNS} FROM outbox WHERE next_attempt_at <= ? ORDER BY seq LIMIT ?",
+                (now, limit),
+            ).fetchall()
+            if rows and not gate.claim(conn, now=now):
+                return []
+        return [_entry(r) for r in rows]
+
+    def read_gate(self, gate: SendGate, now: float) -> None:
+        """Refresh `gate` from the stored row (another process may have paused it)."""
+        with self.store.transaction(durable=False) as conn:
+            gate.load(conn, now=now)
+
     def entries(self, limit: int | None = None) -> list[OutboxEntry]:
         """Pending reports, oldest first (all of them when `limit` is None)."""
         with self.store.transaction() as conn:
@@ -193,20 +223,21 @@ class Outbox:
         duplicates: int = 0,
         read_schedule: bool = False,
         gate: SendGate | None = None,
+        now: float = 0.0,
     ) -> tuple[float | None, int] | None:
         """The collector committed these reports: remove them, count them.
 
         With `read_schedule`, returns `schedule()` as read in the same
         transaction, after the removal (a flush's last batch saves a transaction);
-        otherwise, or when there was nothing to acknowledge, None. A `gate` in
-        backoff is reset in the same transaction (the call succeeded).
+        otherwise, or when there was nothing to acknowledge and no gate, None.
+        A `gate` (the call that answered held its slot) leaves backoff and frees
+        the slot in the same transaction.
         """
-        reset = gate if gate is not None and gate.failures > 0 else None
-        if not report_ids and reset is None:
+        if not report_ids and gate is None:
             return None
         with self.store.transaction() as conn:
-            if reset is not None:
-                reset.succeeded(conn)
+            if gate is not None:
+                gate.succeeded(conn, now=now)
             if report_ids:
                 conn.executemany("DELETE FROM outbox WHERE report_id=?", [(r,) for r in report_ids])
                 DeviceStore.bump(conn, "acknowledged", len(report_ids))
@@ -282,7 +313,7 @@ class Outbox:
 
 @dataclass
 class GateState:
-    """One collector's backoff state, as stored (Unix seconds)."""
+    """One collector's backoff state and send slot, as stored (Unix seconds)."""
 
     #: Consecutive failed calls; 0: sending freely. Above 0 the next call is a probe.
     failures: int = 0
@@ -290,28 +321,54 @@ class GateState:
     resume_at: float = 0.0
     #: The end of the last retry hint (`retry-after-ms`); `wake()` does not override it.
     hint_until: float = 0.0
+    #: The sender (a `SendGate.token`) whose Submit call is in flight; "" when none.
+    holder: str = ""
+    #: The holder's claim lapses at this time (its call's deadline plus a margin).
+    held_until: float = 0.0
+
+
+#: How often a sender waiting for another process's call in flight looks again (s).
+SLOT_POLL_SECONDS = 0.05
+#: A claim outlives its call's deadline by this much (a killed holder frees it then).
+SLOT_MARGIN_SECONDS = 5.0
 
 
 class SendGate:
-    """One backoff state per device and collector: whether, and from when, to send.
+    """One backoff state and one send slot per device and collector, shared by processes.
 
     A failed Submit call (transport failure, or a refusal with a retry hint)
     closes the gate for ``Backoff.delay(failures)`` seconds (full jitter, raised
     to the hint); while it is closed nothing is sent to that collector, by
-    `flush()` or the background sender. When it reopens, one batch is sent as
-    a probe; its success resets the failure count (in the transaction that
-    applies its outcomes), and only then are the remaining batches sent. The
-    state lives in the ``meta`` table under ``send_gate <collector>``, written in
-    the transaction that records the failure, so a restarted app honours it.
+    `flush()` or the background sender of any process sharing the state
+    folder. When it reopens, one batch is sent as a probe; its success resets
+    the failure count (in the transaction that applies its outcomes), and only
+    then are the remaining batches sent.
+
+    The state lives in the ``meta`` table under ``send_gate <collector>`` and is
+    the only copy that counts: `Outbox.claim_due` reads it in the transaction
+    that picks the batch and, when the gate is open and no other sender's call
+    is in flight, claims the send slot in that same ``BEGIN IMMEDIATE``
+    transaction (`claim`). The outcome's transaction (`failed`, `succeeded`)
+    frees it. So across every process and Client on one state folder at most one
+    Submit call to a collector is in flight, a call starts only after the
+    previous call's outcome (and any pause it set) is stored, at most one probe
+    goes per pause, and no call is made while a stored pause runs. A claim
+    lapses `lease_seconds` after it was taken (a killed process frees it then).
 
     Not thread-safe by itself: the client calls it under its send lock.
     """
 
-    def __init__(self, target: str, backoff: Backoff, rng: random.Random) -> None:
+    def __init__(
+        self, target: str, backoff: Backoff, rng: random.Random, *, lease_seconds: float = 35.0
+    ) -> None:
         self.key = f"send_gate {target}"
         self.backoff = backoff
+        self.lease_seconds = lease_seconds
         self._rng = rng
+        #: This sender's identity in the stored slot (random per Client).
+        self.token = secrets.token_hex(8)
         self.state = GateState()
+        self._loaded_at = 0.0
 
     @property
     def failures(self) -> int:
@@ -320,15 +377,28 @@ class SendGate:
 
     @property
     def resume_at(self) -> float:
-        """Unix time from which the next call may be made."""
-        return self.state.resume_at
+        """Unix time from which the next call may be tried, as last read.
+
+        While another sender's call is in flight, the next look
+        (`SLOT_POLL_SECONDS` after the read, at the latest when its claim lapses).
+        """
+        s = self.state
+        if self._held_by_other():
+            return max(s.resume_at, min(s.held_until, self._loaded_at + SLOT_POLL_SECONDS))
+        return s.resume_at
+
+    def _held_by_other(self) -> bool:
+        s = self.state
+        return s.holder not in ("", self.token) and s.held_until > self._loaded_at
 
     def load(self, conn: sqlite3.Connection, *, now: float) -> None:
-        """Read the stored state (inside the caller's transaction).
+        """Read the stored state (inside the caller's transaction; one primary-key read).
 
         A stored pause longer than any the SDK sets (the clock went back, or the
-        file was edited) is shortened to the longest legitimate one from `now`.
+        file was edited) is shortened to the longest legitimate one from `now`,
+        and so is a claim longer than `lease_seconds`.
         """
+        self._loaded_at = now
         text = DeviceStore.read_meta(conn, self.key)
         if text is None:
             self.state = GateState()
@@ -339,13 +409,28 @@ class SendGate:
                 failures=max(0, int(raw["failures"])),
                 resume_at=float(raw["resume_at"]),
                 hint_until=float(raw["hint_until"]),
+                holder=str(raw.get("holder", "")),
+                held_until=float(raw.get("held_until", 0.0)),
             )
-        except (ValueError, KeyError, TypeError):
+        except (ValueError, KeyError, TypeError, AttributeError):
             state = GateState()
         longest = now + max(self.backoff.max_seconds, self.backoff.max_hint_seconds)
         state.resume_at = min(state.resume_at, longest)
         state.hint_until = min(state.hint_until, longest)
+        state.held_until = min(state.held_until, now + self.lease_seconds)
         self.state = state
+
+    def claim(self, conn: sqlite3.Connection, *, now: float) -> bool:
+        """Take the send slot if the gate is open and no other call is in flight.
+
+        The caller `load`ed the state in this ``BEGIN IMMEDIATE`` transaction,
+        which then stores the claim; False leaves the row as it was.
+        """
+        if self.state.resume_at > now or self._held_by_other():
+            return False
+        self.state.holder, self.state.held_until = self.token, now + self.lease_seconds
+        self._save(conn)
+        return True
 
     def _save(self, conn: sqlite3.Connection) -> None:
         s = self.state
@@ -353,28 +438,41 @@ class SendGate:
             conn,
             self.key,
             json.dumps(
-                {"failures": s.failures, "resume_at": s.resume_at, "hint_until": s.hint_until}
+                {
+                    "failures": s.failures,
+                    "resume_at": s.resume_at,
+                    "hint_until": s.hint_until,
+                    "holder": s.holder,
+                    "held_until": s.held_until,
+                }
             ),
         )
 
     def failed(self, conn: sqlite3.Connection, *, now: float, retry_after: float | None) -> float:
-        """A call failed: pause every send (inside the caller's transaction); the pause, s."""
+        """A call failed: pause every send, free the slot (in the caller's transaction); the pause.
+
+        Counts from the stored failure count (another process may have moved it).
+        """
+        self.load(conn, now=now)
         failures = self.state.failures + 1
         delay = self.backoff.delay(failures, rng=self._rng, retry_after=retry_after)
         hint_until = self.state.hint_until
         if retry_after is not None:
             hint_until = now + min(retry_after, self.backoff.max_hint_seconds)
-        self.state = GateState(failures=failures, resume_at=now + delay, hint_until=hint_until)
+        resume_at = max(now + delay, self.state.resume_at)
+        self.state = GateState(failures=failures, resume_at=resume_at, hint_until=hint_until)
         self._save(conn)
-        return delay
+        return resume_at - now
 
-    def succeeded(self, conn: sqlite3.Connection) -> None:
-        """A call was answered: leave backoff (inside the caller's transaction)."""
+    def succeeded(self, conn: sqlite3.Connection, *, now: float) -> None:
+        """A call was answered: leave backoff, free the slot (inside the caller's transaction)."""
+        self.load(conn, now=now)
         self.state = GateState(hint_until=self.state.hint_until)
         self._save(conn)
 
     def open_now(self, conn: sqlite3.Connection, *, now: float) -> None:
         """Reopen now, or when a running retry hint ends (inside the caller's transaction)."""
+        self.load(conn, now=now)
         resume_at = min(self.state.resume_at, max(now, self.state.hint_until))
         if resume_at != self.state.resume_at:
             self.state.resume_at = resume_at

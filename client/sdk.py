@@ -73,6 +73,7 @@ from fedldp.client.mechanisms.base import Output
 from fedldp.client.mechanisms.memo import Memoized
 from fedldp.client.outbox import (
     DEFAULT_MAX_REPORTS,
+    SLOT_MARGIN_SECONDS,
     Outbox,
     OutboxEntry,
     OutboxFullError,
@@ -353,7 +354,12 @@ class Client:
         self._closing = threading.Event()
         self._signal = _Signal()  # wakes a waiting flush() or sender thread
         self._retry_requested = threading.Event()  # set by wake(), applied by the sender
-        self._gate = SendGate(collector, self._backoff, self._jitter)
+        self._gate = SendGate(
+            collector,
+            self._backoff,
+            self._jitter,
+            lease_seconds=timeout_seconds + SLOT_MARGIN_SECONDS,
+        )
         self._closed = False
         self._thread: threading.Thread | None = None
         self._policies: dict[str, VerifiedPolicy] = {}
@@ -883,10 +889,7 @@ class Client:
             self._outbox.retry_now(self._gate, now=time.time())
             totals.schedule = None
         while not self._closing.is_set():
-            now = time.time()
-            if self._gate.resume_at > now:
-                return
-            batch = self._outbox.due(now, self._batch_size)
+            batch = self._outbox.claim_due(self._gate, time.time(), self._batch_size)
             if not batch:
                 return
             if not self._send_batch(batch, totals) or len(batch) < self._batch_size:
@@ -936,6 +939,7 @@ class Client:
             duplicates=duplicates,
             read_schedule=len(batch) < self._batch_size,
             gate=self._gate,
+            now=time.time(),
         )
         totals.acknowledged += len(acknowledged)
         totals.duplicates += duplicates
@@ -1003,7 +1007,10 @@ class Client:
         next_refresh = time.monotonic()
         while not self._closing.is_set():
             generation = self._signal.generation()
-            # Policy fetches wait for the gate too: a paused device makes no calls.
+            # Policy fetches wait for the gate too (as stored: any process may have
+            # paused it): a paused device makes no calls.
+            if time.monotonic() >= next_refresh:
+                self._outbox.read_gate(self._gate, time.time())
             if time.monotonic() >= next_refresh and self._gate.resume_at <= time.time():
                 next_refresh = time.monotonic() + self._policy_refresh
                 try:

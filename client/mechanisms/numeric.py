@@ -18,11 +18,15 @@ Steps of one report (device path, `perturb`):
    are clipped on the device"); `perturb_with_clip(x)` and `clip(x)` also say
    whether clipping happened. Non-finite values raise ValueError. The clipped
    value is taken as the exact rational of its double.
-2. Randomized rounding onto J + 1 input levels t_j = -1 + 2j/J (j = 0..J), with
-   t = 2(x - lo)/(hi - lo) - 1 computed exactly: with u = (t + 1) J / 2, level
-   floor(u) + 1 with probability u - floor(u), else floor(u), drawn as one
-   `randrange(den) < num` on the exact fraction. So E[t_J] = t exactly and
-   Var[t_J] = (t - t_lo)(t_hi - t) for the two levels around t.
+2. Randomized rounding onto J + 1 input levels t_j = -1 + 2j/J. With
+   t = 2(x - lo)/(hi - lo) - 1 and u = (t + 1) J / 2 computed exactly, u is
+   first rounded to the nearest multiple of 2^-K (U = round(u 2^K),
+   K = `ROUNDING_BITS`: deterministic post-processing of the input), then one
+   `getrandbits(K)` is always drawn and the level is floor(U / 2^K) + 1 when
+   the draw is below U mod 2^K, else floor(U / 2^K). The CSPRNG use (and the
+   integer work, up to CPython) is the same for every input, on a level or
+   not: no device-local side channel. E[t_J] = t up to the grid,
+   |E[t_J] - t| <= 2^-K / J, and Var[t_J] = (t - t_lo)(t_hi - t) on the grid.
 3. Output index. Given the level j, an index i is drawn with integer weights
    W(i | j) that sum to a total independent of j (one `randrange(total)`), and
    the wire value is table[i]: the correctly rounded double of an exact
@@ -46,7 +50,8 @@ Data with Local Differential Privacy", ICDE 2019):
   (Algorithm 1), with J = 1 level (t_0 = -1, t_1 = 1): output ±B,
   B = (a + b)/(a - b) (≈ (e^ε + 1)/(e^ε - 1)), P[+B | j] = (J b + (a - b) j) / (J (a + b)).
   E[y | j] = t_j, so the rounding law composed with it is exactly
-  P[+B | t] = 1/2 + t/(2B) for every t; Var[y | t] = B^2 - t^2.
+  P[+B | t] = 1/2 + t/(2B) for every t on the 2^-K grid (within 2^-K / (2 J B)
+  of it otherwise); Var[y | t] = B^2 - t^2.
 * piecewise — the Piecewise Mechanism of Wang et al. Section III-B, discretized:
   N = J + w output cells; for level j the "high" band is cells [j, j + w), each
   of weight a, every other cell weight b, total Z = w a + J b for every j. The
@@ -127,6 +132,13 @@ if TYPE_CHECKING:
 WEIGHT_BITS = 32
 #: The total weight of one level's law stays below this (numpy int64 draws).
 MAX_TOTAL_WEIGHT = 1 << 62
+#: K: the clipped input is rounded to the nearest multiple of 2^-K level steps, then
+#: rounded up with probability (its position between levels) exactly, from K random bits.
+ROUNDING_BITS = 64
+#: Every finite double is an integer multiple of 2^-1074 (the least subnormal).
+_DOUBLE_SCALE_BITS = 1074
+#: Added to x 2^1074 (|.| < 2^2098) so the integer has one size for every input.
+_X_OFFSET = 1 << 2110
 #: Input levels J when the policy does not state them.
 DEFAULT_LEVELS = 256
 #: Bounds on the policy's grid parameters (table size and device memory).
@@ -261,9 +273,26 @@ def _same_bits(a: float, b: float) -> bool:
     return a == b and math.copysign(1.0, a) == math.copysign(1.0, b)
 
 
-def _fraction_of(value: float | int | Decimal) -> tuple[int, int]:
-    numerator, denominator = value.as_integer_ratio()
-    return numerator, denominator
+def _grid_constants(lo: Decimal, hi: Decimal, levels: int) -> tuple[int, int, int, int]:
+    """(A, C, D, O) with U = round((X A - C) / D) - O for x = (X - _X_OFFSET) 2^-1074.
+
+    u 2^K = J 2^K (x - lo) / (hi - lo). With lo = l_n / l_d, hi = h_n / h_d and
+    the range r = (h_n l_d - l_n h_d) / (l_d h_d): u 2^K = (x l_d - l_n) J h_d 2^K /
+    (l_d r'), r' = h_n l_d - l_n h_d. O = 2^(K + bits(J) + 2) keeps the dividend
+    positive and of one size over the whole clipped range.
+    """
+    lo_num, lo_den = lo.as_integer_ratio()
+    hi_num, hi_den = hi.as_integer_ratio()
+    width = hi_num * lo_den - lo_num * hi_den  # > 0
+    offset = 1 << (ROUNDING_BITS + levels.bit_length() + 2)
+    divisor = width << _DOUBLE_SCALE_BITS
+    multiplier = lo_den * levels * hi_den << ROUNDING_BITS
+    subtrahend = (
+        _X_OFFSET * multiplier
+        + (lo_num << _DOUBLE_SCALE_BITS) * levels * hi_den * (1 << ROUNDING_BITS)
+        - offset * divisor
+    )
+    return multiplier, subtrahend, divisor, offset
 
 
 class NumericMechanism(Mechanism[float, MomentStatistic]):
@@ -284,16 +313,19 @@ class NumericMechanism(Mechanism[float, MomentStatistic]):
         self.hi = hi
         self._lo = float(lo)
         self._hi = float(hi)
+        #: The least double >= lo and the greatest double <= hi: for a double x,
+        #: x < lo exactly iff x < _lo_double, and x > hi iff x > _hi_double.
+        self._lo_double = self._lo
+        if Decimal(self._lo) < lo:
+            self._lo_double = math.nextafter(self._lo, math.inf)
+        self._hi_double = self._hi
+        if Decimal(self._hi) > hi:
+            self._hi_double = math.nextafter(self._hi, -math.inf)
         #: Half the range width: t units to value units.
         self.scale = (self._hi - self._lo) / 2.0
         #: J: input levels t_j = -1 + 2j/J, j = 0..J.
         self.levels = levels
-        # u = J (x - lo)/(hi - lo) = (x_num lo_den - lo_num x_den) * _u_num / (x_den * _u_den)
-        lo_num, lo_den = _fraction_of(lo)
-        hi_num, hi_den = _fraction_of(hi)
-        self._lo_num, self._lo_den = lo_num, lo_den
-        self._u_num = levels * hi_den
-        self._u_den = hi_num * lo_den - lo_num * hi_den  # > 0
+        self._u_mul, self._u_sub, self._u_div, self._u_offset = _grid_constants(lo, hi, levels)
         #: Wire values by output index (set by subclasses through `_set_table`).
         self.table: tuple[float, ...] = ()
         self._index: dict[float, int] = {}
@@ -320,9 +352,14 @@ class NumericMechanism(Mechanism[float, MomentStatistic]):
         finite = value.is_finite() if isinstance(value, Decimal) else math.isfinite(value)
         if not finite:
             raise ValueError("value must be finite")
-        if value < self.lo:
+        # A double is compared with the doubles next to the bounds, never with a
+        # Decimal: float-Decimal comparison is exact but its cost grows with the
+        # double's decimal expansion (a subnormal has ~750 digits).
+        below = value < self._lo_double if isinstance(value, float) else value < self.lo
+        above = value > self._hi_double if isinstance(value, float) else value > self.hi
+        if below:
             return self._lo, True
-        if value > self.hi:
+        if above:
             return self._hi, True
         return float(value), False
 
@@ -331,24 +368,29 @@ class NumericMechanism(Mechanism[float, MomentStatistic]):
         t = 2.0 * (clipped - self._lo) / (self._hi - self._lo) - 1.0
         return min(1.0, max(-1.0, t))
 
-    def _position(self, clipped: float) -> tuple[int, int]:
-        """u = J (x - lo)/(hi - lo) as an exact fraction (num, den), clamped to [0, J]."""
+    def _grid_position(self, clipped: float) -> int:
+        """U = u 2^K rounded to the nearest integer (ties up), clamped to [0, J 2^K].
+
+        u = J (x - lo)/(hi - lo) is the exact position of the clipped double x
+        in level steps; K = `ROUNDING_BITS`. Every finite double is an integer
+        multiple of 2^-1074, x = X 2^-1074, so U = round((X A - C) / D) with
+        integers A, C, D fixed by the policy (`_grid_constants`). The operands
+        carry fixed offsets (`_X_OFFSET`, `self._u_offset`) so their sizes do
+        not follow the input's binary fraction (a subnormal and 0.5 take the
+        same integer work, up to CPython's digit arithmetic).
+        """
         x_num, x_den = clipped.as_integer_ratio()
-        num = (x_num * self._lo_den - self._lo_num * x_den) * self._u_num
-        den = x_den * self._lo_den * self._u_den
-        if num <= 0:
-            return 0, 1
-        if num >= self.levels * den:
-            return self.levels, 1
-        return num, den
+        shifted = (x_num << (_DOUBLE_SCALE_BITS - x_den.bit_length() + 1)) + _X_OFFSET
+        scaled = 2 * (shifted * self._u_mul - self._u_sub) + self._u_div
+        position = scaled // (2 * self._u_div) - self._u_offset
+        return min(max(position, 0), self.levels << ROUNDING_BITS)
 
     def level_law(self, value: float | int | Decimal) -> list[tuple[int, Fraction]]:
         """The exact law of the input level of `value` (clipped first): [(j, P(j))]."""
-        num, den = self._position(self.clip(value)[0])
-        low, rest = divmod(num, den)
+        low, rest = divmod(self._grid_position(self.clip(value)[0]), 1 << ROUNDING_BITS)
         if rest == 0:
             return [(low, Fraction(1))]
-        up = Fraction(rest, den)
+        up = Fraction(rest, 1 << ROUNDING_BITS)
         return [(low, 1 - up), (low + 1, up)]
 
     def wire_probability(self, value: float | int | Decimal, y: float) -> Fraction:
@@ -361,9 +403,14 @@ class NumericMechanism(Mechanism[float, MomentStatistic]):
         return total
 
     def _level(self, clipped: float, rng: random.Random) -> int:
-        num, den = self._position(clipped)
-        low, rest = divmod(num, den)
-        return low + 1 if rest and rng.randrange(den) < rest else low
+        """Level floor(u) + 1 with probability (U mod 2^K) / 2^K, else floor(u).
+
+        Always exactly one `getrandbits(K)` call, whatever the input (on a
+        level, inside, clipped, subnormal): the CSPRNG use does not depend on it.
+        """
+        low, rest = divmod(self._grid_position(clipped), 1 << ROUNDING_BITS)
+        draw = rng.getrandbits(ROUNDING_BITS)
+        return low + (draw < rest)
 
     # --- the law of the output index given a level ---
 
@@ -410,8 +457,8 @@ class NumericMechanism(Mechanism[float, MomentStatistic]):
         """Input levels of an array of values (randomized rounding in float64).
 
         The rounding probability u - floor(u) is computed in float64 here (the
-        device path computes it exactly); given the level, the batch and device
-        paths use the same integer weights.
+        device path computes it exactly on the 2^-K grid); given the level, the
+        batch and device paths use the same integer weights.
         """
         import numpy as np
 

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -67,6 +69,7 @@ def _never_pause(monkeypatch: pytest.MonkeyPatch) -> None:
         original(self, conn, now=now, retry_after=retry_after)  # type: ignore[arg-type]
         self.state.resume_at = now
         self.state.hint_until = now
+        self._save(conn)  # type: ignore[arg-type]
         return 0.0
 
     monkeypatch.setattr(SendGate, "failed", failed)
@@ -319,3 +322,75 @@ def test_async_client_wake_and_retry_now(deployment: Deployment, tmp_path: Path)
             return failed, (await ac.flush(timeout=DELIVERY_BOUND_S)).acknowledged
 
     assert asyncio.run(scenario()) == (1, 1)
+
+
+# --- several processes on one state folder: one gate, one call in flight ------------------
+
+SENDER_CHILD = Path(__file__).with_name("sdk_sender_child.py")
+#: Processes sharing the state folder in the multi-process tests.
+PROCESSES = 3
+
+
+def _shared_folder_run(deployment: Deployment, tmp_path: Path, gate: str) -> tuple[FaultProxy, int]:
+    """18 batches of 2, flushed at once by `PROCESSES` processes on one state folder.
+
+    The collector allows 2 calls/s, burst 1, behind a counting proxy. The parent
+    records (and fetches the policy once); the children flush. `gate` is passed
+    to `sdk_sender_child.py` ("stored": as shipped; "local": the broken variant).
+    """
+    deployment.categorical(epsilon="0.01", epsilon_cap="100")
+    collector = deployment.start(rate_limit_per_second=2.0, rate_limit_burst=1.0)
+    state = tmp_path / "d"
+    with deployment.client(collector.address, state) as c:
+        _record(c, 36)
+    proxy = FaultProxy(collector.address)
+    args = [proxy.address, str(state), str(deployment.trust_dir()), deployment.token(), gate]
+    children = [
+        subprocess.Popen(
+            [sys.executable, str(SENDER_CHILD), *args],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(PROCESSES)
+    ]
+    try:
+        for child in children:
+            assert child.stdout is not None and child.stdout.readline() == "READY\n"
+        for child in children:
+            assert child.stdin is not None
+            child.stdin.write("go\n")
+            child.stdin.flush()
+        outputs = [child.communicate(timeout=120)[0] for child in children]
+    finally:
+        for child in children:
+            if child.poll() is None:
+                child.kill()
+        proxy.close()
+    assert all(child.returncode == 0 for child in children), outputs
+    acknowledged = sum(int(out.split()[-1]) for out in outputs)
+    return proxy, acknowledged
+
+
+def test_processes_sharing_a_state_folder_obey_one_gate(
+    deployment: Deployment, tmp_path: Path
+) -> None:
+    """No call inside any hint window across processes; one call in flight at a time."""
+    proxy, acknowledged = _shared_folder_run(deployment, tmp_path, "stored")
+    assert acknowledged == 36
+    refusals = [c for c in proxy.calls if c.code == "RESOURCE_EXHAUSTED"]
+    assert refusals, "the collector's rate limit never refused: the test shows nothing"
+    assert _calls_inside_hint_windows(proxy) == 0
+    ordered = sorted(proxy.calls, key=lambda c: c.arrived)
+    assert all(a.answered <= b.arrived for a, b in itertools.pairwise(ordered))
+    # Each refusal cost one call (one probe per pause, whichever process sent it),
+    # and no batch went twice.
+    assert len(proxy.calls) == 18 + len(refusals)
+
+
+def test_broken_per_process_gate_calls_inside_hint_windows(
+    deployment: Deployment, tmp_path: Path
+) -> None:
+    """The broken variant (each process its own in-memory gate) is caught."""
+    proxy, _ = _shared_folder_run(deployment, tmp_path, "local")
+    assert _calls_inside_hint_windows(proxy) > 0

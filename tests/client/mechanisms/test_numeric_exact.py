@@ -10,7 +10,10 @@
   CSPRNG, batch path with numpy) is bit for bit one of the fixed table values,
   which do not depend on the input. Today's floating-point piecewise (the
   legacy fixture) fails that check and shows the bit leak the issue describes.
-* unbiasedness and the variance formula, exactly (Fractions over the law).
+* unbiasedness (up to the stated 2^-K / J grid rounding) and the variance
+  formula, exactly (Fractions over the law).
+* no device-local side channel: one report draws the same sequence of random
+  calls (and bits) for every input: on a level, inside, subnormal, -0.0, clipped.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ import numpy as np
 import pytest
 from fedldp.client.mechanisms import create
 from fedldp.client.mechanisms.numeric import (
+    ROUNDING_BITS,
     Hybrid,
     NumericMechanism,
     Piecewise,
@@ -156,11 +160,30 @@ def test_real_inputs_one_ulp_apart_through_the_exact_rounding(wire_id: str, epsi
     assert_ratio_at_most_e_eps(max_ratio(laws), epsilon)
     for x, law in zip(inputs, laws, strict=True):
         assert sum(law.values()) == 1
-        # The rounding sees every bit of x: E[t_J] is t exactly, as a rational.
-        clipped = min(max(Fraction(x), Fraction(mech.lo)), Fraction(mech.hi))
-        t = 2 * (clipped - Fraction(mech.lo)) / (Fraction(mech.hi) - Fraction(mech.lo)) - 1
+        # The rounding sees x to 2^-K of a level step: E[t_J] is t within 2^-K / J.
+        t = exact_t(mech, x)
         levels = mech.level_law(x)
-        assert sum(p * (Fraction(2 * j, mech.levels) - 1) for j, p in levels) == t
+        mean = sum(p * (Fraction(2 * j, mech.levels) - 1) for j, p in levels)
+        assert abs(mean - t) <= rounding_bias_bound(mech)
+        # The law is the exact rounding of U = round(u 2^K) with probability U mod 2^K / 2^K.
+        u_grid = round((t + 1) * mech.levels / 2 * 2**ROUNDING_BITS)
+        low, rest = divmod(u_grid, 2**ROUNDING_BITS)
+        expected = [(low, Fraction(1))] if rest == 0 else []
+        if rest:
+            expected = [(low, 1 - Fraction(rest, 2**ROUNDING_BITS))]
+            expected.append((low + 1, Fraction(rest, 2**ROUNDING_BITS)))
+        assert levels == expected
+
+
+def exact_t(mech: NumericMechanism, x: float) -> Fraction:
+    """t = 2 (clip(x) - lo)/(hi - lo) - 1, exactly, with the exact (Decimal) bounds."""
+    clipped = min(max(Fraction(x), Fraction(mech.lo)), Fraction(mech.hi))
+    return 2 * (clipped - Fraction(mech.lo)) / (Fraction(mech.hi) - Fraction(mech.lo)) - 1
+
+
+def rounding_bias_bound(mech: NumericMechanism) -> Fraction:
+    """|E[t_J] - t| <= half of 2^-K level steps of 2/J each (the deterministic grid rounding)."""
+    return Fraction(1, mech.levels * 2**ROUNDING_BITS)
 
 
 def test_inputs_one_ulp_apart_get_different_exact_rounding_laws() -> None:
@@ -290,14 +313,15 @@ def test_exact_mean_and_variance_of_the_law(
         law = input_wire_law(mech, x)
         mean = sum(p * by_bytes[k] for k, p in law.items())
         second = sum(p * by_bytes[k] ** 2 for k, p in law.items())
-        clipped = min(max(Fraction(x), Fraction(mech.lo)), Fraction(mech.hi))
-        t = 2 * (clipped - Fraction(mech.lo)) / (Fraction(mech.hi) - Fraction(mech.lo)) - 1
-        assert mean == t  # exactly unbiased on the exact table values
+        t = exact_t(mech, x)
+        # Unbiased on the exact table values up to the grid rounding of the input.
+        assert abs(mean - t) <= rounding_bias_bound(mech)
         variance = float(second - t * t)
         assert float(mech.conditional_variance(float(t))) == pytest.approx(variance, rel=1e-9)
         # The doubles sent are the exact values rounded: the bias is at most their rounding.
         float_mean = sum(p * Fraction(struct.unpack("<d", k)[0]) for k, p in law.items())
-        assert abs(float_mean - t) <= max(abs(v) for v in exact_values) * Fraction(1, 2**52)
+        bound = max(abs(v) for v in exact_values) * Fraction(1, 2**52)
+        assert abs(float_mean - t) <= bound + rounding_bias_bound(mech)
 
 
 def exact_table(mech: NumericMechanism) -> list[Fraction]:
@@ -356,3 +380,92 @@ def test_direct_construction_uses_the_derived_grid_and_validates_it() -> None:
         Piecewise(Decimal(1), LO, HI, 8, 8)
     with pytest.raises(TypeError, match="int"):
         Hybrid(Decimal(1), LO, HI, 8.0)  # type: ignore[arg-type]
+
+
+# --- the randomness one report uses does not depend on the input -----------------------------
+
+
+class CountingRandom(random.Random):
+    """A seeded generator that records every call into it: (method, size)."""
+
+    def __init__(self, seed: int) -> None:
+        self.calls: list[tuple[str, int]] = []
+        super().__init__(seed)
+
+    def getrandbits(self, k: int) -> int:
+        self.calls.append(("getrandbits", k))
+        return super().getrandbits(k)
+
+    def random(self) -> float:
+        self.calls.append(("random", 53))
+        return super().random()
+
+    def _randbelow(self, n: int) -> int:  # type: ignore[override]
+        self.calls.append(("randbelow", n.bit_length()))
+        return super()._randbelow(n)  # type: ignore[attr-defined, no-any-return]
+
+
+def side_channel_inputs(mech: NumericMechanism) -> dict[str, float | int | Decimal]:
+    lo, hi = float(mech.lo), float(mech.hi)
+    return {
+        "on a level": lo + (hi - lo) * 3 / mech.levels,
+        "lo": lo,
+        "hi": hi,
+        "0.3 of the range": lo + 0.3 * (hi - lo),
+        "0.5": 0.5,
+        "subnormal": 5e-324,
+        "1e-300": 1e-300,
+        "-0.0": -0.0,
+        "below the range": lo - 1e6,
+        "above the range": 1e300,
+        "int": 1,
+        "Decimal": Decimal("0.1234567890123456789"),
+    }
+
+
+def random_calls(mech: NumericMechanism, value: float | int | Decimal, reports: int) -> list[Any]:
+    rng = CountingRandom(seed=2024)
+    for _ in range(reports):
+        mech.perturb(value, rng=rng)
+    return rng.calls
+
+
+def check_input_independent_randomness(mech: NumericMechanism) -> None:
+    calls = {name: random_calls(mech, x, 50) for name, x in side_channel_inputs(mech).items()}
+    reference = calls["on a level"]
+    for name, sequence in calls.items():
+        assert sequence == reference, f"random calls differ for the input {name!r}"
+    bits = sum(k for method, k in reference if method == "getrandbits")
+    assert bits >= 50 * ROUNDING_BITS
+
+
+@pytest.mark.parametrize("wire_id", ["duchi", "piecewise", "hybrid"])
+@pytest.mark.parametrize("epsilon", ["0.5", "4"])
+def test_every_input_draws_the_same_random_calls(wire_id: str, epsilon: str) -> None:
+    check_input_independent_randomness(build(wire_id, epsilon))
+
+
+class ExactFractionRounding(Piecewise):
+    """Broken variant (the earlier sampler): randrange(den) on the input's own fraction."""
+
+    def _level(self, clipped: float, rng: random.Random) -> int:
+        position = Fraction(self.levels) * (Fraction(clipped) - Fraction(self.lo))
+        position /= Fraction(self.hi) - Fraction(self.lo)
+        low, rest = divmod(position.numerator, position.denominator)
+        if rest and rng.randrange(position.denominator) < rest:
+            return low + 1
+        return low
+
+
+def test_the_randomness_check_catches_input_dependent_rounding() -> None:
+    broken = ExactFractionRounding(Decimal(1), LO, HI)
+    with pytest.raises(AssertionError, match="random calls differ"):
+        check_input_independent_randomness(broken)
+
+
+def test_clipping_a_double_is_exact_against_bounds_that_are_no_double() -> None:
+    lo, hi = Decimal("0.1"), Decimal("0.7")  # neither is a double
+    mech = Piecewise(Decimal(1), lo, hi, 16)
+    for x in [*neighbours(0.1), *neighbours(0.7), 0.4, -0.0, 5e-324]:
+        outside = Fraction(x) < Fraction(lo) or Fraction(x) > Fraction(hi)
+        assert mech.clip(x)[1] is outside

@@ -71,7 +71,7 @@ def test_success_resets_but_keeps_hint(store: DeviceStore) -> None:
     gate = _gate(store)
     with store.transaction() as conn:
         gate.failed(conn, now=0.0, retry_after=5.0)
-        gate.succeeded(conn)
+        gate.succeeded(conn, now=0.0)
     assert gate.state == GateState(hint_until=5.0)
 
 
@@ -81,7 +81,9 @@ def test_open_now_respects_a_running_hint(store: DeviceStore) -> None:
         gate.failed(conn, now=0.0, retry_after=50.0)
         gate.open_now(conn, now=10.0)
         assert gate.resume_at == 50.0  # the server's hint stands
-        gate.state.resume_at = 300.0  # a longer backoff of our own
+        DeviceStore.set_meta(  # a longer backoff of our own
+            conn, gate.key, json.dumps({"failures": 1, "resume_at": 300.0, "hint_until": 50.0})
+        )
         gate.open_now(conn, now=60.0)
         assert gate.resume_at == 60.0  # hint over: now
         assert gate.failures == 1  # the next attempt is still a probe
@@ -163,3 +165,44 @@ def test_failed_connection_gets_a_fresh_channel() -> None:
             assert transport.channels_opened == expected
     finally:
         transport.close()
+
+
+def test_one_send_slot_and_one_stored_pause_across_senders(store: DeviceStore) -> None:
+    """Two gates on one state file (two processes): the stored row decides for both."""
+    outbox = Outbox(store)
+    _add(store, 4)
+    a, b = _gate(store), _gate(store)
+    assert len(outbox.claim_due(a, 1000.0, 2)) == 2  # a's call is in flight
+    assert outbox.claim_due(b, 1000.0, 2) == []  # b waits for it
+    assert b.resume_at == 1000.0 + 0.05  # and looks again soon
+    with store.transaction() as conn:
+        a.failed(conn, now=1001.0, retry_after=30.0)  # a's call refused with a hint
+    assert outbox.claim_due(b, 1002.0, 2) == []  # a's stored pause holds b back
+    assert b.resume_at >= 1031.0 and b.failures == 1
+    assert len(outbox.claim_due(b, 1031.5, 2)) == 2  # the pause is over: b sends the probe
+    assert outbox.claim_due(a, 1031.5, 2) == []  # only one probe
+    with store.transaction() as conn:
+        b.succeeded(conn, now=1032.0)
+    assert len(outbox.claim_due(a, 1032.0, 2)) == 2 and a.failures == 0
+
+
+def test_a_claim_lapses_and_a_sender_ignores_its_own(store: DeviceStore) -> None:
+    outbox = Outbox(store)
+    _add(store, 2)
+    a, b = _gate(store), _gate(store)
+    assert outbox.claim_due(a, 1000.0, 1)  # then a's process dies mid-call
+    assert outbox.claim_due(a, 1000.0, 1)  # its own stale claim does not block a
+    assert outbox.claim_due(b, 1000.0 + a.lease_seconds - 1, 1) == []
+    assert outbox.claim_due(b, 1000.0 + a.lease_seconds + 1, 1)  # lapsed
+
+
+def test_a_claim_is_not_fsynced_and_durability_is_restored(store: DeviceStore) -> None:
+    statements: list[str] = []
+    _add(store, 1)
+    gate = _gate(store)
+    store._conn.set_trace_callback(statements.append)
+    assert Outbox(store).claim_due(gate, 1000.0, 1)
+    store._conn.set_trace_callback(None)
+    assert statements[0] == "PRAGMA synchronous=NORMAL"
+    assert statements[-1] == "PRAGMA synchronous=FULL"
+    assert store._conn.execute("PRAGMA synchronous").fetchone()[0] == 2  # FULL
