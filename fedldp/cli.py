@@ -11,6 +11,8 @@ import importlib
 
 import click
 
+from fedldp.cli_errors import describe
+
 # (module, attribute) of each command or group attached to the root group.
 # Add ONE line per command group; keep the list sorted by command name.
 COMMANDS: list[tuple[str, str]] = [
@@ -29,10 +31,54 @@ COMMANDS: list[tuple[str, str]] = [
 ]
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(package_name="fedldp")
+class FedldpGroup(click.Group):
+    """The root group: runs every command through the error table (fedldp/cli_errors.py).
+
+    An expected failure prints one line, ``Error: ...``, on stderr and exits with the
+    table's code (1 refused, 2 usage); anything else is a bug: exit 70 with a pointer
+    to ``--debug``, which re-raises so Python prints the traceback.
+    """
+
+    def invoke(self, ctx: click.Context) -> object:
+        try:
+            return super().invoke(ctx)
+        except (click.exceptions.ClickException, click.exceptions.Exit, click.Abort):
+            raise
+        except Exception as exc:
+            if ctx.meta.get(DEBUG_KEY):
+                raise
+            failure = describe(exc)
+            click.echo(f"Error: {failure.message}", err=True)
+            ctx.exit(failure.exit_code)
+
+
+DEBUG_KEY = "fedldp.debug"
+
+
+def _set_debug(ctx: click.Context, _param: click.Parameter, value: bool) -> bool:
+    ctx.meta[DEBUG_KEY] = value
+    return value
+
+
+@click.group(cls=FedldpGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="fedldp", help="Print the version and exit.")
+@click.option(
+    "--debug",
+    is_flag=True,
+    envvar="FEDLDP_DEBUG",
+    expose_value=False,
+    is_eager=True,
+    callback=_set_debug,
+    help="On an unexpected error print the Python traceback (also FEDLDP_DEBUG=1).",
+)
 def main() -> None:
-    """fedldp: statistics from devices under local differential privacy."""
+    """fedldp: statistics from devices under local differential privacy.
+
+    \b
+    Exit status: 0 done; 1 refused (config, file, ledger, network, policy,
+    budget: the message says what to do); 2 usage (a malformed command line or
+    value); 70 internal error (rerun with --debug for the traceback).
+    """
 
 
 def _attach_commands() -> None:

@@ -6,12 +6,26 @@ Heavy imports (SQLAlchemy, grpc server code) happen inside the commands so
 
 from __future__ import annotations
 
+import json
 import sys
 import time
-from decimal import Decimal, InvalidOperation
+from decimal import Decimal
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import click
+
+from fedldp.cli_common import (
+    config_option,
+    decimal_option,
+    iso_utc,
+    ledger_option,
+    open_cli_ledger,
+    resolve_ledger_url,
+)
+
+if TYPE_CHECKING:
+    from fedldp.collector.ledger import Ledger
 
 
 def _collector_epilog() -> str:
@@ -104,43 +118,73 @@ def gen_secret_cmd() -> None:
     click.echo(secrets.token_hex(32))
 
 
-def _ledger_url(url: str | None, config_path: str | None) -> str:
-    if url:
-        return url
-    from fedldp.collector.config import ConfigError, load_config
-
-    try:
-        return load_config(config_path).ledger_url
-    except ConfigError as exc:
-        raise click.ClickException(f"pass --url or a config with ledger_url ({exc})") from None
-
-
-_url_option = click.option(
-    "--url",
-    envvar="FEDLDP_COLLECTOR_LEDGER_URL",
-    help="ledger URL (default: from --config / FEDLDP_COLLECTOR_LEDGER_URL)",
-)
-_config_option = click.option(
-    "--config",
-    "config_path",
-    type=click.Path(exists=True, dir_okay=False),
-    help="collector.toml to read ledger_url from",
-)
+_ledger_option = ledger_option(envvar="FEDLDP_COLLECTOR_LEDGER_URL")
+_config_option = config_option("collector.toml to read ledger_url from")
 
 
 @click.group("ledger")
 def ledger() -> None:
-    """Inspect and audit the privacy ledger."""
+    """Create, migrate, inspect and audit the privacy ledger.
+
+    Only `init` and `migrate` (and the collector) create or change the schema;
+    `show` and `reconcile` open an existing ledger read-only.
+    """
+
+
+@ledger.command("init")
+@_ledger_option
+@_config_option
+def init_cmd(ledger_url: str | None, config_path: str | None) -> None:
+    """Create a new ledger (file mode 0600 on SQLite) with the current schema."""
+    from fedldp.collector.ledger import migrate
+
+    url = resolve_ledger_url(ledger_url, config_path)
+    with open_cli_ledger(url, "create") as led:
+        shown = _shown(led.url)
+    click.echo(f"ledger {shown} ready at migration {migrate.head_revision()}")
+
+
+@ledger.command("migrate")
+@_ledger_option
+@_config_option
+def migrate_cmd(ledger_url: str | None, config_path: str | None) -> None:
+    """Upgrade an existing ledger's schema to this fedldp's migration (a no-op at head)."""
+    from fedldp.collector.ledger import migrate
+
+    url = resolve_ledger_url(ledger_url, config_path)
+    with _existing_then_create(url) as led:
+        shown = _shown(led.url)
+    click.echo(f"ledger {shown} at migration {migrate.head_revision()}")
+
+
+def _existing_then_create(url: str) -> Ledger:
+    """Open an EXISTING ledger with migration allowed (refuses a missing SQLite file)."""
+    from fedldp.collector.ledger import LedgerOpenError
+    from fedldp.collector.ledger.store import _parse_url
+
+    parsed = _parse_url(url)
+    if parsed.get_backend_name() == "sqlite":
+        path = Path(parsed.database or "")
+        if not path.is_file():
+            raise LedgerOpenError(
+                f"no ledger at {path} to migrate: check the URL, or create one with "
+                "`fedldp ledger init`"
+            )
+    return open_cli_ledger(url, "create")
+
+
+def _shown(url: str) -> str:
+    import sqlalchemy as sa
+
+    return sa.make_url(url).render_as_string(hide_password=True)
 
 
 @ledger.command("reconcile")
-@_url_option
+@_ledger_option
 @_config_option
-def reconcile_cmd(url: str | None, config_path: str | None) -> None:
-    """Recompute every spend from the raw rows; exit 1 on any mismatch."""
-    from fedldp.collector.ledger import open_ledger
-
-    with open_ledger(_ledger_url(url, config_path)) as led:
+def reconcile_cmd(ledger_url: str | None, config_path: str | None) -> None:
+    """Recompute every spend from the raw rows; exit 1 on any mismatch (read-only)."""
+    with open_cli_ledger(resolve_ledger_url(ledger_url, config_path), "read") as led:
         mismatches = led.reconcile()
     for m in mismatches:
         click.echo(f"MISMATCH {m}")
@@ -152,29 +196,37 @@ def reconcile_cmd(url: str | None, config_path: str | None) -> None:
 
 @ledger.command("show")
 @click.argument("subject")
-@_url_option
+@_ledger_option
 @_config_option
-def show_cmd(subject: str, url: str | None, config_path: str | None) -> None:
-    """What SUBJECT spent and has left, per policy window and central purpose."""
-    from fedldp.collector.ledger import EXACT, open_ledger
+@click.option("--json", "as_json", is_flag=True, help="Print JSON (times in epoch seconds).")
+def show_cmd(subject: str, ledger_url: str | None, config_path: str | None, as_json: bool) -> None:
+    """What SUBJECT spent and has left, per policy window and central purpose (read-only).
 
-    with open_ledger(_ledger_url(url, config_path)) as led:
+    Window starts are shown in ISO 8601 UTC; --json gives epoch seconds.
+    """
+    from fedldp.collector.ledger import EXACT
+
+    with open_cli_ledger(resolve_ledger_url(ledger_url, config_path), "read") as led:
         rows = led.subject_spend(subject)
         reservations = led.reservations(subject)
         purposes = sorted({r.purpose for r in reservations})
         central = {
             p: (led.central_spend(subject, p), led.central_cap(subject, p)) for p in purposes
         }
+    if as_json:
+        click.echo(json.dumps(_show_json(subject, rows, central), indent=2))
+        return
     if not rows and not central:
         click.echo(f"{subject}: nothing charged")
         return
     click.echo(
-        f"{'policy':<28} {'window_start':>12} {'reports':>8} {'spent':>10} {'cap':>8} {'left':>10}"
+        f"{'policy':<28} {'window start (UTC)':<20} {'reports':>8} {'spent':>10} "
+        f"{'cap':>8} {'left':>10}"
     )
     for r in rows:
         left = max(EXACT.subtract(r.epsilon_cap, r.epsilon_spent), Decimal(0))
         click.echo(
-            f"{r.policy_id:<28} {r.window_start:>12} {r.report_count:>8} "
+            f"{r.policy_id:<28} {iso_utc(r.window_start):<20} {r.report_count:>8} "
             f"{r.epsilon_spent!s:>10} {r.epsilon_cap!s:>8} {left!s:>10}"
         )
     for purpose, ((eps, delta), cap) in central.items():
@@ -182,29 +234,52 @@ def show_cmd(subject: str, url: str | None, config_path: str | None) -> None:
         click.echo(f"central {purpose}: eps={eps} delta={delta} committed; {cap_text}")
 
 
+def _show_json(subject: str, rows: Any, central: Any) -> dict[str, Any]:
+    return {
+        "subject": subject,
+        "windows": [
+            {
+                "policy_id": r.policy_id,
+                "window_start_epoch": r.window_start,
+                "reports": r.report_count,
+                "epsilon_spent": str(r.epsilon_spent),
+                "epsilon_cap": str(r.epsilon_cap),
+            }
+            for r in rows
+        ],
+        "central": [
+            {
+                "purpose": purpose,
+                "epsilon": str(eps),
+                "delta": str(delta),
+                "cap": None if cap is None else {"epsilon": str(cap[0]), "delta": str(cap[1])},
+            }
+            for purpose, ((eps, delta), cap) in central.items()
+        ],
+    }
+
+
 @ledger.command("set-cap")
 @click.argument("subject")
 @click.argument("purpose")
-@click.option("--epsilon", "epsilon_text", required=True, help="central epsilon cap (decimal)")
-@click.option("--delta", "delta_text", required=True, help="central delta cap (decimal)")
-@_url_option
+@click.option(
+    "--epsilon", "epsilon_text", required=True, help="central epsilon cap (plain decimal)"
+)
+@click.option("--delta", "delta_text", required=True, help="central delta cap (plain decimal)")
+@_ledger_option
 @_config_option
 def set_cap_cmd(
     subject: str,
     purpose: str,
     epsilon_text: str,
     delta_text: str,
-    url: str | None,
+    ledger_url: str | None,
     config_path: str | None,
 ) -> None:
-    """Set the central (epsilon, delta) cap of SUBJECT for PURPOSE."""
-    from fedldp.collector.ledger import open_ledger
-
-    try:
-        eps, delta = Decimal(epsilon_text), Decimal(delta_text)
-    except InvalidOperation:
-        raise click.ClickException("--epsilon and --delta must be decimal numbers") from None
-    with open_ledger(_ledger_url(url, config_path)) as led:
+    """Set the central (epsilon, delta) cap of SUBJECT for PURPOSE (existing ledger)."""
+    eps = decimal_option(epsilon_text, "--epsilon")
+    delta = decimal_option(delta_text, "--delta")
+    with open_cli_ledger(resolve_ledger_url(ledger_url, config_path), "write") as led:
         try:
             led.set_central_cap(subject, purpose, epsilon_cap=eps, delta_cap=delta)
         except (TypeError, ValueError) as exc:

@@ -11,11 +11,20 @@ import io
 import json
 import time
 from collections.abc import Callable, Iterator
-from decimal import Decimal, InvalidOperation
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import click
+
+from fedldp.cli_common import (
+    LEDGER_URL_HELP,
+    config_option,
+    decimal_option,
+    ledger_option,
+    open_cli_ledger,
+    resolve_ledger_url,
+    trust_option,
+)
 
 if TYPE_CHECKING:
     from fedldp.client.policy import VerifiedPolicy
@@ -118,7 +127,7 @@ def _names_policy(path: Path, policy_id: str) -> bool:
     "--ledger",
     "ledgers",
     multiple=True,
-    help="ledger URL; repeat to merge several collectors' or regions' ledgers",
+    help=LEDGER_URL_HELP + "; repeat to merge several collectors' or regions' ledgers",
 )
 @click.option(
     "--policies",
@@ -126,12 +135,7 @@ def _names_policy(path: Path, policy_id: str) -> bool:
     type=click.Path(file_okay=False),
     help="folder of signed *.policy envelopes",
 )
-@click.option(
-    "--trust",
-    "trust_dir",
-    type=click.Path(file_okay=False),
-    help="trust folder (pinned/*.pem and *.root)",
-)
+@trust_option()
 @click.option("--audience", help="deployment name the policy must list (default: 'default')")
 @click.option(
     "--config",
@@ -214,7 +218,6 @@ def report(
         load_export,
         report_from_ledgers,
     )
-    from fedldp.collector.ledger import open_ledger
 
     urls, policy_dir, trust_dir, aud = _settings(
         config_path, ledgers, policy_dir, trust_dir, audience
@@ -233,7 +236,14 @@ def report(
     policy = load_verified_policy(
         policy_dir, trust_dir, policy_id, version=version, at=at, audience=aud
     )
-    opened = [open_ledger(u) for u in urls]
+    opened = []
+    try:
+        for url in urls:
+            opened.append(open_cli_ledger(url, "read"))
+    except BaseException:
+        for ledger in opened:
+            ledger.close()
+        raise
     try:
         if export_path is not None:
             if len(opened) != 1:
@@ -295,18 +305,6 @@ def report(
 # --- central releases ---
 
 
-def _decimal(text: str | None, name: str) -> Decimal | None:
-    if text is None:
-        return None
-    try:
-        value = Decimal(text)
-    except InvalidOperation:
-        raise click.BadParameter(f"{name} must be a decimal number") from None
-    if not value.is_finite():
-        raise click.BadParameter(f"{name} must be finite")
-    return value
-
-
 class _HashingReader(io.RawIOBase):
     """A raw binary stream over `fh` that feeds every byte it hands out to `digest`."""
 
@@ -362,7 +360,8 @@ class _DataFile:
 
 
 _common = [
-    click.option("--ledger", "ledger_url", required=True, help="ledger URL"),
+    ledger_option(),
+    config_option("collector.toml to read ledger_url from"),
     click.option("--subject", required=True, help="whose central budget is charged"),
     click.option("--purpose", required=True, help="the purpose the budget is set for"),
     click.option("--epsilon", "epsilon_text", required=True, help="epsilon (decimal)"),
@@ -457,12 +456,15 @@ def _release_kwargs(options: dict[str, Any]) -> dict[str, Any]:
     BadParameter naming its option; the data file becomes a lazy loader.
     """
     kwargs = dict(options)
+    kwargs["ledger_url"] = resolve_ledger_url(kwargs.pop("ledger_url"), kwargs.pop("config_path"))
     data = _DataFile(kwargs.pop("data_path"), kwargs.pop("column"))
     kwargs["load"] = data
     kwargs["data_digest"] = data.digest
     for name in _DECIMAL_OPTIONS:
         if f"{name}_text" in kwargs:
-            kwargs[name] = _decimal(kwargs.pop(f"{name}_text"), f"--{name}")
+            kwargs[name] = decimal_option(
+                kwargs.pop(f"{name}_text"), f"--{name}", allow_negative=name in ("lower", "upper")
+            )
     return kwargs
 
 
@@ -489,13 +491,12 @@ def _run(fn: Any, **options: Any) -> None:
     """Parse `options`, call `fn(ledger, now=..., **kwargs)`, print its result as JSON and
     write its signed receipt when asked."""
     from fedldp.aggregator.central.releases import ReleaseError
-    from fedldp.collector.ledger import open_ledger
     from fedldp.collector.ledger.store import LedgerError
 
     receipt_path = options.pop("receipt_path")
     key = _signing_key(options.pop("signing_key"), options.pop("passphrase_env"), receipt_path)
     kwargs = _release_kwargs(options)
-    ledger = open_ledger(kwargs.pop("ledger_url"))
+    ledger = open_cli_ledger(kwargs.pop("ledger_url"), "write")
     try:
         result = fn(ledger, now=int(time.time()), **kwargs)
         _emit(result)
@@ -566,25 +567,35 @@ def choice_cmd(candidates: str, **options: Any) -> None:
 
 
 @release.command("spend")
-@click.option("--ledger", "ledger_url", required=True, help="ledger URL")
-@click.option("--subject", required=True)
-@click.option("--purpose", required=True)
+@ledger_option()
+@config_option("collector.toml to read ledger_url from")
+@click.option("--subject", required=True, help="whose central budget to add up")
+@click.option("--purpose", required=True, help="the purpose whose releases to compose")
 @click.option(
-    "--composition", type=click.Choice(["basic", "rdp", "pld"]), default="basic", show_default=True
+    "--composition",
+    type=click.Choice(["basic", "rdp", "pld"]),
+    default="basic",
+    show_default=True,
+    help="basic (sum of epsilons and deltas) or a tighter accountant (rdp, pld)",
 )
 @click.option("--delta", "target_delta", type=float, help="target delta for rdp/pld")
 def spend_cmd(
-    ledger_url: str, subject: str, purpose: str, composition: str, target_delta: float | None
+    ledger_url: str | None,
+    config_path: str | None,
+    subject: str,
+    purpose: str,
+    composition: str,
+    target_delta: float | None,
 ) -> None:
     """Composed (epsilon, delta) spent by (subject, purpose), recomputed from the ledger.
 
     rdp/pld compose every stored event kind; an event they cannot compose is an
-    error (exit status 1), never a silent fallback to summing.
+    error (exit status 1), never a silent fallback to summing. Read-only: the
+    ledger must exist (a mistyped path creates nothing).
     """
     from fedldp.aggregator.central.accounting import CompositionError, compose
-    from fedldp.collector.ledger import open_ledger
 
-    ledger = open_ledger(ledger_url)
+    ledger = open_cli_ledger(resolve_ledger_url(ledger_url, config_path), "read")
     try:
         spent = compose(ledger, subject, purpose, composition, target_delta=target_delta)
     except CompositionError as exc:

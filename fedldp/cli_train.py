@@ -425,9 +425,9 @@ _RESERVATION_STATES = ("open", "stale", "settled", "cancelled")
 
 
 def _ledger_url_of(url: str | None, config_path: str | None) -> str:
-    from fedldp.cli_collector import _ledger_url
+    from fedldp.cli_common import resolve_ledger_url
 
-    return _ledger_url(url, config_path)
+    return resolve_ledger_url(url, config_path)
 
 
 def _age(seconds: int) -> str:

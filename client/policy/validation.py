@@ -12,8 +12,9 @@ must hash before acting; they are part of the policy contract.
 from __future__ import annotations
 
 import re
-from decimal import Decimal, InvalidOperation
+from decimal import Decimal
 
+from fedldp.client.decimals import parse_decimal as parse_decimal  # re-exported
 from fedldp.client.mechanisms import Mechanism, UnknownMechanismError, create
 from fedldp.client.policy.envelope import domain_digest, key_id_of
 from fedldp.v1 import policy_pb2
@@ -38,32 +39,9 @@ MAX_PARAMS = 32
 #: Most keys in a root (root keys and policy keys each).
 MAX_ROOT_KEYS = 64
 
-#: Plain decimal notation: no sign, no exponent, no "inf"/"nan", no blanks.
-_PLAIN_DECIMAL = re.compile(r"^(0|[1-9][0-9]*)(\.[0-9]+)?$")
-_SIGNED_PLAIN_DECIMAL = re.compile(r"^-?(0|[1-9][0-9]*)(\.[0-9]+)?$")
 _POLICY_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 _METRIC_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 _AUDIENCE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/-]*$")
-_MAX_DIGITS = 40
-
-
-def parse_decimal(text: str, *, allow_negative: bool = False) -> Decimal:
-    """Parse an exact decimal string in plain notation ("0.5", never "5e-1" or "inf").
-
-    Raises ValueError with a message saying what is accepted.
-    """
-    pattern = _SIGNED_PLAIN_DECIMAL if allow_negative else _PLAIN_DECIMAL
-    if not isinstance(text, str) or len(text) > _MAX_DIGITS or not pattern.match(text):
-        sign = "an optional '-', " if allow_negative else ""
-        raise ValueError(
-            f"must be a decimal string in plain notation ({sign}digits, optional '.digits', "
-            f'at most {_MAX_DIGITS} characters, e.g. "0.5"), got {text!r}'
-        )
-    try:
-        value = Decimal(text)
-    except InvalidOperation as exc:  # unreachable after the pattern; kept for safety
-        raise ValueError(f"not a decimal: {text!r}") from exc
-    return value
 
 
 def _positive_decimal(text: str, field: str, problems: list[str]) -> Decimal | None:

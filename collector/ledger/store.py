@@ -43,6 +43,7 @@ durable throughput is not one fsync per report.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import decimal
 import json
@@ -58,7 +59,18 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
 from itertools import chain
-from typing import TYPE_CHECKING, Any, NamedTuple, NoReturn, Protocol, TypeAlias, TypeVar
+from pathlib import Path
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    Literal,
+    NamedTuple,
+    NoReturn,
+    Protocol,
+    TypeAlias,
+    TypeVar,
+)
+from urllib.parse import quote
 
 import sqlalchemy as sa
 from fedldp.collector.ledger import migrate, restore
@@ -440,8 +452,17 @@ class CentralEvent:
     event: Mapping[str, object]
 
 
+#: How `open_ledger` may touch the database (see there).
+Access: TypeAlias = Literal["create", "write", "read"]
+
+
 class LedgerError(Exception):
     """Base of the ledger's domain errors."""
+
+
+class LedgerOpenError(LedgerError):
+    """The ledger cannot be opened as asked: bad URL, missing file or folder, not a
+    fedldp ledger, or not at this code's migration (the message says what to do)."""
 
 
 class NoCentralCapError(LedgerError):
@@ -675,10 +696,12 @@ class Ledger:
         shard: str | None = None,
         pool_size: int = 8,
         isolation: str | None = None,
+        access: Access = "create",
     ) -> None:
         self.url = url
         self.shard = shard or default_shard()
-        parsed = sa.make_url(url)
+        self.access = access
+        parsed = _parse_url(url)
         self.dialect = parsed.get_backend_name()
         self._ingest: IngestConnection | None
         if self.dialect == "sqlite":
@@ -690,6 +713,7 @@ class Ledger:
                 raise ValueError(
                     "the ledger needs a durable SQLite file, not an in-memory database"
                 )
+            url = _prepare_sqlite_file(parsed, access)
             # LIFO: the committer thread gets back the connection it just used, whose
             # page cache is still valid (SQLite drops a connection's cache when
             # another connection wrote since its last transaction).
@@ -699,8 +723,11 @@ class Ledger:
             self._read_engine = sa.create_engine(url, pool_size=pool_size, max_overflow=4)
             _configure_sqlite(self._write_engine, begin="BEGIN IMMEDIATE")
             _configure_sqlite(self._read_engine, begin="BEGIN")
-            self._ingest = IngestConnection(database)
-            ensure_wal(self._ingest)  # before any engine connects (the migrations)
+            if access == "read":  # no ingestion connection: it opens the file read-write
+                self._ingest = None
+            else:
+                self._ingest = IngestConnection(database)
+                ensure_wal(self._ingest)  # before any engine connects (the migrations)
         elif self.dialect == "postgresql":
             self._ingest = None
             isolation = isolation or "READ COMMITTED"
@@ -714,15 +741,20 @@ class Ledger:
                 max_overflow=4,
                 pool_pre_ping=True,
             )
+            if access == "read":  # every transaction read-only: a write fails
+                self._write_engine = self._write_engine.execution_options(postgresql_readonly=True)
             # Reads (reconcile, statistics, show) see one snapshot.
             self._read_engine = self._write_engine.execution_options(
                 isolation_level="REPEATABLE READ", postgresql_readonly=True
             )
         else:
-            raise ValueError(
+            raise LedgerOpenError(
                 f"unsupported ledger database {self.dialect!r}: use sqlite or postgresql"
             )
-        migrate.upgrade(self._write_engine)
+        if access == "create":
+            migrate.upgrade(self._write_engine)
+        else:
+            _check_revision(self._read_engine, parsed)
         #: Gaps of restores from backups (restore.py): charges in a window that
         #: overlaps one are refused. Read once: a restore happens with the
         #: collectors stopped, and they open the restored ledger afterwards.
@@ -2497,10 +2529,91 @@ def _configure_sqlite(engine: sa.Engine, *, begin: str) -> None:
         conn.exec_driver_sql(begin)
 
 
+def _parse_url(url: str) -> sa.URL:
+    """The SQLAlchemy URL `url`, or LedgerOpenError saying what a ledger URL looks like."""
+    try:
+        parsed = sa.make_url(url)
+    except sa.exc.ArgumentError:
+        raise LedgerOpenError(
+            f"cannot parse the ledger URL {url!r}: expected sqlite:////ABSOLUTE/PATH/ledger.db "
+            "or postgresql+psycopg://USER@HOST:PORT/DB"
+        ) from None
+    if parsed.get_backend_name() not in ("sqlite", "postgresql"):
+        raise LedgerOpenError(
+            f"unsupported ledger database {parsed.get_backend_name()!r} in "
+            f"{parsed.render_as_string(hide_password=True)}: use sqlite or postgresql"
+        )
+    return parsed
+
+
+def _prepare_sqlite_file(parsed: sa.URL, access: Access) -> str:
+    """The engine URL for the SQLite ledger file of `parsed`, checked for `access`.
+
+    "create": the folder must exist; a new file is created empty with mode 0600
+    before SQLite opens it (SQLite gives its -wal and -shm files the database
+    file's mode), so a ledger is never readable by other users. "write" and
+    "read": the file must exist; "read" opens it with SQLite's ``mode=ro`` URI, so
+    reading can never create, migrate or change it.
+    """
+    path = Path(parsed.database or "")
+    if path.is_dir():
+        raise LedgerOpenError(f"{path} is a folder; the ledger URL must name a file")
+    if access == "create":
+        if not path.parent.is_dir():
+            raise LedgerOpenError(
+                f"folder {path.parent} does not exist: create it first (ledger {path})"
+            )
+        with contextlib.suppress(FileExistsError):  # an existing ledger keeps its mode
+            os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600))
+        return parsed.render_as_string(hide_password=False)
+    if not path.is_file():
+        raise LedgerOpenError(
+            f"no ledger at {path} (the file does not exist): check the URL; a new ledger "
+            "is created by `fedldp ledger init` or the collector"
+        )
+    if access == "write":
+        return parsed.render_as_string(hide_password=False)
+    return f"sqlite:///file:{quote(str(path.resolve()))}?mode=ro&uri=true"
+
+
+def _check_revision(engine: sa.Engine, parsed: sa.URL) -> None:
+    """LedgerOpenError unless the database at `engine` is a ledger at this code's head."""
+    shown = parsed.render_as_string(hide_password=True)
+    try:
+        with engine.connect() as probe:
+            at = migrate.current_revision(probe)
+    except sa.exc.DatabaseError as exc:
+        detail = str(getattr(exc, "orig", exc)).splitlines()[0]
+        raise LedgerOpenError(f"cannot read the ledger {shown}: {detail}") from None
+    head = migrate.head_revision()
+    if at is None:
+        raise LedgerOpenError(
+            f"{shown} is not a fedldp ledger (no schema): check the URL, or create one "
+            "with `fedldp ledger init`"
+        )
+    if at != head:
+        raise LedgerOpenError(
+            f"ledger {shown} is at migration {at!r}, this fedldp expects {head!r}: "
+            "run `fedldp ledger migrate` (or upgrade fedldp if the ledger is newer)"
+        )
+
+
 def open_ledger(
-    url: str, *, shard: str | None = None, pool_size: int = 8, isolation: str | None = None
+    url: str,
+    *,
+    shard: str | None = None,
+    pool_size: int = 8,
+    isolation: str | None = None,
+    access: Access = "create",
 ) -> Ledger:
-    """Open (creating or migrating the schema) the ledger at `url`.
+    """Open the ledger at `url`; `access` says whether it may be created or written.
+
+    `access`: "create" (the collector, `ledger init`/`migrate`, tests) creates the
+    database and migrates its schema to head; "write" (central releases, caps)
+    needs an existing ledger at head and never migrates it; "read" (`ledger show`,
+    `reconcile`, reports) also opens it read-only (SQLite ``mode=ro``; PostgreSQL
+    read-only transactions), so reading never creates or changes anything. Both
+    raise LedgerOpenError when the ledger is missing or at another migration.
 
     `url` is a SQLAlchemy URL: ``sqlite:////abs/path/ledger.db`` or
     ``postgresql+psycopg://user@host:port/db``. `shard` names this collector
@@ -2510,4 +2623,4 @@ def open_ledger(
     isolation; more aborts under load); both retry on conflicts and never
     over-spend.
     """
-    return Ledger(url, shard=shard, pool_size=pool_size, isolation=isolation)
+    return Ledger(url, shard=shard, pool_size=pool_size, isolation=isolation, access=access)

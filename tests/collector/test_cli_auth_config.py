@@ -27,7 +27,8 @@ from fedldp.collector.testing import Deployment, coarse, make_report
 from fedldp.v1 import collector_pb2 as pb
 from fedldp.v1 import collector_pb2_grpc
 
-from fedldp.cli_collector import collector, ledger
+from fedldp.cli import main
+from fedldp.cli_collector import collector
 
 
 def test_ledger_show_reconcile_and_set_cap(
@@ -49,25 +50,40 @@ def test_ledger_show_reconcile_and_set_cap(
             now=now,
         )
     runner = CliRunner()
-    shown = runner.invoke(ledger, ["show", "alice", "--url", sqlite_url])
+    shown = runner.invoke(main, ["ledger", "show", "alice", "--ledger", sqlite_url])
     assert shown.exit_code == 0, shown.output
     assert "color" in shown.output and "0.5" in shown.output and "1.5" in shown.output
-    assert "nothing charged" in runner.invoke(ledger, ["show", "zed", "--url", sqlite_url]).output
-    ok = runner.invoke(ledger, ["reconcile", "--url", sqlite_url])
+    assert (
+        "nothing charged"
+        in runner.invoke(main, ["ledger", "show", "zed", "--ledger", sqlite_url]).output
+    )
+    ok = runner.invoke(main, ["ledger", "reconcile", "--ledger", sqlite_url])
     assert ok.exit_code == 0 and "consistent" in ok.output
     capped = runner.invoke(
-        ledger,
-        ["set-cap", "model", "train", "--epsilon", "2", "--delta", "1e-6", "--url", sqlite_url],
+        main,
+        [
+            "ledger",
+            "set-cap",
+            "model",
+            "train",
+            "--epsilon",
+            "2",
+            "--delta",
+            "0.000001",
+            "--ledger",
+            sqlite_url,
+        ],
     )
     assert capped.exit_code == 0, capped.output
     with open_ledger(sqlite_url) as led:
         assert led.central_cap("model", "train") == (Decimal("2"), Decimal("0.000001"))
         led.transaction(lambda c: c.execute(spend.update().values(epsilon_spent="0.25")))
-    bad = runner.invoke(ledger, ["reconcile", "--url", sqlite_url])
+    bad = runner.invoke(main, ["ledger", "reconcile", "--ledger", sqlite_url])
     assert bad.exit_code == 1
     assert "MISMATCH spend: subject=alice" in bad.output
     refused = runner.invoke(
-        ledger, ["set-cap", "m", "p", "--epsilon", "x", "--delta", "0", "--url", sqlite_url]
+        main,
+        ["ledger", "set-cap", "m", "p", "--epsilon", "x", "--delta", "0", "--ledger", sqlite_url],
     )
     assert refused.exit_code != 0 and "decimal" in refused.output
 
