@@ -187,14 +187,21 @@ class CollectorConfig:
     def token_secret_bytes(self) -> bytes | None:
         """The token secret, from `token_secret` or `token_secret_file` (None: tokens off)."""
         text = self.token_secret
+        source = "token_secret"
         if self.token_secret_file:
-            text = Path(self.token_secret_file).read_text(encoding="ascii").strip()
+            source = f"token_secret_file {self.token_secret_file}"
+            try:
+                text = Path(self.token_secret_file).read_text(encoding="ascii").strip()
+            except (OSError, UnicodeDecodeError) as exc:
+                raise ConfigError(f"cannot read {source}: {exc}") from None
         if not text:
             return None
         try:
             return bytes.fromhex(text)
         except ValueError:
-            raise ConfigError("token_secret must be hex") from None
+            raise ConfigError(
+                f"{source} must hold hex digits (make one with `fedldp collector gen-secret`)"
+            ) from None
 
     def validate(self) -> None:
         """Raise ConfigError naming every missing or inconsistent setting."""
@@ -267,7 +274,10 @@ def load_config(
     values: dict[str, Any] = {}
     known = {f.name: f for f in fields(CollectorConfig)}
     if path is not None:
-        data = _toml_loads(Path(path).read_text(encoding="utf-8"))
+        try:
+            data = _toml_loads(Path(path).read_text(encoding="utf-8"))
+        except ValueError as exc:  # tomllib.TOMLDecodeError, UnicodeDecodeError
+            raise ConfigError(f"{path} is not valid TOML: {exc}") from None
         table = data.get("collector", data)
         for key, raw in table.items():
             if key not in known:

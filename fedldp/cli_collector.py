@@ -68,8 +68,19 @@ def serve_cmd(config_path: str | None, port_file: str | None) -> None:
     try:
         config = load_config(config_path)
     except ConfigError as exc:
-        raise click.ClickException(str(exc)) from None
-    sys.exit(serve(config, port_file=port_file, config_path=config_path))
+        where = f"{config_path}: " if config_path and config_path not in str(exc) else ""
+        raise click.ClickException(f"config: {where}{exc}") from None
+    try:
+        status = serve(config, port_file=port_file, config_path=config_path)
+    except RuntimeError as exc:  # grpc's bind failure is a bare RuntimeError
+        if not str(exc).startswith("Failed to bind"):
+            raise
+        raise click.ClickException(
+            f"cannot listen on {config.listen!r} (set by `listen` in {config_path or 'the config'}"
+            " or FEDLDP_COLLECTOR_LISTEN): use HOST:PORT with an address of this machine "
+            "and a free port"
+        ) from None
+    sys.exit(status)
 
 
 @collector.command("mint-token")
@@ -85,7 +96,13 @@ def serve_cmd(config_path: str | None, port_file: str | None) -> None:
     type=click.Path(exists=True, dir_okay=False),
     help="file with the hex token secret (overrides --config)",
 )
-@click.option("--ttl", default=30 * 86400, show_default=True, help="lifetime in seconds")
+@click.option(
+    "--ttl",
+    default=30 * 86400,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="lifetime in seconds (at least 1)",
+)
 def mint_token_cmd(
     subject: str, config_path: str | None, secret_file: str | None, ttl: int
 ) -> None:

@@ -10,13 +10,15 @@ without trusting it, with its digest and signing key ids.
 from __future__ import annotations
 
 import json
-from decimal import Decimal, InvalidOperation
+from decimal import Decimal
+from pathlib import Path
 from typing import Any
 
 import click
 from google.protobuf import json_format
 from google.protobuf.message import DecodeError
 
+from fedldp.cli_common import decimal_option, trust_option
 from fedldp.cli_keys import load_keys, now_option, passphrase_from_env
 from fedldp.client.policy import (
     POLICY_PAYLOAD_TYPE,
@@ -76,6 +78,10 @@ def sign(
     policy is valid (and, with --previous, can follow that version: see
     docs/policies.md, "Versions and budgets").
     """
+    if not Path(out).parent.is_dir():
+        raise click.BadParameter(
+            f"folder {Path(out).parent} does not exist (create it first)", param_hint="--out"
+        )
     (private_key,) = load_keys((key,), passphrase_from_env(passphrase_env))
     try:
         message = load_policy_toml(policy_file)
@@ -120,7 +126,7 @@ def _trust(
         if trust_dir is not None:
             return load_trust_folder(trust_dir, now=now)
         if not roots or not pins:
-            raise click.UsageError("give --trust-dir, or --root and --pin")
+            raise click.UsageError("give --trust, or --root and --pin")
         return load_trust(
             [load_public_key(p) for p in pins], [read_envelope(r) for r in roots], now=now
         )
@@ -131,22 +137,15 @@ def _trust(
 def _decimal(_ctx: click.Context, _param: click.Parameter, value: str | None) -> Decimal | None:
     if value is None:
         return None
-    try:
-        parsed = Decimal(value)
-    except InvalidOperation:
-        raise click.BadParameter(f"{value!r} is not a decimal") from None
-    if not parsed.is_finite() or parsed <= 0:
-        raise click.BadParameter("must be finite and positive")
+    parsed = decimal_option(value, f"--{_param.name or 'value'}".replace("_", "-"))
+    if parsed <= 0:
+        raise click.BadParameter("must be positive")
     return parsed
 
 
 @policy.command()
 @click.argument("envelope_file", type=click.Path(exists=True, dir_okay=False))
-@click.option(
-    "--trust-dir",
-    type=click.Path(exists=True, file_okay=False),
-    help="Trust folder: pinned/*.pem|*.pub root keys and *.root envelopes.",
-)
+@trust_option(help="Trust folder: pinned/*.pem|*.pub root keys and *.root envelopes.")
 @click.option(
     "--root",
     "roots",

@@ -20,6 +20,7 @@ from fedldp.cli_common import (
     LEDGER_URL_HELP,
     config_option,
     decimal_option,
+    iso_utc,
     ledger_option,
     open_cli_ledger,
     resolve_ledger_url,
@@ -81,30 +82,40 @@ def load_verified_policy(
     except PolicyError as exc:
         raise click.ClickException(f"trust folder {trust_dir}: {exc}") from None
     found: list[VerifiedPolicy] = []
-    refused: list[str] = []
+    refused: list[str] = []  # why envelopes of this id were refused
+    seen_ids: set[str] = set()
     for path in sorted(Path(policy_dir).glob("*.policy")):
         try:
             envelope = read_envelope(path)
             verified = verify_policy(envelope, trust, now=at, audience=audience)
         except PolicyError as exc:
-            if _names_policy(path, policy_id):
+            unverified = _unverified_id(path)
+            if unverified is not None:
+                seen_ids.add(unverified)
+            if unverified == policy_id:
                 refused.append(f"{path.name}: {exc}")
             continue
+        seen_ids.add(verified.policy_id)
         if verified.policy_id == policy_id and (version is None or verified.version == version):
             found.append(verified)
     if not found:
         which = f"{policy_id!r}" + (f" v{version}" if version is not None else "")
-        why = f"; refused: {'; '.join(refused)}" if refused else ""
+        if refused:
+            raise click.ClickException(
+                f"policy {which} in {policy_dir} was refused at {iso_utc(at)} (audience "
+                f"{audience!r}; --audience and --at change these): " + "; ".join(refused)
+            )
+        known = ", ".join(sorted(seen_ids)) or "none"
         raise click.ClickException(
-            f"no valid signed policy {which} in {policy_dir} at time {at} (check the id, "
-            f"the version, the trust folder and --at){why}"
+            f"no signed policy {which} in {policy_dir} (policy ids there: {known}); "
+            "check --policy and --version"
         )
     return max(found, key=lambda p: p.version)
 
 
-def _names_policy(path: Path, policy_id: str) -> bool:
-    """Whether the policy file at `path` parses and carries `policy_id` (for error messages;
-    e.g. a policy of the retired 'laplace' mechanism, whose stored rows cannot be reported)."""
+def _unverified_id(path: Path) -> str | None:
+    """The policy id an envelope claims, read WITHOUT verification (only to explain a
+    refusal; never trusted)."""
     from google.protobuf.message import DecodeError
 
     from fedldp.client.policy import PolicyError
@@ -112,9 +123,9 @@ def _names_policy(path: Path, policy_id: str) -> bool:
     from fedldp.v1 import policy_pb2
 
     try:
-        return policy_pb2.Policy.FromString(read_envelope(path).payload).policy_id == policy_id
+        return policy_pb2.Policy.FromString(read_envelope(path).payload).policy_id
     except (DecodeError, OSError, PolicyError):
-        return False
+        return None
 
 
 @click.command("report")

@@ -38,12 +38,14 @@ from collections import Counter
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from decimal import Decimal, InvalidOperation
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
 import click
 import grpc
+
+from fedldp.cli_common import decimal_option
 
 POLICY_ID = "demo.browser-homepage"
 METRIC = "browser.homepage"
@@ -92,11 +94,8 @@ def _zipf_values(rng: random.Random, domain_size: int, count: int) -> list[int]:
 
 
 def _parse_decimal(text: str, name: str) -> Decimal:
-    try:
-        value = Decimal(text)
-    except InvalidOperation:
-        raise click.BadParameter(f"{name} must be a decimal number, got {text!r}") from None
-    if not value.is_finite() or value <= 0:
+    value = decimal_option(text, name)
+    if value <= 0:
         raise click.BadParameter(f"{name} must be finite and positive")
     return value
 

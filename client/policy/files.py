@@ -132,6 +132,8 @@ def read_envelope(path: str | Path) -> policy_pb2.SignedEnvelope:
     size = path.stat().st_size
     if size > _MAX_ENVELOPE_FILE_BYTES:
         raise InvalidPolicyError([f"{path.name} is {size} bytes, larger than any valid envelope"])
+    if size == 0:
+        raise InvalidPolicyError([f"{path.name} is empty"], subject="envelope file")
     try:
         return policy_pb2.SignedEnvelope.FromString(path.read_bytes())
     except DecodeError as exc:

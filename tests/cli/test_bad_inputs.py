@@ -1,0 +1,364 @@
+"""Every `fedldp` subcommand against a matrix of bad inputs, as a new user would type them.
+
+Each case runs `fedldp ...` as a subprocess and must exit non-zero with a one-line
+``Error: ...`` on stderr and no Python traceback (issue 17: 16 of 82 such runs
+printed one). Reading commands must not create what they were pointed at: after
+the matrix, the mistyped ledger paths and folders still do not exist.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from fedldp.collector.ledger import open_ledger
+from fedldp.collector.testing import Deployment, write_config
+
+FEDLDP = str(Path(sys.executable).with_name("fedldp"))
+
+
+@dataclass(frozen=True)
+class Env:
+    """A valid demo environment and bad inputs around it."""
+
+    base: Path
+    config: Path  # a valid collector.toml
+    ledger: str  # an existing ledger's URL
+    trust: Path
+    policies: Path
+    secret: Path
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
+    base = tmp_path_factory.mktemp("bad-inputs")
+    deployment = Deployment.create(now=int(time.time()))
+    deployment.add_categorical("demo.color")
+    url = f"sqlite:///{base / 'ledger.db'}"
+    open_ledger(url).close()
+    config = write_config(deployment, base, url, "good")
+    (base / "junk.db").write_bytes(b"this is not a database\n" * 20)
+    (base / "bad.toml").write_text("[collector\nlisten = \n", encoding="utf-8")
+    (base / "empty.policy").write_bytes(b"")
+    (base / "data.txt").write_text("1\n2\n3\n", encoding="utf-8")
+    (base / "receipt.json").write_text("{not json", encoding="utf-8")
+    (base / "nonhex.secret").write_text("zz-not-hex\n", encoding="ascii")
+    good = config.read_text(encoding="utf-8")
+
+    def variant(name: str, key: str, value: str) -> None:
+        lines = [ln for ln in good.splitlines() if not ln.startswith(f"{key} =")]
+        (base / name).write_text("\n".join([*lines, f'{key} = "{value}"']) + "\n", "utf-8")
+
+    variant("nonhex.toml", "token_secret_file", str(base / "nonhex.secret"))
+    variant("noledgerdir.toml", "ledger_url", f"sqlite:///{base / 'nope' / 'ledger.db'}")
+    variant("ledgerisdir.toml", "ledger_url", f"sqlite:///{base}")
+    variant("notrust.toml", "trust_dir", str(base / "no-trust"))
+    variant("badlisten.toml", "listen", "999.1.2.3:99999")
+    variant("mysql.toml", "ledger_url", "mysql://u@localhost/db")
+    variant("unknown.toml", "no_such_setting", "1")
+    yield Env(base, config, url, base / "trust", base / "policies", base / "token.secret")
+
+
+def bad_ledgers(env: Env) -> dict[str, str]:
+    b = env.base
+    return {
+        "missing-folder": f"sqlite:///{b / 'nope' / 'ledger.db'}",
+        "missing-file": f"sqlite:///{b / 'absent.db'}",
+        "a-directory": f"sqlite:///{b}",
+        "not-a-database": f"sqlite:///{b / 'junk.db'}",
+        "unparsable": "not-a-url",
+        "mysql": "mysql://u@localhost/db",
+        "unreachable-postgres": "postgresql+psycopg://fedldp:secret@127.0.0.1:1/fedldp",
+    }
+
+
+def bad_configs(env: Env) -> dict[str, str]:
+    b = env.base
+    return {
+        "malformed-toml": str(b / "bad.toml"),
+        "missing": str(b / "nope.toml"),
+        "a-directory": str(b),
+        "unknown-key": str(b / "unknown.toml"),
+        "missing-ledger-folder": str(b / "noledgerdir.toml"),
+        "ledger-is-directory": str(b / "ledgerisdir.toml"),
+        "mysql-ledger": str(b / "mysql.toml"),
+    }
+
+
+def ledger_commands(env: Env) -> dict[str, list[str]]:
+    """Commands that take a ledger, without it (`--ledger URL` or `--config` is appended)."""
+    d = str(env.base / "data.txt")
+    release = ["--subject", "s", "--purpose", "p", "--epsilon", "1", "--key", "k", "--data", d]
+    bounds = ["--lower", "0", "--upper", "10"]
+    return {
+        "ledger show": ["ledger", "show", "alice"],
+        "ledger reconcile": ["ledger", "reconcile"],
+        "ledger set-cap": ["ledger", "set-cap", "s", "p", "--epsilon", "1", "--delta", "0"],
+        "ledger migrate": ["ledger", "migrate"],
+        "report": [
+            "report",
+            "--policy",
+            "demo.color",
+            "--policies",
+            str(env.policies),
+            "--trust",
+            str(env.trust),
+        ],
+        "release count": ["release", "count", *release],
+        "release sum": ["release", "sum", *release, *bounds],
+        "release mean": ["release", "mean", *release, *bounds],
+        "release choice": ["release", "choice", *release, "--candidates", "a,b"],
+        "release spend": ["release", "spend", "--subject", "s", "--purpose", "p"],
+    }
+
+
+def cases(env: Env) -> list[tuple[str, list[str]]]:
+    out: list[tuple[str, list[str]]] = []
+    for name, command in ledger_commands(env).items():
+        for bad, url in bad_ledgers(env).items():
+            out.append((f"{name} --ledger {bad}", [*command, "--ledger", url]))
+        for bad, path in bad_configs(env).items():
+            if bad in ("malformed-toml", "missing", "a-directory", "missing-ledger-folder"):
+                out.append((f"{name} --config {bad}", [*command, "--config", path]))
+    configs = {**bad_configs(env)}
+    for extra in ("nonhex", "notrust", "badlisten"):
+        configs[extra] = str(env.base / f"{extra}.toml")
+    for bad, path in configs.items():
+        out.append((f"collector serve --config {bad}", ["collector", "serve", "--config", path]))
+    for bad in ("malformed-toml", "missing", "a-directory", "nonhex"):
+        path = configs[bad]
+        out.append(
+            (f"mint-token --config {bad}", ["collector", "mint-token", "d", "--config", path])
+        )
+    b = env.base
+    out += [
+        (
+            "ledger init missing folder",
+            ["ledger", "init", "--ledger", bad_ledgers(env)["missing-folder"]],
+        ),
+        (
+            "ledger init a directory",
+            ["ledger", "init", "--ledger", bad_ledgers(env)["a-directory"]],
+        ),
+        (
+            "ledger set-cap exponent",
+            [
+                "ledger",
+                "set-cap",
+                "s",
+                "p",
+                "--epsilon",
+                "1e-3",
+                "--delta",
+                "0",
+                "--ledger",
+                env.ledger,
+            ],
+        ),
+        (
+            "ledger set-cap not a number",
+            [
+                "ledger",
+                "set-cap",
+                "s",
+                "p",
+                "--epsilon",
+                "x",
+                "--delta",
+                "0",
+                "--ledger",
+                env.ledger,
+            ],
+        ),
+        ("ledger show without a ledger", ["ledger", "show", "alice"]),
+        (
+            "mint-token negative ttl",
+            ["collector", "mint-token", "d", "--secret-file", str(env.secret), "--ttl", "-5"],
+        ),
+        (
+            "mint-token non-hex secret file",
+            ["collector", "mint-token", "d", "--secret-file", str(b / "nonhex.secret")],
+        ),
+        (
+            "release count exponent",
+            [
+                "release",
+                "count",
+                "--ledger",
+                env.ledger,
+                "--subject",
+                "s",
+                "--purpose",
+                "p",
+                "--epsilon",
+                "1e-1",
+                "--key",
+                "k",
+                "--data",
+                str(b / "data.txt"),
+            ],
+        ),
+        (
+            "release count no cap",
+            [
+                "release",
+                "count",
+                "--ledger",
+                env.ledger,
+                "--subject",
+                "s",
+                "--purpose",
+                "p",
+                "--epsilon",
+                "1",
+                "--key",
+                "k",
+                "--data",
+                str(b / "data.txt"),
+            ],
+        ),
+        (
+            "report unknown policy",
+            [
+                "report",
+                "--policy",
+                "no.such",
+                "--ledger",
+                env.ledger,
+                "--policies",
+                str(env.policies),
+                "--trust",
+                str(env.trust),
+            ],
+        ),
+        (
+            "report wrong audience",
+            [
+                "report",
+                "--policy",
+                "demo.color",
+                "--ledger",
+                env.ledger,
+                "--policies",
+                str(env.policies),
+                "--trust",
+                str(env.trust),
+                "--audience",
+                "elsewhere",
+            ],
+        ),
+        (
+            "report missing trust",
+            [
+                "report",
+                "--policy",
+                "demo.color",
+                "--ledger",
+                env.ledger,
+                "--policies",
+                str(env.policies),
+                "--trust",
+                str(b / "no-trust"),
+            ],
+        ),
+        ("policy show empty file", ["policy", "show", str(b / "empty.policy")]),
+        ("policy show missing", ["policy", "show", str(b / "nope.policy")]),
+        (
+            "policy sign out in missing folder",
+            [
+                "policy",
+                "sign",
+                str(b / "data.txt"),
+                "--key",
+                str(b / "data.txt"),
+                "--out",
+                "/nonexistent-fedldp/p.policy",
+            ],
+        ),
+        (
+            "policy verify garbage",
+            ["policy", "verify", str(b / "data.txt"), "--trust", str(env.trust)],
+        ),
+        ("keys id not a key", ["keys", "id", str(b / "data.txt")]),
+        ("client status missing state", ["client", "status", "--state-dir", str(b / "no-state")]),
+        ("client budget not a state dir", ["client", "budget", "--state-dir", str(b)]),
+        ("train missing config", ["train", "--config", str(b / "nope.toml")]),
+        ("train malformed config", ["train", "--config", str(b / "bad.toml")]),
+        ("verify training garbage receipt", ["verify", "training", str(b / "receipt.json")]),
+        ("demo exponent epsilon", ["demo", "--epsilon", "1e-3", "--out", str(b / "demo-out")]),
+        ("unknown command", ["no-such-command"]),
+        ("unknown option", ["ledger", "show", "x", "--no-such-option"]),
+    ]
+    return out
+
+
+# Cases whose message or exit code is checked beyond "one error line, exit 1 or 2".
+EXPECTED: dict[str, tuple[int, str]] = {
+    "ledger set-cap exponent": (2, "plain notation"),
+    "release count exponent": (2, "plain notation"),
+    "demo exponent epsilon": (2, "plain notation"),
+    "mint-token negative ttl": (2, "--ttl"),
+    "collector serve --config nonhex": (1, "nonhex.secret"),
+    "collector serve --config malformed-toml": (1, "bad.toml"),
+    "collector serve --config badlisten": (1, "listen"),
+    "report unknown policy": (1, "no signed policy 'no.such'"),
+    "report wrong audience": (1, "audience"),
+    "ledger show --ledger missing-file": (1, "does not exist"),
+    "ledger show --ledger unreachable-postgres": (1, "ledger"),
+    "release spend --ledger missing-file": (1, "does not exist"),
+    "policy show empty file": (1, "empty"),
+    "unknown option": (2, "No such option"),
+}
+
+
+def _run(args: list[str]) -> subprocess.CompletedProcess[str]:
+    environment = {k: v for k, v in os.environ.items() if not k.startswith("FEDLDP_")}
+    try:
+        return subprocess.run(
+            [FEDLDP, *args], capture_output=True, text=True, timeout=60, env=environment
+        )
+    except subprocess.TimeoutExpired as exc:  # a command that should have refused at once
+        return subprocess.CompletedProcess(args, -1, "", f"did not stop within 60 s: {exc}")
+
+
+def test_every_bad_input_gets_one_error_line(env: Env) -> None:
+    matrix = cases(env)
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        results = list(pool.map(_run, [args for _, args in matrix]))
+    failures = []
+    for (name, args), result in zip(matrix, results, strict=True):
+        problem = None
+        if result.returncode == 0:
+            problem = "exit 0"
+        elif "Traceback" in result.stderr:
+            problem = "traceback"
+        elif result.returncode not in (1, 2):
+            problem = f"exit {result.returncode}"
+        elif not any(
+            line.startswith(("Error: ", "REFUSED")) for line in result.stderr.splitlines()
+        ):
+            problem = "no 'Error: ' line"
+        elif name in EXPECTED and (
+            result.returncode != EXPECTED[name][0] or EXPECTED[name][1] not in result.stderr
+        ):
+            problem = f"expected exit {EXPECTED[name][0]} and {EXPECTED[name][1]!r}"
+        elif "secret@" in result.stderr:
+            problem = "a password in the message"
+        if problem:
+            failures.append(
+                f"{name}: {problem}\n  fedldp {' '.join(args)}\n  {result.stderr[-600:]}"
+            )
+    print(f"bad-input matrix: {len(matrix)} runs")
+    assert not failures, f"{len(failures)} of {len(matrix)} failed:\n" + "\n".join(failures)
+    # Reading never writes: nothing was created where the mistyped paths pointed.
+    assert not (env.base / "absent.db").exists()
+    assert not (env.base / "nope").exists()
+    assert not Path("/nonexistent-fedldp").exists()
+    assert not (env.base / "demo-out").exists()
