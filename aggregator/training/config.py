@@ -26,9 +26,11 @@ import math
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from decimal import Decimal, InvalidOperation
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
+
+from fedldp.client.decimals import DecimalSyntaxError, parse_decimal
 
 
 def _toml_loads(text: str) -> dict[str, Any]:
@@ -70,19 +72,20 @@ def _no_unknown(section: str, table: Mapping[str, Any], known: tuple[str, ...]) 
 
 
 def _decimal(section: str, key: str, value: object) -> Decimal:
-    """An exact decimal from a TOML string or integer (floats are refused: inexact)."""
+    """An exact decimal from a TOML string in plain notation or a TOML integer.
+
+    The one rule of fedldp.client.decimals (policy.proto rule 6): "0.00001", not
+    "1e-5"; TOML floats are refused (inexact).
+    """
     if isinstance(value, bool) or not isinstance(value, (str, int)):
         raise TrainingConfigError(
-            f'[{section}] {key} must be a decimal string such as "3" or "1e-5" '
+            f'[{section}] {key} must be a decimal string such as "3" or "0.00001" '
             "(a TOML float is inexact)"
         )
     try:
-        out = Decimal(str(value).strip())
-    except InvalidOperation as exc:
-        raise TrainingConfigError(f"[{section}] {key} is not a decimal number") from exc
-    if not out.is_finite():
-        raise TrainingConfigError(f"[{section}] {key} must be finite")
-    return out
+        return parse_decimal(str(value).strip(), allow_negative=True, name=f"[{section}] {key}")
+    except DecimalSyntaxError as exc:
+        raise TrainingConfigError(str(exc)) from None
 
 
 def _positive_float(section: str, key: str, value: object) -> float:

@@ -102,7 +102,7 @@ def make_config(
                 "subject": SUBJECT,
                 "purpose": PURPOSE,
                 "epsilon": "1",
-                "delta": "1e-5",
+                "delta": "0.00001",
             },
             "data": {
                 "source": "csv",

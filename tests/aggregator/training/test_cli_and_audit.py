@@ -33,7 +33,7 @@ ledger = "{ledger_url}"
 subject = "{SUBJECT}"
 purpose = "{PURPOSE}"
 epsilon = "{epsilon}"
-delta = "1e-5"
+delta = "0.00001"
 
 [data]
 source = "csv"

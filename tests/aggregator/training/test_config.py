@@ -18,8 +18,9 @@ ConfigFactory = Callable[..., Any]
     [
         ({"budget": {"epsilon": "0"}}, "epsilon must be finite and > 0"),
         ({"budget": {"epsilon": "-1"}}, "epsilon must be finite and > 0"),
-        ({"budget": {"epsilon": "inf"}}, "must be finite"),
-        ({"budget": {"epsilon": "NaN"}}, "must be finite"),
+        ({"budget": {"epsilon": "inf"}}, "plain notation"),
+        ({"budget": {"epsilon": "NaN"}}, "plain notation"),
+        ({"budget": {"delta": "1e-5"}}, 'e.g. "0.00001" not "1e-5"'),
         ({"budget": {"epsilon": 1.5}}, "TOML float is inexact"),
         ({"budget": {"delta": "0"}}, "0 < delta < 1"),
         ({"budget": {"delta": "1"}}, "0 < delta < 1"),
@@ -64,7 +65,7 @@ ledger = "sqlite:////tmp/x.db"
 subject = "s"
 purpose = "p"
 epsilon = "1"
-delta = "1e-5"
+delta = "0.00001"
 [data]
 source = "csv"
 path = "data/train.csv"
