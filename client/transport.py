@@ -177,6 +177,18 @@ def channel_options(backoff: Backoff, timeout_seconds: float) -> list[tuple[str,
 _CONNECTION_FAILURES = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
 
 
+def tls_hint(code: grpc.StatusCode, details: str) -> str:
+    """`details`, plus what to check when a TLS handshake failed (a collector serving
+    plaintext answers a TLS client's hello with garbage: WRONG_VERSION_NUMBER)."""
+    if code == grpc.StatusCode.UNAVAILABLE and "handshake" in details.lower():
+        return (
+            f"{details} (TLS handshake failed: the collector may be serving plaintext; "
+            "bearer tokens are only sent over TLS, so give the collector tls_cert and "
+            "tls_key, or use its TLS address)"
+        )
+    return details
+
+
 class TransportError(Exception):
     """A call failed as a whole; no report in it is known to be acknowledged.
 
@@ -365,7 +377,7 @@ class Transport:
             call: grpc.Call = exc  # type: ignore[assignment]
             error = TransportError(
                 call.code(),
-                call.details() or "",
+                tls_hint(call.code(), call.details() or ""),
                 retry_after_seconds(call.trailing_metadata()),
             )
             if error.code in _CONNECTION_FAILURES and error.retry_after is None:
