@@ -143,7 +143,8 @@ class CollectorConfig:
         metadata={
             "help": "server processes sharing the listen port (SO_REUSEPORT) and the ledger, "
             "under one supervising process; more than 1 uses more cores "
-            "(docs/collector.md, 'Processes')"
+            "(docs/collector.md, 'Processes'). Unset in the file and environment: the "
+            "cores this process may run on (os.sched_getaffinity), at most 64"
         },
     )
     reuse_port: bool = field(
@@ -290,9 +291,28 @@ def load_config(
         if key not in known:
             raise ConfigError(f"unknown setting {key!r}")
         values[key] = _convert(key, known[key].type, raw)
+    if "processes" not in values:
+        values["processes"] = default_processes()
     config = CollectorConfig(**values)
     config.validate()
     return config
+
+
+# --- the default number of processes (issue 17; kept apart from the loader above) ---
+
+
+def default_processes() -> int:
+    """The cores this process may run on (CPU affinity, cgroup cpusets), 1..64.
+
+    One collector process uses about one core (docs/collector.md, "Processes"), so
+    a config that does not set `processes` runs one per usable core. Programmatic
+    `CollectorConfig(...)` keeps the dataclass default (1).
+    """
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # no sched_getaffinity (macOS)
+        cores = os.cpu_count() or 1
+    return max(1, min(64, cores))
 
 
 def describe() -> str:

@@ -251,6 +251,7 @@ def write_config(
         "rate_limit_burst": 100000.0,
         "instance_id": name,
         "log_level": "WARNING",
+        "processes": 1,  # tests choose their process count (the default follows the cores)
     }
     values.update(settings)
     lines = ["[collector]"]
