@@ -160,7 +160,14 @@ def _unverified_id(path: Path) -> str | None:
     type=int,
     help="verify the policy as of this time (default: the window start, else now)",
 )
-@click.option("--format", "fmt", type=click.Choice(_FORMATS), default="table", show_default=True)
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(_FORMATS),
+    default="table",
+    show_default=True,
+    help="table and html for people (dates in ISO 8601 UTC); json and csv for programs",
+)
 @click.option(
     "--consistency",
     type=click.Choice(_CONSISTENCY),
@@ -168,7 +175,13 @@ def _unverified_id(path: Path) -> str | None:
     show_default=True,
     help="post-processing of frequencies (Wang et al. NDSS 2020); norm-sub recommended",
 )
-@click.option("--confidence", type=float, default=0.95, show_default=True)
+@click.option(
+    "--confidence",
+    type=click.FloatRange(0, 1, min_open=True, max_open=True),
+    default=0.95,
+    show_default=True,
+    help="confidence level of the intervals",
+)
 @click.option("--simultaneous", is_flag=True, help="Bonferroni intervals over all values")
 @click.option("--heavy-hitters", is_flag=True, help="list values above the noise floor")
 @click.option(
@@ -424,6 +437,7 @@ _noise = [
         type=click.Choice(["laplace", "gaussian"]),
         default="laplace",
         show_default=True,
+        help="noise: laplace (pure epsilon) or gaussian (needs --delta > 0)",
     ),
     click.option(
         "--delta",

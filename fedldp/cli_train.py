@@ -17,6 +17,7 @@ from typing import Any
 
 import click
 
+from fedldp.cli_common import deprecated_alias, fallback_to_alias
 from fedldp.cli_mechanism_audit import verify_mechanism
 
 TRAIN_EXTRA_HINT = "pip install 'fedldp[train]'"
@@ -290,7 +291,14 @@ def audit() -> None:
 @click.option("--fpr", "fprs", multiple=True, type=float, help="FPRs to report TPR at")
 @click.option("--seed", default=0, show_default=True, help="split/subsample seed of the audit")
 @click.option("--data-url", help="SQLAlchemy URL for a SQL training source")
-@click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path))
+@click.option(
+    "--out",
+    "json_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    callback=fallback_to_alias,
+    help="also write the results as JSON to this file",
+)
+@deprecated_alias("--json", "--out", "json_path")
 def audit_membership(
     receipt_path: Path,
     holdout: Path,

@@ -116,7 +116,7 @@ def test_train_verify_audit_commands(
             str(receipt),
             "--holdout",
             str(tmp_path / "holdout.csv"),
-            "--json",
+            "--out",
             str(out),
         ],
     )
