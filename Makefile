@@ -8,7 +8,7 @@ BIN := $(VENV)/bin
 PIP := $(BIN)/python -m pip install --quiet --disable-pip-version-check -c constraints.txt
 DEPS := pyproject.toml setup.py constraints.txt
 
-.PHONY: demo test lint proto bench-quick clean
+.PHONY: demo test lint docs proto bench-quick clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -33,6 +33,9 @@ test: $(VENV)/.test-installed
 lint: $(VENV)/.test-installed
 	$(BIN)/ruff check .
 	$(BIN)/python scripts/typecheck.py
+
+docs: $(VENV)/.test-installed
+	$(BIN)/python scripts/check_docs.py
 
 proto: $(VENV)/.test-installed
 	$(BIN)/python scripts/gen_proto.py

@@ -1,4 +1,5 @@
-"""Run mypy (strict, config in pyproject.toml) over the fedldp packages, bench/ and scripts/.
+"""Run mypy (strict, config in pyproject.toml) over the fedldp packages, bench/, scripts/
+and tests/ (a listed baseline of test modules is exempt: see pyproject.toml).
 
 The source folders map onto `fedldp.*` through setuptools' editable-install import
 hook, which mypy cannot follow. This script lays out a shadow tree of symlinks,
@@ -46,7 +47,14 @@ def main() -> int:
     # Files mode from inside the shadow tree: mypy walks the symlinked folders.
     status = subprocess.call([*command, "fedldp"], cwd=shadow, env=env)
     others = [str(REPO_ROOT / name) for name in ("bench", "scripts") if (REPO_ROOT / name).is_dir()]
-    return status or subprocess.call([*command, *others], cwd=REPO_ROOT, env=env)
+    status = status or subprocess.call([*command, *others], cwd=REPO_ROOT, env=env)
+    # tests/: as pytest imports them (tests/integration's helpers are top-level modules).
+    tests_env = dict(
+        env, MYPYPATH=os.pathsep.join([str(shadow), str(REPO_ROOT / "tests" / "integration")])
+    )
+    return status or subprocess.call(
+        [*command, "--explicit-package-bases", "tests"], cwd=REPO_ROOT, env=tests_env
+    )
 
 
 if __name__ == "__main__":
