@@ -95,6 +95,8 @@ class ReportContext:
     epsilon_charged: Decimal | None = None
     shards: int | None = None
     sources: tuple[str, ...] = ()
+    window_seconds: int | None = None
+    purpose: str | None = None  # the signed policy's purpose, for people reading the report
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict (decimals as exact strings)."""
@@ -107,6 +109,8 @@ class ReportContext:
             "epsilon_charged": _dec(self.epsilon_charged),
             "shards": self.shards,
             "sources": list(self.sources),
+            "window_seconds": self.window_seconds,
+            "purpose": self.purpose,
         }
 
 

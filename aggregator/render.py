@@ -1,17 +1,17 @@
 """Render analyst reports: a terminal table and a self-contained HTML page.
 
-The HTML page embeds its bar chart (matplotlib, Agg backend, no display
-needed) as a base64 PNG and carries no external reference: it can be mailed or
-archived as one file. It shows the mechanism, ε, the report count and the
-budget charged, the estimates with their confidence intervals, and optionally
-the truth beside them (simulations and demos only).
+The HTML page embeds its bar chart as inline SVG (vector graphics: sharp at any
+zoom) and carries no external reference: it can be mailed or archived as one
+file. It shows the policy's purpose, the mechanism, ε, the report count, the
+window (ISO 8601 UTC), the budget in plain words, the estimates with their
+confidence intervals and z scores (explained on the page), and optionally the
+truth beside them (simulations and demos only).
 """
 
 from __future__ import annotations
 
-import base64
 import html
-import io
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -50,7 +50,7 @@ def _header_lines(report: FrequencyReport | NumericReport) -> list[str]:
         f"reports {report.n:,}",
     ]
     if ctx.window_start is not None:
-        facts.append(f"window {ctx.window_start}")
+        facts.append(f"window {iso_utc(ctx.window_start)}")
     if ctx.epsilon_cap is not None:
         facts.append(f"cap/user {ctx.epsilon_cap}")
     if ctx.epsilon_charged is not None:
@@ -110,51 +110,97 @@ def render_table(
     return "\n".join(lines) + "\n"
 
 
-def _chart_png(
-    report: FrequencyReport, rows: list[LabelEstimate], truth: dict[str, float] | None
-) -> bytes:
-    import matplotlib
+def iso_utc(epoch_seconds: int) -> str:
+    """A time for people: ISO 8601 in UTC, e.g. "2026-12-01T00:00:00Z"."""
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(epoch_seconds))
 
-    matplotlib.use("Agg", force=True)
-    from matplotlib.figure import Figure
 
-    fig = Figure(figsize=(max(6.0, 0.35 * len(rows) + 2.0), 4.2), dpi=110)
-    ax = fig.add_subplot(1, 1, 1)
-    xs = list(range(len(rows)))
-    ax.bar(xs, [r.estimate for r in rows], color="#4c78a8", label="estimate")
-    # The interval is drawn from its own bounds: a post-processed estimate may sit outside it.
-    mids = [(r.ci_low + r.ci_high) / 2 for r in rows]
-    half = [(r.ci_high - r.ci_low) / 2 for r in rows]
-    ax.errorbar(
-        xs,
-        mids,
-        yerr=half,
-        fmt="none",
-        ecolor="#222222",
-        capsize=3,
-        linewidth=1,
-        label=f"{report.confidence:.0%} CI (raw estimate)",
+def _duration(seconds: int) -> str:
+    """ "1 day", "7 days", "6 hours", "90 seconds": the window length in words."""
+    for unit, size in (("day", 86400), ("hour", 3600), ("minute", 60)):
+        if seconds % size == 0 and seconds >= size:
+            count = seconds // size
+            return f"{count} {unit}" + ("s" if count != 1 else "")
+    return f"{seconds} seconds"
+
+
+def budget_sentence(report: FrequencyReport | NumericReport) -> str | None:
+    """The privacy budget in plain words (None when the report carries no budget)."""
+    ctx = report.context
+    if ctx.epsilon_cap is None:
+        return None
+    window = f" per {_duration(ctx.window_seconds)}" if ctx.window_seconds else " per window"
+    text = (
+        f"Each person's device may spend at most ε = {ctx.epsilon_cap}{window} on this "
+        f"policy; each report costs ε = {report.epsilon}."
     )
-    if truth is not None:
-        ax.scatter(
-            xs,
-            [truth[r.label] for r in rows],
-            color="#e45756",
-            marker="D",
-            s=18,
-            zorder=3,
-            label="truth",
+    if ctx.epsilon_charged is not None:
+        text += (
+            f" The {report.n:,} reports counted here were charged ε = {ctx.epsilon_charged} "
+            "in total, summed over all devices (no single device spent more than its cap)."
         )
-    ax.set_xticks(xs)
-    ax.set_xticklabels([r.label[:18] for r in rows], rotation=60, ha="right", fontsize=8)
-    ax.set_ylabel("frequency")
-    ax.set_ylim(bottom=0)
-    ax.legend(fontsize=8)
-    ax.set_title(f"{report.mechanism}, ε = {report.epsilon}, n = {report.n:,}", fontsize=10)
-    fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png")
-    return buf.getvalue()
+    return text
+
+
+_SVG_BAR = "#4c78a8"
+_SVG_TRUTH = "#e45756"
+
+
+def _chart_svg(
+    report: FrequencyReport, rows: list[LabelEstimate], truth: dict[str, float] | None
+) -> str:
+    """The bar chart as inline SVG (vector: sharp at any zoom): estimates as bars, the
+    confidence interval of each raw estimate as an error bar, the truth as diamonds."""
+    step, left, top, plot_h, label_h = 28, 56, 24, 220, 110
+    width = left + step * len(rows) + 20
+    values = [r.ci_high for r in rows] + [r.estimate for r in rows]
+    values += [truth[r.label] for r in rows] if truth is not None else []
+    y_max = max([1e-9, *values]) * 1.08
+
+    def y(v: float) -> float:
+        return top + plot_h * (1 - max(0.0, min(v, y_max)) / y_max)
+
+    out = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" '
+        f'height="{top + plot_h + label_h}" role="img" font-family="sans-serif" font-size="11">',
+        f"<title>{html.escape(report.mechanism)}, ε = {report.epsilon}, n = {report.n:,}: "
+        f"estimates with {report.confidence:.0%} confidence intervals</title>",
+        f'<line x1="{left}" y1="{top + plot_h}" x2="{width - 10}" y2="{top + plot_h}" '
+        'stroke="#444"/>',
+        f'<line x1="{left}" y1="{top}" x2="{left}" y2="{top + plot_h}" stroke="#444"/>',
+    ]
+    for i in range(5):  # y ticks
+        v = y_max * i / 4
+        out.append(
+            f'<text x="{left - 6}" y="{y(v) + 4:.1f}" text-anchor="end">{v:.2f}</text>'
+            f'<line x1="{left}" y1="{y(v):.1f}" x2="{width - 10}" y2="{y(v):.1f}" '
+            'stroke="#eee"/>'
+        )
+    for i, r in enumerate(rows):
+        x = left + step * i + 4
+        bar_w, mid = step - 8, left + step * i + step / 2
+        out.append(
+            f'<rect x="{x}" y="{y(r.estimate):.1f}" width="{bar_w}" '
+            f'height="{top + plot_h - y(r.estimate):.1f}" fill="{_SVG_BAR}">'
+            f"<title>{html.escape(r.label)}: {r.estimate:.4f} "
+            f"[{r.ci_low:.4f}, {r.ci_high:.4f}]</title></rect>"
+        )
+        out.append(
+            f'<path d="M{mid} {y(r.ci_low):.1f}V{y(r.ci_high):.1f}'
+            f'M{mid - 4} {y(r.ci_low):.1f}h8M{mid - 4} {y(r.ci_high):.1f}h8" '
+            'stroke="#222" fill="none"/>'
+        )
+        if truth is not None:
+            ty = y(truth[r.label])
+            out.append(f'<path d="M{mid} {ty - 5:.1f}l5 5l-5 5l-5 -5z" fill="{_SVG_TRUTH}"/>')
+        out.append(
+            f'<text transform="translate({mid + 3},{top + plot_h + 8}) rotate(60)">'
+            f"{html.escape(r.label[:18])}</text>"
+        )
+    legend = f"bars: estimate; whiskers: {report.confidence:.0%} CI of the raw estimate"
+    legend += "; diamonds: truth" if truth is not None else ""
+    out.append(f'<text x="{left}" y="14">{html.escape(legend)}</text></svg>')
+    return "".join(out)
 
 
 _CSS = """
@@ -176,8 +222,11 @@ def _facts_html(report: FrequencyReport | NumericReport) -> str:
     ]
     if ctx.policy_id is not None:
         facts.insert(0, ("policy", f"{ctx.policy_id} v{ctx.policy_version}"))
+    if ctx.purpose:
+        facts.append(("purpose", ctx.purpose))
     if ctx.window_start is not None:
-        facts.append(("window start", str(ctx.window_start)))
+        end = f" to {iso_utc(ctx.window_start + ctx.window_seconds)}" if ctx.window_seconds else ""
+        facts.append(("window (UTC)", f"{iso_utc(ctx.window_start)}{end}"))
     if ctx.epsilon_cap is not None:
         facts.append(("ε cap per user per window", str(ctx.epsilon_cap)))
     if ctx.epsilon_charged is not None:
@@ -213,6 +262,9 @@ def render_html(
         f"<h1>{title}</h1>",
         _facts_html(report),
     ]
+    sentence = budget_sentence(report)
+    if sentence is not None:
+        parts.append(f"<h2>Privacy budget</h2><p>{html.escape(sentence)}</p>")
     if isinstance(report, NumericReport):
         parts.append(
             f"<h2>Mean</h2><p>{report.mean:.6g} ± {report.std_error:.3g} (standard error); "
@@ -225,11 +277,7 @@ def render_html(
         truths: dict[str, float] | None = None
         if truth is not None and not isinstance(truth, int | float):
             truths = dict(zip(report.labels, truth_vector(report.labels, truth), strict=True))
-        png = base64.b64encode(_chart_png(report, rows, truths)).decode("ascii")
-        parts.append(
-            f"<h2>Estimates</h2><img alt='bar chart with error bars' "
-            f"src='data:image/png;base64,{png}'>"
-        )
+        parts.append(f"<h2>Estimates</h2>{_chart_svg(report, rows, truths)}")
         head = "<tr><th>label</th><th>estimate</th><th>raw</th><th>std err</th>"
         head += "<th>CI low</th><th>CI high</th>"
         head += "<th>truth</th>" if truths is not None else ""
@@ -258,6 +306,12 @@ def render_html(
             "<p class='note'>Standard errors and intervals describe the raw unbiased "
             "estimate (exact mechanism variance); the bar is the reported estimate after "
             "consistency post-processing. Intervals are clipped to [0, 1].</p>"
+        )
+        parts.append(
+            "<p class='note'>z = raw estimate ÷ standard error: how many standard errors "
+            "the estimate lies above zero. |z| below about 2 means the value cannot be told "
+            "apart from the mechanism's noise (it may be absent); a large z means the "
+            "value is clearly present.</p>"
         )
     parts.append("</body></html>")
     out.write_text("\n".join(parts), encoding="utf-8")

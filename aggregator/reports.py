@@ -218,6 +218,8 @@ def report_for_policy(
         epsilon_charged=policy.charge * merged.n,
         shards=merged.partials,
         sources=merged.sources,
+        window_seconds=policy.window_seconds,
+        purpose=policy.message.purpose or None,
     )
     if policy.labels is not None:
         return frequency_report(

@@ -336,9 +336,10 @@ def test_table_and_html_render(tmp_path: Path) -> None:
     assert "grr" in table and "2,000" in table and "truth" in table and "green" in table
     path = render_html(rep, tmp_path / "r.html", truth=[0.5, 0.3, 0.15, 0.05])
     text = path.read_text()
-    assert "data:image/png;base64," in text and "<script" not in text
+    assert "<svg" in text and "<img" not in text and "<script" not in text
     assert "src='http" not in text and "href=" not in text  # self-contained
     assert "norm-sub" in text
+    assert "z = raw estimate ÷ standard error" in text  # the z column is explained
 
 
 def test_bad_input_is_refused() -> None:
