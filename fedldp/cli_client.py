@@ -18,6 +18,8 @@ from typing import Any
 
 import click
 
+from fedldp.cli_common import iso_utc
+
 _STATE_DIR = click.option(
     "--state-dir",
     type=click.Path(file_okay=False, path_type=Path),
@@ -49,7 +51,7 @@ def _store(state_dir: Path) -> Iterator[Any]:
 def _when(ts: float | int | None) -> str:
     if not ts:
         return "-"
-    return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(float(ts))) + "Z"
+    return iso_utc(ts)
 
 
 def _emit(rows: list[dict[str, Any]], as_json: bool, columns: list[str]) -> None:
