@@ -112,7 +112,7 @@ def mint_token_cmd(
 
     try:
         if secret_file:
-            secret = bytes.fromhex(Path(secret_file).read_text(encoding="ascii").strip())
+            secret = _secret_from_file(secret_file)
         else:
             cfg = load_config(config_path, overrides={"ledger_url": "unused"})
             maybe = cfg.token_secret_bytes()
@@ -125,6 +125,19 @@ def mint_token_cmd(
     except (ConfigError, ValueError) as exc:
         raise click.ClickException(str(exc)) from None
     click.echo(token)
+
+
+def _secret_from_file(path: str) -> bytes:
+    """The hex token secret in `path` (ConfigError naming the file otherwise)."""
+    from fedldp.collector.config import ConfigError
+
+    try:
+        return bytes.fromhex(Path(path).read_text(encoding="ascii").strip())
+    except (ValueError, UnicodeDecodeError):
+        raise ConfigError(
+            f"--secret-file {path} must hold hex digits (make one with "
+            "`fedldp collector gen-secret`)"
+        ) from None
 
 
 @collector.command("gen-secret")

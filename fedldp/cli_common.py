@@ -159,3 +159,32 @@ def iso_utc(epoch_seconds: float | int | None) -> str:
     if epoch_seconds is None:
         return "-"
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(float(epoch_seconds)))
+
+
+class TimeParam(click.ParamType):  # type: ignore[type-arg]
+    """A point in time typed by a person: ISO 8601 ("2026-12-01", "2026-12-01T06:00:00Z",
+    an offset such as "+02:00"; no offset means UTC) or epoch seconds; the value is
+    epoch seconds (int)."""
+
+    name = "TIME"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
+        if isinstance(value, int):
+            return value
+        text = str(value).strip()
+        if text.isdigit():
+            return int(text)
+        import datetime
+
+        try:
+            when = datetime.datetime.fromisoformat(text.replace("Z", "+00:00"))
+        except ValueError:
+            self.fail(
+                f"{text!r} is not a time: use ISO 8601 UTC such as 2026-12-01T00:00:00Z, "
+                "or epoch seconds",
+                param,
+                ctx,
+            )
+        if when.tzinfo is None:
+            when = when.replace(tzinfo=datetime.timezone.utc)
+        return int(when.timestamp())

@@ -18,6 +18,7 @@ import click
 
 from fedldp.cli_common import (
     LEDGER_URL_HELP,
+    TimeParam,
     config_option,
     decimal_option,
     iso_utc,
@@ -46,12 +47,9 @@ def _settings(
     """Explicit options win; the rest comes from a collector.toml when given."""
     if config_path is None:
         return list(ledgers), policies, trust, audience or "default"
-    from fedldp.collector.config import ConfigError, load_config
+    from fedldp.collector.config import load_config
 
-    try:
-        cfg = load_config(config_path)
-    except ConfigError as exc:
-        raise click.ClickException(f"{config_path}: {exc}") from None
+    cfg = load_config(config_path)  # a ConfigError names the file (fedldp/cli_errors.py)
     return (
         list(ledgers) or ([cfg.ledger_url] if cfg.ledger_url else []),
         policies or cfg.policy_dir or None,
@@ -132,7 +130,11 @@ def _unverified_id(path: Path) -> str | None:
 @click.option("--policy", "policy_id", required=True, help="policy id")
 @click.option("--version", type=int, help="policy version (default: the highest found)")
 @click.option(
-    "--window", "window_start", type=int, help="window start (epoch seconds); default: every window"
+    "--window",
+    "window_start",
+    type=TimeParam(),
+    help="window start (ISO 8601 UTC, e.g. 2026-12-01T00:00:00Z, or epoch seconds); "
+    "default: every window",
 )
 @click.option(
     "--ledger",
@@ -157,7 +159,7 @@ def _unverified_id(path: Path) -> str | None:
 @click.option(
     "--at",
     "at_time",
-    type=int,
+    type=TimeParam(),
     help="verify the policy as of this time (default: the window start, else now)",
 )
 @click.option(

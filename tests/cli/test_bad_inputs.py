@@ -314,6 +314,8 @@ EXPECTED: dict[str, tuple[int, str]] = {
     "ledger show --ledger unreachable-postgres": (1, "ledger"),
     "release spend --ledger missing-file": (1, "does not exist"),
     "policy show empty file": (1, "empty"),
+    "mint-token non-hex secret file": (1, "nonhex.secret"),
+    "report --config malformed-toml": (1, "bad.toml is not valid TOML"),
     "unknown option": (2, "No such option"),
 }
 

@@ -47,3 +47,20 @@ def test_old_spelling_still_works_with_a_deprecation_line(tmp_path: object) -> N
     )
     assert "--url is deprecated; use --ledger" in result.output
     assert "does not exist" in result.output and result.exit_code == 1
+
+
+def test_times_are_typed_as_iso_8601_or_epoch() -> None:
+    from fedldp.cli_common import TimeParam, iso_utc
+
+    when = TimeParam()
+    assert when.convert("2026-12-01T00:00:00Z", None, None) == 1_796_083_200
+    assert when.convert("2026-12-01", None, None) == 1_796_083_200
+    assert when.convert("2026-12-01T02:00:00+02:00", None, None) == 1_796_083_200
+    assert when.convert("1796083200", None, None) == 1_796_083_200
+    assert iso_utc(1_796_083_200) == "2026-12-01T00:00:00Z"
+    try:
+        when.convert("yesterday", None, None)
+    except click.BadParameter as exc:
+        assert "ISO 8601" in str(exc)
+    else:
+        raise AssertionError("'yesterday' was accepted")
