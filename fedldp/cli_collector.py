@@ -11,7 +11,7 @@ import sys
 import time
 from decimal import Decimal
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import click
 
@@ -23,9 +23,6 @@ from fedldp.cli_common import (
     open_cli_ledger,
     resolve_ledger_url,
 )
-
-if TYPE_CHECKING:
-    from fedldp.collector.ledger import Ledger
 
 
 def _collector_epilog() -> str:
@@ -172,35 +169,6 @@ def init_cmd(ledger_url: str | None, config_path: str | None) -> None:
     with open_cli_ledger(url, "create") as led:
         shown = _shown(led.url)
     click.echo(f"ledger {shown} ready at migration {migrate.head_revision()}")
-
-
-@ledger.command("migrate")
-@_ledger_option
-@_config_option
-def migrate_cmd(ledger_url: str | None, config_path: str | None) -> None:
-    """Upgrade an existing ledger's schema to this fedldp's migration (a no-op at head)."""
-    from fedldp.collector.ledger import migrate
-
-    url = resolve_ledger_url(ledger_url, config_path)
-    with _existing_then_create(url) as led:
-        shown = _shown(led.url)
-    click.echo(f"ledger {shown} at migration {migrate.head_revision()}")
-
-
-def _existing_then_create(url: str) -> Ledger:
-    """Open an EXISTING ledger with migration allowed (refuses a missing SQLite file)."""
-    from fedldp.collector.ledger import LedgerOpenError
-    from fedldp.collector.ledger.store import _parse_url
-
-    parsed = _parse_url(url)
-    if parsed.get_backend_name() == "sqlite":
-        path = Path(parsed.database or "")
-        if not path.is_file():
-            raise LedgerOpenError(
-                f"no ledger at {path} to migrate: check the URL, or create one with "
-                "`fedldp ledger init`"
-            )
-    return open_cli_ledger(url, "create")
 
 
 def _shown(url: str) -> str:

@@ -71,20 +71,22 @@ def config_option(
     )
 
 
-def ledger_option(*, required: bool = False, envvar: str | None = None) -> Callable[[F], F]:
-    """``--ledger URL`` (parameter `ledger_url`), with ``--url`` as a deprecated alias."""
+def ledger_option(
+    *, required: bool = False, envvar: str | None = None, dest: str = "ledger_url"
+) -> Callable[[F], F]:
+    """``--ledger URL`` (parameter `dest`), with ``--url`` as a deprecated alias."""
 
     def wrap(fn: F) -> F:
         fn = click.option(
             "--ledger",
-            "ledger_url",
+            dest,
             envvar=envvar,
             required=False,
             callback=_required_after_alias("--ledger") if required else fallback_to_alias,
             help=LEDGER_URL_HELP
             + (" (default: from --config, or FEDLDP_COLLECTOR_LEDGER_URL)" if envvar else ""),
         )(fn)
-        return deprecated_alias("--url", "--ledger", "ledger_url")(fn)
+        return deprecated_alias("--url", "--ledger", dest)(fn)
 
     return wrap
 

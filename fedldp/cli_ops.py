@@ -18,6 +18,8 @@ from pathlib import Path
 
 import click
 
+from fedldp.cli_common import ledger_option
+
 #: The collector's own service name in its health service ("" is the whole server).
 COLLECTOR_SERVICE = "fedldp.v1.Collector"
 
@@ -170,14 +172,10 @@ def _ledger_url(url: str | None, config_path: str | None) -> str:
     try:
         return load_config(config_path).ledger_url
     except ConfigError as exc:
-        raise click.ClickException(f"pass --url or a config with ledger_url ({exc})") from None
+        raise click.ClickException(f"pass --ledger or a config with ledger_url ({exc})") from None
 
 
-_url_option = click.option(
-    "--url",
-    envvar="FEDLDP_COLLECTOR_LEDGER_URL",
-    help="ledger URL (default: from --config / FEDLDP_COLLECTOR_LEDGER_URL)",
-)
+_url_option = ledger_option(envvar="FEDLDP_COLLECTOR_LEDGER_URL", dest="url")
 _config_option = click.option(
     "--config",
     "config_path",

@@ -17,7 +17,7 @@ from typing import Any
 
 import click
 
-from fedldp.cli_common import deprecated_alias, fallback_to_alias
+from fedldp.cli_common import deprecated_alias, fallback_to_alias, ledger_option
 from fedldp.cli_mechanism_audit import verify_mechanism
 
 TRAIN_EXTRA_HINT = "pip install 'fedldp[train]'"
@@ -185,10 +185,10 @@ def verify_training(
     """
     _need_train_extra()
     from fedldp.aggregator.training.receipt import ReceiptError, verify_receipt
-    from fedldp.collector.ledger import open_ledger
+    from fedldp.cli_common import open_cli_ledger
 
     trusted = _trusted(trusted_key_paths)
-    with open_ledger(ledger_url) as ledger:
+    with open_cli_ledger(ledger_url, "read") as ledger:
         try:
             result = verify_receipt(
                 receipt,
@@ -228,10 +228,10 @@ def verify_release(
     Exit status 0 when every check passes, 1 otherwise.
     """
     from fedldp.aggregator.central.receipts import ReleaseReceiptError, verify_release_receipt
-    from fedldp.collector.ledger import open_ledger
+    from fedldp.cli_common import open_cli_ledger
 
     trusted = _trusted(trusted_key_paths)
-    with open_ledger(ledger_url) as ledger:
+    with open_cli_ledger(ledger_url, "read") as ledger:
         try:
             result = verify_release_receipt(
                 receipt,
@@ -481,11 +481,7 @@ def _reservation_row(res: Any, now: int) -> dict[str, Any]:
     help="only these states (repeat; default: all). stale = open with its lease expired",
 )
 @click.option("--subject", help="only this subject")
-@click.option(
-    "--url",
-    envvar="FEDLDP_COLLECTOR_LEDGER_URL",
-    help="ledger URL (default: from --config / FEDLDP_COLLECTOR_LEDGER_URL)",
-)
+@ledger_option(envvar="FEDLDP_COLLECTOR_LEDGER_URL", dest="url")
 @click.option(
     "--config",
     "config_path",
@@ -509,10 +505,10 @@ def ledger_reservations(
     """
     import time
 
-    from fedldp.collector.ledger import open_ledger
+    from fedldp.cli_common import open_cli_ledger
 
     now = int(time.time()) if now is None else now
-    with open_ledger(_ledger_url_of(url, config_path)) as led:
+    with open_cli_ledger(_ledger_url_of(url, config_path), "read") as led:
         rows = [_reservation_row(r, now) for r in led.all_reservations()]
     rows = [
         r
@@ -549,11 +545,7 @@ def ledger_reservations(
 @click.argument("reservation_id")
 @click.option("--now", type=int, help="the time to judge leases at (Unix seconds; default: now)")
 @click.option("--note", default="", help="why (kept in the reservation's log)")
-@click.option(
-    "--url",
-    envvar="FEDLDP_COLLECTOR_LEDGER_URL",
-    help="ledger URL (default: from --config / FEDLDP_COLLECTOR_LEDGER_URL)",
-)
+@ledger_option(envvar="FEDLDP_COLLECTOR_LEDGER_URL", dest="url")
 @click.option(
     "--config",
     "config_path",
@@ -570,9 +562,10 @@ def ledger_settle_stale(
     """
     import time
 
-    from fedldp.collector.ledger import LedgerError, open_ledger
+    from fedldp.cli_common import open_cli_ledger
+    from fedldp.collector.ledger import LedgerError
 
-    with open_ledger(_ledger_url_of(url, config_path)) as led:
+    with open_cli_ledger(_ledger_url_of(url, config_path), "write") as led:
         try:
             stamp = int(time.time()) if now is None else now
             res = led.settle_stale(reservation_id, now=stamp, note=note)

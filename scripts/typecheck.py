@@ -48,10 +48,9 @@ def main() -> int:
     status = subprocess.call([*command, "fedldp"], cwd=shadow, env=env)
     others = [str(REPO_ROOT / name) for name in ("bench", "scripts") if (REPO_ROOT / name).is_dir()]
     status = status or subprocess.call([*command, *others], cwd=REPO_ROOT, env=env)
-    # tests/: as pytest imports them (tests/integration's helpers are top-level modules).
-    tests_env = dict(
-        env, MYPYPATH=os.pathsep.join([str(shadow), str(REPO_ROOT / "tests" / "integration")])
-    )
+    # tests/: as pytest imports them (a folder's *_testkit helpers are top-level modules).
+    kits = sorted({str(p.parent) for p in (REPO_ROOT / "tests").rglob("*_testkit.py")})
+    tests_env = dict(env, MYPYPATH=os.pathsep.join([str(shadow), *kits]))
     return status or subprocess.call(
         [*command, "--explicit-package-bases", "tests"], cwd=REPO_ROOT, env=tests_env
     )

@@ -222,21 +222,21 @@ def test_killed_run_is_listed_then_settled_as_spent_by_the_operator(
     )  # fmt: skip
     ledger.cancel(done.id, now=res.created_at, owner="o")
     runner = CliRunner()
-    base = ["ledger", "reservations", "--url", url, "--json"]
+    base = ["ledger", "reservations", "--ledger", url, "--json"]
     rows = [json.loads(line) for line in runner.invoke(main, base).output.splitlines()]
     assert sorted((r["state"], r["data_opened"]) for r in rows) == [
         ("cancelled", False),
         ("open", True),
     ]
-    refused = runner.invoke(main, ["ledger", "settle-stale", res.id, "--url", url])
+    refused = runner.invoke(main, ["ledger", "settle-stale", res.id, "--ledger", url])
     assert refused.exit_code == 1 and "held by a live run" in refused.output
     later = str(res.lease_expires_at + 1)
     stale = runner.invoke(main, [*base, "--state", "stale", "--now", later]).output.splitlines()
     assert [json.loads(line)["id"] for line in stale] == [res.id]
-    table = runner.invoke(main, ["ledger", "reservations", "--url", url, "--now", later])
+    table = runner.invoke(main, ["ledger", "reservations", "--ledger", url, "--now", later])
     assert "stale" in table.output and "1 open reservation(s) charged in full" in table.output
     settled = runner.invoke(
-        main, ["ledger", "settle-stale", res.id, "--url", url, "--now", later, "--note", "oom"]
+        main, ["ledger", "settle-stale", res.id, "--ledger", url, "--now", later, "--note", "oom"]
     )
     assert settled.exit_code == 0 and "settled as spent: eps=1" in settled.output
     assert ledger.central_spend(SUBJECT, PURPOSE) == (Decimal(1), Decimal(0))

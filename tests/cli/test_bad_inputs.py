@@ -101,7 +101,6 @@ def ledger_commands(env: Env) -> dict[str, list[str]]:
         "ledger show": ["ledger", "show", "alice"],
         "ledger reconcile": ["ledger", "reconcile"],
         "ledger set-cap": ["ledger", "set-cap", "s", "p", "--epsilon", "1", "--delta", "0"],
-        "ledger migrate": ["ledger", "migrate"],
         "report": [
             "report",
             "--policy",

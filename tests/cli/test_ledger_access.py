@@ -87,10 +87,10 @@ def test_a_sqlite_file_that_is_not_a_ledger_is_refused_unchanged(tmp_path: Path)
     assert _digest(path) == before
 
 
-def test_init_creates_and_migrate_needs_an_existing_ledger(tmp_path: Path) -> None:
+def test_init_creates_a_0600_ledger_that_readers_then_accept(tmp_path: Path) -> None:
     runner = CliRunner()
     url = f"sqlite:///{tmp_path / 'new.db'}"
-    missing = runner.invoke(main, ["ledger", "migrate", "--ledger", url])
+    missing = runner.invoke(main, ["ledger", "show", "x", "--ledger", url])
     assert missing.exit_code == 1 and "ledger init" in missing.output
     assert not (tmp_path / "new.db").exists()
     made = runner.invoke(main, ["ledger", "init", "--ledger", url])

@@ -163,7 +163,7 @@ def test_backup_under_load_restores_and_refuses_the_gap(
     load.wait_for(30)
     acknowledged_before = load.acknowledged
     backup = tmp_path / "ledger.backup"
-    made = _cli("ledger", "backup", "--url", store.live, *store.pg_bin, str(backup))
+    made = _cli("ledger", "backup", "--ledger", store.live, *store.pg_bin, str(backup))
     assert made.exit_code == 0, made.output
     load.wait_for(load.acknowledged + 30)  # reports keep flowing after the backup
     _spend(running.address, deployment, policy, "after-backup")
@@ -171,7 +171,7 @@ def test_backup_under_load_restores_and_refuses_the_gap(
     running.stop(2.0)
     assert _report_total(store.live) == 2 * total + 8
 
-    restored = _cli("ledger", "restore", "--url", store.restored, *store.pg_bin, str(backup))
+    restored = _cli("ledger", "restore", "--ledger", store.restored, *store.pg_bin, str(backup))
     assert restored.exit_code == 0, restored.output
     assert "ledger consistent" in restored.output
     now = int(time.time())
@@ -230,7 +230,7 @@ def test_a_backup_copied_back_by_hand_charges_nothing(
     with open_ledger(live) as led:
         assert _charge(led, policy, "a", int(time.time())) == ACCEPTED
     copy = tmp_path / "copy.db"
-    assert _cli("ledger", "backup", "--url", live, str(copy)).exit_code == 0
+    assert _cli("ledger", "backup", "--ledger", live, str(copy)).exit_code == 0
     with open_ledger(f"sqlite:///{copy}") as led:
         (gap,) = led.restore_gaps
         assert gap.restore_time is None  # an unrestored backup: the gap has no end
@@ -253,23 +253,23 @@ def test_the_gap_rule_at_its_edges() -> None:
 
 def test_refusals_change_nothing(tmp_path: Path) -> None:
     live = f"sqlite:///{tmp_path / 'live.db'}"
-    assert _cli("ledger", "migrate", "--url", live).exit_code == 0
+    assert _cli("ledger", "migrate", "--ledger", live).exit_code == 0
     out = tmp_path / "b.db"
     out.write_bytes(b"keep")
-    exists = _cli("ledger", "backup", "--url", live, str(out))
+    exists = _cli("ledger", "backup", "--ledger", live, str(out))
     assert exists.exit_code == 1 and "exists" in exists.output
     assert out.read_bytes() == b"keep"
     backup = tmp_path / "good.db"
-    assert _cli("ledger", "backup", "--url", live, str(backup)).exit_code == 0
+    assert _cli("ledger", "backup", "--ledger", live, str(backup)).exit_code == 0
     # Restoring over an existing ledger is refused and leaves it as it was.
-    over = _cli("ledger", "restore", "--url", live, str(backup))
+    over = _cli("ledger", "restore", "--ledger", live, str(backup))
     assert over.exit_code == 1 and "restore into a new file" in over.output
     with open_ledger(live) as led:
         assert led.restore_gaps == ()
     missing_tool = _cli(
         "ledger",
         "backup",
-        "--url",
+        "--ledger",
         "postgresql+psycopg://x@127.0.0.1:9/x",
         "--pg-bin",
         str(tmp_path),

@@ -31,7 +31,7 @@ def empty_ledger_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
 
 def test_migrate_brings_an_empty_ledger_to_head_then_is_a_no_op(empty_ledger_url: str) -> None:
     assert _revision(empty_ledger_url) is None
-    first = CliRunner().invoke(main, ["ledger", "migrate", "--url", empty_ledger_url])
+    first = CliRunner().invoke(main, ["ledger", "migrate", "--ledger", empty_ledger_url])
     assert first.exit_code == 0, first.output
     assert first.output == f"ledger schema at {head_revision()} (head); was empty\n"
     assert _revision(empty_ledger_url) == head_revision()
@@ -44,7 +44,7 @@ def test_migrate_brings_an_empty_ledger_to_head_then_is_a_no_op(empty_ledger_url
 
 def test_migrate_without_a_database_is_one_line(tmp_path: Path) -> None:
     url = "postgresql+psycopg://nobody@127.0.0.1:9/none?connect_timeout=2"
-    result = CliRunner().invoke(main, ["ledger", "migrate", "--url", url])
+    result = CliRunner().invoke(main, ["ledger", "migrate", "--ledger", url])
     assert result.exit_code == 1
     assert len(result.output.strip().splitlines()) == 1
     assert result.output.startswith("Error: cannot migrate the ledger:")

@@ -70,7 +70,10 @@ def _release(url: str, tmp_path: Path, keys: tuple[Path, Path], kind: str, *extr
     [
         ("count", ()),
         ("sum", ("--lower", "0", "--upper", "50")),
-        ("mean", ("--lower", "0", "--upper", "50", "--mechanism", "gaussian", "--delta", "1e-6")),
+        (
+            "mean",
+            ("--lower", "0", "--upper", "50", "--mechanism", "gaussian", "--delta", "0.000001"),
+        ),
         ("choice", ("--candidates", "1,2,3")),
     ],
 )

@@ -117,7 +117,7 @@ def test_two_training_processes_with_one_key_train_once(
             "subject": SUBJECT,
             "purpose": PURPOSE,
             "epsilon": "1",
-            "delta": "1e-5",
+            "delta": "0.00001",
             "idempotency_key": "nightly-2026-12-01",
         },
         "data": {
