@@ -178,7 +178,14 @@ def _as_json(spec: MechanismSpec, report: AuditReport, settings: AuditSettings) 
     show_default=True,
     help="ε per report; repeatable or comma-separated, e.g. 0.5,1,2,4",
 )
-@click.option("--k", "k", type=click.IntRange(min=2), default=16, show_default=True)
+@click.option(
+    "--k",
+    "k",
+    type=click.IntRange(min=2),
+    default=16,
+    show_default=True,
+    help="domain size of the frequency mechanisms",
+)
 @click.option(
     "--range",
     "range_texts",
@@ -228,6 +235,7 @@ def _as_json(spec: MechanismSpec, report: AuditReport, settings: AuditSettings) 
     type=click.Choice(["device", "batch", "both"]),
     default="both",
     show_default=True,
+    help="audit the device randomizer, the batch simulation path, or both",
 )
 @click.option("--seed", type=int, default=None, help="batch path seed (default: fresh entropy)")
 @click.option(
@@ -236,6 +244,7 @@ def _as_json(spec: MechanismSpec, report: AuditReport, settings: AuditSettings) 
     type=click.Choice(["table", "json"]),
     default="table",
     show_default=True,
+    help="table for people, json for programs",
 )
 def verify_mechanism(
     mechanisms: tuple[str, ...],
