@@ -40,6 +40,12 @@ SKIPS: dict[tuple[str, str], str] = {
     ("README.md", "/etc/fedldp"): "an operator's host: writes /etc/fedldp (root) and "
     "`collector serve` runs until stopped",
     ("collector.md", "pip install"): "installs from the network; the checkout is installed",
+    ("operations.md", "pip install"): "installs from the network; the checkout is installed",
+    ("operations.md", "docker build"): "needs a container engine (docker/podman)",
+    ("operations.md", "cd deploy/compose"): "needs docker compose",
+    ("operations.md", "kubectl"): "needs a Kubernetes cluster",
+    ("operations.md", "/etc/fedldp/collector.toml /backups"): "an operator's host "
+    "(/etc/fedldp, /backups, a PostgreSQL server at db:5432)",
 }
 TIMEOUT_SECONDS = 300
 
