@@ -460,7 +460,7 @@ class LedgerError(Exception):
     """Base of the ledger's domain errors."""
 
 
-class LedgerOpenError(LedgerError):
+class LedgerOpenError(LedgerError, ValueError):
     """The ledger cannot be opened as asked: bad URL, missing file or folder, not a
     fedldp ledger, or not at this code's migration (the message says what to do)."""
 
