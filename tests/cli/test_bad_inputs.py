@@ -319,6 +319,14 @@ EXPECTED: dict[str, tuple[int, str]] = {
 }
 
 
+def _one_line_error(line: str) -> bool:
+    """`Error: ...`; `policy verify`'s REFUSED verdict; or the daemon's JSON log line at
+    level ERROR (`collector serve` logs as JSON, for journald and log shippers)."""
+    return line.startswith(("Error: ", "REFUSED")) or (
+        line.startswith("{") and '"level": "ERROR"' in line
+    )
+
+
 def _run(args: list[str]) -> subprocess.CompletedProcess[str]:
     environment = {k: v for k, v in os.environ.items() if not k.startswith("FEDLDP_")}
     try:
@@ -342,9 +350,7 @@ def test_every_bad_input_gets_one_error_line(env: Env) -> None:
             problem = "traceback"
         elif result.returncode not in (1, 2):
             problem = f"exit {result.returncode}"
-        elif not any(
-            line.startswith(("Error: ", "REFUSED")) for line in result.stderr.splitlines()
-        ):
+        elif not any(_one_line_error(line) for line in result.stderr.splitlines()):
             problem = "no 'Error: ' line"
         elif name in EXPECTED and (
             result.returncode != EXPECTED[name][0] or EXPECTED[name][1] not in result.stderr
