@@ -65,8 +65,18 @@ def _split_listen(listen: str) -> tuple[str, int]:
     help="collector.toml supplying ledger_url, policy_dir, trust_dir, audience",
 )
 @click.option("--ledger", "ledger_url", help="ledger URL (opened read-only)")
-@click.option("--policies", "policy_dir", type=click.Path(file_okay=False))
-@click.option("--trust", "trust_dir", type=click.Path(file_okay=False))
+@click.option(
+    "--policies",
+    "policy_dir",
+    type=click.Path(file_okay=False),
+    help="folder of signed *.policy envelopes",
+)
+@click.option(
+    "--trust",
+    "trust_dir",
+    type=click.Path(file_okay=False),
+    help="trust folder (pinned/*.pem root keys and *.root files)",
+)
 @click.option("--audience", help="deployment name the policies must list (default: 'default')")
 @click.option(
     "--listen", default="127.0.0.1:8050", show_default=True, help="HOST:PORT (port 0: any free)"
