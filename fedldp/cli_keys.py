@@ -161,6 +161,26 @@ def generate(out_dir: str, name: str, passphrase_env: str | None) -> None:
     click.echo(f"key id:      {key_id_of(key.public_key())}")
 
 
+@keys.command(name="data-key")
+@click.option(
+    "--out", "out_path", required=True, type=click.Path(dir_okay=False), help="Key file (0600)."
+)
+def data_key(out_path: str) -> None:
+    """Generate a secret data-digest key (32 random bytes, hex, mode 0600; never overwrites).
+
+    Receipts and ledger events bind protected data only through an HMAC under
+    this key; keep it with the service, never publish it. Prints its public id.
+    """
+    from fedldp.aggregator.central.datakey import generate_data_key
+
+    try:
+        key = generate_data_key(out_path)
+    except FileExistsError:
+        raise click.ClickException(f"{out_path} exists; a key is never overwritten") from None
+    click.echo(f"data-digest key: {out_path} (mode 0600, secret)")
+    click.echo(f"key id:          {key.key_id}")
+
+
 @keys.command(name="id")
 @click.argument("key_file", type=click.Path(exists=True, dir_okay=False))
 def key_id(key_file: str) -> None:

@@ -351,18 +351,20 @@ class _DataFile:
     """A loader over a one-value-per-line file or a CSV column, read only when called.
 
     It hashes the exact bytes it reads, streaming (`sha256` once the whole file
-    was read: the data manifest digest stored in the ledger's events and signed
-    into the receipt), so the digest is of what was released, read once, after
-    the ledger recorded the data opened.
+    was read), so the digest is of what was released, read once, after the
+    ledger recorded the data opened. The plain hash is never published:
+    `digest()` is its HMAC under the secret data-digest key (datakey.py), the
+    binding stored in the ledger's events and signed into the receipt.
     """
 
-    def __init__(self, path: str, column: str | None) -> None:
-        self.path, self.column = path, column
+    def __init__(self, path: str, column: str | None, key: Any = None) -> None:
+        self.path, self.column, self.key = path, column, key
         self.sha256: str | None = None
 
-    def digest(self) -> str:
+    def digest(self) -> Any:
+        """The keyed digest (datakey.KeyedDigest) of the bytes read."""
         assert self.sha256 is not None, "the data was not read to its end"
-        return self.sha256
+        return self.key.digest("file", self.sha256)
 
     def __call__(self) -> Iterator[str]:
         digest = hashlib.sha256()
@@ -419,6 +421,13 @@ _common = [
     ),
     click.option(
         "--passphrase-env", metavar="VAR", help="passphrase of an encrypted --signing-key"
+    ),
+    click.option(
+        "--data-key",
+        "data_key_path",
+        type=click.Path(exists=True, dir_okay=False),
+        help="secret data-digest key (fedldp keys data-key): binds the data to the receipt "
+        "with a keyed HMAC; without it no data digest is recorded",
     ),
 ]
 
@@ -484,15 +493,29 @@ def _release_kwargs(options: dict[str, Any]) -> dict[str, Any]:
     """
     kwargs = dict(options)
     kwargs["ledger_url"] = resolve_ledger_url(kwargs.pop("ledger_url"), kwargs.pop("config_path"))
-    data = _DataFile(kwargs.pop("data_path"), kwargs.pop("column"))
+    key = _data_key(kwargs.pop("data_key_path", None))
+    data = _DataFile(kwargs.pop("data_path"), kwargs.pop("column"), key)
     kwargs["load"] = data
-    kwargs["data_digest"] = data.digest
+    if key is not None:
+        kwargs["data_digest"] = data.digest
     for name in _DECIMAL_OPTIONS:
         if f"{name}_text" in kwargs:
             kwargs[name] = decimal_option(
                 kwargs.pop(f"{name}_text"), f"--{name}", allow_negative=name in ("lower", "upper")
             )
     return kwargs
+
+
+def _data_key(path: str | None) -> Any:
+    """The secret data-digest key (None: no data digest is recorded), loaded before reserving."""
+    if path is None:
+        return None
+    from fedldp.aggregator.central.datakey import DataKeyError, load_data_key
+
+    try:
+        return load_data_key(path)
+    except DataKeyError as exc:
+        raise click.ClickException(str(exc)) from None
 
 
 def _signing_key(path: str | None, passphrase_env: str | None, receipt: str | None) -> Any:

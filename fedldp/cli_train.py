@@ -154,6 +154,24 @@ _seeded_option = click.option(
     is_flag=True,
     help="accept a receipt of a seeded (not-for-release) run, for tests",
 )
+_data_key_option = click.option(
+    "--data-key",
+    "data_key_path",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="the secret data-digest key the run used: without it the data binding is not checked",
+)
+
+
+def _load_data_key(path: Path | None) -> Any:
+    """The secret data-digest key (None when not given); a click error when unusable."""
+    if path is None:
+        return None
+    from fedldp.aggregator.central.datakey import DataKeyError, load_data_key
+
+    try:
+        return load_data_key(path)
+    except DataKeyError as exc:
+        raise click.ClickException(str(exc)) from exc
 
 
 @verify.command(name="training")
@@ -165,6 +183,7 @@ _seeded_option = click.option(
     "--no-data", is_flag=True, help="do not re-read the dataset (its digest is not checked)"
 )
 @click.option("--data-url", help="SQLAlchemy URL for a SQL source (the receipt hides its password)")
+@_data_key_option
 @click.option("--json", "as_json", is_flag=True, help="print the checks as JSON")
 def verify_training(
     receipt: Path,
@@ -173,6 +192,7 @@ def verify_training(
     accept_seeded: bool,
     no_data: bool,
     data_url: str | None,
+    data_key_path: Path | None,
     as_json: bool,
 ) -> None:
     """Check a signed training receipt against the ledger; replay its accountant.
@@ -197,6 +217,7 @@ def verify_training(
                 accept_seeded=accept_seeded,
                 check_data=not no_data,
                 data_url=data_url,
+                data_key=_load_data_key(data_key_path),
             )
         except ReceiptError as exc:
             raise click.ClickException(str(exc)) from exc
@@ -212,8 +233,9 @@ def verify_training(
     "--data",
     "data_path",
     type=click.Path(exists=True, dir_okay=False, path_type=Path),
-    help="the released data file, to check its sha256 against the receipt",
+    help="the released data file, to check it against the receipt's keyed digest",
 )
+@_data_key_option
 @click.option("--json", "as_json", is_flag=True, help="print the checks as JSON")
 def verify_release(
     receipt: Path,
@@ -221,6 +243,7 @@ def verify_release(
     trusted_key_paths: tuple[Path, ...],
     accept_seeded: bool,
     data_path: Path | None,
+    data_key_path: Path | None,
     as_json: bool,
 ) -> None:
     """Check a signed central-release receipt against the ledger; replay its accountant.
@@ -239,6 +262,7 @@ def verify_release(
                 ledger=ledger,
                 accept_seeded=accept_seeded,
                 data_path=data_path,
+                data_key=_load_data_key(data_key_path),
             )
         except ReleaseReceiptError as exc:
             raise click.ClickException(str(exc)) from exc
@@ -246,6 +270,20 @@ def verify_release(
 
 
 verify.add_command(verify_mechanism)
+
+
+def _check_members(dataset: dict[str, Any], digest: str, key: Any) -> None:
+    """The audited rows are the trained ones when the receipt's keyed digest can be checked
+    (with --data-key); otherwise say on stderr that they were not checked."""
+    if key is None or dataset.get("digest") is None:
+        click.echo(
+            "warning: the training data was not checked against the receipt "
+            "(needs --data-key and a receipt with a data binding)",
+            err=True,
+        )
+        return
+    if not key.matches("dataset", digest, dataset["digest"]):
+        raise click.ClickException("the training data no longer matches the receipt's digest")
 
 
 @click.group(name="audit")
@@ -291,6 +329,7 @@ def audit() -> None:
 @click.option("--fpr", "fprs", multiple=True, type=float, help="FPRs to report TPR at")
 @click.option("--seed", default=0, show_default=True, help="split/subsample seed of the audit")
 @click.option("--data-url", help="SQLAlchemy URL for a SQL training source")
+@_data_key_option
 @click.option(
     "--out",
     "json_path",
@@ -309,6 +348,7 @@ def audit_membership(
     fprs: tuple[float, ...],
     seed: int,
     data_url: str | None,
+    data_key_path: Path | None,
     json_path: Path | None,
 ) -> None:
     """Membership-inference attacks (loss threshold, offline LiRA) beside the (eps, delta) bound.
@@ -341,8 +381,7 @@ def audit_membership(
         receipt = load_receipt(receipt_path)
         private = load_trained_model(receipt_path)
         members = load_dataset(data_config_from_receipt(receipt, data_url=data_url))
-        if members.digest != receipt["dataset"]["digest"]:
-            raise click.ClickException("the training data no longer matches the receipt's digest")
+        _check_members(receipt["dataset"], members.digest, _load_data_key(data_key_path))
         ds = receipt["dataset"]
         held = load_dataset(
             DataConfig(

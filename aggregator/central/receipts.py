@@ -4,7 +4,8 @@
 "fedldp.release-receipt/v1", documented in docs/aggregator.md) from the ledger
 itself: the ledger's identity, the reservation (id, owner, subject, purpose,
 reserved and spent ε and δ), the events (mechanism, noise parameters, the
-released output, the data file's sha256 recorded at release time), the
+released output, the keyed HMAC-SHA256 of the data file recorded at release
+time: datakey.py, never a plain hash of protected data), the
 libraries and the randomness source. `fedldp release ... --receipt PATH
 --signing-key KEY` signs it (signing.py, DSSE envelope);
 `verify_release_receipt` (`fedldp verify release`) checks, each with its own
@@ -12,7 +13,8 @@ message: the signature, the ledger's identity, the reservation (settled, same
 owner and amounts), the events against the ledger's, the released value
 against the events, the accountant replayed on the events, the randomness
 (seeded releases are not for release unless accepted) and, given the data
-file, its sha256.
+file and the secret data-digest key, the data binding (without the key the
+binding is reported as not checked).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+from fedldp.aggregator.central.datakey import ALGORITHM, DataKey
 from fedldp.aggregator.central.signing import (
     RELEASE_RECEIPT_TYPE,
     SignatureError,
@@ -96,7 +99,7 @@ def library_versions() -> dict[str, str]:
 
 
 def file_sha256(path: Path) -> str:
-    """Lowercase hex SHA-256 of a file's bytes."""
+    """Lowercase hex SHA-256 of a file's bytes (confidential: only ever published keyed)."""
     h = hashlib.sha256()
     with path.open("rb") as fh:
         while chunk := fh.read(1 << 20):
@@ -129,7 +132,13 @@ def release_receipt(
     if res.status != "settled":
         raise ValueError(f"reservation {reservation_id} is {res.status}: nothing was released")
     events = _events_of(ledger, res)
-    digests = sorted({str(e.get("data_sha256")) for e in events if "data_sha256" in e})
+    bindings = sorted(
+        {
+            (str(e["data_hmac_sha256"]), str(e.get("data_key_id")))
+            for e in events
+            if "data_hmac_sha256" in e
+        }
+    )
     return {
         "schema": SCHEMA,
         "kind": res.metadata.get("kind"),
@@ -148,11 +157,17 @@ def release_receipt(
             "delta_spent": str(res.delta_spent),
         },
         "events": events,
-        "data": {"sha256": digests[0] if len(digests) == 1 else None},
+        "data": _data_binding(bindings),
         "libraries": library_versions(),
         "randomness": {"source": randomness},
         "for_release": randomness == "os-csprng",
     }
+
+
+def _data_binding(bindings: Sequence[tuple[str, str]]) -> dict[str, Any]:
+    """The receipt's `data` object: the keyed digest of the data (datakey.py), or nulls."""
+    mac, key_id = bindings[0] if len(bindings) == 1 else (None, None)
+    return {"algorithm": ALGORITHM, "hmac_sha256": mac, "key_id": key_id}
 
 
 # --- verification ---
@@ -165,6 +180,7 @@ def verify_release_receipt(
     ledger: ReceiptLedger,
     accept_seeded: bool = False,
     data_path: Path | None = None,
+    data_key: DataKey | None = None,
 ) -> Verification:
     """Verify a signed release receipt (module docstring); never raises on a failed check.
 
@@ -196,7 +212,7 @@ def verify_release_receipt(
     _check_value(out, receipt)
     _replay(out, receipt)
     _check_randomness(out, receipt, accept_seeded)
-    _check_data(out, receipt, data_path)
+    _check_data(out, receipt, data_path, data_key)
     return out
 
 
@@ -346,18 +362,37 @@ def _check_randomness(out: Verification, receipt: dict[str, Any], accept_seeded:
         )
 
 
-def _check_data(out: Verification, receipt: dict[str, Any], data_path: Path | None) -> None:
-    claimed = receipt.get("data", {}).get("sha256")
-    recorded = {e.get("data_sha256") for e in receipt.get("events", [])}
-    if data_path is None:
-        out.add("data", True, "not checked (pass --data FILE)", skipped=True)
+def _check_data(
+    out: Verification, receipt: dict[str, Any], data_path: Path | None, key: DataKey | None
+) -> None:
+    """The keyed data binding: needs the data file and the secret data-digest key."""
+    data = receipt.get("data") or {}
+    claimed = data.get("hmac_sha256")
+    recorded = {e.get("data_hmac_sha256") for e in receipt.get("events", [])}
+    if data_path is None or key is None:
+        missing = " and ".join(
+            n for n, v in (("--data FILE", data_path), ("--data-key KEY", key)) if v is None
+        )
+        out.add("data", True, f"data binding not checked (needs {missing})", skipped=True)
+        return
+    if claimed is None:
+        out.add("data", False, "the receipt records no data binding (released without a key)")
+        return
+    if data.get("key_id") != key.key_id:
+        out.add(
+            "data",
+            False,
+            f"the receipt was bound with data key {data.get('key_id')}, not {key.key_id}",
+        )
         return
     digest = file_sha256(data_path)
-    ok = digest == claimed and recorded == {digest}
+    ok = key.matches("file", digest, claimed) and recorded == {claimed}
     out.add(
         "data",
         ok,
-        f"sha256 {digest}" if ok else f"file sha256 {digest} != the receipt's {claimed}",
+        "the file matches the receipt's keyed digest"
+        if ok
+        else "the file does not match the receipt's keyed digest (or the ledger's)",
     )
 
 

@@ -60,6 +60,7 @@ from fedldp.aggregator.central.calibration import (
     calibrate_discrete_gaussian,
     gaussian_sigma,
 )
+from fedldp.aggregator.central.datakey import KeyedDigest
 from fedldp.aggregator.central.noise import bernoulli_exp, discrete_gaussian, discrete_laplace
 from fedldp.client.mechanisms.base import system_random
 
@@ -375,7 +376,7 @@ def _run_release(
     now: int,
     metadata: Mapping[str, str],
     compute: Callable[[], list[dict[str, object]]],
-    data_digest: Callable[[], str] | None = None,
+    data_digest: Callable[[], KeyedDigest] | None = None,
 ) -> tuple[str, list[Mapping[str, object]]]:
     """Claim, mark the data opened, compute (reading data), settle; (reservation id, events).
 
@@ -385,7 +386,9 @@ def _run_release(
     as spent, the full reserved (ε, δ), and a crash leaves it open until an
     operator settles it as spent. A key another run claimed is never computed
     again: its published output is returned, or the call is refused.
-    `data_digest()`, called after `compute`, is stored in every event.
+    `data_digest()`, called after `compute`, must return a `KeyedDigest`
+    (datakey.py: an HMAC under the secret data-digest key, never a plain hash
+    of the data); its MAC and key id are stored in every event.
     """
     owner = secrets.token_hex(16)
     reservation = ledger.reserve(
@@ -414,10 +417,8 @@ def _run_release(
         raise
     try:
         events = compute()
-        if data_digest is not None:  # the data manifest digest, for signed receipts
-            digest = data_digest()
-            for event in events:
-                event["data_sha256"] = digest
+        if data_digest is not None:  # the keyed data binding, for signed receipts
+            _bind_data(events, data_digest())
     except BaseException as exc:
         ledger.settle(
             rid,
@@ -433,6 +434,18 @@ def _run_release(
         rid, epsilon_spent=epsilon, delta_spent=delta, events=events, now=now, owner=owner
     )
     return rid, list(events)
+
+
+def _bind_data(events: list[dict[str, object]], digest: object) -> None:
+    """Store a keyed data digest in every event; a plain hash is refused (datakey.py)."""
+    if not isinstance(digest, KeyedDigest):
+        raise TypeError(
+            "data_digest must return a datakey.KeyedDigest (HMAC under the data-digest key): "
+            "a plain hash of protected data is never published"
+        )
+    for event in events:
+        event["data_hmac_sha256"] = digest.mac
+        event["data_key_id"] = digest.key_id
 
 
 def _output(events: Sequence[Mapping[str, object]], query: str) -> Decimal:
@@ -490,7 +503,7 @@ def _one_query_release(
     now: int,
     metadata: Mapping[str, str],
     rng: random.Random | None,
-    data_digest: Callable[[], str] | None = None,
+    data_digest: Callable[[], KeyedDigest] | None = None,
 ) -> CentralRelease:
     """Charge `plan`'s (ε, δ), then release `true_value()` (read only after the reservation)
     with one draw of `plan`'s noise; a retry returns the output the ledger kept."""
@@ -541,7 +554,7 @@ def private_count(
     delta: Decimal = Decimal(0),
     calibration: GaussianCalibration | str = GaussianCalibration.ANALYTIC,
     rng: random.Random | None = None,
-    data_digest: Callable[[], str] | None = None,
+    data_digest: Callable[[], KeyedDigest] | None = None,
 ) -> CentralRelease:
     """A noised count of the records `load()` yields (sensitivity 1, granularity 1)."""
     plan = plan_noise(
@@ -583,7 +596,7 @@ def private_sum(
     granularity: Decimal | None = None,
     calibration: GaussianCalibration | str = GaussianCalibration.ANALYTIC,
     rng: random.Random | None = None,
-    data_digest: Callable[[], str] | None = None,
+    data_digest: Callable[[], KeyedDigest] | None = None,
 ) -> CentralRelease:
     """A noised sum of values clipped to [lower, upper]; sensitivity max(|lower|, |upper|)."""
     sens = _check_bounds(lower, upper)
@@ -626,7 +639,7 @@ def private_mean(
     granularity: Decimal | None = None,
     calibration: GaussianCalibration | str = GaussianCalibration.ANALYTIC,
     rng: random.Random | None = None,
-    data_digest: Callable[[], str] | None = None,
+    data_digest: Callable[[], KeyedDigest] | None = None,
 ) -> CentralRelease:
     """Noised sum / noised count, each with half of (ε, δ); clipped into [lower, upper].
 
@@ -728,7 +741,7 @@ def private_choice(
     candidates: Sequence[str],
     load: Callable[[], Iterable[str]],
     rng: random.Random | None = None,
-    data_digest: Callable[[], str] | None = None,
+    data_digest: Callable[[], KeyedDigest] | None = None,
 ) -> CentralRelease:
     """Choose the (approximately) most frequent candidate with the exponential mechanism.
 

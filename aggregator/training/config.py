@@ -16,7 +16,7 @@ The TOML layout (see deploy/examples/train.toml)::
     [accountant] kind, fallback_to_rdp, eps_error
     [randomness] source, seed
     [output]    dir
-    [receipt]   signing_key, passphrase_env
+    [receipt]   signing_key, passphrase_env, data_digest_key
 """
 
 from __future__ import annotations
@@ -302,10 +302,14 @@ class ReceiptConfig:
     """How the receipt is signed: `signing_key` is an Ed25519 PEM private key file (from
     `fedldp keys generate`), decrypted with the passphrase in environment variable
     `passphrase_env` when set. Without a key the receipt is written unsigned, and
-    `fedldp verify training` refuses it."""
+    `fedldp verify training` refuses it. `data_digest_key` is the secret
+    data-digest key file (`fedldp keys data-key`): the receipt and the ledger
+    bind the dataset only by an HMAC under it (aggregator/central/datakey.py);
+    without it they record no data digest at all."""
 
     signing_key: str | None = None
     passphrase_env: str | None = None
+    data_digest_key: str | None = None
 
 
 @dataclass(frozen=True)
@@ -463,13 +467,16 @@ def config_from_mapping(raw: Mapping[str, Any], *, base_dir: Path | None = None)
     output_dir = Path(resolve(_text("output", "dir", o["dir"])))
 
     rc = _table(raw, "receipt")
-    _no_unknown("receipt", rc, ("signing_key", "passphrase_env"))
+    _no_unknown("receipt", rc, ("signing_key", "passphrase_env", "data_digest_key"))
     receipt = ReceiptConfig(
         signing_key=resolve(_text("receipt", "signing_key", rc["signing_key"]))
         if "signing_key" in rc
         else None,
         passphrase_env=_text("receipt", "passphrase_env", rc["passphrase_env"])
         if "passphrase_env" in rc
+        else None,
+        data_digest_key=resolve(_text("receipt", "data_digest_key", rc["data_digest_key"]))
+        if "data_digest_key" in rc
         else None,
     )
 

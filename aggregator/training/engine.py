@@ -51,6 +51,8 @@ from typing import Any
 import numpy as np
 import torch
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from fedldp.aggregator.central.datakey import ALGORITHM, DataKey, DataKeyError
+from fedldp.aggregator.central.datakey import load_data_key as read_data_key
 from fedldp.aggregator.central.releases import CentralLedger
 from fedldp.aggregator.central.signing import TRAINING_RECEIPT_TYPE, sign
 from fedldp.aggregator.training.accounting import (
@@ -343,7 +345,21 @@ def _spend(eps: float, budget: Decimal) -> Decimal:
     return min(exact.quantize(SPEND_QUANTUM, rounding=ROUND_CEILING), budget)
 
 
-def _data_description(data: DataConfig, dataset: Dataset | None) -> dict[str, Any]:
+def load_data_key(receipt: ReceiptConfig) -> DataKey | None:
+    """The secret data-digest key of the configuration (None: no data digest recorded)."""
+    if receipt.data_digest_key is None:
+        return None
+    try:
+        return read_data_key(receipt.data_digest_key)
+    except DataKeyError as exc:
+        raise TrainingConfigError(f"[receipt] data_digest_key: {exc}") from exc
+
+
+def _data_description(
+    data: DataConfig, dataset: Dataset | None, key: DataKey | None = None
+) -> dict[str, Any]:
+    """The receipt's `dataset`: where it came from and, under `key`, its keyed digests
+    (the plain digests of protected data are never published: datakey.py)."""
     out: dict[str, Any] = {
         "source": data.source,
         "label": data.label,
@@ -359,8 +375,14 @@ def _data_description(data: DataConfig, dataset: Dataset | None) -> dict[str, An
         out["path"] = data.path
     if dataset is not None:
         out["rows"] = dataset.n_rows
-        out["digest"] = dataset.digest
-        out["source_sha256"] = dataset.source_sha256
+        out["digest_algorithm"] = ALGORITHM
+        out["data_key_id"] = key.key_id if key is not None else None
+        out["digest"] = key.digest("dataset", dataset.digest).mac if key is not None else None
+        out["source_sha256"] = (
+            key.digest("file", dataset.source_sha256).mac
+            if key is not None and dataset.source_sha256 is not None
+            else None
+        )
     return out
 
 
@@ -510,6 +532,8 @@ def train_private(
     log(f"grad-sample mode: {mode_reason}")
 
     signing_key = load_signing_key(config.receipt)
+    if load_data_key(config.receipt) is None:
+        log("no [receipt] data_digest_key: no data digest is recorded")
     if signing_key is None:
         log("no [receipt] signing_key: the receipt will be unsigned, and verify refuses it")
 
@@ -958,7 +982,7 @@ def _train_and_write(
     receipt: dict[str, Any] = {
         "schema": RECEIPT_SCHEMA,
         "libraries": library_versions(),
-        "dataset": _data_description(config.data, dataset),
+        "dataset": _data_description(config.data, dataset, load_data_key(config.receipt)),
         "privacy": {
             "unit": config.data.privacy_unit,
             "mechanism": "DP-SGD: Poisson-subsampled Gaussian (Abadi et al. 2016)",

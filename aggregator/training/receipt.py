@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+from fedldp.aggregator.central.datakey import DataKey
 from fedldp.aggregator.central.receipts import ReceiptLedger, Verification
 from fedldp.aggregator.central.signing import (
     TRAINING_RECEIPT_TYPE,
@@ -110,11 +111,11 @@ def verify_receipt(
     accept_seeded: bool = False,
     check_data: bool = True,
     data_url: str | None = None,
+    data_key: DataKey | None = None,
 ) -> Verification:
     """Verify the receipt at `path` (module docstring) against the trusted receipt keys
     (by key id) and the ledger; never raises on a failed check."""
     from fedldp.aggregator.training.accounting import AccountantError
-    from fedldp.aggregator.training.data import DataError, file_sha256, load_dataset
 
     receipt = load_receipt(path)
     out = Verification()
@@ -184,31 +185,56 @@ def verify_receipt(
 
     _check_artifact(out, path, receipt, ledger)
 
+    _check_dataset(out, receipt, check_data=check_data, data_url=data_url, key=data_key)
+    return out
+
+
+def _check_dataset(
+    out: Verification,
+    receipt: dict[str, Any],
+    *,
+    check_data: bool,
+    data_url: str | None,
+    key: DataKey | None,
+) -> None:
+    """The keyed data binding (datakey.py): needs the data and the secret data-digest key."""
+    from fedldp.aggregator.training.data import DataError, file_sha256, load_dataset
+
     ds = receipt["dataset"]
     if not check_data:
         out.add("dataset", True, "not checked (--no-data)", skipped=True)
-        return out
+        return
+    if key is None:
+        out.add("dataset", True, "data binding not checked (needs --data-key)", skipped=True)
+        return
+    if ds.get("digest") is None:
+        out.add("dataset", False, "the receipt records no data binding (trained without a key)")
+        return
+    if ds.get("data_key_id") != key.key_id:
+        out.add("dataset", False, f"bound with data key {ds.get('data_key_id')}, not {key.key_id}")
+        return
     url = data_url or ds.get("url")
     if ds["source"] == "sql" and data_url is None and url is not None and "***" in url:
         out.add("dataset", False, "the receipt's SQL URL has a hidden password; pass --data-url")
-        return out
+        return
     try:
         data_config = data_config_from_receipt(receipt, data_url=data_url)
         loaded = load_dataset(data_config)
     except (DataError, ValueError) as exc:
         out.add("dataset", False, f"cannot read the dataset: {exc}")
-        return out
-    ok = loaded.digest == ds["digest"] and loaded.n_rows == ds["rows"]
+        return
+    ok = key.matches("dataset", loaded.digest, ds["digest"])
     out.add(
         "dataset",
         ok,
-        f"digest {loaded.digest}, {loaded.n_rows} rows"
-        + ("" if ok else f" != recorded {ds['digest']}, {ds['rows']} rows"),
+        "the dataset matches the receipt's keyed digest"
+        if ok
+        else "the dataset does not match the receipt's keyed digest",
     )
     if ds.get("source_sha256") and ds.get("path"):
         raw = file_sha256(Path(ds["path"]))
-        out.add("dataset file", raw == ds["source_sha256"], f"sha256 {raw}")
-    return out
+        same = key.matches("file", raw, ds["source_sha256"])
+        out.add("dataset file", same, "keyed digest " + ("matches" if same else "differs"))
 
 
 def _check_signature(

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner
+from fedldp.aggregator.central.datakey import generate_data_key, load_data_key
 from fedldp.aggregator.central.receipts import release_receipt, verify_release_receipt
 from fedldp.aggregator.central.releases import private_count
 from fedldp.aggregator.central.signing import (
@@ -43,13 +44,18 @@ def ledger(url: str) -> Any:
 
 
 @pytest.fixture
-def keys(tmp_path: Path) -> tuple[Path, Path]:
+def keys(tmp_path: Path) -> tuple[Path, Path, Path]:
+    """(receipt signing key, its public key, the secret data-digest key)."""
     out = CliRunner().invoke(main, ["keys", "generate", "--out", str(tmp_path), "--name", "rcpt"])
     assert out.exit_code == 0, out.output
-    return tmp_path / "rcpt.key", tmp_path / "rcpt.pub"
+    out = CliRunner().invoke(main, ["keys", "data-key", "--out", str(tmp_path / "data.hkey")])
+    assert out.exit_code == 0, out.output
+    return tmp_path / "rcpt.key", tmp_path / "rcpt.pub", tmp_path / "data.hkey"
 
 
-def _release(url: str, tmp_path: Path, keys: tuple[Path, Path], kind: str, *extra: str) -> Path:
+def _release(
+    url: str, tmp_path: Path, keys: tuple[Path, Path, Path], kind: str, *extra: str
+) -> Path:
     data = tmp_path / "data.txt"
     data.write_text("\n".join(str(v) for v in range(1, 41)) + "\n")
     receipt = tmp_path / f"{kind}.receipt.json"
@@ -58,7 +64,8 @@ def _release(url: str, tmp_path: Path, keys: tuple[Path, Path], kind: str, *extr
         [
             "release", kind, "--ledger", url, "--subject", SUBJECT, "--purpose", PURPOSE,
             "--epsilon", "1", "--key", f"k-{kind}", "--data", str(data),
-            "--receipt", str(receipt), "--signing-key", str(keys[0]), *extra,
+            "--receipt", str(receipt), "--signing-key", str(keys[0]),
+            "--data-key", str(keys[2]), *extra,
         ],
     )  # fmt: skip
     assert out.exit_code == 0, out.output
@@ -78,7 +85,7 @@ def _release(url: str, tmp_path: Path, keys: tuple[Path, Path], kind: str, *extr
     ],
 )
 def test_every_release_kind_verifies(
-    ledger: Ledger, url: str, tmp_path: Path, keys: tuple[Path, Path], kind: str, extra: Any
+    ledger: Ledger, url: str, tmp_path: Path, keys: tuple[Path, Path, Path], kind: str, extra: Any
 ) -> None:
     receipt = _release(url, tmp_path, keys, kind, *extra)
     out = CliRunner().invoke(
@@ -86,6 +93,7 @@ def test_every_release_kind_verifies(
         [
             "verify", "release", str(receipt), "--ledger", url,
             "--trusted-key", str(keys[1]), "--data", str(tmp_path / "data.txt"),
+            "--data-key", str(keys[2]),
         ],
     )  # fmt: skip
     assert out.exit_code == 0, out.output
@@ -93,7 +101,7 @@ def test_every_release_kind_verifies(
 
 
 def test_each_tamper_fails_on_its_own_check(
-    ledger: Ledger, url: str, tmp_path: Path, keys: tuple[Path, Path]
+    ledger: Ledger, url: str, tmp_path: Path, keys: tuple[Path, Path, Path]
 ) -> None:
     path = _release(url, tmp_path, keys, "sum", "--lower", "0", "--upper", "50")
     original = payload_of(json.loads(path.read_text()))
@@ -104,7 +112,8 @@ def test_each_tamper_fails_on_its_own_check(
         path.write_text(json.dumps(sign(RELEASE_RECEIPT_TYPE, receipt, signer)))
         return verify_release_receipt(path, trusted=trusted, ledger=ledger, **kw).failures()
 
-    assert failures(original, data_path=tmp_path / "data.txt") == {}
+    data_key = load_data_key(keys[2])
+    assert failures(original, data_path=tmp_path / "data.txt", data_key=data_key) == {}
 
     def edit(fn: Any) -> dict[str, Any]:
         forged = copy.deepcopy(original)
@@ -123,8 +132,12 @@ def test_each_tamper_fails_on_its_own_check(
     got = failures(weaker)
     assert "noise gives more than its epsilon" in got["accountant replay"] and "events" in got
     assert "untrusted key" in failures(original, generate_key())["signature"]
+    other_key = generate_data_key(tmp_path / "other.hkey")
+    wrong = failures(original, data_path=tmp_path / "data.txt", data_key=other_key)["data"]
+    assert f"not {other_key.key_id}" in wrong
     (tmp_path / "data.txt").write_text("1\n")
-    assert "file sha256" in failures(original, data_path=tmp_path / "data.txt")["data"]
+    changed = failures(original, data_path=tmp_path / "data.txt", data_key=data_key)
+    assert "does not match the receipt's keyed digest" in changed["data"]
 
 
 def test_a_seeded_release_is_not_for_release(ledger: Ledger, tmp_path: Path) -> None:
@@ -148,3 +161,100 @@ def test_a_seeded_release_is_not_for_release(ledger: Ledger, tmp_path: Path) -> 
     refused = verify_release_receipt(path, trusted=trusted, ledger=ledger).failures()
     assert set(refused) == {"randomness"} and "not for release" in refused["randomness"]
     assert verify_release_receipt(path, trusted=trusted, ledger=ledger, accept_seeded=True).ok
+
+
+def _every_string(document: Any) -> set[str]:
+    """Every string (keys and values) anywhere in a JSON document."""
+    if isinstance(document, dict):
+        return {str(k) for k in document} | set().union(*map(_every_string, document.values()))
+    if isinstance(document, list):
+        return set().union(set(), *map(_every_string, document))
+    return {str(document)}
+
+
+def test_no_plain_digest_of_the_data_is_published(
+    ledger: Ledger, url: str, tmp_path: Path, keys: tuple[Path, Path, Path]
+) -> None:
+    """Finding 02: an adversary who knows every row but one hashes each completion of the
+    file; neither the receipt nor the ledger's events may hold a plain digest to match."""
+    import hashlib
+
+    known = ["1", "0", "1", "1", "0"] * 20
+    data = tmp_path / "data.txt"
+    data.write_text("\n".join([*known, "1"]) + "\n")
+    receipt = tmp_path / "r.json"
+    out = CliRunner().invoke(
+        main,
+        [
+            "release", "sum", "--ledger", url, "--subject", SUBJECT, "--purpose", PURPOSE,
+            "--epsilon", "0.1", "--key", "q1", "--data", str(data), "--lower", "0",
+            "--upper", "1", "--receipt", str(receipt), "--signing-key", str(keys[0]),
+            "--data-key", str(keys[2]),
+        ],
+    )  # fmt: skip
+    assert out.exit_code == 0, out.output
+    published = _every_string(payload_of(json.loads(receipt.read_text())))
+    published |= set().union(
+        *(_every_string(dict(e.event)) for e in ledger.central_events(SUBJECT, PURPOSE))
+    )
+    for guess in ("0", "1"):
+        candidate = ("\n".join([*known, guess]) + "\n").encode()
+        for digest in (hashlib.sha256(candidate).hexdigest(), hashlib.sha1(candidate).hexdigest()):
+            assert not any(digest in s for s in published)
+    assert payload_of(json.loads(receipt.read_text()))["data"]["hmac_sha256"] is not None
+    # without the key, verify says the data binding was not checked (never "verified data")
+    out = CliRunner().invoke(
+        main,
+        [
+            "verify", "release", str(receipt), "--ledger", url,
+            "--trusted-key", str(keys[1]), "--data", str(data),
+        ],
+    )  # fmt: skip
+    assert out.exit_code == 0, out.output
+    assert "SKIP data: data binding not checked (needs --data-key KEY)" in out.output
+
+
+def test_without_a_data_key_no_data_digest_is_recorded(
+    ledger: Ledger, url: str, tmp_path: Path, keys: tuple[Path, Path, Path]
+) -> None:
+    data = tmp_path / "data.txt"
+    data.write_text("1\n2\n")
+    receipt = tmp_path / "r.json"
+    out = CliRunner().invoke(
+        main,
+        [
+            "release", "count", "--ledger", url, "--subject", SUBJECT, "--purpose", PURPOSE,
+            "--epsilon", "1", "--key", "nokey", "--data", str(data),
+            "--receipt", str(receipt), "--signing-key", str(keys[0]),
+        ],
+    )  # fmt: skip
+    assert out.exit_code == 0, out.output
+    assert payload_of(json.loads(receipt.read_text()))["data"]["hmac_sha256"] is None
+    (event,) = ledger.central_events(SUBJECT, PURPOSE)
+    assert not any("data" in k for k in event.event)
+    got = verify_release_receipt(
+        receipt,
+        trusted=trusted_keys([load_public_key(keys[1])]),
+        ledger=ledger,
+        data_path=data,
+        data_key=load_data_key(keys[2]),
+    ).failures()
+    assert "records no data binding" in got["data"]
+
+
+def test_a_plain_hash_is_refused_as_data_digest(ledger: Ledger) -> None:
+    """The API refuses a data_digest that is not keyed (charged: it ran after the read)."""
+    with pytest.raises(TypeError, match="plain hash of protected data is never published"):
+        private_count(
+            ledger,
+            subject=SUBJECT,
+            purpose=PURPOSE,
+            epsilon=Decimal(1),
+            idempotency_key="plain",
+            now=1,
+            load=lambda: ["a"],
+            data_digest=lambda: "ab" * 32,  # type: ignore[arg-type,return-value]
+        )
+    assert ledger.central_events(SUBJECT, PURPOSE) == [] or all(
+        "data_hmac_sha256" not in e.event for e in ledger.central_events(SUBJECT, PURPOSE)
+    )

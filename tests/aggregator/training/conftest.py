@@ -60,10 +60,23 @@ def receipt_key(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     return folder / "receipts.key", folder / "receipts.pub"
 
 
+@pytest.fixture(scope="session")
+def data_key_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The service's secret data-digest key (datakey.py), made once."""
+    from fedldp.aggregator.central.datakey import generate_data_key
+
+    path = tmp_path_factory.mktemp("data-key") / "data.hkey"
+    generate_data_key(path)
+    return path
+
+
 @pytest.fixture()
-def check_receipt(receipt_key: tuple[Path, Path], ledger: Ledger) -> Callable[..., Any]:
+def check_receipt(
+    receipt_key: tuple[Path, Path], ledger: Ledger, data_key_path: Path
+) -> Callable[..., Any]:
     """`check_receipt(path, **kw)`: verify_receipt against the fixture's key and ledger
-    (seeded runs accepted unless accept_seeded=False is passed)."""
+    (seeded runs accepted unless accept_seeded=False is passed; the data key given)."""
+    from fedldp.aggregator.central.datakey import load_data_key
     from fedldp.aggregator.central.signing import trusted_keys
     from fedldp.aggregator.training.receipt import verify_receipt
     from fedldp.client.policy import load_public_key
@@ -73,6 +86,7 @@ def check_receipt(receipt_key: tuple[Path, Path], ledger: Ledger) -> Callable[..
     def check(path: Path, **kwargs: Any) -> Any:
         kwargs.setdefault("accept_seeded", True)
         kwargs.setdefault("ledger", ledger)
+        kwargs.setdefault("data_key", load_data_key(data_key_path))
         return verify_receipt(path, trusted=trusted, **kwargs)
 
     return check
@@ -90,7 +104,11 @@ ConfigFactory = Callable[..., Any]
 
 @pytest.fixture()
 def make_config(
-    tmp_path: Path, ledger_url: str, table: Path, receipt_key: tuple[Path, Path]
+    tmp_path: Path,
+    ledger_url: str,
+    table: Path,
+    receipt_key: tuple[Path, Path],
+    data_key_path: Path,
 ) -> ConfigFactory:
     """Build a validated TrainConfig; keyword sections update the defaults."""
     from fedldp.aggregator.training.config import config_from_mapping
@@ -120,7 +138,10 @@ def make_config(
             "accountant": {"kind": "rdp"},
             "randomness": {"source": "seeded", "seed": 3},
             "output": {"dir": str(tmp_path / "out")},
-            "receipt": {"signing_key": str(receipt_key[0])},
+            "receipt": {
+                "signing_key": str(receipt_key[0]),
+                "data_digest_key": str(data_key_path),
+            },
         }
         for name, values in sections.items():
             raw.setdefault(name, {}).update(values)

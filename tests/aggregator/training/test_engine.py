@@ -399,3 +399,31 @@ def test_interval_checks_reuse_the_step_limit_certificate() -> None:
     beyond = acct.certify(acct.horizon + 1)  # beyond the certificate: computed
     assert acct.queries == queries + 1
     assert beyond == epsilon("prv", [(1.5, 0.1, acct.horizon + 1)], 1e-5)
+
+
+def test_receipt_and_ledger_hold_only_keyed_data_digests(
+    make_config: ConfigFactory,
+    ledger: Ledger,
+    check_receipt: Callable[..., Any],
+    table: Path,
+) -> None:
+    """Finding 02 for training: neither the receipt nor the ledger's event may carry a plain
+    digest of the protected table (a dictionary attack on the last unknown row); the keyed
+    binding verifies only with the data-digest key."""
+    import hashlib
+    import json
+
+    result = train_private(make_config(budget={"idempotency_key": "keyed"}), ledger=ledger)
+    loaded = load_dataset(make_config().data)
+    plain = {
+        hashlib.sha256(table.read_bytes()).hexdigest(),
+        loaded.digest,
+    }
+    published = result.receipt_path.read_text() + json.dumps(
+        [dict(e.event) for e in ledger.central_events(SUBJECT, PURPOSE)]
+    )
+    assert not any(p in published for p in plain)
+    assert check_receipt(result.receipt_path).ok
+    skipped = check_receipt(result.receipt_path, data_key=None)
+    (dataset,) = [c for c in skipped.checks if c.name == "dataset"]
+    assert dataset.skipped and "data binding not checked" in dataset.detail
