@@ -210,6 +210,9 @@ def module_overhead(
                         "source": "csv",
                         "path": f"{tmp}/unused.csv",
                         "label": "label",
+                        "features": list(data.feature_names),
+                        "num_classes": int(y.max()) + 1,
+                        "rows": data.n_rows,
                         "privacy_unit": "row",
                     },
                     "training": {

@@ -9,7 +9,8 @@ extra's start-up cost.
 The TOML layout (see deploy/examples/train.toml)::
 
     [budget]    ledger, subject, purpose, epsilon, delta, idempotency_key
-    [data]      source, path | url + table, label, features, privacy_unit, unit_column
+    [data]      source, path | url + table, label, features, num_classes, rows,
+                privacy_unit, unit_column
     [model]     kind, hidden, activation, norm, fix_model
     [training]  epochs, max_grad_norm, expected_batch_size | sample_rate, learning_rate,
                 optimizer, momentum, noise_multiplier, grad_sample_mode, check_every_steps
@@ -150,6 +151,14 @@ class DataConfig:
     `privacy_unit` states in words what one row is (e.g. "one patient"): DP-SGD
     here protects one row; when `unit_column` names a column, the run checks that
     each unit occupies at most one row and refuses otherwise.
+
+    Schema that a training run publishes comes from here, never from the data
+    (docs/training.md, "The DP unit"): `features` (the feature columns),
+    `num_classes` (labels must lie in 0..num_classes-1; a label outside fails
+    the read, charged) and `rows`, the *declared* public population size that
+    fixes q = expected_batch_size / rows and the loss divisor; the actual row
+    count is never published. A training config needs all three
+    (TrainConfig); reading a table for verification does not.
     """
 
     source: str
@@ -160,9 +169,18 @@ class DataConfig:
     table: str | None = None
     features: tuple[str, ...] | None = None
     unit_column: str | None = None
+    num_classes: int | None = None
+    rows: int | None = None
 
     def __post_init__(self) -> None:
         _choice("data", "source", self.source, DATA_SOURCES)
+        if (
+            self.num_classes is not None
+            and _positive_int("data", "num_classes", self.num_classes) < 2
+        ):
+            raise TrainingConfigError("[data] num_classes must be an integer >= 2")
+        if self.rows is not None:
+            _positive_int("data", "rows", self.rows)
         _text("data", "label", self.label)
         _text("data", "privacy_unit", self.privacy_unit)
         if self.source in ("csv", "parquet"):
@@ -209,7 +227,8 @@ class TrainingParams:
     """DP-SGD hyperparameters.
 
     Exactly one of `expected_batch_size` and `sample_rate` fixes the Poisson
-    sampling rate q (q = expected_batch_size / n once n is known). When
+    sampling rate q (q = expected_batch_size / [data] rows, the declared
+    population size: never the data's own row count). When
     `noise_multiplier` is None it is calibrated so that `epochs` epochs of
     ⌊epochs/q⌋ steps land within the budget; when given, the run stops at the
     step limit the budget allows, whatever `epochs` says.
@@ -325,6 +344,34 @@ class TrainConfig:
     randomness: RandomnessConfig = field(default_factory=RandomnessConfig)
     receipt: ReceiptConfig = field(default_factory=ReceiptConfig)
 
+    def __post_init__(self) -> None:
+        for key in ("features", "num_classes", "rows"):
+            if getattr(self.data, key) is None:
+                raise TrainingConfigError(
+                    f"[data] {key} is required: the released model's shape and the sampling "
+                    "rate must not come from the data (docs/training.md, The DP unit)"
+                )
+        batch = self.training.expected_batch_size
+        if batch is not None and self.data.rows is not None and batch > self.data.rows:
+            raise TrainingConfigError(
+                f"[training] expected_batch_size {batch} exceeds [data] rows {self.data.rows}"
+            )
+
+    @property
+    def sample_rate(self) -> float:
+        """q, from the configuration alone: sample_rate, or expected_batch_size / [data] rows."""
+        tp, rows = self.training, self.data.rows
+        if tp.sample_rate is not None:
+            return tp.sample_rate
+        assert tp.expected_batch_size is not None and rows is not None  # __post_init__
+        return tp.expected_batch_size / rows
+
+    @property
+    def expected_batch_size(self) -> float:
+        """q · [data] rows: the loss divisor and nominal batch (never the data's count)."""
+        assert self.data.rows is not None  # __post_init__
+        return self.sample_rate * self.data.rows
+
 
 def config_from_mapping(raw: Mapping[str, Any], *, base_dir: Path | None = None) -> TrainConfig:
     """Build a validated TrainConfig from parsed TOML; relative paths resolve against base_dir.
@@ -362,7 +409,18 @@ def config_from_mapping(raw: Mapping[str, Any], *, base_dir: Path | None = None)
     _no_unknown(
         "data",
         d,
-        ("source", "path", "url", "table", "label", "features", "privacy_unit", "unit_column"),
+        (
+            "source",
+            "path",
+            "url",
+            "table",
+            "label",
+            "features",
+            "num_classes",
+            "rows",
+            "privacy_unit",
+            "unit_column",
+        ),
     )
     for key in ("source", "label", "privacy_unit"):
         if key not in d:
@@ -381,6 +439,8 @@ def config_from_mapping(raw: Mapping[str, Any], *, base_dir: Path | None = None)
         table=_text("data", "table", d["table"]) if "table" in d else None,
         features=tuple(features) if features is not None else None,
         unit_column=_text("data", "unit_column", d["unit_column"]) if "unit_column" in d else None,
+        num_classes=d.get("num_classes"),
+        rows=d.get("rows"),
     )
 
     m = _table(raw, "model")

@@ -20,6 +20,7 @@ a new prefix, never a new meaning for an old one.
 from __future__ import annotations
 
 import csv
+import dataclasses
 import hashlib
 import importlib
 import json
@@ -64,8 +65,14 @@ class Dataset:
     def num_features(self) -> int:
         return int(self.features.shape[1])
 
+    declared_classes: int | None = None
+
     @property
     def num_classes(self) -> int:
+        """The declared class count ([data] num_classes) when given; otherwise inferred as
+        max label + 1, which depends on the data (never used to shape a released model)."""
+        if self.declared_classes is not None:
+            return self.declared_classes
         return int(self.labels.max()) + 1 if self.n_rows else 0
 
 
@@ -144,6 +151,12 @@ def _columns_from_rows(
             raise DataError(f"row {r + 1}: the label is not an integer class id") from None
         if not label_value.is_integer() or label_value < 0:
             raise DataError(f"row {r + 1}: the label is not an integer class id >= 0")
+        if config.num_classes is not None and label_value >= config.num_classes:
+            # Neither the row nor the value: the failure is charged and must say little.
+            raise DataError(
+                f"a label lies outside 0..{config.num_classes - 1} "
+                f"([data] num_classes = {config.num_classes}); the run is charged"
+            )
         y[r] = int(label_value)
         if config.unit_column is not None:
             units.append(row[index[config.unit_column]])
@@ -160,6 +173,7 @@ def _columns_from_rows(
         label_name=config.label,
         digest=digest,
         source_sha256=None,
+        declared_classes=config.num_classes,
     )
 
 
@@ -237,14 +251,7 @@ def load_dataset(config: DataConfig) -> Dataset:
             raise DataError(f"data file {path} does not exist")
         header, rows = _read_csv(path) if config.source == "csv" else _read_parquet(path)
         data = _columns_from_rows(header, rows, config)
-        return Dataset(
-            features=data.features,
-            labels=data.labels,
-            feature_names=data.feature_names,
-            label_name=data.label_name,
-            digest=data.digest,
-            source_sha256=file_sha256(path),
-        )
+        return dataclasses.replace(data, source_sha256=file_sha256(path))
     assert config.url is not None and config.table is not None
     header, rows = _read_sql(config.url, config.table, config)
     return _columns_from_rows(header, rows, config)

@@ -70,7 +70,7 @@ from fedldp.aggregator.training.config import (
     TrainConfig,
     TrainingConfigError,
 )
-from fedldp.aggregator.training.data import Dataset, load_dataset, redact_url
+from fedldp.aggregator.training.data import DataError, Dataset, load_dataset, redact_url
 from fedldp.aggregator.training.models import (
     build_mlp,
     choose_grad_sample_mode,
@@ -373,8 +373,9 @@ def _data_description(
         out["table"] = data.table
     else:
         out["path"] = data.path
+    out["num_classes"] = data.num_classes
+    out["declared_rows"] = data.rows  # public, from the config: the actual count is never published
     if dataset is not None:
-        out["rows"] = dataset.n_rows
         out["digest_algorithm"] = ALGORITHM
         out["data_key_id"] = key.key_id if key is not None else None
         out["digest"] = key.digest("dataset", dataset.digest).mac if key is not None else None
@@ -384,6 +385,19 @@ def _data_description(
             else None
         )
     return out
+
+
+def _check_schema(dataset: Dataset, data: DataConfig) -> None:
+    """The data read must fit the declared schema (features, labels in 0..num_classes-1);
+    a mismatch fails the run after the read (charged) and names no value or row."""
+    if data.features is not None and tuple(dataset.feature_names) != tuple(data.features):
+        raise DataError("the data's feature columns are not [data] features")
+    top = int(dataset.labels.max()) if dataset.n_rows else 0
+    if data.num_classes is not None and top >= data.num_classes:
+        raise DataError(
+            f"a label lies outside 0..{data.num_classes - 1} "
+            f"([data] num_classes = {data.num_classes}); the run is charged"
+        )
 
 
 def _probe_model(config: ModelConfig) -> nn.Module:
@@ -833,12 +847,10 @@ def _train_and_write(
     access.open()  # durable BEFORE the first read: from here on nothing is refunded
     dataset = load(config.data)
     timings["load"] = time.perf_counter() - t0
-    n = dataset.n_rows
-    q = tp.sample_rate if tp.sample_rate is not None else (tp.expected_batch_size or 0) / n
-    if not 0 < q <= 1:
-        raise ValueError(
-            f"expected_batch_size {tp.expected_batch_size} exceeds the {n} rows: sample rate > 1"
-        )
+    _check_schema(dataset, config.data)
+    assert config.data.num_classes is not None  # TrainConfig requires it
+    num_classes = config.data.num_classes
+    q = config.sample_rate  # from the configuration alone, never from the data's row count
     steps_per_epoch = int(1 / q)  # DPDataLoader's epoch length (UniformWithReplacementSampler)
     planned = tp.epochs * steps_per_epoch
     t0 = time.perf_counter()
@@ -851,22 +863,22 @@ def _train_and_write(
             f"with noise multiplier {plan.noise_multiplier} not even one step fits in the budget"
         )
     log(
-        f"rows={n} q={q:.6g} sigma={plan.noise_multiplier:.6g} "
+        f"q={q:.6g} sigma={plan.noise_multiplier:.6g} "
         f"steps planned={planned} limit={plan.step_limit} ({plan.mechanism})"
     )
     check_every = tp.check_every_steps or steps_per_epoch
 
     # 4. model and Opacus objects.
     if model is None:
-        built = build_mlp(config.model, dataset.num_features, dataset.num_classes)
+        built = build_mlp(config.model, len(config.data.features or ()), num_classes)
         model = validate_model(built, fix=config.model.fix_model).module
     if mode == _PROBE:
         t0 = time.perf_counter()
         mode, probe_reason, _ = probe_grad_sample_mode(
             model,
             feature_shape=tuple(dataset.features.shape[1:]),
-            num_classes=dataset.num_classes,
-            expected_batch_size=max(1, round(q * n)),
+            num_classes=num_classes,
+            expected_batch_size=max(1, round(config.expected_batch_size)),
             max_grad_norm=tp.max_grad_norm,
             optimizer=tp.optimizer,
             learning_rate=tp.learning_rate,
@@ -878,7 +890,7 @@ def _train_and_write(
     private = build_private_step(
         model,
         mode=mode,
-        expected_batch_size=max(1, round(q * n)),
+        expected_batch_size=max(1, round(config.expected_batch_size)),
         max_grad_norm=tp.max_grad_norm,
         noise_multiplier=plan.noise_multiplier,
         optimizer=tp.optimizer,
@@ -901,7 +913,6 @@ def _train_and_write(
     # slower: the accountants' RDP series are pure Python and hold the GIL.)
     limit, steps, certified = plan.step_limit, 0, 0
     stop_reason = "completed" if limit == planned else "budget"
-    batch_sizes: list[int] = []
     acct_seconds = 0.0
     train_started = time.perf_counter()
     while steps < limit:
@@ -930,7 +941,6 @@ def _train_and_write(
                     break
             rand.reseed()
             xb, yb = next(batches)
-            batch_sizes.append(int(yb.shape[0]))
             private(xb, yb)
             steps += 1
     train_seconds = time.perf_counter() - train_started - acct_seconds
@@ -964,7 +974,7 @@ def _train_and_write(
             "activation": config.model.activation,
             "norm": config.model.norm,
             "num_features": dataset.num_features,
-            "num_classes": dataset.num_classes,
+            "num_classes": num_classes,
         }
     else:
         model_desc = {
@@ -1002,11 +1012,9 @@ def _train_and_write(
             "epsilon": per_acct,
         },
         "training": {
-            "rows": n,
+            "declared_rows": config.data.rows,
             "sample_rate": q,
-            "expected_batch_size": q * n,
-            "batch_size_min": min(batch_sizes) if batch_sizes else 0,
-            "batch_size_max": max(batch_sizes) if batch_sizes else 0,
+            "expected_batch_size": config.expected_batch_size,
             "steps": steps,
             "planned_steps": planned,
             "step_limit": plan.step_limit,

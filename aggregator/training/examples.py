@@ -177,6 +177,9 @@ def private_run(
                     "source": "csv",
                     "path": str(run_dir / "unused.csv"),
                     "label": "label",
+                    "features": [f"x{i}" for i in range(split.x_train.shape[1])],
+                    "num_classes": 10,
+                    "rows": len(split.y_train),  # declared: the split's size is public here
                     "privacy_unit": "one handwritten digit image",
                 },
                 "model": {

@@ -39,6 +39,9 @@ delta = "0.00001"
 source = "csv"
 path = "train.csv"
 label = "label"
+features = ["f0", "f1", "f2", "f3"]
+num_classes = 2
+rows = 200
 privacy_unit = "one synthetic row"
 
 [model]

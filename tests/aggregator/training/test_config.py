@@ -70,6 +70,9 @@ delta = "0.00001"
 source = "csv"
 path = "data/train.csv"
 label = "y"
+features = ["x"]
+num_classes = 2
+rows = 100
 privacy_unit = "one person"
 [training]
 epochs = 1

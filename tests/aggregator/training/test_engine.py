@@ -246,7 +246,8 @@ def test_injected_opacus_failure_mid_training_aborts(
 def test_poisson_sampling_in_effect(make_config: ConfigFactory, ledger: Ledger) -> None:
     result = train_private(make_config(training={"epochs": 4}), ledger=ledger)
     tr = load_receipt(result.receipt_path)["training"]
-    assert tr["batch_size_min"] < tr["batch_size_max"]  # Poisson: sizes vary around 40
+    assert "batch_size_min" not in tr  # batch sizes sum to ~n: never published
+    assert tr["expected_batch_size"] == 40 and tr["sample_rate"] == 40 / 200
 
     x, y = torch.zeros(50, 3), torch.zeros(50, dtype=torch.long)
     gen = torch.Generator().manual_seed(0)
@@ -326,10 +327,12 @@ def test_sql_source_and_missing_parquet_support(
         "url": url,
         "table": "rows",
         "unit_column": "person",
+        "features": ["a", "b"],
+        "rows": 120,
     }
     result = train_private(make_config(data=data), ledger=ledger)
     ds = load_receipt(result.receipt_path)["dataset"]
-    assert ds["rows"] == 120 and ds["features"] == ["a", "b"] and ds["source"] == "sql"
+    assert ds["declared_rows"] == 120 and ds["features"] == ["a", "b"] and ds["source"] == "sql"
     assert check_receipt(result.receipt_path).ok
 
     try:
@@ -348,7 +351,7 @@ def test_repeated_unit_is_refused_and_charged(
 ) -> None:
     path = tmp_path / "dup.csv"
     path.write_text("who,f0,label\n" + "".join(f"u{i % 5},{i / 10},{i % 2}\n" for i in range(30)))
-    cfg = make_config(data={"path": str(path), "unit_column": "who"})
+    cfg = make_config(data={"path": str(path), "unit_column": "who", "features": ["f0"]})
     with pytest.raises(TrainingAbortedError, match="repeats a unit"):
         train_private(cfg, ledger=ledger)
     (res,) = ledger.reservations(SUBJECT, PURPOSE)
@@ -427,3 +430,63 @@ def test_receipt_and_ledger_hold_only_keyed_data_digests(
     skipped = check_receipt(result.receipt_path, data_key=None)
     (dataset,) = [c for c in skipped.checks if c.name == "dataset"]
     assert dataset.skipped and "data binding not checked" in dataset.detail
+
+
+def _neighbour_tables(tmp_path: Path) -> tuple[Path, Path]:
+    """D' (200 rows of classes 0 and 1) and D = D' plus Alice, the only row of class 2."""
+    from .conftest import write_table
+
+    without = tmp_path / "without.csv"
+    write_table(without)
+    with_alice = tmp_path / "with.csv"
+    with_alice.write_text(without.read_text() + "0.5,0.5,0.5,0.5,2\n")
+    return with_alice, without
+
+
+def test_neighbouring_tables_publish_the_same_schema_and_spend(
+    make_config: ConfigFactory, ledger: Ledger, tmp_path: Path
+) -> None:
+    """Finding 03: the model's shape, the published row count, q and the charge came from the
+    data (max label + 1, n). With the schema declared they are identical on neighbours."""
+    with_alice, without = _neighbour_tables(tmp_path)
+    published = []
+    for name, path in (("with", with_alice), ("without", without)):
+        cfg = make_config(
+            data={"path": str(path), "num_classes": 3},
+            budget={"idempotency_key": f"nb-{name}"},
+            output={"dir": str(tmp_path / f"out-{name}")},
+        )
+        result = train_private(cfg, ledger=ledger)
+        receipt = result.receipt
+        shapes = [tuple(v.shape) for v in result.model.state_dict().values()]
+        training = {k: v for k, v in receipt["training"].items() if "seconds" not in k}
+        privacy = {k: v for k, v in receipt["privacy"].items()}
+        published.append((shapes, receipt["model"]["num_classes"], training, privacy))
+        assert "rows" not in receipt["dataset"] and "rows" not in receipt["training"]
+        assert receipt["dataset"]["declared_rows"] == 200
+        assert "batch_size_min" not in receipt["training"]
+    assert published[0] == published[1]
+    spends = [r.epsilon_spent for r in ledger.reservations(SUBJECT, PURPOSE)]
+    assert len(spends) == 2 and spends[0] == spends[1]
+
+
+def test_a_label_outside_num_classes_fails_charged(
+    make_config: ConfigFactory, ledger: Ledger, tmp_path: Path
+) -> None:
+    with_alice, _ = _neighbour_tables(tmp_path)
+    cfg = make_config(data={"path": str(with_alice)}, budget={"idempotency_key": "outside"})
+    outside = r"a label lies outside 0\.\.1 \(\[data\] num_classes = 2\)"
+    with pytest.raises(TrainingAbortedError, match=outside) as info:
+        train_private(cfg, ledger=ledger)
+    assert isinstance(info.value.__cause__, DataError)
+    (res,) = ledger.reservations(SUBJECT, PURPOSE)
+    assert res.status == "settled" and res.epsilon_spent == Decimal(1)
+    assert _outputs(cfg) == []
+
+
+@pytest.mark.parametrize("missing", ["features", "num_classes", "rows"])
+def test_the_schema_must_be_declared(make_config: ConfigFactory, missing: str) -> None:
+    from fedldp.aggregator.training.config import TrainingConfigError
+
+    with pytest.raises(TrainingConfigError, match=rf"\[data\] {missing} is required"):
+        make_config(data={missing: None})
