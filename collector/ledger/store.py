@@ -2093,8 +2093,12 @@ class Ledger:
         ..., "steps": ...}) are kept for replay by an RDP/PLD accountant;
         `reason` says why it closed. `owner` must be the claiming run's token
         (ReservationOwnedError otherwise); None is the administrative path (no
-        ownership check). Settling again by the same owner with the same amounts
-        returns the settled reservation; any other transition raises
+        ownership check). Settling again by the same owner with the same
+        amounts AND the same events returns the settled reservation; a
+        reservation an operator settled as stale (`settle_stale`) is never
+        "already settled" for its run: that raises ReservationStateError, so a
+        run whose reservation was taken from it publishes nothing (its events
+        would not be recorded). Any other transition raises
         ReservationStateError. Spent above reserved raises ValueError.
         """
         _exact_decimal("epsilon_spent", epsilon_spent, positive=False)
@@ -2102,11 +2106,19 @@ class Ledger:
         events_json = json.dumps([dict(e) for e in events], sort_keys=True, default=str)
 
         def tx(conn: sa.Connection) -> Reservation:
-            res = _reservation(self._locked_reservation(conn, reservation_id))
+            row = self._locked_reservation(conn, reservation_id)
+            res = _reservation(row)
             _check_owner(res, owner)
-            if res.status == "settled" and (res.epsilon_spent, res.delta_spent) == (
-                epsilon_spent,
-                delta_spent,
+            if res.status == "settled" and (res.close_reason or "").startswith(STALE_REASON):
+                raise ReservationStateError(
+                    f"reservation {reservation_id} was settled as stale by an operator "
+                    "(its lease had expired); its budget is spent and this run must publish "
+                    "nothing"
+                )
+            if (
+                res.status == "settled"
+                and (res.epsilon_spent, res.delta_spent) == (epsilon_spent, delta_spent)
+                and _same_events(row.events_json, events_json)
             ):
                 return res
             if res.status != "reserved":
@@ -2183,7 +2195,7 @@ class Ledger:
                     f"reservation {reservation_id} is held by a live run until "
                     f"{res.lease_expires_at}; settle it after its lease expires"
                 )
-            reason = "operator: stale lease settled as spent" + (f" ({note})" if note else "")
+            reason = STALE_REASON + (f" ({note})" if note else "")
             self._close(conn, res, "settled", res.epsilon, res.delta, "[]", reason, now)
             _log(
                 conn,
@@ -2417,6 +2429,15 @@ def _log(conn: sa.Connection, reservation_id: str, now: int, action: str, **deta
             detail_json=json.dumps(detail, sort_keys=True),
         )
     )
+
+
+#: close_reason prefix of a reservation an operator settled with `settle_stale`.
+STALE_REASON = "operator: stale lease settled as spent"
+
+
+def _same_events(stored: str | None, new: str) -> bool:
+    """Whether a settled reservation's stored events equal `new` (both JSON lists)."""
+    return stored is not None and json.loads(stored) == json.loads(new)
 
 
 def _reservation(row: Any) -> Reservation:
