@@ -124,14 +124,20 @@ def release_receipt(
 ) -> dict[str, Any]:
     """The receipt of a settled release, built from the ledger (module docstring).
 
-    `randomness` is "os-csprng" for the production path (OS CSPRNG) and
-    "seeded" when the caller passed its own generator: such a receipt is marked
-    not for release.
+    The randomness source is the one the ledger's events record (releases.py
+    stores it in each event): "os-csprng" for the production path, "seeded"
+    when the caller passed its own generator, "unknown" for events that do not
+    say. Only "os-csprng" is for release. `randomness` (kept for callers of the
+    earlier signature) can only make a receipt more conservative: "seeded"
+    marks it not for release whatever the ledger says.
     """
     res = ledger.reservation(reservation_id)
     if res.status != "settled":
         raise ValueError(f"reservation {reservation_id} is {res.status}: nothing was released")
     events = _events_of(ledger, res)
+    source = _recorded_randomness(events)
+    if randomness != "os-csprng":
+        source = "seeded"
     bindings = sorted(
         {
             (str(e["data_hmac_sha256"]), str(e.get("data_key_id")))
@@ -159,9 +165,15 @@ def release_receipt(
         "events": events,
         "data": _data_binding(bindings),
         "libraries": library_versions(),
-        "randomness": {"source": randomness},
-        "for_release": randomness == "os-csprng",
+        "randomness": {"source": source},
+        "for_release": source == "os-csprng",
     }
+
+
+def _recorded_randomness(events: Sequence[Mapping[str, Any]]) -> str:
+    """The randomness source the events record: their common value, else "unknown"."""
+    sources = {str(e.get("randomness", "unknown")) for e in events}
+    return sources.pop() if len(sources) == 1 else "unknown"
 
 
 def _data_binding(bindings: Sequence[tuple[str, str]]) -> dict[str, Any]:
@@ -348,8 +360,17 @@ def _replay(out: Verification, receipt: dict[str, Any]) -> None:
 
 
 def _check_randomness(out: Verification, receipt: dict[str, Any], accept_seeded: bool) -> None:
+    """From the events (checked equal to the ledger's): for release only if every event
+    records the OS CSPRNG and the receipt says the same."""
     source = receipt.get("randomness", {}).get("source")
-    if source == "os-csprng" and receipt.get("for_release") is True:
+    recorded = _recorded_randomness(receipt.get("events", []))
+    if source != recorded:
+        out.add(
+            "randomness",
+            False,
+            f"the receipt says randomness {source!r}, the ledger's events record {recorded!r}",
+        )
+    elif source == "os-csprng" and receipt.get("for_release") is True:
         out.add("randomness", True, "os-csprng: for release")
     elif accept_seeded:
         out.add("randomness", True, f"{source}: NOT for release (accepted with --accept-seeded)")

@@ -377,6 +377,7 @@ def _run_release(
     metadata: Mapping[str, str],
     compute: Callable[[], list[dict[str, object]]],
     data_digest: Callable[[], KeyedDigest] | None = None,
+    randomness: str = "os-csprng",
 ) -> tuple[str, list[Mapping[str, object]]]:
     """Claim, mark the data opened, compute (reading data), settle; (reservation id, events).
 
@@ -386,7 +387,9 @@ def _run_release(
     as spent, the full reserved (ε, δ), and a crash leaves it open until an
     operator settles it as spent. A key another run claimed is never computed
     again: its published output is returned, or the call is refused.
-    `data_digest()`, called after `compute`, must return a `KeyedDigest`
+    `randomness` ("os-csprng", or "seeded" when the caller passed its own
+    generator) is stored in every event, so a receipt's randomness comes from
+    the ledger's record. `data_digest()`, called after `compute`, must return a `KeyedDigest`
     (datakey.py: an HMAC under the secret data-digest key, never a plain hash
     of the data); its MAC and key id are stored in every event.
     """
@@ -417,6 +420,8 @@ def _run_release(
         raise
     try:
         events = compute()
+        for event in events:
+            event["randomness"] = randomness
         if data_digest is not None:  # the keyed data binding, for signed receipts
             _bind_data(events, data_digest())
     except BaseException as exc:
@@ -446,6 +451,11 @@ def _bind_data(events: list[dict[str, object]], digest: object) -> None:
     for event in events:
         event["data_hmac_sha256"] = digest.mac
         event["data_key_id"] = digest.key_id
+
+
+def _source(rng: random.Random | None) -> str:
+    """The randomness source recorded in a release's events."""
+    return "os-csprng" if rng is None else "seeded"
 
 
 def _output(events: Sequence[Mapping[str, object]], query: str) -> Decimal:
@@ -526,6 +536,7 @@ def _one_query_release(
         metadata=metadata,
         compute=compute,
         data_digest=data_digest,
+        randomness=_source(rng),
     )
     return CentralRelease(
         query,
@@ -686,6 +697,7 @@ def private_mean(
         metadata=_bounded_meta("mean", sum_plan, lower, upper),
         compute=compute,
         data_digest=data_digest,
+        randomness=_source(rng),
     )
     noisy_sum, noisy_count = _output(events, "sum"), _output(events, "count")
     if noisy_count < 1:
@@ -786,6 +798,7 @@ def private_choice(
         metadata=_meta("choice", "exponential", candidates=digest),
         compute=compute,
         data_digest=data_digest,
+        randomness=_source(rng),
     )
     chosen_label = next((str(e["output"]) for e in events if e.get("query") == "choice"), None)
     if chosen_label is None:

@@ -258,3 +258,54 @@ def test_a_plain_hash_is_refused_as_data_digest(ledger: Ledger) -> None:
     assert ledger.central_events(SUBJECT, PURPOSE) == [] or all(
         "data_hmac_sha256" not in e.event for e in ledger.central_events(SUBJECT, PURPOSE)
     )
+
+
+def test_a_seeded_release_is_marked_from_the_ledger(ledger: Ledger, tmp_path: Path) -> None:
+    """Finding 06: a seeded release (rng passed) must not get a for-release receipt even when
+    its builder does not say so: the ledger's events record the randomness source."""
+    import random
+
+    rel = private_count(
+        ledger,
+        subject=SUBJECT,
+        purpose=PURPOSE,
+        epsilon=Decimal("0.5"),
+        idempotency_key="seeded-quiet",
+        now=1,
+        load=lambda: ["1"] * 37,
+        rng=random.Random(1234),
+    )
+    (event,) = [e.event for e in ledger.central_events(SUBJECT, PURPOSE)]
+    assert event["randomness"] == "seeded"
+    receipt = release_receipt(ledger, rel.reservation_id, value=str(rel.value))
+    assert receipt["randomness"] == {"source": "seeded"} and receipt["for_release"] is False
+    key = generate_key()
+    trusted = trusted_keys([key.public_key()])
+    path = tmp_path / "seeded.json"
+    path.write_text(json.dumps(sign(RELEASE_RECEIPT_TYPE, receipt, key)))
+    refused = verify_release_receipt(path, trusted=trusted, ledger=ledger).failures()
+    assert set(refused) == {"randomness"}
+    # a forger who re-signs it as "os-csprng" is caught by the ledger's record
+    forged = copy.deepcopy(receipt)
+    forged.update(randomness={"source": "os-csprng"}, for_release=True)
+    path.write_text(json.dumps(sign(RELEASE_RECEIPT_TYPE, forged, key)))
+    got = verify_release_receipt(path, trusted=trusted, ledger=ledger, accept_seeded=True)
+    assert "the ledger's events record 'seeded'" in got.failures()["randomness"]
+    # and one who also rewrites the events fails on the events check
+    forged["events"][0]["randomness"] = "os-csprng"
+    path.write_text(json.dumps(sign(RELEASE_RECEIPT_TYPE, forged, key)))
+    assert "events" in verify_release_receipt(path, trusted=trusted, ledger=ledger).failures()
+
+
+def test_an_os_csprng_release_records_its_source(ledger: Ledger) -> None:
+    rel = private_count(
+        ledger,
+        subject=SUBJECT,
+        purpose=PURPOSE,
+        epsilon=Decimal("0.5"),
+        idempotency_key="csprng",
+        now=1,
+        load=lambda: ["1"] * 3,
+    )
+    receipt = release_receipt(ledger, rel.reservation_id, value=str(rel.value))
+    assert receipt["events"][0]["randomness"] == "os-csprng" and receipt["for_release"] is True
