@@ -55,6 +55,28 @@ def bernoulli_exp(gamma: Fraction, rng: random.Random) -> bool:
     return bernoulli_exp(gamma - math.floor(gamma), rng)
 
 
+def geometric(scale: Fraction, rng: random.Random | None = None) -> int:
+    """Exact one-sided geometric: P[Y ≥ y] = exp(−y/scale) for integers y ≥ 0.
+
+    CKS20, Algorithm 2 without its sign: U uniform on [0, t) accepted with
+    probability exp(−U/t), V ~ Geometric(1 − e^{−1}), X = U + tV, Y = ⌊X/s⌋ for
+    scale = t/s. The draws it makes depend on the generator only (never on data).
+    """
+    scale = Fraction(scale)
+    if scale <= 0:
+        raise ValueError("scale must be positive")
+    r = rng if rng is not None else system_random()
+    t, s = scale.numerator, scale.denominator  # scale = t / s
+    while True:
+        u = r.randrange(t)
+        if bernoulli_exp(Fraction(u, t), r):
+            break
+    v = 0
+    while bernoulli_exp(Fraction(1), r):
+        v += 1
+    return (u + t * v) // s
+
+
 def discrete_laplace(scale: Fraction, rng: random.Random | None = None) -> int:
     """Exact sample with P[x] ∝ exp(−|x|/scale) over the integers (CKS20, Algorithm 2).
 
@@ -65,16 +87,8 @@ def discrete_laplace(scale: Fraction, rng: random.Random | None = None) -> int:
     if scale <= 0:
         raise ValueError("scale must be positive")
     r = rng if rng is not None else system_random()
-    t, s = scale.numerator, scale.denominator  # scale = t / s
     while True:
-        u = r.randrange(t)
-        if not bernoulli_exp(Fraction(u, t), r):
-            continue
-        v = 0
-        while bernoulli_exp(Fraction(1), r):
-            v += 1
-        x = u + t * v
-        y = x // s
+        y = geometric(scale, r)
         negative = r.randrange(2) == 1
         if negative and y == 0:
             continue

@@ -61,7 +61,7 @@ from fedldp.aggregator.central.calibration import (
     gaussian_sigma,
 )
 from fedldp.aggregator.central.datakey import KeyedDigest
-from fedldp.aggregator.central.noise import bernoulli_exp, discrete_gaussian, discrete_laplace
+from fedldp.aggregator.central.noise import discrete_gaussian, discrete_laplace, geometric
 from fedldp.client.mechanisms.base import system_random
 
 
@@ -722,24 +722,38 @@ def private_mean(
 def exponential_choice(
     utilities: Sequence[int], epsilon: Decimal, rng: random.Random, *, sensitivity: int = 1
 ) -> int:
-    """Exact exponential mechanism: index i with probability ∝ exp(ε·u_i / (2Δu)).
+    """Private choice with the exponential mechanism's guarantee, in data-independent work.
 
-    McSherry and Talwar (FOCS 2007); Dwork and Roth 2014, Theorem 3.10: ε-DP for utilities of
-    sensitivity Δu. Sampled exactly by rejection: propose i uniformly, accept
-    with probability exp(−ε(u_max − u_i)/(2Δu)) via CKS20's exact
-    Bernoulli(exp(−γ)) with rational γ, so no float ever decides the outcome.
+    Report-noisy-max with one-sided geometric noise: draw a uniform random
+    priority order of the k candidates, then Z_i ~ one-sided geometric with
+    P[Z_i ≥ z] = exp(−λz), λ = ε/(2Δu), for every candidate (exact, CKS20
+    Algorithm 2 without its sign: noise.geometric), and return the candidate
+    with the largest u_i + Z_i (ties to the earlier in the priority order).
+
+    Privacy (the argument of Dwork and Roth 2014, Claim 3.9, for report-noisy-
+    max; McKenna and Sheldon, "Permute-and-Flip", NeurIPS 2020, and Ding et
+    al. 2021 show that report-noisy-max with exponential noise is permute-and-
+    flip, ε-DP like the exponential mechanism, McSherry and Talwar 2007): fix
+    the order and Z_j for j ≠ i; i wins iff Z_i ≥ T for an integer threshold T
+    that moves by at most 2Δu between neighbours, and P[Z_i ≥ T] = e^{−λ
+    max(T, 0)}, so the odds change by at most e^{2Δu·λ} = e^ε. Utilities must
+    be integers. Every random draw is made before the utilities are looked at
+    and depends on the generator alone, so the number of draws, and the work,
+    are the same on neighbouring datasets (no data-dependent rejection loop).
     """
     if not utilities:
         raise ValueError("no candidates")
     if sensitivity < 1:
         raise ValueError("utility sensitivity must be a positive integer")
-    eps = Fraction(epsilon)
-    top = max(utilities)
+    if not all(isinstance(u, int) and not isinstance(u, bool) for u in utilities):
+        raise TypeError("utilities must be integers")
     k = len(utilities)
-    while True:
-        i = rng.randrange(k)
-        if bernoulli_exp(eps * (top - utilities[i]) / (2 * sensitivity), rng):
-            return i
+    order = list(range(k))
+    rng.shuffle(order)
+    priority = {candidate: rank for rank, candidate in enumerate(order)}
+    scale = Fraction(2 * sensitivity) / Fraction(epsilon)  # 1/λ
+    noise = [geometric(scale, rng) for _ in range(k)]
+    return max(range(k), key=lambda i: (utilities[i] + noise[i], -priority[i]))
 
 
 def private_choice(
@@ -782,6 +796,7 @@ def private_choice(
                 "delta": "0",
                 "utility_sensitivity": 1,
                 "candidates": len(names),
+                "sampler": "report-noisy-max, one-sided geometric noise of scale 2/epsilon",
                 "output": names[chosen],
             }
         ]

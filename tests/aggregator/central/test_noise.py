@@ -158,11 +158,38 @@ def test_discrete_gaussian_calibration_meets_delta(sens: int, eps: float, delta:
     assert discrete_gaussian_delta(cal.sigma * 0.99, sens, eps) > delta
 
 
+def _noisy_max_probabilities(utilities: list[int], lam: float, terms: int = 400) -> list[float]:
+    """P[i chosen] by report-noisy-max with one-sided geometric noise P[Z ≥ z] = e^{−λz} and a
+    uniform priority order breaking ties (every order enumerated; series past 1e-15)."""
+    import itertools
+
+    q = math.exp(-lam)
+    k = len(utilities)
+
+    def ge(t: int) -> float:  # P[Z >= t]
+        return 1.0 if t <= 0 else q**t
+
+    out = [0.0] * k
+    orders = list(itertools.permutations(range(k)))
+    for order in orders:
+        rank = {c: r for r, c in enumerate(order)}
+        for i in range(k):
+            for z in range(terms):
+                w = utilities[i] + z
+                p = (1 - q) * q**z
+                for j in range(k):
+                    if j != i:  # j stays below w, or ties and comes later in the order
+                        p *= 1 - ge(w - utilities[j] + (1 if rank[j] > rank[i] else 0))
+                out[i] += p / len(orders)
+    return out
+
+
 def test_exponential_mechanism_has_the_exact_distribution() -> None:
-    """P[i] ∝ exp(ε u_i / 2) for ε = 1, u = (0, 2, 5, 5); chi-square at ALPHA."""
+    """Report-noisy-max with one-sided geometric noise (λ = ε/2) for ε = 1, u = (0, 2, 5, 5):
+    the exact distribution (enumerated) fits; chi-square at ALPHA."""
     utilities = [0, 2, 5, 5]
-    weights = [math.exp(u / 2) for u in utilities]
-    probs = [w / sum(weights) for w in weights]
+    probs = _noisy_max_probabilities(utilities, 0.5)
+    assert abs(sum(probs) - 1) < 1e-9
     rng = random.Random(5)
     counts = Counter(exponential_choice(utilities, Decimal(1), rng) for _ in range(DRAWS))
     observed = [counts.get(i, 0) for i in range(4)]
@@ -171,5 +198,4 @@ def test_exponential_mechanism_has_the_exact_distribution() -> None:
         return bool(stats.chisquare(observed, [DRAWS * x for x in p]).pvalue > ALPHA)
 
     assert fits(probs)
-    broken = [math.exp(u) for u in utilities]  # ε·u without the factor 1/2
-    assert not fits([w / sum(broken) for w in broken])
+    assert not fits(_noisy_max_probabilities(utilities, 1.0))  # λ = ε, without the factor 1/2
