@@ -9,6 +9,7 @@ import csv
 import hashlib
 import io
 import json
+import math
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -616,6 +617,13 @@ def choice_cmd(candidates: str, **options: Any) -> None:
     )
 
 
+def _target_delta(value: float | None) -> float | None:
+    """--delta of `release spend`: a finite 0 < δ < 1 (a usage error, exit 2, otherwise)."""
+    if value is not None and not 0 < value < 1:  # NaN fails both comparisons
+        raise click.BadParameter("must satisfy 0 < delta < 1", param_hint="--delta")
+    return value
+
+
 @release.command("spend")
 @ledger_option()
 @config_option("collector.toml to read ledger_url from")
@@ -628,7 +636,13 @@ def choice_cmd(candidates: str, **options: Any) -> None:
     show_default=True,
     help="basic (sum of epsilons and deltas) or a tighter accountant (rdp, pld)",
 )
-@click.option("--delta", "target_delta", type=float, help="target delta for rdp/pld")
+@click.option(
+    "--delta",
+    "target_delta",
+    type=float,
+    callback=lambda _ctx, _param, value: _target_delta(value),
+    help="target delta for rdp/pld, 0 < delta < 1",
+)
 def spend_cmd(
     ledger_url: str | None,
     config_path: str | None,
@@ -652,6 +666,11 @@ def spend_cmd(
         raise click.ClickException(str(exc)) from None
     finally:
         ledger.close()
+    if not math.isfinite(spent.epsilon):
+        raise click.ClickException(
+            f"the {composition} accountant gave a non-finite epsilon at delta {target_delta}; "
+            "use --composition basic or another --delta"
+        )
     click.echo(
         json.dumps(
             {
@@ -664,5 +683,6 @@ def spend_cmd(
                 "basic_releases": spent.basic_events,
             },
             indent=2,
+            allow_nan=False,
         )
     )

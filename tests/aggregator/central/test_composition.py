@@ -250,3 +250,28 @@ def test_a_ledger_with_training_composes_tightly_and_an_unknown_kind_fails_the_c
     )
     assert basic.exit_code == 0 and json.loads(basic.output)["basic_epsilon"] == "6.5"
     ledger.close()
+
+
+@pytest.mark.parametrize("delta", ["2", "1", "0", "-1", "inf", "nan", "-inf"])
+def test_spend_refuses_a_delta_outside_the_unit_interval(ledger: Ledger, delta: str) -> None:
+    """Finding 07: --delta outside (0, 1) printed epsilon 0.0 / NaN / Infinity with exit 0."""
+    from click.testing import CliRunner
+
+    from fedldp.cli_report import release
+
+    training = {
+        "kind": "poisson_subsampled_gaussian",
+        "noise_multiplier": 1.2,
+        "sample_rate": 0.25,
+        "steps": 8,
+        "delta": "0.00001",
+    }
+    _settled(ledger, "train", "3", "1e-5", [training])
+    args = ["spend", "--ledger", ledger.url, "--subject", "s", "--purpose", "p"]
+    out = CliRunner().invoke(release, [*args, "--composition", "pld", f"--delta={delta}"])
+    assert out.exit_code == 2 and "0 < delta < 1" in out.output
+    errors = [line for line in out.output.splitlines() if line.startswith("Error:")]
+    assert errors == ["Error: Invalid value for --delta: must satisfy 0 < delta < 1"]
+    assert "epsilon" not in out.output
+    good = CliRunner().invoke(release, [*args, "--composition", "pld", "--delta=0.00001"])
+    assert good.exit_code == 0 and math.isfinite(json.loads(good.output)["epsilon"])
