@@ -148,7 +148,7 @@ class ReleaseEngine:
             "subject": ledger_subject(self.service_id, ds.id),
             "purpose": request.purpose,
             "epsilon": epsilon,
-            "idempotency_key": f"release-service:{analyst}:{request.idempotency_key}",
+            "idempotency_key": ledger_key(analyst, request.idempotency_key),
             "now": self.clock(),
             "data_digest": ds.data_digest,
             "contribution_bound": ds.contribution_bound,
@@ -303,3 +303,13 @@ def _run(
     if query.kind == "histogram":
         return rel.private_histogram(ledger, domain=declared.domain, load=values, **common)
     return rel.private_choice(ledger, candidates=declared.domain, load=values, **common)
+
+
+def ledger_key(analyst: str, key: str) -> str:
+    """The ledger's idempotency key of an analyst's key: scoped to the analyst.
+
+    The analyst's name is length-prefixed, so no (analyst, key) pair can
+    produce another pair's ledger key (a subject may contain ':'), and one
+    analyst can never fetch another's release by guessing its key.
+    """
+    return f"release-service:{len(analyst)}:{analyst}:{key}"

@@ -441,3 +441,11 @@ def test_broken_halfwidth_one_too_small_fails_coverage() -> None:
     _sd, m = errorbars._laplace_halfwidth(Fraction(4), 0.05)
     q = exp(-1 / 4)
     assert 2 * q**m / (1 + q) > 0.05
+
+
+def test_ledger_keys_of_different_analysts_never_collide() -> None:
+    from fedldp.aggregator.service.engine import ledger_key
+
+    assert ledger_key("a:b", "c") != ledger_key("a", "b:c")
+    # the broken variant (plain concatenation) collides
+    assert f"{'a:b'}:{'c'}" == f"{'a'}:{'b:c'}"
