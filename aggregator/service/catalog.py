@@ -38,9 +38,10 @@ import csv
 import hashlib
 import importlib
 import io
+import operator
 import re
 import sys
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
@@ -131,63 +132,74 @@ class Dataset:
 
     # --- reading ---
 
-    def _raw_rows(self) -> Iterator[Mapping[str, str]]:
-        """Every row as {column: text}; a CSV is hashed while it is read."""
+    def fields(self) -> tuple[str, ...]:
+        """The order of the values in every row read: the unit, then the sorted columns."""
+        return (self.unit, *sorted(self.columns))
+
+    def index(self, column: str) -> int:
+        """Position of `column` in a row read by `bounded_rows`."""
+        return self.fields().index(column)
+
+    def _raw_rows(self) -> Iterator[tuple[str, ...]]:
+        """Every row as a tuple of texts in `fields()` order; a CSV is hashed while read."""
         if self.csv_path is not None:
             yield from self._csv_rows(self.csv_path)
         else:
             yield from self._sql_rows()
 
-    def _csv_rows(self, path: Path) -> Iterator[Mapping[str, str]]:
+    def _missing(self, present: Iterable[str]) -> None:
+        missing = set(self.fields()) - set(present)
+        if missing:
+            raise RegistrationError(
+                f"dataset {self.id}: the data has no column(s) {sorted(missing)}"
+            )
+
+    def _csv_rows(self, path: Path) -> Iterator[tuple[str, ...]]:
         digest = hashlib.sha256()
         with path.open("rb") as fh:
-            data = _Hashing(fh, digest)
-            text = io.TextIOWrapper(io.BufferedReader(data), encoding="utf-8", newline="")
-            reader = csv.DictReader(text)
-            missing = self._needed() - set(reader.fieldnames or ())
-            if missing:
+            data = io.BufferedReader(_Hashing(fh, digest), buffer_size=1 << 20)
+            text = io.TextIOWrapper(data, encoding="utf-8", newline="")
+            reader = csv.reader(text)
+            header = next(reader, [])
+            self._missing(header)
+            pick = operator.itemgetter(*(header.index(n) for n in self.fields()))
+            try:
+                for row in reader:
+                    yield pick(row)
+            except IndexError:
                 raise RegistrationError(
-                    f"dataset {self.id}: the data has no column(s) {sorted(missing)}"
-                )
-            yield from reader
+                    f"dataset {self.id}: a row has fewer fields than the header"
+                ) from None
             text.read()
         self._digest = digest.hexdigest()
 
-    def _sql_rows(self) -> Iterator[Mapping[str, str]]:
+    def _sql_rows(self) -> Iterator[tuple[str, ...]]:
         import sqlalchemy as sa
 
         assert self.sql_url is not None and self.sql_table is not None
         engine = sa.create_engine(self.sql_url)
         try:
             table = sa.Table(self.sql_table, sa.MetaData(), autoload_with=engine)
-            missing = self._needed() - {c.name for c in table.columns}
-            if missing:
-                raise RegistrationError(
-                    f"dataset {self.id}: the table has no column(s) {sorted(missing)}"
-                )
-            names = sorted(self._needed())
+            self._missing(c.name for c in table.columns)
             with engine.connect() as conn:
                 result = conn.execution_options(stream_results=True).execute(
-                    sa.select(*(table.c[n] for n in names))
+                    sa.select(*(table.c[n] for n in self.fields()))
                 )
                 for row in result:
-                    yield {n: "" if v is None else str(v) for n, v in zip(names, row, strict=True)}
+                    yield tuple("" if v is None else str(v) for v in row)
         finally:
             engine.dispose()
         self._digest = None
 
-    def _needed(self) -> set[str]:
-        return {self.unit, *self.columns}
-
     def data_digest(self) -> str:
-        """SHA-256 of the CSV as last read ("sql:<url-less table name>" for SQL)."""
+        """SHA-256 of the CSV as last read ("sql-table:<table>" for SQL)."""
         if self.csv_path is None:
             return f"sql-table:{self.sql_table}"
         assert self._digest is not None, "the data was not read to its end"
         return self._digest
 
-    def bounded_rows(self) -> Iterator[Mapping[str, str]]:
-        """Rows, keeping at most `contribution_bound` per unit (the first ones read).
+    def bounded_rows(self) -> Iterator[tuple[str, ...]]:
+        """Rows (`fields()` order), keeping at most `contribution_bound` per unit (the first read).
 
         Removing a unit then removes at most k rows: the sensitivity the
         release functions are calibrated to (releases.py, contribution_bound).
@@ -195,10 +207,9 @@ class Dataset:
         seen: dict[str, int] = {}
         k = self.contribution_bound
         for row in self._raw_rows():
-            unit = row.get(self.unit) or ""
-            n = seen.get(unit, 0)
+            n = seen.get(row[0], 0)
             if n < k:
-                seen[unit] = n + 1
+                seen[row[0]] = n + 1
                 yield row
 
     # --- registration ---
@@ -210,8 +221,9 @@ class Dataset:
         column, never the value).
         """
         per_unit: dict[str, int] = {}
+        checks = [(i, name, self.columns[name]) for i, name in enumerate(self.fields()) if i]
         for number, row in enumerate(self._raw_rows(), start=2):
-            unit = row.get(self.unit) or ""
+            unit = row[0]
             if not unit:
                 raise RegistrationError(
                     f"dataset {self.id}: row {number} has an empty privacy unit ({self.unit})"
@@ -222,8 +234,8 @@ class Dataset:
                     f"dataset {self.id}: a unit has more than {self.contribution_bound} "
                     f"records (contribution bound), first seen at row {number}"
                 )
-            for name, column in self.columns.items():
-                problem = _check_value(column, row.get(name))
+            for i, name, column in checks:
+                problem = _check_value(column, row[i])
                 if problem:
                     raise RegistrationError(
                         f"dataset {self.id}: row {number}, column {name}: {problem}"

@@ -280,9 +280,10 @@ def _run(
     if query.kind in ("choice", "histogram") and delta != 0:
         raise InvalidRequestError(f'a {query.kind} is pure epsilon-DP: delta must be "0"')
     col = query.column or ""
+    position = ds.index(col) if col else 0
 
     def values() -> Iterator[str]:
-        return (row[col] for row in rows())
+        return (row[position] for row in rows())
 
     if query.kind == "count":
         return rel.private_count(

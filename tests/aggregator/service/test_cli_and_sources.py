@@ -123,7 +123,7 @@ def test_bounded_rows_keep_at_most_k_records_per_unit(tmp_path: Path) -> None:
     path = tmp_path / "d.csv"
     path.write_text("u,x\n" + "".join(f"a,{i}\n" for i in range(5)) + "b,1\n")
     ds = Dataset("d", "u", 2, {"x": NumericColumn(Decimal(0), Decimal(9))}, [], csv_path=path)
-    assert [r["u"] for r in ds.bounded_rows()] == ["a", "a", "b"]
+    assert [r[0] for r in ds.bounded_rows()] == ["a", "a", "b"]
     loose = Dataset("d", "u", 5, {"x": NumericColumn(Decimal(0), Decimal(9))}, [], csv_path=path)
     assert len(list(loose.bounded_rows())) == 6  # the broken variant (k too high) keeps all
 
