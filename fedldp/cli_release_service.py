@@ -251,3 +251,51 @@ def query_cmd(kind: str, **o: Any) -> None:
     shown = MessageToDict(reply)
     shown.pop("receipt", None)
     click.echo(json.dumps(shown, indent=2))
+
+
+@release_service.command("consolidate")
+@click.option("--ledger", "ledger_url", required=True, help="the collector's ledger URL")
+@click.option(
+    "--policies",
+    "policy_dir",
+    required=True,
+    type=click.Path(exists=True, file_okay=False),
+    help="the collector's policy folder",
+)
+@click.option(
+    "--trust",
+    "trust_dir",
+    required=True,
+    type=click.Path(exists=True, file_okay=False),
+    help="the collector's trust folder",
+)
+@click.option("--policy", "policy_id", required=True, help="policy id")
+@click.option("--version", type=int, help="policy version (default: the highest valid)")
+@click.option("--audience", default="default", show_default=True)
+@click.option("--out", "out_url", required=True, help="SQL URL of the consolidated database")
+@click.option("--table", default="ldp_estimates", show_default=True)
+@click.option("--at", type=int, help="verify the policy as of this Unix time (default: now)")
+def consolidate_cmd(**o: Any) -> None:
+    """Write per-window debiased LDP estimates and variances as a table (no budget spent)."""
+    import time
+
+    from fedldp.aggregator.service.consolidate import estimate_rows, write_table
+    from fedldp.cli_report import load_verified_policy
+    from fedldp.collector.ledger import open_ledger
+
+    policy = load_verified_policy(
+        o["policy_dir"],
+        o["trust_dir"],
+        o["policy_id"],
+        version=o["version"],
+        at=o["at"] or int(time.time()),
+        audience=o["audience"],
+    )
+    with open_ledger(o["ledger_url"]) as ledger:
+        rows = estimate_rows(ledger, policy)
+    written = write_table(o["out_url"], o["table"], rows)
+    windows = len({r.window_start for r in rows})
+    click.echo(
+        f"{written} rows ({windows} windows) of {policy.policy_id} v{policy.version} "
+        f"in table {o['table']}; post-processing of LDP reports: no budget spent"
+    )
