@@ -77,6 +77,10 @@ def serve_cmd(**options: Any) -> None:
     from fedldp.collector.daemon import configure_logging
 
     configure_logging()
+    # Handlers first: a SIGTERM arriving as soon as the port is announced still drains.
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
     try:
         secret_file = options["token_secret_file"]
         secret = bytes.fromhex(secret_file.read_text().strip()) if secret_file else None
@@ -110,9 +114,6 @@ def serve_cmd(**options: Any) -> None:
     for dataset, why in running.refused.items():
         click.echo(f"dataset {dataset} NOT registered: {why}", err=True)
     click.echo(f"release service on port {running.port}", err=True)
-    stop = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
     stop.wait()
     running.stop()
     if metrics_server is not None:
