@@ -57,13 +57,27 @@ def release_service() -> None:
     type=click.Path(exists=True, dir_okay=False, path_type=Path),
     help="hex token secret (bearer tokens)",
 )
-@click.option("--listen", default="127.0.0.1:50061", show_default=True)
+@click.option(
+    "--listen", default="127.0.0.1:50061", show_default=True, help="host:port to serve on"
+)
 @click.option(
     "--service-id", default="release-service", show_default=True, help="ledger subject prefix"
 )
-@click.option("--tls-cert", type=click.Path(exists=True, dir_okay=False, path_type=Path))
-@click.option("--tls-key", type=click.Path(exists=True, dir_okay=False, path_type=Path))
-@click.option("--tls-client-ca", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option(
+    "--tls-cert",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="server TLS certificate (PEM)",
+)
+@click.option(
+    "--tls-key",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="server TLS key (PEM)",
+)
+@click.option(
+    "--tls-client-ca",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="CA of analysts' client certificates (mTLS)",
+)
 @click.option("--mtls", is_flag=True, help="authenticate analysts by client certificate CN")
 @click.option("--metrics-listen", help="host:port of the Prometheus endpoint")
 def serve_cmd(**options: Any) -> None:
@@ -189,10 +203,10 @@ def _rpc(call: Any) -> Any:
 @release_service.command("query")
 @click.argument("kind", type=click.Choice(["count", "sum", "mean", "histogram", "choice"]))
 @_with(_client)
-@click.option("--dataset", required=True)
-@click.option("--purpose", required=True)
+@click.option("--dataset", required=True, help="dataset id of the catalog")
+@click.option("--purpose", required=True, help="a purpose granted to you")
 @click.option("--epsilon", required=True, help="plain decimal, e.g. 0.5")
-@click.option("--delta", default="0", show_default=True)
+@click.option("--delta", default="0", show_default=True, help="delta (plain decimal)")
 @click.option(
     "--mechanism",
     type=click.Choice(sorted(_MECHANISMS)),
@@ -272,9 +286,9 @@ def query_cmd(kind: str, **o: Any) -> None:
 )
 @click.option("--policy", "policy_id", required=True, help="policy id")
 @click.option("--version", type=int, help="policy version (default: the highest valid)")
-@click.option("--audience", default="default", show_default=True)
+@click.option("--audience", default="default", show_default=True, help="policy audience")
 @click.option("--out", "out_url", required=True, help="SQL URL of the consolidated database")
-@click.option("--table", default="ldp_estimates", show_default=True)
+@click.option("--table", default="ldp_estimates", show_default=True, help="table name")
 @click.option("--at", type=int, help="verify the policy as of this Unix time (default: now)")
 def consolidate_cmd(**o: Any) -> None:
     """Write per-window debiased LDP estimates and variances as a table (no budget spent)."""

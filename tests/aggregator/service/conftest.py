@@ -97,7 +97,11 @@ class Client:
         return self.stub.Release(pb.ReleaseRequest(**kwargs), metadata=self.metadata)
 
     def raw(self, data: bytes) -> bytes:
-        call = self.channel.unary_unary("/fedldp.v1.ReleaseService/Release")
+        call = self.channel.unary_unary(
+            "/fedldp.v1.ReleaseService/Release",
+            request_serializer=None,
+            response_deserializer=None,
+        )
         out: bytes = call(data, metadata=self.metadata)
         return out
 

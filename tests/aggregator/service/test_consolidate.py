@@ -7,6 +7,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from fedldp.aggregator.estimation import FrequencyReport
 from fedldp.aggregator.reports import report_from_ledgers
 from fedldp.aggregator.service.consolidate import estimate_rows, write_table
 
@@ -29,6 +30,7 @@ def test_each_window_becomes_rows_equal_to_the_report(
     window = now - now % WINDOW
     assert {r.window_start for r in rows} == {window}  # the gated window is not consolidated
     report = report_from_ledgers([("l", ledger)], policy, window_start=window)
+    assert isinstance(report, FrequencyReport)
     assert [(r.label, r.estimate, r.std_error) for r in rows] == [
         (e.label, e.raw_estimate, e.std_error) for e in report.estimates
     ]

@@ -56,11 +56,13 @@ def _count(client: Client, key: str, eps: str = "0.25", purpose: str = "study") 
 
 
 def _committed(svc: RunningReleaseService, purpose: str = "study") -> Decimal:
-    return sum(
-        (r.epsilon_spent if r.status == "settled" else r.epsilon)
-        for r in svc.ledger.reservations(SUBJECT, purpose)
-        if r.status != "cancelled"
-    ) or Decimal(0)
+    total = Decimal(0)
+    for r in svc.ledger.reservations(SUBJECT, purpose):
+        if r.status == "settled" and r.epsilon_spent is not None:
+            total += r.epsilon_spent
+        elif r.status == "reserved":
+            total += r.epsilon
+    return total
 
 
 # --- 1. the contract ---
@@ -334,7 +336,7 @@ def _race(svc: RunningReleaseService, client_for: ClientFor) -> None:
             _count(client, f"race-{i}", eps="0.25")
             codes.append(grpc.StatusCode.OK)
         except grpc.RpcError as exc:
-            codes.append(exc.code())  # type: ignore[attr-defined]
+            codes.append(exc.code())
 
     threads = [threading.Thread(target=go, args=(i, c)) for i, c in enumerate(clients)]
     for t in threads:
