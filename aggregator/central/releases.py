@@ -33,6 +33,11 @@ Neighbouring datasets differ by adding or removing one record (unbounded DP).
 Sensitivities: count 1; sum of values clipped to [L, U]: max(|L|, |U|); mean
 = noisy sum / noisy count with ε (and δ) split equally (basic composition);
 the exponential mechanism's utility is the count of each candidate (Δu = 1).
+With a per-unit contribution bound k (`contribution_bound`, for data where one
+privacy unit owns up to k records and the caller has already kept at most k
+records per unit), neighbours differ by a whole unit: every sensitivity above
+is multiplied by k (Dwork and Roth 2014, Section 2.3, group privacy of size k
+replaced by the exact bound on the unit's records).
 
 Secure noise: the clipped sum is rounded to the lattice γℤ (round half up,
 which commutes with integer shifts, so the lattice sensitivity is ⌈Δ/γ⌉),
@@ -475,6 +480,15 @@ def _clipped_sum(values: Iterable[object], lower: Decimal, upper: Decimal) -> tu
     return total, count
 
 
+def _bound(contribution_bound: int) -> int:
+    """The per-unit contribution bound k, a positive int."""
+    if isinstance(contribution_bound, bool) or not isinstance(contribution_bound, int):
+        raise TypeError("contribution_bound must be an int")
+    if contribution_bound < 1:
+        raise ValueError("contribution_bound must be at least 1")
+    return contribution_bound
+
+
 def _check_bounds(lower: Decimal, upper: Decimal) -> Decimal:
     if not isinstance(lower, Decimal) or not isinstance(upper, Decimal):
         raise TypeError("clipping bounds must be decimal.Decimal (exact)")
@@ -566,13 +580,14 @@ def private_count(
     calibration: GaussianCalibration | str = GaussianCalibration.ANALYTIC,
     rng: random.Random | None = None,
     data_digest: Callable[[], KeyedDigest] | None = None,
+    contribution_bound: int = 1,
 ) -> CentralRelease:
-    """A noised count of the records `load()` yields (sensitivity 1, granularity 1)."""
+    """A noised count of the records `load()` yields (sensitivity k, granularity 1)."""
     plan = plan_noise(
         mechanism,
         epsilon=epsilon,
         delta=delta,
-        sensitivity=Decimal(1),
+        sensitivity=Decimal(_bound(contribution_bound)),
         granularity=Decimal(1),
         calibration=calibration,
     )
@@ -608,9 +623,10 @@ def private_sum(
     calibration: GaussianCalibration | str = GaussianCalibration.ANALYTIC,
     rng: random.Random | None = None,
     data_digest: Callable[[], KeyedDigest] | None = None,
+    contribution_bound: int = 1,
 ) -> CentralRelease:
-    """A noised sum of values clipped to [lower, upper]; sensitivity max(|lower|, |upper|)."""
-    sens = _check_bounds(lower, upper)
+    """A noised sum of values clipped to [lower, upper]; sensitivity k·max(|lower|, |upper|)."""
+    sens = _check_bounds(lower, upper) * _bound(contribution_bound)
     plan = plan_noise(
         mechanism,
         epsilon=epsilon,
@@ -651,14 +667,18 @@ def private_mean(
     calibration: GaussianCalibration | str = GaussianCalibration.ANALYTIC,
     rng: random.Random | None = None,
     data_digest: Callable[[], KeyedDigest] | None = None,
+    contribution_bound: int = 1,
 ) -> CentralRelease:
     """Noised sum / noised count, each with half of (ε, δ); clipped into [lower, upper].
+
+    Sensitivities k·max(|lower|, |upper|) and k for contribution bound k.
 
     The ratio is post-processing; the result is clipped to the bounds and is
     the midpoint when the noised count is below 1. `parts` holds the two
     released parts (noised sum and noised count), which are public too.
     """
-    sens = _check_bounds(lower, upper)
+    k = _bound(contribution_bound)
+    sens = _check_bounds(lower, upper) * k
     half_eps, half_delta = epsilon / 2, delta / 2
     sum_plan = plan_noise(
         mechanism,
@@ -672,7 +692,7 @@ def private_mean(
         mechanism,
         epsilon=half_eps,
         delta=half_delta,
-        sensitivity=Decimal(1),
+        sensitivity=Decimal(k),
         granularity=Decimal(1),
         calibration=calibration,
     )
@@ -768,12 +788,15 @@ def private_choice(
     load: Callable[[], Iterable[str]],
     rng: random.Random | None = None,
     data_digest: Callable[[], KeyedDigest] | None = None,
+    contribution_bound: int = 1,
 ) -> CentralRelease:
     """Choose the (approximately) most frequent candidate with the exponential mechanism.
 
-    Utility of a candidate = the number of records equal to it (Δu = 1 under
-    add/remove); records that are not candidates count for nothing.
+    Utility of a candidate = the number of records equal to it (Δu = k under
+    add/remove of one unit of at most k records); records that are not
+    candidates count for nothing.
     """
+    k = _bound(contribution_bound)
     _check_budget(NoiseMechanism.LAPLACE, epsilon, Decimal(0))
     names = [str(c) for c in candidates]
     if not names or len(set(names)) != len(names):
@@ -787,16 +810,16 @@ def private_choice(
             i = index.get(str(record))
             if i is not None:
                 counts[i] += 1
-        chosen = exponential_choice(counts, epsilon, r)
+        chosen = exponential_choice(counts, epsilon, r, sensitivity=k)
         return [
             {
                 "kind": "exponential",
                 "query": "choice",
                 "epsilon": str(epsilon),
                 "delta": "0",
-                "utility_sensitivity": 1,
+                "utility_sensitivity": k,
                 "candidates": len(names),
-                "sampler": "report-noisy-max, one-sided geometric noise of scale 2/epsilon",
+                "sampler": "report-noisy-max, one-sided geometric noise of scale 2*utility_sensitivity/epsilon",
                 "output": names[chosen],
             }
         ]
@@ -826,7 +849,88 @@ def private_choice(
         Decimal(0),
         Decimal(1),
         Decimal(1),
-        float(2 / epsilon),
-        "exponential mechanism, utility = count (Δu = 1), ε-DP",
+        float(2 * k / epsilon),
+        f"exponential mechanism, utility = count (Δu = {k}), ε-DP",
         rid,
+    )
+
+
+def private_histogram(
+    ledger: CentralLedger,
+    *,
+    subject: str,
+    purpose: str,
+    epsilon: Decimal,
+    idempotency_key: str,
+    now: int,
+    domain: Sequence[str],
+    load: Callable[[], Iterable[str]],
+    rng: random.Random | None = None,
+    data_digest: Callable[[], str] | None = None,
+    contribution_bound: int = 1,
+) -> CentralRelease:
+    """Noised counts of every value of a declared `domain` (records outside it count nowhere).
+
+    Discrete Laplace noise of scale k/ε on each bin: adding or removing one
+    unit of at most k records changes the count vector by at most k in L1
+    norm, so the whole vector is ε-DP (Dwork and Roth 2014, Section 3.3,
+    Laplace mechanism on the histogram query; CKS20 Section 5 for the discrete
+    Laplace). One ledger event of kind discrete_laplace with lattice
+    sensitivity k records it; its output is the canonical JSON object
+    {value: noised count}. Pure ε-DP only (delta 0).
+    """
+    k = _bound(contribution_bound)
+    plan = plan_noise(
+        NoiseMechanism.LAPLACE,
+        epsilon=epsilon,
+        delta=Decimal(0),
+        sensitivity=Decimal(k),
+        granularity=Decimal(1),
+    )
+    names = [str(c) for c in domain]
+    if not names or len(set(names)) != len(names):
+        raise ValueError("the domain must be a non-empty list of distinct values")
+    r = rng if rng is not None else system_random()
+
+    def compute() -> list[dict[str, object]]:
+        counts = dict.fromkeys(names, 0)
+        for record in load():
+            key = str(record)
+            if key in counts:
+                counts[key] += 1
+        noised = {name: str(plan.noised(Decimal(n), r)) for name, n in counts.items()}
+        event = plan.event("histogram")
+        event["bins"] = len(names)
+        event["output"] = json.dumps(noised, sort_keys=True, separators=(",", ":"))
+        return [event]
+
+    digest = json.dumps(names, separators=(",", ":"))
+    rid, events = _run_release(
+        ledger,
+        subject=subject,
+        purpose=purpose,
+        epsilon=epsilon,
+        delta=Decimal(0),
+        idempotency_key=idempotency_key,
+        now=now,
+        metadata=_meta("histogram", plan.mechanism.value, domain=digest),
+        compute=compute,
+        data_digest=data_digest,
+    )
+    output = next((str(e["output"]) for e in events if e.get("query") == "histogram"), None)
+    if output is None:
+        raise ReleaseError("the ledger holds no output for this release")
+    parts = {name: Decimal(v) for name, v in json.loads(output).items()}
+    return CentralRelease(
+        "histogram",
+        output,
+        plan.mechanism.value,
+        epsilon,
+        Decimal(0),
+        plan.sensitivity,
+        plan.granularity,
+        plan.noise_scale,
+        plan.calibration,
+        rid,
+        parts=parts,
     )

@@ -1,0 +1,379 @@
+"""The operator's dataset catalog (TOML) and the registration check of each dataset.
+
+The catalog is owned by the operator of the release service, inside the trusted
+boundary; analysts never see or supply it. Format (docs/release-service.md)::
+
+    [groups]
+    research = ["alice", "bob"]          # group -> analyst subjects
+
+    [datasets.visits]
+    csv = "visits.csv"                   # relative to the catalog file; or:
+    # sql_url = "postgresql://..."  and  sql_table = "visits"
+    unit = "user_id"                     # the privacy-unit column
+    contribution_bound = 2               # at most this many records per unit
+    [datasets.visits.columns.amount]
+    type = "numeric"
+    lower = "0"                          # plain decimal strings
+    upper = "100"
+    [datasets.visits.columns.city]
+    type = "categorical"
+    domain = ["paris", "lyon"]
+    [[datasets.visits.grants]]
+    analysts = ["carol"]                 # and/or
+    groups = ["research"]
+    purposes = ["quarterly-report"]
+
+Registration (`Catalog.register`) reads every row once and refuses the dataset
+(`RegistrationError`, naming the row number and column, never a value) unless
+every unit has at most `contribution_bound` records, every numeric value is a
+finite decimal within its declared bounds and every categorical value is in its
+domain. Only registered datasets can be queried. Queries still bound and clip
+from the declaration (`Dataset.rows`), so data changed after registration can
+make a query fail (charged) but never raises a sensitivity.
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import importlib
+import io
+import operator
+import re
+import sys
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from decimal import Decimal, InvalidOperation
+from pathlib import Path
+from typing import Any
+
+from fedldp.collector.auth import check_subject
+
+_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+_DECIMAL_RE = re.compile(r"^-?[0-9]+(\.[0-9]+)?$")
+#: Largest categorical domain (one histogram bin each).
+MAX_DOMAIN = 10_000
+
+
+def toml_loads(text: str) -> dict[str, Any]:
+    """Parse TOML (tomllib; tomli on Python 3.10)."""
+    module = importlib.import_module("tomllib" if sys.version_info >= (3, 11) else "tomli")
+    data: dict[str, Any] = module.loads(text)
+    return data
+
+
+class CatalogError(ValueError):
+    """The catalog file is malformed (operator error, at start-up)."""
+
+
+class RegistrationError(ValueError):
+    """A dataset's data do not match its declaration; it cannot be queried."""
+
+
+def plain_decimal(text: object, name: str) -> Decimal:
+    """A Decimal from a plain decimal string ("0.5"; no exponent, no sign but '-')."""
+    if not isinstance(text, str) or not _DECIMAL_RE.match(text):
+        raise ValueError(f'{name} must be a plain decimal string such as "0.5"')
+    return Decimal(text)
+
+
+@dataclass(frozen=True)
+class NumericColumn:
+    """A numeric column with its declared bounds [lower, upper]."""
+
+    lower: Decimal
+    upper: Decimal
+
+
+@dataclass(frozen=True)
+class CategoricalColumn:
+    """A categorical column with its declared domain."""
+
+    domain: tuple[str, ...]
+
+
+Column = NumericColumn | CategoricalColumn
+
+
+@dataclass(frozen=True)
+class Grant:
+    """Analysts (by subject or group) allowed to query for some purposes."""
+
+    analysts: frozenset[str]
+    groups: frozenset[str]
+    purposes: frozenset[str]
+
+
+@dataclass
+class Dataset:
+    """One declared dataset; `registered` once its data matched the declaration."""
+
+    id: str
+    unit: str
+    contribution_bound: int
+    columns: dict[str, Column]
+    grants: list[Grant]
+    csv_path: Path | None = None
+    sql_url: str | None = None
+    sql_table: str | None = None
+    registered: bool = False
+    #: SHA-256 of the CSV bytes last read (registration or query).
+    sha256: str | None = None
+    _digest: str | None = field(default=None, repr=False)
+
+    def purposes_for(self, analyst: str, groups: Mapping[str, frozenset[str]]) -> set[str]:
+        """The purposes `analyst` may query this dataset for (empty: no access)."""
+        member_of = {g for g, names in groups.items() if analyst in names}
+        out: set[str] = set()
+        for grant in self.grants:
+            if analyst in grant.analysts or member_of & grant.groups:
+                out |= grant.purposes
+        return out
+
+    # --- reading ---
+
+    def fields(self) -> tuple[str, ...]:
+        """The order of the values in every row read: the unit, then the sorted columns."""
+        return (self.unit, *sorted(self.columns))
+
+    def index(self, column: str) -> int:
+        """Position of `column` in a row read by `bounded_rows`."""
+        return self.fields().index(column)
+
+    def _raw_rows(self) -> Iterator[tuple[str, ...]]:
+        """Every row as a tuple of texts in `fields()` order; a CSV is hashed while read."""
+        if self.csv_path is not None:
+            yield from self._csv_rows(self.csv_path)
+        else:
+            yield from self._sql_rows()
+
+    def _missing(self, present: Iterable[str]) -> None:
+        missing = set(self.fields()) - set(present)
+        if missing:
+            raise RegistrationError(
+                f"dataset {self.id}: the data has no column(s) {sorted(missing)}"
+            )
+
+    def _csv_rows(self, path: Path) -> Iterator[tuple[str, ...]]:
+        digest = hashlib.sha256()
+        with path.open("rb") as fh:
+            data = io.BufferedReader(_Hashing(fh, digest), buffer_size=1 << 20)
+            text = io.TextIOWrapper(data, encoding="utf-8", newline="")
+            reader = csv.reader(text)
+            header = next(reader, [])
+            self._missing(header)
+            pick = operator.itemgetter(*(header.index(n) for n in self.fields()))
+            try:
+                for row in reader:
+                    yield pick(row)
+            except IndexError:
+                raise RegistrationError(
+                    f"dataset {self.id}: a row has fewer fields than the header"
+                ) from None
+            text.read()
+        self._digest = digest.hexdigest()
+
+    def _sql_rows(self) -> Iterator[tuple[str, ...]]:
+        import sqlalchemy as sa
+
+        assert self.sql_url is not None and self.sql_table is not None
+        engine = sa.create_engine(self.sql_url)
+        try:
+            table = sa.Table(self.sql_table, sa.MetaData(), autoload_with=engine)
+            self._missing(c.name for c in table.columns)
+            with engine.connect() as conn:
+                result = conn.execution_options(stream_results=True).execute(
+                    sa.select(*(table.c[n] for n in self.fields()))
+                )
+                for row in result:
+                    yield tuple("" if v is None else str(v) for v in row)
+        finally:
+            engine.dispose()
+        self._digest = None
+
+    def data_digest(self) -> str:
+        """SHA-256 of the CSV as last read ("sql-table:<table>" for SQL)."""
+        if self.csv_path is None:
+            return f"sql-table:{self.sql_table}"
+        assert self._digest is not None, "the data was not read to its end"
+        return self._digest
+
+    def bounded_rows(self) -> Iterator[tuple[str, ...]]:
+        """Rows (`fields()` order), keeping at most `contribution_bound` per unit (the first read).
+
+        Removing a unit then removes at most k rows: the sensitivity the
+        release functions are calibrated to (releases.py, contribution_bound).
+        """
+        seen: dict[str, int] = {}
+        k = self.contribution_bound
+        for row in self._raw_rows():
+            n = seen.get(row[0], 0)
+            if n < k:
+                seen[row[0]] = n + 1
+                yield row
+
+    # --- registration ---
+
+    def register(self) -> None:
+        """Validate every row against the declaration; mark the dataset queryable.
+
+        Raises RegistrationError naming the first violation (row number and
+        column, never the value).
+        """
+        per_unit: dict[str, int] = {}
+        checks = [(i, name, self.columns[name]) for i, name in enumerate(self.fields()) if i]
+        for number, row in enumerate(self._raw_rows(), start=2):
+            unit = row[0]
+            if not unit:
+                raise RegistrationError(
+                    f"dataset {self.id}: row {number} has an empty privacy unit ({self.unit})"
+                )
+            per_unit[unit] = per_unit.get(unit, 0) + 1
+            if per_unit[unit] > self.contribution_bound:
+                raise RegistrationError(
+                    f"dataset {self.id}: a unit has more than {self.contribution_bound} "
+                    f"records (contribution bound), first seen at row {number}"
+                )
+            for i, name, column in checks:
+                problem = _check_value(column, row[i])
+                if problem:
+                    raise RegistrationError(
+                        f"dataset {self.id}: row {number}, column {name}: {problem}"
+                    )
+        self.sha256 = self._digest
+        self.registered = True
+
+
+class _Hashing(io.RawIOBase):
+    """A raw stream over `fh` feeding every byte it hands out to `digest`."""
+
+    def __init__(self, fh: io.BufferedReader, digest: Any) -> None:
+        self._fh, self._digest = fh, digest
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        n = self._fh.readinto(buffer)
+        if n:
+            self._digest.update(memoryview(buffer)[:n])
+        return n or 0
+
+
+def _check_value(column: Column, text: str | None) -> str | None:
+    """Why `text` violates `column`'s declaration, or None (never quotes the value)."""
+    if isinstance(column, CategoricalColumn):
+        return None if text in column.domain else "value outside the declared domain"
+    try:
+        value = Decimal(text or "")
+    except InvalidOperation:
+        return "value is not a number"
+    if not value.is_finite():
+        return "value is not finite"
+    if not column.lower <= value <= column.upper:
+        return "value outside the declared bounds"
+    return None
+
+
+# --- the catalog file ---
+
+
+@dataclass
+class Catalog:
+    """Datasets by id, and analyst groups."""
+
+    datasets: dict[str, Dataset]
+    groups: dict[str, frozenset[str]]
+
+    def register_all(self) -> dict[str, str]:
+        """Register every dataset; {dataset id: refusal message} of those refused."""
+        refused: dict[str, str] = {}
+        for ds in self.datasets.values():
+            try:
+                ds.register()
+            except (RegistrationError, OSError, ValueError) as exc:
+                refused[ds.id] = str(exc)
+        return refused
+
+
+def load_catalog(path: Path) -> Catalog:
+    """Parse a catalog file (module docstring); CatalogError on any malformed entry."""
+    try:
+        data = toml_loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise CatalogError(f"cannot read catalog {path}: {exc}") from None
+    try:
+        groups = {
+            str(g): frozenset(check_subject(str(a)) for a in names)
+            for g, names in dict(data.get("groups", {})).items()
+        }
+        datasets = {
+            str(name): _dataset(str(name), dict(spec), path.parent)
+            for name, spec in dict(data.get("datasets", {})).items()
+        }
+    except (TypeError, ValueError, KeyError) as exc:
+        raise CatalogError(f"catalog {path}: {exc}") from None
+    unknown = set(data) - {"groups", "datasets"}
+    if unknown:
+        raise CatalogError(f"catalog {path}: unknown section(s) {sorted(unknown)}")
+    return Catalog(datasets, groups)
+
+
+def _dataset(name: str, spec: dict[str, Any], base: Path) -> Dataset:
+    if not _ID_RE.match(name):
+        raise ValueError(f"dataset id {name!r} must be 1-128 of [A-Za-z0-9_.-]")
+    allowed = {"csv", "sql_url", "sql_table", "unit", "contribution_bound", "columns", "grants"}
+    if set(spec) - allowed:
+        raise ValueError(f"dataset {name}: unknown key(s) {sorted(set(spec) - allowed)}")
+    bound = spec.get("contribution_bound")
+    if isinstance(bound, bool) or not isinstance(bound, int) or bound < 1:
+        raise ValueError(f"dataset {name}: contribution_bound must be a positive integer")
+    unit = spec.get("unit")
+    if not isinstance(unit, str) or not unit:
+        raise ValueError(f"dataset {name}: unit (the privacy-unit column) is required")
+    columns = {str(c): _column(name, str(c), dict(s)) for c, s in spec["columns"].items()}
+    if not columns or unit in columns:
+        raise ValueError(f"dataset {name}: declare at least one column, not the unit column")
+    grants = [_grant(name, dict(g)) for g in spec.get("grants", [])]
+    has_csv, has_sql = "csv" in spec, "sql_url" in spec or "sql_table" in spec
+    if has_csv == has_sql:
+        raise ValueError(f"dataset {name}: give either csv or sql_url + sql_table")
+    csv_path = (base / str(spec["csv"])) if has_csv else None
+    return Dataset(
+        name,
+        unit,
+        bound,
+        columns,
+        grants,
+        csv_path=csv_path,
+        sql_url=str(spec["sql_url"]) if has_sql else None,
+        sql_table=str(spec["sql_table"]) if has_sql else None,
+    )
+
+
+def _column(dataset: str, name: str, spec: dict[str, Any]) -> Column:
+    kind = spec.get("type")
+    where = f"dataset {dataset}, column {name}"
+    if kind == "numeric":
+        lower = plain_decimal(spec.get("lower"), f"{where}: lower")
+        upper = plain_decimal(spec.get("upper"), f"{where}: upper")
+        if not lower < upper:
+            raise ValueError(f"{where}: lower must be below upper")
+        return NumericColumn(lower, upper)
+    if kind == "categorical":
+        domain = tuple(str(v) for v in spec.get("domain", ()))
+        if not domain or len(set(domain)) != len(domain) or len(domain) > MAX_DOMAIN:
+            raise ValueError(f"{where}: domain must be 1-{MAX_DOMAIN} distinct values")
+        return CategoricalColumn(domain)
+    raise ValueError(f"{where}: type must be 'numeric' or 'categorical'")
+
+
+def _grant(dataset: str, spec: dict[str, Any]) -> Grant:
+    purposes = frozenset(str(p) for p in spec.get("purposes", ()))
+    if not purposes:
+        raise ValueError(f"dataset {dataset}: every grant names at least one purpose")
+    return Grant(
+        frozenset(check_subject(str(a)) for a in spec.get("analysts", ())),
+        frozenset(str(g) for g in spec.get("groups", ())),
+        purposes,
+    )

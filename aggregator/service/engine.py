@@ -1,0 +1,316 @@
+"""The release engine: one authorized ReleaseRequest -> one charged, signed release.
+
+No gRPC here (server.py wraps it). For each request, in order:
+
+1. authorize: the dataset is registered and the catalog grants the analyst the
+   request's purpose on it (else `PermissionDeniedError`, the same message
+   whether or not the dataset exists); the release policy has a cap for
+   (dataset, purpose);
+2. validate the query against the declaration (column, type, ε, δ, mechanism);
+3. run the release with fedldp.aggregator.central.releases (claim in the
+   ledger under the service's own subject "<service id>/<dataset>" -> open_data
+   -> read -> settle; the refund rule of issue 15), with the contribution bound
+   and clipping bounds taken from the catalog, never from the request;
+4. build the receipt from the ledger (receipts.release_receipt), sign it with
+   the service's key, and derive the error bars from the ledger event (public
+   noise parameters and outputs only).
+
+The true aggregate exists only inside the release function's `compute`; this
+module never sees it. Errors raised after the data was opened carry a fixed
+message (`ReleaseAfterReadError`), never the underlying exception's text.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from decimal import Decimal
+from typing import Any
+
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from fedldp.aggregator.central import releases as rel
+from fedldp.aggregator.central.receipts import release_receipt
+from fedldp.aggregator.central.signing import RELEASE_RECEIPT_TYPE, canonical_json, sign
+from fedldp.aggregator.service import errorbars
+from fedldp.aggregator.service.catalog import (
+    Catalog,
+    CategoricalColumn,
+    Dataset,
+    NumericColumn,
+    plain_decimal,
+)
+from fedldp.aggregator.service.policy import ReleasePolicy, ledger_subject
+from fedldp.collector.ledger import LedgerError
+from fedldp.v1 import release_pb2 as pb
+
+_KEY_RE = re.compile(r"^[\x21-\x7e]{1,128}$")
+
+
+class ServiceError(Exception):
+    """A refusal whose message is safe to send to the analyst."""
+
+
+class PermissionDeniedError(ServiceError):
+    """The analyst may not query this dataset for this purpose."""
+
+
+class InvalidRequestError(ServiceError):
+    """The request is malformed or does not fit the dataset's declaration."""
+
+
+class NoCapError(ServiceError):
+    """The release policy sets no cap for (dataset, purpose)."""
+
+
+class ReleaseAfterReadError(ServiceError):
+    """The release failed after the data was opened: charged, nothing released."""
+
+
+@dataclass(frozen=True)
+class _Query:
+    kind: str
+    column: str | None
+
+
+class ReleaseEngine:
+    """Authorizes, runs and signs releases for authenticated analysts."""
+
+    def __init__(
+        self,
+        catalog: Catalog,
+        policy: ReleasePolicy,
+        ledger: Any,
+        signing_key: Ed25519PrivateKey,
+        service_id: str,
+        clock: Callable[[], int],
+    ) -> None:
+        self.catalog, self.policy, self.ledger = catalog, policy, ledger
+        self.key, self.service_id, self.clock = signing_key, service_id, clock
+
+    # --- listing ---
+
+    def datasets_for(self, analyst: str) -> pb.ListDatasetsResponse:
+        """Registered datasets the analyst may query, with their declarations."""
+        out = pb.ListDatasetsResponse()
+        for ds in sorted(self.catalog.datasets.values(), key=lambda d: d.id):
+            purposes = ds.purposes_for(analyst, self.catalog.groups)
+            if not ds.registered or not purposes:
+                continue
+            info = out.datasets.add(
+                dataset=ds.id,
+                purposes=sorted(purposes),
+                contribution_bound=ds.contribution_bound,
+            )
+            for name, col in sorted(ds.columns.items()):
+                if isinstance(col, NumericColumn):
+                    info.columns.add(
+                        name=name, type="numeric", lower=str(col.lower), upper=str(col.upper)
+                    )
+                else:
+                    info.columns.add(name=name, type="categorical", domain=list(col.domain))
+        return out
+
+    # --- releasing ---
+
+    def authorize(self, analyst: str, request: pb.ReleaseRequest) -> Dataset:
+        """The dataset, when the analyst may query it for the request's purpose."""
+        ds = self.catalog.datasets.get(request.dataset)
+        if (
+            ds is None
+            or not ds.registered
+            or request.purpose not in ds.purposes_for(analyst, self.catalog.groups)
+        ):
+            raise PermissionDeniedError(
+                f"no dataset {request.dataset!r} is open to you for purpose {request.purpose!r}"
+            )
+        if (ds.id, request.purpose) not in self.policy.caps:
+            raise NoCapError(
+                f"the release policy sets no cap for dataset {ds.id!r}, purpose {request.purpose!r}"
+            )
+        return ds
+
+    def release(self, analyst: str, request: pb.ReleaseRequest) -> pb.ReleaseResponse:
+        """Run one release (module docstring); raises ServiceError or a ledger/release error."""
+        ds = self.authorize(analyst, request)
+        query = _query_of(request, ds)
+        epsilon, delta = _budget(request)
+        if not _KEY_RE.match(request.idempotency_key):
+            raise InvalidRequestError("idempotency_key must be 1-128 printable ASCII characters")
+        opened = [False]
+
+        def rows() -> Iterator[Any]:
+            opened[0] = True
+            return ds.bounded_rows()
+
+        common: dict[str, Any] = {
+            "subject": ledger_subject(self.service_id, ds.id),
+            "purpose": request.purpose,
+            "epsilon": epsilon,
+            "idempotency_key": ledger_key(analyst, request.idempotency_key),
+            "now": self.clock(),
+            "data_digest": ds.data_digest,
+            "contribution_bound": ds.contribution_bound,
+        }
+        try:
+            result = _run(self.ledger, query, request, ds, common, delta, rows)
+        except (rel.ReleaseError, ServiceError, LedgerError):
+            raise
+        except (ValueError, TypeError, ArithmeticError) as exc:
+            if opened[0]:
+                raise ReleaseAfterReadError(
+                    "the release failed after the data was opened; its budget is spent and "
+                    "nothing was released"
+                ) from None
+            raise InvalidRequestError(str(exc)) from None
+        return self._response(result)
+
+    def _response(self, result: rel.CentralRelease) -> pb.ReleaseResponse:
+        receipt = release_receipt(self.ledger, result.reservation_id, value=str(result.value))
+        envelope = sign(RELEASE_RECEIPT_TYPE, receipt, self.key)
+        out = pb.ReleaseResponse(
+            kind=result.kind,
+            reservation_id=result.reservation_id,
+            receipt=canonical_json(envelope),
+            policy_sha256=self.policy.sha256,
+        )
+        events = {str(e.get("query")): e for e in receipt["events"]}
+        if result.kind in ("count", "sum"):
+            value = Decimal(str(result.value))
+            _add(out, result.kind, value, errorbars.additive(events[result.kind], value))
+        elif result.kind == "mean":
+            _add_mean(out, result, events, receipt["ledger"]["metadata"])
+        elif result.kind == "histogram":
+            event = events["histogram"]
+            for label, value in json.loads(str(event["output"])).items():
+                v = Decimal(value)
+                _add(out, label, v, errorbars.additive(event, v))
+        else:
+            out.chosen = str(result.value)
+        return out
+
+
+def _add(out: pb.ReleaseResponse, label: str, value: Decimal, bar: errorbars.ErrorBar) -> None:
+    out.values.add(
+        label=label,
+        value=str(value),
+        error=pb.ErrorBar(
+            noise_stddev=bar.noise_stddev,
+            confidence=str(bar.confidence),
+            lower=str(bar.lower),
+            upper=str(bar.upper),
+        ),
+    )
+
+
+def _add_mean(
+    out: pb.ReleaseResponse,
+    result: rel.CentralRelease,
+    events: dict[str, Any],
+    meta: dict[str, Any],
+) -> None:
+    s, c = result.parts["sum"], result.parts["count"]
+    lower, upper = Decimal(str(meta["lower"])), Decimal(str(meta["upper"]))
+    bar = errorbars.mean(
+        errorbars.additive(events["sum"], s),
+        errorbars.additive(events["count"], c),
+        s,
+        c,
+        lower,
+        upper,
+    )
+    _add(out, "mean", Decimal(str(result.value)), bar)
+
+
+def _budget(request: pb.ReleaseRequest) -> tuple[Decimal, Decimal]:
+    try:
+        epsilon = plain_decimal(request.epsilon, "epsilon")
+        delta = plain_decimal(request.delta or "0", "delta")
+    except ValueError as exc:
+        raise InvalidRequestError(str(exc)) from None
+    if epsilon <= 0 or delta < 0 or delta >= 1:
+        raise InvalidRequestError("epsilon must be positive and 0 <= delta < 1")
+    return epsilon, delta
+
+
+def _query_of(request: pb.ReleaseRequest, ds: Dataset) -> _Query:
+    """The query kind and its column, checked against the declaration."""
+    kind = request.WhichOneof("query")
+    if kind is None:
+        raise InvalidRequestError("the request names no query (count, sum, mean, ...)")
+    if kind == "count":
+        return _Query(kind, None)
+    column = str(getattr(request, kind).column)
+    declared = ds.columns.get(column)
+    wanted = NumericColumn if kind in ("sum", "mean") else CategoricalColumn
+    if not isinstance(declared, wanted):
+        what = "numeric" if wanted is NumericColumn else "categorical"
+        raise InvalidRequestError(
+            f"{kind} needs a declared {what} column of dataset {ds.id}; {column!r} is not one"
+        )
+    return _Query(kind, column)
+
+
+def _mechanism(request: pb.ReleaseRequest, query: _Query) -> str | None:
+    m = request.mechanism
+    if query.kind == "choice":
+        if m != pb.NOISE_MECHANISM_UNSPECIFIED:
+            raise InvalidRequestError("a choice uses the exponential mechanism: no mechanism")
+        return None
+    names = {pb.NOISE_MECHANISM_LAPLACE: "laplace", pb.NOISE_MECHANISM_GAUSSIAN: "gaussian"}
+    if m not in names:
+        raise InvalidRequestError("mechanism must be LAPLACE or GAUSSIAN")
+    if query.kind == "histogram" and m != pb.NOISE_MECHANISM_LAPLACE:
+        raise InvalidRequestError("a histogram uses the Laplace mechanism (pure epsilon-DP)")
+    return names[m]
+
+
+def _run(
+    ledger: Any,
+    query: _Query,
+    request: pb.ReleaseRequest,
+    ds: Dataset,
+    common: dict[str, Any],
+    delta: Decimal,
+    rows: Callable[[], Iterator[Any]],
+) -> rel.CentralRelease:
+    """Dispatch to the release function of `query` (bounds and domain from the catalog)."""
+    mechanism = _mechanism(request, query)
+    if query.kind in ("choice", "histogram") and delta != 0:
+        raise InvalidRequestError(f'a {query.kind} is pure epsilon-DP: delta must be "0"')
+    col = query.column or ""
+    position = ds.index(col) if col else 0
+
+    def values() -> Iterator[str]:
+        return (row[position] for row in rows())
+
+    if query.kind == "count":
+        return rel.private_count(
+            ledger, load=rows, mechanism=mechanism or "", delta=delta, **common
+        )
+    declared = ds.columns[col]
+    if isinstance(declared, NumericColumn):
+        fn = rel.private_sum if query.kind == "sum" else rel.private_mean
+        return fn(
+            ledger,
+            load=values,
+            lower=declared.lower,
+            upper=declared.upper,
+            mechanism=mechanism or "",
+            delta=delta,
+            **common,
+        )
+    if query.kind == "histogram":
+        return rel.private_histogram(ledger, domain=declared.domain, load=values, **common)
+    return rel.private_choice(ledger, candidates=declared.domain, load=values, **common)
+
+
+def ledger_key(analyst: str, key: str) -> str:
+    """The ledger's idempotency key of an analyst's key: scoped to the analyst.
+
+    The analyst's name is length-prefixed, so no (analyst, key) pair can
+    produce another pair's ledger key (a subject may contain ':'), and one
+    analyst can never fetch another's release by guessing its key.
+    """
+    return f"release-service:{len(analyst)}:{analyst}:{key}"

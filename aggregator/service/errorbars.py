@@ -1,0 +1,89 @@
+"""Error bars of released values: noise standard deviation and a confidence interval.
+
+Computed from the ledger event of a release (its noise parameters and its
+released output) only: post-processing of public values, no privacy cost, no
+access to the true aggregate. The interval is for the value before noise
+(the true aggregate rounded to the noise lattice γℤ, then widened by γ/2 for
+the rounding), with coverage at least `confidence` over the noise:
+
+* discrete Laplace of scale t (lattice units): P[X = x] ∝ exp(−|x|/t), so with
+  q = e^{−1/t}: Var X = 2q/(1 − q)² and P[|X| ≥ m] = 2q^m/(1 + q) for m ≥ 1
+  (CKS20, Section 5; a two-sided geometric law). The half-width is the
+  smallest integer m with P[|X| > m] ≤ α.
+* discrete Gaussian of parameter σ (lattice units): Var X ≤ σ² and
+  P[|X| ≥ λ] ≤ 2 exp(−λ²/(2σ²)) (CKS20, Section 2.1: N_Z(0, σ²) is
+  σ-subgaussian), so λ = σ √(2 ln(2/α)) is a valid (conservative) half-width
+  and σ an upper bound on the standard deviation.
+* mean = noisy sum / noisy count: a delta-method approximation,
+  sd ≈ √(sd_S² + m² sd_C²) / C, interval m ± z sd clipped to the declared
+  bounds (approximate: it ignores the count's noise in the denominator's
+  nonlinearity beyond first order, and clipping).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from decimal import Decimal
+from fractions import Fraction
+
+from scipy.stats import norm
+
+CONFIDENCE = Decimal("0.95")
+
+
+@dataclass(frozen=True)
+class ErrorBar:
+    """Noise standard deviation and a confidence interval, in value units."""
+
+    noise_stddev: float
+    confidence: Decimal
+    lower: Decimal
+    upper: Decimal
+
+
+def _laplace_halfwidth(t: Fraction, alpha: float) -> tuple[float, int]:
+    """(sd, half-width m) of a discrete Laplace of scale t in lattice units."""
+    q = math.exp(-1.0 / float(t))
+    sd = math.sqrt(2.0 * q) / (1.0 - q)
+    # P[|X| > m] = P[|X| >= m + 1] = 2 q^(m+1) / (1 + q) <= alpha
+    m = math.ceil(math.log(alpha * (1.0 + q) / 2.0) / math.log(q)) - 1
+    return sd, max(m, 0)
+
+
+def _gaussian_halfwidth(sigma: float, alpha: float) -> tuple[float, int]:
+    """(sd bound, half-width) of a discrete Gaussian of parameter σ in lattice units."""
+    return sigma, math.ceil(sigma * math.sqrt(2.0 * math.log(2.0 / alpha)))
+
+
+def additive(event: Mapping[str, object], value: Decimal) -> ErrorBar:
+    """The error bar of one additive release (count, sum, a histogram bin)."""
+    gamma = Decimal(str(event["granularity"]))
+    alpha = float(1 - CONFIDENCE)
+    if event.get("kind") == "discrete_laplace":
+        sd, m = _laplace_halfwidth(Fraction(str(event["scale"])), alpha)
+    else:
+        sd, m = _gaussian_halfwidth(float(str(event["sigma"])), alpha)
+    half = m * gamma + gamma / 2
+    return ErrorBar(sd * float(gamma), CONFIDENCE, value - half, value + half)
+
+
+def mean(
+    sum_bar: ErrorBar,
+    count_bar: ErrorBar,
+    noisy_sum: Decimal,
+    noisy_count: Decimal,
+    lower: Decimal,
+    upper: Decimal,
+) -> ErrorBar:
+    """The delta-method error bar of noisy_sum / noisy_count (module docstring)."""
+    if noisy_count < 1:
+        spread = float(upper - lower) / math.sqrt(12.0)  # uniform over the bounds
+        return ErrorBar(spread, CONFIDENCE, lower, upper)
+    m = float(noisy_sum / noisy_count)
+    sd = math.sqrt(sum_bar.noise_stddev**2 + (m * count_bar.noise_stddev) ** 2) / float(noisy_count)
+    z = float(norm.ppf(1 - float(1 - CONFIDENCE) / 2))
+    centre = min(max(noisy_sum / noisy_count, lower), upper)
+    half = Decimal(repr(z * sd))
+    return ErrorBar(sd, CONFIDENCE, max(centre - half, lower), min(centre + half, upper))

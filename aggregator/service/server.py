@@ -1,0 +1,317 @@
+"""The release service's gRPC server: authentication, status codes, metrics, logs.
+
+Each handler: authenticate (the analyst is the bearer token's subject or the
+client certificate's common name: fedldp.collector.auth, the collector's own
+scheme) -> parse the raw request bytes, refusing unknown fields (a cap or any
+field this contract does not define cannot be smuggled in) -> ReleaseEngine ->
+serialize. Status codes: see proto/fedldp/v1/release.proto.
+
+Observability never carries data: Prometheus metrics are labelled by method,
+status code and query kind only (no dataset values, no analyst names); each log
+line is JSON with the method, code, query kind, dataset id, purpose,
+reservation id and a hashed analyst tag, never a released or true value.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from fedldp.aggregator.central import releases as rel
+from fedldp.aggregator.service.catalog import Catalog
+from fedldp.aggregator.service.engine import (
+    InvalidRequestError,
+    NoCapError,
+    PermissionDeniedError,
+    ReleaseAfterReadError,
+    ReleaseEngine,
+    ServiceError,
+)
+from fedldp.aggregator.service.policy import ReleasePolicy
+from fedldp.collector.auth import Authenticator
+from fedldp.collector.errors import UnauthenticatedError
+from fedldp.collector.ledger import (
+    CentralBudgetExhaustedError,
+    IdempotencyConflictError,
+    Ledger,
+    LedgerError,
+    NoCentralCapError,
+)
+from fedldp.v1 import release_pb2 as pb
+from google.protobuf.message import DecodeError, Message
+from google.protobuf.unknown_fields import UnknownFieldSet
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from prometheus_client import CollectorRegistry, Counter, Histogram
+
+log = logging.getLogger("fedldp.release_service")
+
+SERVICE_NAME = "fedldp.v1.ReleaseService"
+
+#: Domain error -> gRPC status code (most specific class first in the MRO walk).
+STATUS: dict[type[BaseException], grpc.StatusCode] = {
+    UnauthenticatedError: grpc.StatusCode.UNAUTHENTICATED,
+    PermissionDeniedError: grpc.StatusCode.PERMISSION_DENIED,
+    InvalidRequestError: grpc.StatusCode.INVALID_ARGUMENT,
+    NoCapError: grpc.StatusCode.FAILED_PRECONDITION,
+    NoCentralCapError: grpc.StatusCode.FAILED_PRECONDITION,
+    ReleaseAfterReadError: grpc.StatusCode.FAILED_PRECONDITION,
+    CentralBudgetExhaustedError: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    IdempotencyConflictError: grpc.StatusCode.ALREADY_EXISTS,
+    rel.ReleaseConflictError: grpc.StatusCode.ALREADY_EXISTS,
+    rel.ReleaseInProgressError: grpc.StatusCode.UNAVAILABLE,
+    rel.ReleaseFailedError: grpc.StatusCode.FAILED_PRECONDITION,
+    rel.ReleaseCancelledError: grpc.StatusCode.FAILED_PRECONDITION,
+}
+#: Errors whose own message is safe to send (no data in any of them).
+_SAFE = (ServiceError, UnauthenticatedError, rel.ReleaseError, LedgerError)
+
+
+def status_of(exc: BaseException) -> grpc.StatusCode:
+    """The status code of a refusal (UNAVAILABLE for other ledger errors)."""
+    for cls in type(exc).__mro__:
+        code = STATUS.get(cls)
+        if code is not None:
+            return code
+    return grpc.StatusCode.UNAVAILABLE
+
+
+class ReleaseMetrics:
+    """Prometheus metrics: bounded labels only (method, code, kind)."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.requests = Counter(
+            "fedldp_release_service_requests",
+            "RPCs by method and gRPC status code",
+            ["method", "code"],
+            registry=self.registry,
+        )
+        self.releases = Counter(
+            "fedldp_release_service_releases",
+            "Releases returned, by query kind",
+            ["kind"],
+            registry=self.registry,
+        )
+        self.seconds = Histogram(
+            "fedldp_release_service_release_seconds",
+            "Release latency (authorize, reserve, read, settle, sign), seconds",
+            ["kind"],
+            registry=self.registry,
+        )
+
+
+def analyst_tag(analyst: str) -> str:
+    """A short, non-reversible tag of an analyst for logs."""
+    return hashlib.sha256(analyst.encode("utf-8")).hexdigest()[:12]
+
+
+class ReleaseServicer:
+    """Raw-bytes handlers for the ReleaseService RPCs."""
+
+    def __init__(
+        self,
+        engine: ReleaseEngine,
+        authenticator: Authenticator,
+        metrics: ReleaseMetrics,
+        clock: Callable[[], int],
+    ) -> None:
+        self.engine, self.authenticator = engine, authenticator
+        self.metrics, self.clock = metrics, clock
+
+    def _begin(self, kind: type[Message], raw: bytes, context: Any) -> tuple[str, Any]:
+        auth_context = context.auth_context() if self.authenticator.mtls else {}
+        analyst = self.authenticator.subject_from(
+            context.invocation_metadata() or (), auth_context, now=self.clock()
+        )
+        try:
+            request = kind.FromString(raw)
+        except DecodeError:
+            raise InvalidRequestError(
+                f"the request is not a valid {kind.DESCRIPTOR.full_name}"
+            ) from None
+        if _has_unknown_fields(request):
+            raise InvalidRequestError(
+                "the request carries fields this contract does not define (a cap, a ledger "
+                "or a subject can never be sent); nothing was charged"
+            )
+        return analyst, request
+
+    def _call(
+        self,
+        method: str,
+        kind: type[Message],
+        body: Callable[[str, Any], Message],
+        raw: bytes,
+        context: grpc.ServicerContext,
+    ) -> bytes:
+        analyst = ""
+        fields: dict[str, Any] = {"method": method}
+        started = time.perf_counter()
+        try:
+            analyst, request = self._begin(kind, raw, context)
+            fields["analyst_tag"] = analyst_tag(analyst)
+            if isinstance(request, pb.ReleaseRequest):
+                fields.update(
+                    dataset=request.dataset,
+                    purpose=request.purpose,
+                    kind=request.WhichOneof("query"),
+                )
+            response = body(analyst, request)
+        except (*_SAFE, ValueError) as exc:
+            code = status_of(exc) if isinstance(exc, _SAFE) else grpc.StatusCode.INVALID_ARGUMENT
+            message = str(exc) if isinstance(exc, _SAFE) else "invalid request"
+            self._log(fields, code, error=type(exc).__name__)
+            context.abort(code, message)
+        except Exception as exc:  # a bug or an unreachable database: no detail leaves
+            log.debug("internal", exc_info=True)
+            self._log(fields, grpc.StatusCode.INTERNAL, error=type(exc).__name__)
+            context.abort(grpc.StatusCode.INTERNAL, "internal error; nothing was released")
+        if isinstance(response, pb.ReleaseResponse):
+            fields["reservation_id"] = response.reservation_id
+            self.metrics.releases.labels(response.kind).inc()
+            self.metrics.seconds.labels(response.kind).observe(time.perf_counter() - started)
+        self._log(fields, grpc.StatusCode.OK)
+        return response.SerializeToString()
+
+    def _log(self, fields: dict[str, Any], code: grpc.StatusCode, **extra: str) -> None:
+        self.metrics.requests.labels(fields["method"], code.name).inc()
+        level = logging.INFO if code is grpc.StatusCode.OK else logging.WARNING
+        log.log(
+            level, "release service call", extra={"fields": {**fields, "code": code.name, **extra}}
+        )
+
+    def release(self, raw: bytes, context: grpc.ServicerContext) -> bytes:
+        return self._call("Release", pb.ReleaseRequest, self.engine.release, raw, context)
+
+    def list_datasets(self, raw: bytes, context: grpc.ServicerContext) -> bytes:
+        return self._call(
+            "ListDatasets",
+            pb.ListDatasetsRequest,
+            lambda analyst, _req: self.engine.datasets_for(analyst),
+            raw,
+            context,
+        )
+
+    def handler(self) -> grpc.GenericRpcHandler[Any, Any]:
+        """The generic handler (raw bytes in and out) of the service."""
+        methods = {
+            "Release": grpc.unary_unary_rpc_method_handler(self.release),
+            "ListDatasets": grpc.unary_unary_rpc_method_handler(self.list_datasets),
+        }
+        return grpc.method_handlers_generic_handler(SERVICE_NAME, methods)
+
+
+def _has_unknown_fields(message: Message) -> bool:
+    """True when `message` or any message field in it carries unknown fields."""
+    if len(UnknownFieldSet(message)):
+        return True
+    for descriptor, value in message.ListFields():
+        singular = not descriptor.is_repeated
+        if descriptor.message_type is not None and singular and _has_unknown_fields(value):
+            return True
+    return False
+
+
+@dataclass
+class ServiceConfig:
+    """Everything the service needs; paths are operator-owned files."""
+
+    catalog: Catalog
+    policy: ReleasePolicy
+    ledger_url: str
+    signing_key: Ed25519PrivateKey
+    authenticator: Authenticator
+    service_id: str = "release-service"
+    listen: str = "127.0.0.1:0"
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+    tls_client_ca: Path | None = None
+    max_workers: int = 8
+
+
+@dataclass
+class RunningReleaseService:
+    """A started service: its port, ledger, metrics and engine; `stop` drains it."""
+
+    port: int
+    server: grpc.Server
+    ledger: Ledger
+    metrics: ReleaseMetrics
+    engine: ReleaseEngine
+    health: Any
+    refused: dict[str, str]
+
+    def stop(self, grace: float = 5.0) -> None:
+        """Health NOT_SERVING, finish in-flight calls, close the ledger."""
+        self.health.enter_graceful_shutdown()
+        self.server.stop(grace).wait()
+        self.ledger.close()
+
+
+def start_release_service(
+    config: ServiceConfig, *, clock: Callable[[], int] | None = None
+) -> RunningReleaseService:
+    """Register the catalog's datasets, apply the policy's caps, and serve.
+
+    Datasets whose data do not match their declaration are not registered
+    (listed in `refused`, logged by id without the data) and cannot be queried.
+    """
+    from fedldp.collector.ledger import open_ledger
+
+    now_fn = clock or (lambda: int(time.time()))
+    refused = config.catalog.register_all()
+    for dataset in refused:
+        log.warning("dataset refused at registration", extra={"fields": {"dataset": dataset}})
+    ledger = open_ledger(config.ledger_url)
+    try:
+        config.policy.apply(ledger, config.service_id)
+        engine = ReleaseEngine(
+            config.catalog, config.policy, ledger, config.signing_key, config.service_id, now_fn
+        )
+        metrics = ReleaseMetrics()
+        servicer = ReleaseServicer(engine, config.authenticator, metrics, now_fn)
+        server = grpc.server(ThreadPoolExecutor(max_workers=config.max_workers))
+        server.add_generic_rpc_handlers((servicer.handler(),))
+        health_servicer = health.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+        port = _bind(server, config)
+        server.start()
+    except BaseException:
+        ledger.close()
+        raise
+    for name in ("", SERVICE_NAME):
+        health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+    log.info(
+        "release service serving",
+        extra={
+            "fields": {
+                "port": port,
+                "service_id": config.service_id,
+                "policy_version": config.policy.version,
+                "policy_sha256": config.policy.sha256,
+                "datasets": sorted(d.id for d in config.catalog.datasets.values() if d.registered),
+                "ledger": ledger.dialect,
+            }
+        },
+    )
+    return RunningReleaseService(port, server, ledger, metrics, engine, health_servicer, refused)
+
+
+def _bind(server: grpc.Server, config: ServiceConfig) -> int:
+    if config.tls_cert is None:
+        return server.add_insecure_port(config.listen)
+    assert config.tls_key is not None, "tls_key is required with tls_cert"
+    creds = grpc.ssl_server_credentials(
+        [(config.tls_key.read_bytes(), config.tls_cert.read_bytes())],
+        root_certificates=config.tls_client_ca.read_bytes() if config.tls_client_ca else None,
+        require_client_auth=config.authenticator.mtls,
+    )
+    return server.add_secure_port(config.listen, creds)

@@ -1,0 +1,316 @@
+"""`fedldp release-service`: serve the trusted release service, and query it.
+
+`serve` is the operator's command (catalog, release policy, ledger, receipt
+key, token secret: all inside the trusted boundary). `query` and `datasets` are
+the analyst's: they hold a bearer token and the service's address, nothing
+else. Tokens are minted with `fedldp collector mint-token SUBJECT --secret-file
+FILE` against the service's token secret (the collector's token scheme).
+Heavy imports happen inside the commands.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import click
+
+_MECHANISMS = {"laplace": "NOISE_MECHANISM_LAPLACE", "gaussian": "NOISE_MECHANISM_GAUSSIAN"}
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+@click.group("release-service")
+def release_service() -> None:
+    """The trusted release service: analysts query registered datasets over gRPC."""
+
+
+@release_service.command("serve")
+@click.option(
+    "--catalog",
+    "catalog_path",
+    required=True,
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="dataset catalog (TOML)",
+)
+@click.option(
+    "--policy",
+    "policy_path",
+    required=True,
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="release policy with the caps (TOML)",
+)
+@click.option("--ledger", "ledger_url", required=True, help="the service's ledger URL")
+@click.option(
+    "--signing-key",
+    required=True,
+    type=click.Path(exists=True, dir_okay=False),
+    help="Ed25519 receipt key (fedldp keys generate)",
+)
+@click.option("--passphrase-env", metavar="VAR", help="passphrase of an encrypted --signing-key")
+@click.option(
+    "--token-secret-file",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="hex token secret (bearer tokens)",
+)
+@click.option(
+    "--listen", default="127.0.0.1:50061", show_default=True, help="host:port to serve on"
+)
+@click.option(
+    "--service-id", default="release-service", show_default=True, help="ledger subject prefix"
+)
+@click.option(
+    "--tls-cert",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="server TLS certificate (PEM)",
+)
+@click.option(
+    "--tls-key",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="server TLS key (PEM)",
+)
+@click.option(
+    "--tls-client-ca",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="CA of analysts' client certificates (mTLS)",
+)
+@click.option("--mtls", is_flag=True, help="authenticate analysts by client certificate CN")
+@click.option("--metrics-listen", help="host:port of the Prometheus endpoint")
+def serve_cmd(**options: Any) -> None:
+    """Register the catalog, apply the release policy's caps, serve until SIGTERM."""
+    from fedldp.aggregator.service.catalog import CatalogError, load_catalog
+    from fedldp.aggregator.service.policy import load_release_policy
+    from fedldp.aggregator.service.server import ServiceConfig, start_release_service
+    from fedldp.cli_keys import passphrase_from_env
+    from fedldp.client.policy import KeyFileError, load_private_key
+    from fedldp.collector.auth import Authenticator, TokenAuthority
+    from fedldp.collector.daemon import configure_logging
+
+    configure_logging()
+    # Handlers first: a SIGTERM arriving as soon as the port is announced still drains.
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    try:
+        secret_file = options["token_secret_file"]
+        secret = bytes.fromhex(secret_file.read_text().strip()) if secret_file else None
+        config = ServiceConfig(
+            catalog=load_catalog(options["catalog_path"]),
+            policy=load_release_policy(options["policy_path"]),
+            ledger_url=options["ledger_url"],
+            signing_key=load_private_key(
+                options["signing_key"], passphrase=passphrase_from_env(options["passphrase_env"])
+            ),
+            authenticator=Authenticator(
+                TokenAuthority(secret) if secret else None, mtls=options["mtls"]
+            ),
+            service_id=options["service_id"],
+            listen=options["listen"],
+            tls_cert=options["tls_cert"],
+            tls_key=options["tls_key"],
+            tls_client_ca=options["tls_client_ca"],
+        )
+        running = start_release_service(config)
+    except (CatalogError, KeyFileError, ValueError, OSError) as exc:
+        raise click.ClickException(str(exc)) from None
+    metrics_server = None
+    if options["metrics_listen"]:
+        from prometheus_client import start_http_server
+
+        host, _, port = options["metrics_listen"].rpartition(":")
+        metrics_server, _t = start_http_server(
+            int(port), addr=host or "127.0.0.1", registry=running.metrics.registry
+        )
+    for dataset, why in running.refused.items():
+        click.echo(f"dataset {dataset} NOT registered: {why}", err=True)
+    click.echo(f"release service on port {running.port}", err=True)
+    stop.wait()
+    running.stop()
+    if metrics_server is not None:
+        metrics_server.shutdown()
+
+
+def _channel(service: str, tls_ca: Path | None) -> Any:
+    import grpc
+
+    if tls_ca is None:
+        return grpc.insecure_channel(service)
+    return grpc.secure_channel(service, grpc.ssl_channel_credentials(tls_ca.read_bytes()))
+
+
+def _token(token_env: str) -> tuple[tuple[str, str], ...]:
+    token = os.environ.get(token_env, "")
+    if not token:
+        raise click.ClickException(f"set {token_env} to your bearer token")
+    return (("authorization", f"Bearer {token}"),)
+
+
+_client = [
+    click.option("--service", required=True, help="host:port of the release service"),
+    click.option(
+        "--token-env",
+        default="FEDLDP_TOKEN",
+        show_default=True,
+        help="variable holding your bearer token",
+    ),
+    click.option(
+        "--tls-ca",
+        type=click.Path(exists=True, dir_okay=False, path_type=Path),
+        help="CA of the service's TLS certificate",
+    ),
+]
+
+
+def _with(options: list[Any]) -> Callable[[F], F]:
+    def wrap(fn: F) -> F:
+        for option in reversed(options):
+            fn = option(fn)
+        return fn
+
+    return wrap
+
+
+@release_service.command("datasets")
+@_with(_client)
+def datasets_cmd(service: str, token_env: str, tls_ca: Path | None) -> None:
+    """List the datasets and purposes open to you (JSON)."""
+    from google.protobuf.json_format import MessageToDict
+
+    from fedldp.v1 import release_pb2 as pb
+    from fedldp.v1 import release_pb2_grpc
+
+    with _channel(service, tls_ca) as channel:
+        stub = release_pb2_grpc.ReleaseServiceStub(channel)
+        reply = _rpc(
+            lambda: stub.ListDatasets(pb.ListDatasetsRequest(), metadata=_token(token_env))
+        )
+    click.echo(json.dumps(MessageToDict(reply), indent=2))
+
+
+def _rpc(call: Any) -> Any:
+    import grpc
+
+    try:
+        return call()
+    except grpc.RpcError as exc:
+        raise click.ClickException(f"{exc.code().name}: {exc.details()}") from None
+
+
+@release_service.command("query")
+@click.argument("kind", type=click.Choice(["count", "sum", "mean", "histogram", "choice"]))
+@_with(_client)
+@click.option("--dataset", required=True, help="dataset id of the catalog")
+@click.option("--purpose", required=True, help="a purpose granted to you")
+@click.option("--epsilon", required=True, help="plain decimal, e.g. 0.5")
+@click.option("--delta", default="0", show_default=True, help="delta (plain decimal)")
+@click.option(
+    "--mechanism",
+    type=click.Choice(sorted(_MECHANISMS)),
+    default="laplace",
+    show_default=True,
+    help="ignored for choice",
+)
+@click.option("--column", help="the declared column (sum, mean, histogram, choice)")
+@click.option(
+    "--key",
+    "idempotency_key",
+    required=True,
+    help="idempotency key (a retry returns the same release)",
+)
+@click.option(
+    "--receipt",
+    "receipt_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="write the signed receipt here",
+)
+def query_cmd(kind: str, **o: Any) -> None:
+    """Ask the service for one release; prints the noised value(s) with error bars (JSON)."""
+    from google.protobuf.json_format import MessageToDict
+
+    from fedldp.v1 import release_pb2 as pb
+    from fedldp.v1 import release_pb2_grpc
+
+    query: dict[str, Any] = {"count": pb.CountQuery()} if kind == "count" else {}
+    if kind != "count":
+        if not o["column"]:
+            raise click.UsageError(f"{kind} needs --column")
+        message = {
+            "sum": pb.SumQuery,
+            "mean": pb.MeanQuery,
+            "histogram": pb.HistogramQuery,
+            "choice": pb.ChoiceQuery,
+        }[kind]
+        query[kind] = message(column=o["column"])
+    request = pb.ReleaseRequest(
+        dataset=o["dataset"],
+        purpose=o["purpose"],
+        epsilon=o["epsilon"],
+        delta=o["delta"],
+        mechanism=pb.NoiseMechanism.Value(
+            "NOISE_MECHANISM_UNSPECIFIED" if kind == "choice" else _MECHANISMS[o["mechanism"]]
+        ),
+        idempotency_key=o["idempotency_key"],
+        **query,
+    )
+    with _channel(o["service"], o["tls_ca"]) as channel:
+        stub = release_pb2_grpc.ReleaseServiceStub(channel)
+        reply = _rpc(lambda: stub.Release(request, metadata=_token(o["token_env"])))
+    if o["receipt_path"] is not None:
+        with o["receipt_path"].open("xb") as fh:
+            fh.write(reply.receipt)
+        click.echo(f"receipt: {o['receipt_path']}", err=True)
+    shown = MessageToDict(reply)
+    shown.pop("receipt", None)
+    click.echo(json.dumps(shown, indent=2))
+
+
+@release_service.command("consolidate")
+@click.option("--ledger", "ledger_url", required=True, help="the collector's ledger URL")
+@click.option(
+    "--policies",
+    "policy_dir",
+    required=True,
+    type=click.Path(exists=True, file_okay=False),
+    help="the collector's policy folder",
+)
+@click.option(
+    "--trust",
+    "trust_dir",
+    required=True,
+    type=click.Path(exists=True, file_okay=False),
+    help="the collector's trust folder",
+)
+@click.option("--policy", "policy_id", required=True, help="policy id")
+@click.option("--version", type=int, help="policy version (default: the highest valid)")
+@click.option("--audience", default="default", show_default=True, help="policy audience")
+@click.option("--out", "out_url", required=True, help="SQL URL of the consolidated database")
+@click.option("--table", default="ldp_estimates", show_default=True, help="table name")
+@click.option("--at", type=int, help="verify the policy as of this Unix time (default: now)")
+def consolidate_cmd(**o: Any) -> None:
+    """Write per-window debiased LDP estimates and variances as a table (no budget spent)."""
+    import time
+
+    from fedldp.aggregator.service.consolidate import estimate_rows, write_table
+    from fedldp.cli_report import load_verified_policy
+    from fedldp.collector.ledger import open_ledger
+
+    policy = load_verified_policy(
+        o["policy_dir"],
+        o["trust_dir"],
+        o["policy_id"],
+        version=o["version"],
+        at=o["at"] or int(time.time()),
+        audience=o["audience"],
+    )
+    with open_ledger(o["ledger_url"]) as ledger:
+        rows = estimate_rows(ledger, policy)
+    written = write_table(o["out_url"], o["table"], rows)
+    windows = len({r.window_start for r in rows})
+    click.echo(
+        f"{written} rows ({windows} windows) of {policy.policy_id} v{policy.version} "
+        f"in table {o['table']}; post-processing of LDP reports: no budget spent"
+    )

@@ -1,0 +1,188 @@
+"""The analyst's CLI against a real service, `fedldp verify release` on its receipts,
+the operator's `serve` command as a process, and SQL-table datasets."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+from collections.abc import Callable
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from fedldp.aggregator.service.catalog import Dataset, NumericColumn
+from fedldp.aggregator.service.server import RunningReleaseService
+from fedldp.client.policy import write_private_key, write_public_key
+from fedldp.collector.auth import TokenAuthority
+
+from fedldp.cli import main
+from tests.aggregator.service.conftest import CATALOG, NOW, SECRET, write_data
+
+Make = Callable[..., RunningReleaseService]
+
+
+def _env(analyst: str, expires: int = NOW + 3600) -> dict[str, str]:
+    return {"FEDLDP_TOKEN": TokenAuthority(SECRET).mint(analyst, expires_at=expires)}
+
+
+def _query(port: int, env: dict[str, str], *args: str) -> Any:
+    return CliRunner().invoke(
+        main,
+        ["release-service", "query", *args, "--service", f"127.0.0.1:{port}"],
+        env=env,
+    )
+
+
+def test_cli_query_writes_a_receipt_that_fedldp_verify_release_accepts(
+    make_service: Make, tmp_path: Path, receipt_key: Ed25519PrivateKey
+) -> None:
+    svc = make_service()
+    pub = write_public_key(receipt_key.public_key(), tmp_path / "receipts.pub")
+    receipt = tmp_path / "mean.json"
+    result = _query(
+        svc.port,
+        _env("alice"),
+        "mean",
+        "--dataset=visits",
+        "--purpose=study",
+        "--epsilon=0.5",
+        "--column=amount",
+        "--key=m1",
+        f"--receipt={receipt}",
+    )
+    assert result.exit_code == 0, result.output
+    shown = json.loads(result.stdout)
+    assert shown["kind"] == "mean" and shown["values"][0]["error"]["confidence"] == "0.95"
+    ledger_url = f"sqlite:///{tmp_path / 'ledger.db'}"
+    verify = ["verify", "release", str(receipt), "--ledger", ledger_url, "--trusted-key", str(pub)]
+    ok = CliRunner().invoke(main, verify)
+    assert ok.exit_code == 0, ok.output
+    envelope = json.loads(receipt.read_bytes())
+    envelope["payload"] = envelope["payload"][:-8] + "AAAAAAA="
+    tampered = tmp_path / "tampered.json"
+    tampered.write_text(json.dumps(envelope))
+    bad = CliRunner().invoke(main, [*verify[:2], str(tampered), *verify[3:]])
+    assert bad.exit_code != 0
+
+
+def test_cli_refusals_are_one_line_errors(make_service: Make) -> None:
+    svc = make_service()
+    result = _query(
+        svc.port,
+        _env("dave"),
+        "count",
+        "--dataset=visits",
+        "--purpose=study",
+        "--epsilon=0.5",
+        "--key=x",
+    )
+    assert result.exit_code == 1
+    assert "PERMISSION_DENIED" in result.output and "Traceback" not in result.output
+    listed = CliRunner().invoke(
+        main,
+        ["release-service", "datasets", "--service", f"127.0.0.1:{svc.port}"],
+        env=_env("alice"),
+    )
+    assert json.loads(listed.stdout)["datasets"][0]["dataset"] == "visits"
+
+
+def test_sql_table_dataset_is_registered_and_queried(make_service: Make, tmp_path: Path) -> None:
+    db = tmp_path / "consolidated.db"
+    with sqlite3.connect(db) as conn:
+        conn.execute("CREATE TABLE visits (user_id TEXT, amount REAL, city TEXT)")
+        conn.executemany(
+            "INSERT INTO visits VALUES (?, ?, ?)",
+            [(f"u{i // 2}", float(i % 90), "paris") for i in range(300)],
+        )
+    catalog = CATALOG.replace(
+        'csv = "visits.csv"', f'sql_url = "sqlite:///{db}"\nsql_table = "visits"'
+    )
+    svc = make_service(catalog=catalog)
+    assert svc.refused == {}
+    result = _query(
+        svc.port,
+        _env("alice"),
+        "sum",
+        "--dataset=visits",
+        "--purpose=study",
+        "--epsilon=0.5",
+        "--column=amount",
+        "--key=s",
+    )
+    assert result.exit_code == 0, result.output
+
+
+def test_bounded_rows_keep_at_most_k_records_per_unit(tmp_path: Path) -> None:
+    path = tmp_path / "d.csv"
+    path.write_text("u,x\n" + "".join(f"a,{i}\n" for i in range(5)) + "b,1\n")
+    ds = Dataset("d", "u", 2, {"x": NumericColumn(Decimal(0), Decimal(9))}, [], csv_path=path)
+    assert [r[0] for r in ds.bounded_rows()] == ["a", "a", "b"]
+    loose = Dataset("d", "u", 5, {"x": NumericColumn(Decimal(0), Decimal(9))}, [], csv_path=path)
+    assert len(list(loose.bounded_rows())) == 6  # the broken variant (k too high) keeps all
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
+def test_serve_command_runs_registers_and_stops_on_sigterm(tmp_path: Path) -> None:
+    write_data(tmp_path / "visits.csv")
+    (tmp_path / "catalog.toml").write_text(CATALOG)
+    (tmp_path / "policy.toml").write_text(
+        'version = 1\n[[cap]]\ndataset = "visits"\npurpose = "study"\nepsilon = "1"\ndelta = "0"\n'
+    )
+    write_private_key(Ed25519PrivateKey.generate(), tmp_path / "receipts.key")
+    (tmp_path / "secret.hex").write_text(SECRET.hex())
+    fedldp = Path(sys.executable).parent / "fedldp"
+    proc = subprocess.Popen(
+        [
+            str(fedldp),
+            "release-service",
+            "serve",
+            "--catalog",
+            str(tmp_path / "catalog.toml"),
+            "--policy",
+            str(tmp_path / "policy.toml"),
+            "--ledger",
+            f"sqlite:///{tmp_path / 'ledger.db'}",
+            "--signing-key",
+            str(tmp_path / "receipts.key"),
+            "--token-secret-file",
+            str(tmp_path / "secret.hex"),
+            "--listen",
+            "127.0.0.1:0",
+        ],
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ},
+    )
+    try:
+        assert proc.stderr is not None
+        port = None
+        for line in proc.stderr:
+            if line.startswith("release service on port "):
+                port = int(line.rsplit(" ", 1)[1])
+                break
+        assert port is not None
+        import time
+
+        env = {
+            "FEDLDP_TOKEN": TokenAuthority(SECRET).mint("bob", expires_at=int(time.time()) + 600)
+        }
+        result = _query(
+            port,
+            env,
+            "count",
+            "--dataset=visits",
+            "--purpose=study",
+            "--epsilon=0.5",
+            "--key=c",
+        )
+        assert result.exit_code == 0, result.output
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
