@@ -53,6 +53,13 @@ def release_service() -> None:
 )
 @click.option("--passphrase-env", metavar="VAR", help="passphrase of an encrypted --signing-key")
 @click.option(
+    "--data-key",
+    "data_key_path",
+    type=click.Path(exists=True, dir_okay=False),
+    help="secret data-digest key (fedldp keys data-key): receipts bind the data by an HMAC "
+    "under it; without it nothing about the data is recorded",
+)
+@click.option(
     "--token-secret-file",
     type=click.Path(exists=True, dir_okay=False, path_type=Path),
     help="hex token secret (bearer tokens)",
@@ -82,6 +89,7 @@ def release_service() -> None:
 @click.option("--metrics-listen", help="host:port of the Prometheus endpoint")
 def serve_cmd(**options: Any) -> None:
     """Register the catalog, apply the release policy's caps, serve until SIGTERM."""
+    from fedldp.aggregator.central.datakey import load_data_key
     from fedldp.aggregator.service.catalog import CatalogError, load_catalog
     from fedldp.aggregator.service.policy import load_release_policy
     from fedldp.aggregator.service.server import ServiceConfig, start_release_service
@@ -107,6 +115,9 @@ def serve_cmd(**options: Any) -> None:
             ),
             authenticator=Authenticator(
                 TokenAuthority(secret) if secret else None, mtls=options["mtls"]
+            ),
+            data_key=(
+                load_data_key(options["data_key_path"]) if options["data_key_path"] else None
             ),
             service_id=options["service_id"],
             listen=options["listen"],

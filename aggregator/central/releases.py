@@ -819,7 +819,10 @@ def private_choice(
                 "delta": "0",
                 "utility_sensitivity": k,
                 "candidates": len(names),
-                "sampler": "report-noisy-max, one-sided geometric noise of scale 2*utility_sensitivity/epsilon",
+                "sampler": (
+                    "report-noisy-max, one-sided geometric noise of scale "
+                    "2*utility_sensitivity/epsilon"
+                ),
                 "output": names[chosen],
             }
         ]
@@ -866,7 +869,7 @@ def private_histogram(
     domain: Sequence[str],
     load: Callable[[], Iterable[str]],
     rng: random.Random | None = None,
-    data_digest: Callable[[], str] | None = None,
+    data_digest: Callable[[], KeyedDigest] | None = None,
     contribution_bound: int = 1,
 ) -> CentralRelease:
     """Noised counts of every value of a declared `domain` (records outside it count nowhere).

@@ -31,6 +31,7 @@ from typing import Any
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from fedldp.aggregator.central import releases as rel
+from fedldp.aggregator.central.datakey import DataKey, KeyedDigest
 from fedldp.aggregator.central.receipts import release_receipt
 from fedldp.aggregator.central.signing import RELEASE_RECEIPT_TYPE, canonical_json, sign
 from fedldp.aggregator.service import errorbars
@@ -74,6 +75,13 @@ class _Query:
     column: str | None
 
 
+def _keyed(key: DataKey | None, digest: Callable[[], str]) -> Callable[[], KeyedDigest] | None:
+    """The keyed data binding of a dataset read (None: record nothing about the data)."""
+    if key is None:
+        return None
+    return lambda: key.digest("dataset", digest())
+
+
 class ReleaseEngine:
     """Authorizes, runs and signs releases for authenticated analysts."""
 
@@ -85,9 +93,14 @@ class ReleaseEngine:
         signing_key: Ed25519PrivateKey,
         service_id: str,
         clock: Callable[[], int],
+        data_key: DataKey | None = None,
     ) -> None:
+        """`data_key` keys the data binding in receipts and ledger events (an HMAC of
+        the dataset's digest, aggregator/central/datakey.py); without it nothing
+        about the data is recorded, never a plain digest of protected data."""
         self.catalog, self.policy, self.ledger = catalog, policy, ledger
         self.key, self.service_id, self.clock = signing_key, service_id, clock
+        self.data_key = data_key
 
     # --- listing ---
 
@@ -150,7 +163,7 @@ class ReleaseEngine:
             "epsilon": epsilon,
             "idempotency_key": ledger_key(analyst, request.idempotency_key),
             "now": self.clock(),
-            "data_digest": ds.data_digest,
+            "data_digest": _keyed(self.data_key, ds.data_digest),
             "contribution_bound": ds.contribution_bound,
         }
         try:

@@ -26,6 +26,7 @@ from typing import Any
 import grpc
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from fedldp.aggregator.central import releases as rel
+from fedldp.aggregator.central.datakey import DataKey
 from fedldp.aggregator.service.catalog import Catalog
 from fedldp.aggregator.service.engine import (
     InvalidRequestError,
@@ -229,6 +230,7 @@ class ServiceConfig:
     ledger_url: str
     signing_key: Ed25519PrivateKey
     authenticator: Authenticator
+    data_key: DataKey | None = None
     service_id: str = "release-service"
     listen: str = "127.0.0.1:0"
     tls_cert: Path | None = None
@@ -274,7 +276,13 @@ def start_release_service(
     try:
         config.policy.apply(ledger, config.service_id)
         engine = ReleaseEngine(
-            config.catalog, config.policy, ledger, config.signing_key, config.service_id, now_fn
+            config.catalog,
+            config.policy,
+            ledger,
+            config.signing_key,
+            config.service_id,
+            now_fn,
+            data_key=config.data_key,
         )
         metrics = ReleaseMetrics()
         servicer = ReleaseServicer(engine, config.authenticator, metrics, now_fn)
