@@ -304,6 +304,7 @@ def _attach_ops_commands() -> None:
     ledger.add_command(cli_ops.migrate_cmd)
     ledger.add_command(cli_ops.backup_cmd)
     ledger.add_command(cli_ops.restore_cmd)
+    ledger.add_command(cli_ops.confirm_central_cmd)
 
 
 _attach_ops_commands()

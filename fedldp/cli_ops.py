@@ -1,4 +1,5 @@
-"""Deployment commands: `fedldp collector health`, `fedldp ledger migrate|backup|restore`.
+"""Deployment commands: `fedldp collector health`, `fedldp ledger migrate|backup|restore|
+confirm-central`.
 
 `health` is the container and Kubernetes health check: it asks a collector's
 standard gRPC health service (grpc.health.v1.Health/Check, the protocol that
@@ -13,7 +14,9 @@ Heavy imports (grpc) happen inside the command so `fedldp --help` stays fast.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
+from decimal import Decimal, InvalidOperation
 from pathlib import Path
 
 import click
@@ -386,6 +389,23 @@ def _empty_database(url: str) -> bool:
         engine.dispose()
 
 
+def _begin_restore(url: str, *, source: str) -> None:
+    """Mark the empty PostgreSQL database as being restored into (restore.py): no
+    ledger opens it until the restore records its gap."""
+    import time
+
+    import sqlalchemy as sa
+
+    from fedldp.collector.ledger import restore
+
+    engine = sa.create_engine(url)
+    try:
+        with engine.begin() as connection:
+            restore.begin_restore(connection, source=source, started_at=int(time.time()))
+    finally:
+        engine.dispose()
+
+
 @click.command("restore")
 @_url_option
 @_config_option
@@ -395,10 +415,14 @@ def restore_cmd(url: str | None, config_path: str | None, pg_bin: str | None, ba
     """Restore BACKUP (from `fedldp ledger backup`) into a new, empty ledger.
 
     Records the restore epoch: every charge in a budget window overlapping
-    [backup time, restore time] is refused until the window ends, so no subject
-    can spend again what was spent after the backup. Then reconciles the restored
-    ledger (exit status 1 on any mismatch). Stop every collector of the old ledger
-    first; start them on the restored one afterwards.
+    [backup time, restore time] is refused until the window ends, and every
+    central reservation is refused until `fedldp ledger confirm-central`
+    re-enters the central spend made after the backup (or confirms none), so no
+    subject can spend again what was spent after the backup. Refuses a restore
+    time before the backup's time or the data's newest timestamp (fix the clock).
+    Then reconciles the restored ledger (exit status 1 on any mismatch). Stop
+    every collector of the old ledger first; start them on the restored one
+    afterwards.
     """
     import time
 
@@ -427,6 +451,7 @@ def restore_cmd(url: str | None, config_path: str | None, pg_bin: str | None, ba
         pg_restore = _pg_tool("pg_restore", pg_bin)
         archive_time = _archive_time(pg_restore, source)
         uri, env = _libpq(ledger_url)
+        _begin_restore(ledger_url, source=f"restore:{source.name}")
         _run_tool(
             [
                 pg_restore,
@@ -454,10 +479,12 @@ def restore_cmd(url: str | None, config_path: str | None, pg_bin: str | None, ba
                     source=f"restore:{source.name}",
                     archive_time=archive_time,
                 )
-        except sa.exc.SQLAlchemyError as exc:
+        except (sa.exc.SQLAlchemyError, restore.RestoreClockError) as exc:
             cause = exc.orig if isinstance(exc, sa.exc.DBAPIError) else exc
             left = (
-                "" if tmp is not None else " (drop the database: it holds data without its epoch)"
+                ""
+                if tmp is not None
+                else " (drop the database: it holds data without its epoch and will not open)"
             )
             raise click.ClickException(
                 f"cannot record the restore epoch{left}: {_one_line(str(cause))}"
@@ -473,6 +500,13 @@ def restore_cmd(url: str | None, config_path: str | None, pg_bin: str | None, ba
         f"restored {source} with restore epoch [{gap.backup_time}, {gap.restore_time}]: "
         "charges in windows overlapping it are refused until those windows end"
     )
+    click.echo(
+        f"central spend since {gap.backup_time} is unconfirmed: central reservations are "
+        "refused until you re-enter each central release made after the backup with "
+        "`fedldp ledger confirm-central --spent SUBJECT PURPOSE EPSILON DELTA` "
+        "(training receipts and release outputs record them) or confirm none was made "
+        "with `fedldp ledger confirm-central --none`"
+    )
     with open_ledger(ledger_url) as led:
         mismatches = led.reconcile()
     for m in mismatches:
@@ -480,3 +514,59 @@ def restore_cmd(url: str | None, config_path: str | None, pg_bin: str | None, ba
     if mismatches:
         raise click.ClickException(f"{len(mismatches)} mismatch(es) in the restored ledger")
     click.echo("ledger consistent: every running total matches the raw rows")
+
+
+def _reentries(
+    spent: tuple[tuple[str, str, str, str], ...],
+) -> list[tuple[str, str, Decimal, Decimal]]:
+    """--spent SUBJECT PURPOSE EPSILON DELTA, parsed (exact decimals)."""
+    out: list[tuple[str, str, Decimal, Decimal]] = []
+    for subject, purpose, eps_text, delta_text in spent:
+        try:
+            out.append((subject, purpose, Decimal(eps_text), Decimal(delta_text)))
+        except InvalidOperation:
+            raise click.ClickException(
+                f"--spent {subject} {purpose}: EPSILON and DELTA must be decimal numbers"
+            ) from None
+    return out
+
+
+@click.command("confirm-central")
+@_url_option
+@_config_option
+@click.option(
+    "--spent",
+    nargs=4,
+    multiple=True,
+    metavar="SUBJECT PURPOSE EPSILON DELTA",
+    help="a central release made after the backup (repeat once per release)",
+)
+@click.option("--none", "none_made", is_flag=True, help="confirm no central release was made")
+@click.option("--note", default="", help="where the figures come from (kept with each entry)")
+def confirm_central_cmd(
+    url: str | None,
+    config_path: str | None,
+    spent: tuple[tuple[str, str, str, str], ...],
+    none_made: bool,
+    note: str,
+) -> None:
+    """After `fedldp ledger restore`: re-enter the central spend made after the backup.
+
+    Central caps have no budget window, so a restored ledger refuses every
+    central reservation until this records each central release made after the
+    backup (--spent, repeated; added as settled releases, even above the cap:
+    never a refund) or confirms none was made (--none). One transaction.
+    """
+    from fedldp.collector.ledger import LedgerError, open_ledger
+
+    if bool(spent) == none_made:
+        raise click.ClickException("pass --spent (once per release) or --none, not both")
+    entries = _reentries(spent)
+    with open_ledger(_ledger_url(url, config_path)) as led:
+        try:
+            epochs = led.confirm_central(entries, now=int(time.time()), note=note)
+        except (LedgerError, ValueError, TypeError) as exc:
+            raise click.ClickException(_one_line(str(exc))) from None
+    for subject, purpose, eps, delta in entries:
+        click.echo(f"re-entered central spend of {subject} for {purpose}: eps={eps} delta={delta}")
+    click.echo(f"central spend confirmed for {epochs} restore(s): central reservations resume")

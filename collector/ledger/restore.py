@@ -19,6 +19,25 @@ copied the file, or pg_dump's archive creation time, which precedes its
 snapshot) and the latest timestamp written in the restored data. A backup copy
 that was not restored with `fedldp ledger restore` still carries its mark with no
 restore time: its gap is open-ended and it charges nothing until restored.
+
+Central caps have no window, so no gap can cover a central reservation lost
+with the backup. Every epoch therefore starts with its central spend
+*unconfirmed* (`central_confirmed_at` NULL), and while any epoch is unconfirmed
+the ledger refuses every central reservation (`Ledger.reserve` reads it in the
+reservation's own transaction). `Ledger.confirm_central` (`fedldp ledger
+confirm-central`) re-enters the central spend made after the backup as settled
+releases and confirms the restored epochs in one transaction; it never refunds.
+
+The restore refuses a restore time R earlier than the backup's mark, pg_dump's
+archive time or the latest timestamp stored in the data (`RestoreClockError`):
+such an R means a slow clock, and its gap would miss the window the lost
+charges were made in.
+
+A PostgreSQL restore becomes visible when pg_restore commits, before its gap is
+recorded. `begin_restore` therefore creates the `restore_pending` table in the
+empty database first (it is in no backup), `record_restore`'s transaction drops
+it, and `Ledger` refuses to open a database that holds it
+(`RestoreIncompleteError`): no collector serves a restored ledger without its gap.
 """
 
 from __future__ import annotations
@@ -51,7 +70,27 @@ _WRITE_TIMES: tuple[sa.ColumnElement[int], ...] = (
     policy_lineage.c.recorded_at,
     policy_versions.c.recorded_at,
     restore_epochs.c.recorded_at,
+    restore_epochs.c.central_confirmed_at,
 )
+
+#: Present only while `fedldp ledger restore` fills a PostgreSQL database: a ledger
+#: holding it is incomplete (no gap recorded yet) and is never opened. Not part of
+#: the ledger's schema (schema.py): no backup ever contains it.
+_pending_metadata = sa.MetaData()
+restore_pending = sa.Table(
+    "restore_pending",
+    _pending_metadata,
+    sa.Column("source", sa.Text, nullable=False),
+    sa.Column("started_at", sa.BigInteger, nullable=False),
+)
+
+
+class RestoreClockError(ValueError):
+    """The restore time is earlier than a time the backup or its data records."""
+
+
+class RestoreIncompleteError(RuntimeError):
+    """The database holds a restore that never recorded its gap: it must not serve."""
 
 
 @dataclass(frozen=True)
@@ -119,7 +158,13 @@ def record_restore(
     ]
     written = latest_write(connection)
     candidates = [*open_marks, *(t for t in (archive_time, written) if t is not None)]
-    backup_time = min(candidates) if candidates else restore_time
+    newest = max(candidates, default=restore_time)
+    if restore_time < newest:
+        raise RestoreClockError(
+            f"this host's clock reads {restore_time}, before {newest} recorded by the backup "
+            "or its data: fix the clock (NTP) and restore again"
+        )
+    backup_time = min(candidates, default=restore_time)
     connection.execute(restore_epochs.delete().where(restore_epochs.c.restore_time.is_(None)))
     connection.execute(
         restore_epochs.insert().values(
@@ -127,6 +172,52 @@ def record_restore(
             restore_time=restore_time,
             source=source,
             recorded_at=restore_time,
+            central_confirmed_at=None,
         )
     )
+    restore_pending.drop(connection, checkfirst=True)
     return RestoreGap(backup_time, restore_time)
+
+
+def begin_restore(connection: sa.Connection, *, source: str, started_at: int) -> None:
+    """Mark the (empty) database behind `connection` as being restored into: until
+    `record_restore` commits, `check_complete` refuses it."""
+    restore_pending.create(connection)
+    connection.execute(restore_pending.insert().values(source=source, started_at=started_at))
+
+
+def check_complete(connection: sa.Connection) -> None:
+    """RestoreIncompleteError when a restore into this database never recorded its gap."""
+    if sa.inspect(connection).has_table(restore_pending.name):
+        raise RestoreIncompleteError(
+            "this database holds a restore that never recorded its restore epoch: it must "
+            "not serve; drop it and run `fedldp ledger restore` again"
+        )
+
+
+def unconfirmed_central(connection: sa.Connection) -> RestoreGap | None:
+    """The oldest epoch whose central spend is still unconfirmed (None: none is).
+    While one is, every central reservation is refused."""
+    row = connection.execute(
+        sa.select(restore_epochs.c.backup_time, restore_epochs.c.restore_time)
+        .where(restore_epochs.c.central_confirmed_at.is_(None))
+        .order_by(restore_epochs.c.id)
+        .limit(1)
+    ).first()
+    if row is None:
+        return None
+    return RestoreGap(int(row[0]), None if row[1] is None else int(row[1]))
+
+
+def confirm_central(connection: sa.Connection, *, now: int) -> int:
+    """Confirm the central spend of every restored, unconfirmed epoch; the count.
+    Unrestored backup marks stay unconfirmed (restore the copy first)."""
+    result = connection.execute(
+        sa.update(restore_epochs)
+        .where(
+            restore_epochs.c.central_confirmed_at.is_(None),
+            restore_epochs.c.restore_time.is_not(None),
+        )
+        .values(central_confirmed_at=now)
+    )
+    return int(result.rowcount)

@@ -167,6 +167,8 @@ ledger_info = sa.Table(
 #: Backups and restores (`fedldp ledger backup` / `restore`, collector/ledger/restore.py).
 #: A restored ledger refuses charges in every window overlapping [backup_time,
 #: restore_time]; restore_time NULL marks an unrestored backup copy (gap open-ended).
+#: central_confirmed_at NULL: central spend since the backup is unconfirmed, and every
+#: central reservation is refused until `fedldp ledger confirm-central` sets it.
 restore_epochs = sa.Table(
     "restore_epochs",
     metadata,
@@ -180,6 +182,7 @@ restore_epochs = sa.Table(
     sa.Column("restore_time", sa.BigInteger, nullable=True),
     sa.Column("source", sa.Text, nullable=False),
     sa.Column("recorded_at", sa.BigInteger, nullable=False),
+    sa.Column("central_confirmed_at", sa.BigInteger, nullable=True),
 )
 
 #: Every policy version a collector activated (`Ledger.record_versions`), by any

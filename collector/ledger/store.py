@@ -473,6 +473,15 @@ class CentralBudgetExhaustedError(LedgerError):
     """The reservation would take (subject, purpose) above its central cap."""
 
 
+class CentralSpendUnconfirmedError(LedgerError):
+    """The ledger was restored from a backup and the central spend made after the
+    backup is unconfirmed: no central reservation until `confirm_central`."""
+
+
+class NothingToConfirmError(LedgerError):
+    """No restore of this ledger awaits confirmation of its central spend."""
+
+
 class IdempotencyConflictError(LedgerError):
     """The idempotency key was used before for a different reservation."""
 
@@ -757,8 +766,10 @@ class Ledger:
             _check_revision(self._read_engine, parsed)
         #: Gaps of restores from backups (restore.py): charges in a window that
         #: overlaps one are refused. Read once: a restore happens with the
-        #: collectors stopped, and they open the restored ledger afterwards.
+        #: collectors stopped, and a database whose restore has not recorded its
+        #: gap yet is never opened (RestoreIncompleteError, restore.py).
         with self._read_engine.connect() as connection:
+            restore.check_complete(connection)
             self.restore_gaps = restore.load_gaps(connection)
         #: The recorded policy versions (`record_versions`) as last read, and the
         #: smallest cap per (policy id, window start, window length) worked out from
@@ -1914,9 +1925,10 @@ class Ledger:
 
         The cap is read from the ledger (`set_central_cap`), never from the caller.
         Raises NoCentralCapError when none is set, CentralBudgetExhaustedError when
-        reserved + settled + this would exceed the cap (basic composition), and
-        IdempotencyConflictError when `idempotency_key` was used for a different
-        (subject, purpose, ε, δ).
+        reserved + settled + this would exceed the cap (basic composition),
+        CentralSpendUnconfirmedError while a restore's central spend is unconfirmed
+        (restore.py; read in this transaction), and IdempotencyConflictError when
+        `idempotency_key` was used for a different (subject, purpose, ε, δ).
 
         Ownership: the new row is claimed by `owner` (a fresh random token when
         None) with a lease until now + `lease_seconds`, in the same transaction
@@ -1953,6 +1965,7 @@ class Ledger:
                         "use a new key for a new release"
                     )
                 return res
+            _refuse_if_unconfirmed(conn)
             cap = conn.execute(
                 sa.select(central_caps)
                 .where(central_caps.c.subject == subject, central_caps.c.purpose == purpose)
@@ -2019,6 +2032,93 @@ class Ledger:
             )
 
         return self.transaction(tx)
+
+    def confirm_central(
+        self,
+        spent: Sequence[tuple[str, str, Decimal, Decimal]],
+        *,
+        now: int,
+        note: str = "",
+    ) -> int:
+        """Lift a restore's block on central reservations (restore.py), re-entering
+        the central spend made after the backup; returns the epochs confirmed.
+
+        Each (subject, purpose, ε, δ) in `spent` becomes one settled release,
+        added to the cap's committed total even above the cap (it was spent; this
+        never refunds); an empty `spent` confirms that none was made. All of it,
+        and the confirmation, commit in one transaction. Raises
+        NothingToConfirmError when no restored epoch awaits confirmation, and
+        NoCentralCapError when a (subject, purpose) has no cap (set it first).
+        """
+        entries = [_reentry(*entry) for entry in spent]
+
+        def tx(conn: sa.Connection) -> int:
+            for subject, purpose, eps, delta in entries:
+                self._reenter(conn, subject, purpose, eps, delta, now=now, note=note)
+            confirmed = restore.confirm_central(conn, now=now)
+            if confirmed == 0:
+                raise NothingToConfirmError(
+                    "no restore of this ledger awaits confirmation of its central spend"
+                    + _unrestored_hint(conn)
+                )
+            return confirmed
+
+        return self.transaction(tx)
+
+    def _reenter(
+        self,
+        conn: sa.Connection,
+        subject: str,
+        purpose: str,
+        eps: Decimal,
+        delta: Decimal,
+        *,
+        now: int,
+        note: str,
+    ) -> None:
+        """Record (ε, δ) spent by (subject, purpose) after a backup as a settled release."""
+        cap = conn.execute(
+            sa.select(central_caps)
+            .where(central_caps.c.subject == subject, central_caps.c.purpose == purpose)
+            .with_for_update()
+        ).first()
+        if cap is None:
+            raise NoCentralCapError(
+                f"no central cap for subject {subject!r}, purpose {purpose!r}: set it with "
+                "`fedldp ledger set-cap` before re-entering its spend"
+            )
+        rid = secrets.token_hex(16)
+        conn.execute(
+            sa.insert(central_reservations).values(
+                id=rid,
+                subject=subject,
+                purpose=purpose,
+                epsilon=_s(eps),
+                delta=_s(delta),
+                status="settled",
+                epsilon_spent=_s(eps),
+                delta_spent=_s(delta),
+                idempotency_key=f"restore-reentry:{rid}",
+                metadata_json=json.dumps({"reentered_after_restore": note}, sort_keys=True),
+                events_json=None,
+                created_at=now,
+                closed_at=now,
+                owner=None,
+                lease_expires_at=None,
+                data_opened_at=None,
+                close_reason="re-entered after a restore from backup",
+            )
+        )
+        conn.execute(
+            sa.update(central_caps)
+            .where(central_caps.c.subject == subject, central_caps.c.purpose == purpose)
+            .values(
+                epsilon_committed=_s(EXACT.add(_dec(cap.epsilon_committed), eps)),
+                delta_committed=_s(EXACT.add(_dec(cap.delta_committed), delta)),
+                updated_at=now,
+            )
+        )
+        _log(conn, rid, now, "reentered", epsilon=str(eps), delta=str(delta), note=note)
 
     def open_data(
         self,
@@ -2410,6 +2510,46 @@ def _lineage(row: Any) -> PolicyLineage:
         int(row.first_version),
         int(row.recorded_at),
     )
+
+
+def _reentry(
+    subject: str, purpose: str, eps: Decimal, delta: Decimal
+) -> tuple[str, str, Decimal, Decimal]:
+    """One validated (subject, purpose, ε > 0, 0 ≤ δ < 1) re-entry for `confirm_central`."""
+    if not subject or not purpose:
+        raise ValueError("subject and purpose must be non-empty")
+    _exact_decimal("epsilon", eps, positive=True)
+    _exact_decimal("delta", delta, positive=False)
+    if delta >= 1:
+        raise ValueError("delta must be below 1")
+    return subject, purpose, eps, delta
+
+
+def _refuse_if_unconfirmed(conn: sa.Connection) -> None:
+    """CentralSpendUnconfirmedError while a restore's central spend is unconfirmed."""
+    gap = restore.unconfirmed_central(conn)
+    if gap is None:
+        return
+    if gap.restore_time is None:
+        raise CentralSpendUnconfirmedError(
+            f"this ledger is a backup copy (taken at {gap.backup_time}) that was never "
+            "restored: restore it with `fedldp ledger restore`, then confirm its central "
+            "spend with `fedldp ledger confirm-central`"
+        )
+    raise CentralSpendUnconfirmedError(
+        f"central reservations are blocked: this ledger was restored from a backup taken at "
+        f"{gap.backup_time} (restored at {gap.restore_time}) and the central spend made after "
+        "the backup is unconfirmed; re-enter it with `fedldp ledger confirm-central --spent "
+        "SUBJECT PURPOSE EPSILON DELTA` (once per release) or confirm none was made with "
+        "`fedldp ledger confirm-central --none`"
+    )
+
+
+def _unrestored_hint(conn: sa.Connection) -> str:
+    gap = restore.unconfirmed_central(conn)
+    if gap is not None and gap.restore_time is None:
+        return " (this is a backup copy never restored: run `fedldp ledger restore` first)"
+    return ""
 
 
 def _check_owner(res: Reservation, owner: str | None) -> None:
