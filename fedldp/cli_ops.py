@@ -291,12 +291,18 @@ def _sqlite_copy(source: Path, target: Path) -> None:
         src.close()
 
 
-def _durable_rename(tmp: Path, out: Path) -> None:
+def _durable_rename(tmp: Path, out: Path, *, replace: bool = True) -> None:
+    """Move `tmp` to `out` durably; with replace=False, atomically refuse (FileExistsError)
+    when `out` exists by then (a collector started on the restore's target)."""
     import os
 
     with tmp.open("rb") as f:
         os.fsync(f.fileno())
-    os.replace(tmp, out)
+    if replace:
+        os.replace(tmp, out)
+    else:
+        os.link(tmp, out)
+        tmp.unlink()
     directory = os.open(out.parent, os.O_RDONLY)
     try:
         os.fsync(directory)
@@ -492,7 +498,13 @@ def restore_cmd(url: str | None, config_path: str | None, pg_bin: str | None, ba
         finally:
             engine.dispose()
         if tmp is not None:
-            _durable_rename(tmp, _sqlite_path(ledger_url))
+            try:
+                _durable_rename(tmp, _sqlite_path(ledger_url), replace=False)
+            except FileExistsError:
+                raise click.ClickException(
+                    f"{_sqlite_path(ledger_url)} appeared during the restore (a collector "
+                    "started on it?): stop it, move that file away and restore again"
+                ) from None
     finally:
         if tmp is not None:
             tmp.unlink(missing_ok=True)
