@@ -1,7 +1,7 @@
 """Restore epochs block central reservations until an operator confirms central spend.
 
-Revision ID: 0005_restore_central_block
-Revises: 0004_restore_epochs
+Revision ID: 0006_restore_central_block
+Revises: 0005_policy_versions
 Create Date: 2026-12-01
 
 Central caps have no window, so the restore gap cannot cover a central
@@ -19,8 +19,8 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import op
 
-revision: str = "0005_restore_central_block"
-down_revision: str | None = "0004_restore_epochs"
+revision: str = "0006_restore_central_block"
+down_revision: str | None = "0005_policy_versions"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
