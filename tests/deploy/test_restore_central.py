@@ -64,12 +64,12 @@ def _backup_then_spend(urls: Urls, tmp_path: Path) -> tuple[Path, Path]:
     """Cap ε = 1, back up, then spend it all on the live ledger; (backup, data)."""
     data = tmp_path / "data.txt"
     data.write_text("1\n" * 50)
-    assert _cli("ledger", "migrate", "--url", urls.live).exit_code == 0
+    assert _cli("ledger", "migrate", "--ledger", urls.live).exit_code == 0
     cap = _cli("ledger", "set-cap", "alice", "stats", "--epsilon", "1", "--delta", "0",
-               "--url", urls.live)  # fmt: skip
+               "--ledger", urls.live)  # fmt: skip
     assert cap.exit_code == 0, cap.output
     backup = tmp_path / "backup.bin"
-    made = _cli("ledger", "backup", "--url", urls.live, *urls.pg_bin, str(backup))
+    made = _cli("ledger", "backup", "--ledger", urls.live, *urls.pg_bin, str(backup))
     assert made.exit_code == 0, made.output
     assert _release(urls.live, data, "k1").exit_code == 0
     assert "exceed the cap" in _release(urls.live, data, "k2").output
@@ -77,7 +77,7 @@ def _backup_then_spend(urls: Urls, tmp_path: Path) -> tuple[Path, Path]:
 
 
 def _restore(urls: Urls, backup: Path) -> Result:
-    return _cli("ledger", "restore", "--url", urls.restored, *urls.pg_bin, str(backup))
+    return _cli("ledger", "restore", "--ledger", urls.restored, *urls.pg_bin, str(backup))
 
 
 def test_restored_ledger_refuses_central_until_the_spend_is_reentered(
@@ -95,14 +95,14 @@ def test_restored_ledger_refuses_central_until_the_spend_is_reentered(
         with pytest.raises(CentralSpendUnconfirmedError):
             led.reserve(subject="alice", purpose="stats", epsilon=Decimal(1),
                         delta=Decimal(0), idempotency_key="api", now=int(time.time()))  # fmt: skip
-        assert led.central_spend("alice", "stats") == (0, 0)
-    confirmed = _cli("ledger", "confirm-central", "--url", urls.restored,
+        assert led.central_spend("alice", "stats") == (Decimal(0), Decimal(0))
+    confirmed = _cli("ledger", "confirm-central", "--ledger", urls.restored,
                      "--spent", "alice", "stats", "1", "0", "--note", "release k1")  # fmt: skip
     assert confirmed.exit_code == 0, confirmed.output
     after = _release(urls.restored, data, "k4")
     assert after.exit_code == 1 and "exceed the cap" in after.output
     with open_ledger(urls.restored) as led:
-        assert led.central_spend("alice", "stats") == (1, 0)
+        assert led.central_spend("alice", "stats") == (Decimal(1), Decimal(0))
         (entry,) = led.reservations("alice", "stats")
         assert entry.status == "settled" and entry.close_reason is not None
         assert [e["action"] for e in led.reservation_log(entry.id)] == ["reentered"]
@@ -124,7 +124,7 @@ def test_confirm_none_and_refusals(tmp_path: Path) -> None:
     with open_ledger(live) as led:
         led.set_central_cap("alice", "stats", epsilon_cap=Decimal(1), delta_cap=Decimal(0))
     backup = tmp_path / "b.db"
-    assert _cli("ledger", "backup", "--url", live, str(backup)).exit_code == 0
+    assert _cli("ledger", "backup", "--ledger", live, str(backup)).exit_code == 0
     # An unrestored backup copy: blocked, and it cannot be confirmed before a restore.
     with open_ledger(f"sqlite:///{backup}") as led:
         with pytest.raises(CentralSpendUnconfirmedError, match="never restored"):
@@ -132,7 +132,7 @@ def test_confirm_none_and_refusals(tmp_path: Path) -> None:
                         delta=Decimal(0), idempotency_key="x", now=1)  # fmt: skip
         with pytest.raises(NothingToConfirmError, match="ledger restore"):
             led.confirm_central([], now=1)
-    assert _cli("ledger", "restore", "--url", restored, str(backup)).exit_code == 0
+    assert _cli("ledger", "restore", "--ledger", restored, str(backup)).exit_code == 0
     for bad, says in (
         ((), "--spent (once per release) or --none"),
         (("--none", "--spent", "alice", "stats", "1", "0"), "not both"),
@@ -140,16 +140,16 @@ def test_confirm_none_and_refusals(tmp_path: Path) -> None:
         (("--spent", "alice", "stats", "0", "0"), "epsilon"),
         (("--spent", "alice", "stats", "1", "0", "--spent", "bob", "stats", "1", "0"), "bob"),
     ):
-        out = _cli("ledger", "confirm-central", "--url", restored, *bad)
+        out = _cli("ledger", "confirm-central", "--ledger", restored, *bad)
         assert out.exit_code == 1 and says in out.output, (bad, out.output)
     with open_ledger(restored) as led:  # every refusal changed nothing: still blocked
         assert led.reservations("alice") == []
         with pytest.raises(CentralSpendUnconfirmedError):
             led.reserve(subject="alice", purpose="stats", epsilon=Decimal(1),
                         delta=Decimal(0), idempotency_key="y", now=1)  # fmt: skip
-    none = _cli("ledger", "confirm-central", "--url", restored, "--none")
+    none = _cli("ledger", "confirm-central", "--ledger", restored, "--none")
     assert none.exit_code == 0, none.output
-    again = _cli("ledger", "confirm-central", "--url", restored, "--none")
+    again = _cli("ledger", "confirm-central", "--ledger", restored, "--none")
     assert again.exit_code == 1 and "awaits confirmation" in again.output
     with open_ledger(restored) as led:
         led.reserve(subject="alice", purpose="stats", epsilon=Decimal(1), delta=Decimal(0),
@@ -166,7 +166,7 @@ def test_restore_refuses_a_clock_behind_the_backup(urls: Urls, tmp_path: Path) -
     with open_ledger(urls.live) as led:
         led.set_central_cap("a", "b", epsilon_cap=Decimal(1), delta_cap=Decimal(0))
     backup = tmp_path / "bk.bin"
-    assert _cli("ledger", "backup", "--url", urls.live, *urls.pg_bin, str(backup)).exit_code == 0
+    assert _cli("ledger", "backup", "--ledger", urls.live, *urls.pg_bin, str(backup)).exit_code == 0
     slow = time.time() - 2 * 86400
     with mock.patch("time.time", return_value=slow):
         out = _restore(urls, backup)
@@ -192,7 +192,7 @@ def test_postgresql_restore_never_serves_before_its_gap(
     with open_ledger(live) as led:
         led.set_central_cap("a", "b", epsilon_cap=Decimal(1), delta_cap=Decimal(0))
     backup = tmp_path / "bk.dump"
-    assert _cli("ledger", "backup", "--url", live, *pg_bin, str(backup)).exit_code == 0
+    assert _cli("ledger", "backup", "--ledger", live, *pg_bin, str(backup)).exit_code == 0
     real_record = restore_module.record_restore
 
     def open_in_between(target: str, seen: list[object]) -> object:
@@ -209,7 +209,7 @@ def test_postgresql_restore_never_serves_before_its_gap(
     target = server.create_database()  # type: ignore[attr-defined]
     seen: list[object] = []
     with mock.patch.object(restore_module, "record_restore", open_in_between(target, seen)):
-        out = _cli("ledger", "restore", "--url", target, *pg_bin, str(backup))
+        out = _cli("ledger", "restore", "--ledger", target, *pg_bin, str(backup))
     assert out.exit_code == 0, out.output
     assert len(seen) == 1 and isinstance(seen[0], RestoreIncompleteError)
     with open_ledger(target) as led:
@@ -221,5 +221,5 @@ def test_postgresql_restore_never_serves_before_its_gap(
         mock.patch.object(restore_module, "record_restore", open_in_between(broken, seen)),
         mock.patch.object(restore_module, "begin_restore", lambda *a, **k: None),
     ):
-        assert _cli("ledger", "restore", "--url", broken, *pg_bin, str(backup)).exit_code == 0
+        assert _cli("ledger", "restore", "--ledger", broken, *pg_bin, str(backup)).exit_code == 0
     assert seen == [()]  # served with no gap: the hole the pending mark closes
