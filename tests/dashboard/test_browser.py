@@ -129,8 +129,18 @@ def test_policy_page_with_consistency(browser: Any, rich_server: Any, tmp_path: 
 
     visit(browser, f"{rich_server.url}policies/app.color", tmp_path / "x.png")
     # Choose norm-sub in the form and submit it (no script: a plain GET form).
+    from selenium.webdriver.support import expected_conditions
+    from selenium.webdriver.support.ui import WebDriverWait
+
     Select(browser.find_element(By.ID, "consistency")).select_by_value("norm-sub")
+    old_page = browser.find_element(By.TAG_NAME, "html")
     browser.find_element(By.CSS_SELECTOR, "form button").click()
+    # The form's GET replaces the page: wait for the old document to go (an event,
+    # not a retry), then read the new one.
+    WebDriverWait(browser, 60).until(expected_conditions.staleness_of(old_page))
+    WebDriverWait(browser, 60).until(
+        expected_conditions.presence_of_element_located((By.ID, "consistency-used"))
+    )
     assert cells(browser, "#consistency-used") == ["norm-sub"]
     visit(browser, browser.current_url, tmp_path / "dashboard-policy.png")
     latest = windows_of(rich_server.url, "app.color")[-1]
