@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import platform
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
 from fractions import Fraction
@@ -228,12 +228,23 @@ def verify_release_receipt(
     return out
 
 
-def _check_reservation(
-    out: Verification, receipt: dict[str, Any], ledger: ReceiptLedger
+def check_reservation(
+    out: Verification,
+    led: Mapping[str, Any],
+    ledger: ReceiptLedger,
+    amounts: Callable[[Any], Mapping[str, tuple[object, Decimal | None]]],
 ) -> Any | None:
+    """The receipt's ledger section against the ledger: identity, then the reservation.
+
+    Adds "ledger identity" and "reservation" to `out`. The reservation must exist,
+    be settled, have the receipt's owner and (subject, purpose), and match every
+    entry of `amounts(reservation)` (name -> (the receipt's value, the ledger's
+    value)). Returns
+    the reservation row, or None when the ledger has none with the receipt's id.
+    Shared by release and training receipts (aggregator/training/receipt.py).
+    """
     from fedldp.collector.ledger import ReservationNotFoundError
 
-    led = receipt.get("ledger", {})
     here = ledger.ledger_id()
     out.add(
         "ledger identity",
@@ -255,14 +266,9 @@ def _check_reservation(
         problems.append("its owner is not the run named in this receipt")
     if (res.subject, res.purpose) != (led.get("subject"), led.get("purpose")):
         problems.append(f"it charges ({res.subject}, {res.purpose}), not the receipt's")
-    for name, recorded in (
-        ("epsilon_reserved", res.epsilon),
-        ("delta_reserved", res.delta),
-        ("epsilon_spent", res.epsilon_spent),
-        ("delta_spent", res.delta_spent),
-    ):
-        if recorded is None or _decimal(led.get(name)) != recorded:
-            problems.append(f"receipt {name} {led.get(name)} != ledger's {recorded}")
+    for name, (claimed, recorded) in amounts(res).items():
+        if recorded is None or _decimal(claimed) != recorded:
+            problems.append(f"receipt {name} {claimed} != ledger's {recorded}")
     out.add(
         "reservation",
         not problems,
@@ -271,6 +277,23 @@ def _check_reservation(
         else f"{rid}: " + "; ".join(problems),
     )
     return res
+
+
+def _check_reservation(
+    out: Verification, receipt: dict[str, Any], ledger: ReceiptLedger
+) -> Any | None:
+    led = receipt.get("ledger", {})
+    return check_reservation(
+        out,
+        led,
+        ledger,
+        lambda res: {
+            "epsilon_reserved": (led.get("epsilon_reserved"), res.epsilon),
+            "delta_reserved": (led.get("delta_reserved"), res.delta),
+            "epsilon_spent": (led.get("epsilon_spent"), res.epsilon_spent),
+            "delta_spent": (led.get("delta_spent"), res.delta_spent),
+        },
+    )
 
 
 def _check_events(

@@ -36,7 +36,7 @@ from typing import Any
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from fedldp.aggregator.central.datakey import DataKey
-from fedldp.aggregator.central.receipts import ReceiptLedger, Verification
+from fedldp.aggregator.central.receipts import ReceiptLedger, Verification, check_reservation
 from fedldp.aggregator.central.signing import (
     TRAINING_RECEIPT_TYPE,
     SignatureError,
@@ -262,46 +262,21 @@ def _ledger_event(receipt: dict[str, Any], ledger: ReceiptLedger) -> dict[str, A
 
 def _check_ledger(out: Verification, receipt: dict[str, Any], ledger: ReceiptLedger) -> None:
     """The receipt against the ledger: identity, reservation, amounts, owner, inputs."""
-    from fedldp.collector.ledger import ReservationNotFoundError
-
     led, privacy, training = receipt.get("ledger", {}), receipt["privacy"], receipt["training"]
-    here = ledger.ledger_id()
-    out.add(
-        "ledger identity",
-        led.get("ledger_id") == here,
-        f"ledger {here}"
-        if led.get("ledger_id") == here
-        else f"the receipt names ledger {led.get('ledger_id')!r}, this ledger is {here}",
+    res = check_reservation(
+        out,
+        led,
+        ledger,
+        lambda res: {
+            "epsilon_budget": (privacy.get("epsilon_budget"), res.epsilon),
+            "delta": (privacy.get("delta"), res.delta),
+            "epsilon_spent": (privacy.get("epsilon_spent"), res.epsilon_spent),
+            "delta_spent": (privacy.get("delta_spent"), res.delta_spent),
+        },
     )
-    rid = str(led.get("reservation_id"))
-    try:
-        res = ledger.reservation(rid)
-    except ReservationNotFoundError:
-        out.add("reservation", False, f"no reservation {rid!r} in this ledger")
+    if res is None:
         return
-    problems = []
-    if res.status != "settled":
-        problems.append(f"it is {res.status}, not settled")
-    if res.owner != led.get("owner"):
-        problems.append("its owner is not the run that wrote this receipt")
-    if (res.subject, res.purpose) != (led.get("subject"), led.get("purpose")):
-        problems.append(f"it charges ({res.subject}, {res.purpose}), not the receipt's")
-    amounts = {
-        "epsilon_budget": (privacy.get("epsilon_budget"), res.epsilon),
-        "delta": (privacy.get("delta"), res.delta),
-        "epsilon_spent": (privacy.get("epsilon_spent"), res.epsilon_spent),
-        "delta_spent": (privacy.get("delta_spent"), res.delta_spent),
-    }
-    for name, (claimed, recorded) in amounts.items():
-        if recorded is None or _decimal(claimed) != recorded:
-            problems.append(f"receipt {name} {claimed} != ledger's {recorded}")
-    out.add(
-        "reservation",
-        not problems,
-        f"{rid} settled, same owner and amounts"
-        if not problems
-        else f"{rid}: " + "; ".join(problems),
-    )
+    rid = str(led.get("reservation_id"))
     event = _ledger_event(receipt, ledger)
     if event is None:
         out.add("accountant inputs", False, f"the ledger holds no training event for {rid}")
@@ -391,13 +366,6 @@ def _check_artifact(
     if event.get("randomness") != receipt.get("randomness", {}).get("source"):
         problems.append("the receipt's randomness source differs from the ledger's record")
     out.add("artifact", not problems, f"sha256 {digest}" if not problems else "; ".join(problems))
-
-
-def _decimal(value: object) -> Decimal | None:
-    try:
-        return Decimal(str(value))
-    except ArithmeticError:
-        return None
 
 
 def load_trained_model(receipt_path: Path) -> Any:
