@@ -96,7 +96,7 @@ def time_nonprivate(
 ) -> list[float]:
     """Epoch-time estimates (s) of plain SGD on shuffled fixed batches."""
     import torch
-    from fedldp.aggregator.training.engine import _BatchTensorDataset, _take_batch
+    from fedldp.aggregator.training.step import _BatchTensorDataset, _take_batch
     from torch import nn
     from torch.utils.data import DataLoader
 
