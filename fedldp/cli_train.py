@@ -50,13 +50,23 @@ def _need_train_extra() -> None:
     is_flag=True,
     help="replace layers DP-SGD cannot train (BatchNorm -> GroupNorm) instead of refusing",
 )
+@click.option(
+    "--nproc",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    help="train across this many processes (torch.distributed, gloo on CPU); same "
+    "accounting, reservation and receipt as one process",
+)
 @click.option("--json", "as_json", is_flag=True, help="print the receipt as JSON")
-def train(config_path: Path, fix_model: bool, as_json: bool) -> None:
+def train(config_path: Path, fix_model: bool, nproc: int, as_json: bool) -> None:
     """Train a model with central DP-SGD under a budget reserved in the ledger.
 
     The (epsilon, delta) of [budget] is reserved before the data is opened; a
     refusal reads nothing and writes nothing. The model and its privacy receipt
-    are written to [output] dir.
+    are written to [output] dir. With --nproc N, this process is rank 0 (it alone
+    reserves, reads the data, settles and publishes) and N-1 spawned workers train
+    their shards of each Poisson batch.
     """
     from fedldp.aggregator.training.config import TrainingConfigError, load_config
 
@@ -74,6 +84,7 @@ def train(config_path: Path, fix_model: bool, as_json: bool) -> None:
     from fedldp.aggregator.training import (
         BudgetRefusedError,
         DataError,
+        DistributedError,
         OutputExistsError,
         TrainingAbortedError,
         UnsupportedModelError,
@@ -82,8 +93,8 @@ def train(config_path: Path, fix_model: bool, as_json: bool) -> None:
 
     warnings.filterwarnings("ignore", module="opacus")
     try:
-        result = train_private(config, log=lambda msg: click.echo(msg, err=True))
-    except (UnsupportedModelError, OutputExistsError, DataError) as exc:
+        result = train_private(config, log=lambda msg: click.echo(msg, err=True), nproc=nproc)
+    except (UnsupportedModelError, OutputExistsError, DataError, DistributedError) as exc:
         raise click.ClickException(str(exc)) from exc
     except BudgetRefusedError as exc:
         raise click.ClickException(f"{exc}. Nothing was read or written.") from exc
@@ -99,7 +110,8 @@ def train(config_path: Path, fix_model: bool, as_json: bool) -> None:
     tr = r["training"]
     click.echo(
         f"steps {result.steps} ({result.stop_reason}), sigma {tr['noise_multiplier']:.6g}, "
-        f"q {tr['sample_rate']:.6g}, grad-sample mode {tr['grad_sample_mode']['mode']}"
+        f"q {tr['sample_rate']:.6g}, grad-sample mode {tr['grad_sample_mode']['mode']}, "
+        f"processes {tr['processes']}"
     )
     click.echo(
         f"epsilon spent {result.epsilon_spent} of {r['privacy']['epsilon_budget']} at delta "
