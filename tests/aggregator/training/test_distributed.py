@@ -217,7 +217,7 @@ def test_noise_is_added_once_per_step_in_total(tmp_path: Path) -> None:
     average) gives √2 ≈ 1.41 and is rejected; so would a noise N times smaller.
     """
     out = tmp_path / "noise.json"
-    mp.start_processes(
+    mp.start_processes(  # type: ignore[attr-defined,no-untyped-call]
         ddp_helpers.noise_probe,
         args=(str(tmp_path / "store"), str(out)),
         nprocs=2,
