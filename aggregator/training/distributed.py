@@ -28,7 +28,9 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import os
 import shutil
+import socket
 import tempfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -52,6 +54,8 @@ from torch import nn
 GROUP_TIMEOUT_SECONDS = 600
 #: Seconds rank 0 waits for the workers to exit after the last step.
 JOIN_SECONDS = 60
+#: Environment variable naming the interface gloo listens on (read at group start).
+GLOO_IFNAME = "GLOO_SOCKET_IFNAME"
 
 
 @dataclass(frozen=True)
@@ -171,6 +175,29 @@ def train_shard(spec: WorkerSpec, rank: int) -> None:
     )
 
 
+def loopback_interface() -> str | None:
+    """The name of the loopback interface ("lo" on Linux, "lo0" on BSD/macOS), if any."""
+    names = {name for _, name in socket.if_nameindex()}
+    return next((n for n in ("lo", "lo0") if n in names), None)
+
+
+@contextlib.contextmanager
+def _on_loopback() -> Iterator[None]:
+    """Pin gloo to the loopback interface while the group starts (all ranks run on this
+    machine; torch.distributed connections are not authenticated, so they should not
+    listen on the host name's address). An operator's own GLOO_SOCKET_IFNAME is kept;
+    the process environment is restored afterwards (workers inherit it at spawn)."""
+    name = loopback_interface()
+    if GLOO_IFNAME in os.environ or name is None:
+        yield
+        return
+    os.environ[GLOO_IFNAME] = name
+    try:
+        yield
+    finally:
+        os.environ.pop(GLOO_IFNAME, None)
+
+
 @contextlib.contextmanager
 def launch(world_size: int) -> Iterator[ProcessGroup]:
     """Start ranks 1..world_size-1 (spawned) and join them as rank 0.
@@ -185,18 +212,20 @@ def launch(world_size: int) -> Iterator[ProcessGroup]:
     threads = max(1, threads_before // world_size)
     folder = Path(tempfile.mkdtemp(prefix="fedldp-ddp-"))
     store = folder / "store"
-    context = mp.start_processes(  # type: ignore[attr-defined,no-untyped-call]
-        _worker,
-        args=(str(store), world_size, threads),
-        nprocs=world_size - 1,
-        join=False,
-        start_method="spawn",
-        daemon=True,
-    )
+    with _on_loopback():
+        context = mp.start_processes(  # type: ignore[attr-defined,no-untyped-call]
+            _worker,
+            args=(str(store), world_size, threads),
+            nprocs=world_size - 1,
+            join=False,
+            start_method="spawn",
+            daemon=True,
+        )
     joined = False
     torch.set_num_threads(threads)
     try:
-        _init_group(store, 0, world_size)
+        with _on_loopback():
+            _init_group(store, 0, world_size)
         joined = True
         yield ProcessGroup(world_size)
         dist.destroy_process_group()
