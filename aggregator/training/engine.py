@@ -27,6 +27,10 @@ settles it as spent. Failures remove the temporary files and raise
 TrainingAbortedError: there is no fallback to non-private training and no
 artifact. A second run with the same idempotency key never trains: it raises
 ReservationTakenError.
+
+With `nproc` > 1 (distributed.py) this process is rank 0: it alone does all of
+the above; the other ranks, started before the data is opened, only train
+their shards of each step under the same plan.
 """
 
 from __future__ import annotations
