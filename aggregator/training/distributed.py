@@ -32,6 +32,7 @@ import os
 import shutil
 import socket
 import tempfile
+import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -128,9 +129,12 @@ def _init_group(store: Path, rank: int, world_size: int) -> None:
     )
 
 
-def _worker(index: int, store: str, world_size: int, threads: int) -> None:
-    """Entry point of rank index+1: join the group, receive the spec, train, leave."""
+def _worker(index: int, store: str, world_size: int, threads: int, filters: list[Any]) -> None:
+    """Entry point of rank index+1: join the group, receive the spec, train, leave.
+
+    `filters` are rank 0's warning filters (a worker warns, or not, as rank 0 would)."""
     rank = index + 1
+    warnings.filters[:] = filters
     torch.set_num_threads(threads)
     _init_group(Path(store), rank, world_size)
     try:
@@ -204,7 +208,8 @@ def launch(world_size: int) -> Iterator[ProcessGroup]:
 
     On a clean exit the group is left and every worker must exit with status 0
     (else DistributedError). On any exception the workers are terminated.
-    Torch threads are split evenly among the processes for the duration.
+    Torch threads are split evenly among the processes for the duration; the
+    workers get this process's warning filters.
     """
     if dist.is_initialized():
         raise DistributedError("this process already belongs to a torch.distributed group")
@@ -215,7 +220,7 @@ def launch(world_size: int) -> Iterator[ProcessGroup]:
     with _on_loopback():
         context = mp.start_processes(  # type: ignore[attr-defined,no-untyped-call]
             _worker,
-            args=(str(store), world_size, threads),
+            args=(str(store), world_size, threads, list(warnings.filters)),
             nprocs=world_size - 1,
             join=False,
             start_method="spawn",
