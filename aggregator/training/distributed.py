@@ -134,7 +134,7 @@ def _worker(index: int, store: str, world_size: int, threads: int, filters: list
 
     `filters` are rank 0's warning filters (a worker warns, or not, as rank 0 would)."""
     rank = index + 1
-    warnings.filters[:] = filters
+    warnings.filters[:] = filters  # type: ignore[index]  # typeshed: Sequence; a list at run time
     torch.set_num_threads(threads)
     _init_group(Path(store), rank, world_size)
     try:
