@@ -1,9 +1,9 @@
 """Benchmark: wall time of `train_private` on 1 vs 2 processes (`fedldp train --nproc`).
 
-    python -m bench.training_ddp [--rows N] [--epochs E] [--reps R] [--json PATH]
+    python -m bench.training_ddp [--rows N] [--batch B] [--epochs E] [--reps R] [--json PATH]
 
 A tabular MLP 50→128→128→2 (ghost clipping, chosen by rule) on N synthetic rows
-(default 20,000), expected batch 256, E epochs (default 1), ε = 8, δ = 1e-5, a
+(default 20,000), expected batch B (default 256), E epochs (default 1), ε = 8, δ = 1e-5, a
 real SQLite ledger in a temporary folder. Configurations, interleaved R times
 (default 2): one process with 1 torch thread, one process with 2 threads, two
 processes with 1 thread each. Reported per configuration (median, min–max over
@@ -47,7 +47,7 @@ def _data(rows: int) -> Any:
     return dataset_from_arrays(x, y)
 
 
-def one_run(data: Any, nproc: int, threads: int, epochs: int) -> dict[str, float]:
+def one_run(data: Any, nproc: int, threads: int, epochs: int, batch: int) -> dict[str, float]:
     """One full train_private run; its wall time, loop time and the rest, in seconds."""
     import torch
     from fedldp.aggregator.training.config import config_from_mapping
@@ -81,7 +81,7 @@ def one_run(data: Any, nproc: int, threads: int, epochs: int) -> dict[str, float
                     "epochs": epochs,
                     "max_grad_norm": 1.0,
                     "learning_rate": 0.1,
-                    "expected_batch_size": 256,
+                    "expected_batch_size": batch,
                 },
                 "output": {"dir": f"{tmp}/out"},
             }
@@ -102,6 +102,7 @@ def _summ(values: list[float]) -> dict[str, float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rows", type=int, default=20_000)
+    parser.add_argument("--batch", type=int, default=256, help="expected batch size")
     parser.add_argument("--epochs", type=int, default=1)
     parser.add_argument("--reps", type=int, default=2)
     parser.add_argument("--json", type=Path, help="write the figures here")
@@ -111,7 +112,7 @@ def main() -> None:
     runs: dict[str, list[dict[str, float]]] = {name: [] for name, _, _ in CONFIGS}
     for _ in range(args.reps):
         for name, nproc, threads in CONFIGS:
-            runs[name].append(one_run(data, nproc, threads, args.epochs))
+            runs[name].append(one_run(data, nproc, threads, args.epochs, args.batch))
     figures = {
         name: {k: _summ([r[k] for r in rs]) for k in ("wall", "loop", "rest")}
         for name, rs in runs.items()
@@ -119,6 +120,7 @@ def main() -> None:
     out = {
         "rows": args.rows,
         "epochs": args.epochs,
+        "batch": args.batch,
         "reps": args.reps,
         "cpus": os.cpu_count(),
         "load_average": os.getloadavg(),
