@@ -67,7 +67,13 @@ from fedldp.aggregator.training.lifecycle import (
     run_ledger,
 )
 from fedldp.aggregator.training.models import build_mlp, validate_model
-from fedldp.aggregator.training.plan import Plan, other_epsilons, plan_with_fallback, spend_of
+from fedldp.aggregator.training.plan import (
+    SPEND_QUANTUM,
+    Plan,
+    other_epsilons,
+    plan_with_fallback,
+    spend_of,
+)
 from fedldp.aggregator.training.publish import (
     EVENT_KIND,
     MODEL_FILE,
@@ -109,6 +115,7 @@ __all__ = [
     "PROBE_MODES",
     "RECEIPT_FILE",
     "RECEIPT_SCHEMA",
+    "SPEND_QUANTUM",
     "TRAIN_LEASE_SECONDS",
     "BudgetRefusedError",
     "DistributedError",
@@ -366,6 +373,37 @@ def _certifier(
     return certify
 
 
+def _worker_spec(
+    request: TrainingRequest,
+    plan: Plan,
+    schedule: _Schedule,
+    model: nn.Module,
+    mode: str,
+    features: torch.Tensor,
+    labels: torch.Tensor,
+    rand: StepRandomness,
+) -> WorkerSpec:
+    """What the other ranks need: the model before wrapping, the rows, the plan."""
+    tp = request.config.training
+    return WorkerSpec(
+        model=model,
+        features=features,
+        labels=labels,
+        mode=mode,
+        expected_batch_size=_batch(request.config),
+        max_grad_norm=tp.max_grad_norm,
+        noise_multiplier=plan.noise_multiplier,
+        optimizer=tp.optimizer,
+        learning_rate=tp.learning_rate,
+        momentum=tp.momentum,
+        sample_rate=schedule.sample_rate,
+        limit=plan.step_limit,
+        planned=schedule.planned,
+        check_every=schedule.check_every,
+        seed=request.config.randomness.seed if rand.seeded else None,
+    )
+
+
 def _train(
     request: TrainingRequest,
     claim: Claim,
@@ -383,25 +421,7 @@ def _train(
     features = torch.from_numpy(dataset.features)
     labels = torch.from_numpy(dataset.labels)
     if group is not None:
-        group.share(
-            WorkerSpec(
-                model=model,
-                features=features,
-                labels=labels,
-                mode=mode,
-                expected_batch_size=_batch(request.config),
-                max_grad_norm=tp.max_grad_norm,
-                noise_multiplier=plan.noise_multiplier,
-                optimizer=tp.optimizer,
-                learning_rate=tp.learning_rate,
-                momentum=tp.momentum,
-                sample_rate=q,
-                limit=plan.step_limit,
-                planned=schedule.planned,
-                check_every=schedule.check_every,
-                seed=request.config.randomness.seed if rand.seeded else None,
-            )
-        )
+        group.share(_worker_spec(request, plan, schedule, model, mode, features, labels, rand))
     private = build_private_step(
         model,
         mode=mode,
