@@ -204,7 +204,7 @@ def module_overhead(
                         "subject": "bench",
                         "purpose": "bench",
                         "epsilon": "8",
-                        "delta": "1e-5",
+                        "delta": "0.00001",
                     },
                     "data": {
                         "source": "csv",

@@ -59,7 +59,7 @@ from fedldp.aggregator.training.engine import train_nonprivate_baseline, train_p
 from fedldp.aggregator.training.models import build_mlp
 
 EPSILONS = ("1", "3", "8")
-DELTA = "1e-5"
+DELTA = "0.00001"
 SEEDS = tuple(range(10))
 HIDDEN = (64,)  # default width when a grid does not set one
 PIXEL_MAX = 16.0
