@@ -1,4 +1,4 @@
-"""Central DP releases over consolidated data: count, sum, mean, private choice.
+"""Central DP releases over consolidated data: count, sum, mean, choice, histogram, quantile.
 
 Every release follows the same order, enforced by this module:
 
@@ -60,6 +60,7 @@ from decimal import Decimal, InvalidOperation
 from fractions import Fraction
 from typing import Any, Protocol
 
+from fedldp.aggregator.central import quantile as qm
 from fedldp.aggregator.central.calibration import (
     GaussianCalibration,
     calibrate_discrete_gaussian,
@@ -936,4 +937,90 @@ def private_histogram(
         plan.calibration,
         rid,
         parts=parts,
+    )
+
+
+def private_quantile(
+    ledger: CentralLedger,
+    *,
+    subject: str,
+    purpose: str,
+    epsilon: Decimal,
+    idempotency_key: str,
+    now: int,
+    quantile: Decimal,
+    lower: Decimal,
+    upper: Decimal,
+    load: Callable[[], Iterable[object]],
+    rng: random.Random | None = None,
+    data_digest: Callable[[], KeyedDigest] | None = None,
+    contribution_bound: int = 1,
+) -> CentralRelease:
+    """The q-quantile of values clipped to [lower, upper], by the exponential mechanism.
+
+    Candidates are a fixed grid over the bounds and the utility is the rank
+    score of fedldp.aggregator.central.quantile (Smith 2011, Section 3;
+    OpenDP's candidate-scoring form), with Δu = k·max(Q, D − Q) for q = Q/D;
+    the choice is `exponential_choice` (ε-DP, δ = 0). One ledger event of kind
+    "exponential" (query "quantile") records ε, Δu, q, the grid and the output.
+    """
+    k = _bound(contribution_bound)
+    _check_budget(NoiseMechanism.LAPLACE, epsilon, Decimal(0))
+    _check_bounds(lower, upper)
+    q = qm.quantile_fraction(quantile)
+    sensitivity = qm.utility_sensitivity(q, k)
+    grid = qm.candidates(lower, upper)
+    step = qm.grid_step(lower, upper)
+    r = rng if rng is not None else system_random()
+
+    def compute() -> list[dict[str, object]]:
+        utilities = qm.scores((_to_decimal(v) for v in load()), lower, upper, q)
+        chosen = exponential_choice(utilities, epsilon, r, sensitivity=sensitivity)
+        return [
+            {
+                "kind": "exponential",
+                "query": "quantile",
+                "epsilon": str(epsilon),
+                "delta": "0",
+                "utility_sensitivity": sensitivity,
+                "candidates": len(grid),
+                "quantile": str(quantile),
+                "lower": str(lower),
+                "upper": str(upper),
+                "grid_step": str(step),
+                "sampler": (
+                    "report-noisy-max, one-sided geometric noise of scale "
+                    "2*utility_sensitivity/epsilon"
+                ),
+                "output": str(grid[chosen]),
+            }
+        ]
+
+    rid, events = _run_release(
+        ledger,
+        subject=subject,
+        purpose=purpose,
+        epsilon=epsilon,
+        delta=Decimal(0),
+        idempotency_key=idempotency_key,
+        now=now,
+        metadata=_meta(
+            "quantile", "exponential", quantile=quantile, lower=lower, upper=upper, granularity=step
+        ),
+        compute=compute,
+        data_digest=data_digest,
+        randomness=_source(rng),
+    )
+    return CentralRelease(
+        "quantile",
+        _output(events, "quantile"),
+        "exponential",
+        epsilon,
+        Decimal(0),
+        Decimal(sensitivity),
+        step,
+        float(2 * sensitivity / epsilon),
+        f"exponential mechanism over {len(grid)} grid candidates, rank utility "
+        f"(Δu = {sensitivity}), ε-DP",
+        rid,
     )

@@ -30,6 +30,7 @@ from decimal import Decimal
 from typing import Any
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from fedldp.aggregator.central import quantile as qm
 from fedldp.aggregator.central import releases as rel
 from fedldp.aggregator.central.datakey import DataKey, KeyedDigest
 from fedldp.aggregator.central.receipts import release_receipt
@@ -73,6 +74,7 @@ class ReleaseAfterReadError(ServiceError):
 class _Query:
     kind: str
     column: str | None
+    quantile: Decimal | None = None
 
 
 def _keyed(key: DataKey | None, digest: Callable[[], str]) -> Callable[[], KeyedDigest] | None:
@@ -199,6 +201,8 @@ class ReleaseEngine:
             for label, value in json.loads(str(event["output"])).items():
                 v = Decimal(value)
                 _add(out, label, v, errorbars.additive(event, v))
+        elif result.kind == "quantile":
+            _add_quantile(out, result, events["quantile"])
         else:
             out.chosen = str(result.value)
         return out
@@ -236,6 +240,19 @@ def _add_mean(
     _add(out, "mean", Decimal(str(result.value)), bar)
 
 
+def _add_quantile(
+    out: pb.ReleaseResponse, result: rel.CentralRelease, event: dict[str, Any]
+) -> None:
+    bar = errorbars.quantile(event)
+    out.values.add(
+        label="quantile",
+        value=str(result.value),
+        rank_error=pb.RankErrorBar(
+            confidence=str(bar.confidence), records=str(bar.records), grid_step=str(bar.grid_step)
+        ),
+    )
+
+
 def _budget(request: pb.ReleaseRequest) -> tuple[Decimal, Decimal]:
     try:
         epsilon = plain_decimal(request.epsilon, "epsilon")
@@ -256,20 +273,34 @@ def _query_of(request: pb.ReleaseRequest, ds: Dataset) -> _Query:
         return _Query(kind, None)
     column = str(getattr(request, kind).column)
     declared = ds.columns.get(column)
-    wanted = NumericColumn if kind in ("sum", "mean") else CategoricalColumn
+    wanted = NumericColumn if kind in ("sum", "mean", "quantile") else CategoricalColumn
     if not isinstance(declared, wanted):
         what = "numeric" if wanted is NumericColumn else "categorical"
         raise InvalidRequestError(
             f"{kind} needs a declared {what} column of dataset {ds.id}; {column!r} is not one"
         )
+    if kind == "quantile":
+        return _Query(kind, column, _quantile_of(request.quantile.quantile))
     return _Query(kind, column)
+
+
+def _quantile_of(text: str) -> Decimal:
+    """The requested q: a plain decimal in (0, 1) with at most 6 places."""
+    try:
+        q = plain_decimal(text, "quantile")
+        qm.quantile_fraction(q)
+    except ValueError as exc:
+        raise InvalidRequestError(str(exc)) from None
+    return q
 
 
 def _mechanism(request: pb.ReleaseRequest, query: _Query) -> str | None:
     m = request.mechanism
-    if query.kind == "choice":
+    if query.kind in ("choice", "quantile"):
         if m != pb.NOISE_MECHANISM_UNSPECIFIED:
-            raise InvalidRequestError("a choice uses the exponential mechanism: no mechanism")
+            raise InvalidRequestError(
+                f"a {query.kind} uses the exponential mechanism: leave mechanism unset"
+            )
         return None
     names = {pb.NOISE_MECHANISM_LAPLACE: "laplace", pb.NOISE_MECHANISM_GAUSSIAN: "gaussian"}
     if m not in names:
@@ -290,7 +321,7 @@ def _run(
 ) -> rel.CentralRelease:
     """Dispatch to the release function of `query` (bounds and domain from the catalog)."""
     mechanism = _mechanism(request, query)
-    if query.kind in ("choice", "histogram") and delta != 0:
+    if query.kind in ("choice", "histogram", "quantile") and delta != 0:
         raise InvalidRequestError(f'a {query.kind} is pure epsilon-DP: delta must be "0"')
     col = query.column or ""
     position = ds.index(col) if col else 0
@@ -303,6 +334,15 @@ def _run(
             ledger, load=rows, mechanism=mechanism or "", delta=delta, **common
         )
     declared = ds.columns[col]
+    if isinstance(declared, NumericColumn) and query.quantile is not None:
+        return rel.private_quantile(
+            ledger,
+            load=values,
+            quantile=query.quantile,
+            lower=declared.lower,
+            upper=declared.upper,
+            **common,
+        )
     if isinstance(declared, NumericColumn):
         fn = rel.private_sum if query.kind == "sum" else rel.private_mean
         return fn(

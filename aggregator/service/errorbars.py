@@ -18,6 +18,11 @@ the rounding), with coverage at least `confidence` over the noise:
   sd ≈ √(sd_S² + m² sd_C²) / C, interval m ± z sd clipped to the declared
   bounds (approximate: it ignores the count's noise in the denominator's
   nonlinearity beyond first order, and clipping).
+* quantile (exponential mechanism over a grid): no additive noise, so the
+  error bar is in ranks, not values: with probability ≥ `confidence` the
+  released v has #{x < v} ≤ q·n + e and #{x > v} ≤ (1 − q)·n + e, with e the
+  best grid candidate's rank error plus `records` = (T − 1)/D
+  (fedldp.aggregator.central.quantile, from the event's ε, Δu, q and grid).
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from dataclasses import dataclass
 from decimal import Decimal
 from fractions import Fraction
 
+from fedldp.aggregator.central.quantile import quantile_fraction, rank_error
 from scipy.stats import norm
 
 CONFIDENCE = Decimal("0.95")
@@ -67,6 +73,24 @@ def additive(event: Mapping[str, object], value: Decimal) -> ErrorBar:
         sd, m = _gaussian_halfwidth(float(str(event["sigma"])), alpha)
     half = m * gamma + gamma / 2
     return ErrorBar(sd * float(gamma), CONFIDENCE, value - half, value + half)
+
+
+@dataclass(frozen=True)
+class RankErrorBar:
+    """A quantile's rank error beyond the best grid candidate's, at `confidence`."""
+
+    confidence: Decimal
+    records: Decimal
+    grid_step: Decimal
+
+
+def quantile(event: Mapping[str, object]) -> RankErrorBar:
+    """The rank error bar of a quantile release, from its ledger event (public values)."""
+    q = quantile_fraction(Decimal(str(event["quantile"])))
+    sensitivity = int(str(event["utility_sensitivity"]))
+    records = rank_error(Decimal(str(event["epsilon"])), sensitivity, q, float(1 - CONFIDENCE))
+    exact = Decimal(records.numerator) / Decimal(records.denominator)
+    return RankErrorBar(CONFIDENCE, exact, Decimal(str(event["grid_step"])))
 
 
 def mean(

@@ -24,15 +24,15 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17\x66\x65\x64ldp/v1/release.proto\x12\tfedldp.v1\"\x0c\n\nCountQuery\"\x1a\n\x08SumQuery\x12\x0e\n\x06\x63olumn\x18\x01 \x01(\t\"\x1b\n\tMeanQuery\x12\x0e\n\x06\x63olumn\x18\x01 \x01(\t\" \n\x0eHistogramQuery\x12\x0e\n\x06\x63olumn\x18\x01 \x01(\t\"\x1d\n\x0b\x43hoiceQuery\x12\x0e\n\x06\x63olumn\x18\x01 \x01(\t\"\xee\x02\n\x0eReleaseRequest\x12\x0f\n\x07\x64\x61taset\x18\x01 \x01(\t\x12\x0f\n\x07purpose\x18\x02 \x01(\t\x12\x0f\n\x07\x65psilon\x18\x03 \x01(\t\x12\r\n\x05\x64\x65lta\x18\x04 \x01(\t\x12,\n\tmechanism\x18\x05 \x01(\x0e\x32\x19.fedldp.v1.NoiseMechanism\x12\x17\n\x0fidempotency_key\x18\x06 \x01(\t\x12&\n\x05\x63ount\x18\n \x01(\x0b\x32\x15.fedldp.v1.CountQueryH\x00\x12\"\n\x03sum\x18\x0b \x01(\x0b\x32\x13.fedldp.v1.SumQueryH\x00\x12$\n\x04mean\x18\x0c \x01(\x0b\x32\x14.fedldp.v1.MeanQueryH\x00\x12.\n\thistogram\x18\r \x01(\x0b\x32\x19.fedldp.v1.HistogramQueryH\x00\x12(\n\x06\x63hoice\x18\x0e \x01(\x0b\x32\x16.fedldp.v1.ChoiceQueryH\x00\x42\x07\n\x05query\"R\n\x08\x45rrorBar\x12\x14\n\x0cnoise_stddev\x18\x01 \x01(\x01\x12\x12\n\nconfidence\x18\x02 \x01(\t\x12\r\n\x05lower\x18\x03 \x01(\t\x12\r\n\x05upper\x18\x04 \x01(\t\"L\n\x08Released\x12\r\n\x05label\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t\x12\"\n\x05\x65rror\x18\x03 \x01(\x0b\x32\x13.fedldp.v1.ErrorBar\"\x94\x01\n\x0fReleaseResponse\x12\x0c\n\x04kind\x18\x01 \x01(\t\x12#\n\x06values\x18\x02 \x03(\x0b\x32\x13.fedldp.v1.Released\x12\x0e\n\x06\x63hosen\x18\x03 \x01(\t\x12\x16\n\x0ereservation_id\x18\x04 \x01(\t\x12\x0f\n\x07receipt\x18\x05 \x01(\x0c\x12\x15\n\rpolicy_sha256\x18\x06 \x01(\t\"\x15\n\x13ListDatasetsRequest\"Y\n\rDatasetColumn\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04type\x18\x02 \x01(\t\x12\r\n\x05lower\x18\x03 \x01(\t\x12\r\n\x05upper\x18\x04 \x01(\t\x12\x0e\n\x06\x64omain\x18\x05 \x03(\t\"w\n\x0b\x44\x61tasetInfo\x12\x0f\n\x07\x64\x61taset\x18\x01 \x01(\t\x12\x10\n\x08purposes\x18\x02 \x03(\t\x12\x1a\n\x12\x63ontribution_bound\x18\x03 \x01(\r\x12)\n\x07\x63olumns\x18\x04 \x03(\x0b\x32\x18.fedldp.v1.DatasetColumn\"@\n\x14ListDatasetsResponse\x12(\n\x08\x64\x61tasets\x18\x01 \x03(\x0b\x32\x16.fedldp.v1.DatasetInfo*l\n\x0eNoiseMechanism\x12\x1f\n\x1bNOISE_MECHANISM_UNSPECIFIED\x10\x00\x12\x1b\n\x17NOISE_MECHANISM_LAPLACE\x10\x01\x12\x1c\n\x18NOISE_MECHANISM_GAUSSIAN\x10\x02\x32\xa3\x01\n\x0eReleaseService\x12@\n\x07Release\x12\x19.fedldp.v1.ReleaseRequest\x1a\x1a.fedldp.v1.ReleaseResponse\x12O\n\x0cListDatasets\x12\x1e.fedldp.v1.ListDatasetsRequest\x1a\x1f.fedldp.v1.ListDatasetsResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17\x66\x65\x64ldp/v1/release.proto\x12\tfedldp.v1\"\x0c\n\nCountQuery\"\x1a\n\x08SumQuery\x12\x0e\n\x06\x63olumn\x18\x01 \x01(\t\"\x1b\n\tMeanQuery\x12\x0e\n\x06\x63olumn\x18\x01 \x01(\t\" \n\x0eHistogramQuery\x12\x0e\n\x06\x63olumn\x18\x01 \x01(\t\"\x1d\n\x0b\x43hoiceQuery\x12\x0e\n\x06\x63olumn\x18\x01 \x01(\t\"1\n\rQuantileQuery\x12\x0e\n\x06\x63olumn\x18\x01 \x01(\t\x12\x10\n\x08quantile\x18\x02 \x01(\t\"\x9c\x03\n\x0eReleaseRequest\x12\x0f\n\x07\x64\x61taset\x18\x01 \x01(\t\x12\x0f\n\x07purpose\x18\x02 \x01(\t\x12\x0f\n\x07\x65psilon\x18\x03 \x01(\t\x12\r\n\x05\x64\x65lta\x18\x04 \x01(\t\x12,\n\tmechanism\x18\x05 \x01(\x0e\x32\x19.fedldp.v1.NoiseMechanism\x12\x17\n\x0fidempotency_key\x18\x06 \x01(\t\x12&\n\x05\x63ount\x18\n \x01(\x0b\x32\x15.fedldp.v1.CountQueryH\x00\x12\"\n\x03sum\x18\x0b \x01(\x0b\x32\x13.fedldp.v1.SumQueryH\x00\x12$\n\x04mean\x18\x0c \x01(\x0b\x32\x14.fedldp.v1.MeanQueryH\x00\x12.\n\thistogram\x18\r \x01(\x0b\x32\x19.fedldp.v1.HistogramQueryH\x00\x12(\n\x06\x63hoice\x18\x0e \x01(\x0b\x32\x16.fedldp.v1.ChoiceQueryH\x00\x12,\n\x08quantile\x18\x0f \x01(\x0b\x32\x18.fedldp.v1.QuantileQueryH\x00\x42\x07\n\x05query\"R\n\x08\x45rrorBar\x12\x14\n\x0cnoise_stddev\x18\x01 \x01(\x01\x12\x12\n\nconfidence\x18\x02 \x01(\t\x12\r\n\x05lower\x18\x03 \x01(\t\x12\r\n\x05upper\x18\x04 \x01(\t\"F\n\x0cRankErrorBar\x12\x12\n\nconfidence\x18\x01 \x01(\t\x12\x0f\n\x07records\x18\x02 \x01(\t\x12\x11\n\tgrid_step\x18\x03 \x01(\t\"y\n\x08Released\x12\r\n\x05label\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t\x12\"\n\x05\x65rror\x18\x03 \x01(\x0b\x32\x13.fedldp.v1.ErrorBar\x12+\n\nrank_error\x18\x04 \x01(\x0b\x32\x17.fedldp.v1.RankErrorBar\"\x94\x01\n\x0fReleaseResponse\x12\x0c\n\x04kind\x18\x01 \x01(\t\x12#\n\x06values\x18\x02 \x03(\x0b\x32\x13.fedldp.v1.Released\x12\x0e\n\x06\x63hosen\x18\x03 \x01(\t\x12\x16\n\x0ereservation_id\x18\x04 \x01(\t\x12\x0f\n\x07receipt\x18\x05 \x01(\x0c\x12\x15\n\rpolicy_sha256\x18\x06 \x01(\t\"\x15\n\x13ListDatasetsRequest\"Y\n\rDatasetColumn\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04type\x18\x02 \x01(\t\x12\r\n\x05lower\x18\x03 \x01(\t\x12\r\n\x05upper\x18\x04 \x01(\t\x12\x0e\n\x06\x64omain\x18\x05 \x03(\t\"w\n\x0b\x44\x61tasetInfo\x12\x0f\n\x07\x64\x61taset\x18\x01 \x01(\t\x12\x10\n\x08purposes\x18\x02 \x03(\t\x12\x1a\n\x12\x63ontribution_bound\x18\x03 \x01(\r\x12)\n\x07\x63olumns\x18\x04 \x03(\x0b\x32\x18.fedldp.v1.DatasetColumn\"@\n\x14ListDatasetsResponse\x12(\n\x08\x64\x61tasets\x18\x01 \x03(\x0b\x32\x16.fedldp.v1.DatasetInfo*l\n\x0eNoiseMechanism\x12\x1f\n\x1bNOISE_MECHANISM_UNSPECIFIED\x10\x00\x12\x1b\n\x17NOISE_MECHANISM_LAPLACE\x10\x01\x12\x1c\n\x18NOISE_MECHANISM_GAUSSIAN\x10\x02\x32\xa3\x01\n\x0eReleaseService\x12@\n\x07Release\x12\x19.fedldp.v1.ReleaseRequest\x1a\x1a.fedldp.v1.ReleaseResponse\x12O\n\x0cListDatasets\x12\x1e.fedldp.v1.ListDatasetsRequest\x1a\x1f.fedldp.v1.ListDatasetsResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'fedldp.v1.release_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_NOISEMECHANISM']._serialized_start=1157
-  _globals['_NOISEMECHANISM']._serialized_end=1265
+  _globals['_NOISEMECHANISM']._serialized_start=1371
+  _globals['_NOISEMECHANISM']._serialized_end=1479
   _globals['_COUNTQUERY']._serialized_start=38
   _globals['_COUNTQUERY']._serialized_end=50
   _globals['_SUMQUERY']._serialized_start=52
@@ -43,22 +43,26 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_HISTOGRAMQUERY']._serialized_end=141
   _globals['_CHOICEQUERY']._serialized_start=143
   _globals['_CHOICEQUERY']._serialized_end=172
-  _globals['_RELEASEREQUEST']._serialized_start=175
-  _globals['_RELEASEREQUEST']._serialized_end=541
-  _globals['_ERRORBAR']._serialized_start=543
-  _globals['_ERRORBAR']._serialized_end=625
-  _globals['_RELEASED']._serialized_start=627
-  _globals['_RELEASED']._serialized_end=703
-  _globals['_RELEASERESPONSE']._serialized_start=706
-  _globals['_RELEASERESPONSE']._serialized_end=854
-  _globals['_LISTDATASETSREQUEST']._serialized_start=856
-  _globals['_LISTDATASETSREQUEST']._serialized_end=877
-  _globals['_DATASETCOLUMN']._serialized_start=879
-  _globals['_DATASETCOLUMN']._serialized_end=968
-  _globals['_DATASETINFO']._serialized_start=970
-  _globals['_DATASETINFO']._serialized_end=1089
-  _globals['_LISTDATASETSRESPONSE']._serialized_start=1091
-  _globals['_LISTDATASETSRESPONSE']._serialized_end=1155
-  _globals['_RELEASESERVICE']._serialized_start=1268
-  _globals['_RELEASESERVICE']._serialized_end=1431
+  _globals['_QUANTILEQUERY']._serialized_start=174
+  _globals['_QUANTILEQUERY']._serialized_end=223
+  _globals['_RELEASEREQUEST']._serialized_start=226
+  _globals['_RELEASEREQUEST']._serialized_end=638
+  _globals['_ERRORBAR']._serialized_start=640
+  _globals['_ERRORBAR']._serialized_end=722
+  _globals['_RANKERRORBAR']._serialized_start=724
+  _globals['_RANKERRORBAR']._serialized_end=794
+  _globals['_RELEASED']._serialized_start=796
+  _globals['_RELEASED']._serialized_end=917
+  _globals['_RELEASERESPONSE']._serialized_start=920
+  _globals['_RELEASERESPONSE']._serialized_end=1068
+  _globals['_LISTDATASETSREQUEST']._serialized_start=1070
+  _globals['_LISTDATASETSREQUEST']._serialized_end=1091
+  _globals['_DATASETCOLUMN']._serialized_start=1093
+  _globals['_DATASETCOLUMN']._serialized_end=1182
+  _globals['_DATASETINFO']._serialized_start=1184
+  _globals['_DATASETINFO']._serialized_end=1303
+  _globals['_LISTDATASETSRESPONSE']._serialized_start=1305
+  _globals['_LISTDATASETSRESPONSE']._serialized_end=1369
+  _globals['_RELEASESERVICE']._serialized_start=1482
+  _globals['_RELEASESERVICE']._serialized_end=1645
 # @@protoc_insertion_point(module_scope)

@@ -158,6 +158,36 @@ class ChoiceQuery(_message.Message):
 Global___ChoiceQuery: _TypeAlias = ChoiceQuery  # noqa: Y015
 
 @_typing.final
+class QuantileQuery(_message.Message):
+    """A q-quantile of a declared numeric column, by the exponential mechanism over
+    a fixed grid of 1001 candidates between the declared bounds (epsilon-DP;
+    delta must be "0", mechanism unset).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    COLUMN_FIELD_NUMBER: _builtins.int
+    QUANTILE_FIELD_NUMBER: _builtins.int
+    column: _builtins.str
+    quantile: _builtins.str
+    """q, a plain decimal string strictly between 0 and 1 with at most 6 places
+    ("0.5" is the median).
+    """
+    def __init__(
+        self,
+        *,
+        column: _builtins.str = ...,
+        quantile: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["column", b"column", "quantile", b"quantile"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___QuantileQuery: _TypeAlias = QuantileQuery  # noqa: Y015
+
+@_typing.final
 class ReleaseRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -172,6 +202,7 @@ class ReleaseRequest(_message.Message):
     MEAN_FIELD_NUMBER: _builtins.int
     HISTOGRAM_FIELD_NUMBER: _builtins.int
     CHOICE_FIELD_NUMBER: _builtins.int
+    QUANTILE_FIELD_NUMBER: _builtins.int
     dataset: _builtins.str
     """A dataset id of the operator's catalog."""
     purpose: _builtins.str
@@ -197,6 +228,8 @@ class ReleaseRequest(_message.Message):
     def histogram(self) -> Global___HistogramQuery: ...
     @_builtins.property
     def choice(self) -> Global___ChoiceQuery: ...
+    @_builtins.property
+    def quantile(self) -> Global___QuantileQuery: ...
     def __init__(
         self,
         *,
@@ -211,12 +244,13 @@ class ReleaseRequest(_message.Message):
         mean: Global___MeanQuery | None = ...,
         histogram: Global___HistogramQuery | None = ...,
         choice: Global___ChoiceQuery | None = ...,
+        quantile: Global___QuantileQuery | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["choice", b"choice", "count", b"count", "histogram", b"histogram", "mean", b"mean", "query", b"query", "sum", b"sum"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["choice", b"choice", "count", b"count", "histogram", b"histogram", "mean", b"mean", "quantile", b"quantile", "query", b"query", "sum", b"sum"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["choice", b"choice", "count", b"count", "dataset", b"dataset", "delta", b"delta", "epsilon", b"epsilon", "histogram", b"histogram", "idempotency_key", b"idempotency_key", "mean", b"mean", "mechanism", b"mechanism", "purpose", b"purpose", "query", b"query", "sum", b"sum"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["choice", b"choice", "count", b"count", "dataset", b"dataset", "delta", b"delta", "epsilon", b"epsilon", "histogram", b"histogram", "idempotency_key", b"idempotency_key", "mean", b"mean", "mechanism", b"mechanism", "purpose", b"purpose", "quantile", b"quantile", "query", b"query", "sum", b"sum"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_query: _TypeAlias = _typing.Literal["count", "sum", "mean", "histogram", "choice"]  # noqa: Y015
+    _WhichOneofReturnType_query: _TypeAlias = _typing.Literal["count", "sum", "mean", "histogram", "choice", "quantile"]  # noqa: Y015
     _WhichOneofArgType_query: _TypeAlias = _typing.Literal["query", b"query"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_query) -> _WhichOneofReturnType_query | None: ...
 
@@ -258,6 +292,44 @@ class ErrorBar(_message.Message):
 Global___ErrorBar: _TypeAlias = ErrorBar  # noqa: Y015
 
 @_typing.final
+class RankErrorBar(_message.Message):
+    """The error bar of a released quantile v, in ranks: with probability at least
+    `confidence` over the mechanism, #{x < v} <= q*n + e and #{x > v} <=
+    (1 - q)*n + e for the n bounded records, where e = e_grid + `records`, and
+    e_grid (not released: it depends on the data) is the rank error of the best
+    grid candidate: 0 when a true q-quantile lies on the grid, at most the
+    records strictly between the two grid points around it otherwise.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CONFIDENCE_FIELD_NUMBER: _builtins.int
+    RECORDS_FIELD_NUMBER: _builtins.int
+    GRID_STEP_FIELD_NUMBER: _builtins.int
+    confidence: _builtins.str
+    """Coverage, e.g. "0.95"."""
+    records: _builtins.str
+    """The rank error bound beyond the best candidate's, in records (a decimal
+    string; may be fractional).
+    """
+    grid_step: _builtins.str
+    """Spacing of the candidate grid, in value units (decimal string)."""
+    def __init__(
+        self,
+        *,
+        confidence: _builtins.str = ...,
+        records: _builtins.str = ...,
+        grid_step: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["confidence", b"confidence", "grid_step", b"grid_step", "records", b"records"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RankErrorBar: _TypeAlias = RankErrorBar  # noqa: Y015
+
+@_typing.final
 class Released(_message.Message):
     """One released number with its error bar (a histogram has one per domain value)."""
 
@@ -266,22 +338,30 @@ class Released(_message.Message):
     LABEL_FIELD_NUMBER: _builtins.int
     VALUE_FIELD_NUMBER: _builtins.int
     ERROR_FIELD_NUMBER: _builtins.int
+    RANK_ERROR_FIELD_NUMBER: _builtins.int
     label: _builtins.str
     """The domain value (histogram) or the query kind."""
     value: _builtins.str
     """The noised value, a decimal string."""
     @_builtins.property
-    def error(self) -> Global___ErrorBar: ...
+    def error(self) -> Global___ErrorBar:
+        """Additive noise (count, sum, mean, histogram): unset for a quantile."""
+
+    @_builtins.property
+    def rank_error(self) -> Global___RankErrorBar:
+        """A quantile's error bar, in ranks: unset for the other kinds."""
+
     def __init__(
         self,
         *,
         label: _builtins.str = ...,
         value: _builtins.str = ...,
         error: Global___ErrorBar | None = ...,
+        rank_error: Global___RankErrorBar | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["error", b"error"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "rank_error", b"rank_error"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "label", b"label", "value", b"value"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "label", b"label", "rank_error", b"rank_error", "value", b"value"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -298,7 +378,7 @@ class ReleaseResponse(_message.Message):
     RECEIPT_FIELD_NUMBER: _builtins.int
     POLICY_SHA256_FIELD_NUMBER: _builtins.int
     kind: _builtins.str
-    """Query kind: "count", "sum", "mean", "histogram" or "choice"."""
+    """Query kind: "count", "sum", "mean", "histogram", "choice" or "quantile"."""
     chosen: _builtins.str
     """The chosen domain value of a choice query."""
     reservation_id: _builtins.str
@@ -312,8 +392,8 @@ class ReleaseResponse(_message.Message):
     """Lowercase hex SHA-256 of the release policy file whose cap was applied."""
     @_builtins.property
     def values(self) -> _containers.RepeatedCompositeFieldContainer[Global___Released]:
-        """The noised values (one for count, sum, mean; one per domain value for a
-        histogram; none for a choice).
+        """The noised values (one for count, sum, mean, quantile; one per domain
+        value for a histogram; none for a choice).
         """
 
     def __init__(

@@ -193,6 +193,11 @@ def _write(tmp_path: Path, response: Any, name: str) -> Path:
         ({"mean": pb.MeanQuery(column="amount")}, LAPLACE, "0"),
         ({"histogram": pb.HistogramQuery(column="city")}, LAPLACE, "0"),
         ({"choice": pb.ChoiceQuery(column="city")}, pb.NOISE_MECHANISM_UNSPECIFIED, "0"),
+        (
+            {"quantile": pb.QuantileQuery(column="amount", quantile="0.5")},
+            pb.NOISE_MECHANISM_UNSPECIFIED,
+            "0",
+        ),
     ],
 )
 def test_each_query_returns_error_bars_and_a_receipt_that_verifies(
@@ -216,6 +221,11 @@ def test_each_query_returns_error_bars_and_a_receipt_that_verifies(
     )
     if "choice" in query:
         assert resp.chosen in ("paris", "lyon", "nice") and not resp.values
+    elif "quantile" in query:
+        (v,) = resp.values
+        assert Decimal(0) <= Decimal(v.value) <= Decimal(100) and not v.HasField("error")
+        assert v.rank_error.confidence == "0.95" and Decimal(v.rank_error.records) > 0
+        assert v.rank_error.grid_step == "0.1"
     else:
         for v in resp.values:
             value = Decimal(v.value)
