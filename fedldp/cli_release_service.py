@@ -11,17 +11,25 @@ Heavy imports happen inside the commands.
 from __future__ import annotations
 
 import json
-import os
 import signal
 import threading
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import click
 
-_MECHANISMS = {"laplace": "NOISE_MECHANISM_LAPLACE", "gaussian": "NOISE_MECHANISM_GAUSSIAN"}
-F = TypeVar("F", bound=Callable[..., Any])
+from fedldp.cli_release_client import (
+    KINDS,
+    MECHANISMS,
+    SERVICE_OPTIONS,
+    bearer,
+    build_request,
+    channel,
+    release_remote,
+    rpc,
+    token_from_env,
+    with_options,
+)
 
 
 @click.group("release-service")
@@ -42,7 +50,15 @@ def release_service() -> None:
     "policy_path",
     required=True,
     type=click.Path(exists=True, dir_okay=False, path_type=Path),
-    help="release policy with the caps (TOML)",
+    help="signed release policy with the caps (fedldp release-service sign-policy)",
+)
+@click.option(
+    "--policy-key",
+    "policy_keys",
+    required=True,
+    multiple=True,
+    type=click.Path(exists=True, dir_okay=False),
+    help="public key trusted to sign the release policy (repeatable)",
 )
 @click.option("--ledger", "ledger_url", required=True, help="the service's ledger URL")
 @click.option(
@@ -90,11 +106,12 @@ def release_service() -> None:
 def serve_cmd(**options: Any) -> None:
     """Register the catalog, apply the release policy's caps, serve until SIGTERM."""
     from fedldp.aggregator.central.datakey import load_data_key
+    from fedldp.aggregator.central.signing import trusted_keys
     from fedldp.aggregator.service.catalog import CatalogError, load_catalog
     from fedldp.aggregator.service.policy import load_release_policy
     from fedldp.aggregator.service.server import ServiceConfig, start_release_service
     from fedldp.cli_keys import passphrase_from_env
-    from fedldp.client.policy import KeyFileError, load_private_key
+    from fedldp.client.policy import KeyFileError, load_private_key, load_public_key
     from fedldp.collector.auth import Authenticator, TokenAuthority
     from fedldp.collector.daemon import configure_logging
 
@@ -108,7 +125,10 @@ def serve_cmd(**options: Any) -> None:
         secret = bytes.fromhex(secret_file.read_text().strip()) if secret_file else None
         config = ServiceConfig(
             catalog=load_catalog(options["catalog_path"]),
-            policy=load_release_policy(options["policy_path"]),
+            policy=load_release_policy(
+                options["policy_path"],
+                trusted_keys([load_public_key(p) for p in options["policy_keys"]]),
+            ),
             ledger_url=options["ledger_url"],
             signing_key=load_private_key(
                 options["signing_key"], passphrase=passphrase_from_env(options["passphrase_env"])
@@ -145,48 +165,14 @@ def serve_cmd(**options: Any) -> None:
         metrics_server.shutdown()
 
 
-def _channel(service: str, tls_ca: Path | None) -> Any:
-    import grpc
-
-    if tls_ca is None:
-        return grpc.insecure_channel(service)
-    return grpc.secure_channel(service, grpc.ssl_channel_credentials(tls_ca.read_bytes()))
-
-
-def _token(token_env: str) -> tuple[tuple[str, str], ...]:
-    token = os.environ.get(token_env, "")
-    if not token:
-        raise click.ClickException(f"set {token_env} to your bearer token")
-    return (("authorization", f"Bearer {token}"),)
-
-
 _client = [
     click.option("--service", required=True, help="host:port of the release service"),
-    click.option(
-        "--token-env",
-        default="FEDLDP_TOKEN",
-        show_default=True,
-        help="variable holding your bearer token",
-    ),
-    click.option(
-        "--tls-ca",
-        type=click.Path(exists=True, dir_okay=False, path_type=Path),
-        help="CA of the service's TLS certificate",
-    ),
+    *SERVICE_OPTIONS,
 ]
 
 
-def _with(options: list[Any]) -> Callable[[F], F]:
-    def wrap(fn: F) -> F:
-        for option in reversed(options):
-            fn = option(fn)
-        return fn
-
-    return wrap
-
-
 @release_service.command("datasets")
-@_with(_client)
+@with_options(_client)
 def datasets_cmd(service: str, token_env: str, tls_ca: Path | None) -> None:
     """List the datasets and purposes open to you (JSON)."""
     from google.protobuf.json_format import MessageToDict
@@ -194,38 +180,29 @@ def datasets_cmd(service: str, token_env: str, tls_ca: Path | None) -> None:
     from fedldp.v1 import release_pb2 as pb
     from fedldp.v1 import release_pb2_grpc
 
-    with _channel(service, tls_ca) as channel:
-        stub = release_pb2_grpc.ReleaseServiceStub(channel)
-        reply = _rpc(
-            lambda: stub.ListDatasets(pb.ListDatasetsRequest(), metadata=_token(token_env))
-        )
+    metadata = bearer(token_from_env(token_env))
+    with channel(service, tls_ca) as ch:
+        stub = release_pb2_grpc.ReleaseServiceStub(ch)
+        reply = rpc(lambda: stub.ListDatasets(pb.ListDatasetsRequest(), metadata=metadata))
     click.echo(json.dumps(MessageToDict(reply), indent=2))
 
 
-def _rpc(call: Any) -> Any:
-    import grpc
-
-    try:
-        return call()
-    except grpc.RpcError as exc:
-        raise click.ClickException(f"{exc.code().name}: {exc.details()}") from None
-
-
 @release_service.command("query")
-@click.argument("kind", type=click.Choice(["count", "sum", "mean", "histogram", "choice"]))
-@_with(_client)
+@click.argument("kind", type=click.Choice(list(KINDS)))
+@with_options(_client)
 @click.option("--dataset", required=True, help="dataset id of the catalog")
 @click.option("--purpose", required=True, help="a purpose granted to you")
 @click.option("--epsilon", required=True, help="plain decimal, e.g. 0.5")
 @click.option("--delta", default="0", show_default=True, help="delta (plain decimal)")
 @click.option(
     "--mechanism",
-    type=click.Choice(sorted(_MECHANISMS)),
+    type=click.Choice(sorted(MECHANISMS)),
     default="laplace",
     show_default=True,
-    help="ignored for choice",
+    help="ignored for choice and quantile",
 )
-@click.option("--column", help="the declared column (sum, mean, histogram, choice)")
+@click.option("--column", help="the declared column (all kinds but count)")
+@click.option("--quantile", help="q in (0, 1) of a quantile query, e.g. 0.5")
 @click.option(
     "--key",
     "idempotency_key",
@@ -240,43 +217,54 @@ def _rpc(call: Any) -> Any:
 )
 def query_cmd(kind: str, **o: Any) -> None:
     """Ask the service for one release; prints the noised value(s) with error bars (JSON)."""
-    from google.protobuf.json_format import MessageToDict
-
-    from fedldp.v1 import release_pb2 as pb
-    from fedldp.v1 import release_pb2_grpc
-
-    query: dict[str, Any] = {"count": pb.CountQuery()} if kind == "count" else {}
-    if kind != "count":
-        if not o["column"]:
-            raise click.UsageError(f"{kind} needs --column")
-        message = {
-            "sum": pb.SumQuery,
-            "mean": pb.MeanQuery,
-            "histogram": pb.HistogramQuery,
-            "choice": pb.ChoiceQuery,
-        }[kind]
-        query[kind] = message(column=o["column"])
-    request = pb.ReleaseRequest(
+    request = build_request(
+        kind,
         dataset=o["dataset"],
         purpose=o["purpose"],
         epsilon=o["epsilon"],
         delta=o["delta"],
-        mechanism=pb.NoiseMechanism.Value(
-            "NOISE_MECHANISM_UNSPECIFIED" if kind == "choice" else _MECHANISMS[o["mechanism"]]
-        ),
+        mechanism=o["mechanism"],
+        column=o["column"],
+        quantile=o["quantile"],
         idempotency_key=o["idempotency_key"],
-        **query,
     )
-    with _channel(o["service"], o["tls_ca"]) as channel:
-        stub = release_pb2_grpc.ReleaseServiceStub(channel)
-        reply = _rpc(lambda: stub.Release(request, metadata=_token(o["token_env"])))
-    if o["receipt_path"] is not None:
-        with o["receipt_path"].open("xb") as fh:
-            fh.write(reply.receipt)
-        click.echo(f"receipt: {o['receipt_path']}", err=True)
-    shown = MessageToDict(reply)
-    shown.pop("receipt", None)
-    click.echo(json.dumps(shown, indent=2))
+    release_remote(request, o["service"], o["token_env"], o["tls_ca"], o["receipt_path"])
+
+
+@release_service.command("sign-policy")
+@click.argument("policy_file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option(
+    "--key",
+    required=True,
+    type=click.Path(exists=True, dir_okay=False),
+    help="the operator's release-policy private key (fedldp keys generate)",
+)
+@click.option(
+    "--out",
+    required=True,
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="signed policy to write (JSON envelope); never overwritten",
+)
+@click.option("--passphrase-env", metavar="VAR", help="passphrase of an encrypted --key")
+def sign_policy_cmd(policy_file: Path, key: str, out: Path, passphrase_env: str | None) -> None:
+    """Validate a release policy (TOML) and write it signed, for `serve --policy`."""
+    from fedldp.aggregator.central.signing import canonical_json
+    from fedldp.aggregator.service.policy import ReleasePolicyError, sign_release_policy
+    from fedldp.cli_keys import passphrase_from_env
+    from fedldp.client.policy import KeyFileError, key_id_of, load_private_key
+
+    if out.exists():
+        raise click.ClickException(f"{out} exists; a signed policy is never overwritten")
+    if not out.parent.is_dir():
+        raise click.BadParameter(f"folder {out.parent} does not exist", param_hint="--out")
+    try:
+        private = load_private_key(key, passphrase=passphrase_from_env(passphrase_env))
+        envelope = sign_release_policy(policy_file, private)
+    except (ReleasePolicyError, KeyFileError) as exc:
+        raise click.ClickException(str(exc)) from None
+    with out.open("xb") as fh:
+        fh.write(canonical_json(envelope) + b"\n")
+    click.echo(f"wrote {out}, signed by key id {key_id_of(private.public_key())}")
 
 
 @release_service.command("consolidate")

@@ -391,7 +391,7 @@ class _DataFile:
 _common = [
     ledger_option(),
     config_option("collector.toml to read ledger_url from"),
-    click.option("--subject", required=True, help="whose central budget is charged"),
+    click.option("--subject", help="whose central budget is charged (local)"),
     click.option("--purpose", required=True, help="the purpose the budget is set for"),
     click.option("--epsilon", "epsilon_text", required=True, help="epsilon (decimal)"),
     click.option(
@@ -403,16 +403,17 @@ _common = [
     click.option(
         "--data",
         "data_path",
-        required=True,
         type=click.Path(exists=True, dir_okay=False),
-        help="one value per line, or a CSV with --column",
+        help="one value per line, or a CSV with --column (local)",
     ),
-    click.option("--column", help="CSV column holding the values"),
+    click.option(
+        "--column", help="CSV column holding the values; with --service, the dataset's column"
+    ),
     click.option(
         "--receipt",
         "receipt_path",
         type=click.Path(dir_okay=False),
-        help="write the signed release receipt here (needs --signing-key)",
+        help="write the signed release receipt here (local: needs --signing-key)",
     ),
     click.option(
         "--signing-key",
@@ -467,8 +468,8 @@ _noise = [
     ),
 ]
 _bounds = [
-    click.option("--lower", "lower_text", required=True, help="clipping lower bound"),
-    click.option("--upper", "upper_text", required=True, help="clipping upper bound"),
+    click.option("--lower", "lower_text", help="clipping lower bound (local)"),
+    click.option("--upper", "upper_text", help="clipping upper bound (local)"),
     click.option("--granularity", "granularity_text", help="output lattice step (default: auto)"),
 ]
 
@@ -482,7 +483,7 @@ def _emit(result: Any) -> None:
     click.echo(json.dumps(result.to_dict(), indent=2))
 
 
-_DECIMAL_OPTIONS = ("epsilon", "delta", "lower", "upper", "granularity")
+_DECIMAL_OPTIONS = ("epsilon", "delta", "lower", "upper", "granularity", "quantile")
 
 
 def _release_kwargs(options: dict[str, Any]) -> dict[str, Any]:
@@ -573,48 +574,94 @@ def _write_receipt(ledger: Any, result: Any, key: Any, path: Path) -> None:
 # Each command takes the options of its decorators as keyword arguments:
 # _common (ledger_url, subject, purpose, epsilon_text, idempotency_key, data_path,
 # column), _noise (mechanism, delta_text, calibration), _bounds (lower_text,
-# upper_text, granularity_text).
+# upper_text, granularity_text), and MODE_OPTIONS (fedldp.cli_release_client:
+# --service / --embedded and theirs).
 
 
-@release.command("count")
-@_apply(_common + _noise)
+def _dispatch(kind: str, fn_name: str, options: dict[str, Any], *required: str) -> None:
+    """Ask the release service (--service / --embedded), or run the local release
+    `fn_name` of fedldp.aggregator.central.releases with its `required` options."""
+    from fedldp.aggregator.central import releases
+    from fedldp.cli_release_client import flag, run_mode
+
+    if run_mode(kind, options):
+        return
+    for name in ("subject", "data_path", *required):
+        if options.get(name) in (None, ""):
+            raise click.UsageError(
+                f"Missing option '{flag(name)}' (or ask a release service: --service ADDR "
+                "or --embedded, with --dataset)"
+            )
+    _run(getattr(releases, fn_name), **options)
+
+
+def _release_command(name: str, options: list[Any]) -> Callable[[F], F]:
+    from fedldp.cli_release_client import MODE_OPTIONS
+
+    def wrap(fn: F) -> F:
+        return release.command(name)(_apply([*_common, *options, *MODE_OPTIONS])(fn))  # type: ignore[return-value]
+
+    return wrap
+
+
+@_release_command("count", _noise)
 def count_cmd(**options: Any) -> None:
     """Noised count of the records."""
-    from fedldp.aggregator.central.releases import private_count
-
-    _run(private_count, **options)
+    _dispatch("count", "private_count", options)
 
 
-@release.command("sum")
-@_apply(_common + _noise + _bounds)
+@_release_command("sum", _noise + _bounds)
 def sum_cmd(**options: Any) -> None:
     """Noised sum of values clipped to [lower, upper]."""
-    from fedldp.aggregator.central.releases import private_sum
-
-    _run(private_sum, **options)
+    _dispatch("sum", "private_sum", options, "lower_text", "upper_text")
 
 
-@release.command("mean")
-@_apply(_common + _noise + _bounds)
+@_release_command("mean", _noise + _bounds)
 def mean_cmd(**options: Any) -> None:
     """Noised mean of values clipped to [lower, upper] (half the budget each to sum and count)."""
-    from fedldp.aggregator.central.releases import private_mean
-
-    _run(private_mean, **options)
+    _dispatch("mean", "private_mean", options, "lower_text", "upper_text")
 
 
-@release.command("choice")
-@_apply(_common)
-@click.option("--candidates", required=True, help="comma-separated candidate labels")
-def choice_cmd(candidates: str, **options: Any) -> None:
+def _labels(text: str | None, option: str) -> list[str] | None:
+    if text is None:
+        return None
+    labels = [c.strip() for c in text.split(",") if c.strip()]
+    if not labels:
+        raise click.BadParameter("give comma-separated labels", param_hint=option)
+    return labels
+
+
+@_release_command(
+    "choice",
+    [click.option("--candidates", help="comma-separated candidate labels (local)")],
+)
+def choice_cmd(**options: Any) -> None:
     """The most frequent candidate, chosen with the exponential mechanism."""
-    from fedldp.aggregator.central.releases import private_choice
+    options["candidates"] = _labels(options["candidates"], "--candidates")
+    _dispatch("choice", "private_choice", options, "candidates")
 
-    _run(
-        private_choice,
-        **options,
-        candidates=[c.strip() for c in candidates.split(",") if c.strip()],
-    )
+
+@_release_command(
+    "histogram",
+    [click.option("--domain", help="comma-separated domain values, one bin each (local)")],
+)
+def histogram_cmd(**options: Any) -> None:
+    """Noised count of every value of a declared domain (discrete Laplace, pure epsilon)."""
+    options["domain"] = _labels(options["domain"], "--domain")
+    _dispatch("histogram", "private_histogram", options, "domain")
+
+
+@_release_command(
+    "quantile",
+    [
+        click.option("--quantile", "quantile_text", help="q in (0, 1), e.g. 0.5 for the median"),
+        _bounds[0],
+        _bounds[1],
+    ],
+)
+def quantile_cmd(**options: Any) -> None:
+    """The q-quantile of values clipped to [lower, upper] (exponential mechanism, pure epsilon)."""
+    _dispatch("quantile", "private_quantile", options, "quantile_text", "lower_text", "upper_text")
 
 
 def _target_delta(value: float | None) -> float | None:

@@ -78,12 +78,16 @@ def verify(
     envelope: Mapping[str, Any],
     payload_type: str,
     trusted: Mapping[str, Ed25519PublicKey],
+    *,
+    what: str = "receipt",
+    key_hint: str = "pass the service's receipt key with --trusted-key",
 ) -> tuple[dict[str, Any], str]:
-    """(receipt, signer key id) when a key in `trusted` (by key id) signed the exact payload.
+    """(payload, signer key id) when a key in `trusted` (by key id) signed the exact payload.
 
     Raises SignatureError naming what is wrong: no signature, another payload
     type, only untrusted signers, or a signature that does not verify (the
-    payload was altered after signing).
+    payload was altered after signing). `what` names the document in those
+    messages and `key_hint` says how to trust its signer.
     """
     if envelope.get("payloadType") != payload_type:
         raise SignatureError(
@@ -91,7 +95,7 @@ def verify(
         )
     signatures = envelope.get("signatures") or []
     if not isinstance(signatures, list) or not signatures:
-        raise SignatureError("the receipt is not signed")
+        raise SignatureError(f"the {what} is not signed")
     try:
         payload = base64.b64decode(envelope["payload"], validate=True)
     except (binascii.Error, ValueError, TypeError):
@@ -114,11 +118,10 @@ def verify(
             return payload_of(envelope), key_id
         raise SignatureError(
             f"the signature by trusted key {key_id[:16]}… does not verify: "
-            "the receipt was altered after it was signed"
+            f"the {what} was altered after it was signed"
         )
     raise SignatureError(
-        f"signed only by untrusted key(s) {', '.join(k[:16] + '…' for k in named)}; "
-        "pass the service's receipt key with --trusted-key"
+        f"signed only by untrusted key(s) {', '.join(k[:16] + '…' for k in named)}; {key_hint}"
     )
 
 

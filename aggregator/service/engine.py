@@ -5,7 +5,8 @@ No gRPC here (server.py wraps it). For each request, in order:
 1. authorize: the dataset is registered and the catalog grants the analyst the
    request's purpose on it (else `PermissionDeniedError`, the same message
    whether or not the dataset exists); the release policy has a cap for
-   (dataset, purpose);
+   (dataset, purpose); when it also gives this analyst an own cap there, the
+   release is charged against both (holds.py);
 2. validate the query against the declaration (column, type, ε, δ, mechanism);
 3. run the release with fedldp.aggregator.central.releases (claim in the
    ledger under the service's own subject "<service id>/<dataset>" -> open_data
@@ -43,7 +44,8 @@ from fedldp.aggregator.service.catalog import (
     NumericColumn,
     plain_decimal,
 )
-from fedldp.aggregator.service.policy import ReleasePolicy, ledger_subject
+from fedldp.aggregator.service.holds import AnalystCapLedger
+from fedldp.aggregator.service.policy import ReleasePolicy, analyst_subject, ledger_subject
 from fedldp.collector.ledger import LedgerError
 from fedldp.v1 import release_pb2 as pb
 
@@ -159,6 +161,10 @@ class ReleaseEngine:
             opened[0] = True
             return ds.bounded_rows()
 
+        ledger = self.ledger
+        if (ds.id, request.purpose, analyst) in self.policy.analyst_caps:
+            subject = analyst_subject(self.service_id, ds.id, analyst)
+            ledger = AnalystCapLedger(self.ledger, subject, request.purpose)
         common: dict[str, Any] = {
             "subject": ledger_subject(self.service_id, ds.id),
             "purpose": request.purpose,
@@ -169,7 +175,7 @@ class ReleaseEngine:
             "contribution_bound": ds.contribution_bound,
         }
         try:
-            result = _run(self.ledger, query, request, ds, common, delta, rows)
+            result = _run(ledger, query, request, ds, common, delta, rows)
         except (rel.ReleaseError, ServiceError, LedgerError):
             raise
         except (ValueError, TypeError, ArithmeticError) as exc:

@@ -12,7 +12,8 @@ import grpc
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from fedldp.aggregator.service.catalog import load_catalog
-from fedldp.aggregator.service.policy import load_release_policy
+from fedldp.aggregator.central.signing import canonical_json, trusted_keys
+from fedldp.aggregator.service.policy import load_release_policy, sign_release_policy
 from fedldp.aggregator.service.server import (
     RunningReleaseService,
     ServiceConfig,
@@ -115,22 +116,42 @@ def receipt_key() -> Ed25519PrivateKey:
 
 
 @pytest.fixture
+def policy_key() -> Ed25519PrivateKey:
+    """The operator's release-policy signing key."""
+    return Ed25519PrivateKey.generate()
+
+
+def signed_policy(folder: Path, text: str, key: Ed25519PrivateKey) -> Path:
+    """Write the policy source `text` and its signed envelope; the envelope's path."""
+    (folder / "policy.toml").write_text(text, encoding="utf-8")
+    out = folder / "policy.json"
+    out.write_bytes(canonical_json(sign_release_policy(folder / "policy.toml", key)))
+    return out
+
+
+@pytest.fixture
 def make_service(
-    tmp_path: Path, receipt_key: Ed25519PrivateKey
+    tmp_path: Path, receipt_key: Ed25519PrivateKey, policy_key: Ed25519PrivateKey
 ) -> Iterator[Callable[..., RunningReleaseService]]:
-    """Start a service: make_service(ledger_url=None, eps_cap="1", catalog=CATALOG)."""
+    """Start a service: make_service(ledger_url=None, eps_cap="1", catalog=CATALOG,
+    policy=None (POLICY with eps_cap), service_id="release-service")."""
     started: list[RunningReleaseService] = []
 
     def make(
-        ledger_url: str | None = None, eps_cap: str = "1", catalog: str = CATALOG
+        ledger_url: str | None = None,
+        eps_cap: str = "1",
+        catalog: str = CATALOG,
+        policy: str | None = None,
+        service_id: str = "release-service",
     ) -> RunningReleaseService:
         if not (tmp_path / "visits.csv").exists():
             write_data(tmp_path / "visits.csv")
         (tmp_path / "catalog.toml").write_text(catalog, encoding="utf-8")
-        (tmp_path / "policy.toml").write_text(POLICY.format(eps=eps_cap), encoding="utf-8")
+        envelope = signed_policy(tmp_path, policy or POLICY.format(eps=eps_cap), policy_key)
         config = ServiceConfig(
             catalog=load_catalog(tmp_path / "catalog.toml"),
-            policy=load_release_policy(tmp_path / "policy.toml"),
+            policy=load_release_policy(envelope, trusted_keys([policy_key.public_key()])),
+            service_id=service_id,
             ledger_url=ledger_url or f"sqlite:///{tmp_path / 'ledger.db'}",
             signing_key=receipt_key,
             authenticator=Authenticator(TokenAuthority(SECRET)),

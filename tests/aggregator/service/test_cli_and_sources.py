@@ -23,7 +23,7 @@ from fedldp.client.policy import write_private_key, write_public_key
 from fedldp.collector.auth import TokenAuthority
 
 from fedldp.cli import main
-from tests.aggregator.service.conftest import CATALOG, NOW, SECRET, write_data
+from tests.aggregator.service.conftest import CATALOG, NOW, SECRET, signed_policy, write_data
 
 Make = Callable[..., RunningReleaseService]
 
@@ -132,9 +132,13 @@ def test_bounded_rows_keep_at_most_k_records_per_unit(tmp_path: Path) -> None:
 def test_serve_command_runs_registers_and_stops_on_sigterm(tmp_path: Path) -> None:
     write_data(tmp_path / "visits.csv")
     (tmp_path / "catalog.toml").write_text(CATALOG)
-    (tmp_path / "policy.toml").write_text(
-        'version = 1\n[[cap]]\ndataset = "visits"\npurpose = "study"\nepsilon = "1"\ndelta = "0"\n'
+    policy_key = Ed25519PrivateKey.generate()
+    signed_policy(
+        tmp_path,
+        'version = 1\n[[cap]]\ndataset = "visits"\npurpose = "study"\nepsilon = "1"\ndelta = "0"\n',
+        policy_key,
     )
+    write_public_key(policy_key.public_key(), tmp_path / "policy.pub")
     write_private_key(Ed25519PrivateKey.generate(), tmp_path / "receipts.key")
     (tmp_path / "secret.hex").write_text(SECRET.hex())
     fedldp = Path(sys.executable).parent / "fedldp"
@@ -146,7 +150,9 @@ def test_serve_command_runs_registers_and_stops_on_sigterm(tmp_path: Path) -> No
             "--catalog",
             str(tmp_path / "catalog.toml"),
             "--policy",
-            str(tmp_path / "policy.toml"),
+            str(tmp_path / "policy.json"),
+            "--policy-key",
+            str(tmp_path / "policy.pub"),
             "--ledger",
             f"sqlite:///{tmp_path / 'ledger.db'}",
             "--signing-key",
