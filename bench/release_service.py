@@ -1,4 +1,4 @@
-"""Benchmark of the release service: latency (p50/p99) and throughput of count and mean.
+"""Benchmark of the release service: latency (p50/p99) and throughput of count, mean, quantile.
 
     python -m bench.release_service                 # 1M-row CSV, 20 queries of each kind
     python -m bench.release_service --rows 100000 --queries 10
@@ -7,7 +7,9 @@
 A CSV of --rows rows (user_id with 2 records per unit, amount in [0, 100], city)
 is written to a temporary folder and registered (one validating pass, timed),
 then a release service runs in-process on port 0 over a SQLite ledger file.
-A gRPC client (bearer token) sends --queries count and --queries mean requests,
+The release policy is signed (a fresh key) and verified as `serve` does.
+A gRPC client (bearer token) sends --queries count, --queries mean and
+--queries quantile (median, exponential mechanism over 1001 candidates) requests,
 sequentially, each with a fresh idempotency key: each one authenticates,
 reserves, reads the whole table (bounding contributions, clipping), settles,
 builds and signs the receipt. Latency is per request, client side; throughput
@@ -74,8 +76,9 @@ def run(rows: int, queries: int) -> dict[str, Any]:
     """Register, serve, query; the figures (seconds and requests per second)."""
     import grpc
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+    from fedldp.aggregator.central.signing import canonical_json, trusted_keys
     from fedldp.aggregator.service.catalog import load_catalog
-    from fedldp.aggregator.service.policy import load_release_policy
+    from fedldp.aggregator.service.policy import load_release_policy, sign_release_policy
     from fedldp.aggregator.service.server import ServiceConfig, start_release_service
     from fedldp.collector.auth import Authenticator, TokenAuthority, bearer_metadata
     from fedldp.v1 import release_pb2 as pb
@@ -86,11 +89,16 @@ def run(rows: int, queries: int) -> dict[str, Any]:
         _write_csv(folder / "bench.csv", rows)
         (folder / "catalog.toml").write_text(CATALOG)
         (folder / "policy.toml").write_text(POLICY)
+        policy_key = Ed25519PrivateKey.generate()
+        envelope = sign_release_policy(folder / "policy.toml", policy_key)
+        (folder / "policy.json").write_bytes(canonical_json(envelope))
         catalog = load_catalog(folder / "catalog.toml")
         start = time.perf_counter()
         config = ServiceConfig(
             catalog=catalog,
-            policy=load_release_policy(folder / "policy.toml"),
+            policy=load_release_policy(
+                folder / "policy.json", trusted_keys([policy_key.public_key()])
+            ),
             ledger_url=f"sqlite:///{folder / 'ledger.db'}",
             signing_key=Ed25519PrivateKey.generate(),
             authenticator=Authenticator(TokenAuthority(SECRET)),
@@ -105,6 +113,7 @@ def run(rows: int, queries: int) -> dict[str, Any]:
                 for kind, query in (
                     ("count", {"count": pb.CountQuery()}),
                     ("mean", {"mean": pb.MeanQuery(column="amount")}),
+                    ("quantile", {"quantile": pb.QuantileQuery(column="amount", quantile="0.5")}),
                 ):
                     samples = []
                     for i in range(queries):
@@ -113,7 +122,11 @@ def run(rows: int, queries: int) -> dict[str, Any]:
                             purpose="bench",
                             epsilon="0.1",
                             delta="0",
-                            mechanism=pb.NOISE_MECHANISM_LAPLACE,
+                            mechanism=(
+                                pb.NOISE_MECHANISM_UNSPECIFIED
+                                if kind == "quantile"
+                                else pb.NOISE_MECHANISM_LAPLACE
+                            ),
                             idempotency_key=f"{kind}-{i}",
                             **query,
                         )
@@ -149,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
             f"{figures[kind]['requests_per_second']:.2f}",
             f"{figures[kind]['rows_per_second'] / 1e6:.2f}",
         ]
-        for kind in ("count", "mean")
+        for kind in ("count", "mean", "quantile")
     ]
     print(format_table(["query", "p50 ms", "p99 ms", "req/s", "M rows/s"], table))
     if args.json:
