@@ -232,7 +232,9 @@ SERVICE_OPTIONS = [
 
 #: `fedldp release KIND` options of the service and embedded modes.
 MODE_OPTIONS = [
-    click.option("--service", help="host:port of a release service: ask it instead of running locally"),
+    click.option(
+        "--service", help="host:port of a release service: ask it instead of running locally"
+    ),
     *SERVICE_OPTIONS,
     click.option(
         "--embedded",

@@ -11,8 +11,8 @@ from typing import Any
 import grpc
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-from fedldp.aggregator.service.catalog import load_catalog
 from fedldp.aggregator.central.signing import canonical_json, trusted_keys
+from fedldp.aggregator.service.catalog import load_catalog
 from fedldp.aggregator.service.policy import load_release_policy, sign_release_policy
 from fedldp.aggregator.service.server import (
     RunningReleaseService,

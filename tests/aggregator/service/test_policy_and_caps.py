@@ -120,8 +120,8 @@ def test_unsigned_tampered_and_unknown_key_policies_are_refused(
             'epsilon = "1"\ndelta = "0"\n',
             "needs a [[cap]]",
         ),
-        ('version = 0\n', "positive integer"),
-        ('version = 1\ncaps = []\n', "unknown key"),
+        ("version = 0\n", "positive integer"),
+        ("version = 1\ncaps = []\n", "unknown key"),
         (
             'version = 1\n[[cap]]\ndataset = "d"\npurpose = "p"\nepsilon = "1e0"\ndelta = "0"\n',
             "plain decimal",
@@ -149,7 +149,8 @@ def test_a_new_version_may_lower_or_keep_a_cap_but_never_raise_it(
     ):
         with pytest.raises(ReleasePolicyError, match="can only be lowered or kept"):
             make_service(policy=raised)
-    ledger = open_ledger(f"sqlite:///{tmp_path / 'ledger.db'}")  # nothing of the refused policies was written
+    # nothing of the refused policies was written
+    ledger = open_ledger(f"sqlite:///{tmp_path / 'ledger.db'}")
     try:
         assert ledger.central_cap(PURPOSE_SUBJECT, "study") == (Decimal("0.8"), Decimal(0))
         assert ledger.central_cap(ALICE_SUBJECT, "study") == (Decimal("0.5"), Decimal(0))
