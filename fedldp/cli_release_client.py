@@ -325,6 +325,8 @@ def run_mode(kind: str, options: dict[str, Any]) -> bool:
     name = "--service" if mode["service"] else "--embedded"
     _refuse(options, LOCAL_ONLY, name + " (the service's catalog sets it)")
     _refuse(extra, EMBEDDED_ONLY if mode["service"] else SERVICE_ONLY, name)
+    if mode["service"]:
+        _refuse(options, ("ledger_url", "signing_key", "passphrase_env"), name)
     if mode["dataset"] is None:
         raise click.UsageError(f"{name} needs --dataset")
     request = build_request(
@@ -340,7 +342,6 @@ def run_mode(kind: str, options: dict[str, Any]) -> bool:
     )
     receipt = Path(options["receipt_path"]) if options.get("receipt_path") else None
     if mode["service"]:
-        _refuse(options, ("ledger_url", "signing_key", "passphrase_env"), name)
         release_remote(request, mode["service"], extra["token_env"], extra["tls_ca"], receipt)
         return True
     files = {
