@@ -56,17 +56,18 @@ def build_request(
 
     if kind != "count" and not column:
         raise click.UsageError(f"{kind} needs --column")
+    name, q = column or "", quantile or ""
     if (kind == "quantile") != (quantile is not None):
         raise click.UsageError(
             "quantile needs --quantile Q" if kind == "quantile" else "--quantile is for quantile"
         )
     queries: dict[str, Callable[[], Any]] = {
         "count": pb.CountQuery,
-        "sum": lambda: pb.SumQuery(column=column),
-        "mean": lambda: pb.MeanQuery(column=column),
-        "histogram": lambda: pb.HistogramQuery(column=column),
-        "choice": lambda: pb.ChoiceQuery(column=column),
-        "quantile": lambda: pb.QuantileQuery(column=column, quantile=quantile),
+        "sum": lambda: pb.SumQuery(column=name),
+        "mean": lambda: pb.MeanQuery(column=name),
+        "histogram": lambda: pb.HistogramQuery(column=name),
+        "choice": lambda: pb.ChoiceQuery(column=name),
+        "quantile": lambda: pb.QuantileQuery(column=name, quantile=q),
     }
     return pb.ReleaseRequest(
         dataset=dataset,

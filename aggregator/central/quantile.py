@@ -84,8 +84,8 @@ def scores(values: Iterable[Decimal], lower: Decimal, upper: Decimal, q: Fractio
     n = 0
     for value in values:
         x = min(max(value, lower), upper)
-        j, rest = divmod(x - lower, step)
-        (on if rest == 0 else between)[int(j)] += 1
+        cell, rest = divmod(x - lower, step)
+        (on if rest == 0 else between)[int(cell)] += 1
         n += 1
     qn, qd = q.numerator, q.denominator
     out: list[int] = []

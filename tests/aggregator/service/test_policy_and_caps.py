@@ -178,7 +178,7 @@ def test_an_analyst_cap_stops_one_analyst_while_another_continues(
     _count(bob, "b2", "0.25")
     with pytest.raises(grpc.RpcError) as info:
         _count(bob, "b3", "0.25")  # the shared purpose cap: bob is stopped too
-    assert info.value.code() is grpc.StatusCode.RESOURCE_EXHAUSTED  # type: ignore[attr-defined]
+    assert info.value.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
     # a retry of alice's first key returns her release without a second hold
     assert _count(alice, "a1", "0.25").reservation_id == first.reservation_id
     assert _committed(svc, ALICE_SUBJECT) == Decimal("0.5")
@@ -205,7 +205,7 @@ def test_a_failure_after_reading_spends_the_analyst_hold_too(
             idempotency_key="x",
             sum=pb.SumQuery(column="amount"),
         )
-    assert info.value.code() is grpc.StatusCode.FAILED_PRECONDITION  # type: ignore[attr-defined]
+    assert info.value.code() is grpc.StatusCode.FAILED_PRECONDITION
     assert _committed(svc, ALICE_SUBJECT) == Decimal("0.25")
     assert _committed(svc, PURPOSE_SUBJECT) == Decimal("0.25")
 
@@ -227,7 +227,7 @@ def _race(services: list[RunningReleaseService], client_for: ClientFor) -> None:
             with lock:
                 ok[("alice", "bob")[i % 2]] += 1
         except grpc.RpcError as exc:
-            codes.append(exc.code())  # type: ignore[attr-defined]
+            codes.append(exc.code())
 
     threads = [threading.Thread(target=go, args=(i, c)) for i, c in enumerate(clients)]
     for t in threads:
