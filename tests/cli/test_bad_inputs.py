@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from fedldp.client.policy import write_private_key, write_public_key
 from fedldp.collector.ledger import open_ledger
 from fedldp.collector.testing import Deployment, write_config
 
@@ -50,6 +52,11 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
     (base / "data.txt").write_text("1\n2\n3\n", encoding="utf-8")
     (base / "receipt.json").write_text("{not json", encoding="utf-8")
     (base / "nonhex.secret").write_text("zz-not-hex\n", encoding="ascii")
+    (base / "catalog.toml").write_text("[groups]\n", encoding="utf-8")
+    (base / "release-policy.toml").write_text("version = 1\n", encoding="utf-8")
+    release_key = Ed25519PrivateKey.generate()
+    write_private_key(release_key, base / "release.key")
+    write_public_key(release_key.public_key(), base / "release.pub")
     good = config.read_text(encoding="utf-8")
 
     def variant(name: str, key: str, value: str) -> None:
@@ -137,6 +144,31 @@ def cases(env: Env) -> list[tuple[str, list[str]]]:
             (f"mint-token --config {bad}", ["collector", "mint-token", "d", "--config", path])
         )
     b = env.base
+
+    def ask(kind: str) -> list[str]:
+        """A `release KIND` with the options every mode takes (and a column)."""
+        column = [] if kind == "count" else ["--column", "c"]
+        return ["release", kind, "--purpose", "p", "--epsilon", "1", "--key", "k", *column]
+
+    def local(kind: str) -> list[str]:
+        """`release KIND` in the local mode (ledger, subject, data), before its own options."""
+        return [
+            "release",
+            kind,
+            "--purpose",
+            "p",
+            "--epsilon",
+            "1",
+            "--key",
+            "k",
+            "--ledger",
+            env.ledger,
+            "--subject",
+            "s",
+            "--data",
+            str(b / "data.txt"),
+        ]
+
     out += [
         (
             "ledger init missing folder",
@@ -294,6 +326,78 @@ def cases(env: Env) -> list[tuple[str, list[str]]]:
         ("train nproc not a number", ["train", "--config", str(b / "bad.toml"), "--nproc", "x"]),
         ("verify training garbage receipt", ["verify", "training", str(b / "receipt.json")]),
         ("demo exponent epsilon", ["demo", "--epsilon", "1e-3", "--out", str(b / "demo-out")]),
+        ("release count --service no dataset", [*ask("count"), "--service", "127.0.0.1:1"]),
+        (
+            "release sum --service with --lower",
+            [*ask("sum"), "--service", "127.0.0.1:1", "--dataset", "d", "--lower", "0"],
+        ),
+        (
+            "release mean --service no token",
+            [*ask("mean"), "--service", "127.0.0.1:1", "--dataset", "d"],
+        ),
+        (
+            "release histogram --embedded no catalog",
+            [*ask("histogram"), "--embedded", "--dataset", "d"],
+        ),
+        ("release quantile --dataset without a service", [*ask("quantile"), "--dataset", "d"]),
+        (
+            "release quantile local no --quantile",
+            [*local("quantile"), "--lower", "0", "--upper", "1"],
+        ),
+        (
+            "release quantile exponent",
+            [*local("quantile"), "--lower", "0", "--upper", "1", "--quantile", "5e-1"],
+        ),
+        ("release choice local no candidates", local("choice")),
+        (
+            "release-service query quantile no --quantile",
+            [
+                "release-service",
+                "query",
+                "quantile",
+                "--service",
+                "127.0.0.1:1",
+                "--dataset",
+                "d",
+                "--purpose",
+                "p",
+                "--epsilon",
+                "1",
+                "--key",
+                "k",
+                "--column",
+                "c",
+            ],
+        ),
+        (
+            "release-service serve unsigned policy",
+            [
+                "release-service",
+                "serve",
+                "--catalog",
+                str(b / "catalog.toml"),
+                "--policy",
+                str(b / "release-policy.toml"),
+                "--policy-key",
+                str(b / "release.pub"),
+                "--ledger",
+                env.ledger,
+                "--signing-key",
+                str(b / "release.key"),
+            ],
+        ),
+        (
+            "release-service sign-policy malformed",
+            [
+                "release-service",
+                "sign-policy",
+                str(b / "bad.toml"),
+                "--key",
+                str(b / "release.key"),
+                "--out",
+                str(b / "signed.json"),
+            ],
+        ),
         ("unknown command", ["no-such-command"]),
         ("unknown option", ["ledger", "show", "x", "--no-such-option"]),
     ]
@@ -306,6 +410,17 @@ EXPECTED: dict[str, tuple[int, str]] = {
     "release count exponent": (2, "plain notation"),
     "demo exponent epsilon": (2, "plain notation"),
     "train nproc zero": (2, "--nproc"),
+    "release count --service no dataset": (2, "--service needs --dataset"),
+    "release sum --service with --lower": (2, "--lower is not used with --service"),
+    "release mean --service no token": (1, "FEDLDP_TOKEN"),
+    "release histogram --embedded no catalog": (2, "--embedded needs --catalog"),
+    "release quantile --dataset without a service": (2, "--dataset needs --service"),
+    "release quantile local no --quantile": (2, "--quantile"),
+    "release quantile exponent": (2, "plain notation"),
+    "release choice local no candidates": (2, "--candidates"),
+    "release-service query quantile no --quantile": (2, "--quantile"),
+    "release-service serve unsigned policy": (1, "is not signed"),
+    "release-service sign-policy malformed": (1, "cannot read release policy"),
     "mint-token negative ttl": (2, "--ttl"),
     "collector serve --config nonhex": (1, "nonhex.secret"),
     "collector serve --config malformed-toml": (1, "bad.toml"),
