@@ -454,6 +454,13 @@ def _report(deployment: Deployment, now: int, confidence: float) -> Any:
     is_flag=True,
     help="then serve `fedldp dashboard` on the demo's ledger (127.0.0.1) until Ctrl-C",
 )
+@click.option(
+    "--release-service",
+    "with_release_service",
+    is_flag=True,
+    help="also run the trusted release service on a generated consolidated table: one count "
+    "and one mean, with error bars and verified receipts in the HTML report",
+)
 def demo(
     devices: int,
     epsilon: str,
@@ -466,6 +473,7 @@ def demo(
     threads: int,
     confidence: float,
     with_dashboard: bool,
+    with_release_service: bool,
 ) -> None:
     """Run the whole pipeline: signed policy, collector, simulated devices, report."""
     from fedldp.aggregator.render import render_html, render_table
@@ -533,11 +541,32 @@ def demo(
             f"duplicates: {tally.duplicates}, failed devices: {tally.failed_devices}"
         )
     html_path = render_html(report, out / "report.html", truth=truth)
+    if with_release_service:
+        _release_service_demo(out, seed, html_path)
     click.echo(f"HTML report: {html_path.resolve()}")
     if tally.failed_devices:
         raise SystemExit(1)
     if with_dashboard:
         _serve_dashboard(deployment)
+
+
+def _release_service_demo(out: Path, seed: int | None, report: Path) -> None:
+    """Run fedldp.demo_release and add its section to the HTML report."""
+    from fedldp.demo_release import append_to_report, release_html, run_release_demo, short
+
+    results = run_release_demo(out, seed)
+    click.echo("")
+    click.echo("release service (count and mean of a generated table, ε = 0.25 each):")
+    for r in results:
+        check = "receipt verified" if r.verified else "RECEIPT FAILED"
+        click.echo(
+            f"  {r.kind:<5} {short(r.value):>10}  noise sd {r.noise_stddev:.3g}  "
+            f"{float(r.confidence):.0%} interval [{short(r.lower)}, {short(r.upper)}]  "
+            f"{check}: {r.receipt}"
+        )
+    append_to_report(report, release_html(results))
+    if not all(r.verified for r in results):
+        raise click.ClickException("a release receipt did not verify")
 
 
 def _serve_dashboard(deployment: Deployment) -> None:
