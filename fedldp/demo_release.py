@@ -27,6 +27,7 @@ import secrets
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 ANALYST = "demo-analyst"
 PURPOSE = "demo-report"
@@ -128,7 +129,10 @@ def run_release_demo(out: Path, seed: int | None) -> list[DemoRelease]:
         )
     )
     token = TokenAuthority(secret).mint(ANALYST, expires_at=int(time.time()) + 600)
-    queries = {"count": {"count": pb.CountQuery()}, "mean": {"mean": pb.MeanQuery(column="amount")}}
+    queries: dict[str, dict[str, Any]] = {
+        "count": {"count": pb.CountQuery()},
+        "mean": {"mean": pb.MeanQuery(column="amount")},
+    }
     results = []
     try:
         with grpc.insecure_channel(f"127.0.0.1:{running.port}") as channel:
