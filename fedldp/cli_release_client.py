@@ -163,10 +163,15 @@ def release_embedded(request: Any, files: dict[str, Any], receipt: Path | None) 
     from fedldp.v1 import release_pb2_grpc
 
     check_receipt_path(receipt)
+    analyst = files.get("analyst")
+    if not analyst:
+        try:
+            analyst = getpass.getuser()
+        except (OSError, KeyError):
+            raise click.UsageError("--embedded needs --analyst (no login name found)") from None
     secret = secrets.token_bytes(32)
     running = start_embedded(files, secret)
     try:
-        analyst = files.get("analyst") or getpass.getuser()
         token = TokenAuthority(secret).mint(analyst, expires_at=int(time.time()) + 600)
         with channel(f"127.0.0.1:{running.port}", None) as ch:
             stub = release_pb2_grpc.ReleaseServiceStub(ch)

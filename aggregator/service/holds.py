@@ -118,7 +118,7 @@ class AnalystCapLedger:
                 delta_spent=delta_spent,
                 now=now,
                 owner=owner,
-                reason=f"analyst cap of reservation {reservation_id}: {reason}"[:500],
+                reason=f"analyst cap of reservation {reservation_id}: {reason}",
             )
         return out
 

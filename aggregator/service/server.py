@@ -305,6 +305,7 @@ def start_release_service(
                 "service_id": config.service_id,
                 "policy_version": config.policy.version,
                 "policy_sha256": config.policy.sha256,
+                "policy_signer": config.policy.signer,
                 "datasets": sorted(d.id for d in config.catalog.datasets.values() if d.registered),
                 "ledger": ledger.dialect,
             }
