@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import base64
 import json
+import signal
+import subprocess
+import sys
 import threading
 from collections.abc import Callable
 from decimal import Decimal
@@ -27,10 +30,18 @@ from fedldp.aggregator.service.policy import (
     load_release_policy,
 )
 from fedldp.aggregator.service.server import RunningReleaseService
+from fedldp.client.policy import write_private_key, write_public_key
 from fedldp.collector.ledger import open_ledger
 from fedldp.v1 import release_pb2 as pb
 
-from tests.aggregator.service.conftest import POLICY, Client, signed_policy
+from tests.aggregator.service.conftest import (
+    CATALOG,
+    POLICY,
+    SECRET,
+    Client,
+    signed_policy,
+    write_data,
+)
 
 Make = Callable[..., RunningReleaseService]
 ClientFor = Callable[[int, "str | None"], Client]
@@ -256,3 +267,87 @@ def test_concurrent_requests_never_exceed_either_cap_postgresql(
     policy = CAPPED.format(purpose="1", alice="0.5")
     first = make_service(ledger_url=postgresql_url, policy=policy)
     _race([first, make_service(ledger_url=postgresql_url, policy=policy)], client_for)
+
+
+def _serve(tmp_path: Path, name: str) -> tuple[subprocess.Popen[str], int]:
+    """`fedldp release-service serve` as its own process; (process, port)."""
+    proc = subprocess.Popen(
+        [
+            str(Path(sys.executable).parent / "fedldp"),
+            "release-service",
+            "serve",
+            "--catalog",
+            str(tmp_path / "catalog.toml"),
+            "--policy",
+            str(tmp_path / "policy.json"),
+            "--policy-key",
+            str(tmp_path / "policy.pub"),
+            "--ledger",
+            f"sqlite:///{tmp_path / 'ledger.db'}",
+            "--signing-key",
+            str(tmp_path / f"{name}.key"),
+            "--token-secret-file",
+            str(tmp_path / "secret.hex"),
+            "--listen",
+            "127.0.0.1:0",
+        ],
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stderr is not None
+    for line in proc.stderr:
+        if line.startswith("release service on port "):
+            return proc, int(line.rsplit(" ", 1)[1])
+    raise AssertionError(f"{name} did not start (exit {proc.wait()})")
+
+
+def test_concurrent_requests_across_two_service_processes_never_exceed_either_cap(
+    tmp_path: Path, policy_key: Ed25519PrivateKey
+) -> None:
+    write_data(tmp_path / "visits.csv")
+    (tmp_path / "catalog.toml").write_text(CATALOG)
+    signed_policy(tmp_path, CAPPED.format(purpose="1", alice="0.5"), policy_key)
+    write_public_key(policy_key.public_key(), tmp_path / "policy.pub")
+    (tmp_path / "secret.hex").write_text(SECRET.hex())
+    procs = []
+    try:
+        for name in ("a", "b"):
+            write_private_key(Ed25519PrivateKey.generate(), tmp_path / f"{name}.key")
+            procs.append(_serve(tmp_path, name))  # one after another: one applies the caps
+        clients = [Client(procs[i % 2][1], ("alice", "bob")[i % 2]) for i in range(30)]
+        ok = {"alice": 0, "bob": 0}
+        codes: list[grpc.StatusCode] = []
+        lock = threading.Lock()
+        barrier = threading.Barrier(len(clients))
+
+        def go(i: int, client: Client) -> None:
+            barrier.wait()
+            try:
+                _count(client, f"proc-{i}", "0.1")
+                with lock:
+                    ok[("alice", "bob")[i % 2]] += 1
+            except grpc.RpcError as exc:
+                codes.append(exc.code())
+
+        threads = [threading.Thread(target=go, args=(i, c)) for i, c in enumerate(clients)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        for c in clients:
+            c.close()
+    finally:
+        for proc, _port in procs:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(timeout=30)
+    assert set(codes) <= {grpc.StatusCode.RESOURCE_EXHAUSTED}, codes
+    assert ok["alice"] <= 5 and 1 <= ok["alice"] + ok["bob"] <= 10
+    ledger = open_ledger(f"sqlite:///{tmp_path / 'ledger.db'}")
+    try:
+        for subject, limit in ((ALICE_SUBJECT, Decimal("0.5")), (PURPOSE_SUBJECT, Decimal(1))):
+            spent = [r for r in ledger.reservations(subject, "study") if r.status != "cancelled"]
+            assert all(r.status == "settled" for r in spent)
+            assert sum((r.epsilon_spent or Decimal(0) for r in spent), Decimal(0)) <= limit
+        assert len(ledger.reservations(ALICE_SUBJECT, "study")) >= ok["alice"]
+    finally:
+        ledger.close()
