@@ -23,6 +23,7 @@ from fedldp.cli_common import (
     open_cli_ledger,
     resolve_ledger_url,
 )
+from fedldp.cli_shards import reconcile_shards, shard_urls, shards
 
 
 def _collector_epilog() -> str:
@@ -158,6 +159,9 @@ def ledger() -> None:
     """
 
 
+ledger.add_command(shards)
+
+
 @ledger.command("init")
 @_ledger_option
 @_config_option
@@ -182,6 +186,9 @@ def _shown(url: str) -> str:
 @_config_option
 def reconcile_cmd(ledger_url: str | None, config_path: str | None) -> None:
     """Recompute every spend from the raw rows; exit 1 on any mismatch (read-only)."""
+    if not ledger_url and (urls := shard_urls(config_path)):
+        reconcile_shards(urls)  # every shard, then the placement checks (cli_shards.py)
+        return
     with open_cli_ledger(resolve_ledger_url(ledger_url, config_path), "read") as led:
         mismatches = led.reconcile()
     for m in mismatches:
