@@ -18,6 +18,7 @@ from typing import Any
 import grpc
 import pytest
 from click.testing import CliRunner
+from fedldp.aggregator.estimation import FrequencyReport
 from fedldp.aggregator.reports import report_from_ledgers
 from fedldp.client.mechanisms import CategoryOutput
 from fedldp.collector.auth import bearer_metadata
@@ -348,7 +349,8 @@ def test_merged_shard_estimates_equal_one_ledgers(
             mech.statistic_to_json(single.recompute_statistics(policy))
         )
     assert merged.n == one.n == whole.n == 200
-    assert isinstance(one, type(merged))
+    assert isinstance(one, FrequencyReport) and isinstance(merged, FrequencyReport)
+    assert isinstance(whole, FrequencyReport)
     assert merged.estimates == one.estimates == whole.estimates  # values and errors
 
 
