@@ -32,7 +32,6 @@ from fedldp.collector.ledger.shards import (
 )
 from fedldp.collector.ledger.store import OutcomeValue
 from fedldp.collector.metrics import CollectorMetrics
-from prometheus_client import Counter
 
 log = logging.getLogger(__name__)
 
@@ -66,15 +65,8 @@ class ShardedCommitter:
     def __init__(self, ledger: ShardedLedger, metrics: CollectorMetrics, **options: Any) -> None:
         self.ledger = ledger
         self.committers = [GroupCommitter(s, metrics, **options) for s in ledger.shards]
-        self.requests = Counter(
-            "fedldp_collector_shard_requests",
-            "Submit requests handed to each ledger shard, by result: ok, unavailable "
-            "(the shard's transaction or routing read failed; the device retries)",
-            ["shard", "result"],
-            registry=metrics.registry,
-        )
         self._children = {
-            (i, r): self.requests.labels(str(i), r)
+            (i, r): metrics.shard_requests.labels(str(i), r)
             for i in range(len(self.committers))
             for r in ("ok", "unavailable")
         }
