@@ -193,7 +193,8 @@ def refuse_if_shard(ledger: SingleLedger) -> None:
     given only its URL would charge subjects that live on another shard."""
     found = read_map(ledger)
     if found is not None:
-        index = found.ledger_ids.index(ledger.ledger_id())
+        own = ledger.ledger_id()
+        index = found.ledger_ids.index(own) if own in found.ledger_ids else "?"
         raise ShardMapError(
             f"{_shown(ledger.url)} is shard {index} of {len(found.ledger_ids)} of a sharded "
             "ledger: list every shard in ledger_shards, in order, instead of ledger_url"
@@ -259,30 +260,38 @@ class ShardedLedger:
     def claim_lineage(
         self, policy_id: str, metric_name: str, window_seconds: int, version: int, *, now: int
     ) -> PolicyLineage:
-        """`Ledger.claim_lineage` on every shard, in order; the first lineage that
-        refuses the version (`PolicyLineage.refusal`), else shard 0's: a version is
-        activated only where every shard's lineage lets it in."""
-        found = [
-            s.claim_lineage(policy_id, metric_name, window_seconds, version, now=now)
-            for s in self.shards
-        ]
-        for lineage in found:
+        """`Ledger.claim_lineage` on each shard in order, stopping at the first lineage
+        that refuses the version (`PolicyLineage.refusal`), which is returned; else
+        shard 0's. Every collector claims in the same order, so shard 0 arbitrates
+        concurrent claims and only its winner records on the other shards: a version
+        is activated only where every shard's lineage lets it in."""
+        first: PolicyLineage | None = None
+        for s in self.shards:
+            lineage = s.claim_lineage(policy_id, metric_name, window_seconds, version, now=now)
             if lineage.refusal(policy_id, metric_name, window_seconds) is not None:
                 return lineage
-        return found[0]
+            first = first or lineage
+        assert first is not None  # there is at least one shard
+        return first
 
     def record_versions(
         self, versions: Sequence[PolicyVersion], *, clock: Callable[[], int]
     ) -> dict[tuple[str, int], str]:
-        """`Ledger.record_versions` on every shard, in order; a version refused by any
-        shard is refused (the first reason). Each shard decides its rule at its own
-        `clock()` under its own lock: the cap rule is per subject, and a subject lives
-        on one shard. A version recorded on some shards but refused on another is
-        not served, and only lowers caps where it is recorded (never unsafe)."""
+        """`Ledger.record_versions` on each shard in order, each given only the
+        versions every earlier shard accepted; the refused ones (with the first
+        reason). As for lineage, shard 0 arbitrates (e.g. two envelopes of one
+        version). Each shard decides its cap rule at its own `clock()` under its own
+        lock: the cap rule is per subject, and a subject lives on one shard. A version
+        recorded on some shards but refused by a later one is not served, and only
+        lowers caps where it is recorded (never unsafe)."""
         refused: dict[tuple[str, int], str] = {}
+        left = list(versions)
         for index, s in enumerate(self.shards):
-            for key, why in s.record_versions(versions, clock=clock).items():
-                refused.setdefault(key, f"{why} (shard {index})" if index else why)
+            if not left:
+                break
+            for key, why in s.record_versions(left, clock=clock).items():
+                refused[key] = f"{why} (shard {index})" if index else why
+            left = [v for v in left if (v.policy_id, v.version) not in refused]
         return refused
 
     def lineages(self) -> list[PolicyLineage]:
@@ -470,7 +479,11 @@ def open_sharded(
             if access != "read":
                 for led in ledgers:
                     write_map(led, found, None)
-        elif access != "read" and None in maps:
+        elif None in maps and access != "read" and found == ShardMap.initial(ids):
+            for led, stored in zip(ledgers, maps, strict=True):  # a concurrent first start
+                if stored is None:
+                    write_map(led, found, None)
+        elif None in maps:
             raise ShardMapError(
                 "some shards hold no shard map: a shard was added without "
                 "`fedldp ledger shards add`, or it did not finish (run it again)"

@@ -22,7 +22,7 @@ from fedldp.aggregator.estimation import FrequencyReport
 from fedldp.aggregator.reports import report_from_ledgers
 from fedldp.client.mechanisms import CategoryOutput
 from fedldp.collector.auth import bearer_metadata
-from fedldp.collector.ledger import SubmitBatch, open_ledger
+from fedldp.collector.ledger import PolicyVersion, SubmitBatch, open_ledger
 from fedldp.collector.ledger.shards import (
     SLOTS,
     ShardedLedger,
@@ -31,8 +31,10 @@ from fedldp.collector.ledger.shards import (
     SubjectSplitError,
     add_shard,
     open_sharded,
+    read_map,
     refuse_if_shard,
     slot_of,
+    write_map,
 )
 from fedldp.collector.server import RunningCollector, start_collector
 from fedldp.collector.testing import (
@@ -160,6 +162,45 @@ def test_a_subject_charged_on_two_shards_is_refused_and_reported(
     assert result.exit_code == 1 and "MISMATCH placement: split" in result.output
 
 
+def test_shard_0_arbitrates_lineage_and_versions(
+    deployment: Deployment, two_files: tuple[str, str], now: int
+) -> None:
+    a, b = two_files
+    with open_ledger(a) as first:  # another collector won shard 0 first
+        first.claim_lineage("p", "metric.m", 86400, 1, now=now)
+    with open_sharded([a, b]) as sharded:  # epoch 0 completed on both
+        lost = sharded.claim_lineage("q", "metric.m", 86400, 1, now=now)
+        assert lost.policy_id == "p"  # refused: q is not recorded on shard 1 either
+        assert sharded.shards[1].lineages() == []
+        won = sharded.claim_lineage("p", "metric.m", 86400, 1, now=now)
+        assert won.policy_id == "p" and sharded.shards[1].lineages() == [won]
+        versions = [
+            PolicyVersion("p", 1, Decimal(1), 86400, now, now + 86400, bytes([i]) * 32)
+            for i in (1, 2)
+        ]
+        # Another collector recorded other bytes for p v1 on shard 0 first: refused,
+        # and not recorded on shard 1 either.
+        assert sharded.shards[0].record_versions(versions[1:], clock=lambda: now) == {}
+        refused = sharded.record_versions(versions[:1], clock=lambda: now)
+        assert list(refused) == [("p", 1)] and refused[("p", 1)].startswith("version_conflict")
+        assert sharded.shards[1].policy_versions() == []
+        assert sharded.record_versions(versions[1:], clock=lambda: now) == {}
+        assert [v.digest for s in sharded.shards for v in s.policy_versions()] == [
+            versions[1].digest
+        ] * 2
+    with open_ledger(b) as second:
+        assert read_map(second) is not None  # the first start wrote the map to both
+
+
+def test_a_concurrent_first_start_completes_the_initial_map(two_files: tuple[str, str]) -> None:
+    a, b = two_files
+    with open_ledger(a) as first, open_ledger(b) as second:
+        initial = ShardMap.initial([first.ledger_id(), second.ledger_id()])
+        write_map(first, initial, None)  # another collector got this far
+    with open_sharded([a, b]) as sharded:
+        assert [read_map(s) for s in sharded.shards] == [initial, initial]
+
+
 # --- two PostgreSQL servers ---
 
 
@@ -237,6 +278,8 @@ def test_caps_are_exact_under_concurrent_load_through_two_collectors(
     per_shard = [s.report_count("tight", 1) for s in sharded.shards]
     assert sum(per_shard) == 20 * len(subjects) and min(per_shard) > 0
     assert all(m == [] for _, m in sharded.reconcile_shards())
+    recorded = [{(v.policy_id, v.version) for v in s.policy_versions()} for s in sharded.shards]
+    assert recorded[0] == recorded[1] and ("tight", 1) in recorded[0]  # on every shard
     text = two_collectors[0].metrics.text().decode()
     assert 'fedldp_collector_shard_requests_total{result="ok",shard="1"}' in text
     assert "load-" not in text  # no subject in any label
