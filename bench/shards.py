@@ -11,9 +11,10 @@ reports reports/s (median of the timed runs, with min and max).
 
 Bottleneck: during the timed runs the CPU time of each group of processes is
 read from /proc (collectors; every PostgreSQL server process; this load
-generator) and shown as cores used (CPU seconds per second). The group nearest
-to the cores it could use, or the machine total nearest to the cores there are,
-is the bottleneck. The load generator shares the cores with the servers, and on
+generator) and shown as cores used (CPU seconds per second) and as CPU µs per
+acknowledged report; /proc/stat gives how busy the whole machine was (anyone's
+processes). The machine's CPU is the bottleneck when its cores were nearly all
+busy; else a collector near one core is; else neither (commit latency). The load generator shares the cores with the servers, and on
 a shared machine so do other people's processes: absolute figures depend on the
 machine, and the core shares say where the time goes.
 """
@@ -55,6 +56,14 @@ def _postgres_pids(server: Any) -> list[int]:
     return [int(head), *_children(int(head))]
 
 
+def _machine_busy() -> tuple[float, float]:
+    """(busy, total) CPU seconds of the whole machine so far (/proc/stat, every core)."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    tick = os.sysconf("SC_CLK_TCK")
+    idle = fields[3] + fields[4]  # idle + iowait
+    return (sum(fields) - idle) / tick, sum(fields) / tick
+
+
 def _self_cpu() -> float:
     times = os.times()
     return times.user + times.system
@@ -93,6 +102,7 @@ def run_cell(
         asyncio.run(_load(*load, 1.0, "sdk", True))  # warm-up (schema, connections)
         pg_pids = [pid for s in servers for pid in _postgres_pids(s)]
         col_pids = [p.proc.pid for p in procs]
+        machine = _machine_busy()
         before = (_cpu(col_pids), _cpu(pg_pids), _self_cpu(), time.perf_counter())
         results = [asyncio.run(_load(*load, seconds, "sdk", True)) for _ in range(runs)]
         wall = time.perf_counter() - before[3]
@@ -101,6 +111,9 @@ def run_cell(
             (_cpu(pg_pids) - before[1]) / wall,
             (_self_cpu() - before[2]) / wall,
         )
+        after = _machine_busy()
+        busy = (after[0] - machine[0]) / max(after[1] - machine[1], 1e-9)
+        reports = sum(r.reports for r in results)
         server.stop()
     finally:
         for p in procs:
@@ -117,20 +130,27 @@ def run_cell(
         "cores_collectors": used[0],
         "cores_postgres": used[1],
         "cores_load": used[2],
+        "machine_busy": busy,  # fraction of every core's time busy (anyone's processes)
+        # CPU per acknowledged report, µs: independent of how much CPU others took
+        "us_per_report_collectors": used[0] * wall / reports * 1e6,
+        "us_per_report_postgres": used[1] * wall / reports * 1e6,
     }
 
 
 def _bottleneck(cell: dict[str, Any], cores: int) -> str:
+    """Where the time goes: the machine's CPU when its cores were (nearly) all busy,
+    else each collector's core, else neither (commit latency)."""
     col, pg, load = cell["cores_collectors"], cell["cores_postgres"], cell["cores_load"]
-    total = col + pg + load
-    if total >= 0.85 * cores:
-        top = max(
-            ("collectors", col), ("PostgreSQL", pg), ("load generator", load), key=lambda x: x[1]
+    ours = col + pg + load
+    if cell["machine_busy"] >= 0.9:
+        top = "collectors" if col >= pg else "PostgreSQL"
+        return (
+            f"machine CPU: {cell['machine_busy']:.0%} busy, this benchmark {ours:.2f} of "
+            f"{cores} cores (others the rest); of ours, most: {top}"
         )
-        return f"machine CPU ({total:.2f} of {cores} cores; most: {top[0]})"
     if col >= 0.85 * cell["collectors"]:
         return "collector CPU (each ~1 core)"
-    return f"neither CPU-bound ({total:.2f} of {cores} cores): commit latency / fsync"
+    return f"neither CPU-bound ({ours:.2f} of {cores} cores): commit latency / fsync"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -176,8 +196,8 @@ def main(argv: list[str] | None = None) -> int:
             c["shards"],
             f"{c['reports_per_s'].median:,.0f} [{c['reports_per_s'].min:,.0f}-"
             f"{c['reports_per_s'].max:,.0f}]",
-            f"{c['cores_collectors']:.2f}",
-            f"{c['cores_postgres']:.2f}",
+            f"{c['cores_collectors']:.2f} ({c['us_per_report_collectors']:.1f} µs/r)",
+            f"{c['cores_postgres']:.2f} ({c['us_per_report_postgres']:.1f} µs/r)",
             f"{c['cores_load']:.2f}",
             c["bottleneck"],
         ]
