@@ -14,9 +14,10 @@ read from /proc (collectors; every PostgreSQL server process; this load
 generator) and shown as cores used (CPU seconds per second) and as CPU µs per
 acknowledged report; /proc/stat gives how busy the whole machine was (anyone's
 processes). The machine's CPU is the bottleneck when its cores were nearly all
-busy; else a collector near one core is; else neither (commit latency). The load generator shares the cores with the servers, and on
-a shared machine so do other people's processes: absolute figures depend on the
-machine, and the core shares say where the time goes.
+busy; else a collector near one core is; else neither (commit latency). The load
+generator shares the cores with the servers, and on a shared machine so do other
+people's processes: absolute figures depend on the machine; CPU per report and
+the core shares say where the time goes.
 """
 
 from __future__ import annotations
