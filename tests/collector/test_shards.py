@@ -6,6 +6,7 @@ shard's server is killed, reconcile, and merged estimates equal to one ledger's.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import signal
 from collections import Counter
@@ -398,12 +399,23 @@ def test_merged_shard_estimates_equal_one_ledgers(
 
 
 def test_sharded_ledger_is_a_statistics_source(
-    deployment: Deployment, two_files: tuple[str, str], now: int
+    deployment: Deployment, two_files: tuple[str, str], tmp_path: Path, now: int
 ) -> None:
     policy = deployment.verified(deployment.envelopes[0])
     with open_sharded(list(two_files), shard="c9") as sharded:
         assert isinstance(sharded, ShardedLedger)
-        for subject in _subjects_on_both(sharded.map, 20, "st"):
+        subjects = _subjects_on_both(sharded.map, 20, "st")
+        for subject in subjects:
             _charge(sharded.for_subject(subject), policy, subject, 1, now=now)
         names = {p.shard for p in sharded.statistics("color", 1)}
+        on_1 = next(s for s in subjects if sharded.route(s) == 1)
     assert names == {"0/c9", "1/c9"}
+    # The CLI reads every shard of a config's ledger_shards.
+    config = write_config(deployment, tmp_path, "", "c", ledger_shards=list(two_files))
+    result = CliRunner().invoke(
+        main, ["report", "--config", str(config), "--policy", "color", "--format", "json"]
+    )
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.output)["n"] == 20
+    shown = CliRunner().invoke(main, ["ledger", "show", on_1, "--config", str(config)])
+    assert shown.exit_code == 0 and "color" in shown.output, shown.output
