@@ -161,6 +161,23 @@ def test_a_subject_charged_on_two_shards_is_refused_and_reported(
     config = write_config(deployment, tmp_path, "", "c", ledger_shards=[a, b])
     result = CliRunner().invoke(main, ["ledger", "reconcile", "--config", str(config)])
     assert result.exit_code == 1 and "MISMATCH placement: split" in result.output
+    # A collector refuses the split subject's reports, and charges nothing.
+    running = start_collector(
+        deployment.config("", ledger_shards=(a, b)), registry=deployment.registry()
+    )
+    try:
+        with grpc.insecure_channel(running.address) as channel:
+            stub = collector_pb2_grpc.CollectorStub(channel)
+            report = make_report(policy, CategoryOutput(1), coarse_time=coarse(now))
+            auth = bearer_metadata(deployment.token(subject))
+            with pytest.raises(grpc.RpcError) as refused:
+                stub.Submit(pb.SubmitRequest(reports=[report]), metadata=auth)
+            assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+            assert "charges on shards [0, 1]" in str(refused.value.details())
+    finally:
+        running.stop(1.0)
+    with open_sharded([a, b], access="read") as sharded:
+        assert not any(s.has_report(report.report_id) for s in sharded.shards)
 
 
 def test_shard_0_arbitrates_lineage_and_versions(
@@ -279,6 +296,13 @@ def test_caps_are_exact_under_concurrent_load_through_two_collectors(
     per_shard = [s.report_count("tight", 1) for s in sharded.shards]
     assert sum(per_shard) == 20 * len(subjects) and min(per_shard) > 0
     assert all(m == [] for _, m in sharded.reconcile_shards())
+    on_1 = next(s for s in subjects if sharded.route(s) == 1)
+    with grpc.insecure_channel(two_collectors[1].address) as channel:
+        budget = collector_pb2_grpc.CollectorStub(channel).GetBudget(
+            pb.GetBudgetRequest(policy_id="tight"),
+            metadata=bearer_metadata(deployment.token(on_1)),
+        )
+    assert [(b.epsilon_spent, b.epsilon_remaining) for b in budget.budgets] == [("1.00", "0.00")]
     recorded = [{(v.policy_id, v.version) for v in s.policy_versions()} for s in sharded.shards]
     assert recorded[0] == recorded[1] and ("tight", 1) in recorded[0]  # on every shard
     text = two_collectors[0].metrics.text().decode()
