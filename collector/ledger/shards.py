@@ -210,7 +210,6 @@ class ShardedLedger:
         self.shards = list(shards)
         self.map = shard_map
         first = self.shards[0]
-        self.url = first.url
         self.dialect = first.dialect
         self.shard = first.shard  # this collector instance's name (statistics rows)
         self._placed: dict[str, int] = {}  # subject -> shard index (moved slots only)
@@ -248,12 +247,6 @@ class ShardedLedger:
     def for_subject(self, subject: str) -> SingleLedger:
         """The single ledger holding `subject`'s charges (`route`)."""
         return self.shards[self.route(subject)]
-
-    # -- reads for one subject --
-
-    def spent(self, subject: str, policy_id: str, window_start: int) -> Any:
-        """`Ledger.spent` on the subject's shard."""
-        return self.for_subject(subject).spent(subject, policy_id, window_start)
 
     # -- policy lineage and versions: on every shard --
 
@@ -294,17 +287,6 @@ class ShardedLedger:
             left = [v for v in left if (v.policy_id, v.version) not in refused]
         return refused
 
-    def lineages(self) -> list[PolicyLineage]:
-        """Shard 0's recorded lineages (the others hold the same: `reconcile` checks)."""
-        return self.shards[0].lineages()
-
-    def policy_versions(self) -> list[PolicyVersion]:
-        """Every version recorded on any shard, by (policy id, version)."""
-        merged = {
-            (v.policy_id, v.version): v for s in reversed(self.shards) for v in s.policy_versions()
-        }
-        return [merged[k] for k in sorted(merged)]
-
     # -- statistics (aggregator/reports.py StatisticsSource) --
 
     def statistics(
@@ -326,10 +308,6 @@ class ShardedLedger:
         for s in self.shards:
             mech.merge_statistics(total, s.recompute_statistics(policy, window_start))
         return total
-
-    def report_count(self, policy_id: str, version: int, window_start: int | None = None) -> int:
-        """Stored reports of (policy, version[, window]) over every shard."""
-        return sum(s.report_count(policy_id, version, window_start) for s in self.shards)
 
     # -- reconcile --
 

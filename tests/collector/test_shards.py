@@ -292,7 +292,9 @@ def test_caps_are_exact_under_concurrent_load_through_two_collectors(
         assert set(outcomes) <= {pb.OUTCOME_ACCEPTED, pb.OUTCOME_BUDGET_EXHAUSTED}
     assert accepted == {s: 20 for s in subjects}
     for subject in subjects:
-        assert sharded.spent(subject, "tight", policy.window_start(now)) == Decimal("1.00")
+        assert sharded.for_subject(subject).spent(
+            subject, "tight", policy.window_start(now)
+        ) == Decimal("1.00")
     per_shard = [s.report_count("tight", 1) for s in sharded.shards]
     assert sum(per_shard) == 20 * len(subjects) and min(per_shard) > 0
     assert all(m == [] for _, m in sharded.reconcile_shards())
