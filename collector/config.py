@@ -215,8 +215,10 @@ class CollectorConfig:
     def validate(self) -> None:
         """Raise ConfigError naming every missing or inconsistent setting."""
         problems = []
-        if bool(self.ledger_url) == bool(self.ledger_shards):
-            problems.append("set exactly one of ledger_url and ledger_shards")
+        if not self.ledger_url and not self.ledger_shards:
+            problems.append("ledger_url is required (or ledger_shards for a sharded ledger)")
+        if self.ledger_url and self.ledger_shards:
+            problems.append("set ledger_url or ledger_shards, not both")
         if len(set(self.ledger_shards)) != len(self.ledger_shards):
             problems.append("ledger_shards lists a URL twice")
         if bool(self.tls_cert) != bool(self.tls_key):

@@ -349,7 +349,7 @@ EXPECTED: dict[str, tuple[int, str]] = {
     "ledger shards add without --new": (2, "--new"),
     "ledger shards add itself": (1, "a shard already"),
     "ledger shards add unreachable": (1, "ledger"),
-    "collector serve --config both": (1, "exactly one of ledger_url and ledger_shards"),
+    "collector serve --config both": (1, "set ledger_url or ledger_shards, not both"),
 }
 
 
