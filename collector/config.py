@@ -45,6 +45,14 @@ class CollectorConfig:
             "help": "ledger database URL: sqlite:////abs/ledger.db or postgresql+psycopg://..."
         },
     )
+    ledger_shards: tuple[str, ...] = field(
+        default=(),
+        metadata={
+            "help": "a sharded ledger instead of ledger_url: every shard's database URL, "
+            "shard 0 first, in the shard map's order (TOML list; environment: URLs "
+            "separated by spaces); docs/operations.md, 'Ledger shards'"
+        },
+    )
     ledger_isolation: str = field(
         default="",
         metadata={
@@ -207,8 +215,12 @@ class CollectorConfig:
     def validate(self) -> None:
         """Raise ConfigError naming every missing or inconsistent setting."""
         problems = []
-        if not self.ledger_url:
-            problems.append("ledger_url is required")
+        if not self.ledger_url and not self.ledger_shards:
+            problems.append("ledger_url is required (or ledger_shards for a sharded ledger)")
+        if self.ledger_url and self.ledger_shards:
+            problems.append("set ledger_url or ledger_shards, not both")
+        if len(set(self.ledger_shards)) != len(self.ledger_shards):
+            problems.append("ledger_shards lists a URL twice")
         if bool(self.tls_cert) != bool(self.tls_key):
             problems.append("tls_cert and tls_key go together")
         if self.mtls and not (self.tls_client_ca and self.tls_cert):
@@ -259,6 +271,11 @@ def _convert(name: str, kind: Any, raw: Any) -> Any:
             return int(raw)
         if kind in (float, "float"):
             return float(raw)
+        if kind == "tuple[str, ...]":
+            items = raw.split() if isinstance(raw, str) else raw
+            if not isinstance(items, list | tuple) or not all(isinstance(i, str) for i in items):
+                raise ValueError(raw)
+            return tuple(items)
         return str(raw)
     except ValueError:
         raise ConfigError(f"{name}: cannot read {raw!r} as {kind}") from None

@@ -59,6 +59,11 @@ class LedgerUnavailableError(CollectorError):
     """The ledger database failed; nothing was committed for this request."""
 
 
+class SubjectSplitRefusedError(CollectorError):
+    """The subject's charges are on two ledger shards (collector/ledger/shards.py):
+    refused until an operator resolves it; a retry does not help."""
+
+
 #: The one table: domain error -> gRPC status code.
 STATUS: dict[type[CollectorError], grpc.StatusCode] = {
     UnauthenticatedError: grpc.StatusCode.UNAUTHENTICATED,
@@ -68,6 +73,7 @@ STATUS: dict[type[CollectorError], grpc.StatusCode] = {
     MalformedRequestError: grpc.StatusCode.INVALID_ARGUMENT,
     ShuttingDownError: grpc.StatusCode.UNAVAILABLE,
     LedgerUnavailableError: grpc.StatusCode.UNAVAILABLE,
+    SubjectSplitRefusedError: grpc.StatusCode.FAILED_PRECONDITION,
 }
 
 

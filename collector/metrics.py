@@ -83,6 +83,14 @@ class CollectorMetrics:
         self.ledger_errors = Counter(
             "fedldp_collector_ledger_errors", "Ledger transactions that failed", registry=r
         )
+        self.shard_requests = Counter(
+            "fedldp_collector_shard_requests",
+            "Submit requests handed to each ledger shard (ledger_shards; shard is its "
+            "index), by result: ok, or unavailable (the shard's transaction or routing "
+            "read failed: nothing stored, the device retries)",
+            ["shard", "result"],
+            registry=r,
+        )
         self.ledger_reruns = Counter(
             "fedldp_collector_ledger_reruns",
             "Ledger transactions rerun, by reason: conflict (a serialization failure, "

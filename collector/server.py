@@ -49,10 +49,17 @@ from fedldp.collector.errors import (
     UnauthenticatedError,
     status_of,
 )
-from fedldp.collector.ledger import Ledger, open_ledger
+from fedldp.collector.ledger import Ledger
+from fedldp.collector.ledger.shards import ShardedLedger
 from fedldp.collector.metrics import CollectorMetrics
 from fedldp.collector.policies import PolicyRegistry
 from fedldp.collector.ratelimit import RateLimiter
+from fedldp.collector.routing import (
+    AnyLedger,
+    ShardedCommitter,
+    make_committer,
+    open_collector_ledger,
+)
 from fedldp.collector.service import CollectorService, Limits
 from fedldp.v1 import collector_pb2 as pb
 from google.protobuf.message import DecodeError, Message
@@ -502,9 +509,10 @@ class RunningCollector:
 
     port: int
     transport: _SyncTransport | _AsyncTransport
+    #: the ledger; shard 0 of a sharded ledger (then `shards` is the whole of it)
     ledger: Ledger
     metrics: CollectorMetrics
-    committer: GroupCommitter
+    committer: GroupCommitter | ShardedCommitter
     registry: PolicyRegistry
     service: CollectorService
     config: CollectorConfig | None = None
@@ -513,6 +521,12 @@ class RunningCollector:
     health_port: _HealthPort | None = None
     admission: Admission | None = None
     _stopped: threading.Event = field(default_factory=threading.Event)
+    shards: ShardedLedger | None = None  # the sharded ledger (routing.py), if sharded
+
+    @property
+    def whole_ledger(self) -> AnyLedger:
+        """The ledger every charge goes to: `shards` when sharded, else `ledger`."""
+        return self.shards if self.shards is not None else self.ledger
 
     def reload_policies(self) -> PolicyRegistry:
         """Reload the trust and policy folders (SIGHUP); on any error keep the old set.
@@ -538,7 +552,7 @@ class RunningCollector:
                 now=now,
                 audience=self.config.audience,
             )
-            activate(registry, self.ledger, self.metrics, now=now, clock=self.clock)
+            activate(registry, self.whole_ledger, self.metrics, now=now, clock=self.clock)
         except (PolicyError, OSError, ValueError) as exc:
             self.metrics.policy_reloads.labels("failed").inc()
             log.error(
@@ -579,7 +593,7 @@ class RunningCollector:
         if self.health_port is not None:
             self.health_port.stop()
         self.committer.close()
-        self.ledger.close()
+        self.whole_ledger.close()
         if self._metrics_server is not None:
             self._metrics_server.shutdown()
         self._stopped.set()
@@ -596,7 +610,7 @@ class PolicyActivationError(PolicyError):
 
 def activate(
     registry: PolicyRegistry,
-    ledger: Ledger,
+    ledger: AnyLedger,
     metrics: CollectorMetrics,
     *,
     now: int,
@@ -662,18 +676,14 @@ def start_collector(
         )
     secret = config.token_secret_bytes()
     authenticator = Authenticator(TokenAuthority(secret) if secret else None, mtls=config.mtls)
-    ledger = open_ledger(
-        config.ledger_url,
-        shard=config.instance_id or None,
-        isolation=config.ledger_isolation or None,
-    )
+    ledger = open_collector_ledger(config)
     metrics = CollectorMetrics()
     try:
         activate(registry, ledger, metrics, now=now_fn(), clock=now_fn)
     except BaseException:
         ledger.close()
         raise
-    committer = GroupCommitter(
+    committer = make_committer(
         ledger,
         metrics,
         max_reports=config.group_commit_max_reports,
@@ -759,7 +769,7 @@ def start_collector(
     return RunningCollector(
         transport.port,
         transport,
-        ledger,
+        ledger.shards[0] if isinstance(ledger, ShardedLedger) else ledger,
         metrics,
         committer,
         registry,
@@ -769,4 +779,5 @@ def start_collector(
         _metrics_server=metrics_server,
         health_port=health_port,
         admission=admission,
+        shards=ledger if isinstance(ledger, ShardedLedger) else None,
     )

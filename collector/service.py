@@ -29,9 +29,11 @@ from fedldp.collector.committer import GroupCommitter
 from fedldp.collector.errors import BatchTooLargeError
 from fedldp.collector.ledger import CheckedReport, Ledger, SubmitBatch
 from fedldp.collector.ledger.restore import refused_by
+from fedldp.collector.ledger.shards import ShardedLedger
 from fedldp.collector.ledger.store import EXACT, OutcomeValue
 from fedldp.collector.metrics import CollectorMetrics
 from fedldp.collector.policies import Lookup, PolicyRegistry
+from fedldp.collector.routing import ShardedCommitter, ledger_for
 from fedldp.collector.wire import (
     REPORT_ID_BYTES,
     digest_from_state,
@@ -189,8 +191,8 @@ class CollectorService:
     def __init__(
         self,
         registry: PolicyRegistry,
-        ledger: Ledger,
-        committer: GroupCommitter,
+        ledger: Ledger | ShardedLedger,
+        committer: GroupCommitter | ShardedCommitter,
         metrics: CollectorMetrics,
         limits: Limits,
         clock: Callable[[], int],
@@ -381,14 +383,15 @@ class CollectorService:
         now = self.clock()
         out = pb.GetBudgetResponse()
         registry = self.registry
+        ledger = ledger_for(self.ledger, subject)  # the subject's shard (routing.py)
         for active in registry.active(now=now, policy_id=request.policy_id):
             p = registry.charged(active, now=now)
             start = p.window_start(now)
             # The cap in force, as the ledger checks it (its recorded versions too).
-            cap = self.ledger.cap_in_force(p, start)
-            spent = self.ledger.spent(subject, p.policy_id, start)
+            cap = ledger.cap_in_force(p, start)
+            spent = ledger.spent(subject, p.policy_id, start)
             left = max(EXACT.subtract(cap, spent), type(spent)(0))
-            if refused_by(self.ledger.restore_gaps, start, p.window_seconds):
+            if refused_by(ledger.restore_gaps, start, p.window_seconds):
                 left = type(spent)(0)  # a restored ledger's gap: nothing is charged here
             out.budgets.add(
                 policy_id=p.policy_id,

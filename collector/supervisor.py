@@ -103,9 +103,10 @@ def generation_lock_paths(config: CollectorConfig, port: int) -> list[Path]:
     import sqlalchemy as sa
 
     paths = []
-    url = sa.make_url(config.ledger_url)
-    if url.get_backend_name() == "sqlite" and url.database:
-        paths.append(Path(url.database + "-serve.lock"))
+    for text in config.ledger_shards or (config.ledger_url,):
+        url = sa.make_url(text)
+        if url.get_backend_name() == "sqlite" and url.database:
+            paths.append(Path(url.database + "-serve.lock"))
     host, wanted = _split_listen(config.listen)
     if wanted != 0:
         tag = "".join(c if c.isalnum() else "_" for c in host) or "any"

@@ -260,6 +260,8 @@ def write_config(
             lines.append(f"{key} = {'true' if value else 'false'}")
         elif isinstance(value, (int, float)):
             lines.append(f"{key} = {value}")
+        elif isinstance(value, (list, tuple)):
+            lines.append(f"{key} = [{', '.join(f'{v!r}' for v in value)}]")
         else:
             lines.append(f'{key} = "{value}"')
     path = base / f"{name}.toml"
@@ -323,6 +325,30 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def _pg_ctl_start(
+    runner: list[str], bindir: Path, base: Path, opts: str
+) -> subprocess.CompletedProcess[bytes]:
+    """pg_ctl start on `base`/data with `opts`, waiting up to 60 s."""
+    return subprocess.run(
+        [
+            *runner,
+            str(bindir / "pg_ctl"),
+            "-D",
+            str(base / "data"),
+            "-o",
+            opts,
+            "-l",
+            str(base / "server.log"),
+            "-w",
+            "-t",
+            "60",
+            "start",
+        ],
+        capture_output=True,
+        check=False,
+    )
+
+
 @dataclass
 class PostgresServer:
     """A PostgreSQL server in a temporary folder on a free loopback port.
@@ -338,6 +364,7 @@ class PostgresServer:
     bindir: Path
     runner: list[str]
     _counter: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
+    opts: str = ""  # the server's options (pg_ctl -o), for `restart`
 
     @classmethod
     def start(cls, bindir: Path, *, max_connections: int = 200) -> PostgresServer:
@@ -371,24 +398,7 @@ class PostgresServer:
             f"-p {port} -k {base} -c listen_addresses=127.0.0.1 "
             f"-c max_connections={max_connections} -c shared_buffers=64MB"
         )
-        done = subprocess.run(
-            [
-                *runner,
-                str(bindir / "pg_ctl"),
-                "-D",
-                str(data),
-                "-o",
-                opts,
-                "-l",
-                str(base / "server.log"),
-                "-w",
-                "-t",
-                "60",
-                "start",
-            ],
-            capture_output=True,
-            check=False,
-        )
+        done = _pg_ctl_start(runner, bindir, base, opts)
         if done.returncode != 0:
             log = (
                 (base / "server.log").read_text(errors="replace")
@@ -397,7 +407,7 @@ class PostgresServer:
             )
             shutil.rmtree(base, ignore_errors=True)
             raise RuntimeError(f"PostgreSQL did not start: {done.stderr!r} {log}")
-        return cls("127.0.0.1", port, base, bindir, runner)
+        return cls("127.0.0.1", port, base, bindir, runner, opts=opts)
 
     def url(self, database: str = "postgres") -> str:
         """SQLAlchemy URL of `database` on this server."""
@@ -413,6 +423,29 @@ class PostgresServer:
         ) as conn:
             conn.execute(f'CREATE DATABASE "{name}"')
         return self.url(name)
+
+    def kill(self) -> None:
+        """Stop the server at once (immediate shutdown: like a crash), keeping its data."""
+        subprocess.run(
+            [
+                *self.runner,
+                str(self.bindir / "pg_ctl"),
+                "-D",
+                str(self.base / "data"),
+                "-m",
+                "immediate",
+                "-w",
+                "stop",
+            ],
+            check=True,
+            capture_output=True,
+        )
+
+    def restart(self) -> None:
+        """Start the server again on its data and port (after `kill`)."""
+        done = _pg_ctl_start(self.runner, self.bindir, self.base, self.opts)
+        if done.returncode != 0:
+            raise RuntimeError(f"PostgreSQL did not restart: {done.stderr!r}")
 
     def stop(self) -> None:
         """Stop the server and delete its folder."""

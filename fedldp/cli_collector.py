@@ -23,6 +23,7 @@ from fedldp.cli_common import (
     open_cli_ledger,
     resolve_ledger_url,
 )
+from fedldp.cli_shards import open_cli_shards, reconcile_shards, shard_urls, shards
 
 
 def _collector_epilog() -> str:
@@ -158,6 +159,9 @@ def ledger() -> None:
     """
 
 
+ledger.add_command(shards)
+
+
 @ledger.command("init")
 @_ledger_option
 @_config_option
@@ -182,6 +186,9 @@ def _shown(url: str) -> str:
 @_config_option
 def reconcile_cmd(ledger_url: str | None, config_path: str | None) -> None:
     """Recompute every spend from the raw rows; exit 1 on any mismatch (read-only)."""
+    if not ledger_url and (urls := shard_urls(config_path)):
+        reconcile_shards(urls)  # every shard, then the placement checks (cli_shards.py)
+        return
     with open_cli_ledger(resolve_ledger_url(ledger_url, config_path), "read") as led:
         mismatches = led.reconcile()
     for m in mismatches:
@@ -204,13 +211,14 @@ def show_cmd(subject: str, ledger_url: str | None, config_path: str | None, as_j
     """
     from fedldp.collector.ledger import EXACT
 
-    with open_cli_ledger(resolve_ledger_url(ledger_url, config_path), "read") as led:
-        rows = led.subject_spend(subject)
-        reservations = led.reservations(subject)
-        purposes = sorted({r.purpose for r in reservations})
-        central = {
-            p: (led.central_spend(subject, p), led.central_cap(subject, p)) for p in purposes
-        }
+    if not ledger_url and (urls := shard_urls(config_path)):
+        with open_cli_shards(urls) as sharded:  # the subject's shard; central: shard 0
+            rows = sharded.for_subject(subject).subject_spend(subject)
+            central = _central(sharded.shards[0], subject)
+    else:
+        with open_cli_ledger(resolve_ledger_url(ledger_url, config_path), "read") as led:
+            rows = led.subject_spend(subject)
+            central = _central(led, subject)
     if as_json:
         click.echo(json.dumps(_show_json(subject, rows, central), indent=2))
         return
@@ -230,6 +238,12 @@ def show_cmd(subject: str, ledger_url: str | None, config_path: str | None, as_j
     for purpose, ((eps, delta), cap) in central.items():
         cap_text = "no cap" if cap is None else f"cap eps={cap[0]} delta={cap[1]}"
         click.echo(f"central {purpose}: eps={eps} delta={delta} committed; {cap_text}")
+
+
+def _central(led: Any, subject: str) -> dict[str, Any]:
+    """Per purpose of `subject`'s central reservations: (committed spend, cap)."""
+    purposes = sorted({r.purpose for r in led.reservations(subject)})
+    return {p: (led.central_spend(subject, p), led.central_cap(subject, p)) for p in purposes}
 
 
 def _show_json(subject: str, rows: Any, central: Any) -> dict[str, Any]:

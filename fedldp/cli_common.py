@@ -119,15 +119,18 @@ def _required_after_alias(name: str) -> Callable[[click.Context, click.Parameter
 
 
 def resolve_ledger_url(ledger_url: str | None, config_path: str | None) -> str:
-    """--ledger, else the ledger_url of --config (or FEDLDP_COLLECTOR_* variables);
-    a usage error when there is neither."""
+    """--ledger, else the ledger_url of --config (or FEDLDP_COLLECTOR_* variables; of
+    `ledger_shards`, shard 0); a usage error when there is neither."""
     if ledger_url:
         return ledger_url
     if config_path is None and not os.environ.get("FEDLDP_COLLECTOR_LEDGER_URL"):
         raise click.UsageError("pass --ledger URL or --config FILE (with ledger_url)")
     from fedldp.collector.config import load_config
 
-    return load_config(config_path).ledger_url
+    config = load_config(config_path)
+    # A sharded ledger's global state (central caps, reservations, its identity)
+    # lives on shard 0 (collector/ledger/shards.py).
+    return config.ledger_url or config.ledger_shards[0]
 
 
 def open_cli_ledger(url: str, access: Access) -> Ledger:

@@ -173,9 +173,12 @@ def _ledger_url(url: str | None, config_path: str | None) -> str:
     from fedldp.collector.config import ConfigError, load_config
 
     try:
-        return load_config(config_path).ledger_url
+        config = load_config(config_path)
     except ConfigError as exc:
         raise click.ClickException(f"pass --ledger or a config with ledger_url ({exc})") from None
+    if config.ledger_shards:  # each shard is backed up and restored on its own
+        raise click.UsageError("the config lists ledger_shards: pass one shard's --ledger URL")
+    return config.ledger_url
 
 
 _url_option = ledger_option(envvar="FEDLDP_COLLECTOR_LEDGER_URL", dest="url")

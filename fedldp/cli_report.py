@@ -52,7 +52,8 @@ def _settings(
 
     cfg = load_config(config_path)  # a ConfigError names the file (fedldp/cli_errors.py)
     return (
-        list(ledgers) or ([cfg.ledger_url] if cfg.ledger_url else []),
+        # every shard of a sharded ledger: their partials merge like collectors'
+        list(ledgers) or ([cfg.ledger_url] if cfg.ledger_url else list(cfg.ledger_shards)),
         policies or cfg.policy_dir or None,
         trust or cfg.trust_dir or None,
         audience or cfg.audience,

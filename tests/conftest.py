@@ -5,7 +5,8 @@ The server is started from the installed initdb/pg_ctl in a temporary folder
 requires), on a free loopback port, and stopped at the end
 (`fedldp.collector.testing.PostgresServer`). Tests that need it take
 `postgresql_url` (a fresh database each) and are skipped with a clear reason
-only when no PostgreSQL binaries are installed.
+only when no PostgreSQL binaries are installed. A second server
+(`postgresql_url_b`) is started for the ledger-shard tests only.
 """
 
 from __future__ import annotations
@@ -18,9 +19,8 @@ from typing import Any
 import pytest
 
 
-@pytest.fixture(scope="session")
-def postgresql_server() -> Iterator[Any]:
-    """A PostgreSQL server for the session (skips when PostgreSQL is not installed)."""
+def start_postgres() -> Iterator[Any]:
+    """Start a PostgreSQL server, yield it, stop it (skips when PostgreSQL is not installed)."""
     pytest.importorskip("sqlalchemy", reason="the collector extra is not installed")
     from fedldp.collector.testing import PostgresServer, postgres_bindir
 
@@ -40,6 +40,25 @@ def postgresql_server() -> Iterator[Any]:
         yield server
     finally:
         server.stop()
+
+
+@pytest.fixture(scope="session")
+def postgresql_server() -> Iterator[Any]:
+    """A PostgreSQL server for the session."""
+    yield from start_postgres()
+
+
+@pytest.fixture(scope="session")
+def postgresql_server_b() -> Iterator[Any]:
+    """A second PostgreSQL server for the session (ledger shards: tests/collector/test_shards.py),
+    started only by the tests that take it."""
+    yield from start_postgres()
+
+
+@pytest.fixture
+def postgresql_url_b(postgresql_server_b: Any) -> str:
+    """A fresh, empty database on the session's second PostgreSQL server."""
+    return str(postgresql_server_b.create_database())
 
 
 @pytest.fixture

@@ -70,6 +70,7 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
     variant("badlisten.toml", "listen", "999.1.2.3:99999")
     variant("mysql.toml", "ledger_url", "mysql://u@localhost/db")
     variant("unknown.toml", "no_such_setting", "1")
+    variant("both.toml", "ledger_shards", url)  # ledger_url and ledger_shards
     yield Env(base, config, url, base / "trust", base / "policies", base / "token.secret")
 
 
@@ -209,6 +210,31 @@ def cases(env: Env) -> list[tuple[str, list[str]]]:
             ],
         ),
         ("ledger show without a ledger", ["ledger", "show", "alice"]),
+        (
+            "ledger shards show without shards",
+            ["ledger", "shards", "show", "--config", str(env.config)],
+        ),
+        (
+            "ledger shards add without --new",
+            ["ledger", "shards", "add", "--config", str(env.config)],
+        ),
+        (
+            "ledger shards add itself",
+            ["ledger", "shards", "add", "--config", str(env.config), "--new", env.ledger],
+        ),
+        (
+            "ledger shards add unreachable",
+            [
+                "ledger",
+                "shards",
+                "add",
+                "--config",
+                str(env.config),
+                "--new",
+                bad_ledgers(env)["unreachable-postgres"],
+            ],
+        ),
+        ("collector serve --config both", ["collector", "serve", "--config", str(b / "both.toml")]),
         (
             "mint-token negative ttl",
             ["collector", "mint-token", "d", "--secret-file", str(env.secret), "--ttl", "-5"],
@@ -434,6 +460,11 @@ EXPECTED: dict[str, tuple[int, str]] = {
     "mint-token non-hex secret file": (1, "nonhex.secret"),
     "report --config malformed-toml": (1, "bad.toml is not valid TOML"),
     "unknown option": (2, "No such option"),
+    "ledger shards show without shards": (2, "ledger_shards"),
+    "ledger shards add without --new": (2, "--new"),
+    "ledger shards add itself": (1, "a shard already"),
+    "ledger shards add unreachable": (1, "ledger"),
+    "collector serve --config both": (1, "set ledger_url or ledger_shards, not both"),
 }
 
 

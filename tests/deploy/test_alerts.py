@@ -22,7 +22,7 @@ FOREIGN = {"up", "envoy_cluster_membership_healthy", "kube_job_status_failed"}
 PROMQL_WORDS = {
     "sum", "by", "rate", "increase", "histogram_quantile", "clamp_min", "min", "max",
     "le", "instance", "reason", "code", "method", "outcome", "job", "job_name",
-    "envoy_cluster_name", "without", "on", "ignoring", "and", "or", "unless",
+    "envoy_cluster_name", "shard", "result", "without", "on", "ignoring", "and", "or", "unless",
 }  # fmt: skip
 
 
