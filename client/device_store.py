@@ -43,6 +43,10 @@ Compatibility rules (the file outlives SDK upgrades): ``meta.schema_version`` is
 bumped by every change; a migration only adds tables or nullable columns; a column
 never changes meaning. An SDK that finds a newer schema than it knows refuses to
 open the file rather than guess.
+
+Inspection (`fedldp client ...`) opens the file with ``read_only=True``: it never
+creates, chmods, migrates or checkpoints it, and refuses any schema but this
+code's.
 """
 
 from __future__ import annotations
@@ -241,6 +245,33 @@ def _create_from_template(path: Path) -> None:
             os.unlink(temporary)
 
 
+def _connect_read_only(path: Path) -> sqlite3.Connection:
+    """A connection that can neither write `path` nor create anything beside it.
+
+    SQLite's ``mode=ro`` alone is not enough for a WAL database: a reader
+    creates the ``-wal`` and ``-shm`` files when they are missing and leaves
+    them behind (sqlite.org/wal.html, "Read-Only Databases"). So: when the
+    ``-wal`` file exists (an SDK has the file open, or crashed), ``mode=ro``
+    reads through it and creates nothing; when it does not, no connection has
+    the file open and everything is in the main file, which is read with
+    ``immutable=1`` (no locks, no sibling files). An SDK that starts during
+    the few milliseconds of an inspection writes to its new ``-wal``, not to the
+    main file, until its first checkpoint. StateError when there is no file.
+    """
+    if not path.is_file():
+        raise StateError(
+            f"no fedldp device state in {path.parent} (expected {STATE_FILE_NAME}); "
+            "pass the directory given to Client(state_dir=...)"
+        )
+    live = path.with_name(path.name + "-wal").exists()
+    uri = f"{path.resolve().as_uri()}?mode=ro" + ("" if live else "&immutable=1")
+    conn = sqlite3.connect(
+        uri, uri=True, timeout=BUSY_TIMEOUT_SECONDS, isolation_level=None, check_same_thread=False
+    )
+    conn.execute("PRAGMA query_only=ON")
+    return conn
+
+
 class StateError(Exception):
     """The device state file cannot be used (newer schema, corrupt, wrong kind of file)."""
 
@@ -295,28 +326,38 @@ class DeviceStore:
     is atomic against other threads and other processes.
     """
 
-    def __init__(self, state_dir: str | os.PathLike[str]) -> None:
+    def __init__(self, state_dir: str | os.PathLike[str], *, read_only: bool = False) -> None:
+        """Open the state file in `state_dir`.
+
+        The SDK (the writer) creates the directory and the file when missing, makes
+        the file 0600 and migrates an older schema. `read_only=True` (`fedldp
+        client` inspection) changes nothing: see `_connect_read_only`; a missing
+        file, a file that is not a state file and a schema other than this code's
+        `SCHEMA_VERSION` (older or newer) are refused with `StateError`.
+        """
         directory = Path(state_dir)
-        directory.mkdir(parents=True, exist_ok=True, mode=0o700)
         self.path = directory / STATE_FILE_NAME
+        self.read_only = read_only
         self._lock = threading.RLock()
         self._closed = False
+        #: `total_changes` at the last checkpoint: equal means nothing of ours to copy.
+        self._checkpointed_changes = 0
+        if read_only:
+            self._conn = _connect_read_only(self.path)
+            self._open_checked(self._check_schema)
+            return
+        directory.mkdir(parents=True, exist_ok=True, mode=0o700)
         if not self.path.exists():
             _create_from_template(self.path)
         self._conn = sqlite3.connect(
             self.path, timeout=BUSY_TIMEOUT_SECONDS, isolation_level=None, check_same_thread=False
         )
-        #: `total_changes` at the last checkpoint: equal means nothing of ours to copy.
-        self._checkpointed_changes = 0
+        self._open_checked(self._prepare_for_writing)
+
+    def _open_checked(self, prepare: Callable[[], None]) -> None:
+        """Run `prepare` on the new connection; close it and raise StateError on failure."""
         try:
-            with contextlib.suppress(OSError):
-                os.chmod(self.path, 0o600)
-            self._conn.execute("PRAGMA journal_mode=WAL")
-            self._conn.execute("PRAGMA synchronous=FULL")
-            self._conn.execute("PRAGMA foreign_keys=ON")
-            self._conn.execute(f"PRAGMA wal_autocheckpoint={WAL_AUTOCHECKPOINT_PAGES:d}")
-            self._conn.execute(f"PRAGMA journal_size_limit={JOURNAL_SIZE_LIMIT:d}")
-            self._migrate()
+            prepare()
         except sqlite3.DatabaseError as exc:
             self._conn.close()
             raise StateError(
@@ -325,6 +366,46 @@ class DeviceStore:
         except StateError:
             self._conn.close()
             raise
+
+    def _prepare_for_writing(self) -> None:
+        """The writer's setup: mode 0600, WAL, durability pragmas, then `_migrate`."""
+        with contextlib.suppress(OSError):
+            os.chmod(self.path, 0o600)
+        self._conn.execute("PRAGMA journal_mode=WAL")
+        self._conn.execute("PRAGMA synchronous=FULL")
+        self._conn.execute("PRAGMA foreign_keys=ON")
+        self._conn.execute(f"PRAGMA wal_autocheckpoint={WAL_AUTOCHECKPOINT_PAGES:d}")
+        self._conn.execute(f"PRAGMA journal_size_limit={JOURNAL_SIZE_LIMIT:d}")
+        self._migrate()
+
+    def _check_schema(self) -> None:
+        """A read-only store's check: the file is a state file at exactly `SCHEMA_VERSION`.
+
+        Inspection never migrates, so an older file is refused as clearly as a
+        newer one (the SDK migrates it the next time the app opens it).
+        """
+        found = int(self._conn.execute("PRAGMA user_version").fetchone()[0])
+        has_meta = self._conn.execute(
+            "SELECT 1 FROM sqlite_master WHERE type='table' AND name='meta'"
+        ).fetchone()
+        if found == 0 and has_meta is None:
+            raise StateError(
+                f"{self.path} is not a fedldp device state file (no schema); pass the "
+                "directory given to Client(state_dir=...)"
+            )
+        if found > SCHEMA_VERSION:
+            raise StateError(
+                f"{self.path} has schema version {found}, newer than this fedldp's "
+                f"{SCHEMA_VERSION}; inspect it with a newer fedldp (the file is left untouched)"
+            )
+        if found < SCHEMA_VERSION:
+            raise StateError(
+                f"{self.path} has schema version {found}, older than this fedldp's "
+                f"{SCHEMA_VERSION}; inspection never migrates it: the app's SDK migrates the "
+                "file when it next opens it, or inspect it with the fedldp that wrote it "
+                "(the file is left untouched)"
+            )
+        self._refuse_newer(self._conn)
 
     # --- lifecycle ---
 
@@ -375,8 +456,9 @@ class DeviceStore:
         """
         with self._lock:
             if not self._closed:
-                with contextlib.suppress(sqlite3.Error):
-                    self.checkpoint(force=True)
+                if not self.read_only:
+                    with contextlib.suppress(sqlite3.Error):
+                        self.checkpoint(force=True)
                 self._closed = True
                 self._conn.close()
 
@@ -392,6 +474,8 @@ class DeviceStore:
         with self._lock:
             if self._closed:
                 raise StateError("the device store is closed")
+            if self.read_only:  # nothing of ours to copy, and no right to
+                return False
             changes = self._conn.total_changes
             if changes == self._checkpointed_changes and not force:
                 return True
@@ -410,6 +494,8 @@ class DeviceStore:
         """An exclusive write transaction (``BEGIN IMMEDIATE``), committed on success.
 
         Any exception rolls everything back: a failed operation changes nothing.
+        On a read-only store: a read transaction (``BEGIN``; one snapshot), and
+        any write in it fails.
         `durable=False` commits without an fsync (``synchronous=NORMAL`` for this
         transaction: atomic and consistent, and on disk with the next durable
         commit or checkpoint); only for state whose loss in a power cut is
@@ -421,7 +507,7 @@ class DeviceStore:
             if not durable:
                 self._conn.execute("PRAGMA synchronous=NORMAL")
             try:
-                self._conn.execute("BEGIN IMMEDIATE")
+                self._conn.execute("BEGIN" if self.read_only else "BEGIN IMMEDIATE")
                 try:
                     yield self._conn
                 except BaseException:

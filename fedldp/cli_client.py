@@ -31,15 +31,16 @@ _JSON = click.option("--json", "as_json", is_flag=True, help="Print JSON instead
 
 @contextmanager
 def _store(state_dir: Path) -> Iterator[Any]:
-    from fedldp.client.device_store import STATE_FILE_NAME, DeviceStore, StateError
+    """The state file in `state_dir`, opened read-only (DeviceStore(read_only=True)).
 
-    if not (state_dir / STATE_FILE_NAME).is_file():
-        raise click.ClickException(
-            f"no fedldp device state in {state_dir} (expected {STATE_FILE_NAME}); "
-            "pass the directory given to Client(state_dir=...)"
-        )
+    Reading never writes: the file's bytes, mode and times stay as they were and
+    nothing is created beside it. A missing file, a file that is not a state file
+    and a schema other than this fedldp's are one-line errors (StateError, exit 1).
+    """
+    from fedldp.client.device_store import DeviceStore, StateError
+
     try:
-        store = DeviceStore(state_dir)
+        store = DeviceStore(state_dir, read_only=True)
     except StateError as exc:
         raise click.ClickException(str(exc)) from None
     try:
