@@ -14,6 +14,7 @@ Heavy imports (grpc) happen inside the command so `fedldp --help` stays fast.
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
@@ -202,9 +203,13 @@ def migrate_cmd(url: str | None, config_path: str | None) -> None:
     """
     import sqlalchemy as sa
 
+    from fedldp.collector.ledger import create_private_sqlite_file, parse_ledger_url
     from fedldp.collector.ledger.migrate import current_revision, head_revision, upgrade
 
-    engine = sa.create_engine(_ledger_url(url, config_path))
+    ledger_url = _ledger_url(url, config_path)
+    if parse_ledger_url(ledger_url).get_backend_name() == "sqlite":
+        create_private_sqlite_file(_sqlite_path(ledger_url))  # 0600, as `ledger init`
+    engine = sa.create_engine(ledger_url)
     try:
         with engine.connect() as connection:
             before = current_revision(connection)
@@ -246,8 +251,6 @@ def _pg_tool(name: str, pg_bin: str | None) -> str:
 def _libpq(url: str) -> tuple[str, dict[str, str]]:
     """A libpq connection URI for a SQLAlchemy PostgreSQL URL, and the environment
     that carries its password (never on a command line, where `ps` shows it)."""
-    import os
-
     import sqlalchemy as sa
 
     parsed = sa.make_url(url)
@@ -279,9 +282,14 @@ def _sqlite_path(url: str) -> Path:
 
 def _sqlite_copy(source: Path, target: Path) -> None:
     """Copy a live SQLite database with SQLite's online backup API: one step (all
-    pages), so the copy is the snapshot of one read transaction; writers go on."""
+    pages), so the copy is the snapshot of one read transaction; writers go on.
+    `target` is created with mode 0600 (it holds a whole ledger) and left in
+    rollback-journal mode (one file; a ledger opened for writing goes back to WAL)."""
     import sqlite3
 
+    from fedldp.collector.ledger import create_private_sqlite_file
+
+    create_private_sqlite_file(target)
     src = sqlite3.connect(f"{source.resolve().as_uri()}?mode=ro", uri=True)
     dst = sqlite3.connect(target)
     try:
@@ -289,6 +297,9 @@ def _sqlite_copy(source: Path, target: Path) -> None:
         (check,) = dst.execute("PRAGMA integrity_check").fetchone()
         if check != "ok":
             raise click.ClickException(f"the copy of {source} fails integrity_check: {check}")
+        # A copy is one self-contained file (rollback journal, not WAL): reading it
+        # later (`mode=ro`) then leaves no -wal/-shm files beside it.
+        dst.execute("PRAGMA journal_mode=DELETE")
     finally:
         dst.close()
         src.close()
@@ -297,8 +308,6 @@ def _sqlite_copy(source: Path, target: Path) -> None:
 def _durable_rename(tmp: Path, out: Path, *, replace: bool = True) -> None:
     """Move `tmp` to `out` durably; with replace=False, atomically refuse (FileExistsError)
     when `out` exists by then (a collector started on the restore's target)."""
-    import os
-
     with tmp.open("rb") as f:
         os.fsync(f.fileno())
     if replace:
@@ -357,6 +366,8 @@ def backup_cmd(url: str | None, config_path: str | None, pg_bin: str | None, out
                 engine.dispose()
         elif backend == "postgresql":
             uri, env = _libpq(ledger_url)
+            # pg_dump truncates the file it is given and keeps its mode: 0600.
+            os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600))
             _run_tool(
                 [_pg_tool("pg_dump", pg_bin), "--format=custom", "--no-owner", "-f", str(tmp), uri],
                 env,
@@ -522,7 +533,7 @@ def restore_cmd(url: str | None, config_path: str | None, pg_bin: str | None, ba
         "(training receipts and release outputs record them) or confirm none was made "
         "with `fedldp ledger confirm-central --none`"
     )
-    with open_ledger(ledger_url) as led:
+    with open_ledger(ledger_url, access="write") as led:
         mismatches = led.reconcile()
     for m in mismatches:
         click.echo(f"MISMATCH {m}")
@@ -577,7 +588,7 @@ def confirm_central_cmd(
     if bool(spent) == none_made:
         raise click.ClickException("pass --spent (once per release) or --none, not both")
     entries = _reentries(spent)
-    with open_ledger(_ledger_url(url, config_path)) as led:
+    with open_ledger(_ledger_url(url, config_path), access="write") as led:
         try:
             epochs = led.confirm_central(entries, now=int(time.time()), note=note)
         except (LedgerError, ValueError, TypeError) as exc:

@@ -146,8 +146,9 @@ def _write_deployment(
     write_envelope(authority.sign(policy), out / "policies" / f"{POLICY_ID}.policy")
     secret = secrets.token_bytes(32)
     secret_file = out / "keys" / "token-secret.hex"
-    secret_file.write_text(secret.hex(), encoding="ascii")
-    secret_file.chmod(0o600)
+    fd = os.open(secret_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+    with os.fdopen(fd, "w", encoding="ascii") as handle:  # 0600 from the start
+        handle.write(secret.hex())
     ledger_url = f"sqlite:///{(out / 'ledger.db').resolve()}"
     config = out / "collector.toml"
     config.write_text(

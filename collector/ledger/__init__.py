@@ -29,7 +29,9 @@ from fedldp.collector.ledger.store import (
     ReservationStateError,
     SpendRow,
     SubmitBatch,
+    create_private_sqlite_file,
     open_ledger,
+    parse_ledger_url,
 )
 
 __all__ = [
@@ -61,5 +63,7 @@ __all__ = [
     "ReservationStateError",
     "SpendRow",
     "SubmitBatch",
+    "create_private_sqlite_file",
     "open_ledger",
+    "parse_ledger_url",
 ]

@@ -43,7 +43,6 @@ durable throughput is not one fsync per report.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import decimal
 import json
@@ -710,7 +709,7 @@ class Ledger:
         self.url = url
         self.shard = shard or default_shard()
         self.access = access
-        parsed = _parse_url(url)
+        parsed = parse_ledger_url(url)
         self.dialect = parsed.get_backend_name()
         self._ingest: IngestConnection | None
         if self.dialect == "sqlite":
@@ -2690,7 +2689,7 @@ def _configure_sqlite(engine: sa.Engine, *, begin: str) -> None:
         conn.exec_driver_sql(begin)
 
 
-def _parse_url(url: str) -> sa.URL:
+def parse_ledger_url(url: str) -> sa.URL:
     """The SQLAlchemy URL `url`, or LedgerOpenError saying what a ledger URL looks like."""
     try:
         parsed = sa.make_url(url)
@@ -2707,6 +2706,29 @@ def _parse_url(url: str) -> sa.URL:
     return parsed
 
 
+def create_private_sqlite_file(path: Path) -> bool:
+    """Create `path` empty with mode 0600 unless it exists; whether it was created.
+
+    Every command that makes a SQLite ledger file (the collector, `ledger init`,
+    `migrate`, `backup`, `restore`, the demo) creates it here first, whatever the
+    umask: SQLite then gives the ``-wal``, ``-shm`` and ``-journal`` files it
+    makes beside it the database file's mode, so none is readable by other users.
+    An existing file keeps its mode. LedgerOpenError when `path` is a folder or
+    its folder does not exist.
+    """
+    if path.is_dir():
+        raise LedgerOpenError(f"{path} is a folder; the ledger URL must name a file")
+    if not path.parent.is_dir():
+        raise LedgerOpenError(
+            f"folder {path.parent} does not exist: create it first (ledger {path})"
+        )
+    try:
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600))
+    except FileExistsError:
+        return False
+    return True
+
+
 def _prepare_sqlite_file(parsed: sa.URL, access: Access) -> str:
     """The engine URL for the SQLite ledger file of `parsed`, checked for `access`.
 
@@ -2720,12 +2742,7 @@ def _prepare_sqlite_file(parsed: sa.URL, access: Access) -> str:
     if path.is_dir():
         raise LedgerOpenError(f"{path} is a folder; the ledger URL must name a file")
     if access == "create":
-        if not path.parent.is_dir():
-            raise LedgerOpenError(
-                f"folder {path.parent} does not exist: create it first (ledger {path})"
-            )
-        with contextlib.suppress(FileExistsError):  # an existing ledger keeps its mode
-            os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600))
+        create_private_sqlite_file(path)
         return parsed.render_as_string(hide_password=False)
     if not path.is_file():
         raise LedgerOpenError(
