@@ -187,8 +187,10 @@ class PortHold:
 class Relay:
     """Copies TCP bytes between the device and `upstream`, recording the device's bytes.
 
-    `cut_first`: the first N connections are closed as soon as the device sends
-    anything (nothing reaches the collector). `on_upstream_data(conn_index)` runs
+    `cut_first`: the first N connections are closed as soon as the device's bytes on
+    them contain `cut_on` (default b"": as soon as the device sends anything); the
+    chunk that completes it is not passed on, so the message carrying `cut_on`
+    never reaches the collector. `on_upstream_data(conn_index)` runs
     before each chunk from the collector is passed on; if it returns False the
     connection is cut instead (the answer is lost).
     """
@@ -198,10 +200,12 @@ class Relay:
         upstream: tuple[str, int],
         *,
         cut_first: int = 0,
+        cut_on: bytes = b"",
         on_upstream_data: Callable[[int], bool] | None = None,
     ) -> None:
         self.upstream = upstream
         self.cut_first = cut_first
+        self.cut_on = cut_on
         self.on_upstream_data = on_upstream_data
         self.sent: list[bytearray] = []  # device -> collector bytes, per connection
         self.connections = 0
@@ -241,9 +245,11 @@ class Relay:
             ).start()
 
     def _pump_up(self, src: socket.socket, dst: socket.socket, index: int, cut: bool) -> None:
+        seen = bytearray()  # everything the device sent on this connection
         try:
             while data := src.recv(65536):
-                if cut:
+                seen += data
+                if cut and self.cut_on in seen:
                     break
                 with self._lock:
                     self.sent[index] += data
