@@ -203,7 +203,7 @@ def migrate_cmd(url: str | None, config_path: str | None) -> None:
     """
     import sqlalchemy as sa
 
-    from fedldp.collector.ledger import create_private_sqlite_file, parse_ledger_url
+    from fedldp.collector.ledger import create_private_sqlite_file, parse_ledger_url, restore
     from fedldp.collector.ledger.migrate import current_revision, head_revision, upgrade
 
     ledger_url = _ledger_url(url, config_path)
@@ -213,6 +213,7 @@ def migrate_cmd(url: str | None, config_path: str | None) -> None:
     try:
         with engine.connect() as connection:
             before = current_revision(connection)
+            restore.check_complete(connection)  # a half-done restore stays as it is
         upgrade(engine)
         with engine.connect() as connection:
             after = current_revision(connection)
@@ -293,7 +294,10 @@ def _sqlite_copy(source: Path, target: Path) -> None:
     src = sqlite3.connect(f"{source.resolve().as_uri()}?mode=ro", uri=True)
     dst = sqlite3.connect(target)
     try:
-        src.backup(dst)
+        try:
+            src.backup(dst)
+        except sqlite3.DatabaseError as exc:
+            raise click.ClickException(f"{source} is not a SQLite ledger ({exc})") from None
         (check,) = dst.execute("PRAGMA integrity_check").fetchone()
         if check != "ok":
             raise click.ClickException(f"the copy of {source} fails integrity_check: {check}")
@@ -359,6 +363,7 @@ def backup_cmd(url: str | None, config_path: str | None, pg_bin: str | None, out
             try:
                 migrate.upgrade(engine)
                 with engine.begin() as connection:
+                    restore.check_complete(connection)  # no backup of a half-done restore
                     restore.mark_backup(
                         connection, backup_time=taken_at, source=f"sqlite-backup:{source.name}"
                     )
@@ -463,7 +468,11 @@ def restore_cmd(url: str | None, config_path: str | None, pg_bin: str | None, ba
             )
         tmp = target.with_name(target.name + ".partial")
         tmp.unlink(missing_ok=True)
-        _sqlite_copy(source, tmp)
+        try:
+            _sqlite_copy(source, tmp)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
         work_url = f"sqlite:///{tmp}"
     elif backend == "postgresql":
         if not _empty_database(ledger_url):

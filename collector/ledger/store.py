@@ -715,11 +715,12 @@ class Ledger:
         if self.dialect == "sqlite":
             database = parsed.database or ""
             if isolation is not None:
-                raise ValueError("isolation applies to PostgreSQL; SQLite serializes writers")
+                raise LedgerOpenError("isolation applies to PostgreSQL; SQLite serializes writers")
             self.isolation = "SERIALIZABLE"  # one writer at a time (BEGIN IMMEDIATE)
             if database in ("", ":memory:") or database.startswith("file::memory:"):
-                raise ValueError(
-                    "the ledger needs a durable SQLite file, not an in-memory database"
+                raise LedgerOpenError(
+                    "the ledger needs a durable SQLite file, not an in-memory database: "
+                    "use sqlite:////ABSOLUTE/PATH/ledger.db"
                 )
             url = _prepare_sqlite_file(parsed, access)
             # LIFO: the committer thread gets back the connection it just used, whose
@@ -740,7 +741,7 @@ class Ledger:
             self._ingest = None
             isolation = isolation or "READ COMMITTED"
             if isolation not in ("READ COMMITTED", "SERIALIZABLE"):
-                raise ValueError("isolation is 'READ COMMITTED' (locking) or 'SERIALIZABLE'")
+                raise LedgerOpenError("isolation is 'READ COMMITTED' (locking) or 'SERIALIZABLE'")
             self.isolation = isolation
             self._write_engine = sa.create_engine(
                 url,

@@ -70,3 +70,71 @@ def test_toml_errors_and_passwords() -> None:
     assert describe(caught.value).message.startswith("a TOML file is not valid TOML")
     assert mask_password("postgresql+psycopg://u:hunter2@db/x") == "postgresql+psycopg://u:***@db/x"
     assert "hunter2" not in describe(ValueError("postgresql://u:hunter2@h/d")).message
+
+
+# Exception classes of the packages that never reach the command line, and why.
+NOT_FROM_THE_CLI = {
+    # The collector's gRPC status table (collector/errors.py) turns these into a
+    # status for the device; they never leave a request handler.
+    "fedldp.collector.errors.CollectorError": "gRPC status table",
+    # Retried inside the ledger's transaction loop; never leave the ledger.
+    "fedldp.collector.ledger.store._ConcurrentUpdateError": "ledger retry loop",
+    # A program that uses a closed SDK Client has a bug: exit 70 is right.
+    "fedldp.client.sdk.ClientClosedError": "SDK misuse (a bug)",
+}
+
+
+def _package_exceptions() -> list[type[BaseException]]:
+    """Every exception class defined in fedldp's packages (fedldp, client, collector,
+    aggregator), found by importing each module."""
+    import inspect
+    import pkgutil
+
+    import fedldp.aggregator
+    import fedldp.client
+    import fedldp.collector
+
+    import fedldp
+
+    found: dict[str, type[BaseException]] = {}
+    for package in (fedldp, fedldp.client, fedldp.collector, fedldp.aggregator):
+        for info in pkgutil.walk_packages(package.__path__, package.__name__ + "."):
+            if info.name.startswith(("fedldp.v1", "fedldp.collector.migrations")):
+                continue
+            module = importlib.import_module(info.name)
+            for obj in vars(module).values():
+                if (
+                    inspect.isclass(obj)
+                    and issubclass(obj, Exception)
+                    and obj.__module__ == module.__name__
+                    and not issubclass(obj, click.ClickException)  # click prints these itself
+                ):
+                    found[f"{obj.__module__}.{obj.__qualname__}"] = obj
+    return sorted(found.values(), key=lambda c: f"{c.__module__}.{c.__qualname__}")
+
+
+def test_every_package_exception_is_in_the_table_or_never_reaches_the_cli() -> None:
+    """A new exception class that a command can raise gets a row in the table (a one-line
+    error with exit 1 or 2), or a line in NOT_FROM_THE_CLI saying why it cannot escape."""
+    classes = _package_exceptions()
+    assert len(classes) > 50  # the walk found the packages
+    unmapped = []
+    for cls in classes:
+        names = {f"{c.__module__}.{c.__qualname__}" for c in cls.__mro__}
+        if names & NOT_FROM_THE_CLI.keys():
+            continue
+        exc = cls.__new__(cls)  # no constructor arguments needed: the table reads the class
+        if describe(exc).exit_code == EXIT_INTERNAL:
+            unmapped.append(f"{cls.__module__}.{cls.__qualname__}")
+    assert unmapped == []
+
+
+def test_restore_incomplete_and_in_memory_ledgers_are_one_line_refusals() -> None:
+    from fedldp.collector.ledger import LedgerOpenError, open_ledger
+    from fedldp.collector.ledger.restore import RestoreIncompleteError
+
+    incomplete = describe(RestoreIncompleteError("this database holds a restore ..."))
+    assert incomplete.exit_code == EXIT_REFUSED and incomplete.message.startswith("ledger: ")
+    with pytest.raises(LedgerOpenError, match="durable SQLite file") as caught:
+        open_ledger("sqlite://")
+    assert describe(caught.value).exit_code == EXIT_REFUSED
