@@ -39,7 +39,10 @@ class WholeDomainGRR(GRR):
     def perturb_batch(self, values: Any, rng: np.random.Generator) -> npt.NDArray[np.int64]:
         values = np.asarray(values, dtype=np.int64)
         keep = rng.random(values.shape[0]) < self.p
-        return np.where(keep, values, rng.integers(0, self.k, size=values.shape[0]))
+        out: npt.NDArray[np.int64] = np.where(
+            keep, values, rng.integers(0, self.k, size=values.shape[0])
+        )
+        return out
 
 
 class StickyOUE(OUE):
@@ -103,4 +106,4 @@ class UniformIndexPiecewise(Piecewise):
     def _sample_index_batch(
         self, levels: npt.NDArray[np.int64], rng: np.random.Generator
     ) -> npt.NDArray[np.int64]:
-        return rng.integers(0, len(self.table), size=levels.shape[0], dtype=np.int64)
+        return np.asarray(rng.integers(0, len(self.table), size=levels.shape[0]), dtype=np.int64)

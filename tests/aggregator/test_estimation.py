@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 import pytest
 from fedldp.aggregator.consistency import (
     Consistency,
@@ -36,9 +37,9 @@ from scipy import stats
 ALPHA = 1e-6
 
 
-def zipf(k: int, s: float = 1.1) -> np.ndarray:
-    w = 1.0 / np.arange(1, k + 1) ** s
-    return w / w.sum()
+def zipf(k: int, s: float = 1.1) -> npt.NDArray[np.float64]:
+    w = np.asarray(1.0 / np.arange(1, k + 1) ** s, dtype=np.float64)
+    return np.asarray(w / w.sum(), dtype=np.float64)
 
 
 def fixed_data(truth: np.ndarray, n: int) -> np.ndarray:

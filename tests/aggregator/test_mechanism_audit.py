@@ -29,7 +29,7 @@ from fedldp.aggregator.audit_ldp.features import olh_hash
 from fedldp.aggregator.audit_ldp.sampling import sample_device, wire_bits
 from fedldp.client.mechanisms import create, registered_ids
 from fedldp.client.mechanisms.base import NumericOutput
-from fedldp.client.mechanisms.olh import hash_value
+from fedldp.client.mechanisms.olh import OLH, hash_value
 
 from tests.aggregator.broken_mechanisms import (
     DoubledGRR,
@@ -111,6 +111,7 @@ def test_numeric_reports_are_read_as_the_wire_bytes(value: float) -> None:
 
 def test_olh_support_feature_uses_the_contract_hash() -> None:
     mech = create("olh", Decimal(1), 300, {"g": "5"})
+    assert isinstance(mech, OLH)
     seeds = np.random.default_rng(3).integers(0, mech.seed_space, size=500, dtype=np.int64)
     for value in (0, 1, 299):
         got = olh_hash(seeds, value, mech.g, mech.m)

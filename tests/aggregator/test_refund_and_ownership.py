@@ -70,15 +70,20 @@ class LedgerDown:
 
 def _release(kind: str) -> Callable[..., Any]:
     """A release of `kind` charging (SUBJECT, PURPOSE) with ε = 1 over `load`."""
-    common = {"subject": SUBJECT, "purpose": PURPOSE, "epsilon": Decimal(1)}
-    bounds = {"lower": Decimal(0), "upper": Decimal(10)}
+    common: dict[str, Any] = {"subject": SUBJECT, "purpose": PURPOSE, "epsilon": Decimal(1)}
+    bounds: dict[str, Any] = {"lower": Decimal(0), "upper": Decimal(10)}
 
     def run(ledger: Any, key: str, load: Callable[[], Any]) -> Any:
         if kind == "choice":
             return private_choice(
                 ledger, **common, idempotency_key=key, now=1, load=load, candidates=["a", "b"]
             )
-        fn = {"count": private_count, "sum": private_sum, "mean": private_mean}[kind]
+        releases: dict[str, Callable[..., Any]] = {
+            "count": private_count,
+            "sum": private_sum,
+            "mean": private_mean,
+        }
+        fn = releases[kind]
         extra = {} if kind == "count" else bounds
         return fn(ledger, **common, **extra, idempotency_key=key, now=1, load=load)
 
@@ -101,8 +106,13 @@ def _rows_then(exc: BaseException) -> Callable[[], Iterator[str]]:
 @pytest.mark.parametrize("kind", KINDS)
 def test_release_failing_before_the_first_read_is_cancelled(ledger: Ledger, kind: str) -> None:
     reads: list[int] = []
+
+    def load() -> list[str]:
+        reads.append(1)
+        return ["a"]
+
     with pytest.raises(ConnectionError):
-        _release(kind)(LedgerDown(ledger), "k", lambda: reads.append(1) or ["a"])
+        _release(kind)(LedgerDown(ledger), "k", load)
     assert reads == []
     (res,) = ledger.reservations(SUBJECT, PURPOSE)
     assert res.status == "cancelled" and res.data_opened_at is None
@@ -230,6 +240,7 @@ def test_killed_run_is_listed_then_settled_as_spent_by_the_operator(
     ]
     refused = runner.invoke(main, ["ledger", "settle-stale", res.id, "--ledger", url])
     assert refused.exit_code == 1 and "held by a live run" in refused.output
+    assert res.lease_expires_at is not None
     later = str(res.lease_expires_at + 1)
     stale = runner.invoke(main, [*base, "--state", "stale", "--now", later]).output.splitlines()
     assert [json.loads(line)["id"] for line in stale] == [res.id]

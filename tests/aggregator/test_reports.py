@@ -42,7 +42,7 @@ def outputs_for(policy: VerifiedPolicy, n: int, seed: int) -> list[Any]:
     if policy.labels is not None:
         k = len(policy.labels)
         weights = [1.0 / (i + 1) for i in range(k)]
-        values = rng.choices(range(k), weights=weights, k=n)
+        values: list[float] = list(rng.choices(range(k), weights=weights, k=n))
     else:
         assert policy.numeric_range is not None
         lo, hi = (float(x) for x in policy.numeric_range)
@@ -82,7 +82,7 @@ def test_merge_of_collectors_equals_single_store_exactly(
 
     merged = report_from_ledgers([("eu", r1a), ("us", r2)], policy)
     alone = report_from_ledgers([("one", single)], policy)
-    assert isinstance(merged, FrequencyReport)
+    assert isinstance(merged, FrequencyReport) and isinstance(alone, FrequencyReport)
     assert merged.n == alone.n == 600
     assert merged.estimates == alone.estimates  # exact, float for float
 
@@ -90,6 +90,7 @@ def test_merge_of_collectors_equals_single_store_exactly(
     path = tmp_path / "us.json"
     path.write_text(json.dumps(export_statistics(r2, policy, source="us")))
     via_file = report_from_ledgers([("eu", r1a)], policy, extra_partials=load_export(path, policy))
+    assert isinstance(via_file, FrequencyReport)
     assert via_file.estimates == alone.estimates
     assert via_file.context.sources == ("eu", "us")
 

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import importlib
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
-import tomllib
+# tomllib from Python 3.11; the collector extra's backport, tomli, on 3.10.
+tomllib = importlib.import_module("tomllib" if sys.version_info >= (3, 11) else "tomli")
+
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 

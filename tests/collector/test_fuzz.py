@@ -68,7 +68,9 @@ class Fuzzed:
 
     def call(self, method: str, request: bytes, *, auth: bool = True) -> bytes | None:
         """The response bytes, or None for an allowed request-level refusal."""
-        stub = self.channel.unary_unary(f"/fedldp.v1.Collector/{method}")
+        stub = self.channel.unary_unary(
+            f"/fedldp.v1.Collector/{method}", request_serializer=None, response_deserializer=None
+        )
         try:
             return stub(request, metadata=self.auth if auth else (), timeout=30)  # type: ignore[no-any-return]
         except grpc.RpcError as exc:
@@ -185,7 +187,8 @@ def _report(draw: st.DrawFn, policies: list[VerifiedPolicy], now: int) -> pb.Rep
 @given(data=st.data())
 def test_structured_submit(fuzzed: Fuzzed, data: st.DataObject) -> None:
     reports = data.draw(fuzzed.reports)
-    if reports and data.draw(st.booleans()):
+    repeat = bool(reports) and data.draw(st.booleans())
+    if repeat:
         reports.append(reports[0])  # an id repeated in the request
     fuzzed.submit(pb.SubmitRequest(reports=reports).SerializeToString())
 

@@ -21,8 +21,8 @@ from fedldp.collector.testing import checked_report
 
 
 def _commits(metrics: CollectorMetrics) -> float:
-    samples = metrics.commit_requests.collect()[0].samples
-    return next(s.value for s in samples if s.name.endswith("_count"))
+    (metric,) = metrics.commit_requests.collect()
+    return next(float(s.value) for s in metric.samples if s.name.endswith("_count"))
 
 
 @pytest.fixture

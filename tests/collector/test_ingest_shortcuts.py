@@ -413,7 +413,7 @@ def test_groups_match_charging_one_report_at_a_time(
                     )
                     continue
                 key = (batch.subject, r.policy.policy_id)
-                total = spent.get(key, Decimal(0)) + r.policy.epsilon
+                total = spent.get(key, Decimal(0)) + r.policy.charge
                 if total > r.policy.epsilon_cap:
                     out.append(BUDGET_EXHAUSTED)
                     continue
@@ -484,7 +484,7 @@ def test_stored_rows_hold_each_reports_own_and_its_policys_values(
             policy.digest,
             policy.window_start(received),
             report.coarse_time,
-            str(policy.epsilon),
+            str(policy.charge),
             str(policy.epsilon_cap),
             report.content_digest,
             output_to_json(report.output),

@@ -11,7 +11,7 @@ import secrets
 import signal
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -269,6 +269,8 @@ def test_memory_stays_bounded_under_a_flood_and_returns_to_idle(
     d, proc = flood_target
     pid = proc.proc.pid
     token = bearer_metadata(d.token("flooder"))
+    make: Callable[[], bytes]
+    metadata: tuple[tuple[str, str], ...]
     if case == "unauthenticated":
         body = secrets.token_bytes(1_000_000)
         make, metadata = (lambda: body), ()
@@ -316,7 +318,11 @@ def test_refusals_are_counted_and_their_log_lines_bounded(
             caplog.at_level(logging.INFO, logger="fedldp.collector"),
             grpc.insecure_channel(running.address) as channel,
         ):
-            stub = channel.unary_unary("/fedldp.v1.Collector/GetPolicies")
+            stub = channel.unary_unary(
+                "/fedldp.v1.Collector/GetPolicies",
+                request_serializer=None,
+                response_deserializer=None,
+            )
             codes = []
             for i in range(200):
                 try:

@@ -135,7 +135,7 @@ def rich(tmp_path_factory: pytest.TempPathFactory) -> Setup:
             values: list[object] = rng.choices(range(len(COLOR_LABELS)), weights, k=count)
             # Two reports per subject: each spends its whole cap (2 × ε = 1).
             _submit(ledger, color, values, at=at, subjects=count // 2, rng=rng)
-            means = [rng.uniform(2.0, 6.0) for _ in range(200)]
+            means: list[object] = [rng.uniform(2.0, 6.0) for _ in range(200)]
             _submit(ledger, latency, means, at=at, subjects=200, rng=rng)
         ledger.set_central_cap(
             "analyst-alice",

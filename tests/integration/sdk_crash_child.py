@@ -27,8 +27,8 @@ def main() -> None:
         backoff=Backoff(base_seconds=0.01, max_seconds=0.05),
     )
     if phase in ("record", "send"):
-        result = client.record("browser.homepage", "mail.example")
-        print("PERSISTED", result.report_id.hex(), flush=True)
+        recorded = client.record("browser.homepage", "mail.example")
+        print("PERSISTED", recorded.report_id.hex(), flush=True)
         if phase == "record":
             time.sleep(600)
         client.flush(timeout=30)
@@ -36,8 +36,8 @@ def main() -> None:
     else:
         if phase == "roundtrip":
             client.record("browser.homepage", "mail.example")
-        result = client.flush(timeout=30)
-        print("FLUSHED", result.acknowledged, result.duplicates, flush=True)
+        flushed = client.flush(timeout=30)
+        print("FLUSHED", flushed.acknowledged, flushed.duplicates, flush=True)
     client.close()
 
 

@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
 from fedldp.client.policy import Authority
@@ -367,11 +367,13 @@ class FaultProxy:
         try:
             response: bytes = call(request, metadata=metadata, timeout=10)
         except grpc.RpcError as exc:
-            # Pass the collector's answer on, retry hint included.
-            hint = retry_after_seconds(exc.trailing_metadata())  # type: ignore[attr-defined]
+            # Pass the collector's answer on, retry hint included. The exception is
+            # the call itself (grpc-stubs types RpcError without Call's metadata).
+            answer: grpc.Call = exc  # type: ignore[assignment]
+            hint = retry_after_seconds(answer.trailing_metadata())
             raise _AbortError(
-                exc.code(),  # type: ignore[attr-defined]
-                exc.details() or "",  # type: ignore[attr-defined]
+                answer.code(),
+                answer.details() or "",
                 None if hint is None else round(hint * 1000),
             ) from None
         if fault == "lose":
@@ -391,11 +393,19 @@ class _AbortError(Exception):
         self.code, self.detail, self.retry_after_ms = code, detail, retry_after_ms
 
 
-class _ProxyHandler(grpc.GenericRpcHandler):
+if TYPE_CHECKING:  # generic in grpc-stubs only; not subscriptable at run time
+    _GenericRpcHandler = grpc.GenericRpcHandler[bytes, bytes]
+else:
+    _GenericRpcHandler = grpc.GenericRpcHandler
+
+
+class _ProxyHandler(_GenericRpcHandler):
     def __init__(self, proxy: FaultProxy) -> None:
         self.proxy = proxy
 
-    def service(self, handler_call_details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler:
+    def service(
+        self, handler_call_details: grpc.HandlerCallDetails
+    ) -> grpc.RpcMethodHandler[bytes, bytes]:
         method = handler_call_details.method
 
         def behavior(request: bytes, context: grpc.ServicerContext) -> bytes:

@@ -21,6 +21,7 @@ from decimal import Decimal
 from pathlib import Path
 
 import pytest
+from fedldp.aggregator.estimation import FrequencyReport
 from fedldp.aggregator.reports import report_from_ledgers
 from fedldp.client.policy import Authority
 from fedldp.client.sdk import BudgetGuardError, Client, TrustRoot
@@ -116,7 +117,7 @@ def test_estimates_cover_the_truth_over_real_grpc(pipeline: Pipeline, tmp_path: 
         confidence=1 - ALPHA,
         simultaneous=True,
     )
-    assert report.n == DEVICES
+    assert isinstance(report, FrequencyReport) and report.n == DEVICES
     counts = Counter(values)
     for index, label in enumerate(LABELS):
         row = report.by_label(label)

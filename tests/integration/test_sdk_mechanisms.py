@@ -44,7 +44,7 @@ def test_numeric_values_are_clipped_and_reported(deployment: Deployment, tmp_pat
         assert c.record("session.minutes", 100).clipped is False
         for bad in ("50", math.nan, math.inf, True, Decimal("NaN")):
             with pytest.raises(BadValueError):
-                c.record("session.minutes", bad)  # type: ignore[arg-type]
+                c.record("session.minutes", bad)
         kinds = {
             collector_pb2.Report.FromString(e.report).WhichOneof("payload")
             for e in Outbox(c._store).entries()

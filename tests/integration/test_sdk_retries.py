@@ -11,6 +11,7 @@ import pytest
 from fedldp.client.device_store import Event
 from fedldp.client.outbox import Outbox
 from fedldp.client.transport import Backoff, submit_request_bytes
+from fedldp.collector.server import RunningCollector
 from fedldp.v1 import collector_pb2
 from sdk_testkit import LABELS, Deployment, FaultProxy, Relay, ledger_rows, running_deployment
 
@@ -23,9 +24,9 @@ def deployment(tmp_path: Path) -> Iterator[Deployment]:
         yield d
 
 
-def _spent(collector: object, subject: str = "device-1") -> Decimal:
+def _spent(collector: RunningCollector, subject: str = "device-1") -> Decimal:
     window = int(time.time()) - int(time.time()) % 86400
-    return collector.ledger.spent(subject, "homepage", window)  # type: ignore[attr-defined]
+    return collector.ledger.spent(subject, "homepage", window)
 
 
 def test_unavailable_first_attempts_then_same_bytes_accepted(

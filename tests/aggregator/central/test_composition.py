@@ -142,7 +142,7 @@ def test_pure_events_rdp_is_their_zcdp_sum() -> None:
     import dp_accounting
     from dp_accounting import rdp
 
-    events = [
+    events: list[dict[str, object]] = [
         {"kind": "discrete_laplace", "scale": "4", "lattice_sensitivity": 2},  # ε = 1/2
         {"kind": "exponential", "epsilon": "0.3"},
         {"kind": "discrete_gaussian", "sigma": 5.0, "lattice_sensitivity": 1},

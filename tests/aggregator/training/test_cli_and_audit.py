@@ -6,6 +6,7 @@ import json
 import math
 from decimal import Decimal
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -197,7 +198,7 @@ def test_audit_positive_control_refutes_a_false_claim() -> None:
         momentum=0.9,
         generator=torch.Generator().manual_seed(0),
     )
-    claim = {"epsilon": 0.1, "delta": 1e-5}
+    claim: dict[str, Any] = {"epsilon": 0.1, "delta": 1e-5}
     report = membership_audit(memorizer, members, held_out, name="memorizer", **claim)
     assert report.n_nonmembers == 150
     for a in report.attacks:

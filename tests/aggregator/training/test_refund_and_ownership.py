@@ -64,7 +64,7 @@ def test_failure_before_the_first_read_cancels(make_config: ConfigFactory, ledge
         raise AssertionError("read")
 
     with pytest.raises(TrainingAbortedError, match="cancelled \\(no data was read\\)"):
-        train_private(make_config(), ledger=LedgerDown(ledger), load=load)  # type: ignore[arg-type]
+        train_private(make_config(), ledger=LedgerDown(ledger), load=load)
     assert reads == []
     (res,) = ledger.reservations(SUBJECT, PURPOSE)
     assert res.status == "cancelled" and res.data_opened_at is None
@@ -150,8 +150,13 @@ def test_two_training_processes_with_one_key_train_once(
         time.sleep(0.05)
     # the second run, in this process, with the same configuration and key
     reads: list[DataConfig] = []
+
+    def load(c: DataConfig) -> Dataset:
+        reads.append(c)
+        pytest.fail("read")
+
     with pytest.raises(ReservationTakenError, match="never trains twice"):
-        train_private(cfg, load=lambda c: reads.append(c) or pytest.fail("read"))
+        train_private(cfg, load=load)
     assert reads == []
     go.touch()
     assert first.wait(120) == 0

@@ -24,7 +24,7 @@ from fedldp.client.mechanisms.base import (
     NumericOutput,
     Output,
 )
-from fedldp.client.mechanisms.memo import Memoized
+from fedldp.client.mechanisms.memo import MemoizedUnary, RapporGRR
 from fedldp.client.mechanisms.numeric import NumericMechanism
 from fedldp.client.mechanisms.oracle import FrequencyOracle
 
@@ -92,9 +92,9 @@ EXACT_CASES = [
 ]
 
 
-def perturb_one(mech: Mechanism, value: Any, rng: Any, memo: Any = None) -> Output:  # type: ignore[type-arg]
+def perturb_one(mech: Mechanism[Any, Any], value: Any, rng: Any, memo: Any = None) -> Output:
     """perturb, with a fresh memo for memoized mechanisms unless one is given."""
-    if isinstance(mech, Memoized):
+    if isinstance(mech, (MemoizedUnary, RapporGRR)):
         return mech.perturb(value, rng=rng, memo=memo if memo is not None else mech.new_memo())
     return mech.perturb(value, rng=rng)
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import random
+from collections.abc import Callable
 from decimal import Context, Decimal
 from fractions import Fraction
 from typing import Any
@@ -209,7 +210,7 @@ class RoundedDownOUE(OUE):
         )
 
 
-BROKEN_ORACLES = {
+BROKEN_ORACLES: dict[str, Callable[[], FrequencyOracle]] = {
     "grr-false-answer-over-whole-domain": lambda: WholeDomainGRR(Decimal(1), 4),
     "oue-true-bit-kept-with-q": lambda: TruthWithQOUE(Decimal(1), 3),
     "oue-q-for-2-epsilon": lambda: LeakyOUE(Decimal(1), 3),

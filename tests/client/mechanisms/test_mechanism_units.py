@@ -7,6 +7,7 @@ import random
 import subprocess
 import sys
 import textwrap
+from collections.abc import Callable
 from decimal import Context, Decimal
 from fractions import Fraction
 from typing import Any
@@ -39,9 +40,10 @@ from fedldp.client.mechanisms.base import BitVectorOutput, CategoryOutput, Hashe
 from fedldp.client.mechanisms.grr import GRR
 from fedldp.client.mechanisms.hadamard import fwht
 from fedldp.client.mechanisms.memo import RapporGRR, RapporOUE
-from fedldp.client.mechanisms.numeric import Hybrid
+from fedldp.client.mechanisms.numeric import Hybrid, NumericMechanism, Piecewise
 from fedldp.client.mechanisms.olh import OLH, default_g, hash_value
 from fedldp.client.mechanisms.oracle import FrequencyOracle
+from fedldp.client.mechanisms.subset import SubsetSelection
 from mech_cases import ALL_CASES, HI, LO  # type: ignore[import-not-found]
 
 # --- registry -------------------------------------------------------------------------
@@ -112,8 +114,10 @@ def test_numeric_validation_and_clipping(wire_id: str) -> None:
         with pytest.raises(ValueError):
             create(wire_id, Decimal(1), (lo, hi))
     mech = create(wire_id, Decimal(1), (LO, HI))
+    assert isinstance(mech, NumericMechanism)
     rng = random.Random(0)
-    for value in (math.nan, math.inf, Decimal("NaN")):
+    not_finite: tuple[Any, ...] = (math.nan, math.inf, Decimal("NaN"))  # any real type
+    for value in not_finite:
         with pytest.raises(ValueError, match="finite"):
             mech.perturb(value, rng=rng)
     with pytest.raises(ValueError, match="finite"):
@@ -128,11 +132,13 @@ def test_numeric_validation_and_clipping(wire_id: str) -> None:
 
 
 def test_mechanism_specific_params() -> None:
-    assert create("olh", Decimal(1), 10, {"g": "7"}).g == 7
+    olh = create("olh", Decimal(1), 10, {"g": "7"})
+    assert isinstance(olh, OLH) and olh.g == 7
     for bad in ("4", "1", "x", "-3", "7.0"):
         with pytest.raises(ValueError, match="g"):
             create("olh", Decimal(1), 10, {"g": bad})
-    assert create("ss", Decimal(1), 10, {"d": "3"}).d == 3
+    subset = create("ss", Decimal(1), 10, {"d": "3"})
+    assert isinstance(subset, SubsetSelection) and subset.d == 3
     for bad in ("0", "10", "a"):
         with pytest.raises(ValueError, match="d"):
             create("ss", Decimal(1), 10, {"d": bad})
@@ -167,19 +173,25 @@ def test_auto_picks_the_least_variance(k: int) -> None:
         assert resolve("auto", eps, k) == chosen
 
 
+def _oracle(wire_id: str, epsilon: Decimal, k: int) -> FrequencyOracle:
+    mechanism = create(wire_id, epsilon, k)
+    assert isinstance(mechanism, FrequencyOracle)
+    return mechanism
+
+
 def test_variance_formulas_match_the_papers() -> None:
     for k in (4, 100):
         for eps in (0.5, 1.0, 3.0):
             e = math.exp(eps)
             d = Decimal(str(eps))
             # Wang et al. 2017 eqs. (4), (6); Acharya et al. 2019.
-            assert f0_variance(create("grr", d, k)) == pytest.approx((e + k - 2) / (e - 1) ** 2)
-            assert f0_variance(create("oue", d, k)) == pytest.approx(4 * e / (e - 1) ** 2)
+            assert f0_variance(_oracle("grr", d, k)) == pytest.approx((e + k - 2) / (e - 1) ** 2)
+            assert f0_variance(_oracle("oue", d, k)) == pytest.approx(4 * e / (e - 1) ** 2)
             h = math.exp(eps / 2)
-            assert f0_variance(create("sue", d, k)) == pytest.approx(h / (h - 1) ** 2)
-            assert f0_variance(create("hr", d, k)) == pytest.approx((e + 1) ** 2 / (e - 1) ** 2)
+            assert f0_variance(_oracle("sue", d, k)) == pytest.approx(h / (h - 1) ** 2)
+            assert f0_variance(_oracle("hr", d, k)) == pytest.approx((e + 1) ** 2 / (e - 1) ** 2)
             g = default_g(d)
-            assert f0_variance(create("olh", d, k)) == pytest.approx(
+            assert f0_variance(_oracle("olh", d, k)) == pytest.approx(
                 (e - 1 + g) ** 2 / ((e - 1) ** 2 * (g - 1))  # Wang et al. eq. (10)
             )
 
@@ -237,7 +249,7 @@ def reference_hash(seed: int, value: int, g: int, k: int) -> int:
         m += 1
     s = [(seed // g**j) % g for j in range(m + 1)]
     v = [(value // g**j) % g for j in range(m)]
-    return (s[m] + sum(s[j] * v[j] for j in range(m))) % g
+    return int((s[m] + sum(s[j] * v[j] for j in range(m))) % g)
 
 
 def test_olh_hash_golden_values() -> None:
@@ -458,7 +470,11 @@ def test_exact_probability_helpers() -> None:
         truth = Context(prec=200).exp(x)
         lo, hi = exp_bounds(x)
         assert lo < Fraction(truth) < hi and (hi - lo) / lo < Fraction(1, 10**58)
-        for formula, round_up in ((lambda e: e / (e + 6), False), (lambda e: 1 / (e + 1), True)):
+        formulas: list[tuple[Callable[[Fraction], Fraction], bool]] = [
+            (lambda e: e / (e + 6), False),
+            (lambda e: 1 / (e + 1), True),
+        ]
+        for formula, round_up in formulas:
             exact = formula(Fraction(truth)) * 2**PROB_BITS
             expected = math.ceil(exact) if round_up else math.floor(exact)
             assert dyadic_from_exp(formula, x, round_up=round_up).numerator == expected
@@ -535,9 +551,12 @@ def test_hybrid_switches_to_duchi_below_epsilon_star() -> None:
 def test_numeric_grid_params_are_validated() -> None:
     rng = (LO, HI)
     mech = create("piecewise", Decimal(1), rng, {})
+    assert isinstance(mech, Piecewise)
     assert (mech.levels, mech.cells) == (256, 256 + round(256 * math.exp(-0.5)))
-    assert create("hybrid", Decimal(1), rng, {"levels": "8", "cells": "12"}).cells == 12
-    assert create("piecewise", Decimal(2), rng, {"levels": "100"}).cells == 100 + 37
+    hybrid = create("hybrid", Decimal(1), rng, {"levels": "8", "cells": "12"})
+    assert isinstance(hybrid, Hybrid) and hybrid.cells == 12
+    piecewise = create("piecewise", Decimal(2), rng, {"levels": "100"})
+    assert isinstance(piecewise, Piecewise) and piecewise.cells == 100 + 37
     bad = [
         {"levels": "1"},
         {"levels": "4097"},

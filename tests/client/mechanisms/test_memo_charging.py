@@ -72,7 +72,8 @@ def _worst_ratio(mech: Memoized, reports: int) -> Fraction:
 
 
 def _permanent_ratio(mech: Memoized) -> Fraction:
-    p, q = mech.p_exact, mech.q_exact  # type: ignore[attr-defined]
+    assert isinstance(mech, (RapporGRR, MemoizedUnary))
+    p, q = mech.p_exact, mech.q_exact
     return p / q if isinstance(mech, RapporGRR) else p * (1 - q) / (q * (1 - p))
 
 
@@ -185,7 +186,8 @@ def test_rate_is_the_max_over_every_number_of_reports(
     # Per value the loss never exceeds the permanent response's (ε∞ up to rounding).
     assert max(losses) <= mech.epsilon_permanent + Decimal("1e-12")
     assert mech.report_charge >= rate and mech.report_charge >= mech.epsilon
-    assert mech.report_charge.as_tuple().exponent >= -6  # an exact decimal string
+    exponent = mech.report_charge.as_tuple().exponent
+    assert isinstance(exponent, int) and exponent >= -6  # an exact decimal string
 
 
 def test_lifetime_epsilon_sums_values_and_stays_within_the_charges() -> None:

@@ -12,16 +12,20 @@
 from __future__ import annotations
 
 import copy
+import importlib
+import sys
 from decimal import Decimal
 from pathlib import Path
 
 import pytest
-import tomllib
 from fedldp.client.mechanisms.numeric import DEFAULT_LEVELS, default_band
 from fedldp.client.policy import Authority, InvalidPolicyError, TrustStore, verify_policy
 from fedldp.client.policy.authoring import policy_from_dict
 from fedldp.client.policy.envelope import POLICY_PAYLOAD_TYPE, sign_envelope
 from fedldp.v1 import policy_pb2
+
+# tomllib from Python 3.11; the collector extra's backport, tomli, on 3.10.
+tomllib = importlib.import_module("tomllib" if sys.version_info >= (3, 11) else "tomli")
 
 DAY = 86400
 EXAMPLE = Path(__file__).resolve().parents[3] / "deploy" / "policies" / "example-policy.toml"

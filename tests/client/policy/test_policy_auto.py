@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import copy
+import importlib
+import sys
 import time
 from decimal import Decimal
 from pathlib import Path
 
 import pytest
-import tomllib
 from fedldp.client.mechanisms.auto import choose_frequency_oracle
 from fedldp.client.policy import Authority, InvalidPolicyError
 from fedldp.client.policy.authoring import policy_from_dict
+
+# tomllib from Python 3.11; the collector extra's backport, tomli, on 3.10.
+tomllib = importlib.import_module("tomllib" if sys.version_info >= (3, 11) else "tomli")
 
 EXAMPLE = Path(__file__).resolve().parents[3] / "deploy" / "policies" / "example-policy.toml"
 

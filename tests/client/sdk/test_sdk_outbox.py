@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import secrets
+from collections.abc import Iterator
 from decimal import Decimal
 from pathlib import Path
 
@@ -12,7 +13,7 @@ from fedldp.client.outbox import Outbox, OutboxFullError
 
 
 @pytest.fixture
-def outbox(tmp_path: Path) -> Outbox:
+def outbox(tmp_path: Path) -> Iterator[Outbox]:
     store = DeviceStore(tmp_path)
     yield Outbox(store, max_reports=3)
     store.close()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sqlite3
+from collections.abc import Iterator
 from decimal import Decimal
 from pathlib import Path
 
@@ -20,7 +21,7 @@ from fedldp.client.device_store import (
 
 
 @pytest.fixture
-def store(tmp_path: Path) -> DeviceStore:
+def store(tmp_path: Path) -> Iterator[DeviceStore]:
     s = DeviceStore(tmp_path / "state")
     yield s
     s.close()
