@@ -101,7 +101,12 @@ def _package_exceptions() -> list[type[BaseException]]:
         for info in pkgutil.walk_packages(package.__path__, package.__name__ + "."):
             if info.name.startswith(("fedldp.v1", "fedldp.collector.migrations")):
                 continue
-            module = importlib.import_module(info.name)
+            try:
+                module = importlib.import_module(info.name)
+            except ModuleNotFoundError as exc:  # an extra that is not installed (torch)
+                if (exc.name or "").startswith("fedldp"):
+                    raise
+                continue
             for obj in vars(module).values():
                 if (
                     inspect.isclass(obj)
