@@ -20,6 +20,7 @@ import pytest
 from fedldp.client.mechanisms import CategoryOutput
 from fedldp.collector.admission import Admission
 from fedldp.collector.auth import bearer_metadata
+from fedldp.collector.ledger import Ledger
 from fedldp.collector.ledger.sqlite_ingest import CACHE_KIB
 from fedldp.collector.server import RefusalLog, RunningCollector, start_collector
 from fedldp.collector.testing import (
@@ -140,7 +141,9 @@ def test_health_answers_while_submit_sheds_at_twice_saturation(
         assert results, name
         assert set(results) == {health_pb2.HealthCheckResponse.SERVING}, name
     assert _shed(small, "requests") + _shed(small, "request bytes") == codes["RESOURCE_EXHAUSTED"]
-    assert small.committer.ledger.reconcile() == []
+    ledger = small.committer.ledger
+    assert isinstance(ledger, Ledger)  # one SQLite file here, not shards
+    assert ledger.reconcile() == []
 
 
 def test_the_rpc_limit_and_the_byte_budget_each_shed_with_a_hint(
