@@ -103,11 +103,31 @@ def release_service() -> None:
 )
 @click.option("--mtls", is_flag=True, help="authenticate analysts by client certificate CN")
 @click.option("--metrics-listen", help="host:port of the Prometheus endpoint")
+@click.option(
+    "--jobs-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="folder of the DP-SGD training jobs (enables training; the catalog needs [training])",
+)
+@click.option(
+    "--training-queue",
+    type=click.IntRange(min=1),
+    default=4,
+    show_default=True,
+    help="training jobs that may wait; more are refused (RESOURCE_EXHAUSTED)",
+)
+@click.option(
+    "--training-workers",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    help="training jobs run at once",
+)
 def serve_cmd(**options: Any) -> None:
     """Register the catalog, apply the release policy's caps, serve until SIGTERM."""
     from fedldp.aggregator.central.datakey import load_data_key
     from fedldp.aggregator.central.signing import trusted_keys
     from fedldp.aggregator.service.catalog import CatalogError, load_catalog
+    from fedldp.aggregator.service.jobs import JobsFolderBusyError
     from fedldp.aggregator.service.policy import load_release_policy
     from fedldp.aggregator.service.server import ServiceConfig, start_release_service
     from fedldp.cli_keys import passphrase_from_env
@@ -144,9 +164,10 @@ def serve_cmd(**options: Any) -> None:
             tls_cert=options["tls_cert"],
             tls_key=options["tls_key"],
             tls_client_ca=options["tls_client_ca"],
+            training=_training_setup(options),
         )
         running = start_release_service(config)
-    except (CatalogError, KeyFileError, ValueError, OSError) as exc:
+    except (CatalogError, KeyFileError, ValueError, OSError, JobsFolderBusyError) as exc:
         raise click.ClickException(str(exc)) from None
     metrics_server = None
     if options["metrics_listen"]:
@@ -163,6 +184,21 @@ def serve_cmd(**options: Any) -> None:
     running.stop()
     if metrics_server is not None:
         metrics_server.shutdown()
+
+
+def _training_setup(options: dict[str, Any]) -> Any:
+    """The training jobs' settings (None without --jobs-dir: training disabled)."""
+    if options["jobs_dir"] is None:
+        return None
+    from fedldp.aggregator.service.training import TrainingSetup
+
+    return TrainingSetup(
+        jobs_dir=options["jobs_dir"],
+        signing_key_path=Path(options["signing_key"]),
+        passphrase_env=options["passphrase_env"],
+        queue_size=options["training_queue"],
+        workers=options["training_workers"],
+    )
 
 
 _client = [

@@ -19,6 +19,7 @@ import click
 
 from fedldp.cli_common import deprecated_alias, fallback_to_alias, ledger_option
 from fedldp.cli_mechanism_audit import verify_mechanism
+from fedldp.cli_train_service import CONNECTION, JOB, submit_and_wait, train_status, with_options
 
 TRAIN_EXTRA_HINT = "pip install 'fedldp[train]'"
 
@@ -37,13 +38,12 @@ def _need_train_extra() -> None:
         )
 
 
-@click.command(name="train")
+@click.group(name="train", invoke_without_command=True)
 @click.option(
     "--config",
     "config_path",
-    required=True,
     type=click.Path(dir_okay=False, path_type=Path),
-    help="train.toml (see deploy/examples/train.toml)",
+    help="train.toml (see deploy/examples/train.toml): a local run",
 )
 @click.option(
     "--fix-model",
@@ -56,18 +56,43 @@ def _need_train_extra() -> None:
     default=1,
     show_default=True,
     help="train across this many processes (torch.distributed, gloo on CPU); same "
-    "accounting, reservation and receipt as one process",
+    "accounting, reservation and receipt as one process (a local run)",
 )
-@click.option("--json", "as_json", is_flag=True, help="print the receipt as JSON")
-def train(config_path: Path, fix_model: bool, nproc: int, as_json: bool) -> None:
+@click.option("--json", "as_json", is_flag=True, help="print the receipt (or the job) as JSON")
+@with_options([*CONNECTION, *JOB])
+@click.pass_context
+def train(
+    ctx: click.Context,
+    /,
+    config_path: Path | None,
+    fix_model: bool,
+    nproc: int,
+    as_json: bool,
+    **job: Any,
+) -> None:
     """Train a model with central DP-SGD under a budget reserved in the ledger.
 
-    The (epsilon, delta) of [budget] is reserved before the data is opened; a
-    refusal reads nothing and writes nothing. The model and its privacy receipt
-    are written to [output] dir. With --nproc N, this process is rank 0 (it alone
-    reserves, reads the data, settles and publishes) and N-1 spawned workers train
-    their shards of each Poisson batch.
+    Locally (--config): the (epsilon, delta) of [budget] is reserved before the
+    data is opened; a refusal reads nothing and writes nothing. The model and
+    its privacy receipt are written to [output] dir. With --nproc N, this process
+    is rank 0 (it alone reserves, reads the data, settles and publishes) and N-1
+    spawned workers train their shards of each Poisson batch. On the release
+    service (--service ADDR and the job's options): the service reserves, trains
+    and signs; the model and receipt are written to --out.
     """
+    if ctx.invoked_subcommand is not None:
+        return
+    if job["service"]:
+        if config_path is not None or fix_model or nproc != 1:
+            raise click.UsageError(
+                "--config, --fix-model and --nproc are for a local run, not --service"
+            )
+        submit_and_wait(job, as_json=as_json)
+        return
+    if config_path is None:
+        raise click.UsageError(
+            "Missing option '--config' (a local run) or '--service' (a job on the release service)"
+        )
     from fedldp.aggregator.training.config import TrainingConfigError, load_config
 
     try:
@@ -118,6 +143,9 @@ def train(config_path: Path, fix_model: bool, nproc: int, as_json: bool) -> None
         f"{r['privacy']['delta']} ({r['privacy']['accountant']['used']}); "
         f"prv={eps.get('prv')} rdp={eps.get('rdp')}"
     )
+
+
+train.add_command(train_status)
 
 
 @click.group(name="verify")

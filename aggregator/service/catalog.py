@@ -22,6 +22,8 @@ boundary; analysts never see or supply it. Format (docs/release-service.md)::
     analysts = ["carol"]                 # and/or
     groups = ["research"]
     purposes = ["quarterly-report"]
+    # optional: training_rows = 10000    # declared population size: DP-SGD jobs allowed
+    # optional: [training] model zoo and limits (zoo.py)
 
 Registration (`Catalog.register`) reads every row once and refuses the dataset
 (`RegistrationError`, naming the row number and column, never a value) unless
@@ -47,6 +49,7 @@ from decimal import Decimal, InvalidOperation
 from pathlib import Path
 from typing import Any
 
+from fedldp.aggregator.service.zoo import TrainingCatalog, parse_training
 from fedldp.collector.auth import check_subject
 
 _ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
@@ -116,6 +119,9 @@ class Dataset:
     csv_path: Path | None = None
     sql_url: str | None = None
     sql_table: str | None = None
+    #: The declared (public) population size DP-SGD samples from (q = batch / rows);
+    #: None: the dataset cannot be trained on (docs/release-service.md, Training jobs).
+    training_rows: int | None = None
     registered: bool = False
     #: SHA-256 of the CSV bytes last read (registration or query).
     sha256: str | None = None
@@ -198,14 +204,16 @@ class Dataset:
         assert self._digest is not None, "the data was not read to its end"
         return self._digest
 
-    def bounded_rows(self) -> Iterator[tuple[str, ...]]:
-        """Rows (`fields()` order), keeping at most `contribution_bound` per unit (the first read).
+    def bounded_rows(self, per_unit: int | None = None) -> Iterator[tuple[str, ...]]:
+        """Rows (`fields()` order), keeping at most `per_unit` (default `contribution_bound`)
+        per unit: the first ones read.
 
         Removing a unit then removes at most k rows: the sensitivity the
-        release functions are calibrated to (releases.py, contribution_bound).
+        release functions are calibrated to (releases.py, contribution_bound);
+        DP-SGD, whose guarantee is per row, reads with per_unit = 1.
         """
         seen: dict[str, int] = {}
-        k = self.contribution_bound
+        k = self.contribution_bound if per_unit is None else per_unit
         for row in self._raw_rows():
             n = seen.get(row[0], 0)
             if n < k:
@@ -284,6 +292,8 @@ class Catalog:
 
     datasets: dict[str, Dataset]
     groups: dict[str, frozenset[str]]
+    #: The `[training]` section (model zoo and limits); None: no training jobs.
+    training: TrainingCatalog | None = None
 
     def register_all(self) -> dict[str, str]:
         """Register every dataset; {dataset id: refusal message} of those refused."""
@@ -311,18 +321,28 @@ def load_catalog(path: Path) -> Catalog:
             str(name): _dataset(str(name), dict(spec), path.parent)
             for name, spec in dict(data.get("datasets", {})).items()
         }
+        training = parse_training(dict(data["training"])) if "training" in data else None
     except (TypeError, ValueError, KeyError) as exc:
         raise CatalogError(f"catalog {path}: {exc}") from None
-    unknown = set(data) - {"groups", "datasets"}
+    unknown = set(data) - {"groups", "datasets", "training"}
     if unknown:
         raise CatalogError(f"catalog {path}: unknown section(s) {sorted(unknown)}")
-    return Catalog(datasets, groups)
+    return Catalog(datasets, groups, training)
 
 
 def _dataset(name: str, spec: dict[str, Any], base: Path) -> Dataset:
     if not _ID_RE.match(name):
         raise ValueError(f"dataset id {name!r} must be 1-128 of [A-Za-z0-9_.-]")
-    allowed = {"csv", "sql_url", "sql_table", "unit", "contribution_bound", "columns", "grants"}
+    allowed = {
+        "csv",
+        "sql_url",
+        "sql_table",
+        "unit",
+        "contribution_bound",
+        "columns",
+        "grants",
+        "training_rows",
+    }
     if set(spec) - allowed:
         raise ValueError(f"dataset {name}: unknown key(s) {sorted(set(spec) - allowed)}")
     bound = spec.get("contribution_bound")
@@ -339,6 +359,9 @@ def _dataset(name: str, spec: dict[str, Any], base: Path) -> Dataset:
     if has_csv == has_sql:
         raise ValueError(f"dataset {name}: give either csv or sql_url + sql_table")
     csv_path = (base / str(spec["csv"])) if has_csv else None
+    rows = spec.get("training_rows")
+    if rows is not None and (isinstance(rows, bool) or not isinstance(rows, int) or rows < 1):
+        raise ValueError(f"dataset {name}: training_rows must be a positive integer")
     return Dataset(
         name,
         unit,
@@ -348,6 +371,7 @@ def _dataset(name: str, spec: dict[str, Any], base: Path) -> Dataset:
         csv_path=csv_path,
         sql_url=str(spec["sql_url"]) if has_sql else None,
         sql_table=str(spec["sql_table"]) if has_sql else None,
+        training_rows=rows,
     )
 
 

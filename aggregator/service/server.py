@@ -17,7 +17,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,6 +37,15 @@ from fedldp.aggregator.service.engine import (
     ServiceError,
 )
 from fedldp.aggregator.service.policy import ReleasePolicy
+from fedldp.aggregator.service.training import (
+    JobConflictError,
+    JobNotFoundError,
+    JobNotReadyError,
+    QueueFullError,
+    TrainingDisabledError,
+    TrainingJobs,
+    TrainingSetup,
+)
 from fedldp.collector.auth import Authenticator
 from fedldp.collector.errors import UnauthenticatedError
 from fedldp.collector.ledger import (
@@ -50,7 +59,7 @@ from fedldp.v1 import release_pb2 as pb
 from google.protobuf.message import DecodeError, Message
 from google.protobuf.unknown_fields import UnknownFieldSet
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 log = logging.getLogger("fedldp.release_service")
 
@@ -71,6 +80,16 @@ STATUS: dict[type[BaseException], grpc.StatusCode] = {
     rel.ReleaseFailedError: grpc.StatusCode.FAILED_PRECONDITION,
     rel.ReleaseCancelledError: grpc.StatusCode.FAILED_PRECONDITION,
 }
+#: Training jobs' refusals (training.py).
+STATUS.update(
+    {
+        TrainingDisabledError: grpc.StatusCode.FAILED_PRECONDITION,
+        QueueFullError: grpc.StatusCode.RESOURCE_EXHAUSTED,
+        JobConflictError: grpc.StatusCode.ALREADY_EXISTS,
+        JobNotFoundError: grpc.StatusCode.NOT_FOUND,
+        JobNotReadyError: grpc.StatusCode.FAILED_PRECONDITION,
+    }
+)
 #: Errors whose own message is safe to send (no data in any of them).
 _SAFE = (ServiceError, UnauthenticatedError, rel.ReleaseError, LedgerError)
 
@@ -107,6 +126,30 @@ class ReleaseMetrics:
             ["kind"],
             registry=self.registry,
         )
+        self.training = TrainingMetrics(self.registry)
+
+
+class TrainingMetrics:
+    """Training jobs' metrics: job transitions by state, queue length, job seconds."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.jobs = Counter(
+            "fedldp_release_service_training_jobs",
+            "Training jobs entering a state (queued, succeeded, failed)",
+            ["state"],
+            registry=registry,
+        )
+        self.queue = Gauge(
+            "fedldp_release_service_training_queue",
+            "Training jobs waiting for a worker",
+            registry=registry,
+        )
+        self.seconds = Histogram(
+            "fedldp_release_service_training_seconds",
+            "Training job run time (reserve, read, train, settle, sign), seconds",
+            buckets=(1, 5, 15, 60, 300, 900, 3600, float("inf")),
+            registry=registry,
+        )
 
 
 def analyst_tag(analyst: str) -> str:
@@ -123,9 +166,10 @@ class ReleaseServicer:
         authenticator: Authenticator,
         metrics: ReleaseMetrics,
         clock: Callable[[], int],
+        training: TrainingJobs | None = None,
     ) -> None:
         self.engine, self.authenticator = engine, authenticator
-        self.metrics, self.clock = metrics, clock
+        self.metrics, self.clock, self.training = metrics, clock, training
 
     def _begin(self, kind: type[Message], raw: bytes, context: Any) -> tuple[str, Any]:
         auth_context = context.auth_context() if self.authenticator.mtls else {}
@@ -165,6 +209,8 @@ class ReleaseServicer:
                     purpose=request.purpose,
                     kind=request.WhichOneof("query"),
                 )
+            elif isinstance(request, pb.SubmitTrainingRequest):
+                fields.update(dataset=request.dataset, purpose=request.purpose, kind="training")
             response = body(analyst, request)
         except (*_SAFE, ValueError) as exc:
             code = status_of(exc) if isinstance(exc, _SAFE) else grpc.StatusCode.INVALID_ARGUMENT
@@ -175,6 +221,8 @@ class ReleaseServicer:
             log.debug("internal", exc_info=True)
             self._log(fields, grpc.StatusCode.INTERNAL, error=type(exc).__name__)
             context.abort(grpc.StatusCode.INTERNAL, "internal error; nothing was released")
+        if isinstance(response, pb.TrainingJob):
+            fields.update(job_id=response.job_id, reservation_id=response.reservation_id)
         if isinstance(response, pb.ReleaseResponse):
             fields["reservation_id"] = response.reservation_id
             self.metrics.releases.labels(response.kind).inc()
@@ -201,11 +249,49 @@ class ReleaseServicer:
             context,
         )
 
+    def _jobs(self) -> TrainingJobs:
+        if self.training is None:
+            raise TrainingDisabledError("training jobs are not enabled on this service")
+        return self.training
+
+    def submit_training(self, raw: bytes, context: grpc.ServicerContext) -> bytes:
+        return self._call(
+            "SubmitTraining",
+            pb.SubmitTrainingRequest,
+            lambda analyst, req: self._jobs().submit(analyst, req),
+            raw,
+            context,
+        )
+
+    def get_training_job(self, raw: bytes, context: grpc.ServicerContext) -> bytes:
+        return self._call(
+            "GetTrainingJob",
+            pb.GetTrainingJobRequest,
+            lambda analyst, req: self._jobs().job(analyst, req),
+            raw,
+            context,
+        )
+
+    def fetch_model(self, raw: bytes, context: grpc.ServicerContext) -> Iterator[bytes]:
+        """The model's pieces; every check (owner, state, digest) happens before the first."""
+        chunks: list[Iterator[pb.ModelChunk]] = []
+
+        def body(analyst: str, request: Any) -> Message:
+            chunks.append(self._jobs().model_chunks(analyst, request))
+            return pb.ModelChunk()
+
+        self._call("FetchModel", pb.FetchModelRequest, body, raw, context)
+        for chunk in chunks[0]:
+            yield chunk.SerializeToString()
+
     def handler(self) -> grpc.GenericRpcHandler[Any, Any]:
         """The generic handler (raw bytes in and out) of the service."""
         methods = {
             "Release": grpc.unary_unary_rpc_method_handler(self.release),
             "ListDatasets": grpc.unary_unary_rpc_method_handler(self.list_datasets),
+            "SubmitTraining": grpc.unary_unary_rpc_method_handler(self.submit_training),
+            "GetTrainingJob": grpc.unary_unary_rpc_method_handler(self.get_training_job),
+            "FetchModel": grpc.unary_stream_rpc_method_handler(self.fetch_model),
         }
         return grpc.method_handlers_generic_handler(SERVICE_NAME, methods)
 
@@ -237,6 +323,8 @@ class ServiceConfig:
     tls_key: Path | None = None
     tls_client_ca: Path | None = None
     max_workers: int = 8
+    #: Training jobs (None: SubmitTraining answers FAILED_PRECONDITION).
+    training: TrainingSetup | None = None
 
 
 @dataclass
@@ -250,11 +338,15 @@ class RunningReleaseService:
     engine: ReleaseEngine
     health: Any
     refused: dict[str, str]
+    training: TrainingJobs | None = None
 
     def stop(self, grace: float = 5.0) -> None:
-        """Health NOT_SERVING, finish in-flight calls, close the ledger."""
+        """Health NOT_SERVING, finish in-flight calls and (within `grace`) running training
+        jobs, close the ledger."""
         self.health.enter_graceful_shutdown()
         self.server.stop(grace).wait()
+        if self.training is not None:
+            self.training.stop(grace)
         self.ledger.close()
 
 
@@ -273,6 +365,7 @@ def start_release_service(
     for dataset in refused:
         log.warning("dataset refused at registration", extra={"fields": {"dataset": dataset}})
     ledger = open_ledger(config.ledger_url)
+    training: TrainingJobs | None = None
     try:
         config.policy.apply(ledger, config.service_id)
         engine = ReleaseEngine(
@@ -285,7 +378,19 @@ def start_release_service(
             data_key=config.data_key,
         )
         metrics = ReleaseMetrics()
-        servicer = ReleaseServicer(engine, config.authenticator, metrics, now_fn)
+        if config.training is not None:
+            training = TrainingJobs(
+                config.training,
+                engine,
+                config.catalog,
+                config.policy,
+                ledger,
+                config.service_id,
+                now_fn,
+                metrics.training,
+            )
+            training.start()
+        servicer = ReleaseServicer(engine, config.authenticator, metrics, now_fn, training)
         server = grpc.server(ThreadPoolExecutor(max_workers=config.max_workers))
         server.add_generic_rpc_handlers((servicer.handler(),))
         health_servicer = health.HealthServicer()
@@ -293,6 +398,8 @@ def start_release_service(
         port = _bind(server, config)
         server.start()
     except BaseException:
+        if training is not None:
+            training.stop(0)
         ledger.close()
         raise
     for name in ("", SERVICE_NAME):
@@ -311,7 +418,9 @@ def start_release_service(
             }
         },
     )
-    return RunningReleaseService(port, server, ledger, metrics, engine, health_servicer, refused)
+    return RunningReleaseService(
+        port, server, ledger, metrics, engine, health_servicer, refused, training
+    )
 
 
 def _bind(server: grpc.Server, config: ServiceConfig) -> int:

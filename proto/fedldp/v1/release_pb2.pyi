@@ -54,6 +54,87 @@ NOISE_MECHANISM_GAUSSIAN: NoiseMechanism.ValueType  # 2
 """Discrete Gaussian, analytic calibration; 0 < delta < 1."""
 Global___NoiseMechanism: _TypeAlias = NoiseMechanism  # noqa: Y015
 
+class _TrainingJobState:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _TrainingJobStateEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_TrainingJobState.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    TRAINING_JOB_STATE_UNSPECIFIED: _TrainingJobState.ValueType  # 0
+    TRAINING_JOB_STATE_QUEUED: _TrainingJobState.ValueType  # 1
+    """Accepted, waiting for a worker; nothing reserved yet."""
+    TRAINING_JOB_STATE_RUNNING: _TrainingJobState.ValueType  # 2
+    """Reserving, reading or training (see TrainingJob.charged)."""
+    TRAINING_JOB_STATE_SUCCEEDED: _TrainingJobState.ValueType  # 3
+    """Trained and settled: receipt and model available."""
+    TRAINING_JOB_STATE_FAILED: _TrainingJobState.ValueType  # 4
+    """Refused or failed; TrainingJob.charged says whether its reservation was spent."""
+
+class TrainingJobState(_TrainingJobState, metaclass=_TrainingJobStateEnumTypeWrapper):
+    """===== Training jobs: central DP-SGD through the service =====
+
+    As for releases, a job request names a dataset, a purpose, (epsilon, delta)
+    and an idempotency key, never a cap, a ledger, a subject or data. The model
+    is a name from the operator's model zoo (never code or a module path of the
+    analyst's choosing); the feature and label columns are declared columns of
+    the dataset; hyper-parameters must lie within the operator's limits.
+
+    How a job stands. Terminal states: SUCCEEDED, FAILED.
+    """
+
+TRAINING_JOB_STATE_UNSPECIFIED: TrainingJobState.ValueType  # 0
+TRAINING_JOB_STATE_QUEUED: TrainingJobState.ValueType  # 1
+"""Accepted, waiting for a worker; nothing reserved yet."""
+TRAINING_JOB_STATE_RUNNING: TrainingJobState.ValueType  # 2
+"""Reserving, reading or training (see TrainingJob.charged)."""
+TRAINING_JOB_STATE_SUCCEEDED: TrainingJobState.ValueType  # 3
+"""Trained and settled: receipt and model available."""
+TRAINING_JOB_STATE_FAILED: TrainingJobState.ValueType  # 4
+"""Refused or failed; TrainingJob.charged says whether its reservation was spent."""
+Global___TrainingJobState: _TypeAlias = TrainingJobState  # noqa: Y015
+
+class _TrainingOptimizer:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _TrainingOptimizerEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_TrainingOptimizer.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    TRAINING_OPTIMIZER_UNSPECIFIED: _TrainingOptimizer.ValueType  # 0
+    """SGD."""
+    TRAINING_OPTIMIZER_SGD: _TrainingOptimizer.ValueType  # 1
+    TRAINING_OPTIMIZER_ADAM: _TrainingOptimizer.ValueType  # 2
+
+class TrainingOptimizer(_TrainingOptimizer, metaclass=_TrainingOptimizerEnumTypeWrapper): ...
+
+TRAINING_OPTIMIZER_UNSPECIFIED: TrainingOptimizer.ValueType  # 0
+"""SGD."""
+TRAINING_OPTIMIZER_SGD: TrainingOptimizer.ValueType  # 1
+TRAINING_OPTIMIZER_ADAM: TrainingOptimizer.ValueType  # 2
+Global___TrainingOptimizer: _TypeAlias = TrainingOptimizer  # noqa: Y015
+
+class _TrainingAccountant:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _TrainingAccountantEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_TrainingAccountant.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    TRAINING_ACCOUNTANT_UNSPECIFIED: _TrainingAccountant.ValueType  # 0
+    """PRV."""
+    TRAINING_ACCOUNTANT_PRV: _TrainingAccountant.ValueType  # 1
+    """Gopi, Lee, Wutschitz 2021 (numerical composition)."""
+    TRAINING_ACCOUNTANT_RDP: _TrainingAccountant.ValueType  # 2
+    """Mironov, Talwar, Zhang 2019 (sampled Gaussian RDP)."""
+
+class TrainingAccountant(_TrainingAccountant, metaclass=_TrainingAccountantEnumTypeWrapper): ...
+
+TRAINING_ACCOUNTANT_UNSPECIFIED: TrainingAccountant.ValueType  # 0
+"""PRV."""
+TRAINING_ACCOUNTANT_PRV: TrainingAccountant.ValueType  # 1
+"""Gopi, Lee, Wutschitz 2021 (numerical composition)."""
+TRAINING_ACCOUNTANT_RDP: TrainingAccountant.ValueType  # 2
+"""Mironov, Talwar, Zhang 2019 (sampled Gaussian RDP)."""
+Global___TrainingAccountant: _TypeAlias = TrainingAccountant  # noqa: Y015
+
 @_typing.final
 class CountQuery(_message.Message):
     """The number of records (at most the dataset's contribution bound per unit)."""
@@ -516,3 +597,273 @@ class ListDatasetsResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ListDatasetsResponse: _TypeAlias = ListDatasetsResponse  # noqa: Y015
+
+@_typing.final
+class TrainingHyperparameters(_message.Message):
+    """DP-SGD hyper-parameters; real numbers are plain decimal strings ("0.5")."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    EPOCHS_FIELD_NUMBER: _builtins.int
+    EXPECTED_BATCH_SIZE_FIELD_NUMBER: _builtins.int
+    SAMPLE_RATE_FIELD_NUMBER: _builtins.int
+    LEARNING_RATE_FIELD_NUMBER: _builtins.int
+    MAX_GRAD_NORM_FIELD_NUMBER: _builtins.int
+    OPTIMIZER_FIELD_NUMBER: _builtins.int
+    MOMENTUM_FIELD_NUMBER: _builtins.int
+    ACCOUNTANT_FIELD_NUMBER: _builtins.int
+    epochs: _builtins.int
+    expected_batch_size: _builtins.int
+    sample_rate: _builtins.str
+    learning_rate: _builtins.str
+    max_grad_norm: _builtins.str
+    """Per-sample clipping norm C."""
+    optimizer: Global___TrainingOptimizer.ValueType
+    momentum: _builtins.str
+    """"0" when empty."""
+    accountant: Global___TrainingAccountant.ValueType
+    def __init__(
+        self,
+        *,
+        epochs: _builtins.int = ...,
+        expected_batch_size: _builtins.int = ...,
+        sample_rate: _builtins.str = ...,
+        learning_rate: _builtins.str = ...,
+        max_grad_norm: _builtins.str = ...,
+        optimizer: Global___TrainingOptimizer.ValueType = ...,
+        momentum: _builtins.str = ...,
+        accountant: Global___TrainingAccountant.ValueType = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["expected_batch_size", b"expected_batch_size", "sample_rate", b"sample_rate", "sampling", b"sampling"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["accountant", b"accountant", "epochs", b"epochs", "expected_batch_size", b"expected_batch_size", "learning_rate", b"learning_rate", "max_grad_norm", b"max_grad_norm", "momentum", b"momentum", "optimizer", b"optimizer", "sample_rate", b"sample_rate", "sampling", b"sampling"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType_sampling: _TypeAlias = _typing.Literal["expected_batch_size", "sample_rate"]  # noqa: Y015
+    _WhichOneofArgType_sampling: _TypeAlias = _typing.Literal["sampling", b"sampling"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_sampling) -> _WhichOneofReturnType_sampling | None: ...
+
+Global___TrainingHyperparameters: _TypeAlias = TrainingHyperparameters  # noqa: Y015
+
+@_typing.final
+class SubmitTrainingRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DATASET_FIELD_NUMBER: _builtins.int
+    PURPOSE_FIELD_NUMBER: _builtins.int
+    EPSILON_FIELD_NUMBER: _builtins.int
+    DELTA_FIELD_NUMBER: _builtins.int
+    IDEMPOTENCY_KEY_FIELD_NUMBER: _builtins.int
+    MODEL_FIELD_NUMBER: _builtins.int
+    LABEL_FIELD_NUMBER: _builtins.int
+    FEATURES_FIELD_NUMBER: _builtins.int
+    HYPERPARAMETERS_FIELD_NUMBER: _builtins.int
+    dataset: _builtins.str
+    """A dataset id of the catalog, declared for training."""
+    purpose: _builtins.str
+    """A purpose the catalog grants this analyst on the dataset; the job draws on
+    the same (dataset, purpose) cap as that purpose's releases.
+    """
+    epsilon: _builtins.str
+    """The job's whole cost, plain decimal strings; DP-SGD needs 0 < delta < 1."""
+    delta: _builtins.str
+    idempotency_key: _builtins.str
+    """1-128 printable ASCII characters, scoped to the analyst: a retry with the
+    same key and request returns the same job, charged once.
+    """
+    model: _builtins.str
+    """A model name of the operator's model zoo (catalog [training.models])."""
+    label: _builtins.str
+    """A declared categorical column: the classes are its domain, in order."""
+    @_builtins.property
+    def features(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Declared columns used as inputs (numeric: scaled to [-1, 1] by the
+        declared bounds; categorical: one-hot over the domain). Empty: every
+        declared column except the label.
+        """
+
+    @_builtins.property
+    def hyperparameters(self) -> Global___TrainingHyperparameters: ...
+    def __init__(
+        self,
+        *,
+        dataset: _builtins.str = ...,
+        purpose: _builtins.str = ...,
+        epsilon: _builtins.str = ...,
+        delta: _builtins.str = ...,
+        idempotency_key: _builtins.str = ...,
+        model: _builtins.str = ...,
+        label: _builtins.str = ...,
+        features: _abc.Iterable[_builtins.str] | None = ...,
+        hyperparameters: Global___TrainingHyperparameters | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["hyperparameters", b"hyperparameters"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["dataset", b"dataset", "delta", b"delta", "epsilon", b"epsilon", "features", b"features", "hyperparameters", b"hyperparameters", "idempotency_key", b"idempotency_key", "label", b"label", "model", b"model", "purpose", b"purpose"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SubmitTrainingRequest: _TypeAlias = SubmitTrainingRequest  # noqa: Y015
+
+@_typing.final
+class TrainingJob(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    JOB_ID_FIELD_NUMBER: _builtins.int
+    STATE_FIELD_NUMBER: _builtins.int
+    DATASET_FIELD_NUMBER: _builtins.int
+    PURPOSE_FIELD_NUMBER: _builtins.int
+    MODEL_FIELD_NUMBER: _builtins.int
+    RESERVATION_ID_FIELD_NUMBER: _builtins.int
+    CHARGED_FIELD_NUMBER: _builtins.int
+    ERROR_CODE_FIELD_NUMBER: _builtins.int
+    ERROR_MESSAGE_FIELD_NUMBER: _builtins.int
+    EPSILON_SPENT_FIELD_NUMBER: _builtins.int
+    DELTA_SPENT_FIELD_NUMBER: _builtins.int
+    STEPS_FIELD_NUMBER: _builtins.int
+    STOP_REASON_FIELD_NUMBER: _builtins.int
+    RECEIPT_FIELD_NUMBER: _builtins.int
+    MODEL_SHA256_FIELD_NUMBER: _builtins.int
+    MODEL_SIZE_FIELD_NUMBER: _builtins.int
+    POLICY_SHA256_FIELD_NUMBER: _builtins.int
+    SUBMITTED_AT_FIELD_NUMBER: _builtins.int
+    FINISHED_AT_FIELD_NUMBER: _builtins.int
+    job_id: _builtins.str
+    """Opaque job id (lowercase hex)."""
+    state: Global___TrainingJobState.ValueType
+    dataset: _builtins.str
+    purpose: _builtins.str
+    model: _builtins.str
+    reservation_id: _builtins.str
+    """The ledger reservation of the job, once it has one."""
+    charged: _builtins.bool
+    """True once the job opened the data: from then on its reservation is spent
+    in full whatever happens (only the unused part of a successful run is
+    released).
+    """
+    error_code: _builtins.str
+    """FAILED: the gRPC status code name a synchronous call would have had
+    (e.g. "RESOURCE_EXHAUSTED" when the ledger refused the reservation) and a
+    fixed message that never quotes data.
+    """
+    error_message: _builtins.str
+    epsilon_spent: _builtins.str
+    """SUCCEEDED: what the ledger settled (decimal strings), steps run and why
+    training stopped ("completed" or "budget").
+    """
+    delta_spent: _builtins.str
+    steps: _builtins.int
+    stop_reason: _builtins.str
+    receipt: _builtins.bytes
+    """SUCCEEDED: the signed receipt, the exact bytes of a DSSE JSON envelope of
+    payload type application/vnd.fedldp.training-receipt.v1+json (save as
+    receipt.json beside model.pt for `fedldp verify training`).
+    """
+    model_sha256: _builtins.str
+    """SUCCEEDED: lowercase hex SHA-256 and size in bytes of the model artefact
+    (torch.save of the state_dict), as FetchModel streams it.
+    """
+    model_size: _builtins.int
+    policy_sha256: _builtins.str
+    """Lowercase hex SHA-256 of the release policy file in force."""
+    submitted_at: _builtins.int
+    """Unix seconds."""
+    finished_at: _builtins.int
+    def __init__(
+        self,
+        *,
+        job_id: _builtins.str = ...,
+        state: Global___TrainingJobState.ValueType = ...,
+        dataset: _builtins.str = ...,
+        purpose: _builtins.str = ...,
+        model: _builtins.str = ...,
+        reservation_id: _builtins.str = ...,
+        charged: _builtins.bool = ...,
+        error_code: _builtins.str = ...,
+        error_message: _builtins.str = ...,
+        epsilon_spent: _builtins.str = ...,
+        delta_spent: _builtins.str = ...,
+        steps: _builtins.int = ...,
+        stop_reason: _builtins.str = ...,
+        receipt: _builtins.bytes = ...,
+        model_sha256: _builtins.str = ...,
+        model_size: _builtins.int = ...,
+        policy_sha256: _builtins.str = ...,
+        submitted_at: _builtins.int = ...,
+        finished_at: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["charged", b"charged", "dataset", b"dataset", "delta_spent", b"delta_spent", "epsilon_spent", b"epsilon_spent", "error_code", b"error_code", "error_message", b"error_message", "finished_at", b"finished_at", "job_id", b"job_id", "model", b"model", "model_sha256", b"model_sha256", "model_size", b"model_size", "policy_sha256", b"policy_sha256", "purpose", b"purpose", "receipt", b"receipt", "reservation_id", b"reservation_id", "state", b"state", "steps", b"steps", "stop_reason", b"stop_reason", "submitted_at", b"submitted_at"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___TrainingJob: _TypeAlias = TrainingJob  # noqa: Y015
+
+@_typing.final
+class GetTrainingJobRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    JOB_ID_FIELD_NUMBER: _builtins.int
+    WAIT_SECONDS_FIELD_NUMBER: _builtins.int
+    job_id: _builtins.str
+    wait_seconds: _builtins.int
+    """Wait up to this many seconds (at most 30) for the job to finish before
+    answering; 0 answers at once.
+    """
+    def __init__(
+        self,
+        *,
+        job_id: _builtins.str = ...,
+        wait_seconds: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["job_id", b"job_id", "wait_seconds", b"wait_seconds"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetTrainingJobRequest: _TypeAlias = GetTrainingJobRequest  # noqa: Y015
+
+@_typing.final
+class FetchModelRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    JOB_ID_FIELD_NUMBER: _builtins.int
+    job_id: _builtins.str
+    def __init__(
+        self,
+        *,
+        job_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["job_id", b"job_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___FetchModelRequest: _TypeAlias = FetchModelRequest  # noqa: Y015
+
+@_typing.final
+class ModelChunk(_message.Message):
+    """One piece of the model artefact; pieces arrive in order."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    OFFSET_FIELD_NUMBER: _builtins.int
+    DATA_FIELD_NUMBER: _builtins.int
+    offset: _builtins.int
+    """Position of `data` in the artefact."""
+    data: _builtins.bytes
+    def __init__(
+        self,
+        *,
+        offset: _builtins.int = ...,
+        data: _builtins.bytes = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["data", b"data", "offset", b"offset"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ModelChunk: _TypeAlias = ModelChunk  # noqa: Y015

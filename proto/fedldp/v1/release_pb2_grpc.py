@@ -44,6 +44,21 @@ class ReleaseServiceStub:
                 request_serializer=fedldp_dot_v1_dot_release__pb2.ListDatasetsRequest.SerializeToString,
                 response_deserializer=fedldp_dot_v1_dot_release__pb2.ListDatasetsResponse.FromString,
                 _registered_method=True)
+        self.SubmitTraining = channel.unary_unary(
+                '/fedldp.v1.ReleaseService/SubmitTraining',
+                request_serializer=fedldp_dot_v1_dot_release__pb2.SubmitTrainingRequest.SerializeToString,
+                response_deserializer=fedldp_dot_v1_dot_release__pb2.TrainingJob.FromString,
+                _registered_method=True)
+        self.GetTrainingJob = channel.unary_unary(
+                '/fedldp.v1.ReleaseService/GetTrainingJob',
+                request_serializer=fedldp_dot_v1_dot_release__pb2.GetTrainingJobRequest.SerializeToString,
+                response_deserializer=fedldp_dot_v1_dot_release__pb2.TrainingJob.FromString,
+                _registered_method=True)
+        self.FetchModel = channel.unary_stream(
+                '/fedldp.v1.ReleaseService/FetchModel',
+                request_serializer=fedldp_dot_v1_dot_release__pb2.FetchModelRequest.SerializeToString,
+                response_deserializer=fedldp_dot_v1_dot_release__pb2.ModelChunk.FromString,
+                _registered_method=True)
 
 
 class ReleaseServiceServicer:
@@ -70,6 +85,37 @@ class ReleaseServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SubmitTraining(self, request, context):
+        """--- Training jobs (central DP-SGD; messages at the end of this file) ---
+
+        Queue one DP-SGD job. The job reserves its (epsilon, delta) in the ledger
+        when it starts, before any data is read. Errors: UNAUTHENTICATED,
+        PERMISSION_DENIED (dataset or purpose not granted), INVALID_ARGUMENT
+        (malformed request, unknown field, unknown model, column or
+        hyper-parameter outside what the operator allows), FAILED_PRECONDITION
+        (training not enabled, dataset not declared for training, no cap for the
+        purpose), RESOURCE_EXHAUSTED (the training queue is full: nothing was
+        stored or reserved), ALREADY_EXISTS (the key was used for another job).
+        The same key with the same request returns the same job (charged once).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetTrainingJob(self, request, context):
+        """The state of one of the caller's jobs (NOT_FOUND for another analyst's).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def FetchModel(self, request, context):
+        """The trained model's bytes, in order (FAILED_PRECONDITION unless SUCCEEDED).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ReleaseServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -82,6 +128,21 @@ def add_ReleaseServiceServicer_to_server(servicer, server):
                     servicer.ListDatasets,
                     request_deserializer=fedldp_dot_v1_dot_release__pb2.ListDatasetsRequest.FromString,
                     response_serializer=fedldp_dot_v1_dot_release__pb2.ListDatasetsResponse.SerializeToString,
+            ),
+            'SubmitTraining': grpc.unary_unary_rpc_method_handler(
+                    servicer.SubmitTraining,
+                    request_deserializer=fedldp_dot_v1_dot_release__pb2.SubmitTrainingRequest.FromString,
+                    response_serializer=fedldp_dot_v1_dot_release__pb2.TrainingJob.SerializeToString,
+            ),
+            'GetTrainingJob': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetTrainingJob,
+                    request_deserializer=fedldp_dot_v1_dot_release__pb2.GetTrainingJobRequest.FromString,
+                    response_serializer=fedldp_dot_v1_dot_release__pb2.TrainingJob.SerializeToString,
+            ),
+            'FetchModel': grpc.unary_stream_rpc_method_handler(
+                    servicer.FetchModel,
+                    request_deserializer=fedldp_dot_v1_dot_release__pb2.FetchModelRequest.FromString,
+                    response_serializer=fedldp_dot_v1_dot_release__pb2.ModelChunk.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -138,6 +199,87 @@ class ReleaseService:
             '/fedldp.v1.ReleaseService/ListDatasets',
             fedldp_dot_v1_dot_release__pb2.ListDatasetsRequest.SerializeToString,
             fedldp_dot_v1_dot_release__pb2.ListDatasetsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SubmitTraining(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fedldp.v1.ReleaseService/SubmitTraining',
+            fedldp_dot_v1_dot_release__pb2.SubmitTrainingRequest.SerializeToString,
+            fedldp_dot_v1_dot_release__pb2.TrainingJob.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetTrainingJob(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fedldp.v1.ReleaseService/GetTrainingJob',
+            fedldp_dot_v1_dot_release__pb2.GetTrainingJobRequest.SerializeToString,
+            fedldp_dot_v1_dot_release__pb2.TrainingJob.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def FetchModel(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/fedldp.v1.ReleaseService/FetchModel',
+            fedldp_dot_v1_dot_release__pb2.FetchModelRequest.SerializeToString,
+            fedldp_dot_v1_dot_release__pb2.ModelChunk.FromString,
             options,
             channel_credentials,
             insecure,

@@ -56,6 +56,23 @@ class ReleaseServiceStub:
     """
     ListDatasets: _grpc.UnaryUnaryMultiCallable[_release_pb2.ListDatasetsRequest, _release_pb2.ListDatasetsResponse]
     """What the calling analyst may query."""
+    SubmitTraining: _grpc.UnaryUnaryMultiCallable[_release_pb2.SubmitTrainingRequest, _release_pb2.TrainingJob]
+    """--- Training jobs (central DP-SGD; messages at the end of this file) ---
+
+    Queue one DP-SGD job. The job reserves its (epsilon, delta) in the ledger
+    when it starts, before any data is read. Errors: UNAUTHENTICATED,
+    PERMISSION_DENIED (dataset or purpose not granted), INVALID_ARGUMENT
+    (malformed request, unknown field, unknown model, column or
+    hyper-parameter outside what the operator allows), FAILED_PRECONDITION
+    (training not enabled, dataset not declared for training, no cap for the
+    purpose), RESOURCE_EXHAUSTED (the training queue is full: nothing was
+    stored or reserved), ALREADY_EXISTS (the key was used for another job).
+    The same key with the same request returns the same job (charged once).
+    """
+    GetTrainingJob: _grpc.UnaryUnaryMultiCallable[_release_pb2.GetTrainingJobRequest, _release_pb2.TrainingJob]
+    """The state of one of the caller's jobs (NOT_FOUND for another analyst's)."""
+    FetchModel: _grpc.UnaryStreamMultiCallable[_release_pb2.FetchModelRequest, _release_pb2.ModelChunk]
+    """The trained model's bytes, in order (FAILED_PRECONDITION unless SUCCEEDED)."""
 
 @_typing.type_check_only
 class ReleaseServiceAsyncStub(ReleaseServiceStub):
@@ -72,6 +89,23 @@ class ReleaseServiceAsyncStub(ReleaseServiceStub):
     """
     ListDatasets: _aio.UnaryUnaryMultiCallable[_release_pb2.ListDatasetsRequest, _release_pb2.ListDatasetsResponse]  # type: ignore[assignment]
     """What the calling analyst may query."""
+    SubmitTraining: _aio.UnaryUnaryMultiCallable[_release_pb2.SubmitTrainingRequest, _release_pb2.TrainingJob]  # type: ignore[assignment]
+    """--- Training jobs (central DP-SGD; messages at the end of this file) ---
+
+    Queue one DP-SGD job. The job reserves its (epsilon, delta) in the ledger
+    when it starts, before any data is read. Errors: UNAUTHENTICATED,
+    PERMISSION_DENIED (dataset or purpose not granted), INVALID_ARGUMENT
+    (malformed request, unknown field, unknown model, column or
+    hyper-parameter outside what the operator allows), FAILED_PRECONDITION
+    (training not enabled, dataset not declared for training, no cap for the
+    purpose), RESOURCE_EXHAUSTED (the training queue is full: nothing was
+    stored or reserved), ALREADY_EXISTS (the key was used for another job).
+    The same key with the same request returns the same job (charged once).
+    """
+    GetTrainingJob: _aio.UnaryUnaryMultiCallable[_release_pb2.GetTrainingJobRequest, _release_pb2.TrainingJob]  # type: ignore[assignment]
+    """The state of one of the caller's jobs (NOT_FOUND for another analyst's)."""
+    FetchModel: _aio.UnaryStreamMultiCallable[_release_pb2.FetchModelRequest, _release_pb2.ModelChunk]  # type: ignore[assignment]
+    """The trained model's bytes, in order (FAILED_PRECONDITION unless SUCCEEDED)."""
 
 class ReleaseServiceServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -97,5 +131,40 @@ class ReleaseServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_release_pb2.ListDatasetsResponse, _abc.Awaitable[_release_pb2.ListDatasetsResponse]]:
         """What the calling analyst may query."""
+
+    @_abc_1.abstractmethod
+    def SubmitTraining(
+        self,
+        request: _release_pb2.SubmitTrainingRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_release_pb2.TrainingJob, _abc.Awaitable[_release_pb2.TrainingJob]]:
+        """--- Training jobs (central DP-SGD; messages at the end of this file) ---
+
+        Queue one DP-SGD job. The job reserves its (epsilon, delta) in the ledger
+        when it starts, before any data is read. Errors: UNAUTHENTICATED,
+        PERMISSION_DENIED (dataset or purpose not granted), INVALID_ARGUMENT
+        (malformed request, unknown field, unknown model, column or
+        hyper-parameter outside what the operator allows), FAILED_PRECONDITION
+        (training not enabled, dataset not declared for training, no cap for the
+        purpose), RESOURCE_EXHAUSTED (the training queue is full: nothing was
+        stored or reserved), ALREADY_EXISTS (the key was used for another job).
+        The same key with the same request returns the same job (charged once).
+        """
+
+    @_abc_1.abstractmethod
+    def GetTrainingJob(
+        self,
+        request: _release_pb2.GetTrainingJobRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_release_pb2.TrainingJob, _abc.Awaitable[_release_pb2.TrainingJob]]:
+        """The state of one of the caller's jobs (NOT_FOUND for another analyst's)."""
+
+    @_abc_1.abstractmethod
+    def FetchModel(
+        self,
+        request: _release_pb2.FetchModelRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_release_pb2.ModelChunk], _abc.AsyncIterator[_release_pb2.ModelChunk]]:
+        """The trained model's bytes, in order (FAILED_PRECONDITION unless SUCCEEDED)."""
 
 def add_ReleaseServiceServicer_to_server(servicer: ReleaseServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
