@@ -1,0 +1,161 @@
+"""A release service killed while a DP-SGD job trains: the reservation stays spent and
+the restarted service reports the job FAILED without refunding (real processes,
+real gRPC, a real SQLite ledger)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import grpc
+import pytest
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from fedldp.aggregator.service.policy import ledger_subject
+from fedldp.aggregator.service.training import STOPPED_MESSAGE
+from fedldp.client.policy import write_private_key
+from fedldp.collector.auth import TokenAuthority, bearer_metadata
+from fedldp.collector.ledger import DataOpenedError, open_ledger
+from fedldp.v1 import release_pb2 as pb
+from fedldp.v1 import release_pb2_grpc
+
+from tests.aggregator.service.conftest import CATALOG, SECRET, write_data
+
+pytest.importorskip("opacus", reason="training jobs need the train extra")
+pytestmark = [
+    pytest.mark.train,
+    pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals"),
+]
+
+#: A long job is allowed: 200 steps per epoch (q = 2/400) for 200 epochs.
+LONG = """
+[training]
+max_epochs = 1000
+max_steps = 1000000
+[training.models.tiny]
+hidden = [4]
+"""
+SUBJECT = ledger_subject("release-service", "visits")
+
+
+def _serve(base: Path) -> tuple[subprocess.Popen[str], int]:
+    fedldp = Path(sys.executable).parent / "fedldp"
+    proc = subprocess.Popen(
+        [
+            str(fedldp),
+            "release-service",
+            "serve",
+            "--catalog",
+            str(base / "catalog.toml"),
+            "--policy",
+            str(base / "policy.toml"),
+            "--ledger",
+            f"sqlite:///{base / 'ledger.db'}",
+            "--signing-key",
+            str(base / "receipts.key"),
+            "--token-secret-file",
+            str(base / "secret.hex"),
+            "--listen",
+            "127.0.0.1:0",
+            "--jobs-dir",
+            str(base / "jobs"),
+        ],
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ},
+    )
+    assert proc.stderr is not None
+    for line in proc.stderr:
+        if line.startswith("release service on port "):
+            # keep reading its log lines, so a full pipe never blocks the service
+            threading.Thread(target=proc.stderr.read, daemon=True).start()
+            return proc, int(line.rsplit(" ", 1)[1])
+    proc.kill()
+    raise AssertionError(f"the service did not start (exit {proc.wait()})")
+
+
+def _job(port: int, job_id: str) -> pb.TrainingJob:
+    metadata = bearer_metadata(
+        TokenAuthority(SECRET).mint("alice", expires_at=int(time.time()) + 600)
+    )
+    with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+        stub = release_pb2_grpc.ReleaseServiceStub(channel)
+        job: pb.TrainingJob = stub.GetTrainingJob(
+            pb.GetTrainingJobRequest(job_id=job_id), metadata=metadata
+        )
+    return job
+
+
+def test_a_crash_mid_training_leaves_the_reservation_spent_and_a_restart_reports_failed(
+    tmp_path: Path,
+) -> None:
+    write_data(tmp_path / "visits.csv")
+    catalog = CATALOG.replace(
+        "contribution_bound = 2", "contribution_bound = 2\ntraining_rows = 400"
+    )
+    (tmp_path / "catalog.toml").write_text(catalog + LONG)
+    (tmp_path / "policy.toml").write_text(
+        'version = 1\n[[cap]]\ndataset = "visits"\npurpose = "study"\n'
+        'epsilon = "3"\ndelta = "0.00001"\n'
+    )
+    write_private_key(Ed25519PrivateKey.generate(), tmp_path / "receipts.key")
+    (tmp_path / "secret.hex").write_text(SECRET.hex())
+    proc, port = _serve(tmp_path)
+    try:
+        metadata = bearer_metadata(
+            TokenAuthority(SECRET).mint("alice", expires_at=int(time.time()) + 600)
+        )
+        request = pb.SubmitTrainingRequest(
+            dataset="visits",
+            purpose="study",
+            epsilon="1",
+            delta="0.000001",
+            idempotency_key="long",
+            model="tiny",
+            label="city",
+            features=["amount"],
+            hyperparameters=pb.TrainingHyperparameters(
+                epochs=200, expected_batch_size=2, learning_rate="0.1", max_grad_norm="1"
+            ),
+        )
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+            stub = release_pb2_grpc.ReleaseServiceStub(channel)
+            job_id = stub.SubmitTraining(request, metadata=metadata).job_id
+        # wait (bounded) for the job to open the data: from then on it is charged
+        deadline = time.monotonic() + 120
+        while not _job(port, job_id).charged:
+            assert time.monotonic() < deadline, "the job never opened its data"
+            time.sleep(0.1)
+        assert _job(port, job_id).state == pb.TRAINING_JOB_STATE_RUNNING
+    finally:
+        proc.kill()  # SIGKILL: no handler, no settle, no cleanup
+        proc.wait(timeout=30)
+
+    with open_ledger(f"sqlite:///{tmp_path / 'ledger.db'}") as ledger:
+        (res,) = ledger.reservations(SUBJECT, "study")
+        assert res.status == "reserved" and res.data_opened_at is not None
+        with pytest.raises(DataOpenedError):  # a refund is what the ledger refuses
+            ledger.cancel(res.id, now=int(time.time()), owner=None)
+
+    proc, port = _serve(tmp_path)
+    try:
+        job = _job(port, job_id)
+        assert job.state == pb.TRAINING_JOB_STATE_FAILED and job.charged
+        assert (job.error_code, job.error_message) == ("UNAVAILABLE", STOPPED_MESSAGE)
+        assert job.reservation_id == res.id and not job.receipt and not job.model_sha256
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0
+
+    with open_ledger(f"sqlite:///{tmp_path / 'ledger.db'}") as ledger:
+        (closed,) = ledger.reservations(SUBJECT, "study")
+        assert closed.status == "settled"
+        assert (closed.epsilon_spent, closed.delta_spent) == (res.epsilon, res.delta)  # in full
+        assert "stopped during training" in (closed.close_reason or "")
+        actions = [e["action"] for e in ledger.reservation_log(res.id)]
+        assert actions == ["reserved", "data_opened", "settled"]
+    assert not (tmp_path / "jobs" / job_id / "out" / "model.pt").exists()
