@@ -200,6 +200,9 @@ class TrainingJobs:
 
     def start(self) -> None:
         """Recover what a previous process left (`recover`), then start the workers."""
+        import warnings
+
+        warnings.filterwarnings("ignore", module="opacus")  # as `fedldp train` does
         self.recover()
         for n in range(self.setup.workers):
             thread = threading.Thread(target=self._work, name=f"training-{n}", daemon=True)
@@ -215,7 +218,7 @@ class TrainingJobs:
         with self._lock:
             self._stopping = True
             self._lock.notify_all()
-        deadline = time.monotonic() + grace
+        deadline = time.monotonic() + max(grace, 1.0)  # idle workers return at once
         for thread in self._threads:
             thread.join(max(0.0, deadline - time.monotonic()))
         if not any(t.is_alive() for t in self._threads):
@@ -558,7 +561,14 @@ class TrainingJobs:
         self.metrics.jobs.labels(SUCCEEDED).inc()
 
     def _after_failure(self, job_id: str, code: str, exc: BaseException) -> None:
-        """FAILED, charged or not as the ledger says (the engine closed the reservation)."""
+        """FAILED, charged or not as the ledger says (the engine closed the reservation).
+
+        While the service stops (its ledger may be closed under the job) the record
+        stays RUNNING: the next start closes the reservation from the ledger's own
+        state (`recover`), which this process may no longer be able to read.
+        """
+        if self._stopping:
+            return
         record = self.store.get(job_id)
         assert record is not None
         spent = record.charged
