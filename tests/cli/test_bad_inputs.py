@@ -383,6 +383,12 @@ def cases(env: Env) -> list[tuple[str, list[str]]]:
         ("train nproc zero", ["train", "--config", str(b / "bad.toml"), "--nproc", "0"]),
         ("train nproc not a number", ["train", "--config", str(b / "bad.toml"), "--nproc", "x"]),
         ("verify training garbage receipt", ["verify", "training", str(b / "receipt.json")]),
+        ("train neither config nor service", ["train"]),
+        ("train service missing job options", ["train", "--service", "127.0.0.1:1"]),
+        ("train service exponent epsilon", [*_service_job(b), "--epsilon", "1e-3"]),
+        ("train service without token", _service_job(b)),
+        ("train service with config", [*_service_job(b), "--config", str(b / "bad.toml")]),
+        ("train status without service", ["train", "status", "0" * 32]),
         ("demo exponent epsilon", ["demo", "--epsilon", "1e-3", "--out", str(b / "demo-out")]),
         ("release count --service no dataset", [*ask("count"), "--service", "127.0.0.1:1"]),
         (
@@ -462,6 +468,26 @@ def cases(env: Env) -> list[tuple[str, list[str]]]:
     return out
 
 
+def _service_job(b: Path) -> list[str]:
+    """A complete `fedldp train --service` job (to an address nothing listens on)."""
+    return [
+        "train",
+        "--service=127.0.0.1:1",
+        "--dataset=d",
+        "--purpose=p",
+        "--epsilon=1",
+        "--delta=0.00001",
+        "--model=m",
+        "--label=l",
+        "--epochs=1",
+        "--expected-batch-size=8",
+        "--learning-rate=0.1",
+        "--max-grad-norm=1",
+        "--key=k",
+        f"--out={b / 'no-train-out'}",
+    ]
+
+
 # Cases whose message or exit code is checked beyond "one error line, exit 1 or 2".
 EXPECTED: dict[str, tuple[int, str]] = {
     "ledger set-cap exponent": (2, "plain notation"),
@@ -503,6 +529,12 @@ EXPECTED: dict[str, tuple[int, str]] = {
     "collector serve --config incomplete": (1, "never recorded its restore epoch"),
     "release count --ledger in-memory": (1, "durable SQLite file"),
     "ledger restore a backup that is not a database": (1, "junk.db is not a SQLite ledger"),
+    "train neither config nor service": (2, "--config"),
+    "train service missing job options": (2, "needs --dataset"),
+    "train service exponent epsilon": (2, "plain notation"),
+    "train service without token": (1, "FEDLDP_TOKEN"),
+    "train service with config": (2, "local run"),
+    "train status without service": (2, "--service"),
 }
 
 
