@@ -8,7 +8,8 @@ Layout (inside the trusted boundary, mode 0700)::
 
 A job id is the first 32 hex digits of SHA-256 of the job's ledger idempotency key
 (`train_ledger_key`: scoped to the analyst), so a second submission with the same
-key finds the first one's folder (`mkdir` is atomic: exactly one creates it). A
+key finds the first one's record (submissions are serialized by a lock, and the
+folder's flock keeps every other process out). A
 record is written before anything it describes happens elsewhere: the owner token
 before the ledger reservation, so a restarted service can always find and close
 what a killed one left open (training.py, `recover`).
@@ -136,14 +137,11 @@ class JobStore:
             copies = [dataclasses.replace(r) for r in ordered]
         yield from copies
 
-    def create(self, record: JobRecord) -> bool:
-        """Store a new job; False (nothing written) when its folder already exists."""
-        try:
-            self.folder(record.job_id).mkdir(mode=0o700)
-        except FileExistsError:
-            return False
+    def create(self, record: JobRecord) -> None:
+        """Store a new job. The caller holds the submissions' lock and found no record
+        for its id (a folder without a record — a crash between the two — is reused)."""
+        self.folder(record.job_id).mkdir(mode=0o700, exist_ok=True)
         self.save(record)
-        return True
 
     def save(self, record: JobRecord) -> None:
         """Write the record durably (temporary file, fsync, rename), then notify waiters."""

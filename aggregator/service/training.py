@@ -346,8 +346,7 @@ class TrainingJobs:
                 model=request.model,
             )
             if existing is None:
-                if not self.store.create(record):  # pragma: no cover - the lock orders creates
-                    raise JobConflictError("this idempotency key's job is being created")
+                self.store.create(record)
             else:
                 self.store.save(record)
             self._queue.append(job_id)

@@ -22,7 +22,7 @@ from fedldp.aggregator.service.catalog import (
     load_catalog,
 )
 from fedldp.aggregator.service.engine import ledger_key
-from fedldp.aggregator.service.jobs import job_id_of, train_ledger_key
+from fedldp.aggregator.service.jobs import JobsFolderBusyError, job_id_of, train_ledger_key
 from fedldp.aggregator.service.policy import ledger_subject, load_release_policy
 from fedldp.aggregator.service.server import (
     RunningReleaseService,
@@ -555,3 +555,9 @@ def test_training_keys_are_scoped_to_the_analyst_and_apart_from_release_keys() -
         return f"release-service-train:{analyst}:{key}"
 
     assert broken("a", "b:c") == broken("a:b", "c")
+
+
+def test_two_services_cannot_share_a_jobs_folder(make_trainer: Make) -> None:
+    make_trainer(workers=0)
+    with pytest.raises(JobsFolderBusyError):
+        make_trainer(workers=0)
