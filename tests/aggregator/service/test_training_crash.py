@@ -1,6 +1,6 @@
 """A release service killed while a DP-SGD job trains: the reservation stays spent and
 the restarted service reports the job FAILED without refunding (real processes,
-real gRPC, a real SQLite ledger)."""
+real gRPC, real SQLite and PostgreSQL ledgers)."""
 
 from __future__ import annotations
 
@@ -42,7 +42,7 @@ hidden = [4]
 SUBJECT = ledger_subject("release-service", "visits")
 
 
-def _serve(base: Path) -> tuple[subprocess.Popen[str], int]:
+def _serve(base: Path, ledger_url: str) -> tuple[subprocess.Popen[str], int]:
     fedldp = Path(sys.executable).parent / "fedldp"
     proc = subprocess.Popen(
         [
@@ -54,7 +54,7 @@ def _serve(base: Path) -> tuple[subprocess.Popen[str], int]:
             "--policy",
             str(base / "policy.toml"),
             "--ledger",
-            f"sqlite:///{base / 'ledger.db'}",
+            ledger_url,
             "--signing-key",
             str(base / "receipts.key"),
             "--token-secret-file",
@@ -90,9 +90,14 @@ def _job(port: int, job_id: str) -> pb.TrainingJob:
     return job
 
 
+@pytest.mark.parametrize("ledger", ["sqlite", "postgresql"])
 def test_a_crash_mid_training_leaves_the_reservation_spent_and_a_restart_reports_failed(
-    tmp_path: Path,
+    tmp_path: Path, request: pytest.FixtureRequest, ledger: str
 ) -> None:
+    if ledger == "postgresql":
+        url = str(request.getfixturevalue("postgresql_url"))
+    else:
+        url = f"sqlite:///{tmp_path / 'ledger.db'}"
     write_data(tmp_path / "visits.csv")
     catalog = CATALOG.replace(
         "contribution_bound = 2", "contribution_bound = 2\ntraining_rows = 400"
@@ -104,7 +109,7 @@ def test_a_crash_mid_training_leaves_the_reservation_spent_and_a_restart_reports
     )
     write_private_key(Ed25519PrivateKey.generate(), tmp_path / "receipts.key")
     (tmp_path / "secret.hex").write_text(SECRET.hex())
-    proc, port = _serve(tmp_path)
+    proc, port = _serve(tmp_path, url)
     try:
         metadata = bearer_metadata(
             TokenAuthority(SECRET).mint("alice", expires_at=int(time.time()) + 600)
@@ -135,13 +140,13 @@ def test_a_crash_mid_training_leaves_the_reservation_spent_and_a_restart_reports
         proc.kill()  # SIGKILL: no handler, no settle, no cleanup
         proc.wait(timeout=30)
 
-    with open_ledger(f"sqlite:///{tmp_path / 'ledger.db'}") as ledger:
+    with open_ledger(url) as ledger:
         (res,) = ledger.reservations(SUBJECT, "study")
         assert res.status == "reserved" and res.data_opened_at is not None
         with pytest.raises(DataOpenedError):  # a refund is what the ledger refuses
             ledger.cancel(res.id, now=int(time.time()), owner=None)
 
-    proc, port = _serve(tmp_path)
+    proc, port = _serve(tmp_path, url)
     try:
         job = _job(port, job_id)
         assert job.state == pb.TRAINING_JOB_STATE_FAILED and job.charged
@@ -151,7 +156,7 @@ def test_a_crash_mid_training_leaves_the_reservation_spent_and_a_restart_reports
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=60) == 0
 
-    with open_ledger(f"sqlite:///{tmp_path / 'ledger.db'}") as ledger:
+    with open_ledger(url) as ledger:
         (closed,) = ledger.reservations(SUBJECT, "study")
         assert closed.status == "settled"
         assert (closed.epsilon_spent, closed.delta_spent) == (res.epsilon, res.delta)  # in full
