@@ -90,11 +90,11 @@ def _job(port: int, job_id: str) -> pb.TrainingJob:
     return job
 
 
-@pytest.mark.parametrize("ledger", ["sqlite", "postgresql"])
+@pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
 def test_a_crash_mid_training_leaves_the_reservation_spent_and_a_restart_reports_failed(
-    tmp_path: Path, request: pytest.FixtureRequest, ledger: str
+    tmp_path: Path, request: pytest.FixtureRequest, backend: str
 ) -> None:
-    if ledger == "postgresql":
+    if backend == "postgresql":
         url = str(request.getfixturevalue("postgresql_url"))
     else:
         url = f"sqlite:///{tmp_path / 'ledger.db'}"
@@ -114,7 +114,7 @@ def test_a_crash_mid_training_leaves_the_reservation_spent_and_a_restart_reports
         metadata = bearer_metadata(
             TokenAuthority(SECRET).mint("alice", expires_at=int(time.time()) + 600)
         )
-        request = pb.SubmitTrainingRequest(
+        job = pb.SubmitTrainingRequest(
             dataset="visits",
             purpose="study",
             epsilon="1",
@@ -129,7 +129,7 @@ def test_a_crash_mid_training_leaves_the_reservation_spent_and_a_restart_reports
         )
         with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
             stub = release_pb2_grpc.ReleaseServiceStub(channel)
-            job_id = stub.SubmitTraining(request, metadata=metadata).job_id
+            job_id = stub.SubmitTraining(job, metadata=metadata).job_id
         # wait (bounded) for the job to open the data: from then on it is charged
         deadline = time.monotonic() + 120
         while not _job(port, job_id).charged:
@@ -140,27 +140,27 @@ def test_a_crash_mid_training_leaves_the_reservation_spent_and_a_restart_reports
         proc.kill()  # SIGKILL: no handler, no settle, no cleanup
         proc.wait(timeout=30)
 
-    with open_ledger(url) as ledger:
-        (res,) = ledger.reservations(SUBJECT, "study")
+    with open_ledger(url) as store:
+        (res,) = store.reservations(SUBJECT, "study")
         assert res.status == "reserved" and res.data_opened_at is not None
         with pytest.raises(DataOpenedError):  # a refund is what the ledger refuses
-            ledger.cancel(res.id, now=int(time.time()), owner=None)
+            store.cancel(res.id, now=int(time.time()), owner=None)
 
     proc, port = _serve(tmp_path, url)
     try:
-        job = _job(port, job_id)
-        assert job.state == pb.TRAINING_JOB_STATE_FAILED and job.charged
-        assert (job.error_code, job.error_message) == ("UNAVAILABLE", STOPPED_MESSAGE)
-        assert job.reservation_id == res.id and not job.receipt and not job.model_sha256
+        done = _job(port, job_id)
+        assert done.state == pb.TRAINING_JOB_STATE_FAILED and done.charged
+        assert (done.error_code, done.error_message) == ("UNAVAILABLE", STOPPED_MESSAGE)
+        assert done.reservation_id == res.id and not done.receipt and not done.model_sha256
     finally:
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=60) == 0
 
-    with open_ledger(url) as ledger:
-        (closed,) = ledger.reservations(SUBJECT, "study")
+    with open_ledger(url) as store:
+        (closed,) = store.reservations(SUBJECT, "study")
         assert closed.status == "settled"
         assert (closed.epsilon_spent, closed.delta_spent) == (res.epsilon, res.delta)  # in full
         assert "stopped during training" in (closed.close_reason or "")
-        actions = [e["action"] for e in ledger.reservation_log(res.id)]
+        actions = [e["action"] for e in store.reservation_log(res.id)]
         assert actions == ["reserved", "data_opened", "settled"]
     assert not (tmp_path / "jobs" / job_id / "out" / "model.pt").exists()
