@@ -165,6 +165,11 @@ def submit_and_wait(o: dict[str, Any], *, as_json: bool) -> None:
         raise click.UsageError("give exactly one of --expected-batch-size and --sample-rate")
     if not o["no_wait"] and o["out_dir"] is None:
         raise click.UsageError("--out DIR is needed to receive the model (or pass --no-wait)")
+    for name in ("model.pt", "receipt.json"):  # refused before anything is charged
+        if o["out_dir"] is not None and (o["out_dir"] / name).exists():
+            raise click.ClickException(
+                f"{o['out_dir'] / name} exists; a model is never overwritten"
+            )
     from fedldp.v1 import release_pb2 as pb
     from fedldp.v1 import release_pb2_grpc
 

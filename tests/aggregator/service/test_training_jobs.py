@@ -3,6 +3,7 @@ and PostgreSQL ledgers, the real Opacus engine (tiny tables, a few steps)."""
 
 from __future__ import annotations
 
+import base64
 import json
 import logging
 import threading
@@ -364,10 +365,13 @@ def test_the_returned_receipt_verifies_with_fedldp_verify_training_and_a_tampere
         env=env,
     )
     assert again.exit_code == 1 and "never overwritten" in again.output
+    # a new job into the same folder is refused before it is submitted (nothing charged)
+    other = [a if a != "--key=cli-job" else "--key=other" for a in args]
+    refused = CliRunner().invoke(main, other, env=env)
+    assert refused.exit_code == 1 and "never overwritten" in refused.output
+    assert len(svc.ledger.reservations(SUBJECT)) == 1
     # a tampered receipt (one ε digit of the payload changed, signature kept) fails
     envelope = json.loads((out / "receipt.json").read_bytes())
-    import base64
-
     payload = json.loads(base64.b64decode(envelope["payload"]))
     payload["privacy"]["epsilon_budget"] = "5"
     envelope["payload"] = base64.b64encode(
@@ -561,3 +565,24 @@ def test_two_services_cannot_share_a_jobs_folder(make_trainer: Make) -> None:
     make_trainer(workers=0)
     with pytest.raises(JobsFolderBusyError):
         make_trainer(workers=0)
+
+
+def test_a_module_entry_of_the_zoo_trains_and_a_broken_one_fails_uncharged(
+    make_trainer: Make,
+) -> None:
+    zoo = (
+        '[training.models.linear]\nmodule = "tests.aggregator.service.zoo_models:tiny_linear"\n'
+        '[training.models.missing]\nmodule = "tests.aggregator.service.no_such_module:build"\n'
+    )
+    svc = make_trainer(eps_cap="2", catalog=TRAIN_CATALOG + zoo)
+    client = Client(svc.port, "alice")
+    good = finished(client, submit(client, job_request("lin", model="linear")).job_id)
+    assert good.state == pb.TRAINING_JOB_STATE_SUCCEEDED, good.error_message
+    payload = json.loads(base64.b64decode(json.loads(good.receipt)["payload"]))
+    assert payload["model"]["kind"] == "custom"
+    assert payload["dataset"]["path"] == "catalog:visits"  # not the operator's file path
+    bad = finished(client, submit(client, job_request("gone", model="missing")).job_id)
+    client.close()
+    assert bad.state == pb.TRAINING_JOB_STATE_FAILED and not bad.charged
+    assert bad.error_code == "FAILED_PRECONDITION" and "ModuleNotFoundError" in bad.error_message
+    assert [r.id for r in svc.ledger.reservations(SUBJECT)] == [good.reservation_id]
