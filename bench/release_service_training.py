@@ -169,8 +169,9 @@ def run(units: int, reps: int) -> dict[str, Any]:
     import grpc
     import torch
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+    from fedldp.aggregator.central.signing import canonical_json, trusted_keys
     from fedldp.aggregator.service.catalog import load_catalog
-    from fedldp.aggregator.service.policy import load_release_policy
+    from fedldp.aggregator.service.policy import load_release_policy, sign_release_policy
     from fedldp.aggregator.service.server import ServiceConfig, start_release_service
     from fedldp.aggregator.service.training import TrainingSetup
     from fedldp.client.policy import write_private_key
@@ -184,12 +185,18 @@ def run(units: int, reps: int) -> dict[str, Any]:
         _write(folder, units)
         (folder / "catalog.toml").write_text(CATALOG.format(units=units))
         (folder / "policy.toml").write_text(POLICY)
+        policy_key = Ed25519PrivateKey.generate()
+        (folder / "policy.json").write_bytes(
+            canonical_json(sign_release_policy(folder / "policy.toml", policy_key))
+        )
         key = Ed25519PrivateKey.generate()
         write_private_key(key, folder / "receipts.key")
         svc = start_release_service(
             ServiceConfig(
                 catalog=load_catalog(folder / "catalog.toml"),
-                policy=load_release_policy(folder / "policy.toml"),
+                policy=load_release_policy(
+                    folder / "policy.json", trusted_keys([policy_key.public_key()])
+                ),
                 ledger_url=f"sqlite:///{folder / 'service.db'}",
                 signing_key=key,
                 authenticator=Authenticator(TokenAuthority(SECRET)),

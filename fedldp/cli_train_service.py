@@ -22,7 +22,9 @@ from typing import Any, TypeVar
 import click
 
 from fedldp.cli_common import decimal_option
-from fedldp.cli_release_service import _channel, _rpc, _token
+from fedldp.cli_release_client import bearer, token_from_env
+from fedldp.cli_release_client import channel as _channel
+from fedldp.cli_release_client import rpc as _rpc
 
 F = TypeVar("F", bound=Callable[..., Any])
 _OPTIMIZERS = ("sgd", "adam")
@@ -196,7 +198,7 @@ def submit_and_wait(o: dict[str, Any], *, as_json: bool) -> None:
         features=list(o["features"]),
         hyperparameters=hyper,
     )
-    metadata = _token(o["token_env"])
+    metadata = bearer(token_from_env(o["token_env"]))
     with _channel(o["service"], o["tls_ca"]) as channel:
         stub = release_pb2_grpc.ReleaseServiceStub(channel)
         job = _rpc(lambda: stub.SubmitTraining(request, metadata=metadata))
@@ -331,7 +333,7 @@ def train_status(
     from fedldp.v1 import release_pb2 as pb
     from fedldp.v1 import release_pb2_grpc
 
-    metadata = _token(token_env)
+    metadata = bearer(token_from_env(token_env))
     with _channel(service, tls_ca) as channel:
         stub = release_pb2_grpc.ReleaseServiceStub(channel)
         if wait:

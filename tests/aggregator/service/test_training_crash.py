@@ -17,13 +17,13 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from fedldp.aggregator.service.policy import ledger_subject
 from fedldp.aggregator.service.training import STOPPED_MESSAGE
-from fedldp.client.policy import write_private_key
+from fedldp.client.policy import write_private_key, write_public_key
 from fedldp.collector.auth import TokenAuthority, bearer_metadata
 from fedldp.collector.ledger import DataOpenedError, open_ledger
 from fedldp.v1 import release_pb2 as pb
 from fedldp.v1 import release_pb2_grpc
 
-from tests.aggregator.service.conftest import CATALOG, SECRET, write_data
+from tests.aggregator.service.conftest import CATALOG, SECRET, signed_policy, write_data
 
 pytest.importorskip("opacus", reason="training jobs need the train extra")
 pytestmark = [
@@ -52,7 +52,9 @@ def _serve(base: Path, ledger_url: str) -> tuple[subprocess.Popen[str], int]:
             "--catalog",
             str(base / "catalog.toml"),
             "--policy",
-            str(base / "policy.toml"),
+            str(base / "policy.json"),
+            "--policy-key",
+            str(base / "policy.pub"),
             "--ledger",
             ledger_url,
             "--signing-key",
@@ -103,10 +105,14 @@ def test_a_crash_mid_training_leaves_the_reservation_spent_and_a_restart_reports
         "contribution_bound = 2", "contribution_bound = 2\ntraining_rows = 400"
     )
     (tmp_path / "catalog.toml").write_text(catalog + LONG)
-    (tmp_path / "policy.toml").write_text(
+    policy_key = Ed25519PrivateKey.generate()
+    signed_policy(
+        tmp_path,
         'version = 1\n[[cap]]\ndataset = "visits"\npurpose = "study"\n'
-        'epsilon = "3"\ndelta = "0.00001"\n'
+        'epsilon = "3"\ndelta = "0.00001"\n',
+        policy_key,
     )
+    write_public_key(policy_key.public_key(), tmp_path / "policy.pub")
     write_private_key(Ed25519PrivateKey.generate(), tmp_path / "receipts.key")
     (tmp_path / "secret.hex").write_text(SECRET.hex())
     proc, port = _serve(tmp_path, url)

@@ -16,6 +16,7 @@ import grpc
 import pytest
 from click.testing import CliRunner
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from fedldp.aggregator.central.signing import trusted_keys
 from fedldp.aggregator.service.catalog import (
     CategoricalColumn,
     Dataset,
@@ -38,7 +39,15 @@ from fedldp.v1 import release_pb2 as pb
 from prometheus_client import generate_latest
 
 from fedldp.cli import main
-from tests.aggregator.service.conftest import CATALOG, NOW, POLICY, SECRET, Client, write_data
+from tests.aggregator.service.conftest import (
+    CATALOG,
+    NOW,
+    POLICY,
+    SECRET,
+    Client,
+    signed_policy,
+    write_data,
+)
 
 pytest.importorskip("opacus", reason="training jobs need the train extra")
 pytestmark = [pytest.mark.train, pytest.mark.filterwarnings("ignore::UserWarning")]
@@ -67,7 +76,12 @@ def key_file(tmp_path: Path, receipt_key: Ed25519PrivateKey) -> Path:
 
 
 @pytest.fixture
-def make_trainer(tmp_path: Path, receipt_key: Ed25519PrivateKey, key_file: Path) -> Iterator[Make]:
+def make_trainer(
+    tmp_path: Path,
+    receipt_key: Ed25519PrivateKey,
+    key_file: Path,
+    policy_key: Ed25519PrivateKey,
+) -> Iterator[Make]:
     """make_trainer(ledger_url=None, eps_cap="1", queue=4, workers=1, catalog=TRAIN_CATALOG)."""
     started: list[RunningReleaseService] = []
 
@@ -81,10 +95,10 @@ def make_trainer(tmp_path: Path, receipt_key: Ed25519PrivateKey, key_file: Path)
         if not (tmp_path / "visits.csv").exists():
             write_data(tmp_path / "visits.csv")
         (tmp_path / "catalog.toml").write_text(catalog, encoding="utf-8")
-        (tmp_path / "policy.toml").write_text(POLICY.format(eps=eps_cap), encoding="utf-8")
+        envelope = signed_policy(tmp_path, POLICY.format(eps=eps_cap), policy_key)
         config = ServiceConfig(
             catalog=load_catalog(tmp_path / "catalog.toml"),
-            policy=load_release_policy(tmp_path / "policy.toml"),
+            policy=load_release_policy(envelope, trusted_keys([policy_key.public_key()])),
             ledger_url=ledger_url or f"sqlite:///{tmp_path / 'ledger.db'}",
             signing_key=receipt_key,
             authenticator=Authenticator(TokenAuthority(SECRET)),
