@@ -63,6 +63,7 @@ from fedldp.aggregator.service.engine import (
     ReleaseEngine,
     ServiceError,
 )
+from fedldp.aggregator.service.holds import AnalystCapLedger
 from fedldp.aggregator.service.jobs import (
     FAILED,
     QUEUED,
@@ -73,7 +74,7 @@ from fedldp.aggregator.service.jobs import (
     job_id_of,
     train_ledger_key,
 )
-from fedldp.aggregator.service.policy import ReleasePolicy, ledger_subject
+from fedldp.aggregator.service.policy import ReleasePolicy, analyst_subject, ledger_subject
 from fedldp.aggregator.service.zoo import TrainingCatalog, ZooModel
 from fedldp.aggregator.training.config import (
     AccountantConfig,
@@ -525,10 +526,15 @@ class TrainingJobs:
                 type(exc).__name__,
             )
             return
+        ledger = self.ledger
+        if (plan.dataset.id, request.purpose, record.analyst) in self.policy.analyst_caps:
+            # the analyst's own cap holds the same (ε, δ), as for releases (holds.py)
+            subject = analyst_subject(self.service_id, plan.dataset.id, record.analyst)
+            ledger = AnalystCapLedger(self.ledger, subject, request.purpose)
         try:
             result = train_private(
                 plan.config,
-                ledger=_JobLedger(self.ledger, self.store, record.job_id),
+                ledger=_JobLedger(ledger, self.store, record.job_id),
                 model=model,
                 load=lambda _data: training_table(plan.dataset, plan.label, plan.columns),
                 clock=self.clock,

@@ -91,11 +91,12 @@ def make_trainer(
         queue: int = 4,
         workers: int = 1,
         catalog: str = TRAIN_CATALOG,
+        policy_extra: str = "",
     ) -> RunningReleaseService:
         if not (tmp_path / "visits.csv").exists():
             write_data(tmp_path / "visits.csv")
         (tmp_path / "catalog.toml").write_text(catalog, encoding="utf-8")
-        envelope = signed_policy(tmp_path, POLICY.format(eps=eps_cap), policy_key)
+        envelope = signed_policy(tmp_path, POLICY.format(eps=eps_cap) + policy_extra, policy_key)
         config = ServiceConfig(
             catalog=load_catalog(tmp_path / "catalog.toml"),
             policy=load_release_policy(envelope, trusted_keys([policy_key.public_key()])),
@@ -600,3 +601,17 @@ def test_a_module_entry_of_the_zoo_trains_and_a_broken_one_fails_uncharged(
     assert bad.state == pb.TRAINING_JOB_STATE_FAILED and not bad.charged
     assert bad.error_code == "FAILED_PRECONDITION" and "ModuleNotFoundError" in bad.error_message
     assert [r.id for r in svc.ledger.reservations(SUBJECT)] == [good.reservation_id]
+
+
+def test_an_analysts_own_cap_bounds_training_jobs_too(make_trainer: Make) -> None:
+    own = (
+        '[[analyst_cap]]\ndataset = "visits"\npurpose = "study"\nanalyst = "alice"\n'
+        'epsilon = "0.5"\ndelta = "0.00001"\n'
+    )
+    svc = make_trainer(eps_cap="2", policy_extra=own)
+    client = Client(svc.port, "alice")
+    job = finished(client, submit(client, job_request("mine", epsilon="0.8")).job_id)
+    client.close()
+    assert job.state == pb.TRAINING_JOB_STATE_FAILED and not job.charged
+    assert job.error_code == "RESOURCE_EXHAUSTED", job.error_message
+    assert [r for r in svc.ledger.reservations(SUBJECT) if r.status != "cancelled"] == []
