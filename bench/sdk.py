@@ -97,8 +97,7 @@ class World:
     """A collector with the benchmark's policies, and what a device needs to reach it."""
 
     def __init__(self, tmp: Path) -> None:
-        from fedldp.client.policy import Authority
-        from fedldp.client.policy.files import write_envelope, write_public_key
+        from fedldp.authoring import Authority, write_envelope, write_public_key
         from fedldp.collector.auth import TokenAuthority
         from fedldp.collector.config import CollectorConfig
         from fedldp.collector.policies import PolicyRegistry

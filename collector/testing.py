@@ -29,9 +29,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from fedldp.authoring import Authority, write_envelope, write_public_key
 from fedldp.client.mechanisms.base import BitVectorOutput, CategoryOutput, Output
-from fedldp.client.policy import Authority, TrustStore, VerifiedPolicy, verify_policy
-from fedldp.client.policy.files import write_envelope, write_public_key
+from fedldp.client.policy import TrustStore, VerifiedPolicy, verify_policy
 from fedldp.collector.auth import TokenAuthority
 from fedldp.collector.config import CollectorConfig
 from fedldp.collector.ledger import CheckedReport

@@ -120,8 +120,7 @@ def _write_deployment(
 ) -> Deployment:
     import secrets
 
-    from fedldp.client.policy import Authority
-    from fedldp.client.policy.files import write_envelope, write_private_key, write_public_key
+    from fedldp.authoring import Authority, write_envelope, write_private_key, write_public_key
 
     authority = Authority.generate(now=now - 60)
     for sub in ("keys", "trust/pinned", "policies"):

@@ -18,10 +18,11 @@ from decimal import Decimal
 
 import grpc
 import pytest
+from fedldp.authoring import sign_envelope
 from fedldp.client.mechanisms import NumericOutput
 from fedldp.client.mechanisms.numeric import NumericMechanism
 from fedldp.client.policy import PolicyError, VerifiedPolicy
-from fedldp.client.policy.envelope import POLICY_PAYLOAD_TYPE, sign_envelope
+from fedldp.client.policy.envelope import POLICY_PAYLOAD_TYPE
 from fedldp.collector.auth import bearer_metadata
 from fedldp.collector.policies import PolicyRegistry
 from fedldp.collector.server import RunningCollector, start_collector

@@ -17,10 +17,10 @@ from pathlib import Path
 
 import pytest
 import tomllib
+from fedldp.authoring import Authority, policy_from_dict, sign_envelope
 from fedldp.client.mechanisms.numeric import DEFAULT_LEVELS, default_band
-from fedldp.client.policy import Authority, InvalidPolicyError, TrustStore, verify_policy
-from fedldp.client.policy.authoring import policy_from_dict
-from fedldp.client.policy.envelope import POLICY_PAYLOAD_TYPE, sign_envelope
+from fedldp.client.policy import InvalidPolicyError, TrustStore, verify_policy
+from fedldp.client.policy.envelope import POLICY_PAYLOAD_TYPE
 from fedldp.v1 import policy_pb2
 
 DAY = 86400

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 import tomllib
+from fedldp.authoring import Authority, policy_from_dict
 from fedldp.client.mechanisms.auto import choose_frequency_oracle
-from fedldp.client.policy import Authority, InvalidPolicyError
-from fedldp.client.policy.authoring import policy_from_dict
+from fedldp.client.policy import InvalidPolicyError
 
 EXAMPLE = Path(__file__).resolve().parents[3] / "deploy" / "policies" / "example-policy.toml"
 
