@@ -252,24 +252,15 @@ def start_collectors(
 # --- the load generator ---
 
 
-def _varint(n: int) -> bytes:
-    out = bytearray()
-    while True:
-        byte = n & 0x7F
-        n >>= 7
-        if n:
-            out.append(byte | 0x80)
-        else:
-            out.append(byte)
-            return bytes(out)
-
-
 class RequestFactory:
     """Builds SubmitRequest bytes fast: a serialized report template with a fresh id."""
 
     def __init__(self, deployment: Any, now: int) -> None:
         from fedldp.client.mechanisms import CategoryOutput
+        from fedldp.client.transport import submit_request_bytes
         from fedldp.collector.testing import coarse, make_report
+
+        self.encode = submit_request_bytes
 
         policy = deployment.verified(deployment.envelopes[0])
         self.tails: list[bytes] = []
@@ -287,9 +278,8 @@ class RequestFactory:
         parts = []
         for i in range(reports):
             rid = os.urandom(16) if ids is None else ids.next()
-            body = b"\x0a\x10" + rid + self.tails[i & 3]
-            parts.append(b"\x0a" + _varint(len(body)) + body)
-        return b"".join(parts)
+            parts.append(b"\x0a\x10" + rid + self.tails[i & 3])
+        return self.encode(parts)
 
 
 @dataclass
