@@ -229,7 +229,7 @@ def start_collectors(
     processes: int = 1,
 ) -> Server:
     """`count` collector daemons (each with `processes` processes) on one ledger."""
-    from fedldp.collector.testing import spawn, write_config
+    from tests.support.collector_testkit import spawn, write_config
 
     procs, addresses = [], []
     for i in range(count):
@@ -258,7 +258,8 @@ class RequestFactory:
     def __init__(self, deployment: Any, now: int) -> None:
         from fedldp.client.mechanisms import CategoryOutput
         from fedldp.client.transport import submit_request_bytes
-        from fedldp.collector.testing import coarse, make_report
+
+        from tests.support.collector_testkit import coarse, make_report
 
         self.encode = submit_request_bytes
 
@@ -548,7 +549,7 @@ def main(argv: list[str] | None = None) -> int:
         serve_null(args.serve_null, args.null_kind, args.workers, args.null_port)
         return 0
 
-    from fedldp.collector.testing import Deployment, PostgresServer, postgres_bindir
+    from tests.support.collector_testkit import Deployment, PostgresServer, postgres_bindir
 
     runs = max(5, args.runs or 5)
     seconds = args.seconds or (0.4 if args.quick else 3.0)

@@ -847,7 +847,7 @@ def _print(figures: dict[str, Any]) -> None:
     rows = [
         [
             name,
-            _mmm(o[key], 1e6, 1),
+            _mmm(o[key], 1e6),
             f"{o[key].median / batch_s * 100:.2f} %",
         ]
         for name, key in (

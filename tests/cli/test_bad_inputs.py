@@ -18,10 +18,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from collector_testkit import Deployment, write_config
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from fedldp.authoring import write_private_key, write_public_key
 from fedldp.collector.ledger import open_ledger
-from fedldp.collector.testing import Deployment, write_config
 
 FEDLDP = str(Path(sys.executable).with_name("fedldp"))
 

@@ -1,4 +1,9 @@
-"""A throwaway collector deployment for tests, benchmarks and the demo.
+"""The collector test kit: a throwaway deployment, wire reports, processes, PostgreSQL.
+
+Internal to this repository (tests and bench/; not shipped in the `fedldp`
+package, and not a public API): tests import it as `collector_testkit`
+(pyproject's pytest ``pythonpath``), benchmarks as `tests.support.collector_testkit`
+(run from the repository root).
 
 `Deployment.create(now=...)` makes an `Authority` (root + policy key), signs a
 set of policies, holds a token secret, and can write the trust and policy
