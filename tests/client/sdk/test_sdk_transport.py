@@ -99,7 +99,7 @@ def _sdk_reports() -> list[bytes]:
         elif kind == 3:
             r.numeric.value = -1.5 * i
         else:
-            r.index_bit.index, r.index_bit.bit = i, 1
+            r.index_bit.index, r.index_bit.bit = i, True
         out.append(r.SerializeToString())
     return out
 
