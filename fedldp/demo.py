@@ -74,6 +74,7 @@ class Tally:
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def add(self, **counts: int) -> None:
+        """Add each count to the field of that name (thread-safe)."""
         with self.lock:
             for name, value in counts.items():
                 setattr(self, name, getattr(self, name) + value)
