@@ -130,7 +130,7 @@ def measure(folder: Path) -> Coverage:
             coverage.missing.append(label)
 
     for path, tree in modules.items():
-        where = path.relative_to(REPO_ROOT)
+        where = path.relative_to(folder.parent)
         for node in tree.body:
             if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
                 continue
