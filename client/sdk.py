@@ -46,8 +46,8 @@ time and the payload, serialized the same way whatever the true value was; sends
 happen on the sender's schedule, never inside `record()`.
 
 `Client` is the one entry point; each step has its own module:
-`fedldp.client.policy_cache` (trust and policies: steps 1 and the policy half of
-refresh), `fedldp.client.recorder` (steps 2 and 3), `fedldp.client.sender` (step 4),
+`fedldp.client.policy_cache` (step 1: trust, verified policies, refresh),
+`fedldp.client.recorder` (steps 2 and 3), `fedldp.client.sender` (step 4),
 `fedldp.client.results` (the result and error types) and `fedldp.client.events`.
 
 Thread-safe: every method may be called from any thread. For asyncio see
@@ -162,6 +162,13 @@ class Client:
         clock: Callable[[], float] = time.time,
         channel: grpc.Channel | None = None,
     ) -> None:
+        """Open the state file, load trust and cached policies, and connect (see the class).
+
+        Raises TypeError or ValueError for a bad argument (nothing is opened),
+        `PolicyError` when `trust_root` does not verify, `StateError` for an
+        unusable state file; the state file is closed again on any failure.
+        A failed policy fetch is logged, not raised.
+        """
         for name, limit in (("max_epsilon", max_epsilon), ("max_epsilon_cap", max_epsilon_cap)):
             if limit is not None and (
                 not isinstance(limit, Decimal) or not limit.is_finite() or limit <= 0
