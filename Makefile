@@ -33,6 +33,7 @@ test: $(VENV)/.test-installed
 lint: $(VENV)/.test-installed
 	$(BIN)/ruff check .
 	$(BIN)/python scripts/typecheck.py
+	$(BIN)/python scripts/docstring_coverage.py
 
 docs: $(VENV)/.test-installed
 	$(BIN)/python scripts/check_docs.py

@@ -12,6 +12,7 @@ SOURCE_ROOTS = {
     "fedldp.client": "client",
     "fedldp.collector": "collector",
     "fedldp.aggregator": "aggregator",
+    "fedldp.authoring": "authoring",
     "fedldp.v1": "proto/fedldp/v1",
 }
 

@@ -34,7 +34,7 @@ import itertools
 import json
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from decimal import Decimal
 from statistics import NormalDist
 from typing import TYPE_CHECKING, Any
@@ -572,11 +572,6 @@ def distribution_report(
     mids = [float((a + b) / 2) for a, b in itertools.pairwise(edges)]
     mean = sum(m * e.estimate for m, e in zip(mids, freq.estimates, strict=True))
     return DistributionReport(edges=tuple(float(e) for e in edges), frequencies=freq, mean=mean)
-
-
-def with_context(report: FrequencyReport, context: ReportContext) -> FrequencyReport:
-    """A copy of `report` with another context."""
-    return replace(report, context=context)
 
 
 def truth_vector(

@@ -42,7 +42,8 @@ import sqlalchemy as sa
 from fedldp.aggregator.consistency import apply_consistency, clip_and_normalize
 from fedldp.aggregator.estimation import FrequencyReport, frequency_report
 from fedldp.aggregator.reports import report_from_ledgers
-from fedldp.client.policy import Authority, VerifiedPolicy, verify_policy
+from fedldp.authoring import Authority
+from fedldp.client.policy import VerifiedPolicy, verify_policy
 from fedldp.collector.ledger import Ledger, open_ledger
 from fedldp.collector.ledger.schema import statistics
 from fedldp.collector.ledger.store import CheckedReport

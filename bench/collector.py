@@ -229,7 +229,7 @@ def start_collectors(
     processes: int = 1,
 ) -> Server:
     """`count` collector daemons (each with `processes` processes) on one ledger."""
-    from fedldp.collector.testing import spawn, write_config
+    from tests.support.collector_testkit import spawn, write_config
 
     procs, addresses = [], []
     for i in range(count):
@@ -252,24 +252,16 @@ def start_collectors(
 # --- the load generator ---
 
 
-def _varint(n: int) -> bytes:
-    out = bytearray()
-    while True:
-        byte = n & 0x7F
-        n >>= 7
-        if n:
-            out.append(byte | 0x80)
-        else:
-            out.append(byte)
-            return bytes(out)
-
-
 class RequestFactory:
     """Builds SubmitRequest bytes fast: a serialized report template with a fresh id."""
 
     def __init__(self, deployment: Any, now: int) -> None:
         from fedldp.client.mechanisms import CategoryOutput
-        from fedldp.collector.testing import coarse, make_report
+        from fedldp.client.transport import submit_request_bytes
+
+        from tests.support.collector_testkit import coarse, make_report
+
+        self.encode = submit_request_bytes
 
         policy = deployment.verified(deployment.envelopes[0])
         self.tails: list[bytes] = []
@@ -287,9 +279,8 @@ class RequestFactory:
         parts = []
         for i in range(reports):
             rid = os.urandom(16) if ids is None else ids.next()
-            body = b"\x0a\x10" + rid + self.tails[i & 3]
-            parts.append(b"\x0a" + _varint(len(body)) + body)
-        return b"".join(parts)
+            parts.append(b"\x0a\x10" + rid + self.tails[i & 3])
+        return self.encode(parts)
 
 
 @dataclass
@@ -558,7 +549,7 @@ def main(argv: list[str] | None = None) -> int:
         serve_null(args.serve_null, args.null_kind, args.workers, args.null_port)
         return 0
 
-    from fedldp.collector.testing import Deployment, PostgresServer, postgres_bindir
+    from tests.support.collector_testkit import Deployment, PostgresServer, postgres_bindir
 
     runs = max(5, args.runs or 5)
     seconds = args.seconds or (0.4 if args.quick else 3.0)

@@ -32,7 +32,10 @@ from typing import Any
 
 import grpc
 from fedldp.collector.auth import bearer_metadata
-from fedldp.collector.testing import (
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from bench._common import format_table, write_json
+from tests.support.collector_testkit import (
     Deployment,
     RssSampler,
     big_bitvector_request,
@@ -42,9 +45,6 @@ from fedldp.collector.testing import (
     with_fresh_ids,
     write_config,
 )
-from grpc_health.v1 import health_pb2, health_pb2_grpc
-
-from bench._common import format_table, write_json
 
 MiB = 1024 * 1024
 CASES = ("unauthenticated", "garbage", "valid")

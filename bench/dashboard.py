@@ -36,7 +36,8 @@ from fedldp.aggregator.dashboard import pages
 from fedldp.aggregator.dashboard.app import DashboardServer
 from fedldp.aggregator.dashboard.model import Dashboard, Options
 from fedldp.aggregator.dashboard.source import ReadOnlyLedger
-from fedldp.client.policy import Authority, VerifiedPolicy, verify_policy
+from fedldp.authoring import Authority
+from fedldp.client.policy import VerifiedPolicy, verify_policy
 from fedldp.collector.ledger import Ledger, open_ledger
 from fedldp.collector.ledger.schema import central_reservations, spend, statistics
 

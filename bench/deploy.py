@@ -37,7 +37,8 @@ def _child_cpu() -> float:
 def measure_probe(runs: int) -> dict[str, Timing]:
     """Wall and CPU seconds of one `fedldp collector health` process."""
     from fedldp.collector.server import start_collector
-    from fedldp.collector.testing import Deployment
+
+    from tests.support.collector_testkit import Deployment
 
     deployment = Deployment.create(now=int(time.time()))
     deployment.add_categorical("color")
@@ -64,7 +65,8 @@ def measure_probe(runs: int) -> dict[str, Timing]:
 def _fill(url: str, reports: int) -> None:
     """Store `reports` reports (100 per subject) through `Ledger.submit_many`."""
     from fedldp.collector.ledger import SubmitBatch, open_ledger
-    from fedldp.collector.testing import Deployment, checked_report
+
+    from tests.support.collector_testkit import Deployment, checked_report
 
     deployment = Deployment.create(now=int(time.time()))
     policy = deployment.verified(
@@ -92,7 +94,7 @@ def _timed(argv: list[str]) -> float:
 
 def measure_backup(store: str, reports: int, runs: int) -> dict[str, Any]:
     """Backup and restore seconds of a ledger holding `reports` reports."""
-    from fedldp.collector.testing import PostgresServer, postgres_bindir
+    from tests.support.collector_testkit import PostgresServer, postgres_bindir
 
     with tempfile.TemporaryDirectory() as folder:
         base = Path(folder)
@@ -145,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs", type=int, default=5, help="timed runs per figure")
     parser.add_argument("--no-postgres", action="store_true", help="skip PostgreSQL")
     args = parser.parse_args(argv)
-    from fedldp.collector.testing import postgres_bindir
+    from tests.support.collector_testkit import postgres_bindir
 
     reports = 20_000 if args.quick else 200_000
     probe = measure_probe(max(args.runs, 5))

@@ -62,10 +62,10 @@ def measure(reports: int, requests: int, prefill: int, runs: int, per_run: int) 
     from fedldp.collector.ledger import open_ledger
     from fedldp.collector.metrics import CollectorMetrics
     from fedldp.collector.service import CollectorService, Limits
-    from fedldp.collector.testing import Deployment
     from fedldp.v1 import collector_pb2 as pb
 
     from bench.collector import RequestFactory
+    from tests.support.collector_testkit import Deployment
 
     now = int(time.time())
     deployment = Deployment.create(now=now)

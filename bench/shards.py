@@ -84,7 +84,7 @@ def run_cell(
     concurrency: int,
 ) -> dict[str, Any]:
     """One (collectors, shards) cell: reports/s and the cores each group used."""
-    from fedldp.collector.testing import PostgresServer, spawn, write_config
+    from tests.support.collector_testkit import PostgresServer, spawn, write_config
 
     servers = [PostgresServer.start(bindir) for _ in range(shards)]
     procs = []
@@ -160,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, help="also write the figures here")
     parser.add_argument("--concurrency", type=int, default=48, help="devices (calls in flight)")
     args = parser.parse_args(argv)
-    from fedldp.collector.testing import Deployment, postgres_bindir
+    from tests.support.collector_testkit import Deployment, postgres_bindir
 
     bindir = postgres_bindir()
     if bindir is None:

@@ -4,11 +4,13 @@ Three rules shape this module:
 
 1. **Stored bytes go on the wire unchanged.** `Transport.submit_raw` takes the
    serialized ``Report`` messages from the outbox and builds the
-   ``SubmitRequest`` by concatenating them as field 1 (a repeated message field is
-   the concatenation of its length-delimited elements, protobuf encoding spec,
-   "Length-Delimited Records"), and hands those bytes to a generic unary call
-   with no serializer. No message is parsed and re-serialized, so a retry sends
-   exactly the bytes of the first attempt.
+   ``SubmitRequest`` by concatenating them as its ``reports`` field (a repeated
+   message field is the concatenation of its length-delimited elements, protobuf
+   encoding spec, "Length-Delimited Records"; the field number comes from the
+   generated descriptor), and hands those bytes to a generic unary call with no
+   serializer. No message is parsed and re-serialized, so a retry sends exactly
+   the bytes of the first attempt, and a stored row that no longer parses is
+   refused by the collector (INVALID) instead of breaking the sender.
 2. **No value- or timing-dependent request metadata.** Deadlines are enforced on
    the device (``future.result(timeout)`` then cancel), not sent as a
    ``grpc-timeout`` header whose text would depend on when the send started.
@@ -219,7 +221,8 @@ def retry_after_seconds(metadata: Sequence[tuple[str, str | bytes]] | None) -> f
     return None
 
 
-def _varint(n: int) -> bytes:
+def encode_varint(n: int) -> bytes:
+    """`n` (>= 0) as a protobuf base-128 varint (encoding spec, "Base 128 Varints")."""
     out = bytearray()
     while True:
         byte = n & 0x7F
@@ -231,13 +234,23 @@ def _varint(n: int) -> bytes:
             return bytes(out)
 
 
+#: The key of ``SubmitRequest.reports``: its field number, read from the generated
+#: descriptor, and wire type 2 (length-delimited).
+_REPORTS_KEY = encode_varint(
+    collector_pb2.SubmitRequest.DESCRIPTOR.fields_by_name["reports"].number << 3 | 2
+)
+
+
 def submit_request_bytes(reports: Sequence[bytes]) -> bytes:
     """A serialized ``SubmitRequest`` whose ``reports`` are exactly these serialized Reports.
 
-    Field 1, wire type 2 (tag byte 0x0A), then the length as a varint, then the
-    bytes, for each report in order (protobuf encoding: repeated embedded messages).
+    For each report in order: the field's key, the length as a varint, then the
+    bytes (protobuf encoding: repeated embedded messages). Equal byte for byte
+    to the generated code's ``SubmitRequest(reports=...).SerializeToString()``
+    for every Report the SDK stores (tests/client/sdk/test_sdk_transport.py);
+    unlike it, never parses the stored bytes (docs/performance.md says why).
     """
-    return b"".join(b"\x0a" + _varint(len(r)) + r for r in reports)
+    return b"".join(_REPORTS_KEY + encode_varint(len(r)) + r for r in reports)
 
 
 _Methods = tuple[
@@ -430,6 +443,7 @@ __all__ = [
     "Transport",
     "TransportError",
     "channel_options",
+    "encode_varint",
     "jitter_rng",
     "retry_after_seconds",
     "submit_request_bytes",

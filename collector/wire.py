@@ -120,17 +120,6 @@ def content_digest(
     return digest_from_state(state, coarse_time, output)
 
 
-def report_digest(report: collector_pb2.Report, output: Output) -> bytes:
-    """`content_digest` of a wire report whose payload decoded to `output`."""
-    return content_digest(
-        policy_id=report.policy_id,
-        policy_version=report.policy_version,
-        policy_digest=report.policy_digest,
-        coarse_time=report.coarse_time,
-        output=output,
-    )
-
-
 def output_to_json(output: Output) -> str:
     """The stored form of a randomized output (the ledger's `reports.payload`).
 

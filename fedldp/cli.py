@@ -41,6 +41,7 @@ class FedldpGroup(click.Group):
     """
 
     def invoke(self, ctx: click.Context) -> object:
+        """Run the command; map an unexpected exception to exit 70 (see the class)."""
         try:
             return super().invoke(ctx)
         except (click.exceptions.ClickException, click.exceptions.Exit, click.Abort):

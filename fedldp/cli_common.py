@@ -174,6 +174,7 @@ class TimeParam(click.ParamType):  # type: ignore[type-arg]
     name = "TIME"
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
+        """Epoch seconds of `value`; a usage error (exit 2) naming the format otherwise."""
         if isinstance(value, int):
             return value
         text = str(value).strip()

@@ -21,23 +21,25 @@ import click
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 from google.protobuf.message import DecodeError
 
+from fedldp.authoring import (
+    generate_key,
+    load_private_key,
+    make_root,
+    next_root,
+    parse_duration,
+    write_envelope,
+    write_private_key,
+    write_public_key,
+)
 from fedldp.client.policy import (
     InvalidPolicyError,
     KeyFileError,
     PolicyError,
     TrustStore,
-    generate_key,
     key_id_of,
-    load_private_key,
     load_public_key,
-    make_root,
-    next_root,
     read_envelope,
-    write_envelope,
-    write_private_key,
-    write_public_key,
 )
-from fedldp.client.policy.authoring import parse_duration
 from fedldp.v1 import policy_pb2
 
 F = TypeVar("F", bound=Callable[..., Any])

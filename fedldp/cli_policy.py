@@ -18,6 +18,7 @@ import click
 from google.protobuf import json_format
 from google.protobuf.message import DecodeError
 
+from fedldp.authoring import load_policy_toml, sign_policy, successor_problems, write_envelope
 from fedldp.cli_common import decimal_option, trust_option
 from fedldp.cli_keys import load_keys, now_option, passphrase_from_env
 from fedldp.client.policy import (
@@ -28,17 +29,13 @@ from fedldp.client.policy import (
     PolicyError,
     TrustStore,
     key_id_of,
-    load_policy_toml,
     load_public_key,
     load_trust,
     load_trust_folder,
     policy_digest,
     policy_problems,
     read_envelope,
-    sign_policy,
-    successor_problems,
     verify_policy,
-    write_envelope,
 )
 from fedldp.v1 import policy_pb2
 

@@ -187,8 +187,9 @@ def start_embedded(files: dict[str, Any], secret: bytes) -> Any:
     from fedldp.aggregator.service.catalog import CatalogError, load_catalog
     from fedldp.aggregator.service.policy import load_release_policy
     from fedldp.aggregator.service.server import ServiceConfig, start_release_service
+    from fedldp.authoring import load_private_key
     from fedldp.cli_keys import passphrase_from_env
-    from fedldp.client.policy import KeyFileError, load_private_key, load_public_key
+    from fedldp.client.policy import KeyFileError, load_public_key
     from fedldp.collector.auth import Authenticator, TokenAuthority
 
     try:

@@ -130,8 +130,9 @@ def serve_cmd(**options: Any) -> None:
     from fedldp.aggregator.service.jobs import JobsFolderBusyError
     from fedldp.aggregator.service.policy import load_release_policy
     from fedldp.aggregator.service.server import ServiceConfig, start_release_service
+    from fedldp.authoring import KeyFileError, load_private_key
     from fedldp.cli_keys import passphrase_from_env
-    from fedldp.client.policy import KeyFileError, load_private_key, load_public_key
+    from fedldp.client.policy import load_public_key
     from fedldp.collector.auth import Authenticator, TokenAuthority
     from fedldp.collector.daemon import configure_logging
 
@@ -286,8 +287,9 @@ def sign_policy_cmd(policy_file: Path, key: str, out: Path, passphrase_env: str 
     """Validate a release policy (TOML) and write it signed, for `serve --policy`."""
     from fedldp.aggregator.central.signing import canonical_json
     from fedldp.aggregator.service.policy import ReleasePolicyError, sign_release_policy
+    from fedldp.authoring import load_private_key
     from fedldp.cli_keys import passphrase_from_env
-    from fedldp.client.policy import KeyFileError, key_id_of, load_private_key
+    from fedldp.client.policy import KeyFileError, key_id_of
 
     if out.exists():
         raise click.ClickException(f"{out} exists; a signed policy is never overwritten")

@@ -531,8 +531,8 @@ def _signing_key(path: str | None, passphrase_env: str | None, receipt: str | No
         raise click.UsageError("--receipt needs --signing-key (receipts are always signed)")
     if Path(receipt).exists():
         raise click.ClickException(f"{receipt} exists; a receipt is never overwritten")
+    from fedldp.authoring import KeyFileError, load_private_key
     from fedldp.cli_keys import passphrase_from_env
-    from fedldp.client.policy import KeyFileError, load_private_key
 
     try:
         return load_private_key(path, passphrase=passphrase_from_env(passphrase_env))

@@ -74,6 +74,7 @@ class Tally:
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def add(self, **counts: int) -> None:
+        """Add each count to the field of that name (thread-safe)."""
         with self.lock:
             for name, value in counts.items():
                 setattr(self, name, getattr(self, name) + value)
@@ -120,8 +121,7 @@ def _write_deployment(
 ) -> Deployment:
     import secrets
 
-    from fedldp.client.policy import Authority
-    from fedldp.client.policy.files import write_envelope, write_private_key, write_public_key
+    from fedldp.authoring import Authority, write_envelope, write_private_key, write_public_key
 
     authority = Authority.generate(now=now - 60)
     for sub in ("keys", "trust/pinned", "policies"):

@@ -22,6 +22,7 @@ SUBPACKAGES = {
     "client": REPO_ROOT / "client",
     "collector": REPO_ROOT / "collector",
     "aggregator": REPO_ROOT / "aggregator",
+    "authoring": REPO_ROOT / "authoring",
     "v1": REPO_ROOT / "proto" / "fedldp" / "v1",
 }
 

@@ -3,7 +3,7 @@
 The server is started from the installed initdb/pg_ctl in a temporary folder
 (as the `postgres` user when the suite runs as root, which PostgreSQL
 requires), on a free loopback port, and stopped at the end
-(`fedldp.collector.testing.PostgresServer`). Tests that need it take
+(`collector_testkit.PostgresServer`, tests/support). Tests that need it take
 `postgresql_url` (a fresh database each) and are skipped with a clear reason
 only when no PostgreSQL binaries are installed. A second server
 (`postgresql_url_b`) is started for the ledger-shard tests only.
@@ -22,7 +22,7 @@ import pytest
 def start_postgres() -> Iterator[Any]:
     """Start a PostgreSQL server, yield it, stop it (skips when PostgreSQL is not installed)."""
     pytest.importorskip("sqlalchemy", reason="the collector extra is not installed")
-    from fedldp.collector.testing import PostgresServer, postgres_bindir
+    from collector_testkit import PostgresServer, postgres_bindir
 
     bindir = postgres_bindir()
     if bindir is None:

@@ -37,13 +37,6 @@ class GaussianCalibration(str, enum.Enum):
     CLASSIC = "classic"
 
 
-def laplace_scale(sensitivity: float, epsilon: float) -> float:
-    """b = Δ/ε (Dwork and Roth 2014, Theorem 3.6)."""
-    if sensitivity <= 0 or epsilon <= 0:
-        raise ValueError("sensitivity and epsilon must be positive")
-    return sensitivity / epsilon
-
-
 def classic_gaussian_sigma(sensitivity: float, epsilon: float, delta: float) -> float:
     """σ = Δ√(2 ln(1.25/δ))/ε, valid for 0 < ε < 1 only (Dwork and Roth 2014, Thm A.1)."""
     _check(sensitivity, epsilon, delta)

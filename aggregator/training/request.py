@@ -52,7 +52,7 @@ def load_signing_key(receipt: ReceiptConfig) -> Ed25519PrivateKey | None:
         return None
     import os
 
-    from fedldp.client.policy import KeyFileError, load_private_key
+    from fedldp.authoring import KeyFileError, load_private_key
 
     passphrase = None
     if receipt.passphrase_env is not None:

@@ -695,6 +695,7 @@ class Piecewise(NumericMechanism):
 
     @property
     def cells(self) -> int:
+        """Cells of the output grid (the signed "cells" parameter)."""
         return self.grid.cells
 
     def index_weights(self, level: int) -> tuple[int, ...]:
@@ -752,6 +753,7 @@ class Hybrid(NumericMechanism):
 
     @property
     def cells(self) -> int:
+        """Cells of the output grid (the signed "cells" parameter)."""
         return self.grid.cells
 
     def index_weights(self, level: int) -> tuple[int, ...]:

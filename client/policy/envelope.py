@@ -20,10 +20,7 @@ from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
 
 from cryptography.exceptions import InvalidSignature
-from cryptography.hazmat.primitives.asymmetric.ed25519 import (
-    Ed25519PrivateKey,
-    Ed25519PublicKey,
-)
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 from fedldp.client.policy.errors import InvalidPolicyError, PayloadTypeError
 from fedldp.v1 import policy_pb2
@@ -91,24 +88,6 @@ def domain_digest(values: Sequence[str]) -> bytes:
         digest.update(len(encoded).to_bytes(_DOMAIN_LENGTH_BYTES, "big"))
         digest.update(encoded)
     return digest.digest()
-
-
-def sign_envelope(
-    payload_type: str, payload: bytes, keys: Sequence[Ed25519PrivateKey]
-) -> policy_pb2.SignedEnvelope:
-    """Sign `payload` (exact bytes) with each key; one Signature per distinct key."""
-    if not keys:
-        raise ValueError("sign_envelope needs at least one private key")
-    envelope = policy_pb2.SignedEnvelope(payload_type=payload_type, payload=payload)
-    message = pae(payload_type, payload)
-    seen: set[str] = set()
-    for key in keys:
-        key_id = key_id_of(key.public_key())
-        if key_id in seen:
-            continue
-        seen.add(key_id)
-        envelope.signatures.append(policy_pb2.Signature(key_id=key_id, sig=key.sign(message)))
-    return envelope
 
 
 def check_payload_type(envelope: policy_pb2.SignedEnvelope, expected: str) -> None:

@@ -10,8 +10,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from fedldp.authoring import Authority
 from fedldp.client.mechanisms.base import Output
-from fedldp.client.policy import Authority, VerifiedPolicy, verify_policy
+from fedldp.client.policy import VerifiedPolicy, verify_policy
 from fedldp.collector.ledger import Ledger, open_ledger
 from fedldp.collector.ledger.store import CheckedReport
 from fedldp.collector.wire import content_digest

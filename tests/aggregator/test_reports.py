@@ -23,8 +23,8 @@ from fedldp.aggregator.reports import (
     partials_from_ledger,
     report_from_ledgers,
 )
+from fedldp.authoring import write_envelope, write_public_key
 from fedldp.client.policy import VerifiedPolicy
-from fedldp.client.policy.files import write_envelope, write_public_key
 from fedldp.collector.ledger import Ledger
 
 from fedldp.cli_report import report as report_cmd

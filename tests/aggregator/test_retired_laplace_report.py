@@ -6,9 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from click.testing import CliRunner
-from fedldp.client.policy import Authority
-from fedldp.client.policy.envelope import POLICY_PAYLOAD_TYPE, sign_envelope
-from fedldp.client.policy.files import write_envelope, write_public_key
+from fedldp.authoring import Authority, sign_envelope, write_envelope, write_public_key
+from fedldp.client.policy.envelope import POLICY_PAYLOAD_TYPE
 from fedldp.collector.ledger import open_ledger
 
 from fedldp.cli_report import report as report_cmd

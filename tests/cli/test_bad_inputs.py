@@ -20,10 +20,10 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 from click.testing import CliRunner
+from collector_testkit import Deployment, write_config
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-from fedldp.client.policy import write_private_key, write_public_key
+from fedldp.authoring import write_private_key, write_public_key
 from fedldp.collector.ledger import open_ledger, restore
-from fedldp.collector.testing import Deployment, write_config
 
 from fedldp.cli import main
 

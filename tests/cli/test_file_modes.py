@@ -18,8 +18,8 @@ import time
 from pathlib import Path
 
 import pytest
+from collector_testkit import Deployment, spawn, write_config
 from fedldp.collector.ledger import open_ledger
-from fedldp.collector.testing import Deployment, spawn, write_config
 
 FEDLDP = str(Path(sys.executable).with_name("fedldp"))
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import importlib
 import subprocess
 import sys
@@ -47,3 +48,80 @@ def test_device_modules_import_without_heavy_dependencies() -> None:
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
+
+
+CLIENT_ROOT = REPO_ROOT / "client"
+#: Names that only signing needs: the private-key type and private-key loading.
+SIGNING_NAMES = frozenset({"Ed25519PrivateKey", "load_pem_private_key", "private_bytes"})
+
+
+def signing_uses(source: str) -> list[str]:
+    """The signing code paths in `source`: authoring imports and signing names (by AST,
+    so documentation that mentions them does not count)."""
+    found: list[str] = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("fedldp.authoring"):
+            found.append(f"import from {node.module}")
+        elif isinstance(node, ast.Import):
+            found += [
+                f"import {a.name}" for a in node.names if a.name.startswith("fedldp.authoring")
+            ]
+        elif isinstance(node, ast.alias) and node.name in SIGNING_NAMES:
+            found.append(node.name)
+        elif isinstance(node, ast.Name) and node.id in SIGNING_NAMES:
+            found.append(node.id)
+        elif isinstance(node, ast.Attribute) and node.attr in SIGNING_NAMES:
+            found.append(f".{node.attr}")
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr == "sign"
+        ):
+            found.append(".sign()")
+    return found
+
+
+def test_importing_the_device_package_loads_no_authoring_code() -> None:
+    """Devices verify, never sign: no device module imports `fedldp.authoring`."""
+    code = textwrap.dedent(
+        """
+        import importlib, pkgutil, sys
+        import fedldp, fedldp.client
+        for info in pkgutil.walk_packages(fedldp.client.__path__, "fedldp.client."):
+            importlib.import_module(info.name)
+        fedldp.Client
+        loaded = sorted(m for m in sys.modules if m.startswith("fedldp.authoring"))
+        assert not loaded, loaded
+        """
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+
+
+def test_no_signing_code_path_under_the_device_package() -> None:
+    """No private-key type, signing call or authoring import anywhere under client/."""
+    offenders = {
+        str(path.relative_to(REPO_ROOT)): uses
+        for path in sorted(CLIENT_ROOT.rglob("*.py"))
+        if (uses := signing_uses(path.read_text()))
+    }
+    assert offenders == {}
+
+
+def test_the_signing_scan_catches_a_planted_signer() -> None:
+    """The broken variant: a device module that signs is reported, documentation is not."""
+    planted = textwrap.dedent(
+        '''
+        """Mentions Ed25519PrivateKey and fedldp.authoring in prose only."""
+        from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+        from fedldp.authoring.signing import sign_envelope
+
+        def sign(key: Ed25519PrivateKey, data: bytes) -> bytes:
+            return key.sign(data)
+        '''
+    )
+    assert signing_uses('"""Ed25519PrivateKey, fedldp.authoring, key.sign()."""') == []
+    uses = signing_uses(planted)
+    assert "import from fedldp.authoring.signing" in uses
+    assert "Ed25519PrivateKey" in uses
+    assert ".sign()" in uses

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import grpc
 import pytest
+from collector_testkit import Deployment
 from fedldp.client.policy import VerifiedPolicy
 from fedldp.collector.ledger import Ledger, open_ledger
 from fedldp.collector.server import RunningCollector, start_collector
-from fedldp.collector.testing import Deployment
 from fedldp.v1 import collector_pb2_grpc
 
 STORES = ["sqlite", "postgresql"]

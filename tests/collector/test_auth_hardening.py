@@ -10,6 +10,7 @@ from pathlib import Path
 
 import grpc
 import pytest
+from collector_testkit import Deployment, coarse, make_report
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
@@ -18,7 +19,6 @@ from fedldp.client.mechanisms import CategoryOutput
 from fedldp.collector.auth import Authenticator, TokenAuthority, bearer_metadata
 from fedldp.collector.errors import UnauthenticatedError
 from fedldp.collector.server import start_collector
-from fedldp.collector.testing import Deployment, coarse, make_report
 from fedldp.v1 import collector_pb2 as pb
 from fedldp.v1 import collector_pb2_grpc
 

@@ -11,6 +11,7 @@ from pathlib import Path
 import grpc
 import pytest
 from click.testing import CliRunner
+from collector_testkit import Deployment, coarse, make_report
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
@@ -23,7 +24,6 @@ from fedldp.collector.ledger import CheckedReport, open_ledger
 from fedldp.collector.ledger.schema import spend
 from fedldp.collector.ratelimit import RateLimiter
 from fedldp.collector.server import start_collector
-from fedldp.collector.testing import Deployment, coarse, make_report
 from fedldp.v1 import collector_pb2 as pb
 from fedldp.v1 import collector_pb2_grpc
 

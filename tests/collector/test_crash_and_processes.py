@@ -11,10 +11,10 @@ from pathlib import Path
 
 import grpc
 import pytest
+from collector_testkit import Deployment, coarse, make_report, spawn, write_config
 from fedldp.client.mechanisms import CategoryOutput
 from fedldp.collector.auth import bearer_metadata
 from fedldp.collector.ledger import open_ledger
-from fedldp.collector.testing import Deployment, coarse, make_report, spawn, write_config
 from fedldp.v1 import collector_pb2 as pb
 from fedldp.v1 import collector_pb2_grpc
 

@@ -16,12 +16,7 @@ from decimal import Decimal
 from pathlib import Path
 
 import grpc
-from fedldp.client.mechanisms import CategoryOutput
-from fedldp.client.policy import VerifiedPolicy
-from fedldp.collector.auth import bearer_metadata
-from fedldp.collector.ledger import Ledger, open_ledger
-from fedldp.collector.server import RunningCollector, start_collector
-from fedldp.collector.testing import (
+from collector_testkit import (
     Deployment,
     coarse,
     free_port,
@@ -29,6 +24,11 @@ from fedldp.collector.testing import (
     spawn,
     write_config,
 )
+from fedldp.client.mechanisms import CategoryOutput
+from fedldp.client.policy import VerifiedPolicy
+from fedldp.collector.auth import bearer_metadata
+from fedldp.collector.ledger import Ledger, open_ledger
+from fedldp.collector.server import RunningCollector, start_collector
 from fedldp.v1 import collector_pb2 as pb
 from fedldp.v1 import collector_pb2_grpc
 

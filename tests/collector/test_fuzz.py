@@ -27,10 +27,10 @@ from typing import Any
 
 import grpc
 import pytest
+from collector_testkit import Deployment, coarse
 from fedldp.client.policy import VerifiedPolicy
 from fedldp.collector.auth import bearer_metadata
 from fedldp.collector.server import RunningCollector, start_collector
-from fedldp.collector.testing import Deployment, coarse
 from fedldp.v1 import collector_pb2 as pb
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st

@@ -12,12 +12,12 @@ import time
 from collections.abc import Iterator
 
 import pytest
+from collector_testkit import checked_report
 from fedldp.client.policy import VerifiedPolicy
 from fedldp.collector.committer import GroupCommitter
 from fedldp.collector.ledger import ACCEPTED, DUPLICATE, Ledger, SubmitBatch, open_ledger
 from fedldp.collector.ledger.sqlite_ingest import WAL_AUTOCHECKPOINT_PAGES
 from fedldp.collector.metrics import CollectorMetrics
-from fedldp.collector.testing import checked_report
 
 
 def _commits(metrics: CollectorMetrics) -> float:

@@ -13,13 +13,13 @@ from decimal import Decimal
 
 import pytest
 import sqlalchemy as sa
+from collector_testkit import checked_report
 from fedldp.client.mechanisms import CategoryOutput
 from fedldp.client.policy import VerifiedPolicy
 from fedldp.collector.auth import TokenAuthority
 from fedldp.collector.errors import UnauthenticatedError
 from fedldp.collector.ledger import ACCEPTED, CheckedReport, Ledger, SubmitBatch, open_ledger
 from fedldp.collector.ledger.store import _in_statement
-from fedldp.collector.testing import checked_report
 
 
 def _stored_statistic(ledger: Ledger, policy: VerifiedPolicy) -> tuple[int, list[int]]:

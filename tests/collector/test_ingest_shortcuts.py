@@ -22,6 +22,7 @@ from typing import cast
 
 import pytest
 import sqlalchemy as sa
+from collector_testkit import Deployment, checked_report, coarse, make_report
 from fedldp.client.mechanisms import (
     BitVectorOutput,
     CategoryOutput,
@@ -47,7 +48,6 @@ from fedldp.collector.ledger.schema import reports as reports_table
 from fedldp.collector.ledger.schema import statistics
 from fedldp.collector.metrics import CollectorMetrics
 from fedldp.collector.service import CollectorService, Limits, _ledger_response
-from fedldp.collector.testing import Deployment, checked_report, coarse, make_report
 from fedldp.collector.wire import content_digest, digest_from_state, digest_state, output_to_json
 from fedldp.v1 import collector_pb2 as pb
 

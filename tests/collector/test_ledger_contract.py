@@ -10,6 +10,7 @@ from decimal import Decimal
 
 import pytest
 import sqlalchemy as sa
+from collector_testkit import Deployment
 from fedldp.client.mechanisms import CategoryOutput
 from fedldp.client.policy import VerifiedPolicy
 from fedldp.collector.ledger import (
@@ -26,7 +27,6 @@ from fedldp.collector.ledger import (
     open_ledger,
 )
 from fedldp.collector.ledger.schema import spend
-from fedldp.collector.testing import Deployment
 from fedldp.v1 import policy_pb2
 
 

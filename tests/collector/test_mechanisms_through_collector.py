@@ -13,10 +13,10 @@ from typing import Any
 
 import grpc
 import pytest
+from collector_testkit import Deployment, coarse, make_report
 from fedldp.client.mechanisms import BitVectorOutput, NumericOutput, registered_ids
 from fedldp.collector.auth import bearer_metadata
 from fedldp.collector.server import RunningCollector, start_collector
-from fedldp.collector.testing import Deployment, coarse, make_report
 from fedldp.v1 import collector_pb2 as pb
 from fedldp.v1 import collector_pb2_grpc, policy_pb2
 

@@ -18,14 +18,15 @@ from decimal import Decimal
 
 import grpc
 import pytest
+from collector_testkit import Deployment, coarse, make_report
+from fedldp.authoring import sign_envelope
 from fedldp.client.mechanisms import NumericOutput
 from fedldp.client.mechanisms.numeric import NumericMechanism
 from fedldp.client.policy import PolicyError, VerifiedPolicy
-from fedldp.client.policy.envelope import POLICY_PAYLOAD_TYPE, sign_envelope
+from fedldp.client.policy.envelope import POLICY_PAYLOAD_TYPE
 from fedldp.collector.auth import bearer_metadata
 from fedldp.collector.policies import PolicyRegistry
 from fedldp.collector.server import RunningCollector, start_collector
-from fedldp.collector.testing import Deployment, coarse, make_report
 from fedldp.v1 import collector_pb2 as pb
 from fedldp.v1 import collector_pb2_grpc, policy_pb2
 

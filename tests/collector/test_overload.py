@@ -17,13 +17,7 @@ from typing import Any
 
 import grpc
 import pytest
-from fedldp.client.mechanisms import CategoryOutput
-from fedldp.collector.admission import Admission
-from fedldp.collector.auth import bearer_metadata
-from fedldp.collector.ledger import Ledger
-from fedldp.collector.ledger.sqlite_ingest import CACHE_KIB
-from fedldp.collector.server import RefusalLog, RunningCollector, start_collector
-from fedldp.collector.testing import (
+from collector_testkit import (
     Deployment,
     LoadResult,
     RssSampler,
@@ -37,6 +31,12 @@ from fedldp.collector.testing import (
     with_fresh_ids,
     write_config,
 )
+from fedldp.client.mechanisms import CategoryOutput
+from fedldp.collector.admission import Admission
+from fedldp.collector.auth import bearer_metadata
+from fedldp.collector.ledger import Ledger
+from fedldp.collector.ledger.sqlite_ingest import CACHE_KIB
+from fedldp.collector.server import RefusalLog, RunningCollector, start_collector
 from fedldp.v1 import collector_pb2 as pb
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 

@@ -20,6 +20,7 @@ from typing import Any
 import grpc
 import pytest
 import sqlalchemy as sa
+from collector_testkit import Deployment, coarse, make_report
 from fedldp.client.mechanisms import CategoryOutput
 from fedldp.client.policy import VerifiedPolicy
 from fedldp.collector import server as server_module
@@ -28,7 +29,6 @@ from fedldp.collector.ledger import Ledger, PolicyLineage, open_ledger
 from fedldp.collector.ledger.schema import policy_lineage, reports
 from fedldp.collector.policies import Lookup, PolicyRegistry
 from fedldp.collector.server import RunningCollector, start_collector
-from fedldp.collector.testing import Deployment, coarse, make_report
 from fedldp.v1 import collector_pb2 as pb
 from fedldp.v1 import collector_pb2_grpc, policy_pb2
 

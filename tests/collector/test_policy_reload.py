@@ -12,12 +12,12 @@ from pathlib import Path
 
 import grpc
 import pytest
+from collector_testkit import Deployment, coarse, make_report, spawn, write_config
 from fedldp.client.mechanisms import CategoryOutput
 from fedldp.client.policy import VerifiedPolicy
 from fedldp.collector.auth import bearer_metadata
 from fedldp.collector.policies import PolicyFolderError, PolicyRegistry
 from fedldp.collector.server import RunningCollector, start_collector
-from fedldp.collector.testing import Deployment, coarse, make_report, spawn, write_config
 from fedldp.v1 import collector_pb2 as pb
 from fedldp.v1 import collector_pb2_grpc, policy_pb2
 

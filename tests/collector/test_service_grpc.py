@@ -11,6 +11,7 @@ from typing import Any
 
 import grpc
 import pytest
+from collector_testkit import Deployment, coarse, make_report
 from fedldp.client.mechanisms import (
     BitVectorOutput,
     CategoryOutput,
@@ -19,7 +20,6 @@ from fedldp.client.mechanisms import (
 from fedldp.collector.auth import TokenAuthority, bearer_metadata
 from fedldp.collector.ledger import open_ledger
 from fedldp.collector.server import RunningCollector, start_collector
-from fedldp.collector.testing import Deployment, coarse, make_report
 from fedldp.v1 import collector_pb2 as pb
 from fedldp.v1 import collector_pb2_grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc

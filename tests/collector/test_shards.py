@@ -19,6 +19,14 @@ from typing import Any
 import grpc
 import pytest
 from click.testing import CliRunner
+from collector_testkit import (
+    Deployment,
+    checked_report,
+    coarse,
+    make_report,
+    spawn,
+    write_config,
+)
 from fedldp.aggregator.estimation import FrequencyReport
 from fedldp.aggregator.reports import report_from_ledgers
 from fedldp.client.mechanisms import CategoryOutput
@@ -38,14 +46,6 @@ from fedldp.collector.ledger.shards import (
     write_map,
 )
 from fedldp.collector.server import RunningCollector, start_collector
-from fedldp.collector.testing import (
-    Deployment,
-    checked_report,
-    coarse,
-    make_report,
-    spawn,
-    write_config,
-)
 from fedldp.v1 import collector_pb2 as pb
 from fedldp.v1 import collector_pb2_grpc
 

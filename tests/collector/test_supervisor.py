@@ -13,12 +13,7 @@ from pathlib import Path
 
 import grpc
 import pytest
-from fedldp.client.mechanisms import CategoryOutput
-from fedldp.collector.auth import bearer_metadata
-from fedldp.collector.config import ConfigError, load_config
-from fedldp.collector.ledger import open_ledger
-from fedldp.collector.supervisor import restart_delay
-from fedldp.collector.testing import (
+from collector_testkit import (
     CollectorProcess,
     Deployment,
     coarse,
@@ -27,6 +22,11 @@ from fedldp.collector.testing import (
     spawn,
     write_config,
 )
+from fedldp.client.mechanisms import CategoryOutput
+from fedldp.collector.auth import bearer_metadata
+from fedldp.collector.config import ConfigError, load_config
+from fedldp.collector.ledger import open_ledger
+from fedldp.collector.supervisor import restart_delay
 from fedldp.v1 import collector_pb2 as pb
 from fedldp.v1 import collector_pb2_grpc
 

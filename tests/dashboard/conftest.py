@@ -21,8 +21,8 @@ from pathlib import Path
 
 import pytest
 from fedldp.aggregator.dashboard.app import DashboardServer
-from fedldp.client.policy import Authority, VerifiedPolicy, verify_policy
-from fedldp.client.policy.files import write_envelope, write_public_key
+from fedldp.authoring import Authority, write_envelope, write_public_key
+from fedldp.client.policy import VerifiedPolicy, verify_policy
 from fedldp.collector.ledger import ACCEPTED, CheckedReport, open_ledger
 from fedldp.collector.wire import content_digest
 

@@ -22,6 +22,7 @@ import grpc
 import pytest
 import sqlalchemy as sa
 from click.testing import CliRunner, Result
+from collector_testkit import Deployment, checked_report, coarse, make_report
 from fedldp.client.mechanisms import CategoryOutput
 from fedldp.client.policy import VerifiedPolicy
 from fedldp.collector.auth import bearer_metadata
@@ -29,7 +30,6 @@ from fedldp.collector.ledger import ACCEPTED, BUDGET_EXHAUSTED, Ledger, open_led
 from fedldp.collector.ledger.restore import RestoreGap, refused_by
 from fedldp.collector.ledger.schema import restore_epochs
 from fedldp.collector.server import RunningCollector, start_collector
-from fedldp.collector.testing import Deployment, checked_report, coarse, make_report
 from fedldp.v1 import collector_pb2 as pb
 from fedldp.v1 import collector_pb2_grpc
 

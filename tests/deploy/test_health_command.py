@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner, Result
+from collector_testkit import Deployment, free_port
 from deploy_testkit import TlsMaterial
 from fedldp.collector.server import (
     SERVICE_NAME,
@@ -19,7 +20,6 @@ from fedldp.collector.server import (
     _AsyncTransport,
     start_collector,
 )
-from fedldp.collector.testing import Deployment, free_port
 from grpc_health.v1 import health_pb2
 
 from fedldp.cli import main

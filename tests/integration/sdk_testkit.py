@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import grpc
-from fedldp.client.policy import Authority
+from fedldp.authoring import Authority
 from fedldp.client.sdk import Client, TrustRoot
 from fedldp.client.transport import Backoff, Credentials, TransportError, retry_after_seconds
 from fedldp.collector.auth import TokenAuthority
@@ -148,7 +148,7 @@ class Deployment:
 
     def trust_dir(self) -> Path:
         """A trust folder (pinned/root.pem + 1.root) as an app would ship it."""
-        from fedldp.client.policy.files import write_envelope, write_public_key
+        from fedldp.authoring import write_envelope, write_public_key
 
         folder = self.tmp / "trust"
         if not folder.exists():

@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 from fedldp.aggregator.estimation import FrequencyReport
 from fedldp.aggregator.reports import report_from_ledgers
-from fedldp.client.policy import Authority
+from fedldp.authoring import Authority
 from fedldp.client.sdk import BudgetGuardError, Client, TrustRoot
 from fedldp.client.transport import Credentials
 from fedldp.collector.auth import TokenAuthority

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from fedldp.client import sdk
+from fedldp.client import policy_cache
 from fedldp.client.sdk import NoPolicyError
 from sdk_testkit import LABELS, Deployment, running_deployment
 
@@ -55,7 +55,7 @@ def test_broken_variant_without_the_window_check_spends_three_in_an_hour(
 ) -> None:
     """What the check prevents: a device that takes the hourly version records 2 more
     in the hour in which it already spent 1 under the daily version (cap 2)."""
-    monkeypatch.setattr(sdk, "_window_change", lambda conn, policy: None)
+    monkeypatch.setattr(policy_cache, "_window_change", lambda conn, policy: None)
     deployment.categorical(epsilon="1", epsilon_cap="2", window_seconds=86400, version=1)
     first = deployment.start(name="first")
     with deployment.client(first.address, tmp_path / "d") as c:

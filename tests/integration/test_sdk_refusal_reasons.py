@@ -16,7 +16,8 @@ from pathlib import Path
 import grpc
 import pytest
 from fedldp.client.outbox import OutboxFullError
-from fedldp.client.sdk import BadValueError, BudgetGuardError, NoPolicyError, _memo_adapter
+from fedldp.client.recorder import _memo_adapter
+from fedldp.client.sdk import BadValueError, BudgetGuardError, NoPolicyError
 from fedldp.v1 import collector_pb2, policy_pb2
 from sdk_testkit import LABELS, Deployment, running_deployment
 

@@ -20,7 +20,8 @@ from fedldp.aggregator.central.signing import (
     sign,
     trusted_keys,
 )
-from fedldp.client.policy import generate_key, load_private_key, load_public_key
+from fedldp.authoring import generate_key, load_private_key
+from fedldp.client.policy import load_public_key
 from fedldp.collector.ledger import Ledger, open_ledger
 
 from fedldp.cli import main

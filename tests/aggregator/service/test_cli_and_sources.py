@@ -19,7 +19,7 @@ from click.testing import CliRunner
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from fedldp.aggregator.service.catalog import Dataset, NumericColumn
 from fedldp.aggregator.service.server import RunningReleaseService
-from fedldp.client.policy import write_private_key, write_public_key
+from fedldp.authoring import write_private_key, write_public_key
 from fedldp.collector.auth import TokenAuthority
 
 from fedldp.cli import main

@@ -30,7 +30,7 @@ from fedldp.aggregator.service.policy import (
     load_release_policy,
 )
 from fedldp.aggregator.service.server import RunningReleaseService
-from fedldp.client.policy import write_private_key, write_public_key
+from fedldp.authoring import write_private_key, write_public_key
 from fedldp.collector.ledger import open_ledger
 from fedldp.v1 import release_pb2 as pb
 

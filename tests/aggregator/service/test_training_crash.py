@@ -17,7 +17,7 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from fedldp.aggregator.service.policy import ledger_subject
 from fedldp.aggregator.service.training import STOPPED_MESSAGE
-from fedldp.client.policy import write_private_key, write_public_key
+from fedldp.authoring import write_private_key, write_public_key
 from fedldp.collector.auth import TokenAuthority, bearer_metadata
 from fedldp.collector.ledger import DataOpenedError, open_ledger
 from fedldp.v1 import release_pb2 as pb

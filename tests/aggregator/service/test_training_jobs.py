@@ -32,7 +32,7 @@ from fedldp.aggregator.service.server import (
     start_release_service,
 )
 from fedldp.aggregator.service.training import TrainingSetup, training_table
-from fedldp.client.policy import write_private_key, write_public_key
+from fedldp.authoring import write_private_key, write_public_key
 from fedldp.collector.auth import Authenticator, TokenAuthority
 from fedldp.collector.daemon import JsonFormatter
 from fedldp.v1 import release_pb2 as pb

@@ -51,7 +51,7 @@ def ledger(ledger_url: str) -> Iterator[Ledger]:
 @pytest.fixture(scope="session")
 def receipt_key(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     """The training service's receipt key pair (private .key, public .pub), made once."""
-    from fedldp.client.policy import generate_key, write_private_key, write_public_key
+    from fedldp.authoring import generate_key, write_private_key, write_public_key
 
     folder = tmp_path_factory.mktemp("receipt-key")
     key = generate_key()

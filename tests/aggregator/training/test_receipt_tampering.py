@@ -23,7 +23,7 @@ pytest.importorskip("opacus", reason="needs the train extra: pip install 'fedldp
 from fedldp.aggregator.central.signing import TRAINING_RECEIPT_TYPE, sign
 from fedldp.aggregator.training import train_private
 from fedldp.aggregator.training.receipt import load_receipt, replay_epsilons
-from fedldp.client.policy import generate_key, load_private_key
+from fedldp.authoring import generate_key, load_private_key
 from fedldp.collector.ledger import Ledger, open_ledger
 
 from .conftest import ConfigFactory

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from fedldp.client.policy import Authority, TrustStore
+from fedldp.authoring import Authority
+from fedldp.client.policy import TrustStore
 from fedldp.v1 import policy_pb2
 
 #: A fixed "now" (2026-12-01T00:00:00Z); time is always injected.

@@ -18,10 +18,10 @@ from decimal import Decimal
 from pathlib import Path
 
 import pytest
+from fedldp.authoring import Authority, policy_from_dict, sign_envelope
 from fedldp.client.mechanisms.numeric import DEFAULT_LEVELS, default_band
-from fedldp.client.policy import Authority, InvalidPolicyError, TrustStore, verify_policy
-from fedldp.client.policy.authoring import policy_from_dict
-from fedldp.client.policy.envelope import POLICY_PAYLOAD_TYPE, sign_envelope
+from fedldp.client.policy import InvalidPolicyError, TrustStore, verify_policy
+from fedldp.client.policy.envelope import POLICY_PAYLOAD_TYPE
 from fedldp.v1 import policy_pb2
 
 # tomllib from Python 3.11; the collector extra's backport, tomli, on 3.10.

@@ -10,9 +10,9 @@ from decimal import Decimal
 from pathlib import Path
 
 import pytest
+from fedldp.authoring import Authority, policy_from_dict
 from fedldp.client.mechanisms.auto import choose_frequency_oracle
-from fedldp.client.policy import Authority, InvalidPolicyError
-from fedldp.client.policy.authoring import policy_from_dict
+from fedldp.client.policy import InvalidPolicyError
 
 # tomllib from Python 3.11; the collector extra's backport, tomli, on 3.10.
 tomllib = importlib.import_module("tomllib" if sys.version_info >= (3, 11) else "tomli")

@@ -9,12 +9,8 @@ payload type, the payload, a key id or a signature, and must be refused.
 from __future__ import annotations
 
 import pytest
-from fedldp.client.policy import (
-    Authority,
-    PolicyError,
-    TrustStore,
-    verify_policy,
-)
+from fedldp.authoring import Authority
+from fedldp.client.policy import PolicyError, TrustStore, verify_policy
 from fedldp.v1 import policy_pb2
 from google.protobuf.message import DecodeError
 from hypothesis import HealthCheck, given, settings

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner, Result
-from fedldp.client.policy import load_private_key, read_envelope
+from fedldp.authoring import load_private_key
+from fedldp.client.policy import read_envelope
 
 from fedldp.cli_keys import keys
 from fedldp.cli_policy import policy

@@ -8,15 +8,14 @@ from decimal import Decimal
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
+from fedldp.authoring import Authority, sign_envelope
 from fedldp.client.policy import (
     POLICY_PAYLOAD_TYPE,
-    Authority,
     TrustStore,
     domain_digest,
     key_id_of,
     pae,
     policy_digest,
-    sign_envelope,
     verify_policy,
 )
 from fedldp.v1 import policy_pb2

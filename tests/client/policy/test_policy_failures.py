@@ -6,11 +6,11 @@ from decimal import Decimal
 
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from fedldp.authoring import Authority, make_root, sign_envelope
 from fedldp.client.policy import (
     POLICY_PAYLOAD_TYPE,
     ROOT_PAYLOAD_TYPE,
     AudienceMismatchError,
-    Authority,
     BadSignatureError,
     EpsilonAboveMaximumError,
     ExpiredKeyError,
@@ -22,8 +22,6 @@ from fedldp.client.policy import (
     RollbackError,
     TrustStore,
     UnknownKeyError,
-    make_root,
-    sign_envelope,
     verify_policy,
 )
 from fedldp.v1 import policy_pb2

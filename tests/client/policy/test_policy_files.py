@@ -7,9 +7,16 @@ import stat
 from pathlib import Path
 
 import pytest
+from fedldp.authoring import (
+    Authority,
+    generate_key,
+    load_private_key,
+    write_envelope,
+    write_private_key,
+    write_public_key,
+)
 from fedldp.client.policy import (
     AudienceMismatchError,
-    Authority,
     ConflictingPolicyError,
     ExpiredPolicyError,
     InvalidPolicyError,
@@ -17,16 +24,11 @@ from fedldp.client.policy import (
     RootRotationError,
     TrustStore,
     UnknownKeyError,
-    generate_key,
     key_id_of,
     load_policy_folder,
-    load_private_key,
     load_public_key,
     load_trust_folder,
     read_envelope,
-    write_envelope,
-    write_private_key,
-    write_public_key,
 )
 from fedldp.v1 import policy_pb2
 

@@ -6,19 +6,21 @@ import random
 
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-from fedldp.client.policy import (
+from fedldp.authoring import (
     Authority,
-    InvalidPolicyError,
-    RootRotationError,
-    TrustStore,
-    UnknownKeyError,
     generate_key,
-    key_id_of,
-    load_trust,
     make_root,
     next_root,
     sign_envelope,
     sign_policy,
+)
+from fedldp.client.policy import (
+    InvalidPolicyError,
+    RootRotationError,
+    TrustStore,
+    UnknownKeyError,
+    key_id_of,
+    load_trust,
     verify_policy,
 )
 from fedldp.client.policy.envelope import ROOT_PAYLOAD_TYPE

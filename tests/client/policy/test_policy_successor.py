@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from fedldp.client.policy import load_policy_toml, successor_problems
+from fedldp.authoring import load_policy_toml, successor_problems
 
 from fedldp.cli_keys import keys
 from fedldp.cli_policy import policy

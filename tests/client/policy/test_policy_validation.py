@@ -9,15 +9,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fedldp.client.policy import (
-    Authority,
-    InvalidPolicyError,
-    domain_digest,
-    load_policy_toml,
-    parse_decimal,
-    policy_from_dict,
-    policy_problems,
-)
+from fedldp.authoring import Authority, load_policy_toml, policy_from_dict
+from fedldp.client.policy import InvalidPolicyError, domain_digest, parse_decimal, policy_problems
 from fedldp.client.policy.validation import MAX_DOMAIN_VALUES, MAX_LABEL_BYTES
 from fedldp.v1 import policy_pb2
 

@@ -9,7 +9,8 @@ strong as a fresh check, and that `TrustStore` serializes once per change.
 from __future__ import annotations
 
 import pytest
-from fedldp.client.policy import Authority, TrustStore, generate_key, next_root, verify_policy
+from fedldp.authoring import Authority, generate_key, next_root
+from fedldp.client.policy import TrustStore, verify_policy
 from fedldp.client.policy import envelope as envelope_module
 from fedldp.client.policy.envelope import (
     VERIFIED_CACHE_ENTRIES,

@@ -1,4 +1,9 @@
-"""A throwaway collector deployment for tests, benchmarks and the demo.
+"""The collector test kit: a throwaway deployment, wire reports, processes, PostgreSQL.
+
+Internal to this repository (tests and bench/; not shipped in the `fedldp`
+package, and not a public API): tests import it as `collector_testkit`
+(pyproject's pytest ``pythonpath``), benchmarks as `tests.support.collector_testkit`
+(run from the repository root).
 
 `Deployment.create(now=...)` makes an `Authority` (root + policy key), signs a
 set of policies, holds a token secret, and can write the trust and policy
@@ -29,9 +34,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from fedldp.authoring import Authority, write_envelope, write_public_key
 from fedldp.client.mechanisms.base import BitVectorOutput, CategoryOutput, Output
-from fedldp.client.policy import Authority, TrustStore, VerifiedPolicy, verify_policy
-from fedldp.client.policy.files import write_envelope, write_public_key
+from fedldp.client.policy import TrustStore, VerifiedPolicy, verify_policy
 from fedldp.collector.auth import TokenAuthority
 from fedldp.collector.config import CollectorConfig
 from fedldp.collector.ledger import CheckedReport
