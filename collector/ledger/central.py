@@ -9,7 +9,6 @@ import time
 from collections.abc import Mapping, Sequence
 from decimal import Decimal
 from typing import (
-    TYPE_CHECKING,
     Any,
 )
 
@@ -42,9 +41,6 @@ from fedldp.collector.ledger.schema import (
     central_reservation_log,
     central_reservations,
 )
-
-if TYPE_CHECKING:
-    pass
 
 
 def _reentry(

@@ -17,7 +17,6 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import (
-    TYPE_CHECKING,
     Any,
     NoReturn,
     TypeVar,
@@ -41,10 +40,6 @@ from fedldp.collector.ledger.sqlite_ingest import BUSY_TIMEOUT_MS, IngestConnect
 from sqlalchemy import event
 from sqlalchemy.dialects import postgresql as pg_dialect
 from sqlalchemy.dialects import sqlite as sqlite_dialect
-
-if TYPE_CHECKING:
-    pass
-
 
 T = TypeVar("T")
 

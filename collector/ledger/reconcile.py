@@ -5,7 +5,6 @@ from __future__ import annotations
 from collections import defaultdict
 from decimal import Decimal
 from typing import (
-    TYPE_CHECKING,
     Any,
 )
 
@@ -32,9 +31,6 @@ from fedldp.collector.ledger.versions import (
     _policy_version,
     smallest_cap,
 )
-
-if TYPE_CHECKING:
-    pass
 
 
 class Reconcile(LedgerCore):

@@ -1,27 +1,24 @@
 """The ledger's hand-written SQL for the ingestion hot path, per dialect.
 
 The hot path (`ingest.py`) bypasses SQLAlchemy's statement compilation and runs
-these fixed statements on the DBAPI cursor. Their table and column names come
-from the Core tables of `schema.py` where a statement is generated (the INSERT
-of reports); every statement is checked against those tables by
-`check_statements` (tests/collector/test_schema_drift.py), so a column renamed or
-added in `schema.py` without the statements here fails the suite.
+these fixed statements on the DBAPI cursor. The report INSERT/COPY column list
+is generated from `schema.reports` (and checked against it); every statement
+(`all_statements`) is compiled by tests/collector/test_schema_drift.py against
+a ledger made by the Alembic migrations and one made from `schema.py`, on
+SQLite and PostgreSQL, and that test also compares the migrated tables with
+`schema.py`: a column renamed in one place only fails the suite.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 from typing import (
-    TYPE_CHECKING,
     TypeVar,
 )
 
 from fedldp.collector.ledger.schema import (
     reports,
 )
-
-if TYPE_CHECKING:
-    pass
 
 T = TypeVar("T")
 
@@ -189,3 +186,25 @@ def report_columns() -> tuple[str, ...]:
     if sorted(columns) != sorted(c.name for c in reports.columns):
         raise RuntimeError("reports columns and _REPORT_*_COLUMNS disagree")
     return columns
+
+
+#: The IN-list reads of each dialect (`_in_statement` names).
+IN_STATEMENTS = {
+    "sqlite": ("select_ids", "select_spend", "update_spend_values", "select_statistics"),
+    "postgresql": ("select_ids", "select_spend", "select_statistics"),
+}
+
+
+def all_statements(dialect: str) -> dict[str, str]:
+    """Every hand-written statement `dialect`'s hot path runs, by name (IN lists
+    and multi-row INSERTs at two sizes); what the schema drift test compiles."""
+    out = dict(_statements(dialect))
+    for name in IN_STATEMENTS[dialect]:
+        for size in (1, 2):
+            out[f"{name}[{size}]"] = _in_statement(dialect, name, size)
+    if dialect == "sqlite":
+        inserts = insert_reports_statements()
+        out.update({f"insert_reports[{size}]": inserts[size] for size in (1, 2)})
+    else:
+        out["copy_reports"] = copy_reports_statement()
+    return out

@@ -8,7 +8,6 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import (
-    TYPE_CHECKING,
     Any,
 )
 
@@ -30,9 +29,6 @@ from fedldp.collector.ledger.schema import (
     policy_version_generation,
     policy_versions,
 )
-
-if TYPE_CHECKING:
-    pass
 
 
 def smallest_cap(
