@@ -173,8 +173,8 @@ class Ingestion(PolicyVersions):
         plan = self._plan_group(batches)
         cached: dict[tuple[str, int, int], tuple[int, str]] = {}
         # Reading a group's ids before deciding (to answer DUPLICATE or CONFLICT)
-        # costs ≈ 1.5 µs per report inside the transaction, and most groups have
-        # none stored before. So unless the group repeats an id itself or a recent
+        # is costly inside the transaction (docs/performance.md), and most groups
+        # have none stored before. So unless the group repeats an id itself or a recent
         # group met a stored one, its reports are decided as new; the primary key
         # still refuses a stored id at the insert, and then the transaction rolls
         # back and reruns reading the ids (`_StoredIdError`): the same outcomes.

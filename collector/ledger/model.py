@@ -67,10 +67,10 @@ class CheckedReport(tuple[bytes, "LedgerPolicy", "Output", bytes, int]):
     """A report that passed the policy and output-domain checks (immutable).
 
     `content_digest` is `fedldp.collector.wire.content_digest` of the report
-    (everything but its id); it decides DUPLICATE versus CONFLICT. A validated
-    tuple rather than a frozen dataclass: one is built per ingested report (the
-    service, whose ids and digests have the right lengths by construction, builds
-    it with `tuple.__new__`; the ledger's hot path unpacks it by position).
+    (everything but its id); it decides DUPLICATE versus CONFLICT. Built only
+    through this constructor, which refuses an id that is not 16 bytes or a
+    digest that is not 32; a tuple rather than a frozen dataclass because the
+    ledger's hot path unpacks it by position (docs/performance.md).
     """
 
     __slots__ = ()

@@ -41,9 +41,8 @@ _REPORT_POLICY_COLUMNS = (
     "epsilon_cap",
     "shard",
 )
-#: ... and the columns bound per report (the order of a run's row tuples). Binding
-#: 7 parameters per row instead of 13 takes ≈ 0.8 µs per report off the
-#: ingestion transaction (bare sqlite3, 256-row statements: 6.2 against 7.0 µs).
+#: ... and the columns bound per report (the order of a run's row tuples): 7
+#: parameters per row instead of 13 (docs/performance.md).
 _REPORT_OWN_COLUMNS = (
     "report_id",
     "subject",
@@ -60,9 +59,8 @@ def _blob_parameter(dialect: str) -> Callable[[bytes], bytes | bytearray]:
 
     SQLite: as a bytearray. Python's sqlite3 sends every parameter that is not
     exactly an int, float, str or bytearray through its adapter protocol, whose
-    failed attribute lookups cost more than copying the value (measured: a bytes
-    parameter ≈ 0.45 µs more than a bytearray, copy included); both bind as the
-    same BLOB. PostgreSQL: bytes as they are.
+    failed attribute lookups cost more than copying the value (docs/performance.md);
+    both bind as the same BLOB. PostgreSQL: bytes as they are.
     """
     return bytearray if dialect == "sqlite" else bytes
 
