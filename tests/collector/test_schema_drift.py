@@ -77,7 +77,7 @@ def compile_statements(engine: sa.Engine, statements: dict[str, str]) -> dict[st
         try:
             cursor = raw.cursor()
             if sql.startswith("COPY "):
-                with cursor.copy(sql):  # type: ignore[attr-defined]
+                with cursor.copy(sql):
                     pass  # no rows: the statement is parsed and its columns resolved
             else:
                 cursor.execute(f"EXPLAIN {sql}", [None] * sql.count(placeholder))
