@@ -169,15 +169,19 @@ class CentralLedger(Protocol):
         metadata: Mapping[str, str] | None = None,
         owner: str | None = None,
         lease_seconds: int = ...,
-    ) -> Any: ...
+    ) -> Any:
+        """See `Ledger.reserve`."""
+        ...
 
     def open_data(
         self, reservation_id: str, *, owner: str, now: int, lease_seconds: int = ...
-    ) -> Any: ...
+    ) -> Any:
+        """See `Ledger.open_data`."""
+        ...
 
-    def renew_lease(
-        self, reservation_id: str, *, owner: str, now: int, lease_seconds: int
-    ) -> Any: ...
+    def renew_lease(self, reservation_id: str, *, owner: str, now: int, lease_seconds: int) -> Any:
+        """See `Ledger.renew_lease`."""
+        ...
 
     def settle(
         self,
@@ -189,13 +193,21 @@ class CentralLedger(Protocol):
         now: int,
         owner: str | None = None,
         reason: str = ...,
-    ) -> Any: ...
+    ) -> Any:
+        """See `Ledger.settle`."""
+        ...
 
-    def cancel(self, reservation_id: str, *, now: int, owner: str | None = None) -> Any: ...
+    def cancel(self, reservation_id: str, *, now: int, owner: str | None = None) -> Any:
+        """See `Ledger.cancel`."""
+        ...
 
-    def central_events(self, subject: str, purpose: str) -> Sequence[Any]: ...
+    def central_events(self, subject: str, purpose: str) -> Sequence[Any]:
+        """See `Ledger.central_events`."""
+        ...
 
-    def ledger_id(self) -> str: ...
+    def ledger_id(self) -> str:
+        """See `Ledger.ledger_id`."""
+        ...
 
 
 @dataclass(frozen=True)

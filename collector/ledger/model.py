@@ -46,21 +46,43 @@ class LedgerPolicy(Protocol):
     """What the ledger needs of a verified policy (fedldp.client.policy.VerifiedPolicy)."""
 
     @property
-    def policy_id(self) -> str: ...
-    @property
-    def version(self) -> int: ...
-    @property
-    def digest(self) -> bytes: ...
-    @property
-    def charge(self) -> Decimal: ...
-    @property
-    def epsilon_cap(self) -> Decimal: ...
-    @property
-    def window_seconds(self) -> int: ...
-    @property
-    def mechanism(self) -> Mechanism[Any, Any]: ...
+    def policy_id(self) -> str:
+        """The policy id: spend is keyed by (subject, policy id, window)."""
+        ...
 
-    def window_start(self, now: int) -> int: ...
+    @property
+    def version(self) -> int:
+        """The policy version (statistics are kept per version)."""
+        ...
+
+    @property
+    def digest(self) -> bytes:
+        """SHA-256 of the signed policy payload."""
+        ...
+
+    @property
+    def charge(self) -> Decimal:
+        """ε charged per report (exact, positive)."""
+        ...
+
+    @property
+    def epsilon_cap(self) -> Decimal:
+        """The signed per-window cap (the ledger may lower it: `Ledger.cap_in_force`)."""
+        ...
+
+    @property
+    def window_seconds(self) -> int:
+        """Length of a budget window, seconds (positive)."""
+        ...
+
+    @property
+    def mechanism(self) -> Mechanism[Any, Any]:
+        """The mechanism whose statistics the ledger accumulates."""
+        ...
+
+    def window_start(self, now: int) -> int:
+        """Start of the budget window that contains `now` (epoch seconds)."""
+        ...
 
 
 class CheckedReport(tuple[bytes, "LedgerPolicy", "Output", bytes, int]):
@@ -100,22 +122,27 @@ class CheckedReport(tuple[bytes, "LedgerPolicy", "Output", bytes, int]):
 
     @property
     def report_id(self) -> bytes:
+        """The 16-byte report id (idempotency key of the report)."""
         return self[0]
 
     @property
     def policy(self) -> LedgerPolicy:
+        """The verified policy the report is charged under."""
         return self[1]
 
     @property
     def output(self) -> Output:
+        """The randomized output, checked against the mechanism's domain."""
         return self[2]
 
     @property
     def content_digest(self) -> bytes:
+        """SHA-256 of everything but the id (`wire.content_digest`)."""
         return self[3]
 
     @property
     def coarse_time(self) -> int:
+        """The report's coarse time (epoch seconds, on the hour)."""
         return self[4]
 
 
