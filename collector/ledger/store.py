@@ -144,8 +144,8 @@ class Ledger(CentralReservations, Reconcile, ReportQueries, Ingestion):
     """A privacy ledger on one database (open with `open_ledger`).
 
     One object composed of the ledger's parts (see the module docstring), all on
-    the engines and unit of work of `engine.LedgerCore`: each public method is
-    one transaction (`LedgerCore.transaction`), rerun on a serialization failure.
+    the engines and unit of work of `engine.LedgerCore` (`transaction`: one
+    transaction, rerun on a serialization failure).
     """
 
     def __init__(
