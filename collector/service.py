@@ -78,9 +78,11 @@ _REPORT_ID = itemgetter(0)  # CheckedReport.report_id, without a Python-level ca
 
 
 #: Bounds of what the service remembers per policy (`_Active`): at most this many
-#: policies, each with at most this many checked category outputs.
+#: policies, each with at most this many checked category outputs and content
+#: digests (≈ 300 KB per policy at most).
 _MAX_ACTIVE = 256
 _MAX_CATEGORIES = 512
+_MAX_DIGESTS = 1024
 
 
 class _Active(NamedTuple):
@@ -92,6 +94,9 @@ class _Active(NamedTuple):
     # Category index -> that output, checked already (see `prepare`), at most
     # _MAX_CATEGORIES of them.
     categories: dict[int, Output]
+    # (coarse time, category index) -> that report content's digest, at most
+    # _MAX_DIGESTS of them (see `prepare`).
+    digests: dict[tuple[int, int], bytes]
 
 
 def _repeated(ids: list[bytes]) -> Set[bytes]:
@@ -233,7 +238,7 @@ class CollectorService:
             if not isinstance(found, _Active):
                 outcomes[i] = _unusable_policy(rid, found)
                 continue
-            policy, state, check_output, categories = found
+            policy, state, check_output, categories, digests = found
             ct = report.coarse_time
             if ct % COARSE_TIME_UNIT != 0 or not oldest <= ct <= newest:
                 outcomes[i] = _invalid(
@@ -247,8 +252,10 @@ class CollectorService:
             # as it is (outputs are immutable, the check a function of the mechanism
             # and the output; docs/performance.md).
             output = None
+            category: tuple[int, int] | None = None
             if report.WhichOneof("payload") == "category":
-                output = categories.get(report.category.index)
+                category = (ct, report.category.index)
+                output = categories.get(category[1])
             if output is None:
                 try:
                     output = output_from_report(report)
@@ -259,7 +266,16 @@ class CollectorService:
                     continue
                 if type(output) is CategoryOutput and len(categories) < _MAX_CATEGORIES:
                     categories[output.index] = output
-            digest = digest_from_state(state, ct, output)
+            # A category report's content is (policy, coarse time, index): its digest
+            # is remembered per policy (a fleet's reports share a few coarse times;
+            # docs/performance.md).
+            digest = digests.get(category) if category is not None else None
+            if digest is None:
+                digest = digest_from_state(state, ct, output)
+                if category is not None and type(output) is CategoryOutput:
+                    if len(digests) >= _MAX_DIGESTS:
+                        digests.clear()
+                    digests[category] = digest
             checked.append(CheckedReport(rid, policy, output, digest, ct))
         if len(checked) == count:  # the common case: every report goes to the ledger
             positions = list(range(count))
@@ -326,7 +342,7 @@ class CollectorService:
             if len(self._active) >= _MAX_ACTIVE:  # policies come and go with reloads
                 self._active.clear()
             active = self._active[key] = _Active(
-                verified, digest_state(*key), verified.mechanism.check_output, {}
+                verified, digest_state(*key), verified.mechanism.check_output, {}, {}
             )
         return active
 
