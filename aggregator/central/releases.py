@@ -952,18 +952,12 @@ def private_histogram(
 def private_quantile(
     ledger: CentralLedger,
     *,
-    subject: str,
-    purpose: str,
     epsilon: Decimal,
-    idempotency_key: str,
-    now: int,
     quantile: Decimal,
     lower: Decimal,
     upper: Decimal,
     load: Callable[[], Iterable[object]],
-    rng: random.Random | None = None,
-    data_digest: Callable[[], KeyedDigest] | None = None,
-    contribution_bound: int = 1,
+    **fields: Unpack[RequestFields],
 ) -> CentralRelease:
     """The q-quantile of values clipped to [lower, upper], by the exponential mechanism.
 
@@ -972,15 +966,17 @@ def private_quantile(
     OpenDP's candidate-scoring form), with Δu = k·max(Q, D − Q) for q = Q/D;
     the choice is `exponential_choice` (ε-DP, δ = 0). One ledger event of kind
     "exponential" (query "quantile") records ε, Δu, q, the grid and the output.
+    `fields`: the `ReleaseRequest`.
     """
-    k = _bound(contribution_bound)
+    request = ReleaseRequest(**fields)
+    k = _bound(request.contribution_bound)
     _check_budget(NoiseMechanism.LAPLACE, epsilon, Decimal(0))
     _check_bounds(lower, upper)
     q = qm.quantile_fraction(quantile)
     sensitivity = qm.utility_sensitivity(q, k)
     grid = qm.candidates(lower, upper)
     step = qm.grid_step(lower, upper)
-    r = rng if rng is not None else system_random()
+    r = request.generator()
 
     def compute() -> list[dict[str, object]]:
         utilities = qm.scores((_to_decimal(v) for v in load()), lower, upper, q)
@@ -1007,18 +1003,14 @@ def private_quantile(
 
     rid, events = _run_release(
         ledger,
-        subject=subject,
-        purpose=purpose,
+        request,
         epsilon=epsilon,
         delta=Decimal(0),
-        idempotency_key=idempotency_key,
-        now=now,
         metadata=_meta(
             "quantile", "exponential", quantile=quantile, lower=lower, upper=upper, granularity=step
         ),
         compute=compute,
-        data_digest=data_digest,
-        randomness=_source(rng),
+        randomness=request.randomness,
     )
     return CentralRelease(
         "quantile",
