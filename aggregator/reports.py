@@ -83,11 +83,13 @@ class StatisticsSource(Protocol):
 
     def statistics(
         self, policy_id: str, version: int, window_start: int | None = None
-    ) -> Sequence[Any]: ...
+    ) -> Sequence[Any]:
+        """See `Ledger.statistics`."""
+        ...
 
-    def recompute_statistics(
-        self, policy: VerifiedPolicy, window_start: int | None = None
-    ) -> Any: ...
+    def recompute_statistics(self, policy: VerifiedPolicy, window_start: int | None = None) -> Any:
+        """See `Ledger.recompute_statistics`."""
+        ...
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,10 @@ own output-domain check. Neither ever sees or carries the raw value.
 from __future__ import annotations
 
 import math
+import struct
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
 
 from fedldp.client.mechanisms.base import (
     BitVectorOutput,
@@ -25,23 +29,145 @@ from fedldp.v1 import collector_pb2
 REPORT_ID_BYTES = 16
 
 
+@dataclass(frozen=True)
+class OutputKind:
+    """How one mechanism output type travels and is stored: the one dispatch over
+    the output types (`KINDS`). Every conversion of an output (the wire payload,
+    the ledger's digest encoding and stored JSON) goes through its kind.
+
+    `payload`: the `Report.payload` oneof field; `fill(report, output)` sets it
+    and `read(message)` is its inverse. `tag` + `encode(output)`: the output's
+    part of the content digest (fedldp.collector.wire; a new kind gets a new tag,
+    a tag never changes meaning). `json_kind` with `to_json`/`from_json`: the
+    stored form (the ledger's `reports.payload`).
+    """
+
+    type: type[Output]
+    payload: str
+    fill: Callable[[collector_pb2.Report, Any], None]
+    read: Callable[[Any], Output]
+    tag: bytes
+    encode: Callable[[Any], bytes]
+    json_kind: str
+    to_json: Callable[[Any], dict[str, Any]]
+    from_json: Callable[[dict[str, Any]], Output]
+
+
+def _fill_category(report: collector_pb2.Report, o: CategoryOutput) -> None:
+    report.category.index = o.index
+
+
+def _fill_bits(report: collector_pb2.Report, o: BitVectorOutput) -> None:
+    report.bits.bits = o.bits
+    report.bits.length = o.length
+
+
+def _fill_hashed(report: collector_pb2.Report, o: HashedOutput) -> None:
+    report.hashed.seed = o.seed
+    report.hashed.value = o.value
+
+
+def _fill_numeric(report: collector_pb2.Report, o: NumericOutput) -> None:
+    report.numeric.value = o.value
+
+
+def _fill_index_bit(report: collector_pb2.Report, o: IndexBitOutput) -> None:
+    report.index_bit.index = o.index
+    report.index_bit.bit = o.bit
+
+
+def _read_numeric(m: collector_pb2.NumericPayload) -> NumericOutput:
+    if not math.isfinite(m.value):
+        raise OutputDomainError("NON_FINITE", "numeric payload must be finite")
+    return NumericOutput(m.value)
+
+
+#: Every output type's kind, by type (the dispatch table; exhaustive over `Output`).
+KINDS: dict[type[Any], OutputKind] = {
+    k.type: k
+    for k in (
+        OutputKind(
+            CategoryOutput,
+            "category",
+            _fill_category,
+            lambda m: CategoryOutput(m.index),
+            b"C",
+            lambda o: struct.pack("<Q", o.index),
+            "category",
+            lambda o: {"index": o.index},
+            lambda j: CategoryOutput(int(j["index"])),
+        ),
+        OutputKind(
+            BitVectorOutput,
+            "bits",
+            _fill_bits,
+            lambda m: BitVectorOutput(m.bits, m.length),
+            b"B",
+            lambda o: struct.pack("<Q", o.length) + o.bits,
+            "bits",
+            lambda o: {"bits": o.bits.hex(), "length": o.length},
+            lambda j: BitVectorOutput(bytes.fromhex(j["bits"]), int(j["length"])),
+        ),
+        OutputKind(
+            HashedOutput,
+            "hashed",
+            _fill_hashed,
+            lambda m: HashedOutput(m.seed, m.value),
+            b"H",
+            lambda o: struct.pack("<QQ", o.seed, o.value),
+            "hashed",
+            lambda o: {"seed": o.seed, "value": o.value},
+            lambda j: HashedOutput(int(j["seed"]), int(j["value"])),
+        ),
+        OutputKind(
+            NumericOutput,
+            "numeric",
+            _fill_numeric,
+            _read_numeric,
+            b"N",
+            lambda o: struct.pack("<d", o.value),
+            "numeric",
+            lambda o: {"value": o.value},
+            lambda j: NumericOutput(float(j["value"])),
+        ),
+        OutputKind(
+            IndexBitOutput,
+            "index_bit",
+            _fill_index_bit,
+            lambda m: IndexBitOutput(m.index, m.bit),
+            b"I",
+            lambda o: struct.pack("<Q?", o.index, o.bit),
+            "index_bit",
+            lambda o: {"index": o.index, "bit": o.bit},
+            lambda j: IndexBitOutput(int(j["index"]), bool(j["bit"])),
+        ),
+    )
+}
+_BY_PAYLOAD = {k.payload: k for k in KINDS.values()}
+_BY_JSON_KIND = {k.json_kind: k for k in KINDS.values()}
+
+
+def kind_of(output: Output) -> OutputKind:
+    """The kind of `output` (TypeError for a type that is not an `Output`)."""
+    kind = KINDS.get(type(output))
+    if kind is None:  # a subclass of an output type has its base's kind
+        kind = next((k for base, k in KINDS.items() if isinstance(output, base)), None)
+    if kind is None:
+        raise TypeError(f"unknown output type {type(output).__name__}")
+    return kind
+
+
+def kind_of_json(json_kind: str) -> OutputKind:
+    """The kind stored as `json_kind` (ValueError for an unknown one)."""
+    kind = _BY_JSON_KIND.get(json_kind)
+    if kind is None:
+        raise ValueError(f"unknown stored payload kind {json_kind!r}")
+    return kind
+
+
 def fill_payload(report: collector_pb2.Report, output: Output) -> None:
     """Set `report`'s payload oneof from a mechanism output."""
-    if isinstance(output, CategoryOutput):
-        report.category.index = output.index
-    elif isinstance(output, BitVectorOutput):
-        report.bits.bits = output.bits
-        report.bits.length = output.length
-    elif isinstance(output, HashedOutput):
-        report.hashed.seed = output.seed
-        report.hashed.value = output.value
-    elif isinstance(output, NumericOutput):
-        report.numeric.value = output.value
-    elif isinstance(output, IndexBitOutput):
-        report.index_bit.index = output.index
-        report.index_bit.bit = output.bit
-    else:  # pragma: no cover - exhaustive over Output
-        raise TypeError(f"unknown output type {type(output).__name__}")
+    kind_of(output).fill(report, output)
 
 
 def output_from_report(report: collector_pb2.Report) -> Output:
@@ -52,18 +178,7 @@ def output_from_report(report: collector_pb2.Report) -> Output:
     the output is possible for the policy's mechanism is the mechanism's own
     `check_output`, which the caller runs next.
     """
-    kind = report.WhichOneof("payload")
-    if kind == "category":
-        return CategoryOutput(report.category.index)
-    if kind == "bits":
-        return BitVectorOutput(report.bits.bits, report.bits.length)
-    if kind == "hashed":
-        return HashedOutput(report.hashed.seed, report.hashed.value)
-    if kind == "numeric":
-        value = report.numeric.value
-        if not math.isfinite(value):
-            raise OutputDomainError("NON_FINITE", "numeric payload must be finite")
-        return NumericOutput(value)
-    if kind == "index_bit":
-        return IndexBitOutput(report.index_bit.index, report.index_bit.bit)
-    raise OutputDomainError("MISSING_PAYLOAD", "report carries no payload")
+    kind = _BY_PAYLOAD.get(report.WhichOneof("payload") or "")
+    if kind is None:
+        raise OutputDomainError("MISSING_PAYLOAD", "report carries no payload")
+    return kind.read(getattr(report, kind.payload))

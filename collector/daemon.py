@@ -39,6 +39,7 @@ class JsonFormatter(logging.Formatter):
     """
 
     def format(self, record: logging.LogRecord) -> str:
+        """One JSON object per record (the fields above); never a payload or raw subject."""
         entry: dict[str, Any] = {
             "ts": round(record.created, 3),
             "level": record.levelname,

@@ -95,11 +95,15 @@ class LineageLedger(Protocol):
 
     def claim_lineage(
         self, policy_id: str, metric_name: str, window_seconds: int, version: int, *, now: int
-    ) -> PolicyLineage: ...
+    ) -> PolicyLineage:
+        """See `Ledger.claim_lineage`."""
+        ...
 
     def record_versions(
         self, versions: Sequence[PolicyVersion], *, clock: Callable[[], int]
-    ) -> dict[tuple[str, int], str]: ...
+    ) -> dict[tuple[str, int], str]:
+        """See `Ledger.record_versions`."""
+        ...
 
 
 class Refusal(NamedTuple):

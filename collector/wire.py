@@ -18,15 +18,14 @@ import json
 import struct
 from typing import Any
 
-from fedldp.client.mechanisms.base import (
-    BitVectorOutput,
-    CategoryOutput,
-    HashedOutput,
-    IndexBitOutput,
-    NumericOutput,
-    Output,
+from fedldp.client.mechanisms.base import CategoryOutput, Output
+from fedldp.client.wire import (
+    REPORT_ID_BYTES,
+    fill_payload,
+    kind_of,
+    kind_of_json,
+    output_from_report,
 )
-from fedldp.client.wire import REPORT_ID_BYTES, fill_payload, output_from_report
 from fedldp.v1 import collector_pb2
 
 __all__ = [
@@ -44,31 +43,16 @@ _DIGEST_DOMAIN = b"fedldp.report.v1\x00"
 
 def payload_fields(output: Output) -> dict[str, Any]:
     """Keyword arguments setting a `Report`'s payload oneof to `output`."""
-    if isinstance(output, CategoryOutput):
-        return {"category": collector_pb2.CategoryPayload(index=output.index)}
-    if isinstance(output, BitVectorOutput):
-        return {"bits": collector_pb2.BitVectorPayload(bits=output.bits, length=output.length)}
-    if isinstance(output, HashedOutput):
-        return {"hashed": collector_pb2.HashedPayload(seed=output.seed, value=output.value)}
-    if isinstance(output, NumericOutput):
-        return {"numeric": collector_pb2.NumericPayload(value=output.value)}
-    if isinstance(output, IndexBitOutput):
-        return {"index_bit": collector_pb2.IndexBitPayload(index=output.index, bit=output.bit)}
-    raise TypeError(f"unknown output type {type(output).__name__}")
+    kind = kind_of(output)
+    report = collector_pb2.Report()
+    kind.fill(report, output)
+    return {kind.payload: getattr(report, kind.payload)}
 
 
 def _output_encoding(output: Output) -> bytes:
-    if isinstance(output, CategoryOutput):
-        return b"C" + struct.pack("<Q", output.index)
-    if isinstance(output, BitVectorOutput):
-        return b"B" + struct.pack("<Q", output.length) + output.bits
-    if isinstance(output, HashedOutput):
-        return b"H" + struct.pack("<QQ", output.seed, output.value)
-    if isinstance(output, NumericOutput):
-        return b"N" + struct.pack("<d", output.value)
-    if isinstance(output, IndexBitOutput):
-        return b"I" + struct.pack("<Q?", output.index, output.bit)
-    raise TypeError(f"unknown output type {type(output).__name__}")
+    """The output's part of `content_digest`'s input: its kind's tag, then its encoding."""
+    kind = kind_of(output)
+    return kind.tag + kind.encode(output)
 
 
 def digest_prefix(policy_id: str, policy_version: int, policy_digest: bytes) -> bytes:
@@ -126,35 +110,14 @@ def output_to_json(output: Output) -> str:
     Exact: integers as JSON integers, bits as hex, a numeric value as the shortest
     repr that round-trips the double.
     """
-    if type(output) is CategoryOutput:  # the common case, without json.dumps
+    if type(output) is CategoryOutput:  # the common case (docs/performance.md)
         return f'{{"k":"category","index":{int(output.index)}}}'
-    if isinstance(output, CategoryOutput):
-        obj: dict[str, Any] = {"k": "category", "index": output.index}
-    elif isinstance(output, BitVectorOutput):
-        obj = {"k": "bits", "bits": output.bits.hex(), "length": output.length}
-    elif isinstance(output, HashedOutput):
-        obj = {"k": "hashed", "seed": output.seed, "value": output.value}
-    elif isinstance(output, NumericOutput):
-        obj = {"k": "numeric", "value": output.value}
-    elif isinstance(output, IndexBitOutput):
-        obj = {"k": "index_bit", "index": output.index, "bit": output.bit}
-    else:
-        raise TypeError(f"unknown output type {type(output).__name__}")
+    kind = kind_of(output)
+    obj = {"k": kind.json_kind, **kind.to_json(output)}
     return json.dumps(obj, separators=(",", ":"))
 
 
 def output_from_json(text: str) -> Output:
     """Inverse of `output_to_json`."""
     obj = json.loads(text)
-    kind = obj["k"]
-    if kind == "category":
-        return CategoryOutput(int(obj["index"]))
-    if kind == "bits":
-        return BitVectorOutput(bytes.fromhex(obj["bits"]), int(obj["length"]))
-    if kind == "hashed":
-        return HashedOutput(int(obj["seed"]), int(obj["value"]))
-    if kind == "numeric":
-        return NumericOutput(float(obj["value"]))
-    if kind == "index_bit":
-        return IndexBitOutput(int(obj["index"]), bool(obj["bit"]))
-    raise ValueError(f"unknown stored payload kind {kind!r}")
+    return kind_of_json(obj["k"]).from_json(obj)

@@ -119,10 +119,10 @@ _TABLE: list[tuple[str, Callable[[BaseException], str], int]] = [
     ("fedldp.client.decimals.DecimalSyntaxError", _prefixed(""), EXIT_USAGE),
     ("decimal.InvalidOperation", _prefixed("not a decimal number: "), EXIT_USAGE),
     # ledger URL, database
-    ("fedldp.collector.ledger.store.LedgerOpenError", _prefixed("ledger: "), EXIT_REFUSED),
+    ("fedldp.collector.ledger.model.LedgerOpenError", _prefixed("ledger: "), EXIT_REFUSED),
     ("fedldp.collector.ledger.restore.RestoreIncompleteError", _prefixed("ledger: "), 1),
     ("fedldp.collector.ledger.restore.RestoreClockError", _prefixed("restore refused: "), 1),
-    ("fedldp.collector.ledger.store.LedgerError", _prefixed("ledger refused: "), EXIT_REFUSED),
+    ("fedldp.collector.ledger.model.LedgerError", _prefixed("ledger refused: "), EXIT_REFUSED),
     ("sqlalchemy.exc.ArgumentError", _url_error, EXIT_REFUSED),
     ("sqlalchemy.exc.NoSuchModuleError", _url_error, EXIT_REFUSED),
     ("sqlalchemy.exc.DBAPIError", _sqlalchemy_error, EXIT_REFUSED),
@@ -160,7 +160,6 @@ _TABLE: list[tuple[str, Callable[[BaseException], str], int]] = [
     ("fedldp.client.mechanisms.registry.UnknownMechanismError", _prefixed("mechanism: "), 1),
     ("fedldp.client.mechanisms.base.OutputDomainError", _prefixed("mechanism: "), 1),
     ("fedldp.client.mechanisms.memo_loss.JointLossTooCostlyError", _prefixed("mechanism: "), 1),
-    ("fedldp.collector.daemon.ServeError", _prefixed("serve: "), EXIT_REFUSED),
     ("fedldp.collector.supervisor.GenerationLockedError", _prefixed("serve: "), EXIT_REFUSED),
     ("fedldp.cli_ops.HealthCheckError", _prefixed("health: "), EXIT_REFUSED),
     # files and folders (after the domain errors: OutputExistsError is a FileExistsError)

@@ -71,11 +71,17 @@ class CompositionError(ValueError):
 class AccountingLedger(Protocol):
     """What composition reads from the ledger."""
 
-    def central_spend(self, subject: str, purpose: str) -> tuple[Decimal, Decimal]: ...
+    def central_spend(self, subject: str, purpose: str) -> tuple[Decimal, Decimal]:
+        """See `Ledger.central_spend`."""
+        ...
 
-    def reservations(self, subject: str, purpose: str | None = None) -> Sequence[Any]: ...
+    def reservations(self, subject: str, purpose: str | None = None) -> Sequence[Any]:
+        """See `Ledger.reservations`."""
+        ...
 
-    def central_events(self, subject: str, purpose: str) -> Sequence[Any]: ...
+    def central_events(self, subject: str, purpose: str) -> Sequence[Any]:
+        """See `Ledger.central_events`."""
+        ...
 
 
 @dataclass(frozen=True)

@@ -67,9 +67,11 @@ class Verification:
 
     @property
     def ok(self) -> bool:
+        """True when no check that ran failed (skipped checks do not count)."""
         return all(c.ok for c in self.checks if not c.skipped)
 
     def add(self, name: str, ok: bool, detail: str, *, skipped: bool = False) -> None:
+        """Record one check's result (`skipped`: not run, e.g. no key to check with)."""
         self.checks.append(Check(name, ok, detail, skipped))
 
     def failures(self) -> dict[str, str]:
@@ -80,11 +82,17 @@ class Verification:
 class ReceiptLedger(Protocol):
     """What receipts read from the ledger (fedldp.collector.ledger.Ledger)."""
 
-    def ledger_id(self) -> str: ...
+    def ledger_id(self) -> str:
+        """See `Ledger.ledger_id`."""
+        ...
 
-    def reservation(self, reservation_id: str) -> Any: ...
+    def reservation(self, reservation_id: str) -> Any:
+        """See `Ledger.reservation`."""
+        ...
 
-    def central_events(self, subject: str, purpose: str) -> Sequence[Any]: ...
+    def central_events(self, subject: str, purpose: str) -> Sequence[Any]:
+        """See `Ledger.central_events`."""
+        ...
 
 
 def library_versions() -> dict[str, str]:

@@ -58,7 +58,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal, InvalidOperation
 from fractions import Fraction
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypedDict
 
 from fedldp.aggregator.central import quantile as qm
 from fedldp.aggregator.central.calibration import (
@@ -69,6 +69,9 @@ from fedldp.aggregator.central.calibration import (
 from fedldp.aggregator.central.datakey import KeyedDigest
 from fedldp.aggregator.central.noise import discrete_gaussian, discrete_laplace, geometric
 from fedldp.client.mechanisms.base import system_random
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 
 class NoiseMechanism(str, enum.Enum):
@@ -102,6 +105,55 @@ class ReleaseFailedError(ReleaseError):
 RELEASE_LEASE_SECONDS = 600
 
 
+class _RequiredRequestFields(TypedDict):
+    subject: str
+    purpose: str
+    idempotency_key: str
+    now: int
+
+
+class RequestFields(_RequiredRequestFields, total=False):
+    """The keyword arguments of `ReleaseRequest`, which every release function takes."""
+
+    rng: random.Random | None
+    data_digest: Callable[[], KeyedDigest] | None
+    contribution_bound: int
+
+
+@dataclass(frozen=True)
+class ReleaseRequest:
+    """What every central release shares, whatever its query: who is charged, under
+    which idempotency key and clock, how its randomness is drawn and recorded, how
+    its data is bound in receipts, and the per-unit contribution bound.
+
+    `subject`, `purpose`: the central budget charged (its cap is the ledger's).
+    `idempotency_key`: a retry with it returns the first run's output, charged once.
+    `now`: the ledger clock (epoch seconds) of the reservation and its transitions.
+    `rng`: None draws from the OS CSPRNG (recorded as "os-csprng"); a caller's
+    generator is recorded as "seeded". `data_digest()`, called after the data
+    was read, returns the keyed digest stored in every event (datakey.py).
+    `contribution_bound` k: records one privacy unit may own; each query checks
+    it (a positive int) in its own order of checks, before anything is reserved.
+    """
+
+    subject: str
+    purpose: str
+    idempotency_key: str
+    now: int
+    rng: random.Random | None = None
+    data_digest: Callable[[], KeyedDigest] | None = None
+    contribution_bound: int = 1
+
+    @property
+    def randomness(self) -> str:
+        """The randomness source recorded in the release's events."""
+        return "os-csprng" if self.rng is None else "seeded"
+
+    def generator(self) -> random.Random:
+        """The generator noise is drawn from: the caller's, or the OS CSPRNG."""
+        return self.rng if self.rng is not None else system_random()
+
+
 class CentralLedger(Protocol):
     """What releases need from the ledger (fedldp.collector.ledger.Ledger)."""
 
@@ -117,15 +169,19 @@ class CentralLedger(Protocol):
         metadata: Mapping[str, str] | None = None,
         owner: str | None = None,
         lease_seconds: int = ...,
-    ) -> Any: ...
+    ) -> Any:
+        """See `Ledger.reserve`."""
+        ...
 
     def open_data(
         self, reservation_id: str, *, owner: str, now: int, lease_seconds: int = ...
-    ) -> Any: ...
+    ) -> Any:
+        """See `Ledger.open_data`."""
+        ...
 
-    def renew_lease(
-        self, reservation_id: str, *, owner: str, now: int, lease_seconds: int
-    ) -> Any: ...
+    def renew_lease(self, reservation_id: str, *, owner: str, now: int, lease_seconds: int) -> Any:
+        """See `Ledger.renew_lease`."""
+        ...
 
     def settle(
         self,
@@ -137,13 +193,21 @@ class CentralLedger(Protocol):
         now: int,
         owner: str | None = None,
         reason: str = ...,
-    ) -> Any: ...
+    ) -> Any:
+        """See `Ledger.settle`."""
+        ...
 
-    def cancel(self, reservation_id: str, *, now: int, owner: str | None = None) -> Any: ...
+    def cancel(self, reservation_id: str, *, now: int, owner: str | None = None) -> Any:
+        """See `Ledger.cancel`."""
+        ...
 
-    def central_events(self, subject: str, purpose: str) -> Sequence[Any]: ...
+    def central_events(self, subject: str, purpose: str) -> Sequence[Any]:
+        """See `Ledger.central_events`."""
+        ...
 
-    def ledger_id(self) -> str: ...
+    def ledger_id(self) -> str:
+        """See `Ledger.ledger_id`."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -373,17 +437,13 @@ def _owned_by_another(
 
 def _run_release(
     ledger: CentralLedger,
+    request: ReleaseRequest,
     *,
-    subject: str,
-    purpose: str,
     epsilon: Decimal,
     delta: Decimal,
-    idempotency_key: str,
-    now: int,
     metadata: Mapping[str, str],
     compute: Callable[[], list[dict[str, object]]],
-    data_digest: Callable[[], KeyedDigest] | None = None,
-    randomness: str = "os-csprng",
+    randomness: str,
 ) -> tuple[str, list[Mapping[str, object]]]:
     """Claim, mark the data opened, compute (reading data), settle; (reservation id, events).
 
@@ -393,19 +453,21 @@ def _run_release(
     as spent, the full reserved (ε, δ), and a crash leaves it open until an
     operator settles it as spent. A key another run claimed is never computed
     again: its published output is returned, or the call is refused.
-    `randomness` ("os-csprng", or "seeded" when the caller passed its own
-    generator) is stored in every event, so a receipt's randomness comes from
-    the ledger's record. `data_digest()`, called after `compute`, must return a `KeyedDigest`
-    (datakey.py: an HMAC under the secret data-digest key, never a plain hash
-    of the data); its MAC and key id are stored in every event.
+    `randomness` (`ReleaseRequest.randomness`) is stored in every event, so a
+    receipt's randomness comes from the ledger's record. `request.data_digest()`,
+    called after `compute`, must return a `KeyedDigest` (datakey.py: an HMAC
+    under the secret data-digest key, never a plain hash of the data); its MAC
+    and key id are stored in every event.
     """
+    subject, purpose, now = request.subject, request.purpose, request.now
+    data_digest = request.data_digest
     owner = secrets.token_hex(16)
     reservation = ledger.reserve(
         subject=subject,
         purpose=purpose,
         epsilon=epsilon,
         delta=delta,
-        idempotency_key=idempotency_key,
+        idempotency_key=request.idempotency_key,
         now=now,
         metadata=dict(metadata),
         owner=owner,
@@ -457,11 +519,6 @@ def _bind_data(events: list[dict[str, object]], digest: object) -> None:
     for event in events:
         event["data_hmac_sha256"] = digest.mac
         event["data_key_id"] = digest.key_id
-
-
-def _source(rng: random.Random | None) -> str:
-    """The randomness source recorded in a release's events."""
-    return "os-csprng" if rng is None else "seeded"
 
 
 def _output(events: Sequence[Mapping[str, object]], query: str) -> Decimal:
@@ -521,18 +578,12 @@ def _one_query_release(
     plan: _NoisePlan,
     query: str,
     true_value: Callable[[], Decimal],
-    *,
-    subject: str,
-    purpose: str,
-    idempotency_key: str,
-    now: int,
+    request: ReleaseRequest,
     metadata: Mapping[str, str],
-    rng: random.Random | None,
-    data_digest: Callable[[], KeyedDigest] | None = None,
 ) -> CentralRelease:
     """Charge `plan`'s (ε, δ), then release `true_value()` (read only after the reservation)
     with one draw of `plan`'s noise; a retry returns the output the ledger kept."""
-    r = rng if rng is not None else system_random()
+    r = request.generator()
 
     def compute() -> list[dict[str, object]]:
         value = true_value()
@@ -542,16 +593,12 @@ def _one_query_release(
 
     rid, events = _run_release(
         ledger,
-        subject=subject,
-        purpose=purpose,
+        request,
         epsilon=plan.epsilon,
         delta=plan.delta,
-        idempotency_key=idempotency_key,
-        now=now,
         metadata=metadata,
         compute=compute,
-        data_digest=data_digest,
-        randomness=_source(rng),
+        randomness=request.randomness,
     )
     return CentralRelease(
         query,
@@ -570,25 +617,23 @@ def _one_query_release(
 def private_count(
     ledger: CentralLedger,
     *,
-    subject: str,
-    purpose: str,
     epsilon: Decimal,
-    idempotency_key: str,
-    now: int,
     load: Callable[[], Iterable[object]],
     mechanism: NoiseMechanism | str = NoiseMechanism.LAPLACE,
     delta: Decimal = Decimal(0),
     calibration: GaussianCalibration | str = GaussianCalibration.ANALYTIC,
-    rng: random.Random | None = None,
-    data_digest: Callable[[], KeyedDigest] | None = None,
-    contribution_bound: int = 1,
+    **fields: Unpack[RequestFields],
 ) -> CentralRelease:
-    """A noised count of the records `load()` yields (sensitivity k, granularity 1)."""
+    """A noised count of the records `load()` yields (sensitivity k, granularity 1).
+
+    `fields`: the `ReleaseRequest` (who is charged, key, clock, rng, data digest, k).
+    """
+    request = ReleaseRequest(**fields)
     plan = plan_noise(
         mechanism,
         epsilon=epsilon,
         delta=delta,
-        sensitivity=Decimal(_bound(contribution_bound)),
+        sensitivity=Decimal(_bound(request.contribution_bound)),
         granularity=Decimal(1),
         calibration=calibration,
     )
@@ -597,24 +642,15 @@ def private_count(
         plan,
         "count",
         lambda: Decimal(sum(1 for _ in load())),
-        subject=subject,
-        purpose=purpose,
-        idempotency_key=idempotency_key,
-        now=now,
-        metadata=_meta("count", plan.mechanism.value, calibration=plan.calibration),
-        rng=rng,
-        data_digest=data_digest,
+        request,
+        _meta("count", plan.mechanism.value, calibration=plan.calibration),
     )
 
 
 def private_sum(
     ledger: CentralLedger,
     *,
-    subject: str,
-    purpose: str,
     epsilon: Decimal,
-    idempotency_key: str,
-    now: int,
     load: Callable[[], Iterable[object]],
     lower: Decimal,
     upper: Decimal,
@@ -622,12 +658,14 @@ def private_sum(
     delta: Decimal = Decimal(0),
     granularity: Decimal | None = None,
     calibration: GaussianCalibration | str = GaussianCalibration.ANALYTIC,
-    rng: random.Random | None = None,
-    data_digest: Callable[[], KeyedDigest] | None = None,
-    contribution_bound: int = 1,
+    **fields: Unpack[RequestFields],
 ) -> CentralRelease:
-    """A noised sum of values clipped to [lower, upper]; sensitivity k·max(|lower|, |upper|)."""
-    sens = _check_bounds(lower, upper) * _bound(contribution_bound)
+    """A noised sum of values clipped to [lower, upper]; sensitivity k·max(|lower|, |upper|).
+
+    `fields`: the `ReleaseRequest` (who is charged, key, clock, rng, data digest, k).
+    """
+    request = ReleaseRequest(**fields)
+    sens = _check_bounds(lower, upper) * _bound(request.contribution_bound)
     plan = plan_noise(
         mechanism,
         epsilon=epsilon,
@@ -641,24 +679,15 @@ def private_sum(
         plan,
         "sum",
         lambda: _clipped_sum(load(), lower, upper)[0],
-        subject=subject,
-        purpose=purpose,
-        idempotency_key=idempotency_key,
-        now=now,
-        metadata=_bounded_meta("sum", plan, lower, upper),
-        rng=rng,
-        data_digest=data_digest,
+        request,
+        _bounded_meta("sum", plan, lower, upper),
     )
 
 
 def private_mean(
     ledger: CentralLedger,
     *,
-    subject: str,
-    purpose: str,
     epsilon: Decimal,
-    idempotency_key: str,
-    now: int,
     load: Callable[[], Iterable[object]],
     lower: Decimal,
     upper: Decimal,
@@ -666,9 +695,7 @@ def private_mean(
     delta: Decimal = Decimal(0),
     granularity: Decimal | None = None,
     calibration: GaussianCalibration | str = GaussianCalibration.ANALYTIC,
-    rng: random.Random | None = None,
-    data_digest: Callable[[], KeyedDigest] | None = None,
-    contribution_bound: int = 1,
+    **fields: Unpack[RequestFields],
 ) -> CentralRelease:
     """Noised sum / noised count, each with half of (ε, δ); clipped into [lower, upper].
 
@@ -677,8 +704,10 @@ def private_mean(
     The ratio is post-processing; the result is clipped to the bounds and is
     the midpoint when the noised count is below 1. `parts` holds the two
     released parts (noised sum and noised count), which are public too.
+    `fields`: the `ReleaseRequest` (who is charged, key, clock, rng, data digest, k).
     """
-    k = _bound(contribution_bound)
+    request = ReleaseRequest(**fields)
+    k = _bound(request.contribution_bound)
     sens = _check_bounds(lower, upper) * k
     half_eps, half_delta = epsilon / 2, delta / 2
     sum_plan = plan_noise(
@@ -697,7 +726,7 @@ def private_mean(
         granularity=Decimal(1),
         calibration=calibration,
     )
-    r = rng if rng is not None else system_random()
+    r = request.generator()
 
     def compute() -> list[dict[str, object]]:
         total, count = _clipped_sum(load(), lower, upper)
@@ -709,16 +738,12 @@ def private_mean(
 
     rid, events = _run_release(
         ledger,
-        subject=subject,
-        purpose=purpose,
+        request,
         epsilon=epsilon,
         delta=delta,
-        idempotency_key=idempotency_key,
-        now=now,
         metadata=_bounded_meta("mean", sum_plan, lower, upper),
         compute=compute,
-        data_digest=data_digest,
-        randomness=_source(rng),
+        randomness=request.randomness,
     )
     noisy_sum, noisy_count = _output(events, "sum"), _output(events, "count")
     if noisy_count < 1:
@@ -780,30 +805,25 @@ def exponential_choice(
 def private_choice(
     ledger: CentralLedger,
     *,
-    subject: str,
-    purpose: str,
     epsilon: Decimal,
-    idempotency_key: str,
-    now: int,
     candidates: Sequence[str],
     load: Callable[[], Iterable[str]],
-    rng: random.Random | None = None,
-    data_digest: Callable[[], KeyedDigest] | None = None,
-    contribution_bound: int = 1,
+    **fields: Unpack[RequestFields],
 ) -> CentralRelease:
     """Choose the (approximately) most frequent candidate with the exponential mechanism.
 
     Utility of a candidate = the number of records equal to it (Δu = k under
     add/remove of one unit of at most k records); records that are not
-    candidates count for nothing.
+    candidates count for nothing. `fields`: the `ReleaseRequest`.
     """
-    k = _bound(contribution_bound)
+    request = ReleaseRequest(**fields)
+    k = _bound(request.contribution_bound)
     _check_budget(NoiseMechanism.LAPLACE, epsilon, Decimal(0))
     names = [str(c) for c in candidates]
     if not names or len(set(names)) != len(names):
         raise ValueError("candidates must be a non-empty list of distinct labels")
     index = {c: i for i, c in enumerate(names)}
-    r = rng if rng is not None else system_random()
+    r = request.generator()
 
     def compute() -> list[dict[str, object]]:
         counts = [0] * len(names)
@@ -831,16 +851,12 @@ def private_choice(
     digest = json.dumps(names, separators=(",", ":"))
     rid, events = _run_release(
         ledger,
-        subject=subject,
-        purpose=purpose,
+        request,
         epsilon=epsilon,
         delta=Decimal(0),
-        idempotency_key=idempotency_key,
-        now=now,
         metadata=_meta("choice", "exponential", candidates=digest),
         compute=compute,
-        data_digest=data_digest,
-        randomness=_source(rng),
+        randomness=request.randomness,
     )
     chosen_label = next((str(e["output"]) for e in events if e.get("query") == "choice"), None)
     if chosen_label is None:
@@ -862,16 +878,10 @@ def private_choice(
 def private_histogram(
     ledger: CentralLedger,
     *,
-    subject: str,
-    purpose: str,
     epsilon: Decimal,
-    idempotency_key: str,
-    now: int,
     domain: Sequence[str],
     load: Callable[[], Iterable[str]],
-    rng: random.Random | None = None,
-    data_digest: Callable[[], KeyedDigest] | None = None,
-    contribution_bound: int = 1,
+    **fields: Unpack[RequestFields],
 ) -> CentralRelease:
     """Noised counts of every value of a declared `domain` (records outside it count nowhere).
 
@@ -881,9 +891,10 @@ def private_histogram(
     Laplace mechanism on the histogram query; CKS20 Section 5 for the discrete
     Laplace). One ledger event of kind discrete_laplace with lattice
     sensitivity k records it; its output is the canonical JSON object
-    {value: noised count}. Pure ε-DP only (delta 0).
+    {value: noised count}. Pure ε-DP only (delta 0). `fields`: the `ReleaseRequest`.
     """
-    k = _bound(contribution_bound)
+    request = ReleaseRequest(**fields)
+    k = _bound(request.contribution_bound)
     plan = plan_noise(
         NoiseMechanism.LAPLACE,
         epsilon=epsilon,
@@ -894,7 +905,7 @@ def private_histogram(
     names = [str(c) for c in domain]
     if not names or len(set(names)) != len(names):
         raise ValueError("the domain must be a non-empty list of distinct values")
-    r = rng if rng is not None else system_random()
+    r = request.generator()
 
     def compute() -> list[dict[str, object]]:
         counts = dict.fromkeys(names, 0)
@@ -911,15 +922,13 @@ def private_histogram(
     digest = json.dumps(names, separators=(",", ":"))
     rid, events = _run_release(
         ledger,
-        subject=subject,
-        purpose=purpose,
+        request,
         epsilon=epsilon,
         delta=Decimal(0),
-        idempotency_key=idempotency_key,
-        now=now,
         metadata=_meta("histogram", plan.mechanism.value, domain=digest),
         compute=compute,
-        data_digest=data_digest,
+        # Recorded as the OS CSPRNG even for a caller's generator (as released so far).
+        randomness="os-csprng",
     )
     output = next((str(e["output"]) for e in events if e.get("query") == "histogram"), None)
     if output is None:
@@ -943,18 +952,12 @@ def private_histogram(
 def private_quantile(
     ledger: CentralLedger,
     *,
-    subject: str,
-    purpose: str,
     epsilon: Decimal,
-    idempotency_key: str,
-    now: int,
     quantile: Decimal,
     lower: Decimal,
     upper: Decimal,
     load: Callable[[], Iterable[object]],
-    rng: random.Random | None = None,
-    data_digest: Callable[[], KeyedDigest] | None = None,
-    contribution_bound: int = 1,
+    **fields: Unpack[RequestFields],
 ) -> CentralRelease:
     """The q-quantile of values clipped to [lower, upper], by the exponential mechanism.
 
@@ -963,15 +966,17 @@ def private_quantile(
     OpenDP's candidate-scoring form), with Δu = k·max(Q, D − Q) for q = Q/D;
     the choice is `exponential_choice` (ε-DP, δ = 0). One ledger event of kind
     "exponential" (query "quantile") records ε, Δu, q, the grid and the output.
+    `fields`: the `ReleaseRequest`.
     """
-    k = _bound(contribution_bound)
+    request = ReleaseRequest(**fields)
+    k = _bound(request.contribution_bound)
     _check_budget(NoiseMechanism.LAPLACE, epsilon, Decimal(0))
     _check_bounds(lower, upper)
     q = qm.quantile_fraction(quantile)
     sensitivity = qm.utility_sensitivity(q, k)
     grid = qm.candidates(lower, upper)
     step = qm.grid_step(lower, upper)
-    r = rng if rng is not None else system_random()
+    r = request.generator()
 
     def compute() -> list[dict[str, object]]:
         utilities = qm.scores((_to_decimal(v) for v in load()), lower, upper, q)
@@ -998,18 +1003,14 @@ def private_quantile(
 
     rid, events = _run_release(
         ledger,
-        subject=subject,
-        purpose=purpose,
+        request,
         epsilon=epsilon,
         delta=Decimal(0),
-        idempotency_key=idempotency_key,
-        now=now,
         metadata=_meta(
             "quantile", "exponential", quantile=quantile, lower=lower, upper=upper, granularity=step
         ),
         compute=compute,
-        data_digest=data_digest,
-        randomness=_source(rng),
+        randomness=request.randomness,
     )
     return CentralRelease(
         "quantile",

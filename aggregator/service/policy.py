@@ -67,7 +67,9 @@ class CapLedger(Protocol):
 
     def set_central_cap(
         self, subject: str, purpose: str, *, epsilon_cap: Decimal, delta_cap: Decimal
-    ) -> None: ...
+    ) -> None:
+        """See `Ledger.set_central_cap`."""
+        ...
 
 
 @dataclass(frozen=True)

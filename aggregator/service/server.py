@@ -238,9 +238,11 @@ class ReleaseServicer:
         )
 
     def release(self, raw: bytes, context: grpc.ServicerContext) -> bytes:
+        """The Release RPC (raw bytes in and out): authenticated, logged, counted."""
         return self._call("Release", pb.ReleaseRequest, self.engine.release, raw, context)
 
     def list_datasets(self, raw: bytes, context: grpc.ServicerContext) -> bytes:
+        """The ListDatasets RPC: the datasets and queries the caller may use."""
         return self._call(
             "ListDatasets",
             pb.ListDatasetsRequest,

@@ -182,6 +182,7 @@ class AuditReport:
     attacks: list[AttackResult] = field(default_factory=list)
 
     def bound(self, fpr: float) -> float:
+        """The largest TPR an (ε, δ)-DP model allows at false-positive rate `fpr`."""
         return dp_tpr_bound(self.epsilon, self.delta, fpr)
 
     def violations(self) -> list[str]:
@@ -197,6 +198,7 @@ class AuditReport:
         return out
 
     def to_json(self) -> dict[str, Any]:
+        """JSON-ready dict of the audit (ε None when the model is not private)."""
         return {
             "model": self.model,
             "epsilon": None if math.isinf(self.epsilon) else self.epsilon,

@@ -59,10 +59,12 @@ class Dataset:
 
     @property
     def n_rows(self) -> int:
+        """Number of rows (examples)."""
         return int(self.labels.shape[0])
 
     @property
     def num_features(self) -> int:
+        """Number of feature columns."""
         return int(self.features.shape[1])
 
     declared_classes: int | None = None

@@ -99,6 +99,8 @@ MAX_GRAD_NORM = 1.0
 
 @dataclass(frozen=True)
 class Split:
+    """Train and test features and labels of one split (numpy arrays)."""
+
     x_train: np.ndarray[Any, Any]
     y_train: np.ndarray[Any, Any]
     x_test: np.ndarray[Any, Any]
@@ -145,6 +147,7 @@ def evaluation_split(seed: int) -> Split:
 
 
 def accuracy(model: torch.nn.Module, x: np.ndarray[Any, Any], y: np.ndarray[Any, Any]) -> float:
+    """Share of rows of `x` whose predicted class is `y` (the model is put in eval mode)."""
     model.eval()
     with torch.no_grad():
         pred = model(torch.as_tensor(x, dtype=torch.float32)).argmax(1).numpy()
@@ -206,6 +209,7 @@ def private_run(
 
 
 def nonprivate_run(split: Split, *, params: dict[str, Any], seed: int) -> float:
+    """Test accuracy of the same model and optimizer trained without privacy (the baseline)."""
     torch.manual_seed(seed)
     model = build_mlp(
         ModelConfig(hidden=tuple(params.get("hidden", HIDDEN)), activation=params["activation"]),
@@ -321,6 +325,7 @@ def run_digits(*, quick: bool = False, log: Any = print) -> dict[str, Any]:
 
 
 def format_digits(result: dict[str, Any]) -> str:
+    """The digits example's results as the lines the README quotes."""
     rows = result.get("rows", {})
     lines = [
         f"digits MLP, delta={result['delta']}, seeds {result['seeds']}; tuned on a held-out "
@@ -339,6 +344,7 @@ def format_digits(result: dict[str, Any]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
+    """Command line of the example (`--digits`, `--quick`, `--json PATH`)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--digits", action="store_true", help="run the digits example")
     parser.add_argument("--quick", action="store_true", help="one grid point, two seeds")

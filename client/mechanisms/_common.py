@@ -451,7 +451,13 @@ def support_variance(n: int, frequency: Any, p: float, q: float) -> npt.NDArray[
 
 
 def f0_variance_scalar(p: float, q: float) -> float:
-    """n·Var[f̂_v] at f_v = 0 for a support-count oracle: q(1-q)/(p-q)^2 (pure Python)."""
+    """n·Var[f̂_v] at f_v = 0 for a support-count oracle: q(1-q)/(p-q)^2 (pure Python).
+
+    `support_variance` at f_v = 0, times n (Wang et al., USENIX Security 2017,
+    Section 3, eq. (2); for local hashing with p = e^ε/(e^ε + g - 1), q = 1/g it
+    is that paper's eq. (10)). The one home of this formula: the auto choice of
+    oracle, OLH's choice of g and subset selection's choice of d all use it.
+    """
     return q * (1.0 - q) / (p - q) ** 2
 
 

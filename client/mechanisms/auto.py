@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from decimal import Decimal
 
+from fedldp.client.mechanisms._common import f0_variance_scalar
 from fedldp.client.mechanisms.oracle import FrequencyOracle
 
 #: Candidates in tie-break order: shorter reports first.
@@ -39,8 +40,7 @@ def build_candidate(wire_id: str, epsilon: Decimal, k: int) -> FrequencyOracle:
 
 def f0_variance(mechanism: FrequencyOracle) -> float:
     """n·Var[f̂_v] at f_v = 0 from the mechanism's exact support probabilities."""
-    p, q = mechanism.support_p, mechanism.support_q
-    return q * (1.0 - q) / (p - q) ** 2
+    return f0_variance_scalar(mechanism.support_p, mechanism.support_q)
 
 
 def choose_frequency_oracle(k: int, epsilon: Decimal) -> str:

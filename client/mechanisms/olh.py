@@ -66,7 +66,12 @@ from decimal import Decimal
 from fractions import Fraction
 from typing import TYPE_CHECKING, Any
 
-from fedldp.client.mechanisms._common import check_index, dyadic_from_exp, exp_epsilon
+from fedldp.client.mechanisms._common import (
+    check_index,
+    dyadic_from_exp,
+    exp_epsilon,
+    f0_variance_scalar,
+)
 from fedldp.client.mechanisms.base import (
     CountStatistic,
     HashedOutput,
@@ -102,9 +107,7 @@ def is_prime(n: int) -> bool:
 
 def lh_variance_f0(e: float, g: int) -> float:
     """n·Var[f̂_v] at f_v = 0 for local hashing into g values (Wang et al. 2017, eq. (10))."""
-    p = e / (e + g - 1)
-    q = 1.0 / g
-    return q * (1 - q) / (p - q) ** 2
+    return f0_variance_scalar(e / (e + g - 1), 1.0 / g)
 
 
 def default_g(epsilon: Decimal) -> int:

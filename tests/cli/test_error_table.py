@@ -78,7 +78,7 @@ NOT_FROM_THE_CLI = {
     # status for the device; they never leave a request handler.
     "fedldp.collector.errors.CollectorError": "gRPC status table",
     # Retried inside the ledger's transaction loop; never leave the ledger.
-    "fedldp.collector.ledger.store._ConcurrentUpdateError": "ledger retry loop",
+    "fedldp.collector.ledger.engine._ConcurrentUpdateError": "ledger retry loop",
     # A program that uses a closed SDK Client has a bug: exit 70 is right.
     "fedldp.client.sdk.ClientClosedError": "SDK misuse (a bug)",
 }

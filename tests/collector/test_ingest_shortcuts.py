@@ -41,8 +41,8 @@ from fedldp.collector.ledger import (
     CheckedReport,
     Ledger,
     SubmitBatch,
+    ingest,
     open_ledger,
-    store,
 )
 from fedldp.collector.ledger.schema import reports as reports_table
 from fedldp.collector.ledger.schema import statistics
@@ -374,7 +374,7 @@ def test_groups_match_charging_one_report_at_a_time(
     each group deciding without reading its ids first (and rerun when one was
     stored), or reading them after a repeat.
     """
-    monkeypatch.setattr(store, "_READ_IDS_AFTER_A_REPEAT", read_after_repeat)
+    monkeypatch.setattr(ingest, "_READ_IDS_AFTER_A_REPEAT", read_after_repeat)
     rng = random.Random(20261130)
     half = deployment.verified(deployment.envelopes[0])  # ε 0.5, cap 2
     policies = [half, extra["tenth"], extra["wide"]]  # caps cut in after 4, 10, 100

@@ -293,7 +293,7 @@ def test_variant_b_broken_without_the_refusal_lets_v2_promise_two_over_four(
     """The broken variant (the finding as reported): with the cap_lowered check off,
     v2 is activated over a window holding 4; reconcile, which compares with the
     smallest recorded cap in force, now flags the window."""
-    monkeypatch.setattr("fedldp.collector.ledger.store.lowered_window", lambda *a, **k: None)
+    monkeypatch.setattr("fedldp.collector.ledger.versions.lowered_window", lambda *a, **k: None)
     clock = Clock(NOW)
     d = Deployment.create(now=NOW)
     f1 = d.add_categorical("app", epsilon="0.5", epsilon_cap="4", version=1)
