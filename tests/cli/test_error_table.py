@@ -80,7 +80,7 @@ NOT_FROM_THE_CLI = {
     # Retried inside the ledger's transaction loop; never leave the ledger.
     "fedldp.collector.ledger.engine._ConcurrentUpdateError": "ledger retry loop",
     # A program that uses a closed SDK Client has a bug: exit 70 is right.
-    "fedldp.client.sdk.ClientClosedError": "SDK misuse (a bug)",
+    "fedldp.client.results.ClientClosedError": "SDK misuse (a bug)",
 }
 
 
