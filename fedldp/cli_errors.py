@@ -155,7 +155,11 @@ _TABLE: list[tuple[str, Callable[[BaseException], str], int]] = [
     ("fedldp.aggregator.service.engine.ServiceError", _prefixed("release service: "), 1),
     ("fedldp.aggregator.service.catalog.CatalogError", _prefixed("catalog: "), EXIT_REFUSED),
     ("fedldp.aggregator.service.catalog.RegistrationError", _prefixed("catalog: "), 1),
-    ("fedldp.aggregator.service.jobs.JobsFolderBusyError", _prefixed("training jobs: "), EXIT_REFUSED),
+    (
+        "fedldp.aggregator.service.jobs.JobsFolderBusyError",
+        _prefixed("training jobs: "),
+        EXIT_REFUSED,
+    ),
     ("fedldp.aggregator.dashboard.app.DashboardConfigError", _prefixed("dashboard: "), 1),
     ("fedldp.aggregator.dashboard.source.SourceError", _prefixed("dashboard: "), EXIT_REFUSED),
     ("fedldp.client.mechanisms.registry.UnknownMechanismError", _prefixed("mechanism: "), 1),
