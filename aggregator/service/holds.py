@@ -21,7 +21,9 @@ cap is ever exceeded under concurrency (each reserve is atomic against its
 cap); a release refused by its analyst's cap holds its purpose's budget for
 the moment between the two transactions, which can only refuse another
 request spuriously, never admit one. A crash between the steps leaves what
-was claimed reserved (charged) until an operator settles it as spent.
+was claimed reserved (charged): a release's until an operator settles it as
+spent; a training job's is closed by the restarted service with the job's
+reservation (training.TrainingJobs.recover).
 """
 
 from __future__ import annotations

@@ -20,7 +20,8 @@ later outcome is charged (in full on failure). The job's record follows the
 ledger through `_JobLedger`, which writes the owner token before the reservation
 and marks the job charged once the data is opened, so a restarted service
 (`recover`) closes what a killed one left open: cancelled when the data was never
-opened, settled AS SPENT (the whole reservation) otherwise — never refunded.
+opened, settled AS SPENT (the whole reservation) otherwise — never refunded; the
+analyst's own-cap hold, if any, is closed the same way (`_close_hold`).
 
 Training data: the catalog dataset's rows, at most ONE record per unit (the first
 read: DP-SGD's guarantee is per row, so per unit once each unit has one row);
@@ -232,7 +233,7 @@ class TrainingJobs:
         (by id, or by ledger key and owner when the crash came before the id was
         recorded) is: cancelled if the data was never opened (nothing read);
         settled as spent in full if it was (the refund rule: never refunded); kept
-        as it is if already closed. The job is SUCCEEDED only if the engine had
+        as it is if already closed. The analyst's own-cap hold follows it (`_close_hold`). The job is SUCCEEDED only if the engine had
         settled and published both files, FAILED otherwise.
         """
         for record in self.store.records():
@@ -264,6 +265,7 @@ class TrainingJobs:
         now = self.clock()
         if res.status == "reserved" and res.data_opened_at is None:
             self.ledger.cancel(res.id, now=now, owner=record.owner)
+            self._close_hold(record, self.ledger.reservation(res.id), now)
             self._fail(
                 record.job_id, "UNAVAILABLE", STOPPED_EARLY_MESSAGE, "ServiceStopped", res.id
             )
@@ -279,10 +281,12 @@ class TrainingJobs:
                 reason=f"the release service stopped during training job {record.job_id}; "
                 "nothing released",
             )
+            self._close_hold(record, self.ledger.reservation(res.id), now)
             self._fail(
                 record.job_id, "UNAVAILABLE", STOPPED_MESSAGE, "ServiceStopped", res.id, True
             )
             return
+        self._close_hold(record, res, now)
         out = self.store.output(record.job_id)
         published = (out / "model.pt").is_file() and (out / "receipt.json").is_file()
         if res.status == "settled" and published:
@@ -291,6 +295,40 @@ class TrainingJobs:
         charged = res.status == "settled"
         message = STOPPED_MESSAGE if charged else STOPPED_EARLY_MESSAGE
         self._fail(record.job_id, "UNAVAILABLE", message, "ServiceStopped", res.id, charged)
+
+    def _close_hold(self, record: JobRecord, res: Any, now: int) -> None:
+        """Close the analyst's own-cap hold (holds.py) of a job's closed reservation `res`.
+
+        The hold follows the reservation: settled with the same spend when it is
+        settled (in full after a crash: never refunded once the data was opened);
+        cancelled when it was cancelled, unless the hold itself was already opened
+        (then settled as spent in full, as `AnalystCapLedger.cancel` does). A hold
+        already closed (an earlier, interrupted recovery) is left as it is.
+        """
+        if (record.dataset, record.purpose, record.analyst) not in self.policy.analyst_caps:
+            return
+        subject = analyst_subject(self.service_id, record.dataset, record.analyst)
+        key = f"analyst-cap:{res.id}"
+        for hold in self.ledger.reservations(subject, record.purpose):
+            if hold.idempotency_key != key or hold.status != "reserved":
+                continue
+            reason = f"analyst cap of reservation {res.id}: the release service stopped"
+            if res.status == "settled":
+                spent = (res.epsilon_spent, res.delta_spent)
+            elif hold.data_opened_at is None:
+                self.ledger.cancel(hold.id, now=now, owner=record.owner)
+                continue
+            else:
+                spent = (hold.epsilon, hold.delta)
+            self.ledger.settle(
+                hold.id,
+                epsilon_spent=spent[0],
+                delta_spent=spent[1],
+                events=(),
+                now=now,
+                owner=record.owner,
+                reason=reason,
+            )
 
     def _succeed_from_files(self, job_id: str, res: Any) -> None:
         """A job the engine settled and published before the process stopped."""

@@ -1,6 +1,6 @@
-"""A release service killed while a DP-SGD job trains: the reservation stays spent and
-the restarted service reports the job FAILED without refunding (real processes,
-real gRPC, real SQLite and PostgreSQL ledgers)."""
+"""A release service killed while a DP-SGD job trains: the reservation and the analyst's
+own-cap hold stay spent, and the restarted service settles both in full and reports the
+job FAILED without refunding (real processes, real gRPC, real SQLite and PostgreSQL ledgers)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from pathlib import Path
 import grpc
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-from fedldp.aggregator.service.policy import ledger_subject
+from fedldp.aggregator.service.policy import analyst_subject, ledger_subject
 from fedldp.aggregator.service.training import STOPPED_MESSAGE
 from fedldp.authoring import write_private_key, write_public_key
 from fedldp.collector.auth import TokenAuthority, bearer_metadata
@@ -40,6 +40,7 @@ max_steps = 1000000
 hidden = [4]
 """
 SUBJECT = ledger_subject("release-service", "visits")
+OWN_SUBJECT = analyst_subject("release-service", "visits", "alice")
 
 
 def _serve(base: Path, ledger_url: str) -> tuple[subprocess.Popen[str], int]:
@@ -109,7 +110,9 @@ def test_a_crash_mid_training_leaves_the_reservation_spent_and_a_restart_reports
     signed_policy(
         tmp_path,
         'version = 1\n[[cap]]\ndataset = "visits"\npurpose = "study"\n'
-        'epsilon = "3"\ndelta = "0.00001"\n',
+        'epsilon = "3"\ndelta = "0.00001"\n'
+        '[[analyst_cap]]\ndataset = "visits"\npurpose = "study"\nanalyst = "alice"\n'
+        'epsilon = "2"\ndelta = "0.00001"\n',
         policy_key,
     )
     write_public_key(policy_key.public_key(), tmp_path / "policy.pub")
@@ -149,8 +152,12 @@ def test_a_crash_mid_training_leaves_the_reservation_spent_and_a_restart_reports
     with open_ledger(url) as store:
         (res,) = store.reservations(SUBJECT, "study")
         assert res.status == "reserved" and res.data_opened_at is not None
-        with pytest.raises(DataOpenedError):  # a refund is what the ledger refuses
-            store.cancel(res.id, now=int(time.time()), owner=None)
+        (hold,) = store.reservations(OWN_SUBJECT, "study")
+        assert hold.idempotency_key == f"analyst-cap:{res.id}"
+        assert hold.status == "reserved" and hold.data_opened_at is not None
+        for opened in (res, hold):
+            with pytest.raises(DataOpenedError):  # a refund is what the ledger refuses
+                store.cancel(opened.id, now=int(time.time()), owner=None)
 
     proc, port = _serve(tmp_path, url)
     try:
@@ -169,4 +176,8 @@ def test_a_crash_mid_training_leaves_the_reservation_spent_and_a_restart_reports
         assert "stopped during training" in (closed.close_reason or "")
         actions = [e["action"] for e in store.reservation_log(res.id)]
         assert actions == ["reserved", "data_opened", "settled"]
+        (own,) = store.reservations(OWN_SUBJECT, "study")  # the analyst's hold: spent too
+        assert own.status == "settled" and own.id == hold.id
+        assert (own.epsilon_spent, own.delta_spent) == (hold.epsilon, hold.delta)
+        assert [e["action"] for e in store.reservation_log(own.id)] == actions
     assert not (tmp_path / "jobs" / job_id / "out" / "model.pt").exists()
