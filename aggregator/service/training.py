@@ -233,8 +233,9 @@ class TrainingJobs:
         (by id, or by ledger key and owner when the crash came before the id was
         recorded) is: cancelled if the data was never opened (nothing read);
         settled as spent in full if it was (the refund rule: never refunded); kept
-        as it is if already closed. The analyst's own-cap hold follows it (`_close_hold`). The job is SUCCEEDED only if the engine had
-        settled and published both files, FAILED otherwise.
+        as it is if already closed. The analyst's own-cap hold follows it
+        (`_close_hold`). The job is SUCCEEDED only if the engine had settled and
+        published both files, FAILED otherwise.
         """
         for record in self.store.records():
             if record.state == QUEUED:
