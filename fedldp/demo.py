@@ -553,21 +553,35 @@ def demo(
 
 def _release_service_demo(out: Path, seed: int | None, report: Path) -> None:
     """Run fedldp.demo_release and add its section to the HTML report."""
-    from fedldp.demo_release import append_to_report, release_html, run_release_demo, short
+    from fedldp.demo_release import (
+        append_to_report,
+        release_html,
+        run_release_demo,
+        short,
+        training_summary,
+    )
 
-    results = run_release_demo(out, seed)
+    demo = run_release_demo(out, seed)
     click.echo("")
     click.echo("release service (count and mean of a generated table, ε = 0.25 each):")
-    for r in results:
+    for r in demo.releases:
         check = "receipt verified" if r.verified else "RECEIPT FAILED"
         click.echo(
             f"  {r.kind:<5} {short(r.value):>10}  noise sd {r.noise_stddev:.3g}  "
             f"{float(r.confidence):.0%} interval [{short(r.lower)}, {short(r.upper)}]  "
             f"{check}: {r.receipt}"
         )
-    append_to_report(report, release_html(results))
-    if not all(r.verified for r in results):
+    if isinstance(demo.training, str):
+        click.echo(f"  {demo.training}")
+    else:
+        click.echo(
+            "  training job: " + ", ".join(f"{k} {v}" for k, v in training_summary(demo.training))
+        )
+    append_to_report(report, release_html(demo))
+    if not all(r.verified for r in demo.releases):
         raise click.ClickException("a release receipt did not verify")
+    if not isinstance(demo.training, str) and not demo.training.verified:
+        raise click.ClickException("the training job did not succeed with a verified receipt")
 
 
 def _serve_dashboard(deployment: Deployment) -> None:
