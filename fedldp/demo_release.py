@@ -155,7 +155,7 @@ def run_release_demo(out: Path, seed: int | None) -> DemoResults:
     from fedldp.aggregator.service.policy import load_release_policy, sign_release_policy
     from fedldp.aggregator.service.server import ServiceConfig, start_release_service
     from fedldp.aggregator.service.training import TrainingSetup
-    from fedldp.client.policy import write_private_key
+    from fedldp.authoring import write_private_key
     from fedldp.collector.auth import Authenticator, TokenAuthority, bearer_metadata
     from fedldp.v1 import release_pb2 as pb
     from fedldp.v1 import release_pb2_grpc
