@@ -53,12 +53,21 @@ class ValidatedModel:
 
 
 def validate_model(module: nn.Module, *, fix: bool) -> ValidatedModel:
-    """Check `module` with Opacus's ModuleValidator; replace unsupported layers only if `fix`.
+    """Check `module` for DP-SGD: Opacus's ModuleValidator, then `require_parameters_only`.
 
     Without `fix`, an unsupported layer raises UnsupportedModelError naming it.
-    With `fix`, ModuleValidator.fix replaces them (BatchNorm → GroupNorm) and the
-    replaced layers are listed in `fixed` so the caller can say so.
+    With `fix`, ModuleValidator.fix replaces them (BatchNorm -> GroupNorm) and the
+    replaced layers are listed in `fixed` so the caller can say so. Either way the
+    module that comes out must keep no state besides its trainable parameters
+    (UnsupportedModelError naming the entries otherwise).
     """
+    checked = _opacus_validate(module, fix=fix)
+    require_parameters_only(checked.module)
+    return checked
+
+
+def _opacus_validate(module: nn.Module, *, fix: bool) -> ValidatedModel:
+    """Opacus's ModuleValidator (layer types only, e.g. BatchNorm); fix only if `fix`."""
     errors = ModuleValidator.validate(module, strict=False)
     if not errors:
         return ValidatedModel(module, ())
@@ -81,6 +90,40 @@ def validate_model(module: nn.Module, *, fix: bool) -> ValidatedModel:
         if name in after and before[name] != after[name]
     )
     return ValidatedModel(fixed_module, changes)
+
+
+def non_parameter_state(module: nn.Module) -> list[str]:
+    """The names of everything `module` keeps besides its trainable parameters, each with
+    its kind: buffers (persistent or not), frozen parameters, and any other
+    state_dict entry (extra state). Empty for a module DP-SGD fully covers."""
+    trainable = {n for n, p in module.named_parameters(remove_duplicate=False) if p.requires_grad}
+    found = {n: "buffer" for n, _ in module.named_buffers(remove_duplicate=False)}
+    for n, p in module.named_parameters(remove_duplicate=False):
+        if not p.requires_grad:
+            found[n] = "frozen parameter"
+    for key in module.state_dict(keep_vars=True):
+        if key not in trainable:
+            found.setdefault(key, "state_dict entry")
+    return [f"{n} ({kind})" for n, kind in sorted(found.items())]
+
+
+def require_parameters_only(module: nn.Module) -> None:
+    """Refuse a module that keeps state besides its trainable parameters.
+
+    DP-SGD (Abadi et al. 2016, §3.1) bounds only what reaches the parameters
+    through clipped, noised gradients; a buffer, a frozen parameter or extra state
+    that forward may write (BatchNorm's running statistics, a cache, a copy of an
+    input) would be published with the model un-clipped and un-noised while the
+    receipt claims (ε, δ). Raises UnsupportedModelError naming the entries.
+    """
+    extra = non_parameter_state(module)
+    if extra:
+        raise UnsupportedModelError(
+            f"the model keeps state besides its trainable parameters: {', '.join(extra)}; "
+            "DP-SGD bounds only the trainable parameters, so this state would be published "
+            "without clipping or noise. Remove it or make it a trainable parameter (use "
+            "GroupNorm or LayerNorm instead of BatchNorm; --fix-model replaces BatchNorm)"
+        )
 
 
 def trainable_layer_types(module: nn.Module) -> list[type[nn.Module]]:

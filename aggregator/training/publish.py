@@ -24,6 +24,7 @@ from fedldp.aggregator.training.accounting import prv_delta_error
 from fedldp.aggregator.training.config import DataConfig, TrainConfig
 from fedldp.aggregator.training.data import Dataset, redact_url
 from fedldp.aggregator.training.lifecycle import Claim
+from fedldp.aggregator.training.models import UnsupportedModelError
 from fedldp.aggregator.training.plan import Plan
 from torch import nn
 
@@ -207,10 +208,33 @@ def build_receipt(
 
 
 def write_model(model: nn.Module, path: Path) -> str:
-    """Write `model`'s state_dict to `path` (torch.save); returns the file's sha256."""
+    """Write `model`'s state_dict to `path` (torch.save); returns the file's sha256.
+
+    The state_dict must hold exactly the trainable parameters DP-SGD updated
+    (`published_state`); anything else raises UnsupportedModelError and nothing is
+    written (after the data was opened: the run is charged, engine.py)."""
+    state = published_state(model)
     path.parent.mkdir(parents=True, exist_ok=True)
-    torch.save(model.state_dict(), path)
+    torch.save(state, path)
     return file_sha256(path)
+
+
+def published_state(model: nn.Module) -> dict[str, torch.Tensor]:
+    """`model`'s state_dict, checked to hold its trainable parameters and nothing else.
+
+    Defence in depth behind models.require_parameters_only (checked before
+    reserving): a buffer or other state a module acquired during training would be
+    published un-noised while the receipt claims (ε, δ)."""
+    state = model.state_dict()
+    trainable = {n for n, p in model.named_parameters(remove_duplicate=False) if p.requires_grad}
+    if set(state) != trainable:
+        extra = sorted(set(state) - trainable)
+        missing = sorted(trainable - set(state))
+        raise UnsupportedModelError(
+            "refusing to publish the model: its state_dict is not exactly the trainable "
+            f"parameters DP-SGD updated (extra: {extra}, missing: {missing})"
+        )
+    return state
 
 
 def write_receipt(

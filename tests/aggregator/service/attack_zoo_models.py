@@ -15,10 +15,12 @@ class _Memo(nn.Module):
         self.register_buffer("seen", torch.zeros(num_features))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        seen = self.get_buffer("seen")
         if self.training and x.shape[0] > 0:
             with torch.no_grad():  # a raw training row, kept as it is
-                self.seen.copy_(x[0].detach().to(self.seen.dtype))
-        return self.linear(x)
+                seen.copy_(x[0].detach().to(seen.dtype))
+        out: torch.Tensor = self.linear(x)
+        return out
 
 
 def memorizer(num_features: int, num_classes: int) -> nn.Module:
