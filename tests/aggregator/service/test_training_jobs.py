@@ -603,6 +603,21 @@ def test_a_module_entry_of_the_zoo_trains_and_a_broken_one_fails_uncharged(
     assert [r.id for r in svc.ledger.reservations(SUBJECT)] == [good.reservation_id]
 
 
+def test_a_zoo_module_with_a_buffer_is_refused_uncharged(make_trainer: Make) -> None:
+    """An operator-allowed module that keeps a buffer (attack_zoo_models.memorizer copies
+    a raw row into it) is refused by the engine before reserving: nothing is charged."""
+    zoo = (
+        '[training.models.memo]\nmodule = "tests.aggregator.service.attack_zoo_models:memorizer"\n'
+    )
+    svc = make_trainer(eps_cap="2", catalog=TRAIN_CATALOG + zoo)
+    client = Client(svc.port, "alice")
+    job = finished(client, submit(client, job_request("memo", model="memo")).job_id)
+    client.close()
+    assert job.state == pb.TRAINING_JOB_STATE_FAILED and not job.charged
+    assert job.error_code == "INVALID_ARGUMENT" and "seen (buffer)" in job.error_message
+    assert svc.ledger.reservations(SUBJECT) == []
+
+
 def test_an_analysts_own_cap_bounds_training_jobs_too(make_trainer: Make) -> None:
     own = (
         '[[analyst_cap]]\ndataset = "visits"\npurpose = "study"\nanalyst = "alice"\n'
