@@ -26,7 +26,7 @@ from fedldp.v1 import policy_pb2
 
 _DAY = 86400
 
-_DURATION = re.compile(r"^([1-9][0-9]*)([smhdw])$")
+_DURATION = re.compile(r"([1-9][0-9]*)([smhdw])")
 _DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": _DAY, "w": 7 * _DAY}
 #: memo_charging spellings. "instantaneous" (the older spelling) is written as
 #: MEMO_CHARGING_JOINT too: the charge of every memoized policy is the joint rate.
@@ -159,7 +159,7 @@ def _table(
 
 def parse_duration(text: str) -> int:
     """Seconds in a duration like "30s", "15m", "12h", "1d", "2w". Raises ValueError."""
-    match = _DURATION.match(text)
+    match = _DURATION.fullmatch(text)
     if not match:
         raise ValueError(f"duration must look like 30s, 15m, 12h, 1d or 2w, got {text!r}")
     return int(match.group(1)) * _DURATION_UNITS[match.group(2)]

@@ -80,7 +80,12 @@ def run(rows: int, queries: int) -> dict[str, Any]:
     from fedldp.aggregator.service.catalog import load_catalog
     from fedldp.aggregator.service.policy import load_release_policy, sign_release_policy
     from fedldp.aggregator.service.server import ServiceConfig, start_release_service
-    from fedldp.collector.auth import Authenticator, TokenAuthority, bearer_metadata
+    from fedldp.collector.auth import (
+        RELEASE_SERVICE_AUDIENCE,
+        Authenticator,
+        TokenAuthority,
+        bearer_metadata,
+    )
     from fedldp.v1 import release_pb2 as pb
     from fedldp.v1 import release_pb2_grpc
 
@@ -101,11 +106,13 @@ def run(rows: int, queries: int) -> dict[str, Any]:
             ),
             ledger_url=f"sqlite:///{folder / 'ledger.db'}",
             signing_key=Ed25519PrivateKey.generate(),
-            authenticator=Authenticator(TokenAuthority(SECRET)),
+            authenticator=Authenticator(TokenAuthority(SECRET, audience=RELEASE_SERVICE_AUDIENCE)),
         )
         svc = start_release_service(config)
         registration = time.perf_counter() - start
-        token = TokenAuthority(SECRET).mint("analyst", expires_at=int(time.time()) + 86400)
+        token = TokenAuthority(SECRET, audience=RELEASE_SERVICE_AUDIENCE).mint(
+            "analyst", expires_at=int(time.time()) + 86400
+        )
         figures: dict[str, Any] = {"registration_seconds": registration}
         try:
             with grpc.insecure_channel(f"127.0.0.1:{svc.port}") as channel:

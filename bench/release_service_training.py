@@ -175,7 +175,12 @@ def run(units: int, reps: int) -> dict[str, Any]:
     from fedldp.aggregator.service.server import ServiceConfig, start_release_service
     from fedldp.aggregator.service.training import TrainingSetup
     from fedldp.authoring import write_private_key
-    from fedldp.collector.auth import Authenticator, TokenAuthority, bearer_metadata
+    from fedldp.collector.auth import (
+        RELEASE_SERVICE_AUDIENCE,
+        Authenticator,
+        TokenAuthority,
+        bearer_metadata,
+    )
     from fedldp.v1 import release_pb2_grpc
 
     torch.set_num_threads(1)
@@ -199,13 +204,17 @@ def run(units: int, reps: int) -> dict[str, Any]:
                 ),
                 ledger_url=f"sqlite:///{folder / 'service.db'}",
                 signing_key=key,
-                authenticator=Authenticator(TokenAuthority(SECRET)),
+                authenticator=Authenticator(
+                    TokenAuthority(SECRET, audience=RELEASE_SERVICE_AUDIENCE)
+                ),
                 training=TrainingSetup(
                     jobs_dir=folder / "jobs", signing_key_path=folder / "receipts.key"
                 ),
             )
         )
-        token = TokenAuthority(SECRET).mint("analyst", expires_at=int(time.time()) + 86400)
+        token = TokenAuthority(SECRET, audience=RELEASE_SERVICE_AUDIENCE).mint(
+            "analyst", expires_at=int(time.time()) + 86400
+        )
         engine: list[float] = []
         service: list[float] = []
         try:

@@ -4,7 +4,12 @@ Token format (version 1), all parts URL-safe base64 without padding except
 `expiry` (decimal Unix seconds)::
 
     v1.<b64(subject)>.<expiry>.<b64(mac)>
-    mac = HMAC-SHA256(secret, "fedldp-token-v1\\0" + subject + "\\0" + expiry)
+    mac = HMAC-SHA256(secret, domain + subject + "\\0" + expiry)
+
+`domain` names the token's audience: "fedldp-token-v1\\0" for the collector
+(devices), "fedldp-token-v1/release-service\\0" for the release service
+(analysts). A token minted for one audience never verifies at the other, even
+when an operator gives both the same secret.
 
 Exactly one spelling of a token verifies: each base64 part must be the
 canonical encoding of its bytes (no padding, no characters a lenient decoder
@@ -35,9 +40,15 @@ import grpc
 from fedldp.collector.errors import UnauthenticatedError
 
 TOKEN_VERSION = "v1"
-_DOMAIN = b"fedldp-token-v1\x00"
+#: Token audiences and the MAC domain of each.
+COLLECTOR_AUDIENCE = "collector"
+RELEASE_SERVICE_AUDIENCE = "release-service"
+_DOMAINS = {
+    COLLECTOR_AUDIENCE: b"fedldp-token-v1\x00",
+    RELEASE_SERVICE_AUDIENCE: b"fedldp-token-v1/release-service\x00",
+}
 #: Subjects: printable, no whitespace, at most 256 characters.
-_SUBJECT_RE = re.compile(r"^[\x21-\x7e]{1,256}$")
+_SUBJECT_RE = re.compile(r"[\x21-\x7e]{1,256}")
 MIN_SECRET_BYTES = 32
 
 
@@ -46,7 +57,7 @@ def _b64(data: bytes) -> str:
 
 
 #: The canonical decimal of a positive expiry (at most 18 digits: int64 range).
-_EXPIRY_RE = re.compile(r"^[1-9][0-9]{0,17}$")
+_EXPIRY_RE = re.compile(r"[1-9][0-9]{0,17}")
 
 
 def _unb64_canonical(text: str) -> bytes:
@@ -60,7 +71,7 @@ def _unb64_canonical(text: str) -> bytes:
 
 def check_subject(subject: str) -> str:
     """Return `subject` if it is a valid ledger subject, else raise ValueError."""
-    if not _SUBJECT_RE.match(subject):
+    if not _SUBJECT_RE.fullmatch(subject):
         raise ValueError("a subject is 1-256 printable ASCII characters without spaces")
     return subject
 
@@ -72,15 +83,18 @@ class TokenAuthority:
     #: oldest are forgotten (and verified again if they come back).
     CACHE_SIZE = 65536
 
-    def __init__(self, secret: bytes) -> None:
+    def __init__(self, secret: bytes, *, audience: str = COLLECTOR_AUDIENCE) -> None:
+        """`audience`: COLLECTOR_AUDIENCE or RELEASE_SERVICE_AUDIENCE (module docstring)."""
         if len(secret) < MIN_SECRET_BYTES:
             raise ValueError(f"the token secret must be at least {MIN_SECRET_BYTES} bytes")
-        self._secret = bytes(secret)
+        if audience not in _DOMAINS:
+            raise ValueError(f"token audience must be one of {sorted(_DOMAINS)}")
+        self._secret, self._domain = bytes(secret), _DOMAINS[audience]
         self._verified: dict[str, tuple[str, int]] = {}
         self._lock = threading.Lock()
 
     def _mac(self, subject: str, expiry: int) -> bytes:
-        msg = _DOMAIN + subject.encode("ascii") + b"\x00" + str(expiry).encode("ascii")
+        msg = self._domain + subject.encode("ascii") + b"\x00" + str(expiry).encode("ascii")
         return hmac.new(self._secret, msg, hashlib.sha256).digest()
 
     def mint(self, subject: str, *, expires_at: int) -> str:
@@ -105,7 +119,7 @@ class TokenAuthority:
                 raise UnauthenticatedError("bearer token expired; mint a new one")
             return known[0]
         parts = token.split(".")
-        if len(parts) != 4 or parts[0] != TOKEN_VERSION or not _EXPIRY_RE.match(parts[2]):
+        if len(parts) != 4 or parts[0] != TOKEN_VERSION or not _EXPIRY_RE.fullmatch(parts[2]):
             raise UnauthenticatedError("malformed bearer token")
         try:
             subject = _unb64_canonical(parts[1]).decode("ascii")
@@ -113,7 +127,7 @@ class TokenAuthority:
         except (binascii.Error, UnicodeDecodeError, ValueError):
             raise UnauthenticatedError("malformed bearer token") from None
         expiry = int(parts[2])
-        if not _SUBJECT_RE.match(subject):
+        if not _SUBJECT_RE.fullmatch(subject):
             raise UnauthenticatedError("malformed bearer token")
         if not hmac.compare_digest(mac, self._mac(subject, expiry)):
             raise UnauthenticatedError("bearer token signature does not verify")

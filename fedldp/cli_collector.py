@@ -101,8 +101,15 @@ def serve_cmd(config_path: str | None, port_file: str | None) -> None:
     type=click.IntRange(min=1),
     help="lifetime in seconds (at least 1)",
 )
+@click.option(
+    "--audience",
+    type=click.Choice(["collector", "release-service"]),
+    default="collector",
+    show_default=True,
+    help="who accepts the token: the collector (devices) or the release service (analysts)",
+)
 def mint_token_cmd(
-    subject: str, config_path: str | None, secret_file: str | None, ttl: int
+    subject: str, config_path: str | None, secret_file: str | None, ttl: int, audience: str
 ) -> None:
     """Print a bearer token for SUBJECT, signed with the collector's token secret."""
     from fedldp.collector.auth import TokenAuthority
@@ -119,7 +126,8 @@ def mint_token_cmd(
                     "no token secret: pass --secret-file or set token_secret_file"
                 )
             secret = maybe
-        token = TokenAuthority(secret).mint(subject, expires_at=int(time.time()) + ttl)
+        authority = TokenAuthority(secret, audience=audience)
+        token = authority.mint(subject, expires_at=int(time.time()) + ttl)
     except (ConfigError, ValueError) as exc:
         raise click.ClickException(str(exc)) from None
     click.echo(token)

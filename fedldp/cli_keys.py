@@ -44,7 +44,7 @@ from fedldp.v1 import policy_pb2
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-_KEY_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+_KEY_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 
 
 def passphrase_from_env(variable: str | None) -> bytes | None:
@@ -146,7 +146,7 @@ def generate(out_dir: str, name: str, passphrase_env: str | None) -> None:
     Existing files are never overwritten. Prints the key id (SHA-256 of the raw
     public key), which roots and envelopes use to name the key.
     """
-    if not _KEY_NAME.match(name):
+    if not _KEY_NAME.fullmatch(name):
         raise click.BadParameter("use letters, digits, '.', '_' and '-'", param_hint="--name")
     passphrase = passphrase_from_env(passphrase_env)
     folder = Path(out_dir)

@@ -82,11 +82,22 @@ def build_request(
     )
 
 
-def channel(service: str, tls_ca: Path | None) -> Any:
-    """A gRPC channel to `service` (TLS when the service's CA is given)."""
+def channel(service: str, tls_ca: Path | None, *, insecure: bool = False) -> Any:
+    """A gRPC channel to `service` (TLS when the service's CA is given).
+
+    Plaintext (no `tls_ca`) only to a loopback address, or anywhere with
+    `insecure` (--insecure): the bearer token travels in every call's metadata.
+    UsageError otherwise, before anything is sent.
+    """
     import grpc
 
+    from fedldp.aggregator.service.server import check_plaintext
+
     if tls_ca is None:
+        try:
+            check_plaintext(service, tls=False, insecure=insecure, remedy="give --tls-ca")
+        except ValueError as exc:
+            raise click.UsageError(f"--service {exc}") from None
         return grpc.insecure_channel(service)
     return grpc.secure_channel(service, grpc.ssl_channel_credentials(tls_ca.read_bytes()))
 
@@ -137,14 +148,20 @@ def emit(reply: Any, receipt_path: Path | None) -> None:
 
 
 def release_remote(
-    request: Any, service: str, token_env: str, tls_ca: Path | None, receipt: Path | None
+    request: Any,
+    service: str,
+    token_env: str,
+    tls_ca: Path | None,
+    receipt: Path | None,
+    *,
+    insecure: bool = False,
 ) -> None:
     """Send `request` to the service at `service` and print its reply."""
     from fedldp.v1 import release_pb2_grpc
 
     check_receipt_path(receipt)
-    metadata = bearer(token_from_env(token_env))
-    with channel(service, tls_ca) as ch:
+    with channel(service, tls_ca, insecure=insecure) as ch:
+        metadata = bearer(token_from_env(token_env))
         stub = release_pb2_grpc.ReleaseServiceStub(ch)
         reply = rpc(lambda: stub.Release(request, metadata=metadata))
     emit(reply, receipt)
@@ -159,7 +176,7 @@ def release_embedded(request: Any, files: dict[str, Any], receipt: Path | None) 
     import secrets
     import time
 
-    from fedldp.collector.auth import TokenAuthority
+    from fedldp.collector.auth import RELEASE_SERVICE_AUDIENCE, TokenAuthority
     from fedldp.v1 import release_pb2_grpc
 
     check_receipt_path(receipt)
@@ -172,7 +189,8 @@ def release_embedded(request: Any, files: dict[str, Any], receipt: Path | None) 
     secret = secrets.token_bytes(32)
     running = start_embedded(files, secret)
     try:
-        token = TokenAuthority(secret).mint(analyst, expires_at=int(time.time()) + 600)
+        authority = TokenAuthority(secret, audience=RELEASE_SERVICE_AUDIENCE)
+        token = authority.mint(analyst, expires_at=int(time.time()) + 600)
         with channel(f"127.0.0.1:{running.port}", None) as ch:
             stub = release_pb2_grpc.ReleaseServiceStub(ch)
             reply = rpc(lambda: stub.Release(request, metadata=bearer(token)))
@@ -190,7 +208,7 @@ def start_embedded(files: dict[str, Any], secret: bytes) -> Any:
     from fedldp.authoring import load_private_key
     from fedldp.cli_keys import passphrase_from_env
     from fedldp.client.policy import KeyFileError, load_public_key
-    from fedldp.collector.auth import Authenticator, TokenAuthority
+    from fedldp.collector.auth import RELEASE_SERVICE_AUDIENCE, Authenticator, TokenAuthority
 
     try:
         trusted = trusted_keys([load_public_key(p) for p in files["policy_keys"]])
@@ -201,7 +219,7 @@ def start_embedded(files: dict[str, Any], secret: bytes) -> Any:
             signing_key=load_private_key(
                 files["signing_key"], passphrase=passphrase_from_env(files["passphrase_env"])
             ),
-            authenticator=Authenticator(TokenAuthority(secret)),
+            authenticator=Authenticator(TokenAuthority(secret, audience=RELEASE_SERVICE_AUDIENCE)),
             listen="127.0.0.1:0",
             max_workers=2,
         )
@@ -234,6 +252,12 @@ SERVICE_OPTIONS = [
         "--tls-ca",
         type=click.Path(exists=True, dir_okay=False, path_type=Path),
         help="CA of the service's TLS certificate (with --service)",
+    ),
+    click.option(
+        "--insecure",
+        is_flag=True,
+        help="UNSAFE: plaintext to a non-loopback --service without --tls-ca (your bearer "
+        "token crosses the network in clear text)",
     ),
 ]
 
@@ -288,7 +312,7 @@ LOCAL_ONLY = (
 #: Options that only --embedded uses.
 EMBEDDED_ONLY = ("catalog_path", "policy_path", "policy_keys", "analyst")
 #: Options that only --service uses (beyond their defaults).
-SERVICE_ONLY = ("token_env", "tls_ca")
+SERVICE_ONLY = ("token_env", "tls_ca", "insecure")
 
 
 _FLAGS = {"ledger_url": "--ledger", "policy_keys": "--policy-key", "idempotency_key": "--key"}
@@ -349,7 +373,14 @@ def run_mode(kind: str, options: dict[str, Any]) -> bool:
     )
     receipt = Path(options["receipt_path"]) if options.get("receipt_path") else None
     if mode["service"]:
-        release_remote(request, mode["service"], extra["token_env"], extra["tls_ca"], receipt)
+        release_remote(
+            request,
+            mode["service"],
+            extra["token_env"],
+            extra["tls_ca"],
+            receipt,
+            insecure=extra["insecure"],
+        )
         return True
     files = {
         "catalog": extra["catalog_path"],

@@ -3,8 +3,9 @@
 `serve` is the operator's command (catalog, release policy, ledger, receipt
 key, token secret: all inside the trusted boundary). `query` and `datasets` are
 the analyst's: they hold a bearer token and the service's address, nothing
-else. Tokens are minted with `fedldp collector mint-token SUBJECT --secret-file
-FILE` against the service's token secret (the collector's token scheme).
+else. Tokens are minted with `fedldp collector mint-token SUBJECT --audience
+release-service --secret-file FILE` against the service's token secret (the
+collector's token scheme, under the release service's own audience).
 Heavy imports happen inside the commands.
 """
 
@@ -84,9 +85,6 @@ def release_service() -> None:
     "--listen", default="127.0.0.1:50061", show_default=True, help="host:port to serve on"
 )
 @click.option(
-    "--service-id", default="release-service", show_default=True, help="ledger subject prefix"
-)
-@click.option(
     "--tls-cert",
     type=click.Path(exists=True, dir_okay=False, path_type=Path),
     help="server TLS certificate (PEM)",
@@ -101,7 +99,17 @@ def release_service() -> None:
     type=click.Path(exists=True, dir_okay=False, path_type=Path),
     help="CA of analysts' client certificates (mTLS)",
 )
-@click.option("--mtls", is_flag=True, help="authenticate analysts by client certificate CN")
+@click.option(
+    "--mtls",
+    is_flag=True,
+    help="authenticate analysts by client certificate CN (needs --tls-cert, --tls-key, "
+    "--tls-client-ca)",
+)
+@click.option(
+    "--insecure",
+    is_flag=True,
+    help="UNSAFE: serve plaintext on a non-loopback --listen (bearer tokens in clear text)",
+)
 @click.option("--metrics-listen", help="host:port of the Prometheus endpoint")
 @click.option(
     "--jobs-dir",
@@ -129,13 +137,30 @@ def serve_cmd(**options: Any) -> None:
     from fedldp.aggregator.service.catalog import CatalogError, load_catalog
     from fedldp.aggregator.service.jobs import JobsFolderBusyError
     from fedldp.aggregator.service.policy import load_release_policy
-    from fedldp.aggregator.service.server import ServiceConfig, start_release_service
+    from fedldp.aggregator.service.server import (
+        ServiceConfig,
+        check_plaintext,
+        check_tls,
+        start_release_service,
+    )
     from fedldp.authoring import KeyFileError, load_private_key
     from fedldp.cli_keys import passphrase_from_env
     from fedldp.client.policy import load_public_key
-    from fedldp.collector.auth import Authenticator, TokenAuthority
+    from fedldp.collector.auth import RELEASE_SERVICE_AUDIENCE, Authenticator, TokenAuthority
     from fedldp.collector.daemon import configure_logging
 
+    try:
+        check_tls(
+            options["tls_cert"],
+            options["tls_key"],
+            options["tls_client_ca"],
+            mtls=options["mtls"],
+        )
+        check_plaintext(
+            options["listen"], tls=options["tls_cert"] is not None, insecure=options["insecure"]
+        )
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from None
     configure_logging()
     # Handlers first: a SIGTERM arriving as soon as the port is announced still drains.
     stop = threading.Event()
@@ -155,17 +180,18 @@ def serve_cmd(**options: Any) -> None:
                 options["signing_key"], passphrase=passphrase_from_env(options["passphrase_env"])
             ),
             authenticator=Authenticator(
-                TokenAuthority(secret) if secret else None, mtls=options["mtls"]
+                TokenAuthority(secret, audience=RELEASE_SERVICE_AUDIENCE) if secret else None,
+                mtls=options["mtls"],
             ),
             data_key=(
                 load_data_key(options["data_key_path"]) if options["data_key_path"] else None
             ),
-            service_id=options["service_id"],
             listen=options["listen"],
             tls_cert=options["tls_cert"],
             tls_key=options["tls_key"],
             tls_client_ca=options["tls_client_ca"],
             training=_training_setup(options),
+            insecure=options["insecure"],
         )
         running = start_release_service(config)
     except (CatalogError, KeyFileError, ValueError, OSError, JobsFolderBusyError) as exc:
@@ -178,8 +204,6 @@ def serve_cmd(**options: Any) -> None:
         metrics_server, _t = start_http_server(
             int(port), addr=host or "127.0.0.1", registry=running.metrics.registry
         )
-    for dataset, why in running.refused.items():
-        click.echo(f"dataset {dataset} NOT registered: {why}", err=True)
     click.echo(f"release service on port {running.port}", err=True)
     stop.wait()
     running.stop()
@@ -210,15 +234,15 @@ _client = [
 
 @release_service.command("datasets")
 @with_options(_client)
-def datasets_cmd(service: str, token_env: str, tls_ca: Path | None) -> None:
+def datasets_cmd(service: str, token_env: str, tls_ca: Path | None, insecure: bool) -> None:
     """List the datasets and purposes open to you (JSON)."""
     from google.protobuf.json_format import MessageToDict
 
     from fedldp.v1 import release_pb2 as pb
     from fedldp.v1 import release_pb2_grpc
 
-    metadata = bearer(token_from_env(token_env))
-    with channel(service, tls_ca) as ch:
+    with channel(service, tls_ca, insecure=insecure) as ch:
+        metadata = bearer(token_from_env(token_env))
         stub = release_pb2_grpc.ReleaseServiceStub(ch)
         reply = rpc(lambda: stub.ListDatasets(pb.ListDatasetsRequest(), metadata=metadata))
     click.echo(json.dumps(MessageToDict(reply), indent=2))
@@ -265,7 +289,14 @@ def query_cmd(kind: str, **o: Any) -> None:
         quantile=o["quantile"],
         idempotency_key=o["idempotency_key"],
     )
-    release_remote(request, o["service"], o["token_env"], o["tls_ca"], o["receipt_path"])
+    release_remote(
+        request,
+        o["service"],
+        o["token_env"],
+        o["tls_ca"],
+        o["receipt_path"],
+        insecure=o["insecure"],
+    )
 
 
 @release_service.command("sign-policy")

@@ -156,7 +156,12 @@ def run_release_demo(out: Path, seed: int | None) -> DemoResults:
     from fedldp.aggregator.service.server import ServiceConfig, start_release_service
     from fedldp.aggregator.service.training import TrainingSetup
     from fedldp.authoring import write_private_key
-    from fedldp.collector.auth import Authenticator, TokenAuthority, bearer_metadata
+    from fedldp.collector.auth import (
+        RELEASE_SERVICE_AUDIENCE,
+        Authenticator,
+        TokenAuthority,
+        bearer_metadata,
+    )
     from fedldp.v1 import release_pb2 as pb
     from fedldp.v1 import release_pb2_grpc
 
@@ -181,13 +186,15 @@ def run_release_demo(out: Path, seed: int | None) -> DemoResults:
             ),
             ledger_url=ledger_url,
             signing_key=receipt_key,
-            authenticator=Authenticator(TokenAuthority(secret)),
+            authenticator=Authenticator(TokenAuthority(secret, audience=RELEASE_SERVICE_AUDIENCE)),
             listen="127.0.0.1:0",
             max_workers=2,
             training=TrainingSetup(folder / "jobs", folder / "receipt.key") if train else None,
         )
     )
-    token = TokenAuthority(secret).mint(ANALYST, expires_at=int(time.time()) + 600)
+    token = TokenAuthority(secret, audience=RELEASE_SERVICE_AUDIENCE).mint(
+        ANALYST, expires_at=int(time.time()) + 600
+    )
     queries: dict[str, dict[str, Any]] = {
         "count": {"count": pb.CountQuery()},
         "mean": {"mean": pb.MeanQuery(column="amount")},

@@ -228,6 +228,7 @@ def verify_release_receipt(
         raise ReleaseReceiptError(f"{path} is not a {SCHEMA} receipt")
     res = _check_reservation(out, receipt, ledger)
     if res is not None:
+        _check_query(out, receipt, res)
         _check_events(out, receipt, ledger, res)
     _check_value(out, receipt)
     _replay(out, receipt)
@@ -301,6 +302,24 @@ def _check_reservation(
             "epsilon_spent": (led.get("epsilon_spent"), res.epsilon_spent),
             "delta_spent": (led.get("delta_spent"), res.delta_spent),
         },
+    )
+
+
+def _check_query(out: Verification, receipt: dict[str, Any], res: Any) -> None:
+    """The receipt's query (kind, bounds, and the caller's parameters such as the column,
+    recorded as "query.<name>" in the reservation's metadata) is the ledger's."""
+    meta = dict(res.metadata)
+    same = receipt.get("ledger", {}).get("metadata") == meta
+    params = ", ".join(
+        f"{k.removeprefix('query.')}={v}" for k, v in sorted(meta.items()) if k.startswith("query.")
+    )
+    shown = f"{meta.get('kind')}" + (f" ({params})" if params else "")
+    out.add(
+        "query",
+        same,
+        f"{shown}, as the ledger's reservation records it"
+        if same
+        else "the receipt's query (kind, column, bounds) differs from the ledger's reservation",
     )
 
 

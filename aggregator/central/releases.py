@@ -56,7 +56,7 @@ import random
 import secrets
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from decimal import Decimal, InvalidOperation
+from decimal import Decimal, Inexact, InvalidOperation, localcontext
 from fractions import Fraction
 from typing import TYPE_CHECKING, Any, Protocol, TypedDict
 
@@ -118,6 +118,7 @@ class RequestFields(_RequiredRequestFields, total=False):
     rng: random.Random | None
     data_digest: Callable[[], KeyedDigest] | None
     contribution_bound: int
+    query: Mapping[str, str] | None
 
 
 @dataclass(frozen=True)
@@ -134,6 +135,8 @@ class ReleaseRequest:
     was read, returns the keyed digest stored in every event (datakey.py).
     `contribution_bound` k: records one privacy unit may own; each query checks
     it (a positive int) in its own order of checks, before anything is reserved.
+    `query`: the caller's own query parameters (a column, q, ...), recorded in
+    the reservation's metadata as "query.<name>" (`_with_query`).
     """
 
     subject: str
@@ -143,6 +146,7 @@ class ReleaseRequest:
     rng: random.Random | None = None
     data_digest: Callable[[], KeyedDigest] | None = None
     contribution_bound: int = 1
+    query: Mapping[str, str] | None = None
 
     @property
     def randomness(self) -> str:
@@ -461,6 +465,7 @@ def _run_release(
     """
     subject, purpose, now = request.subject, request.purpose, request.now
     data_digest = request.data_digest
+    metadata = _with_query(metadata, request.query)
     owner = secrets.token_hex(16)
     reservation = ledger.reserve(
         subject=subject,
@@ -559,6 +564,32 @@ def _meta(kind: str, mechanism: str, **extra: object) -> dict[str, str]:
     out = {"kind": kind, "mechanism": mechanism}
     out.update({k: str(v) for k, v in extra.items()})
     return out
+
+
+def _with_query(meta: Mapping[str, str], query: Mapping[str, str] | None) -> dict[str, str]:
+    """`meta` plus the caller's query parameters (column, q, ...) under "query.<name>".
+
+    They are part of the reservation's metadata, so an idempotency key reused
+    with any differing parameter is a conflict (ReleaseConflictError), and the
+    receipt (built from the ledger) says what was asked.
+    """
+    out = dict(meta)
+    out.update({f"query.{k}": str(v) for k, v in sorted((query or {}).items())})
+    return out
+
+
+def exact_half(value: Decimal, name: str = "value") -> Decimal:
+    """value / 2, exactly (a finite decimal's half has at most one more digit).
+
+    The default 28-digit context would round a half of a longer decimal, up as
+    often as down, so noise could be calibrated to more ε than the ledger charges.
+    """
+    if not value.is_finite():
+        raise ValueError(f"{name} must be a finite decimal")
+    with localcontext() as ctx:
+        ctx.prec = len(value.as_tuple().digits) + 2
+        ctx.traps[Inexact] = True  # a guard: never raised for a finite decimal
+        return value / 2
 
 
 def _bounded_meta(kind: str, plan: _NoisePlan, lower: Decimal, upper: Decimal) -> dict[str, str]:
@@ -709,7 +740,7 @@ def private_mean(
     request = ReleaseRequest(**fields)
     k = _bound(request.contribution_bound)
     sens = _check_bounds(lower, upper) * k
-    half_eps, half_delta = epsilon / 2, delta / 2
+    half_eps, half_delta = exact_half(epsilon, "epsilon"), exact_half(delta, "delta")
     sum_plan = plan_noise(
         mechanism,
         epsilon=half_eps,

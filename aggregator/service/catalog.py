@@ -52,8 +52,8 @@ from typing import Any
 from fedldp.aggregator.service.zoo import TrainingCatalog, parse_training
 from fedldp.collector.auth import check_subject
 
-_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
-_DECIMAL_RE = re.compile(r"^-?[0-9]+(\.[0-9]+)?$")
+_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
+_DECIMAL_RE = re.compile(r"-?[0-9]+(\.[0-9]+)?")
 #: Largest categorical domain (one histogram bin each).
 MAX_DOMAIN = 10_000
 
@@ -75,7 +75,7 @@ class RegistrationError(ValueError):
 
 def plain_decimal(text: object, name: str) -> Decimal:
     """A Decimal from a plain decimal string ("0.5"; no exponent, no sign but '-')."""
-    if not isinstance(text, str) or not _DECIMAL_RE.match(text):
+    if not isinstance(text, str) or not _DECIMAL_RE.fullmatch(text):
         raise ValueError(f'{name} must be a plain decimal string such as "0.5"')
     return Decimal(text)
 
@@ -301,9 +301,31 @@ class Catalog:
         for ds in self.datasets.values():
             try:
                 ds.register()
-            except (RegistrationError, OSError, ValueError) as exc:
-                refused[ds.id] = str(exc)
+            except (RegistrationError, OSError) as exc:
+                refused[ds.id] = str(exc)  # a row number and a check, or a path: no value
+            except ValueError as exc:  # e.g. a decoding error, whose text quotes the bytes
+                refused[ds.id] = f"dataset {ds.id}: cannot read its data ({type(exc).__name__})"
         return refused
+
+    def grants(self, dataset: str, purpose: str, analyst: str) -> bool:
+        """Whether the catalog grants `analyst` `purpose` on `dataset` (directly or by group)."""
+        ds = self.datasets.get(dataset)
+        return ds is not None and purpose in ds.purposes_for(analyst, self.groups)
+
+    def check_registered(self) -> None:
+        """Register every dataset; RegistrationError (one line, naming each refused dataset
+        and the check it failed, never a value) when any is refused.
+
+        The service starts only when every declared dataset registers: whether a
+        dataset registers is a function of its rows, so serving the others and
+        hiding it would release that bit to analysts for free.
+        """
+        refused = self.register_all()
+        if refused:
+            raise RegistrationError(
+                "the service serves every catalog dataset or none; fix the data or its "
+                "declaration: " + "; ".join(refused[d] for d in sorted(refused))
+            )
 
 
 def load_catalog(path: Path) -> Catalog:
@@ -331,7 +353,7 @@ def load_catalog(path: Path) -> Catalog:
 
 
 def _dataset(name: str, spec: dict[str, Any], base: Path) -> Dataset:
-    if not _ID_RE.match(name):
+    if not _ID_RE.fullmatch(name):
         raise ValueError(f"dataset id {name!r} must be 1-128 of [A-Za-z0-9_.-]")
     allowed = {
         "csv",

@@ -49,7 +49,13 @@ from fedldp.aggregator.service.policy import ReleasePolicy, analyst_subject, led
 from fedldp.collector.ledger import LedgerError
 from fedldp.v1 import release_pb2 as pb
 
-_KEY_RE = re.compile(r"^[\x21-\x7e]{1,128}$")
+_KEY_RE = re.compile(r"[\x21-\x7e]{1,128}")  # always used with fullmatch
+#: Smallest ε a request may ask for: below it the noise scale and error bars
+#: leave floating point (and no release at that ε is useful).
+MIN_EPSILON = Decimal("0.000000000001")
+#: Most significant digits of ε and δ: a mean's halves (one more digit) stay
+#: exact in the default 28-digit Decimal context the ledger and verifiers use.
+MAX_DIGITS = 27
 
 
 class ServiceError(Exception):
@@ -153,7 +159,7 @@ class ReleaseEngine:
         ds = self.authorize(analyst, request)
         query = _query_of(request, ds)
         epsilon, delta = _budget(request)
-        if not _KEY_RE.match(request.idempotency_key):
+        if not _KEY_RE.fullmatch(request.idempotency_key):
             raise InvalidRequestError("idempotency_key must be 1-128 printable ASCII characters")
         opened = [False]
 
@@ -265,8 +271,14 @@ def _budget(request: pb.ReleaseRequest) -> tuple[Decimal, Decimal]:
         delta = plain_decimal(request.delta or "0", "delta")
     except ValueError as exc:
         raise InvalidRequestError(str(exc)) from None
-    if epsilon <= 0 or delta < 0 or delta >= 1:
-        raise InvalidRequestError("epsilon must be positive and 0 <= delta < 1")
+    if epsilon < MIN_EPSILON or delta < 0 or delta >= 1:
+        raise InvalidRequestError(f"epsilon must be at least {MIN_EPSILON} and 0 <= delta < 1")
+    for name, value in (("epsilon", epsilon), ("delta", delta)):
+        if len(value.as_tuple().digits) > MAX_DIGITS:
+            raise InvalidRequestError(
+                f"{name} may have at most {MAX_DIGITS} significant digits (a mean halves it: "
+                "its halves must stay exact in the 28-digit arithmetic of every reader)"
+            )
     return epsilon, delta
 
 
@@ -331,6 +343,7 @@ def _run(
         raise InvalidRequestError(f'a {query.kind} is pure epsilon-DP: delta must be "0"')
     col = query.column or ""
     position = ds.index(col) if col else 0
+    common = {**common, "query": _query_params(query)}
 
     def values() -> Iterator[str]:
         return (row[position] for row in rows())
@@ -363,6 +376,18 @@ def _run(
     if query.kind == "histogram":
         return rel.private_histogram(ledger, domain=declared.domain, load=values, **common)
     return rel.private_choice(ledger, candidates=declared.domain, load=values, **common)
+
+
+def _query_params(query: _Query) -> dict[str, str]:
+    """The query's parameters recorded in the reservation and the receipt (column, q).
+
+    With the kind, bounds, mechanism, ε and δ the ledger already records, they
+    make an idempotency key reused for any other query a conflict.
+    """
+    out = {"column": query.column} if query.column is not None else {}
+    if query.quantile is not None:
+        out["quantile"] = str(query.quantile)
+    return out
 
 
 def ledger_key(analyst: str, key: str) -> str:

@@ -51,10 +51,11 @@ class ErrorBar:
 
 def _laplace_halfwidth(t: Fraction, alpha: float) -> tuple[float, int]:
     """(sd, half-width m) of a discrete Laplace of scale t in lattice units."""
-    q = math.exp(-1.0 / float(t))
-    sd = math.sqrt(2.0 * q) / (1.0 - q)
+    x = float(1 / t)  # -ln q, exact to float precision even when q rounds to 1.0
+    q = math.exp(-x)
+    sd = math.sqrt(2.0 * q) / -math.expm1(-x)  # 1 - q without cancellation
     # P[|X| > m] = P[|X| >= m + 1] = 2 q^(m+1) / (1 + q) <= alpha
-    m = math.ceil(math.log(alpha * (1.0 + q) / 2.0) / math.log(q)) - 1
+    m = math.ceil(math.log(alpha * (1.0 + q) / 2.0) / -x) - 1
     return sd, max(m, 0)
 
 

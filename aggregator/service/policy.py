@@ -3,6 +3,7 @@
 Source format (TOML, written by the operator, then signed)::
 
     version = 3                      # a positive integer, raised on every change
+    service_id = "release-service"   # optional (this default): the ledger subject prefix
     [[cap]]                          # the cap of a (dataset, purpose): shared
     dataset = "visits"
     purpose = "quarterly-report"
@@ -34,7 +35,12 @@ applies", becomes: a policy may lower or keep a recorded cap, never raise it.
 `apply` refuses a policy that would raise any recorded cap (checked for every
 cap before any is written), whatever its version, so replaying an older signed
 policy can never raise a cap either; new budget is a new purpose, which
-composes with the old one (docs/release-service.md).
+composes with the old one (docs/release-service.md). `apply` also refuses a
+policy that omits any cap the ledger records under its service id (a dropped
+cap would no longer be enforced): every recorded cap must appear, at or below
+its recorded value. The service id itself is part of the signed payload
+(`service_id`, default "release-service"), so a second copy of every lifetime
+cap under another id needs the operator's key.
 """
 
 from __future__ import annotations
@@ -42,7 +48,8 @@ from __future__ import annotations
 import base64
 import binascii
 import hashlib
-from collections.abc import Iterator, Mapping
+import re
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from decimal import Decimal
 from pathlib import Path
@@ -54,6 +61,8 @@ from fedldp.aggregator.service.catalog import CatalogError, plain_decimal, toml_
 from fedldp.collector.auth import check_subject
 
 RELEASE_POLICY_TYPE = "application/vnd.fedldp.release-policy.v1+json"
+DEFAULT_SERVICE_ID = "release-service"
+_SERVICE_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 
 
 class ReleasePolicyError(CatalogError):
@@ -64,6 +73,8 @@ class CapLedger(Protocol):
     """What applying a policy needs from the ledger."""
 
     def central_cap(self, subject: str, purpose: str) -> tuple[Decimal, Decimal] | None: ...
+
+    def central_cap_keys(self, subject_prefix: str) -> list[tuple[str, str]]: ...
 
     def set_central_cap(
         self, subject: str, purpose: str, *, epsilon_cap: Decimal, delta_cap: Decimal
@@ -103,18 +114,36 @@ class ReleasePolicy:
     sha256: str
     analyst_caps: dict[tuple[str, str, str], Cap]
     signer: str = ""
+    service_id: str = DEFAULT_SERVICE_ID
 
     def all_caps(self) -> Iterator[Cap]:
         """Every cap: the shared ones, then the analysts' own."""
         yield from self.caps.values()
         yield from self.analyst_caps.values()
 
-    def apply(self, ledger: CapLedger, service_id: str) -> None:
+    def apply(self, ledger: CapLedger, service_id: str | None = None) -> None:
         """Set every cap in the ledger under the service's own subjects.
 
-        ReleasePolicyError, with nothing written, when a cap would exceed the one
-        the ledger already records (module docstring).
+        ReleasePolicyError, with nothing written, when `service_id` is not the
+        policy's own, when a cap would exceed the one the ledger already records,
+        or when the ledger records a cap under this service id that the policy
+        omits (module docstring).
         """
+        if service_id is not None and service_id != self.service_id:
+            raise ReleasePolicyError(
+                f"release policy v{self.version} is signed for service id {self.service_id!r}, "
+                f"not {service_id!r}: the service id names the ledger subjects of every cap, "
+                "so it is part of the signed policy"
+            )
+        service_id = self.service_id
+        listed = {(c.subject(service_id), c.purpose) for c in self.all_caps()}
+        for subject, purpose in ledger.central_cap_keys(service_id + "/"):
+            if (subject, purpose) not in listed:
+                raise ReleasePolicyError(
+                    f"release policy v{self.version} omits the cap recorded in the ledger for "
+                    f"subject {subject}, purpose {purpose}; a recorded cap can be lowered "
+                    "(to 0 to close it) or kept, never dropped"
+                )
         for cap in self.all_caps():
             recorded = ledger.central_cap(cap.subject(service_id), cap.purpose)
             if recorded is not None and (cap.epsilon > recorded[0] or cap.delta > recorded[1]):
@@ -131,6 +160,24 @@ class ReleasePolicy:
                 epsilon_cap=cap.epsilon,
                 delta_cap=cap.delta,
             )
+
+
+def check_grants(policy: ReleasePolicy, granted: Callable[[str, str, str], bool]) -> None:
+    """ReleasePolicyError naming each [[analyst_cap]] whose analyst the catalog does not
+    grant that (dataset, purpose): such a cap would silently protect nobody.
+
+    `granted(dataset, purpose, analyst)` is the catalog's grant test.
+    """
+    stray = [
+        c.describe()
+        for c in policy.analyst_caps.values()
+        if not granted(c.dataset, c.purpose, c.analyst or "")
+    ]
+    if stray:
+        raise ReleasePolicyError(
+            f"release policy v{policy.version} caps an analyst the catalog does not grant "
+            f"that purpose: {'; '.join(stray)} (subjects are case-sensitive)"
+        )
 
 
 def ledger_subject(service_id: str, dataset: str) -> str:
@@ -154,10 +201,12 @@ def policy_payload(path: Path) -> dict[str, Any]:
         raise ReleasePolicyError(f"cannot read release policy {path}: {exc}") from None
     try:
         version, caps, analyst_caps = _parse(data)
+        service_id = _service_id(data)
     except (TypeError, ValueError, KeyError) as exc:
         raise ReleasePolicyError(f"release policy {path}: {exc}") from None
     return {
         "version": version,
+        "service_id": service_id,
         "cap": [_entry(c) for c in caps.values()],
         "analyst_cap": [_entry(c) for c in analyst_caps.values()],
     }
@@ -193,11 +242,21 @@ def load_release_policy(path: Path, trusted: Mapping[str, Ed25519PublicKey]) -> 
         )
         raw = base64.b64decode(envelope["payload"], validate=True)
         version, caps, analyst_caps = _parse(payload)
+        service_id = _service_id(payload)
     except SignatureError as exc:
         raise ReleasePolicyError(f"release policy {path}: {exc}") from None
     except (TypeError, ValueError, KeyError, binascii.Error) as exc:
         raise ReleasePolicyError(f"release policy {path}: {exc}") from None
-    return ReleasePolicy(version, caps, hashlib.sha256(raw).hexdigest(), analyst_caps, signer)
+    digest = hashlib.sha256(raw).hexdigest()
+    return ReleasePolicy(version, caps, digest, analyst_caps, signer, service_id)
+
+
+def _service_id(data: dict[str, Any]) -> str:
+    """The policy's service id: a catalog-style id without '/' (default "release-service")."""
+    value = data.get("service_id", DEFAULT_SERVICE_ID)
+    if not isinstance(value, str) or not _SERVICE_ID_RE.fullmatch(value):
+        raise ValueError("service_id must be 1-64 of A-Z a-z 0-9 . _ - (starting alphanumeric)")
+    return value
 
 
 def _entry(cap: Cap) -> dict[str, str]:
@@ -218,7 +277,7 @@ def _parse(
     version = data.get("version")
     if isinstance(version, bool) or not isinstance(version, int) or version < 1:
         raise ValueError("version must be a positive integer")
-    unknown = set(data) - {"version", "cap", "analyst_cap"}
+    unknown = set(data) - {"version", "service_id", "cap", "analyst_cap"}
     if unknown:
         raise ValueError(f"unknown key(s) {sorted(unknown)}")
     caps: dict[tuple[str, str], Cap] = {}

@@ -9,13 +9,17 @@ serialize. Status codes: see proto/fedldp/v1/release.proto.
 Observability never carries data: Prometheus metrics are labelled by method,
 status code and query kind only (no dataset values, no analyst names); each log
 line is JSON with the method, code, query kind, dataset id, purpose,
-reservation id and a hashed analyst tag, never a released or true value.
+reservation id and a keyed analyst tag (`analyst_tag`), never a released or
+true value.
 """
 
 from __future__ import annotations
 
 import hashlib
+import hmac
+import ipaddress
 import logging
+import secrets
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -24,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from fedldp.aggregator.central import releases as rel
 from fedldp.aggregator.central.datakey import DataKey
@@ -36,7 +41,7 @@ from fedldp.aggregator.service.engine import (
     ReleaseEngine,
     ServiceError,
 )
-from fedldp.aggregator.service.policy import ReleasePolicy
+from fedldp.aggregator.service.policy import ReleasePolicy, check_grants
 from fedldp.aggregator.service.training import (
     JobConflictError,
     JobNotFoundError,
@@ -152,9 +157,26 @@ class TrainingMetrics:
         )
 
 
-def analyst_tag(analyst: str) -> str:
-    """A short, non-reversible tag of an analyst for logs."""
-    return hashlib.sha256(analyst.encode("utf-8")).hexdigest()[:12]
+#: The tag key of a process that was given none: fresh random bytes (tags then
+#: link one analyst's lines within this process only).
+_PROCESS_TAG_KEY = secrets.token_bytes(32)
+
+
+def tag_key_of(signing_key: Ed25519PrivateKey) -> bytes:
+    """The service's analyst-tag key: SHA-256 of a label and the receipt signing key's
+    private bytes. Stable across restarts of one service (log lines stay linkable),
+    secret as long as the signing key is, and never usable to sign anything."""
+    raw = signing_key.private_bytes(
+        serialization.Encoding.Raw, serialization.PrivateFormat.Raw, serialization.NoEncryption()
+    )
+    return hashlib.sha256(b"fedldp release-service analyst tag v1\0" + raw).digest()
+
+
+def analyst_tag(analyst: str, key: bytes | None = None) -> str:
+    """A short tag of an analyst for logs: HMAC-SHA256 under a service secret, truncated
+    to 48 bits. Without the key, a list of candidate names cannot be matched to tags."""
+    mac = hmac.new(key or _PROCESS_TAG_KEY, analyst.encode("utf-8"), hashlib.sha256)
+    return mac.hexdigest()[:12]
 
 
 class ReleaseServicer:
@@ -167,9 +189,11 @@ class ReleaseServicer:
         metrics: ReleaseMetrics,
         clock: Callable[[], int],
         training: TrainingJobs | None = None,
+        tag_key: bytes | None = None,
     ) -> None:
         self.engine, self.authenticator = engine, authenticator
         self.metrics, self.clock, self.training = metrics, clock, training
+        self.tag_key = tag_key
 
     def _begin(self, kind: type[Message], raw: bytes, context: Any) -> tuple[str, Any]:
         auth_context = context.auth_context() if self.authenticator.mtls else {}
@@ -202,7 +226,7 @@ class ReleaseServicer:
         started = time.perf_counter()
         try:
             analyst, request = self._begin(kind, raw, context)
-            fields["analyst_tag"] = analyst_tag(analyst)
+            fields["analyst_tag"] = analyst_tag(analyst, self.tag_key)
             if isinstance(request, pb.ReleaseRequest):
                 fields.update(
                     dataset=request.dataset,
@@ -319,11 +343,15 @@ class ServiceConfig:
     signing_key: Ed25519PrivateKey
     authenticator: Authenticator
     data_key: DataKey | None = None
-    service_id: str = "release-service"
+    #: None: the signed policy's service id; any other value must equal it.
+    service_id: str | None = None
     listen: str = "127.0.0.1:0"
     tls_cert: Path | None = None
     tls_key: Path | None = None
     tls_client_ca: Path | None = None
+    #: Serve plaintext on a non-loopback `listen` (bearer tokens then cross the network
+    #: in clear text: only behind a TLS-terminating proxy on the same host or network).
+    insecure: bool = False
     max_workers: int = 8
     #: Training jobs (None: SubmitTraining answers FAILED_PRECONDITION).
     training: TrainingSetup | None = None
@@ -339,7 +367,6 @@ class RunningReleaseService:
     metrics: ReleaseMetrics
     engine: ReleaseEngine
     health: Any
-    refused: dict[str, str]
     training: TrainingJobs | None = None
 
     def stop(self, grace: float = 5.0) -> None:
@@ -355,17 +382,22 @@ class RunningReleaseService:
 def start_release_service(
     config: ServiceConfig, *, clock: Callable[[], int] | None = None
 ) -> RunningReleaseService:
-    """Register the catalog's datasets, apply the policy's caps, and serve.
+    """Check the configuration, register the catalog's datasets, apply the policy's caps,
+    and serve.
 
-    Datasets whose data do not match their declaration are not registered
-    (listed in `refused`, logged by id without the data) and cannot be queried.
+    Refuses to start (ValueError, one line, nothing served) on a TLS option
+    without its partner (`check_tls`), an [[analyst_cap]] naming an analyst the
+    catalog does not grant that purpose, a dataset whose data do not match its
+    declaration (Catalog.check_registered), or a policy the ledger refuses
+    (ReleasePolicy.apply: another service id, a raised or a dropped cap).
     """
     from fedldp.collector.ledger import open_ledger
 
     now_fn = clock or (lambda: int(time.time()))
-    refused = config.catalog.register_all()
-    for dataset in refused:
-        log.warning("dataset refused at registration", extra={"fields": {"dataset": dataset}})
+    check_tls(config.tls_cert, config.tls_key, config.tls_client_ca, mtls=config.authenticator.mtls)
+    check_plaintext(config.listen, tls=config.tls_cert is not None, insecure=config.insecure)
+    check_grants(config.policy, config.catalog.grants)
+    config.catalog.check_registered()
     ledger = open_ledger(config.ledger_url)
     training: TrainingJobs | None = None
     try:
@@ -375,7 +407,7 @@ def start_release_service(
             config.policy,
             ledger,
             config.signing_key,
-            config.service_id,
+            config.policy.service_id,
             now_fn,
             data_key=config.data_key,
         )
@@ -387,12 +419,19 @@ def start_release_service(
                 config.catalog,
                 config.policy,
                 ledger,
-                config.service_id,
+                config.policy.service_id,
                 now_fn,
                 metrics.training,
             )
             training.start()
-        servicer = ReleaseServicer(engine, config.authenticator, metrics, now_fn, training)
+        servicer = ReleaseServicer(
+            engine,
+            config.authenticator,
+            metrics,
+            now_fn,
+            training,
+            tag_key_of(config.signing_key),
+        )
         server = grpc.server(ThreadPoolExecutor(max_workers=config.max_workers))
         server.add_generic_rpc_handlers((servicer.handler(),))
         health_servicer = health.HealthServicer()
@@ -411,7 +450,7 @@ def start_release_service(
         extra={
             "fields": {
                 "port": port,
-                "service_id": config.service_id,
+                "service_id": config.policy.service_id,
                 "policy_version": config.policy.version,
                 "policy_sha256": config.policy.sha256,
                 "policy_signer": config.policy.signer,
@@ -420,15 +459,49 @@ def start_release_service(
             }
         },
     )
-    return RunningReleaseService(
-        port, server, ledger, metrics, engine, health_servicer, refused, training
-    )
+    return RunningReleaseService(port, server, ledger, metrics, engine, health_servicer, training)
+
+
+def check_tls(cert: Path | None, key: Path | None, client_ca: Path | None, *, mtls: bool) -> None:
+    """ValueError when TLS options do not make a whole: a certificate without its key (or
+    the reverse), or mutual TLS (`mtls`, a client CA) without a server certificate, or a
+    client CA without `mtls` (it would be silently unused), or `mtls` without a client CA."""
+    if (cert is None) != (key is None):
+        raise ValueError("--tls-cert and --tls-key go together")
+    if mtls and (cert is None or client_ca is None):
+        raise ValueError("--mtls needs --tls-cert, --tls-key and --tls-client-ca")
+    if client_ca is not None and not mtls:
+        raise ValueError("--tls-client-ca is only used with --mtls")
+
+
+def is_loopback(address: str) -> bool:
+    """Whether a host:port (or [v6]:port) address names this machine's loopback interface
+    ("localhost", 127.0.0.0/8, ::1); anything else, unparseable included, is not."""
+    host, sep, _port = address.rpartition(":")
+    host = (host if sep else address).strip("[]")
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def check_plaintext(
+    address: str, *, tls: bool, insecure: bool, remedy: str = "give --tls-cert and --tls-key"
+) -> None:
+    """ValueError for plaintext gRPC (bearer tokens in clear text) to or on a non-loopback
+    `address` unless `insecure` says so explicitly; `remedy` names the TLS option(s)."""
+    if not tls and not insecure and not is_loopback(address):
+        raise ValueError(
+            f"{address} is not a loopback address and no TLS is configured: bearer tokens "
+            f"would cross the network in clear text; {remedy} (or --insecure, unsafe)"
+        )
 
 
 def _bind(server: grpc.Server, config: ServiceConfig) -> int:
-    if config.tls_cert is None:
+    if config.tls_cert is None or config.tls_key is None:
         return server.add_insecure_port(config.listen)
-    assert config.tls_key is not None, "tls_key is required with tls_cert"
     creds = grpc.ssl_server_credentials(
         [(config.tls_key.read_bytes(), config.tls_cert.read_bytes())],
         root_certificates=config.tls_client_ca.read_bytes() if config.tls_client_ca else None,

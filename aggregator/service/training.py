@@ -91,7 +91,7 @@ from fedldp.v1 import release_pb2 as pb
 
 log = logging.getLogger("fedldp.release_service")
 
-_KEY_RE = re.compile(r"^[\x21-\x7e]{1,128}$")
+_KEY_RE = re.compile(r"[\x21-\x7e]{1,128}")
 #: Longest GetTrainingJob wait, seconds.
 MAX_WAIT_SECONDS = 30
 #: FetchModel piece size.
@@ -360,7 +360,7 @@ class TrainingJobs:
         ledger_key = train_ledger_key(analyst, request.idempotency_key)
         job_id = job_id_of(ledger_key)
         self._plan(analyst, request, ledger_key, self.store.output(job_id))
-        if not _KEY_RE.match(request.idempotency_key):
+        if not _KEY_RE.fullmatch(request.idempotency_key):
             raise InvalidRequestError("idempotency_key must be 1-128 printable ASCII characters")
         raw = request.SerializeToString(deterministic=True)
         with self._lock:

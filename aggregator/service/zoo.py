@@ -29,9 +29,9 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
-_MODULE_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-9_]*$")
-_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
-_DECIMAL_RE = re.compile(r"^[0-9]+(\.[0-9]+)?$")
+_MODULE_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-9_]*")
+_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+_DECIMAL_RE = re.compile(r"[0-9]+(\.[0-9]+)?")
 #: Built-in MLP norms a zoo entry may use (BatchNorm mixes the samples of a batch:
 #: Opacus refuses it, so it is not offered).
 NORMS = ("none", "group", "layer")
@@ -75,20 +75,20 @@ def _positive_int(key: str, value: object) -> int:
 
 
 def _positive_decimal(key: str, value: object) -> Decimal:
-    if not isinstance(value, str) or not _DECIMAL_RE.match(value) or Decimal(value) <= 0:
+    if not isinstance(value, str) or not _DECIMAL_RE.fullmatch(value) or Decimal(value) <= 0:
         raise ValueError(f'[training] {key} must be a positive plain decimal string such as "10"')
     return Decimal(value)
 
 
 def _model(name: str, spec: dict[str, Any]) -> ZooModel:
     where = f"[training.models.{name}]"
-    if not _NAME_RE.match(name):
+    if not _NAME_RE.fullmatch(name):
         raise ValueError(f"{where}: a model name is 1-64 of [A-Za-z0-9_.-]")
     if "module" in spec:
         if set(spec) != {"module"}:
             raise ValueError(f"{where}: a module entry has only `module`")
         module = spec["module"]
-        if not isinstance(module, str) or not _MODULE_RE.match(module):
+        if not isinstance(module, str) or not _MODULE_RE.fullmatch(module):
             raise ValueError(f'{where}: module must read "package.module:callable"')
         return ZooModel(name, module=module)
     unknown = set(spec) - {"hidden", "activation", "norm"}

@@ -39,9 +39,9 @@ MAX_PARAMS = 32
 #: Most keys in a root (root keys and policy keys each).
 MAX_ROOT_KEYS = 64
 
-_POLICY_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
-_METRIC_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
-_AUDIENCE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/-]*$")
+_POLICY_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+_METRIC_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
+_AUDIENCE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/-]*")
 
 
 def _positive_decimal(text: str, field: str, problems: list[str]) -> Decimal | None:
@@ -60,7 +60,7 @@ def _check_name(value: str, field: str, pattern: re.Pattern[str], problems: list
     if not value:
         problems.append(f"{field} is empty; set it")
         return False
-    if len(value) > MAX_NAME_CHARS or not pattern.match(value):
+    if len(value) > MAX_NAME_CHARS or not pattern.fullmatch(value):
         problems.append(
             f"{field} must match {pattern.pattern} and be at most {MAX_NAME_CHARS} characters"
         )

@@ -193,6 +193,16 @@ class CentralReservations(LedgerCore):
 
         return self.transaction(tx, write=False)
 
+    def central_cap_keys(self, subject_prefix: str) -> list[tuple[str, str]]:
+        """Every (subject, purpose) with a central cap whose subject starts with
+        `subject_prefix` (a service's own caps), sorted."""
+
+        def tx(conn: sa.Connection) -> list[tuple[str, str]]:
+            rows = conn.execute(sa.select(central_caps.c.subject, central_caps.c.purpose))
+            return sorted((r[0], r[1]) for r in rows if str(r[0]).startswith(subject_prefix))
+
+        return self.transaction(tx, write=False)
+
     def reserve(
         self,
         *,

@@ -291,13 +291,18 @@ class ReleaseRequest(_message.Message):
     release policy gives each (dataset, purpose) its cap.
     """
     epsilon: _builtins.str
-    """The mechanism's cost, plain decimal strings ("0.5"; no exponents)."""
+    """The mechanism's cost, plain decimal strings ("0.5"; no exponents); epsilon
+    at least 0.000000000001, each at most 27 significant digits (a mean's
+    halves stay exact).
+    """
     delta: _builtins.str
     mechanism: Global___NoiseMechanism.ValueType
     idempotency_key: _builtins.str
-    """The analyst's idempotency key (1-128 printable ASCII characters): a retry
-    with the same key returns the same release, charged once. Keys are scoped
-    to the authenticated analyst.
+    """The analyst's idempotency key (1-128 printable ASCII characters, nothing
+    else: no trailing newline): a retry with the same key and the same query
+    (every field equal) returns the same release, charged once; the same key
+    with any other field is ALREADY_EXISTS. Keys are scoped to the
+    authenticated analyst.
     """
     @_builtins.property
     def count(self) -> Global___CountQuery: ...

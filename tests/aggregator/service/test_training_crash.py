@@ -18,7 +18,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from fedldp.aggregator.service.policy import analyst_subject, ledger_subject
 from fedldp.aggregator.service.training import STOPPED_MESSAGE
 from fedldp.authoring import write_private_key, write_public_key
-from fedldp.collector.auth import TokenAuthority, bearer_metadata
+from fedldp.collector.auth import RELEASE_SERVICE_AUDIENCE, TokenAuthority, bearer_metadata
 from fedldp.collector.ledger import DataOpenedError, open_ledger
 from fedldp.v1 import release_pb2 as pb
 from fedldp.v1 import release_pb2_grpc
@@ -83,7 +83,9 @@ def _serve(base: Path, ledger_url: str) -> tuple[subprocess.Popen[str], int]:
 
 def _job(port: int, job_id: str) -> pb.TrainingJob:
     metadata = bearer_metadata(
-        TokenAuthority(SECRET).mint("alice", expires_at=int(time.time()) + 600)
+        TokenAuthority(SECRET, audience=RELEASE_SERVICE_AUDIENCE).mint(
+            "alice", expires_at=int(time.time()) + 600
+        )
     )
     with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
         stub = release_pb2_grpc.ReleaseServiceStub(channel)
@@ -121,7 +123,9 @@ def test_a_crash_mid_training_leaves_the_reservation_spent_and_a_restart_reports
     proc, port = _serve(tmp_path, url)
     try:
         metadata = bearer_metadata(
-            TokenAuthority(SECRET).mint("alice", expires_at=int(time.time()) + 600)
+            TokenAuthority(SECRET, audience=RELEASE_SERVICE_AUDIENCE).mint(
+                "alice", expires_at=int(time.time()) + 600
+            )
         )
         job = pb.SubmitTrainingRequest(
             dataset="visits",

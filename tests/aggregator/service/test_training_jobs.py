@@ -33,7 +33,7 @@ from fedldp.aggregator.service.server import (
 )
 from fedldp.aggregator.service.training import TrainingSetup, training_table
 from fedldp.authoring import write_private_key, write_public_key
-from fedldp.collector.auth import Authenticator, TokenAuthority
+from fedldp.collector.auth import RELEASE_SERVICE_AUDIENCE, Authenticator, TokenAuthority
 from fedldp.collector.daemon import JsonFormatter
 from fedldp.v1 import release_pb2 as pb
 from prometheus_client import generate_latest
@@ -102,7 +102,7 @@ def make_trainer(
             policy=load_release_policy(envelope, trusted_keys([policy_key.public_key()])),
             ledger_url=ledger_url or f"sqlite:///{tmp_path / 'ledger.db'}",
             signing_key=receipt_key,
-            authenticator=Authenticator(TokenAuthority(SECRET)),
+            authenticator=Authenticator(TokenAuthority(SECRET, audience=RELEASE_SERVICE_AUDIENCE)),
             training=TrainingSetup(
                 jobs_dir=tmp_path / "jobs",
                 signing_key_path=key_file,
@@ -336,7 +336,11 @@ def test_the_returned_receipt_verifies_with_fedldp_verify_training_and_a_tampere
     svc = make_trainer()
     pub = write_public_key(receipt_key.public_key(), tmp_path / "receipts.pub")
     out = tmp_path / "model-out"
-    env = {"FEDLDP_TOKEN": TokenAuthority(SECRET).mint("alice", expires_at=NOW + 3600)}
+    env = {
+        "FEDLDP_TOKEN": TokenAuthority(SECRET, audience=RELEASE_SERVICE_AUDIENCE).mint(
+            "alice", expires_at=NOW + 3600
+        )
+    }
     args = [
         "train",
         "--service",
