@@ -1,0 +1,128 @@
+"""Attacks on ledger shards (auditor atk2). Each test FAILS on the code as audited
+and passes once the finding it names is fixed. SQLite files stand in for the
+shard servers (the placement and refusal logic is the same as on PostgreSQL)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+from fedldp.collector.ledger import SubmitBatch, open_ledger
+from fedldp.collector.ledger.shards import ShardMap, open_sharded
+from fedldp.collector.testing import Deployment, checked_report, write_config
+from fedldp.v1 import collector_pb2 as pb
+
+from fedldp.cli import main
+
+
+@pytest.fixture
+def two_files(tmp_path: Path) -> tuple[str, str]:
+    return f"sqlite:///{tmp_path / 'a.db'}", f"sqlite:///{tmp_path / 'b.db'}"
+
+
+def _one_on_each(shard_map: ShardMap, prefix: str) -> tuple[str, str]:
+    first = next(f"{prefix}{i}" for i in range(1000) if _home(shard_map, f"{prefix}{i}") == 0)
+    second = next(f"{prefix}{i}" for i in range(1000) if _home(shard_map, f"{prefix}{i}") == 1)
+    return first, second
+
+
+def _home(shard_map: ShardMap, subject: str) -> int:
+    from fedldp.collector.ledger.shards import slot_of
+
+    return shard_map.owners(slot_of(subject))[-1]
+
+
+def _charge(ledger: Any, policy: Any, subject: str, count: int, *, now: int) -> None:
+    reports = [checked_report(policy) for _ in range(count)]
+    ledger.submit_many([SubmitBatch(subject, reports, now)])
+
+
+# --- Finding: a report over a subset of the shards silently under-counts ---
+
+
+def test_attack_report_over_an_incomplete_shard_list_is_refused(
+    deployment: Deployment, two_files: tuple[str, str], tmp_path: Path, now: int
+) -> None:
+    """docs/operations.md: "a collector whose list is incomplete, reordered or names
+    another database refuses to start" and "`fedldp report --config ...` reads every
+    shard and merges ... the estimates equal those of one ledger". A report job whose
+    config still lists the old shards (e.g. not updated after `ledger shards add`), or
+    given one shard's URL, silently reports on part of the data: it should refuse like
+    a collector does (read the shard map, require every shard)."""
+    a, b = two_files
+    policy = deployment.verified(deployment.envelopes[0])
+    with open_sharded([a, b], shard="c0") as sharded:
+        subjects = [f"r{i}" for i in range(40)]
+        for subject in subjects:
+            _charge(sharded.for_subject(subject), policy, subject, 1, now=now)
+        on_1 = sum(1 for s in subjects if sharded.route(s) == 1)
+    assert 0 < on_1 < 40
+    stale = write_config(deployment, tmp_path, "", "stale", ledger_shards=[a])
+    result = CliRunner().invoke(
+        main, ["report", "--config", str(stale), "--policy", "color", "--format", "json"]
+    )
+    shown = result.output
+    assert result.exit_code != 0, (
+        f"report over shard 0 of 2 succeeded silently: n={json.loads(shown)['n']} of 40"
+    )
+    alone = write_config(deployment, tmp_path, a, "alone")
+    result = CliRunner().invoke(
+        main, ["report", "--config", str(alone), "--policy", "color", "--format", "json"]
+    )
+    assert result.exit_code != 0, "report over one shard's ledger_url succeeded silently"
+
+
+# --- Finding: central commands accept a shard other than shard 0 ---
+
+
+def test_attack_central_cap_on_a_non_zero_shard_is_refused(
+    deployment: Deployment, two_files: tuple[str, str]
+) -> None:
+    """docs/operations.md: "Central caps and reservations live on shard 0". Nothing
+    enforces it: `fedldp ledger set-cap --ledger <shard 1>` (and the release service,
+    `open_ledger(config.ledger_url)`) happily keep a second, independent set of
+    central caps and reservations on shard 1, so a release service pointed at shard 1
+    grants the whole central cap again. A collector given one shard's URL is refused
+    (`refuse_if_shard`); central commands should refuse any shard but shard 0."""
+    a, b = two_files
+    with open_sharded([a, b]):
+        pass  # writes the shard map into both
+    result = CliRunner().invoke(
+        main,
+        ["ledger", "set-cap", "alice", "p", "--epsilon", "1", "--delta", "0.00001", "--ledger", b],
+    )
+    assert result.exit_code != 0, "a central cap was stored on shard 1 of a sharded ledger"
+
+
+# --- Finding: a report id reused across shards is accepted twice ---
+
+
+def test_attack_report_id_reused_across_shards_counts_as_on_one_ledger(
+    deployment: Deployment, two_files: tuple[str, str], tmp_path: Path, now: int
+) -> None:
+    """docs/operations.md: the merged estimates "equal those of one ledger holding the
+    same reports". On one ledger a report id is a primary key: a second subject
+    reusing it (other content) is refused and recorded as a conflict. Across shards the
+    check is per shard, so both subjects' reports are accepted and counted."""
+    a, b = two_files
+    policy = deployment.verified(deployment.envelopes[0])
+    rid = b"\x07" * 16
+    single_url = f"sqlite:///{tmp_path / 'single.db'}"
+    with open_sharded([a, b], shard="c0") as sharded:
+        s0, s1 = _one_on_each(sharded.map, "dup")
+        out_sharded = []
+        for subject, index in ((s0, 1), (s1, 2)):
+            batch = SubmitBatch(subject, [checked_report(policy, index, report_id=rid)], now)
+            out_sharded.append(sharded.for_subject(subject).submit_many([batch])[0][0])
+    with open_ledger(single_url, shard="c0") as single:
+        out_single = []
+        for subject, index in ((s0, 1), (s1, 2)):
+            batch = SubmitBatch(subject, [checked_report(policy, index, report_id=rid)], now)
+            out_single.append(single.submit_many([batch])[0][0])
+    assert out_single[0] == pb.OUTCOME_ACCEPTED and out_single[1] != pb.OUTCOME_ACCEPTED
+    assert out_sharded == out_single, (
+        f"one ledger: {out_single}; two shards: {out_sharded} (the reused id counted twice)"
+    )
