@@ -25,7 +25,7 @@ pytestmark = [pytest.mark.train, pytest.mark.filterwarnings("ignore::UserWarning
 
 
 def test_attack_a_zoo_module_with_a_data_dependent_buffer_is_not_released(
-    make_trainer: Make,
+    make_trainer: Make,  # noqa: F811 - the imported fixture
 ) -> None:
     """docs/release-service.md: "privacy is bounded by the job's (ε, δ)" and the
     analyst cannot "read a training row". The published artefact is the whole
@@ -36,8 +36,7 @@ def test_attack_a_zoo_module_with_a_data_dependent_buffer_is_not_released(
     entries that are not trainable parameters) before reserving, or publish the
     parameters only."""
     zoo = (
-        '[training.models.memo]\n'
-        'module = "tests.aggregator.service.attack_zoo_models:memorizer"\n'
+        '[training.models.memo]\nmodule = "tests.aggregator.service.attack_zoo_models:memorizer"\n'
     )
     svc = make_trainer(eps_cap="2", catalog=TRAIN_CATALOG + zoo)
     client = Client(svc.port, "alice")
