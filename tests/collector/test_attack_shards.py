@@ -126,3 +126,43 @@ def test_attack_report_id_reused_across_shards_counts_as_on_one_ledger(
     assert out_sharded == out_single, (
         f"one ledger: {out_single}; two shards: {out_sharded} (the reused id counted twice)"
     )
+
+
+# --- Finding: listing a charged plain ledger in ledger_shards moves its subjects ---
+
+
+def test_attack_first_start_over_a_charged_ledger_is_refused(
+    deployment: Deployment, two_files: tuple[str, str], now: int
+) -> None:
+    """docs/operations.md: "A subject already charged on an old shard stays there for
+    ever" and adding a shard (also "growing one `ledger_url` ledger into two shards")
+    goes through `fedldp ledger shards add`, which refuses what would move a subject.
+    But a collector started with `ledger_shards = [old, new]` on a ledger that already
+    holds charges (the operator skipped `shards add`) writes the epoch-0 map as if the
+    ledger were empty: every charged subject whose slot is odd is now routed to the new
+    shard, without a look-up (its slot never "moved"), and gets a fresh cap there in
+    the same window: its ε cap is spent twice. The first start should refuse shards
+    that already hold charges (or hold a map only `shards add` may extend)."""
+    a, b = two_files
+    policy = deployment.verified(deployment.envelopes[0])  # "color": 4 reports fit
+    subjects = [f"old-{i}" for i in range(20)]
+    with open_ledger(a) as single:
+        for subject in subjects:
+            _charge(single, policy, subject, 4, now=now)  # the whole cap
+    try:
+        sharded = open_sharded([a, b])
+    except Exception:
+        return  # refused: the fix
+    with sharded:
+        moved = [s for s in subjects if sharded.route(s) != 0]
+        again = 0
+        for subject in moved:
+            reports = [checked_report(policy) for _ in range(4)]
+            outcomes = sharded.for_subject(subject).submit_many(
+                [SubmitBatch(subject, reports, now)]
+            )
+            again += list(outcomes[0]).count(pb.OUTCOME_ACCEPTED)
+    assert again == 0, (
+        f"{len(moved)} fully charged subjects were routed to shard 1 and {again} more "
+        "reports were accepted in the same window: their epsilon cap spent twice"
+    )
