@@ -360,13 +360,13 @@ def start_release_service(
     Datasets whose data do not match their declaration are not registered
     (listed in `refused`, logged by id without the data) and cannot be queried.
     """
-    from fedldp.collector.ledger import open_ledger
+    from fedldp.collector.ledger.shards import open_central_ledger
 
     now_fn = clock or (lambda: int(time.time()))
     refused = config.catalog.register_all()
     for dataset in refused:
         log.warning("dataset refused at registration", extra={"fields": {"dataset": dataset}})
-    ledger = open_ledger(config.ledger_url)
+    ledger = open_central_ledger(config.ledger_url)
     training: TrainingJobs | None = None
     try:
         config.policy.apply(ledger, config.service_id)
