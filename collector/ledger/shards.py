@@ -198,9 +198,7 @@ def _charged(conn: sa.Connection) -> bool:
     """Whether the ledger holds charges: a spend row with reports, or a report row."""
     charged = sa.select(spend.c.subject).where(spend.c.report_count > 0).limit(1)
     stored = sa.select(reports.c.report_id).limit(1)
-    return (
-        conn.execute(charged).first() is not None or conn.execute(stored).first() is not None
-    )
+    return conn.execute(charged).first() is not None or conn.execute(stored).first() is not None
 
 
 def _charged_error(ledger: SingleLedger) -> ShardMapError:
@@ -507,8 +505,9 @@ def open_sharded(
 
     Shards holding no map yet get epoch 0 (`ShardMap.initial`) unless `access` is
     "read"; a first start over several databases is refused when one already holds
-    charges (`_refuse_charged`: grow a charged ledger with `add_shard`); maps that disagree, or that list other databases or another order
-    than `urls`, raise ShardMapError. `shard` names this collector instance in the
+    charges (`_refuse_charged`: grow a charged ledger with `add_shard`); maps that
+    disagree, or that list other databases or another order than `urls`, raise
+    ShardMapError. `shard` names this collector instance in the
     statistics tables (as `open_ledger`).
     """
     if not urls:
