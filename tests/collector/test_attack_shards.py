@@ -103,7 +103,7 @@ def test_attack_central_cap_on_a_non_zero_shard_is_refused(
 # every report (the hot path is one single-shard transaction), and subject-scoped
 # ids would change the single ledger's contract. A second subject reusing an id is
 # charged under its own cap only, as any report of that subject would be; the SDK's
-# 128-bit random ids never collide in practice, and with unique ids the merged
+# CSPRNG-drawn ids (client/report_ids.py) never collide in practice, and with unique ids the merged
 # estimates equal one ledger's (test_shards.py). This test pins that documented
 # behaviour (the auditor's version asserted the single-ledger CONFLICT).
 
