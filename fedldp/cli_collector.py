@@ -178,7 +178,7 @@ def init_cmd(ledger_url: str | None, config_path: str | None) -> None:
     from fedldp.collector.ledger import migrate
 
     url = resolve_ledger_url(ledger_url, config_path)
-    with open_cli_ledger(url, "create") as led:
+    with open_cli_ledger(url, "create", scope="any") as led:
         shown = _shown(led.url)
     click.echo(f"ledger {shown} ready at migration {migrate.head_revision()}")
 
@@ -197,7 +197,8 @@ def reconcile_cmd(ledger_url: str | None, config_path: str | None) -> None:
     if not ledger_url and (urls := shard_urls(config_path)):
         reconcile_shards(urls)  # every shard, then the placement checks (cli_shards.py)
         return
-    with open_cli_ledger(resolve_ledger_url(ledger_url, config_path), "read") as led:
+    url = resolve_ledger_url(ledger_url, config_path)
+    with open_cli_ledger(url, "read", scope="whole") as led:
         mismatches = led.reconcile()
     for m in mismatches:
         click.echo(f"MISMATCH {m}")
@@ -224,7 +225,8 @@ def show_cmd(subject: str, ledger_url: str | None, config_path: str | None, as_j
             rows = sharded.for_subject(subject).subject_spend(subject)
             central = _central(sharded.shards[0], subject)
     else:
-        with open_cli_ledger(resolve_ledger_url(ledger_url, config_path), "read") as led:
+        url = resolve_ledger_url(ledger_url, config_path)
+        with open_cli_ledger(url, "read", scope="whole") as led:
             rows = led.subject_spend(subject)
             central = _central(led, subject)
     if as_json:
@@ -299,7 +301,8 @@ def set_cap_cmd(
     """Set the central (epsilon, delta) cap of SUBJECT for PURPOSE (existing ledger)."""
     eps = decimal_option(epsilon_text, "--epsilon")
     delta = decimal_option(delta_text, "--delta")
-    with open_cli_ledger(resolve_ledger_url(ledger_url, config_path), "write") as led:
+    url = resolve_ledger_url(ledger_url, config_path)
+    with open_cli_ledger(url, "write", scope="central") as led:
         try:
             led.set_central_cap(subject, purpose, epsilon_cap=eps, delta_cap=delta)
         except (TypeError, ValueError) as exc:

@@ -13,7 +13,7 @@ import os
 import time
 from collections.abc import Callable
 from decimal import Decimal
-from typing import TYPE_CHECKING, Any, TypeVar, overload
+from typing import TYPE_CHECKING, Any, Literal, TypeVar, overload
 
 import click
 
@@ -133,13 +133,30 @@ def resolve_ledger_url(ledger_url: str | None, config_path: str | None) -> str:
     return config.ledger_url or config.ledger_shards[0]
 
 
-def open_cli_ledger(url: str, access: Access) -> Ledger:
+Scope = Literal["whole", "central", "any"]
+
+
+def open_cli_ledger(url: str, access: Access, *, scope: Scope) -> Ledger:
     """The ledger at `url` for a command: "read" for commands that only read (never
     creates, migrates or writes), "write" for writers of an existing ledger,
-    "create" only for `collector serve` and `ledger init`/`migrate`."""
-    from fedldp.collector.ledger import open_ledger
+    "create" only for `collector serve` and `ledger init`/`migrate`.
 
-    return open_ledger(url, access=access, pool_size=2)
+    `scope` says which ledgers the command may be given (collector/ledger/shards.py):
+    "whole" (reads subjects' charges or reports: refused on one shard of a sharded
+    ledger, `refuse_if_shard`), "central" (central caps and reservations: a plain
+    ledger or shard 0, `refuse_unless_central`), "any" (schema commands). The checks
+    only read."""
+    from fedldp.collector.ledger import open_ledger
+    from fedldp.collector.ledger.shards import (
+        open_checked,
+        refuse_if_shard,
+        refuse_unless_central,
+    )
+
+    if scope == "any":
+        return open_ledger(url, access=access, pool_size=2)
+    check = refuse_if_shard if scope == "whole" else refuse_unless_central
+    return open_checked(url, check, access=access, pool_size=2)
 
 
 @overload

@@ -592,12 +592,13 @@ def confirm_central_cmd(
     backup (--spent, repeated; added as settled releases, even above the cap:
     never a refund) or confirms none was made (--none). One transaction.
     """
-    from fedldp.collector.ledger import LedgerError, open_ledger
+    from fedldp.collector.ledger import LedgerError
+    from fedldp.collector.ledger.shards import open_central_ledger
 
     if bool(spent) == none_made:
         raise click.ClickException("pass --spent (once per release) or --none, not both")
     entries = _reentries(spent)
-    with open_ledger(_ledger_url(url, config_path), access="write") as led:
+    with open_central_ledger(_ledger_url(url, config_path), access="write") as led:
         try:
             epochs = led.confirm_central(entries, now=int(time.time()), note=note)
         except (LedgerError, ValueError, TypeError) as exc:

@@ -60,6 +60,35 @@ def _settings(
     )
 
 
+def _lists_shards(config_path: str | None) -> bool:
+    """Whether --config names a sharded ledger (`ledger_shards`)."""
+    if config_path is None:
+        return False
+    from fedldp.collector.config import load_config
+
+    return bool(load_config(config_path).ledger_shards)
+
+
+def _open_sources(urls: list[str], *, sharded: bool) -> list[Any]:
+    """The ledgers to report on, read-only: every shard of the config's
+    `ledger_shards` as one source (its shard map must list exactly these URLs,
+    `open_sharded`), else each URL, refused when it is one shard of a sharded
+    ledger (`refuse_if_shard`): a report never silently reads part of a ledger."""
+    if sharded:
+        from fedldp.cli_shards import open_cli_shards
+
+        return [open_cli_shards(urls)]
+    opened: list[Any] = []
+    try:
+        for url in urls:
+            opened.append(open_cli_ledger(url, "read", scope="whole"))
+    except BaseException:
+        for ledger in opened:
+            ledger.close()
+        raise
+    return opened
+
+
 def load_verified_policy(
     policy_dir: str | Path,
     trust_dir: str | Path,
@@ -264,14 +293,7 @@ def report(
     policy = load_verified_policy(
         policy_dir, trust_dir, policy_id, version=version, at=at, audience=aud
     )
-    opened = []
-    try:
-        for url in urls:
-            opened.append(open_cli_ledger(url, "read"))
-    except BaseException:
-        for ledger in opened:
-            ledger.close()
-        raise
+    opened = _open_sources(urls, sharded=not ledgers and _lists_shards(config_path))
     try:
         if export_path is not None:
             if len(opened) != 1:
@@ -549,7 +571,7 @@ def _run(fn: Any, **options: Any) -> None:
     receipt_path = options.pop("receipt_path")
     key = _signing_key(options.pop("signing_key"), options.pop("passphrase_env"), receipt_path)
     kwargs = _release_kwargs(options)
-    ledger = open_cli_ledger(kwargs.pop("ledger_url"), "write")
+    ledger = open_cli_ledger(kwargs.pop("ledger_url"), "write", scope="central")
     try:
         result = fn(ledger, now=int(time.time()), **kwargs)
         _emit(result)
@@ -707,7 +729,8 @@ def spend_cmd(
     """
     from fedldp.aggregator.central.accounting import CompositionError, compose
 
-    ledger = open_cli_ledger(resolve_ledger_url(ledger_url, config_path), "read")
+    url = resolve_ledger_url(ledger_url, config_path)
+    ledger = open_cli_ledger(url, "read", scope="central")
     try:
         spent = compose(ledger, subject, purpose, composition, target_delta=target_delta)
     except CompositionError as exc:

@@ -248,7 +248,7 @@ def verify_training(
     from fedldp.cli_common import open_cli_ledger
 
     trusted = _trusted(trusted_key_paths)
-    with open_cli_ledger(ledger_url, "read") as ledger:
+    with open_cli_ledger(ledger_url, "read", scope="central") as ledger:
         try:
             result = verify_receipt(
                 receipt,
@@ -294,7 +294,7 @@ def verify_release(
     from fedldp.cli_common import open_cli_ledger
 
     trusted = _trusted(trusted_key_paths)
-    with open_cli_ledger(ledger_url, "read") as ledger:
+    with open_cli_ledger(ledger_url, "read", scope="central") as ledger:
         try:
             result = verify_release_receipt(
                 receipt,
@@ -587,7 +587,7 @@ def ledger_reservations(
     from fedldp.cli_common import open_cli_ledger
 
     now = int(time.time()) if now is None else now
-    with open_cli_ledger(_ledger_url_of(url, config_path), "read") as led:
+    with open_cli_ledger(_ledger_url_of(url, config_path), "read", scope="central") as led:
         rows = [_reservation_row(r, now) for r in led.all_reservations()]
     rows = [
         r
@@ -644,7 +644,7 @@ def ledger_settle_stale(
     from fedldp.cli_common import open_cli_ledger
     from fedldp.collector.ledger import LedgerError
 
-    with open_cli_ledger(_ledger_url_of(url, config_path), "write") as led:
+    with open_cli_ledger(_ledger_url_of(url, config_path), "write", scope="central") as led:
         try:
             stamp = int(time.time()) if now is None else now
             res = led.settle_stale(reservation_id, now=stamp, note=note)

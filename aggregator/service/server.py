@@ -391,14 +391,14 @@ def start_release_service(
     declaration (Catalog.check_registered), or a policy the ledger refuses
     (ReleasePolicy.apply: another service id, a raised or a dropped cap).
     """
-    from fedldp.collector.ledger import open_ledger
+    from fedldp.collector.ledger.shards import open_central_ledger
 
     now_fn = clock or (lambda: int(time.time()))
     check_tls(config.tls_cert, config.tls_key, config.tls_client_ca, mtls=config.authenticator.mtls)
     check_plaintext(config.listen, tls=config.tls_cert is not None, insecure=config.insecure)
     check_grants(config.policy, config.catalog.grants)
     config.catalog.check_registered()
-    ledger = open_ledger(config.ledger_url)
+    ledger = open_central_ledger(config.ledger_url)
     training: TrainingJobs | None = None
     try:
         config.policy.apply(ledger, config.service_id)

@@ -39,15 +39,18 @@ TRAIN_LEASE_SECONDS = 3600
 def run_ledger(config: TrainConfig, ledger: CentralLedger | None) -> Iterator[CentralLedger]:
     """`ledger`, or the configured one opened for this run and closed after it.
 
-    An unreachable ledger raises BudgetRefusedError (nothing was reserved or read)."""
+    An unreachable ledger, or a shard other than shard 0 of a sharded one, raises
+    BudgetRefusedError (nothing was reserved or read)."""
     if ledger is not None:
         yield ledger
         return
     import sqlalchemy as sa
-    from fedldp.collector.ledger import open_ledger
+    from fedldp.collector.ledger.shards import ShardMapError, open_central_ledger
 
     try:
-        own = open_ledger(config.budget.ledger)
+        own = open_central_ledger(config.budget.ledger)
+    except ShardMapError as exc:  # a shard other than shard 0: no central state there
+        raise BudgetRefusedError(str(exc)) from exc
     except (sa.exc.SQLAlchemyError, OSError, ValueError) as exc:
         raise BudgetRefusedError(
             f"cannot open the ledger at {redact_url(config.budget.ledger)}: {type(exc).__name__}"

@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import sqlalchemy as sa
-from fedldp.collector.ledger.schema import ledger_info, spend
+from fedldp.collector.ledger.schema import ledger_info, reports, spend
 from fedldp.collector.ledger.store import (
     Access,
     LedgerError,
@@ -160,9 +160,13 @@ def read_map(ledger: SingleLedger) -> ShardMap | None:
     return None if text is None else ShardMap.from_json(text)
 
 
-def write_map(ledger: SingleLedger, new: ShardMap, old: ShardMap | None) -> None:
+def write_map(
+    ledger: SingleLedger, new: ShardMap, old: ShardMap | None, *, require_empty: bool = False
+) -> None:
     """Store `new` in `ledger` if it holds `old` (compare-and-set; None: no map yet);
-    ShardMapError if it holds something else."""
+    ShardMapError if it holds something else. With `require_empty`, a first map
+    (`old` None) is stored only if the ledger holds no charges (`_charged`), checked
+    in the same transaction as the insert."""
     new_text = new.to_json()
 
     def tx(conn: sa.Connection) -> None:
@@ -171,6 +175,8 @@ def write_map(ledger: SingleLedger, new: ShardMap, old: ShardMap | None) -> None
         if stored == new_text:
             return
         if stored is None and old is None:
+            if require_empty and _charged(conn):
+                raise _charged_error(ledger)
             conn.execute(sa.insert(ledger_info).values(key=MAP_KEY, value=new_text))
         elif stored is not None and old is not None and stored == old.to_json():
             conn.execute(
@@ -188,17 +194,79 @@ def _shown(url: str) -> str:
     return sa.make_url(url).render_as_string(hide_password=True)
 
 
+def _charged(conn: sa.Connection) -> bool:
+    """Whether the ledger holds charges: a spend row with reports, or a report row."""
+    charged = sa.select(spend.c.subject).where(spend.c.report_count > 0).limit(1)
+    stored = sa.select(reports.c.report_id).limit(1)
+    return conn.execute(charged).first() is not None or conn.execute(stored).first() is not None
+
+
+def _charged_error(ledger: SingleLedger) -> ShardMapError:
+    return ShardMapError(
+        f"{_shown(ledger.url)} already holds charges and no shard map: grow a charged "
+        "ledger with `fedldp ledger shards add` (it keeps every charged subject where it is), "
+        "never by listing it in ledger_shards with other databases"
+    )
+
+
+def _position(ledger: SingleLedger) -> tuple[int | None, int] | None:
+    """(`ledger`'s index in its shard map, None if unlisted; the number of shards),
+    or None when it holds no map (a plain ledger)."""
+    found = read_map(ledger)
+    if found is None:
+        return None
+    own = ledger.ledger_id()
+    index = found.ledger_ids.index(own) if own in found.ledger_ids else None
+    return index, len(found.ledger_ids)
+
+
 def refuse_if_shard(ledger: SingleLedger) -> None:
     """ShardMapError when `ledger` is one shard of a sharded ledger: a collector
-    given only its URL would charge subjects that live on another shard."""
-    found = read_map(ledger)
-    if found is not None:
-        own = ledger.ledger_id()
-        index = found.ledger_ids.index(own) if own in found.ledger_ids else "?"
+    given only its URL would charge subjects that live on another shard, and a
+    reader (report, reconcile, show) would see only part of the data. Read-only."""
+    position = _position(ledger)
+    if position is not None:
+        index, count = position
         raise ShardMapError(
-            f"{_shown(ledger.url)} is shard {index} of {len(found.ledger_ids)} of a sharded "
-            "ledger: list every shard in ledger_shards, in order, instead of ledger_url"
+            f"{_shown(ledger.url)} is shard {'?' if index is None else index} of {count} of a "
+            "sharded ledger: list every shard in ledger_shards, in order, instead of "
+            "ledger_url (commands: --config FILE with ledger_shards, not --ledger)"
         )
+
+
+def refuse_unless_central(ledger: SingleLedger) -> None:
+    """ShardMapError when `ledger` is a shard other than shard 0 of a sharded ledger:
+    central caps, reservations and the receipts' ledger identity live on shard 0
+    only, so a second set on another shard would grant a central cap again.
+    A plain ledger (no map) and shard 0 pass. Read-only."""
+    position = _position(ledger)
+    if position is not None and position[0] != 0:
+        index, count = position
+        raise ShardMapError(
+            f"{_shown(ledger.url)} is shard {'?' if index is None else index} of {count} of a "
+            "sharded ledger: central caps and reservations live on shard 0; pass the first "
+            "URL of ledger_shards (or --config FILE with ledger_shards)"
+        )
+
+
+def open_checked(url: str, check: Callable[[SingleLedger], None], **options: Any) -> SingleLedger:
+    """`open_ledger(url, **options)`, then `check` it (`refuse_if_shard`,
+    `refuse_unless_central`); closed again when the check raises."""
+    ledger = open_ledger(url, **options)
+    try:
+        check(ledger)
+    except BaseException:
+        ledger.close()
+        raise
+    return ledger
+
+
+def open_central_ledger(url: str, **options: Any) -> SingleLedger:
+    """The ledger holding central caps and reservations (`open_ledger` options):
+    a plain ledger or shard 0 of a sharded one (`refuse_unless_central`). Every
+    opener of central state (CLI central commands, release service, training)
+    goes through here."""
+    return open_checked(url, refuse_unless_central, **options)
 
 
 class ShardedLedger:
@@ -436,8 +504,10 @@ def open_sharded(
     """Open the shards at `urls` (shard 0 first) and check their shard map.
 
     Shards holding no map yet get epoch 0 (`ShardMap.initial`) unless `access` is
-    "read"; maps that disagree, or that list other databases or another order
-    than `urls`, raise ShardMapError. `shard` names this collector instance in the
+    "read"; a first start over several databases is refused when one already holds
+    charges (`_refuse_charged`: grow a charged ledger with `add_shard`); maps that
+    disagree, or that list other databases or another order than `urls`, raise
+    ShardMapError. `shard` names this collector instance in the
     statistics tables (as `open_ledger`).
     """
     if not urls:
@@ -455,12 +525,13 @@ def open_sharded(
         if found is None:
             found = ShardMap.initial(ids)
             if access != "read":
+                _refuse_charged(ledgers)
                 for led in ledgers:
-                    write_map(led, found, None)
+                    write_map(led, found, None, require_empty=len(ledgers) > 1)
         elif None in maps and access != "read" and found == ShardMap.initial(ids):
             for led, stored in zip(ledgers, maps, strict=True):  # a concurrent first start
                 if stored is None:
-                    write_map(led, found, None)
+                    write_map(led, found, None, require_empty=True)
         elif None in maps:
             raise ShardMapError(
                 "some shards hold no shard map: a shard was added without "
@@ -471,6 +542,19 @@ def open_sharded(
         for led in ledgers:
             led.close()
         raise
+
+
+def _refuse_charged(ledgers: Sequence[SingleLedger]) -> None:
+    """A first start over several databases: ShardMapError, before any map is
+    written, when one already holds charges (epoch 0 would re-route its subjects
+    whose slot is not its own: a second cap). One database alone moves nothing.
+    `write_map(require_empty=True)` repeats the check in the insert's transaction,
+    so a charge that lands meanwhile still refuses that shard's map."""
+    if len(ledgers) < 2:
+        return
+    for led in ledgers:
+        if led.transaction(_charged, write=False):
+            raise _charged_error(led)
 
 
 def add_shard(urls: Sequence[str], new_url: str, *, now: int) -> ShardMap:

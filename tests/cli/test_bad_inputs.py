@@ -20,10 +20,11 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 from click.testing import CliRunner
-from collector_testkit import Deployment, write_config
+from collector_testkit import Deployment, checked_report, write_config
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from fedldp.authoring import write_private_key, write_public_key
-from fedldp.collector.ledger import open_ledger, restore
+from fedldp.collector.ledger import SubmitBatch, open_ledger, restore
+from fedldp.collector.ledger.shards import open_sharded, read_map
 
 from fedldp.cli import main
 
@@ -83,9 +84,31 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
         restore.begin_restore(connection, source="test", started_at=int(time.time()))
     engine.dispose()
     variant("incomplete.toml", "ledger_url", incomplete)
+    _sharded_variants(deployment, base, good)
     made = CliRunner().invoke(main, ["ledger", "backup", "--ledger", url, str(base / "good.bak")])
     assert made.exit_code == 0, made.output
     yield Env(base, config, url, base / "trust", base / "policies", base / "token.secret")
+
+
+def _sharded_variants(deployment: Deployment, base: Path, good: str) -> None:
+    """A two-shard ledger (sh0, sh1) and configs that misuse it: the old list of one
+    shard (stale-shards), shard 1 as ledger_url (shard1), and a first start listing
+    a charged plain ledger with an empty one (charged-shards)."""
+    sh0, sh1 = (f"sqlite:///{base / f'sh{i}.db'}" for i in (0, 1))
+    open_sharded([sh0, sh1]).close()
+    charged, fresh = f"sqlite:///{base / 'charged.db'}", f"sqlite:///{base / 'fresh.db'}"
+    policy = deployment.verified(deployment.envelopes[0])
+    with open_ledger(charged) as led:
+        led.submit_many([SubmitBatch("old", [checked_report(policy)], int(time.time()))])
+    open_ledger(fresh).close()
+    kept = [ln for ln in good.splitlines() if not ln.startswith("ledger_url =")]
+
+    def write(name: str, line: str) -> None:
+        (base / name).write_text("\n".join([*kept, line]) + "\n", "utf-8")
+
+    write("stale-shards.toml", f'ledger_shards = ["{sh0}"]')
+    write("shard1.toml", f'ledger_url = "{sh1}"')
+    write("charged-shards.toml", f'ledger_shards = ["{charged}", "{fresh}"]')
 
 
 def bad_ledgers(env: Env) -> dict[str, str]:
@@ -164,14 +187,32 @@ def cases(env: Env) -> list[tuple[str, list[str]]]:
         for bad, url in bad_ledgers(env).items():
             if not (bad == "missing-file" and name in CREATORS):
                 out.append((f"{name} --ledger {bad}", [*command, "--ledger", url]))
+    shard1 = f"sqlite:///{env.base / 'sh1.db'}"
     for name, command in ledger_commands(env).items():
         for bad, url in bad_ledgers(env).items():
             out.append((f"{name} --ledger {bad}", [*command, "--ledger", url]))
+        out.append((f"{name} --ledger shard-1", [*command, "--ledger", shard1]))
         for bad, path in bad_configs(env).items():
             if bad in ("malformed-toml", "missing", "a-directory", "missing-ledger-folder"):
                 out.append((f"{name} --config {bad}", [*command, "--config", path]))
+    for name in ("ledger show", "ledger reconcile", "report"):
+        command = ledger_commands(env)[name]
+        for bad in ("stale-shards", "shard1"):
+            path = str(env.base / f"{bad}.toml")
+            out.append((f"{name} --config {bad}", [*command, "--config", path]))
+    out += [
+        (
+            "ledger confirm-central --ledger shard-1",
+            ["ledger", "confirm-central", "--none", "--ledger", shard1],
+        ),
+        ("ledger reservations --ledger shard-1", ["ledger", "reservations", "--ledger", shard1]),
+        (
+            "ledger settle-stale --ledger shard-1",
+            ["ledger", "settle-stale", "r1", "--ledger", shard1],
+        ),
+    ]
     configs = {**bad_configs(env)}
-    for extra in ("nonhex", "notrust", "badlisten", "incomplete"):
+    for extra in ("nonhex", "notrust", "badlisten", "incomplete", "charged-shards"):
         configs[extra] = str(env.base / f"{extra}.toml")
     for bad, path in configs.items():
         out.append((f"collector serve --config {bad}", ["collector", "serve", "--config", path]))
@@ -620,6 +661,21 @@ EXPECTED: dict[str, tuple[int, str]] = {
     "train service without token": (1, "FEDLDP_TOKEN"),
     "train service with config": (2, "local run"),
     "train status without service": (2, "--service"),
+    "ledger show --ledger shard-1": (1, "is shard 1 of 2"),
+    "ledger reconcile --ledger shard-1": (1, "is shard 1 of 2"),
+    "report --ledger shard-1": (1, "is shard 1 of 2"),
+    "ledger set-cap --ledger shard-1": (1, "central caps and reservations live on shard 0"),
+    "release spend --ledger shard-1": (1, "central caps and reservations live on shard 0"),
+    "ledger confirm-central --ledger shard-1": (1, "live on shard 0"),
+    "ledger reservations --ledger shard-1": (1, "live on shard 0"),
+    "ledger settle-stale --ledger shard-1": (1, "live on shard 0"),
+    "ledger show --config stale-shards": (1, "1 shard URL(s) given"),
+    "ledger reconcile --config stale-shards": (1, "1 shard URL(s) given"),
+    "report --config stale-shards": (1, "1 shard URL(s) given"),
+    "ledger show --config shard1": (1, "is shard 1 of 2"),
+    "ledger reconcile --config shard1": (1, "is shard 1 of 2"),
+    "report --config shard1": (1, "is shard 1 of 2"),
+    "collector serve --config charged-shards": (1, "already holds charges"),
 }
 
 
@@ -677,3 +733,7 @@ def test_every_bad_input_gets_one_error_line(env: Env) -> None:
     assert not (env.base / "never.bak").exists()  # a refused backup leaves nothing
     assert not (env.base / "r.db").exists()
     assert sorted(p.name for p in env.base.glob("*.partial")) == []
+    # The refused first start wrote no shard map (a later `shards add` still works).
+    for name in ("charged.db", "fresh.db"):
+        with open_ledger(f"sqlite:///{env.base / name}", access="read") as led:
+            assert read_map(led) is None
