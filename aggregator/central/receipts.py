@@ -95,10 +95,14 @@ class ReceiptLedger(Protocol):
         ...
 
 
-def library_versions() -> dict[str, str]:
-    """Versions of what shapes a central release (for its receipt)."""
+CENTRAL_LIBRARIES = ("fedldp", "dp-accounting", "numpy", "scipy", "cryptography")
+
+
+def library_versions(names: tuple[str, ...] = CENTRAL_LIBRARIES) -> dict[str, str]:
+    """Versions of Python and of `names` (what shapes a result, for its receipt);
+    "not installed" for a missing distribution."""
     out = {"python": platform.python_version()}
-    for name in ("fedldp", "dp-accounting", "numpy", "scipy", "cryptography"):
+    for name in names:
         try:
             out[name] = metadata.version(name)
         except metadata.PackageNotFoundError:

@@ -31,11 +31,11 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from fedldp.aggregator.central.receipts import file_sha256
 from fedldp.aggregator.training.config import DataConfig
 from numpy.typing import NDArray
 
 DIGEST_PREFIX = b"fedldp-dataset-v1\n"
-_FILE_CHUNK = 1 << 20
 
 
 class DataError(ValueError):
@@ -96,15 +96,6 @@ def dataset_digest(
     h.update(header + b"\n")
     h.update(np.ascontiguousarray(features, dtype="<f8").tobytes())
     h.update(np.ascontiguousarray(labels, dtype="<i8").tobytes())
-    return h.hexdigest()
-
-
-def file_sha256(path: Path) -> str:
-    """sha256 of a file's bytes, hex."""
-    h = hashlib.sha256()
-    with path.open("rb") as fh:
-        while chunk := fh.read(_FILE_CHUNK):
-            h.update(chunk)
     return h.hexdigest()
 
 

@@ -7,18 +7,17 @@ docs/training.md (Privacy receipt).
 
 from __future__ import annotations
 
-import hashlib
 import json
-import platform
 from dataclasses import dataclass
 from decimal import Decimal
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 import torch
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from fedldp.aggregator.central.datakey import ALGORITHM, DataKey
+from fedldp.aggregator.central.receipts import file_sha256
+from fedldp.aggregator.central.receipts import library_versions as central_library_versions
 from fedldp.aggregator.central.signing import TRAINING_RECEIPT_TYPE, sign
 from fedldp.aggregator.training.accounting import prv_delta_error
 from fedldp.aggregator.training.config import DataConfig, TrainConfig
@@ -34,24 +33,12 @@ RECEIPT_FILE = "receipt.json"
 EVENT_KIND = "poisson_subsampled_gaussian"
 
 
+TRAINING_LIBRARIES = ("fedldp", "torch", "opacus", "numpy", "scipy")
+
+
 def library_versions() -> dict[str, str]:
-    """Versions of everything that shapes the result (for the receipt)."""
-    out = {"python": platform.python_version()}
-    for name in ("fedldp", "torch", "opacus", "numpy", "scipy"):
-        try:
-            out[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            out[name] = "not installed"
-    return out
-
-
-def file_sha256(path: Path) -> str:
-    """sha256 hex digest of a file's bytes."""
-    h = hashlib.sha256()
-    with path.open("rb") as fh:
-        while chunk := fh.read(1 << 20):
-            h.update(chunk)
-    return h.hexdigest()
+    """Versions of everything that shapes a trained model (for the receipt)."""
+    return central_library_versions(TRAINING_LIBRARIES)
 
 
 def data_description(

@@ -198,7 +198,8 @@ def _check_dataset(
     key: DataKey | None,
 ) -> None:
     """The keyed data binding (datakey.py): needs the data and the secret data-digest key."""
-    from fedldp.aggregator.training.data import DataError, file_sha256, load_dataset
+    from fedldp.aggregator.central.receipts import file_sha256
+    from fedldp.aggregator.training.data import DataError, load_dataset
 
     ds = receipt["dataset"]
     if not check_data:
