@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 import click
 
 from fedldp.cli_common import decimal_option
-from fedldp.cli_release_client import bearer, token_from_env
+from fedldp.cli_release_client import SERVICE_OPTIONS, bearer, token_from_env
 from fedldp.cli_release_client import channel as _channel
 from fedldp.cli_release_client import rpc as _rpc
 
@@ -44,17 +44,7 @@ def _decimal(name: str) -> Callable[[click.Context, click.Parameter, Any], Any]:
 
 CONNECTION = [
     click.option("--service", help="host:port of the release service (runs the job there)"),
-    click.option(
-        "--token-env",
-        default="FEDLDP_TOKEN",
-        show_default=True,
-        help="variable holding your bearer token (with --service)",
-    ),
-    click.option(
-        "--tls-ca",
-        type=click.Path(exists=True, dir_okay=False, path_type=Path),
-        help="CA of the service's TLS certificate (with --service)",
-    ),
+    *SERVICE_OPTIONS,
 ]
 
 JOB = [
@@ -198,8 +188,8 @@ def submit_and_wait(o: dict[str, Any], *, as_json: bool) -> None:
         features=list(o["features"]),
         hyperparameters=hyper,
     )
-    metadata = bearer(token_from_env(o["token_env"]))
-    with _channel(o["service"], o["tls_ca"]) as channel:
+    with _channel(o["service"], o["tls_ca"], insecure=o["insecure"]) as channel:
+        metadata = bearer(token_from_env(o["token_env"]))
         stub = release_pb2_grpc.ReleaseServiceStub(channel)
         job = _rpc(lambda: stub.SubmitTraining(request, metadata=metadata))
         click.echo(f"job {job.job_id} submitted", err=True)
@@ -323,6 +313,7 @@ def train_status(
     service: str | None,
     token_env: str,
     tls_ca: Path | None,
+    insecure: bool,
     wait: bool,
     out_dir: Path | None,
     as_json: bool,
@@ -333,8 +324,8 @@ def train_status(
     from fedldp.v1 import release_pb2 as pb
     from fedldp.v1 import release_pb2_grpc
 
-    metadata = bearer(token_from_env(token_env))
-    with _channel(service, tls_ca) as channel:
+    with _channel(service, tls_ca, insecure=insecure) as channel:
+        metadata = bearer(token_from_env(token_env))
         stub = release_pb2_grpc.ReleaseServiceStub(channel)
         if wait:
             job = _wait(stub, job_id, metadata)

@@ -18,6 +18,7 @@ from typing import Any
 from urllib.parse import quote
 
 import sqlalchemy as sa
+from fedldp.collector.ledger.queries import partial_from_row, statistics_query
 from fedldp.collector.ledger.schema import central_reservations, spend, statistics
 from fedldp.collector.ledger.store import PartialStatistic
 from sqlalchemy import event
@@ -122,25 +123,8 @@ class ReadOnlyLedger:
         self, policy_id: str, version: int, window_start: int | None = None
     ) -> list[PartialStatistic]:
         """Every shard's partial statistic for (policy, version[, window])."""
-        q = sa.select(statistics).where(
-            statistics.c.policy_id == policy_id,
-            statistics.c.policy_version == version,
-            statistics.c.n > 0,
-        )
-        if window_start is not None:
-            q = q.where(statistics.c.window_start == window_start)
-        q = q.order_by(statistics.c.window_start, statistics.c.shard)
-        return [
-            PartialStatistic(
-                r.policy_id,
-                int(r.policy_version),
-                int(r.window_start),
-                r.shard,
-                int(r.n),
-                r.statistic_json,
-            )
-            for r in self._rows(q)
-        ]
+        q = statistics_query(policy_id, version, window_start)
+        return [partial_from_row(r) for r in self._rows(q)]
 
     def recompute_statistics(self, policy: Any, window_start: int | None = None) -> Any:
         """Not offered: the dashboard reads the additive statistics only."""

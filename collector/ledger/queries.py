@@ -77,25 +77,8 @@ class ReportQueries(LedgerCore):
         """Every shard's partial statistic for (policy, version[, window]); merge them."""
 
         def tx(conn: sa.Connection) -> list[PartialStatistic]:
-            q = sa.select(statistics).where(
-                statistics.c.policy_id == policy_id,
-                statistics.c.policy_version == version,
-                statistics.c.n > 0,
-            )
-            if window_start is not None:
-                q = q.where(statistics.c.window_start == window_start)
-            q = q.order_by(statistics.c.window_start, statistics.c.shard)
-            return [
-                PartialStatistic(
-                    r.policy_id,
-                    int(r.policy_version),
-                    int(r.window_start),
-                    r.shard,
-                    int(r.n),
-                    r.statistic_json,
-                )
-                for r in conn.execute(q)
-            ]
+            q = statistics_query(policy_id, version, window_start)
+            return [partial_from_row(r) for r in conn.execute(q)]
 
         return self.transaction(tx, write=False)
 
@@ -160,3 +143,29 @@ class ReportQueries(LedgerCore):
             )
 
         return self.transaction(tx, write=False)
+
+
+def statistics_query(
+    policy_id: str, version: int, window_start: int | None = None
+) -> sa.Select[Any]:
+    """The non-empty partial statistics of (policy, version[, window]), by window and shard."""
+    q = sa.select(statistics).where(
+        statistics.c.policy_id == policy_id,
+        statistics.c.policy_version == version,
+        statistics.c.n > 0,
+    )
+    if window_start is not None:
+        q = q.where(statistics.c.window_start == window_start)
+    return q.order_by(statistics.c.window_start, statistics.c.shard)
+
+
+def partial_from_row(r: sa.Row[Any]) -> PartialStatistic:
+    """A `statistics` row as the mergeable PartialStatistic."""
+    return PartialStatistic(
+        r.policy_id,
+        int(r.policy_version),
+        int(r.window_start),
+        r.shard,
+        int(r.n),
+        r.statistic_json,
+    )

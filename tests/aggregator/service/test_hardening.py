@@ -306,3 +306,16 @@ def test_a_collector_token_is_refused_by_the_release_service(
     assert analyst.mint("alice", expires_at=NOW + 60) != device
     with pytest.raises(ValueError, match="audience"):
         TokenAuthority(SECRET, audience="anything")
+
+
+def test_train_service_refuses_plaintext_off_loopback_unless_insecure() -> None:
+    """`fedldp train --service` shares the release client's connection options: a
+    non-loopback address without --tls-ca is a usage error before any token is read."""
+    from click.testing import CliRunner
+
+    from fedldp.cli import main
+
+    refused = CliRunner().invoke(main, ["train", "status", "job-1", "--service", "192.0.2.2:1"])
+    assert refused.exit_code == 2 and "--tls-ca" in refused.output
+    listed = CliRunner().invoke(main, ["train", "--help"])
+    assert "--insecure" in listed.output
