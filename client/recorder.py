@@ -187,6 +187,12 @@ def _mechanism_input(policy: VerifiedPolicy, value: object) -> tuple[Any, bool]:
             return policy.label_index(value), False
         except ValueError as exc:
             raise BadValueError(str(exc)) from None
+    if policy.open_domain is not None:
+        try:
+            policy.open_domain.encode(value)  # type: ignore[arg-type]  # checked inside
+        except ValueError as exc:
+            raise BadValueError(f"metric {policy.metric_name!r}: {exc}") from None
+        return value, False
     assert policy.numeric_range is not None
     if isinstance(value, bool) or not isinstance(value, (int, float, Decimal)):
         raise BadValueError(

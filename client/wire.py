@@ -15,13 +15,18 @@ from dataclasses import dataclass
 from typing import Any
 
 from fedldp.client.mechanisms.base import (
+    AttributeOutput,
     BitVectorOutput,
     CategoryOutput,
+    GroupHashedOutput,
     HashedOutput,
     IndexBitOutput,
+    MultiOutput,
     NumericOutput,
     Output,
     OutputDomainError,
+    SketchBitOutput,
+    SketchRowOutput,
 )
 from fedldp.v1 import collector_pb2
 
@@ -74,6 +79,82 @@ def _fill_numeric(report: collector_pb2.Report, o: NumericOutput) -> None:
 def _fill_index_bit(report: collector_pb2.Report, o: IndexBitOutput) -> None:
     report.index_bit.index = o.index
     report.index_bit.bit = o.bit
+
+
+def _fill_sketch_row(report: collector_pb2.Report, o: SketchRowOutput) -> None:
+    report.sketch_row.row = o.row
+    report.sketch_row.bits = o.bits
+    report.sketch_row.length = o.length
+
+
+def _fill_sketch_bit(report: collector_pb2.Report, o: SketchBitOutput) -> None:
+    report.sketch_bit.row = o.row
+    report.sketch_bit.column = o.column
+    report.sketch_bit.bit = o.bit
+
+
+def _fill_group_hashed(report: collector_pb2.Report, o: GroupHashedOutput) -> None:
+    report.group_hashed.group = o.group
+    report.group_hashed.key = o.key
+    report.group_hashed.value = o.value
+
+
+def _fill_multi(report: collector_pb2.Report, o: MultiOutput) -> None:
+    multi = report.multi
+    multi.SetInParent()  # an empty part list is still a multi payload (refused by the check)
+    for attribute, output in o.parts:
+        part = multi.parts.add()
+        part.attribute = attribute
+        kind = _attribute_kind(output)
+        kind.fill(part, output)  # type: ignore[arg-type]  # AttributePayload has the same fields
+
+
+def _read_multi(m: collector_pb2.MultiPayload) -> MultiOutput:
+    parts: list[tuple[int, AttributeOutput]] = []
+    for part in m.parts:
+        kind = _BY_PAYLOAD.get(part.WhichOneof("payload") or "")
+        if kind is None:
+            raise OutputDomainError("MISSING_PAYLOAD", "a multi-attribute part carries no payload")
+        output = kind.read(getattr(part, kind.payload))
+        parts.append((part.attribute, output))  # type: ignore[arg-type]  # attribute kinds only
+    return MultiOutput(tuple(parts))
+
+
+def _attribute_kind(output: object) -> OutputKind:
+    """The kind of one part of a multi-attribute output (only the attribute kinds)."""
+    kind = KINDS.get(type(output))
+    if kind is None or kind.payload not in ATTRIBUTE_PAYLOADS:
+        raise TypeError(f"{type(output).__name__} cannot be a multi-attribute part")
+    return kind
+
+
+def _encode_multi(o: MultiOutput) -> bytes:
+    """Digest encoding: the part count, then per part its attribute index, its kind's
+    tag and the length-prefixed encoding of its output."""
+    out = [struct.pack("<Q", len(o.parts))]
+    for attribute, output in o.parts:
+        kind = _attribute_kind(output)
+        body = kind.encode(output)
+        out.append(struct.pack("<Q", attribute) + kind.tag + struct.pack("<Q", len(body)) + body)
+    return b"".join(out)
+
+
+def _multi_to_json(o: MultiOutput) -> dict[str, Any]:
+    parts = []
+    for attribute, output in o.parts:
+        kind = _attribute_kind(output)
+        parts.append({"attribute": attribute, "k": kind.json_kind, **kind.to_json(output)})
+    return {"parts": parts}
+
+
+def _multi_from_json(j: dict[str, Any]) -> MultiOutput:
+    parts: list[tuple[int, AttributeOutput]] = []
+    for part in j["parts"]:
+        kind = _BY_JSON_KIND[part["k"]]
+        if kind.payload not in ATTRIBUTE_PAYLOADS:
+            raise ValueError(f"stored multi-attribute part of kind {part['k']!r}")
+        parts.append((int(part["attribute"]), kind.from_json(part)))  # type: ignore[arg-type]
+    return MultiOutput(tuple(parts))
 
 
 def _read_numeric(m: collector_pb2.NumericPayload) -> NumericOutput:
@@ -141,8 +222,54 @@ KINDS: dict[type[Any], OutputKind] = {
             lambda o: {"index": o.index, "bit": o.bit},
             lambda j: IndexBitOutput(int(j["index"]), bool(j["bit"])),
         ),
+        OutputKind(
+            SketchRowOutput,
+            "sketch_row",
+            _fill_sketch_row,
+            lambda m: SketchRowOutput(m.row, m.bits, m.length),
+            b"R",
+            lambda o: struct.pack("<QQ", o.row, o.length) + o.bits,
+            "sketch_row",
+            lambda o: {"row": o.row, "bits": o.bits.hex(), "length": o.length},
+            lambda j: SketchRowOutput(int(j["row"]), bytes.fromhex(j["bits"]), int(j["length"])),
+        ),
+        OutputKind(
+            SketchBitOutput,
+            "sketch_bit",
+            _fill_sketch_bit,
+            lambda m: SketchBitOutput(m.row, m.column, m.bit),
+            b"S",
+            lambda o: struct.pack("<QQ?", o.row, o.column, o.bit),
+            "sketch_bit",
+            lambda o: {"row": o.row, "column": o.column, "bit": o.bit},
+            lambda j: SketchBitOutput(int(j["row"]), int(j["column"]), bool(j["bit"])),
+        ),
+        OutputKind(
+            GroupHashedOutput,
+            "group_hashed",
+            _fill_group_hashed,
+            lambda m: GroupHashedOutput(m.group, m.key, m.value),
+            b"G",
+            lambda o: struct.pack("<QQQ", o.group, o.value, len(o.key)) + o.key,
+            "group_hashed",
+            lambda o: {"group": o.group, "key": o.key.hex(), "value": o.value},
+            lambda j: GroupHashedOutput(int(j["group"]), bytes.fromhex(j["key"]), int(j["value"])),
+        ),
+        OutputKind(
+            MultiOutput,
+            "multi",
+            _fill_multi,
+            _read_multi,
+            b"M",
+            _encode_multi,
+            "multi",
+            _multi_to_json,
+            _multi_from_json,
+        ),
     )
 }
+#: The payload kinds an attribute of a multi-attribute report may carry (AttributePayload).
+ATTRIBUTE_PAYLOADS = frozenset({"category", "bits", "hashed", "numeric", "index_bit"})
 _BY_PAYLOAD = {k.payload: k for k in KINDS.values()}
 _BY_JSON_KIND = {k.json_kind: k for k in KINDS.values()}
 

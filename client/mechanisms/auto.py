@@ -23,6 +23,7 @@ from __future__ import annotations
 from decimal import Decimal
 
 from fedldp.client.mechanisms._common import f0_variance_scalar
+from fedldp.client.mechanisms.base import MetricArg
 from fedldp.client.mechanisms.oracle import FrequencyOracle
 
 #: Candidates in tie-break order: shorter reports first.
@@ -60,7 +61,7 @@ def choose_frequency_oracle(k: int, epsilon: Decimal) -> str:
     return best_id
 
 
-def resolve(wire_id: str, epsilon: Decimal, metric: int | tuple[Decimal, Decimal]) -> str:
+def resolve(wire_id: str, epsilon: Decimal, metric: MetricArg) -> str:
     """`wire_id`, or for "auto" the concrete oracle to sign into the policy."""
     if wire_id != "auto":
         return wire_id

@@ -76,7 +76,102 @@ class IndexBitOutput:
     bit: bool
 
 
-Output = Union[CategoryOutput, BitVectorOutput, HashedOutput, NumericOutput, IndexBitOutput]  # noqa: UP007
+@dataclass(frozen=True, slots=True)
+class SketchRowOutput:
+    """A sketch row and its perturbed one-hot column vector (wire: SketchRowPayload, CMS)."""
+
+    row: int
+    bits: bytes
+    length: int
+
+
+@dataclass(frozen=True, slots=True)
+class SketchBitOutput:
+    """A sketch row, a Hadamard coefficient and one perturbed bit (wire: SketchBitPayload, HCMS)."""
+
+    row: int
+    column: int
+    bit: bool
+
+
+@dataclass(frozen=True, slots=True)
+class GroupHashedOutput:
+    """A user group, a hash key and a perturbed hash value (wire: GroupHashedPayload, PEM)."""
+
+    group: int
+    key: bytes
+    value: int
+
+
+#: The outputs an attribute of a multi-attribute metric may emit (wire: AttributePayload).
+AttributeOutput = Union[  # noqa: UP007
+    CategoryOutput, BitVectorOutput, HashedOutput, NumericOutput, IndexBitOutput
+]
+
+
+@dataclass(frozen=True, slots=True)
+class MultiOutput:
+    """A multi-attribute report (wire: MultiPayload): (attribute index, its output) pairs."""
+
+    parts: tuple[tuple[int, AttributeOutput], ...]
+
+
+Output = Union[  # noqa: UP007
+    CategoryOutput,
+    BitVectorOutput,
+    HashedOutput,
+    NumericOutput,
+    IndexBitOutput,
+    SketchRowOutput,
+    SketchBitOutput,
+    GroupHashedOutput,
+    MultiOutput,
+]
+
+
+#: Longest string an open-domain metric may declare (policy OpenDomain.max_bytes).
+MAX_OPEN_DOMAIN_BYTES = 64
+
+
+@dataclass(frozen=True, slots=True)
+class OpenDomain:
+    """An open string domain (policy `Metric.open`): any str of 1..max_bytes UTF-8
+    bytes with no NUL character. `1 <= max_bytes <= MAX_OPEN_DOMAIN_BYTES`."""
+
+    max_bytes: int
+
+    def __post_init__(self) -> None:
+        if isinstance(self.max_bytes, bool) or not isinstance(self.max_bytes, int):
+            raise TypeError("OpenDomain.max_bytes must be an int")
+        if not 1 <= self.max_bytes <= MAX_OPEN_DOMAIN_BYTES:
+            raise ValueError(
+                f"an open domain's max_bytes must be 1..{MAX_OPEN_DOMAIN_BYTES}, "
+                f"got {self.max_bytes}"
+            )
+
+    def encode(self, value: str) -> bytes:
+        """The UTF-8 bytes of `value`, or ValueError (never echoing it) when it is not
+        a str of 1..max_bytes bytes without NUL."""
+        if not isinstance(value, str):
+            raise ValueError(f"an open-domain value must be a str, not {type(value).__name__}")
+        try:
+            data = value.encode("utf-8")
+        except UnicodeEncodeError:
+            raise ValueError(
+                "an open-domain value must be valid Unicode (no lone surrogates)"
+            ) from None
+        if not 1 <= len(data) <= self.max_bytes:
+            raise ValueError(
+                f"an open-domain value must be 1..{self.max_bytes} UTF-8 bytes, got {len(data)}"
+            )
+        if b"\x00" in data:
+            raise ValueError("an open-domain value must not contain a NUL character")
+        return data
+
+
+#: What a mechanism is built over: a categorical domain size k, a numeric range
+#: (lo, hi), or an open string domain.
+MetricArg = Union[int, tuple[Decimal, Decimal], OpenDomain]  # noqa: UP007
 
 
 class OutputDomainError(ValueError):

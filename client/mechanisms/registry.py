@@ -33,11 +33,11 @@ from fedldp.client.mechanisms._common import (
     numeric_metric,
     only_params,
 )
-from fedldp.client.mechanisms.base import Mechanism
+from fedldp.client.mechanisms.base import Mechanism, MetricArg
 
 #: Builds a mechanism from (epsilon, metric description, params). `metric` is a
 #: categorical domain size (int) or a numeric range (lo, hi) as Decimals.
-Factory = Callable[[Decimal, "int | tuple[Decimal, Decimal]", Mapping[str, str]], Mechanism]  # type: ignore[type-arg]
+Factory = Callable[[Decimal, MetricArg, Mapping[str, str]], Mechanism]  # type: ignore[type-arg]
 
 _REGISTRY: dict[str, Factory] = {}
 
@@ -81,7 +81,7 @@ def registered_ids() -> list[str]:
 def create(
     wire_id: str,
     epsilon: Decimal,
-    metric: int | tuple[Decimal, Decimal],
+    metric: MetricArg,
     params: Mapping[str, str] | None = None,
 ) -> Mechanism:  # type: ignore[type-arg]
     """Build the mechanism `wire_id` from validated policy parameters."""
@@ -103,9 +103,7 @@ def _categorical_factory(wire_id: str, module: str, name: str, param: str | None
     """Factory for class `name` of `fedldp.client.mechanisms.<module>` (imported on first
     use), built as cls(epsilon, k) or, with `param`, cls(epsilon, k, optional int param)."""
 
-    def factory(
-        epsilon: Decimal, metric: int | tuple[Decimal, Decimal], params: Mapping[str, str]
-    ) -> Mechanism:  # type: ignore[type-arg]
+    def factory(epsilon: Decimal, metric: MetricArg, params: Mapping[str, str]) -> Mechanism:  # type: ignore[type-arg]
         cls = getattr(importlib.import_module(f"fedldp.client.mechanisms.{module}"), name)
         k = categorical_metric(wire_id, metric)
         if param is None:
@@ -121,9 +119,7 @@ def _categorical_factory(wire_id: str, module: str, name: str, param: str | None
 
 
 def _memo_factory(wire_id: str) -> Factory:
-    def factory(
-        epsilon: Decimal, metric: int | tuple[Decimal, Decimal], params: Mapping[str, str]
-    ) -> Mechanism:  # type: ignore[type-arg]
+    def factory(epsilon: Decimal, metric: MetricArg, params: Mapping[str, str]) -> Mechanism:  # type: ignore[type-arg]
         from fedldp.client.mechanisms.memo import RapporGRR, RapporOUE, RapporSUE
 
         k = categorical_metric(wire_id, metric)
@@ -142,9 +138,7 @@ def _memo_factory(wire_id: str) -> Factory:
 
 
 def _numeric_factory(wire_id: str) -> Factory:
-    def factory(
-        epsilon: Decimal, metric: int | tuple[Decimal, Decimal], params: Mapping[str, str]
-    ) -> Mechanism:  # type: ignore[type-arg]
+    def factory(epsilon: Decimal, metric: MetricArg, params: Mapping[str, str]) -> Mechanism:  # type: ignore[type-arg]
         from fedldp.client.mechanisms.numeric import Duchi, Hybrid, Piecewise, parse_grid
 
         lo, hi = numeric_metric(wire_id, metric)

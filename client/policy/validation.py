@@ -15,7 +15,13 @@ import re
 from decimal import Decimal
 
 from fedldp.client.decimals import parse_decimal as parse_decimal  # re-exported
-from fedldp.client.mechanisms import Mechanism, UnknownMechanismError, create
+from fedldp.client.mechanisms import (
+    Mechanism,
+    MetricArg,
+    OpenDomain,
+    UnknownMechanismError,
+    create,
+)
 from fedldp.client.policy.envelope import domain_digest, key_id_of
 from fedldp.v1 import policy_pb2
 
@@ -132,9 +138,7 @@ def _domain_problems(domain: policy_pb2.CategoricalDomain, problems: list[str]) 
     return ok
 
 
-def _metric_problems(
-    metric: policy_pb2.Metric, problems: list[str]
-) -> int | tuple[Decimal, Decimal] | None:
+def _metric_problems(metric: policy_pb2.Metric, problems: list[str]) -> MetricArg | None:
     """Validate the metric; return the mechanism's metric argument when valid."""
     _check_name(metric.name, "metric.name", _METRIC_NAME, problems)
     kind = metric.WhichOneof("kind")
@@ -159,7 +163,18 @@ def _metric_problems(
                 return None
             return (bounds[0], bounds[1])
         return None
-    problems.append("metric has neither a categorical domain nor a numeric range; set one")
+    if kind == "open":
+        try:
+            return OpenDomain(int(metric.open.max_bytes))
+        except ValueError as exc:
+            problems.append(f"metric.open.max_bytes: {exc}")
+            return None
+    if kind == "multi":
+        problems.append("metric.multi: multi-attribute metrics are not supported by this SDK")
+        return None
+    problems.append(
+        "metric has no domain; set a categorical domain, a numeric range or an open domain"
+    )
     return None
 
 

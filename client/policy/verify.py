@@ -28,7 +28,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from decimal import Decimal
 
-from fedldp.client.mechanisms import Mechanism
+from fedldp.client.mechanisms import Mechanism, OpenDomain
 from fedldp.client.policy.envelope import (
     MAX_SIGNATURES,
     POLICY_PAYLOAD_TYPE,
@@ -85,6 +85,8 @@ class VerifiedPolicy:
     min_reports_for_release: int
     mechanism: Mechanism  # type: ignore[type-arg]
     key_id: str = ""
+    #: The open string domain of an open-domain metric (None for other metrics).
+    open_domain: OpenDomain | None = None
     _label_index: dict[str, int] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -280,9 +282,13 @@ def verify_policy(
     metric = policy.metric
     labels: tuple[str, ...] | None = None
     numeric_range: tuple[Decimal, Decimal] | None = None
-    if metric.WhichOneof("kind") == "categorical":
+    open_domain: OpenDomain | None = None
+    kind = metric.WhichOneof("kind")
+    if kind == "categorical":
         labels = tuple(metric.categorical.values)
-    else:
+    elif kind == "open":
+        open_domain = OpenDomain(int(metric.open.max_bytes))
+    elif kind == "numeric":
         numeric_range = (
             parse_decimal(metric.numeric.lo, allow_negative=True),
             parse_decimal(metric.numeric.hi, allow_negative=True),
@@ -305,4 +311,5 @@ def verify_policy(
         min_reports_for_release=int(policy.min_reports_for_release),
         mechanism=mechanism,
         key_id=key_id,
+        open_domain=open_domain,
     )

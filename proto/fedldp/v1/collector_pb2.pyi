@@ -288,6 +288,167 @@ class IndexBitPayload(_message.Message):
 Global___IndexBitPayload: _TypeAlias = IndexBitPayload  # noqa: Y015
 
 @_typing.final
+class SketchRowPayload(_message.Message):
+    """Count Mean Sketch (mechanism "cms"; Apple Differential Privacy Team,
+    "Learning with Privacy at Scale", 2017): the sketch row the device drew and
+    the perturbed one-hot encoding of that row's hash of the value over the
+    row's `length` columns, packed like BitVectorPayload. The hash family is
+    specified in fedldp.client.mechanisms.sketch.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ROW_FIELD_NUMBER: _builtins.int
+    BITS_FIELD_NUMBER: _builtins.int
+    LENGTH_FIELD_NUMBER: _builtins.int
+    row: _builtins.int
+    bits: _builtins.bytes
+    length: _builtins.int
+    def __init__(
+        self,
+        *,
+        row: _builtins.int = ...,
+        bits: _builtins.bytes = ...,
+        length: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["bits", b"bits", "length", b"length", "row", b"row"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SketchRowPayload: _TypeAlias = SketchRowPayload  # noqa: Y015
+
+@_typing.final
+class SketchBitPayload(_message.Message):
+    """Hadamard Count Mean Sketch (mechanism "hcms"): the sketch row, the Hadamard
+    coefficient the device sampled, and the perturbed sign as a bit.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ROW_FIELD_NUMBER: _builtins.int
+    COLUMN_FIELD_NUMBER: _builtins.int
+    BIT_FIELD_NUMBER: _builtins.int
+    row: _builtins.int
+    column: _builtins.int
+    bit: _builtins.bool
+    def __init__(
+        self,
+        *,
+        row: _builtins.int = ...,
+        column: _builtins.int = ...,
+        bit: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["bit", b"bit", "column", b"column", "row", b"row"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SketchBitPayload: _TypeAlias = SketchBitPayload  # noqa: Y015
+
+@_typing.final
+class GroupHashedPayload(_message.Message):
+    """Prefix-extending heavy hitters (mechanism "pem"): the user's group (which
+    prefix length it reports), the key of the hash function the device drew,
+    and the perturbed hash value. The hash family and the key's length are
+    specified in fedldp.client.mechanisms.pem.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    GROUP_FIELD_NUMBER: _builtins.int
+    KEY_FIELD_NUMBER: _builtins.int
+    VALUE_FIELD_NUMBER: _builtins.int
+    group: _builtins.int
+    key: _builtins.bytes
+    value: _builtins.int
+    def __init__(
+        self,
+        *,
+        group: _builtins.int = ...,
+        key: _builtins.bytes = ...,
+        value: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["group", b"group", "key", b"key", "value", b"value"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GroupHashedPayload: _TypeAlias = GroupHashedPayload  # noqa: Y015
+
+@_typing.final
+class AttributePayload(_message.Message):
+    """One attribute's part of a multi-attribute report: the attribute's index in
+    the policy's Metric.multi.attributes and that attribute mechanism's payload.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ATTRIBUTE_FIELD_NUMBER: _builtins.int
+    CATEGORY_FIELD_NUMBER: _builtins.int
+    BITS_FIELD_NUMBER: _builtins.int
+    HASHED_FIELD_NUMBER: _builtins.int
+    NUMERIC_FIELD_NUMBER: _builtins.int
+    INDEX_BIT_FIELD_NUMBER: _builtins.int
+    attribute: _builtins.int
+    @_builtins.property
+    def category(self) -> Global___CategoryPayload: ...
+    @_builtins.property
+    def bits(self) -> Global___BitVectorPayload: ...
+    @_builtins.property
+    def hashed(self) -> Global___HashedPayload: ...
+    @_builtins.property
+    def numeric(self) -> Global___NumericPayload: ...
+    @_builtins.property
+    def index_bit(self) -> Global___IndexBitPayload: ...
+    def __init__(
+        self,
+        *,
+        attribute: _builtins.int = ...,
+        category: Global___CategoryPayload | None = ...,
+        bits: Global___BitVectorPayload | None = ...,
+        hashed: Global___HashedPayload | None = ...,
+        numeric: Global___NumericPayload | None = ...,
+        index_bit: Global___IndexBitPayload | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["bits", b"bits", "category", b"category", "hashed", b"hashed", "index_bit", b"index_bit", "numeric", b"numeric", "payload", b"payload"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attribute", b"attribute", "bits", b"bits", "category", b"category", "hashed", b"hashed", "index_bit", b"index_bit", "numeric", b"numeric", "payload", b"payload"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType_payload: _TypeAlias = _typing.Literal["category", "bits", "hashed", "numeric", "index_bit"]  # noqa: Y015
+    _WhichOneofArgType_payload: _TypeAlias = _typing.Literal["payload", b"payload"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_payload) -> _WhichOneofReturnType_payload | None: ...
+
+Global___AttributePayload: _TypeAlias = AttributePayload  # noqa: Y015
+
+@_typing.final
+class MultiPayload(_message.Message):
+    """A multi-attribute report (mechanisms "multi-split": one part per attribute,
+    in attribute order; "multi-sample": exactly one part).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PARTS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def parts(self) -> _containers.RepeatedCompositeFieldContainer[Global___AttributePayload]: ...
+    def __init__(
+        self,
+        *,
+        parts: _abc.Iterable[Global___AttributePayload] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["parts", b"parts"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___MultiPayload: _TypeAlias = MultiPayload  # noqa: Y015
+
+@_typing.final
 class Report(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -301,6 +462,10 @@ class Report(_message.Message):
     HASHED_FIELD_NUMBER: _builtins.int
     NUMERIC_FIELD_NUMBER: _builtins.int
     INDEX_BIT_FIELD_NUMBER: _builtins.int
+    MULTI_FIELD_NUMBER: _builtins.int
+    SKETCH_ROW_FIELD_NUMBER: _builtins.int
+    SKETCH_BIT_FIELD_NUMBER: _builtins.int
+    GROUP_HASHED_FIELD_NUMBER: _builtins.int
     report_id: _builtins.bytes
     """16 bytes made by the device, unique and unpredictable; the idempotency key.
     Opaque to the collector. The fedldp SDK gives a device's consecutive reports
@@ -324,6 +489,14 @@ class Report(_message.Message):
     def numeric(self) -> Global___NumericPayload: ...
     @_builtins.property
     def index_bit(self) -> Global___IndexBitPayload: ...
+    @_builtins.property
+    def multi(self) -> Global___MultiPayload: ...
+    @_builtins.property
+    def sketch_row(self) -> Global___SketchRowPayload: ...
+    @_builtins.property
+    def sketch_bit(self) -> Global___SketchBitPayload: ...
+    @_builtins.property
+    def group_hashed(self) -> Global___GroupHashedPayload: ...
     def __init__(
         self,
         *,
@@ -337,12 +510,16 @@ class Report(_message.Message):
         hashed: Global___HashedPayload | None = ...,
         numeric: Global___NumericPayload | None = ...,
         index_bit: Global___IndexBitPayload | None = ...,
+        multi: Global___MultiPayload | None = ...,
+        sketch_row: Global___SketchRowPayload | None = ...,
+        sketch_bit: Global___SketchBitPayload | None = ...,
+        group_hashed: Global___GroupHashedPayload | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["bits", b"bits", "category", b"category", "hashed", b"hashed", "index_bit", b"index_bit", "numeric", b"numeric", "payload", b"payload"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["bits", b"bits", "category", b"category", "group_hashed", b"group_hashed", "hashed", b"hashed", "index_bit", b"index_bit", "multi", b"multi", "numeric", b"numeric", "payload", b"payload", "sketch_bit", b"sketch_bit", "sketch_row", b"sketch_row"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["bits", b"bits", "category", b"category", "coarse_time", b"coarse_time", "hashed", b"hashed", "index_bit", b"index_bit", "numeric", b"numeric", "payload", b"payload", "policy_digest", b"policy_digest", "policy_id", b"policy_id", "policy_version", b"policy_version", "report_id", b"report_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["bits", b"bits", "category", b"category", "coarse_time", b"coarse_time", "group_hashed", b"group_hashed", "hashed", b"hashed", "index_bit", b"index_bit", "multi", b"multi", "numeric", b"numeric", "payload", b"payload", "policy_digest", b"policy_digest", "policy_id", b"policy_id", "policy_version", b"policy_version", "report_id", b"report_id", "sketch_bit", b"sketch_bit", "sketch_row", b"sketch_row"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_payload: _TypeAlias = _typing.Literal["category", "bits", "hashed", "numeric", "index_bit"]  # noqa: Y015
+    _WhichOneofReturnType_payload: _TypeAlias = _typing.Literal["category", "bits", "hashed", "numeric", "index_bit", "multi", "sketch_row", "sketch_bit", "group_hashed"]  # noqa: Y015
     _WhichOneofArgType_payload: _TypeAlias = _typing.Literal["payload", b"payload"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_payload) -> _WhichOneofReturnType_payload | None: ...
 

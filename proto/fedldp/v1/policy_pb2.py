@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16\x66\x65\x64ldp/v1/policy.proto\x12\tfedldp.v1\"(\n\tSignature\x12\x0e\n\x06key_id\x18\x01 \x01(\t\x12\x0b\n\x03sig\x18\x02 \x01(\x0c\"a\n\x0eSignedEnvelope\x12\x14\n\x0cpayload_type\x18\x01 \x01(\t\x12\x0f\n\x07payload\x18\x02 \x01(\x0c\x12(\n\nsignatures\x18\x03 \x03(\x0b\x32\x14.fedldp.v1.Signature\"3\n\x11\x43\x61tegoricalDomain\x12\x0e\n\x06values\x18\x01 \x03(\t\x12\x0e\n\x06\x64igest\x18\x02 \x01(\x0c\"&\n\x0cNumericRange\x12\n\n\x02lo\x18\x01 \x01(\t\x12\n\n\x02hi\x18\x02 \x01(\t\"\x7f\n\x06Metric\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x33\n\x0b\x63\x61tegorical\x18\x02 \x01(\x0b\x32\x1c.fedldp.v1.CategoricalDomainH\x00\x12*\n\x07numeric\x18\x03 \x01(\x0b\x32\x17.fedldp.v1.NumericRangeH\x00\x42\x06\n\x04kind\"\xc1\x01\n\rMechanismSpec\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0f\n\x07\x65psilon\x18\x02 \x01(\t\x12\x34\n\x06params\x18\x03 \x03(\x0b\x32$.fedldp.v1.MechanismSpec.ParamsEntry\x12.\n\rmemo_charging\x18\x04 \x01(\x0e\x32\x17.fedldp.v1.MemoCharging\x1a-\n\x0bParamsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"5\n\x06\x42udget\x12\x13\n\x0b\x65psilon_cap\x18\x01 \x01(\t\x12\x16\n\x0ewindow_seconds\x18\x02 \x01(\x04\"\x8b\x02\n\x06Policy\x12\x11\n\tpolicy_id\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\x04\x12\x0f\n\x07purpose\x18\x03 \x01(\t\x12\x10\n\x08\x61udience\x18\x04 \x03(\t\x12!\n\x06metric\x18\x05 \x01(\x0b\x32\x11.fedldp.v1.Metric\x12+\n\tmechanism\x18\x06 \x01(\x0b\x32\x18.fedldp.v1.MechanismSpec\x12!\n\x06\x62udget\x18\x07 \x01(\x0b\x32\x11.fedldp.v1.Budget\x12\x12\n\nnot_before\x18\x08 \x01(\x03\x12\x12\n\nexpires_at\x18\t \x01(\x03\x12\x1f\n\x17min_reports_for_release\x18\n \x01(\x04\"@\n\tPublicKey\x12\x0e\n\x06key_id\x18\x01 \x01(\t\x12\x0f\n\x07\x65\x64\x32\x35\x35\x31\x39\x18\x02 \x01(\x0c\x12\x12\n\nexpires_at\x18\x03 \x01(\x03\"\x97\x01\n\x04Root\x12\x0f\n\x07version\x18\x01 \x01(\x04\x12\'\n\troot_keys\x18\x02 \x03(\x0b\x32\x14.fedldp.v1.PublicKey\x12\x16\n\x0eroot_threshold\x18\x03 \x01(\r\x12)\n\x0bpolicy_keys\x18\x04 \x03(\x0b\x32\x14.fedldp.v1.PublicKey\x12\x12\n\nexpires_at\x18\x05 \x01(\x03*\x7f\n\x0cMemoCharging\x12\x1d\n\x19MEMO_CHARGING_UNSPECIFIED\x10\x00\x12\x16\n\x12MEMO_CHARGING_NONE\x10\x01\x12\x1f\n\x1bMEMO_CHARGING_INSTANTANEOUS\x10\x02\x12\x17\n\x13MEMO_CHARGING_JOINT\x10\x03\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16\x66\x65\x64ldp/v1/policy.proto\x12\tfedldp.v1\"(\n\tSignature\x12\x0e\n\x06key_id\x18\x01 \x01(\t\x12\x0b\n\x03sig\x18\x02 \x01(\x0c\"a\n\x0eSignedEnvelope\x12\x14\n\x0cpayload_type\x18\x01 \x01(\t\x12\x0f\n\x07payload\x18\x02 \x01(\x0c\x12(\n\nsignatures\x18\x03 \x03(\x0b\x32\x14.fedldp.v1.Signature\"3\n\x11\x43\x61tegoricalDomain\x12\x0e\n\x06values\x18\x01 \x03(\t\x12\x0e\n\x06\x64igest\x18\x02 \x01(\x0c\"&\n\x0cNumericRange\x12\n\n\x02lo\x18\x01 \x01(\t\x12\n\n\x02hi\x18\x02 \x01(\t\"\x1f\n\nOpenDomain\x12\x11\n\tmax_bytes\x18\x01 \x01(\r\"\xaf\x01\n\tAttribute\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x33\n\x0b\x63\x61tegorical\x18\x02 \x01(\x0b\x32\x1c.fedldp.v1.CategoricalDomainH\x00\x12*\n\x07numeric\x18\x03 \x01(\x0b\x32\x17.fedldp.v1.NumericRangeH\x00\x12+\n\tmechanism\x18\x04 \x01(\x0b\x32\x18.fedldp.v1.MechanismSpecB\x06\n\x04kind\":\n\x0eMultiAttribute\x12(\n\nattributes\x18\x01 \x03(\x0b\x32\x14.fedldp.v1.Attribute\"\xd2\x01\n\x06Metric\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x33\n\x0b\x63\x61tegorical\x18\x02 \x01(\x0b\x32\x1c.fedldp.v1.CategoricalDomainH\x00\x12*\n\x07numeric\x18\x03 \x01(\x0b\x32\x17.fedldp.v1.NumericRangeH\x00\x12%\n\x04open\x18\x04 \x01(\x0b\x32\x15.fedldp.v1.OpenDomainH\x00\x12*\n\x05multi\x18\x05 \x01(\x0b\x32\x19.fedldp.v1.MultiAttributeH\x00\x42\x06\n\x04kind\"\xc1\x01\n\rMechanismSpec\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0f\n\x07\x65psilon\x18\x02 \x01(\t\x12\x34\n\x06params\x18\x03 \x03(\x0b\x32$.fedldp.v1.MechanismSpec.ParamsEntry\x12.\n\rmemo_charging\x18\x04 \x01(\x0e\x32\x17.fedldp.v1.MemoCharging\x1a-\n\x0bParamsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"5\n\x06\x42udget\x12\x13\n\x0b\x65psilon_cap\x18\x01 \x01(\t\x12\x16\n\x0ewindow_seconds\x18\x02 \x01(\x04\"\x8b\x02\n\x06Policy\x12\x11\n\tpolicy_id\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\x04\x12\x0f\n\x07purpose\x18\x03 \x01(\t\x12\x10\n\x08\x61udience\x18\x04 \x03(\t\x12!\n\x06metric\x18\x05 \x01(\x0b\x32\x11.fedldp.v1.Metric\x12+\n\tmechanism\x18\x06 \x01(\x0b\x32\x18.fedldp.v1.MechanismSpec\x12!\n\x06\x62udget\x18\x07 \x01(\x0b\x32\x11.fedldp.v1.Budget\x12\x12\n\nnot_before\x18\x08 \x01(\x03\x12\x12\n\nexpires_at\x18\t \x01(\x03\x12\x1f\n\x17min_reports_for_release\x18\n \x01(\x04\"@\n\tPublicKey\x12\x0e\n\x06key_id\x18\x01 \x01(\t\x12\x0f\n\x07\x65\x64\x32\x35\x35\x31\x39\x18\x02 \x01(\x0c\x12\x12\n\nexpires_at\x18\x03 \x01(\x03\"\x97\x01\n\x04Root\x12\x0f\n\x07version\x18\x01 \x01(\x04\x12\'\n\troot_keys\x18\x02 \x03(\x0b\x32\x14.fedldp.v1.PublicKey\x12\x16\n\x0eroot_threshold\x18\x03 \x01(\r\x12)\n\x0bpolicy_keys\x18\x04 \x03(\x0b\x32\x14.fedldp.v1.PublicKey\x12\x12\n\nexpires_at\x18\x05 \x01(\x03*\x7f\n\x0cMemoCharging\x12\x1d\n\x19MEMO_CHARGING_UNSPECIFIED\x10\x00\x12\x16\n\x12MEMO_CHARGING_NONE\x10\x01\x12\x1f\n\x1bMEMO_CHARGING_INSTANTANEOUS\x10\x02\x12\x17\n\x13MEMO_CHARGING_JOINT\x10\x03\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,8 +33,8 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_MECHANISMSPEC_PARAMSENTRY']._loaded_options = None
   _globals['_MECHANISMSPEC_PARAMSENTRY']._serialized_options = b'8\001'
-  _globals['_MEMOCHARGING']._serialized_start=1141
-  _globals['_MEMOCHARGING']._serialized_end=1268
+  _globals['_MEMOCHARGING']._serialized_start=1496
+  _globals['_MEMOCHARGING']._serialized_end=1623
   _globals['_SIGNATURE']._serialized_start=37
   _globals['_SIGNATURE']._serialized_end=77
   _globals['_SIGNEDENVELOPE']._serialized_start=79
@@ -43,18 +43,24 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_CATEGORICALDOMAIN']._serialized_end=229
   _globals['_NUMERICRANGE']._serialized_start=231
   _globals['_NUMERICRANGE']._serialized_end=269
-  _globals['_METRIC']._serialized_start=271
-  _globals['_METRIC']._serialized_end=398
-  _globals['_MECHANISMSPEC']._serialized_start=401
-  _globals['_MECHANISMSPEC']._serialized_end=594
-  _globals['_MECHANISMSPEC_PARAMSENTRY']._serialized_start=549
-  _globals['_MECHANISMSPEC_PARAMSENTRY']._serialized_end=594
-  _globals['_BUDGET']._serialized_start=596
-  _globals['_BUDGET']._serialized_end=649
-  _globals['_POLICY']._serialized_start=652
-  _globals['_POLICY']._serialized_end=919
-  _globals['_PUBLICKEY']._serialized_start=921
-  _globals['_PUBLICKEY']._serialized_end=985
-  _globals['_ROOT']._serialized_start=988
-  _globals['_ROOT']._serialized_end=1139
+  _globals['_OPENDOMAIN']._serialized_start=271
+  _globals['_OPENDOMAIN']._serialized_end=302
+  _globals['_ATTRIBUTE']._serialized_start=305
+  _globals['_ATTRIBUTE']._serialized_end=480
+  _globals['_MULTIATTRIBUTE']._serialized_start=482
+  _globals['_MULTIATTRIBUTE']._serialized_end=540
+  _globals['_METRIC']._serialized_start=543
+  _globals['_METRIC']._serialized_end=753
+  _globals['_MECHANISMSPEC']._serialized_start=756
+  _globals['_MECHANISMSPEC']._serialized_end=949
+  _globals['_MECHANISMSPEC_PARAMSENTRY']._serialized_start=904
+  _globals['_MECHANISMSPEC_PARAMSENTRY']._serialized_end=949
+  _globals['_BUDGET']._serialized_start=951
+  _globals['_BUDGET']._serialized_end=1004
+  _globals['_POLICY']._serialized_start=1007
+  _globals['_POLICY']._serialized_end=1274
+  _globals['_PUBLICKEY']._serialized_start=1276
+  _globals['_PUBLICKEY']._serialized_end=1340
+  _globals['_ROOT']._serialized_start=1343
+  _globals['_ROOT']._serialized_end=1494
 # @@protoc_insertion_point(module_scope)

@@ -201,30 +201,128 @@ class NumericRange(_message.Message):
 Global___NumericRange: _TypeAlias = NumericRange  # noqa: Y015
 
 @_typing.final
-class Metric(_message.Message):
+class OpenDomain(_message.Message):
+    """An open domain: the device reports any string of 1..max_bytes UTF-8 bytes
+    that contains no NUL byte (a longer or empty string is refused on the
+    device, never truncated). No list of values exists: analysts estimate the
+    frequency of candidate strings (sketch mechanisms "cms", "hcms") or discover
+    the frequent ones (heavy-hitter mechanism "pem").
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    MAX_BYTES_FIELD_NUMBER: _builtins.int
+    max_bytes: _builtins.int
+    """1..64."""
+    def __init__(
+        self,
+        *,
+        max_bytes: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["max_bytes", b"max_bytes"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___OpenDomain: _TypeAlias = OpenDomain  # noqa: Y015
+
+@_typing.final
+class Attribute(_message.Message):
+    """One attribute of a multi-attribute metric: its name (as the app passes it in
+    `record({name: value, ...})`), its domain, and its mechanism. The attribute's
+    MechanismSpec carries an id and params only: its epsilon is left empty and
+    derived from the policy's mechanism ("multi-split" or "multi-sample").
+    """
+
     DESCRIPTOR: _descriptor.Descriptor
 
     NAME_FIELD_NUMBER: _builtins.int
     CATEGORICAL_FIELD_NUMBER: _builtins.int
     NUMERIC_FIELD_NUMBER: _builtins.int
+    MECHANISM_FIELD_NUMBER: _builtins.int
     name: _builtins.str
-    """Dotted metric name as apps record it, e.g. "browser.homepage"."""
     @_builtins.property
     def categorical(self) -> Global___CategoricalDomain: ...
     @_builtins.property
     def numeric(self) -> Global___NumericRange: ...
+    @_builtins.property
+    def mechanism(self) -> Global___MechanismSpec: ...
     def __init__(
         self,
         *,
         name: _builtins.str = ...,
         categorical: Global___CategoricalDomain | None = ...,
         numeric: Global___NumericRange | None = ...,
+        mechanism: Global___MechanismSpec | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["categorical", b"categorical", "kind", b"kind", "numeric", b"numeric"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["categorical", b"categorical", "kind", b"kind", "mechanism", b"mechanism", "numeric", b"numeric"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["categorical", b"categorical", "kind", b"kind", "name", b"name", "numeric", b"numeric"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["categorical", b"categorical", "kind", b"kind", "mechanism", b"mechanism", "name", b"name", "numeric", b"numeric"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType_kind: _TypeAlias = _typing.Literal["categorical", "numeric"]  # noqa: Y015
+    _WhichOneofArgType_kind: _TypeAlias = _typing.Literal["kind", b"kind"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_kind) -> _WhichOneofReturnType_kind | None: ...
+
+Global___Attribute: _TypeAlias = Attribute  # noqa: Y015
+
+@_typing.final
+class MultiAttribute(_message.Message):
+    """Several attributes collected together; one report covers all of them and
+    the ledger charges it once.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ATTRIBUTES_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def attributes(self) -> _containers.RepeatedCompositeFieldContainer[Global___Attribute]: ...
+    def __init__(
+        self,
+        *,
+        attributes: _abc.Iterable[Global___Attribute] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attributes", b"attributes"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___MultiAttribute: _TypeAlias = MultiAttribute  # noqa: Y015
+
+@_typing.final
+class Metric(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    CATEGORICAL_FIELD_NUMBER: _builtins.int
+    NUMERIC_FIELD_NUMBER: _builtins.int
+    OPEN_FIELD_NUMBER: _builtins.int
+    MULTI_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    """Dotted metric name as apps record it, e.g. "browser.homepage"."""
+    @_builtins.property
+    def categorical(self) -> Global___CategoricalDomain: ...
+    @_builtins.property
+    def numeric(self) -> Global___NumericRange: ...
+    @_builtins.property
+    def open(self) -> Global___OpenDomain: ...
+    @_builtins.property
+    def multi(self) -> Global___MultiAttribute: ...
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        categorical: Global___CategoricalDomain | None = ...,
+        numeric: Global___NumericRange | None = ...,
+        open: Global___OpenDomain | None = ...,
+        multi: Global___MultiAttribute | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["categorical", b"categorical", "kind", b"kind", "multi", b"multi", "numeric", b"numeric", "open", b"open"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["categorical", b"categorical", "kind", b"kind", "multi", b"multi", "name", b"name", "numeric", b"numeric", "open", b"open"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType_kind: _TypeAlias = _typing.Literal["categorical", "numeric", "open", "multi"]  # noqa: Y015
     _WhichOneofArgType_kind: _TypeAlias = _typing.Literal["kind", b"kind"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_kind) -> _WhichOneofReturnType_kind | None: ...
 
