@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from fedldp.client.mechanisms.auto import choose_frequency_oracle
+from fedldp.client.mechanisms.base import MAX_OPEN_DOMAIN_BYTES
 from fedldp.client.mechanisms.numeric import grid_params
 from fedldp.client.policy.envelope import domain_digest
 from fedldp.client.policy.errors import InvalidPolicyError
@@ -48,7 +49,7 @@ _TOP_KEYS = {
     "mechanism",
     "budget",
 }
-_METRIC_KEYS = {"name", "values", "lo", "hi"}
+_METRIC_KEYS = {"name", "values", "lo", "hi", "max_bytes"}
 _MECHANISM_KEYS = {"id", "epsilon", "params", "memo_charging"}
 _BUDGET_KEYS = {"epsilon_cap", "window_seconds", "window"}
 
@@ -201,10 +202,18 @@ def policy_from_dict(data: Mapping[str, Any]) -> policy_pb2.Policy:
         policy.metric.name = _str(metric.get("name", ""), "metric.name", problems)
         has_values = "values" in metric
         has_range = "lo" in metric or "hi" in metric
-        if has_values == has_range:
+        is_open = "max_bytes" in metric
+        if has_values + has_range + is_open != 1:
             problems.append(
-                "[metric] needs either values = [...] (categorical) or lo and hi (numeric)"
+                "[metric] needs exactly one of values = [...] (categorical), lo and hi "
+                "(numeric) or max_bytes (an open domain of strings)"
             )
+        elif is_open:
+            max_bytes = _int(metric["max_bytes"], "metric.max_bytes", problems)
+            if max_bytes > MAX_OPEN_DOMAIN_BYTES:
+                problems.append(f"metric.max_bytes must be at most {MAX_OPEN_DOMAIN_BYTES}")
+            else:
+                policy.metric.open.max_bytes = max_bytes
         elif has_values:
             values = metric["values"]
             if not isinstance(values, list) or not all(isinstance(v, str) for v in values):
