@@ -159,7 +159,7 @@ def test_categorical_mechanism_on_numeric_metric() -> None:
     data = _with(metric={"name": "m", "lo": "10", "hi": "-1"})
     assert any("must be below" in p for p in _problems(data))
     data = _with(metric={"name": "m", "values": ["a", "b"], "lo": "0"})
-    assert any("either values" in p for p in _problems(data))
+    assert any("exactly one of values" in p for p in _problems(data))
 
 
 def test_schema_problems_are_listed() -> None:
