@@ -18,11 +18,11 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from fedldp.aggregator.central.datakey import ALGORITHM, DataKey
 from fedldp.aggregator.central.receipts import file_sha256
 from fedldp.aggregator.central.receipts import library_versions as central_library_versions
+from fedldp.aggregator.central.reservations import Reservation
 from fedldp.aggregator.central.signing import TRAINING_RECEIPT_TYPE, sign
 from fedldp.aggregator.training.accounting import prv_delta_error
 from fedldp.aggregator.training.config import DataConfig, TrainConfig
 from fedldp.aggregator.training.data import Dataset, redact_url
-from fedldp.aggregator.training.lifecycle import Claim
 from fedldp.aggregator.training.models import UnsupportedModelError
 from fedldp.aggregator.training.plan import Plan
 from torch import nn
@@ -126,7 +126,7 @@ def model_description(run: TrainedRun, artifact_sha256: str) -> dict[str, Any]:
 
 def build_receipt(
     run: TrainedRun,
-    claim: Claim,
+    claim: Reservation,
     *,
     spent: Decimal,
     epsilons: dict[str, Any],
@@ -181,7 +181,7 @@ def build_receipt(
         "randomness": run.randomness,
         "model": model_description(run, artifact_sha256),
         "ledger": {
-            "ledger_id": claim.ledger_id,
+            "ledger_id": claim.ledger_id(),
             "reservation_id": claim.reservation_id,
             "owner": claim.owner,
             "subject": config.budget.subject,
