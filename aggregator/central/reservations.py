@@ -142,6 +142,25 @@ def failure_reason(exc: BaseException) -> str:
     return f"failed after the data was opened ({type(exc).__name__}); nothing released"
 
 
+def cancel_unless_opened(
+    ledger: CentralLedger, reservation_id: str, *, owner: str | None, now: int
+) -> bool:
+    """Cancel the reservation unless its data was opened; whether it was cancelled.
+
+    The ledger decides, in the cancel's own transaction: it refuses to cancel a
+    reservation whose `open_data` committed (DataOpenedError), even when the
+    caller never heard the answer. Such a reservation is never refunded: the
+    caller settles it as spent.
+    """
+    from fedldp.collector.ledger import DataOpenedError
+
+    try:
+        ledger.cancel(reservation_id, now=now, owner=owner)
+    except DataOpenedError:
+        return False
+    return True
+
+
 class Reservation:
     """A reservation this run holds (`claim`), and its transitions under the refund rule.
 
@@ -235,14 +254,10 @@ class Reservation:
         A ledger error while closing propagates (the reservation stays open and
         charged, for an operator to settle).
         """
-        from fedldp.collector.ledger import DataOpenedError
-
-        if not self.opened:
-            try:
-                self.ledger.cancel(self.reservation_id, now=self.clock(), owner=self.owner)
-                return Closed.CANCELLED
-            except DataOpenedError:  # open_data committed but did not answer
-                pass
+        if not self.opened and cancel_unless_opened(
+            self.ledger, self.reservation_id, owner=self.owner, now=self.clock()
+        ):
+            return Closed.CANCELLED
         self.ledger.settle(
             self.reservation_id,
             epsilon_spent=self.ask.epsilon,
