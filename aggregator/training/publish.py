@@ -1,7 +1,8 @@
 """What a finished run publishes: the model file, the privacy receipt, the ledger event.
 
-Pure description and file writing; the ledger settlement and the final move into
-place are lifecycle.py's, the order of the two engine.py's. Schema and fields:
+Pure description and file writing; the ledger settlement is the shared
+reservation lifecycle's (fedldp.aggregator.central.reservations), the final move
+into place lifecycle.py's, the order of the two engine.py's. Schema and fields:
 docs/training.md (Privacy receipt).
 """
 
