@@ -197,7 +197,7 @@ def test_another_runs_key_goes_to_when_taken_and_reserves_nothing(ledger: Ledger
     assert ledger.central_spend(SUBJECT, PURPOSE) == (Decimal(1), Decimal(0))  # charged once
 
 
-def _count(ledger: Ledger, key: str, load: Any, now: int = START) -> releases.CentralRelease:
+def _count(ledger: Any, key: str, load: Any, now: int = START) -> releases.CentralRelease:
     return releases.private_count(
         ledger,
         subject=SUBJECT,
@@ -213,7 +213,12 @@ def test_releases_replay_another_runs_key(ledger: Ledger) -> None:
     """The releases' policy: the earlier run's output, read from the ledger, no new read."""
     first = _count(ledger, "r", lambda: iter(range(30)))
     reads: list[int] = []
-    again = _count(ledger, "r", lambda: reads.append(1) or iter(()), now=START + 9)
+
+    def load() -> Iterator[int]:
+        reads.append(1)
+        return iter(())
+
+    again = _count(ledger, "r", load, now=START + 9)
     assert again == first and reads == []
     assert ledger.central_spend(SUBJECT, PURPOSE) == (Decimal(1), Decimal(0))
 
