@@ -1,6 +1,7 @@
 """Central DP releases over consolidated data: count, sum, mean, choice, histogram, quantile.
 
-Every release follows the same order, enforced by this module:
+Every release follows the same order, enforced by this module and by the
+reservation lifecycle it shares with DP-SGD training (reservations.py):
 
 1. validate the request (bounds, ε, δ, mechanism) - bad input changes nothing;
 2. claim (ε, δ) in the ledger by (subject, purpose) with the caller's
@@ -53,12 +54,11 @@ import enum
 import json
 import math
 import random
-import secrets
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal, Inexact, InvalidOperation, localcontext
 from fractions import Fraction
-from typing import TYPE_CHECKING, Any, Protocol, TypedDict
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from fedldp.aggregator.central import quantile as qm
 from fedldp.aggregator.central.calibration import (
@@ -68,6 +68,7 @@ from fedldp.aggregator.central.calibration import (
 )
 from fedldp.aggregator.central.datakey import KeyedDigest
 from fedldp.aggregator.central.noise import discrete_gaussian, discrete_laplace, geometric
+from fedldp.aggregator.central.reservations import CentralLedger, Reservation, ReservationAsk
 from fedldp.client.mechanisms.base import system_random
 
 if TYPE_CHECKING:
@@ -156,62 +157,6 @@ class ReleaseRequest:
     def generator(self) -> random.Random:
         """The generator noise is drawn from: the caller's, or the OS CSPRNG."""
         return self.rng if self.rng is not None else system_random()
-
-
-class CentralLedger(Protocol):
-    """What releases need from the ledger (fedldp.collector.ledger.Ledger)."""
-
-    def reserve(
-        self,
-        *,
-        subject: str,
-        purpose: str,
-        epsilon: Decimal,
-        delta: Decimal,
-        idempotency_key: str,
-        now: int,
-        metadata: Mapping[str, str] | None = None,
-        owner: str | None = None,
-        lease_seconds: int = ...,
-    ) -> Any:
-        """See `Ledger.reserve`."""
-        ...
-
-    def open_data(
-        self, reservation_id: str, *, owner: str, now: int, lease_seconds: int = ...
-    ) -> Any:
-        """See `Ledger.open_data`."""
-        ...
-
-    def renew_lease(self, reservation_id: str, *, owner: str, now: int, lease_seconds: int) -> Any:
-        """See `Ledger.renew_lease`."""
-        ...
-
-    def settle(
-        self,
-        reservation_id: str,
-        *,
-        epsilon_spent: Decimal,
-        delta_spent: Decimal,
-        events: Sequence[Mapping[str, object]] = (),
-        now: int,
-        owner: str | None = None,
-        reason: str = ...,
-    ) -> Any:
-        """See `Ledger.settle`."""
-        ...
-
-    def cancel(self, reservation_id: str, *, now: int, owner: str | None = None) -> Any:
-        """See `Ledger.cancel`."""
-        ...
-
-    def central_events(self, subject: str, purpose: str) -> Sequence[Any]:
-        """See `Ledger.central_events`."""
-        ...
-
-    def ledger_id(self) -> str:
-        """See `Ledger.ledger_id`."""
-        ...
 
 
 @dataclass(frozen=True)
@@ -404,39 +349,42 @@ def plan_noise(
 # --- the release engine ---
 
 
-def _find_prior_release(
-    ledger: CentralLedger, subject: str, purpose: str, reservation_id: str
-) -> list[Mapping[str, object]]:
-    return [
-        e.event
-        for e in ledger.central_events(subject, purpose)
-        if e.reservation_id == reservation_id
-    ]
+def _replay(
+    ledger: CentralLedger, metadata: Mapping[str, str], subject: str, purpose: str
+) -> Callable[[Any], tuple[str, list[Mapping[str, object]]]]:
+    """The releases' answer for a key another run claimed (`Reservation.claim`'s
+    `when_taken`): that run's published output, or a refusal saying why there is none."""
 
+    def answer(reservation: Any) -> tuple[str, list[Mapping[str, object]]]:
+        prior_meta = dict(getattr(reservation, "metadata", None) or {})
+        if prior_meta and prior_meta != dict(metadata):
+            raise ReleaseConflictError(
+                "this idempotency key was used for a different query; use a new key"
+            )
+        rid = str(reservation.id)
+        if reservation.status == "cancelled":
+            raise ReleaseCancelledError(
+                "the release with this idempotency key was cancelled before it read any "
+                "data; retry with a new key"
+            )
+        if reservation.status == "reserved":
+            raise ReleaseInProgressError(
+                f"another run holds this idempotency key (reservation {rid}, lease until "
+                f"{reservation.lease_expires_at}); it is never released twice: retry later "
+                "for its result"
+            )
+        events = [
+            e.event for e in ledger.central_events(subject, purpose) if e.reservation_id == rid
+        ]
+        if not events:
+            raise ReleaseFailedError(
+                f"the release with this idempotency key (reservation {rid}) failed after "
+                f"reading the data ({reservation.close_reason}); its budget is spent and "
+                "nothing was released"
+            )
+        return rid, events
 
-def _owned_by_another(
-    ledger: CentralLedger, reservation: Any, subject: str, purpose: str
-) -> tuple[str, list[Mapping[str, object]]]:
-    """The answer for a key another run claimed: its published output, or a refusal."""
-    rid = str(reservation.id)
-    if reservation.status == "cancelled":
-        raise ReleaseCancelledError(
-            "the release with this idempotency key was cancelled before it read any data; "
-            "retry with a new key"
-        )
-    if reservation.status == "reserved":
-        raise ReleaseInProgressError(
-            f"another run holds this idempotency key (reservation {rid}, lease until "
-            f"{reservation.lease_expires_at}); it is never released twice: retry later for "
-            "its result"
-        )
-    events = _find_prior_release(ledger, subject, purpose, rid)
-    if not events:
-        raise ReleaseFailedError(
-            f"the release with this idempotency key (reservation {rid}) failed after reading "
-            f"the data ({reservation.close_reason}); its budget is spent and nothing was released"
-        )
-    return rid, events
+    return answer
 
 
 def _run_release(
@@ -451,12 +399,9 @@ def _run_release(
 ) -> tuple[str, list[Mapping[str, object]]]:
     """Claim, mark the data opened, compute (reading data), settle; (reservation id, events).
 
-    The refund rule (docs/aggregator.md): before `open_data` is committed no
-    protected byte has been read and a failure cancels the reservation; from
-    then on every outcome (success, data error, KeyboardInterrupt) settles it
-    as spent, the full reserved (ε, δ), and a crash leaves it open until an
-    operator settles it as spent. A key another run claimed is never computed
-    again: its published output is returned, or the call is refused.
+    The reservation's lifecycle and the refund rule are reservations.py's (every
+    transition stamped `request.now`); a key another run claimed is never computed
+    again: its published output is returned, or the call is refused (`_replay`).
     `randomness` (`ReleaseRequest.randomness`) is stored in every event, so a
     receipt's randomness comes from the ledger's record. `request.data_digest()`,
     called after `compute`, must return a `KeyedDigest` (datakey.py: an HMAC
@@ -464,54 +409,33 @@ def _run_release(
     and key id are stored in every event.
     """
     subject, purpose, now = request.subject, request.purpose, request.now
-    data_digest = request.data_digest
     metadata = _with_query(metadata, request.query)
-    owner = secrets.token_hex(16)
-    reservation = ledger.reserve(
+    ask = ReservationAsk(
         subject=subject,
         purpose=purpose,
         epsilon=epsilon,
         delta=delta,
         idempotency_key=request.idempotency_key,
-        now=now,
-        metadata=dict(metadata),
-        owner=owner,
+        metadata=metadata,
         lease_seconds=RELEASE_LEASE_SECONDS,
     )
-    prior_meta = dict(getattr(reservation, "metadata", None) or {})
-    if prior_meta and prior_meta != dict(metadata):
-        raise ReleaseConflictError(
-            "this idempotency key was used for a different query; use a new key"
-        )
-    if not reservation.held_by(owner):
-        return _owned_by_another(ledger, reservation, subject, purpose)
-    rid = str(reservation.id)
+    held = Reservation.claim(
+        ledger, ask, clock=lambda: now, when_taken=_replay(ledger, metadata, subject, purpose)
+    )
+    if not isinstance(held, Reservation):
+        return held
     try:
-        ledger.open_data(rid, owner=owner, now=now, lease_seconds=RELEASE_LEASE_SECONDS)
-    except BaseException:
-        ledger.cancel(rid, now=now, owner=owner)  # nothing was read: the one refund
-        raise
-    try:
+        held.open_data()
         events = compute()
         for event in events:
             event["randomness"] = randomness
-        if data_digest is not None:  # the keyed data binding, for signed receipts
-            _bind_data(events, data_digest())
+        if request.data_digest is not None:  # the keyed data binding, for signed receipts
+            _bind_data(events, request.data_digest())
     except BaseException as exc:
-        ledger.settle(
-            rid,
-            epsilon_spent=epsilon,
-            delta_spent=delta,
-            events=(),
-            now=now,
-            owner=owner,
-            reason=f"failed after the data was opened ({type(exc).__name__}); nothing released",
-        )
+        held.close_failed(exc)  # cancelled if nothing was read, else settled as spent
         raise
-    ledger.settle(
-        rid, epsilon_spent=epsilon, delta_spent=delta, events=events, now=now, owner=owner
-    )
-    return rid, list(events)
+    held.settle(epsilon, delta, events)
+    return held.reservation_id, list(events)
 
 
 def _bind_data(events: list[dict[str, object]], digest: object) -> None:

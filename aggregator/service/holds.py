@@ -1,7 +1,8 @@
 """Charging one release against two caps: its (dataset, purpose) and the analyst's own.
 
 The release functions (fedldp.aggregator.central.releases) reserve, open,
-settle and cancel one reservation. `AnalystCapLedger` is the ledger they see
+settle and cancel one reservation (the lifecycle of
+fedldp.aggregator.central.reservations). `AnalystCapLedger` is the ledger they see
 for a release by an analyst with an own cap (policy.py): it adds a *hold* of
 the same (ε, δ) on the analyst's cap, moved through the same states, so the
 analyst's spend counts against both caps:
@@ -31,7 +32,8 @@ from __future__ import annotations
 from decimal import Decimal
 from typing import Any
 
-from fedldp.collector.ledger import CentralBudgetExhaustedError, DataOpenedError
+from fedldp.aggregator.central.reservations import cancel_unless_opened
+from fedldp.collector.ledger import CentralBudgetExhaustedError
 
 
 class AnalystCapExhaustedError(CentralBudgetExhaustedError):
@@ -127,17 +129,16 @@ class AnalystCapLedger:
     def cancel(self, reservation_id: str, *, now: int, owner: str | None = None) -> Any:
         """Cancel the release; cancel the hold too (settled as spent if it was opened)."""
         out = self._ledger.cancel(reservation_id, now=now, owner=owner)
-        if self._hold is not None:
-            try:
-                self._ledger.cancel(self._hold, now=now, owner=owner)
-            except DataOpenedError:
-                held = self._ledger.reservation(self._hold)
-                self._ledger.settle(
-                    self._hold,
-                    epsilon_spent=held.epsilon,
-                    delta_spent=held.delta,
-                    now=now,
-                    owner=owner,
-                    reason="the release failed after its hold was opened",
-                )
+        if self._hold is not None and not cancel_unless_opened(
+            self._ledger, self._hold, owner=owner, now=now
+        ):
+            held = self._ledger.reservation(self._hold)
+            self._ledger.settle(
+                self._hold,
+                epsilon_spent=held.epsilon,
+                delta_spent=held.delta,
+                now=now,
+                owner=owner,
+                reason="the release failed after its hold was opened",
+            )
         return out

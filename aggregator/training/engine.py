@@ -46,7 +46,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from fedldp.aggregator.central.releases import CentralLedger
+from fedldp.aggregator.central.reservations import CentralLedger, Reservation
 from fedldp.aggregator.training.accounting import AccountantError, within
 from fedldp.aggregator.training.config import DataConfig, TrainConfig
 from fedldp.aggregator.training.data import DataError, Dataset, load_dataset
@@ -61,7 +61,8 @@ from fedldp.aggregator.training.errors import (
 )
 from fedldp.aggregator.training.lifecycle import (
     TRAIN_LEASE_SECONDS,
-    Claim,
+    claim_run,
+    close_failed_run,
     publish,
     remove_files,
     run_ledger,
@@ -205,7 +206,7 @@ def _reserved_run(request: TrainingRequest, ledger: CentralLedger) -> TrainingRe
     claim by the refund rule on any failure."""
     config, log = request.config, request.log
     t0 = time.perf_counter()
-    claim = Claim.reserve(config, ledger, request.clock)
+    claim = claim_run(config, ledger, request.clock)
     reserve_seconds = time.perf_counter() - t0
     log(
         f"reserved eps={config.budget.epsilon} delta={config.budget.delta} "
@@ -242,7 +243,7 @@ def _reserved_run(request: TrainingRequest, ledger: CentralLedger) -> TrainingRe
         remove_files([tmp_model, tmp_receipt])
         if settled:
             raise  # spent and nothing released: safe, but say so through the exception
-        outcome = claim.fail(exc, log)
+        outcome = close_failed_run(claim, exc, log)
         if isinstance(exc, Exception):
             raise TrainingAbortedError(
                 f"training aborted ({type(exc).__name__}: {exc}); reservation "
@@ -261,7 +262,7 @@ def _ranks(nproc: int) -> Any:
         yield group
 
 
-def _read(request: TrainingRequest, claim: Claim) -> Dataset:
+def _read(request: TrainingRequest, claim: Reservation) -> Dataset:
     """Mark the data opened (durable, before the first read), read it, check its schema."""
     claim.open_data()  # from here on nothing is refunded
     dataset = request.load(request.config.data)
@@ -353,13 +354,13 @@ def _batch(config: TrainConfig) -> int:
 
 
 def _certifier(
-    request: TrainingRequest, claim: Claim, plan: Plan, q: float, recorder: Any
+    request: TrainingRequest, claim: Reservation, plan: Plan, q: float, recorder: Any
 ) -> Callable[[int, int], int]:
     """The check before each interval: renew the lease, require the optimizer's own
     accountant history to be the certified plan so far, certify the interval's end."""
 
     def certify(steps: int, target: int) -> int:
-        claim.heartbeat()
+        claim.renew()
         done = [(float(a), float(b), int(c)) for a, b, c in recorder.history]
         if done != ([(plan.noise_multiplier, q, steps)] if steps else []):
             raise AccountantError(
@@ -406,7 +407,7 @@ def _worker_spec(
 
 def _train(
     request: TrainingRequest,
-    claim: Claim,
+    claim: Reservation,
     group: ProcessGroup | None,
     plan: Plan,
     schedule: _Schedule,
@@ -461,7 +462,7 @@ def _train(
 
 def _train_and_write(
     request: TrainingRequest,
-    claim: Claim,
+    claim: Reservation,
     group: ProcessGroup | None,
     tmp_model: Path,
     tmp_receipt: Path,

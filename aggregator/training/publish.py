@@ -1,7 +1,8 @@
 """What a finished run publishes: the model file, the privacy receipt, the ledger event.
 
-Pure description and file writing; the ledger settlement and the final move into
-place are lifecycle.py's, the order of the two engine.py's. Schema and fields:
+Pure description and file writing; the ledger settlement is the shared
+reservation lifecycle's (fedldp.aggregator.central.reservations), the final move
+into place lifecycle.py's, the order of the two engine.py's. Schema and fields:
 docs/training.md (Privacy receipt).
 """
 
@@ -18,11 +19,11 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from fedldp.aggregator.central.datakey import ALGORITHM, DataKey
 from fedldp.aggregator.central.receipts import file_sha256
 from fedldp.aggregator.central.receipts import library_versions as central_library_versions
+from fedldp.aggregator.central.reservations import Reservation
 from fedldp.aggregator.central.signing import TRAINING_RECEIPT_TYPE, sign
 from fedldp.aggregator.training.accounting import prv_delta_error
 from fedldp.aggregator.training.config import DataConfig, TrainConfig
 from fedldp.aggregator.training.data import Dataset, redact_url
-from fedldp.aggregator.training.lifecycle import Claim
 from fedldp.aggregator.training.models import UnsupportedModelError
 from fedldp.aggregator.training.plan import Plan
 from torch import nn
@@ -126,7 +127,7 @@ def model_description(run: TrainedRun, artifact_sha256: str) -> dict[str, Any]:
 
 def build_receipt(
     run: TrainedRun,
-    claim: Claim,
+    claim: Reservation,
     *,
     spent: Decimal,
     epsilons: dict[str, Any],
@@ -181,7 +182,7 @@ def build_receipt(
         "randomness": run.randomness,
         "model": model_description(run, artifact_sha256),
         "ledger": {
-            "ledger_id": claim.ledger_id,
+            "ledger_id": claim.ledger_id(),
             "reservation_id": claim.reservation_id,
             "owner": claim.owner,
             "subject": config.budget.subject,
