@@ -62,7 +62,7 @@ import os
 import random
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from decimal import Decimal
 from pathlib import Path
 from types import TracebackType
@@ -315,13 +315,19 @@ class Client:
     # --- recording ---
 
     def record(
-        self, metric: str, value: str | int | float | Decimal, *, policy_id: str | None = None
+        self,
+        metric: str,
+        value: str | int | float | Decimal | Mapping[str, str | int | float | Decimal],
+        *,
+        policy_id: str | None = None,
     ) -> RecordResult:
         """Randomize `value` for `metric` now and store the report for sending.
 
         Categorical metrics take the value's label (a string in the policy's
         domain); numeric metrics take a finite number, clipped to the policy's
-        range (`RecordResult.clipped` says when). Does no network I/O.
+        range (`RecordResult.clipped` says when); a multi-attribute metric takes
+        a dict with exactly its attributes' names, each value checked like a
+        single metric's (one report, charged once). Does no network I/O.
 
         Raises a `RecordRefusedError` subclass, having changed nothing, when
         there is no usable policy (`NoPolicyError`), the value does not fit

@@ -14,6 +14,8 @@ Registered ids and their policy params (strings, plain notation):
     duchi                           numeric (lo, hi), no params
     piecewise, hybrid               numeric (lo, hi), optional "levels" and "cells"
                                     (grid size; see numeric.py)
+    multi-split, multi-sample       multi-attribute (a MultiMetric), no params; each
+                                    attribute names its own mechanism (see multi.py)
 
 Retired ids (`RETIRED_IDS`) stay reserved: they are never registered again,
 and building one raises `RetiredMechanismError` naming the replacement.
@@ -33,7 +35,7 @@ from fedldp.client.mechanisms._common import (
     numeric_metric,
     only_params,
 )
-from fedldp.client.mechanisms.base import Mechanism, MetricArg
+from fedldp.client.mechanisms.base import Mechanism, MetricArg, MultiMetric
 
 #: Builds a mechanism from (epsilon, metric description, params). `metric` is a
 #: categorical domain size (int) or a numeric range (lo, hi) as Decimals.
@@ -166,3 +168,19 @@ for _memo_id in ("rappor-grr", "rappor-oue", "rappor-sue"):
     register(_memo_id, _memo_factory(_memo_id))
 for _numeric_id in ("duchi", "piecewise", "hybrid"):
     register(_numeric_id, _numeric_factory(_numeric_id))
+
+
+def _multi_factory(wire_id: str) -> Factory:
+    def factory(epsilon: Decimal, metric: MetricArg, params: Mapping[str, str]) -> Mechanism:  # type: ignore[type-arg]
+        from fedldp.client.mechanisms.multi import MultiSample, MultiSplit
+
+        if not isinstance(metric, MultiMetric):
+            raise ValueError(f"{wire_id} needs a multi-attribute metric")
+        no_params(wire_id, params)
+        return (MultiSplit if wire_id == "multi-split" else MultiSample)(epsilon, metric)
+
+    return factory
+
+
+for _multi_id in ("multi-split", "multi-sample"):
+    register(_multi_id, _multi_factory(_multi_id))

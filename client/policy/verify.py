@@ -28,7 +28,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from decimal import Decimal
 
-from fedldp.client.mechanisms import Mechanism, OpenDomain
+from fedldp.client.mechanisms import AttributeSpec, Mechanism, OpenDomain
 from fedldp.client.policy.envelope import (
     MAX_SIGNATURES,
     POLICY_PAYLOAD_TYPE,
@@ -87,11 +87,21 @@ class VerifiedPolicy:
     key_id: str = ""
     #: The open string domain of an open-domain metric (None for other metrics).
     open_domain: OpenDomain | None = None
+    #: The attributes of a multi-attribute metric, in policy order (None for other metrics).
+    attributes: tuple[AttributeSpec, ...] | None = None
     _label_index: dict[str, int] = field(init=False, repr=False, compare=False)
+    _attribute_index: tuple[dict[str, int], ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(
             self, "_label_index", {label: i for i, label in enumerate(self.labels or ())}
+        )
+        object.__setattr__(
+            self,
+            "_attribute_index",
+            tuple(
+                {label: i for i, label in enumerate(a.labels or ())} for a in self.attributes or ()
+            ),
         )
 
     @property
@@ -121,6 +131,21 @@ class VerifiedPolicy:
     def window_start(self, now: int) -> int:
         """Start of the budget window containing `now` (windows aligned to the Unix epoch)."""
         return now - now % self.window_seconds
+
+    def attribute_label_index(self, attribute: int, label: str) -> int:
+        """Index of `label` in categorical attribute `attribute`'s domain (multi-attribute
+        metrics). Raises ValueError without echoing the label."""
+        if self.attributes is None or self.attributes[attribute].labels is None:
+            raise ValueError(f"policy {self.policy_id}: attribute {attribute} is not categorical")
+        index = self._attribute_index[attribute].get(label)
+        if index is None:
+            spec = self.attributes[attribute]
+            raise ValueError(
+                f"attribute {spec.name!r}: value is not in its domain in policy "
+                f"{self.policy_id} v{self.version} ({len(spec.labels or ())} labels); check "
+                "the attribute's allowed values"
+            )
+        return index
 
     def label_index(self, label: str) -> int:
         """Index of `label` in the categorical domain.
@@ -283,11 +308,17 @@ def verify_policy(
     labels: tuple[str, ...] | None = None
     numeric_range: tuple[Decimal, Decimal] | None = None
     open_domain: OpenDomain | None = None
+    attributes: tuple[AttributeSpec, ...] | None = None
     kind = metric.WhichOneof("kind")
     if kind == "categorical":
         labels = tuple(metric.categorical.values)
     elif kind == "open":
         open_domain = OpenDomain(int(metric.open.max_bytes))
+    elif kind == "multi":
+        from fedldp.client.mechanisms.multi import MultiAttribute
+
+        assert isinstance(mechanism, MultiAttribute)  # built over this metric by validation
+        attributes = mechanism.attributes
     elif kind == "numeric":
         numeric_range = (
             parse_decimal(metric.numeric.lo, allow_negative=True),
@@ -312,4 +343,5 @@ def verify_policy(
         mechanism=mechanism,
         key_id=key_id,
         open_domain=open_domain,
+        attributes=attributes,
     )
