@@ -8,19 +8,21 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, TypedDict
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import (
     Ed25519PrivateKey,
     Ed25519PublicKey,
 )
 from fedldp.authoring.policies import (
+    attributes_from_tables,
     require_valid,
     resolve_auto_mechanism,
     state_numeric_grid,
 )
 from fedldp.authoring.signing import generate_key, make_root, sign_policy
 from fedldp.client.policy.envelope import domain_digest, key_id_of
+from fedldp.client.policy.errors import InvalidPolicyError
 from fedldp.client.policy.trust import TrustStore
 from fedldp.client.policy.validation import EPSILON_PERMANENT
 from fedldp.v1 import policy_pb2
@@ -156,6 +158,29 @@ class Authority:
         policy = self._base_policy(mechanism=mechanism, **fields)
         policy.metric.numeric.lo = lo
         policy.metric.numeric.hi = hi
+        state_numeric_grid(policy)
+        require_valid(policy)
+        return policy
+
+    def multi_policy(
+        self,
+        *,
+        attributes: Sequence[Mapping[str, Any]],
+        mechanism: str = "auto",
+        **fields: Unpack[PolicyFields],
+    ) -> policy_pb2.Policy:
+        """A validated multi-attribute policy valid from `now` (not signed; see `sign`).
+
+        `attributes` are tables of the TOML schema's [[metric.attributes]] (name,
+        values or lo and hi, mechanism, optional params; docs/policies.md);
+        "auto" (policy or attribute mechanism) is resolved and numeric grids stated.
+        """
+        policy = self._base_policy(mechanism=mechanism, **fields)
+        problems: list[str] = []
+        attributes_from_tables(attributes, policy.metric.multi, problems)
+        if problems:
+            raise InvalidPolicyError(problems, subject=f"policy {policy.policy_id}")
+        resolve_auto_mechanism(policy)
         state_numeric_grid(policy)
         require_valid(policy)
         return policy

@@ -18,7 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from fedldp.client.mechanisms.auto import choose_frequency_oracle
-from fedldp.client.mechanisms.base import MAX_OPEN_DOMAIN_BYTES
+from fedldp.client.mechanisms.base import MAX_OPEN_DOMAIN_BYTES, AttributeSpec, MultiMetric
+from fedldp.client.mechanisms.multi import MULTI_IDS, SPLIT_ID, attribute_epsilon, mode_scores
 from fedldp.client.mechanisms.numeric import grid_params
 from fedldp.client.policy.envelope import domain_digest
 from fedldp.client.policy.errors import InvalidPolicyError
@@ -49,7 +50,9 @@ _TOP_KEYS = {
     "mechanism",
     "budget",
 }
-_METRIC_KEYS = {"name", "values", "lo", "hi", "max_bytes"}
+_METRIC_KEYS = {"name", "values", "lo", "hi", "max_bytes", "attributes"}
+#: Keys of one [[metric.attributes]] table (a multi-attribute metric).
+_ATTRIBUTE_KEYS = {"name", "values", "lo", "hi", "mechanism", "params"}
 _MECHANISM_KEYS = {"id", "epsilon", "params", "memo_charging"}
 _BUDGET_KEYS = {"epsilon_cap", "window_seconds", "window"}
 
@@ -158,6 +161,47 @@ def _table(
     return value
 
 
+def attributes_from_tables(
+    tables: object, multi: policy_pb2.MultiAttribute, problems: list[str]
+) -> None:
+    """[[metric.attributes]] tables -> MultiAttribute (see docs/policies.md)."""
+    multi.SetInParent()
+    if not isinstance(tables, list) or not all(isinstance(t, Mapping) for t in tables):
+        problems.append("metric.attributes must be [[metric.attributes]] tables")
+        return
+    for index, table in enumerate(tables):
+        where = f"metric.attributes[{index}]"
+        unknown = sorted(set(table) - _ATTRIBUTE_KEYS)
+        if unknown:
+            problems.append(
+                f"{where} has unknown keys {unknown}; allowed: {sorted(_ATTRIBUTE_KEYS)}"
+            )
+        attribute = multi.attributes.add()
+        attribute.name = _str(table.get("name", ""), f"{where}.name", problems)
+        attribute.mechanism.id = _str(table.get("mechanism", ""), f"{where}.mechanism", problems)
+        params = table.get("params", {})
+        if not isinstance(params, Mapping):
+            problems.append(f"{where}.params must be a table")
+        else:
+            for key, value in params.items():
+                attribute.mechanism.params[key] = _decimal_text(
+                    value, f"{where}.params.{key}", problems
+                )
+        has_values = "values" in table
+        if has_values == ("lo" in table or "hi" in table):
+            problems.append(f"{where} needs exactly one of values = [...] or lo and hi")
+        elif has_values:
+            values = table["values"]
+            if not isinstance(values, list) or not all(isinstance(v, str) for v in values):
+                problems.append(f"{where}.values must be a list of strings")
+            else:
+                attribute.categorical.values.extend(values)
+                attribute.categorical.digest = domain_digest(values)
+        else:
+            attribute.numeric.lo = _decimal_text(table.get("lo"), f"{where}.lo", problems)
+            attribute.numeric.hi = _decimal_text(table.get("hi"), f"{where}.hi", problems)
+
+
 def parse_duration(text: str) -> int:
     """Seconds in a duration like "30s", "15m", "12h", "1d", "2w". Raises ValueError."""
     match = _DURATION.fullmatch(text)
@@ -203,11 +247,15 @@ def policy_from_dict(data: Mapping[str, Any]) -> policy_pb2.Policy:
         has_values = "values" in metric
         has_range = "lo" in metric or "hi" in metric
         is_open = "max_bytes" in metric
-        if has_values + has_range + is_open != 1:
+        is_multi = "attributes" in metric
+        if has_values + has_range + is_open + is_multi != 1:
             problems.append(
                 "[metric] needs exactly one of values = [...] (categorical), lo and hi "
-                "(numeric) or max_bytes (an open domain of strings)"
+                "(numeric), max_bytes (an open domain of strings) or [[metric.attributes]] "
+                "tables (several attributes)"
             )
+        elif is_multi:
+            attributes_from_tables(metric["attributes"], policy.metric.multi, problems)
         elif is_open:
             max_bytes = _int(metric["max_bytes"], "metric.max_bytes", problems)
             if max_bytes > MAX_OPEN_DOMAIN_BYTES:
@@ -315,6 +363,9 @@ def resolve_auto_mechanism(policy: policy_pb2.Policy) -> None:
     """
     spec = policy.mechanism
     values = policy.metric.categorical.values
+    if policy.metric.WhichOneof("kind") == "multi":
+        _resolve_multi(policy)
+        return
     if spec.id != "auto" or spec.params or policy.metric.WhichOneof("kind") != "categorical":
         return
     try:
@@ -322,6 +373,66 @@ def resolve_auto_mechanism(policy: policy_pb2.Policy) -> None:
         spec.id = choose_frequency_oracle(len(values), epsilon)
     except ValueError:
         return
+
+
+def _authoring_metric(policy: policy_pb2.Policy) -> MultiMetric | None:
+    """The multi-attribute metric with its ids as written ("auto" allowed), or None when
+    a domain is not valid yet (validation then reports it)."""
+    specs = []
+    for attribute in policy.metric.multi.attributes:
+        kind = attribute.WhichOneof("kind")
+        try:
+            if kind == "categorical":
+                labels: tuple[str, ...] | None = tuple(attribute.categorical.values)
+                bounds = None
+            elif kind == "numeric":
+                labels = None
+                lo = parse_decimal(attribute.numeric.lo, allow_negative=True)
+                bounds = (lo, parse_decimal(attribute.numeric.hi, allow_negative=True))
+            else:
+                return None
+        except ValueError:
+            return None
+        specs.append(
+            AttributeSpec(
+                attribute.name,
+                labels,
+                bounds,
+                attribute.mechanism.id,
+                tuple(sorted(attribute.mechanism.params.items())),
+            )
+        )
+    return MultiMetric(tuple(specs))
+
+
+def _resolve_multi(policy: policy_pb2.Policy) -> None:
+    """ "auto" for a multi-attribute metric: the mode with the lower total variance
+    (`multi.mode_scores`), and each attribute's "auto" resolved at that mode's ε;
+    with a concrete mode, each attribute's "auto" resolved at the mode's ε."""
+    spec = policy.mechanism
+    metric = _authoring_metric(policy)
+    if metric is None or spec.params:
+        return
+    try:
+        epsilon = parse_decimal(spec.epsilon)
+        if spec.id == "auto":
+            scores = mode_scores(metric, epsilon)
+            spec.id = scores.choice
+            ids = scores.split_ids if spec.id == SPLIT_ID else scores.sample_ids
+        elif spec.id in MULTI_IDS:
+            share = attribute_epsilon(spec.id, epsilon, len(metric.attributes))
+            ids = tuple(
+                choose_frequency_oracle(len(a.labels), share)
+                if a.mechanism_id == "auto" and a.labels is not None and not a.params
+                else a.mechanism_id
+                for a in metric.attributes
+            )
+        else:
+            return
+    except (ValueError, KeyError):
+        return  # left as written; validation reports the problem
+    for attribute, wire_id in zip(policy.metric.multi.attributes, ids, strict=True):
+        attribute.mechanism.id = wire_id
 
 
 def state_numeric_grid(policy: policy_pb2.Policy) -> None:
@@ -334,7 +445,11 @@ def state_numeric_grid(policy: policy_pb2.Policy) -> None:
     left for validation to report.
     """
     spec = policy.mechanism
-    if policy.metric.WhichOneof("kind") != "numeric":
+    kind = policy.metric.WhichOneof("kind")
+    if kind == "multi":
+        _state_attribute_grids(policy)
+        return
+    if kind != "numeric":
         return
     try:
         epsilon = parse_decimal(spec.epsilon)
@@ -343,6 +458,23 @@ def state_numeric_grid(policy: policy_pb2.Policy) -> None:
     stated = grid_params(spec.id, epsilon, dict(spec.params))
     for key, value in stated.items():
         spec.params[key] = value
+
+
+def _state_attribute_grids(policy: policy_pb2.Policy) -> None:
+    """`state_numeric_grid` per numeric attribute, at the ε its mechanism runs at
+    (multi-split: ε/d rounded down; multi-sample: ε)."""
+    attributes = policy.metric.multi.attributes
+    try:
+        epsilon = parse_decimal(policy.mechanism.epsilon)
+        share = attribute_epsilon(policy.mechanism.id, epsilon, len(attributes))
+    except ValueError:
+        return
+    for attribute in attributes:
+        if attribute.WhichOneof("kind") != "numeric":
+            continue
+        spec = attribute.mechanism
+        for key, value in grid_params(spec.id, share, dict(spec.params)).items():
+            spec.params[key] = value
 
 
 def require_valid(policy: policy_pb2.Policy) -> None:
@@ -355,6 +487,7 @@ def require_valid(policy: policy_pb2.Policy) -> None:
 
 
 __all__ = [
+    "attributes_from_tables",
     "load_policy_toml",
     "parse_duration",
     "policy_from_dict",

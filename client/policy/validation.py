@@ -250,7 +250,10 @@ def _attribute_problems(
             "mechanism (multi-split: epsilon / attributes; multi-sample: epsilon)"
         )
         ok = False
-    if spec.memo_charging != policy_pb2.MEMO_CHARGING_NONE:
+    if spec.memo_charging not in (
+        policy_pb2.MEMO_CHARGING_UNSPECIFIED,
+        policy_pb2.MEMO_CHARGING_NONE,
+    ):
         problems.append(f"{where}.mechanism.memo_charging must be none (no memoized attributes)")
         ok = False
     if len(spec.params) > MAX_PARAMS:
