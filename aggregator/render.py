@@ -21,6 +21,7 @@ from fedldp.aggregator.estimation import (
     NumericReport,
     truth_vector,
 )
+from fedldp.aggregator.multi_report import MultiReport
 
 #: Rows shown by default; beyond it the largest estimates are listed.
 DEFAULT_MAX_ROWS = 40
@@ -59,13 +60,39 @@ def _header_lines(report: FrequencyReport | NumericReport) -> list[str]:
     return lines
 
 
+def _multi_header_lines(report: MultiReport) -> list[str]:
+    ctx = report.context
+    title = ctx.metric or ctx.policy_id or "report"
+    if ctx.policy_id is not None:
+        title += f"  (policy {ctx.policy_id} v{ctx.policy_version})"
+    facts = [
+        f"mechanism {report.mechanism}",
+        f"eps/report {report.epsilon} (each attribute at {report.attribute_epsilon})",
+        f"reports {report.n:,}",
+    ]
+    if ctx.epsilon_charged is not None:
+        facts.append(f"eps charged {ctx.epsilon_charged}")
+    return [title, ", ".join(facts)]
+
+
 def render_table(
-    report: FrequencyReport | NumericReport,
+    report: FrequencyReport | NumericReport | MultiReport,
     *,
     truth: Truth | float | None = None,
     max_rows: int | None = DEFAULT_MAX_ROWS,
 ) -> str:
-    """A plain-text table for a terminal (no colour codes, fixed-width columns)."""
+    """A plain-text table for a terminal (no colour codes, fixed-width columns).
+
+    A multi-attribute report gets a header, then each attribute's own table
+    (`truth`, when given, maps attribute names to that attribute's truth)."""
+    if isinstance(report, MultiReport):
+        lines = _multi_header_lines(report)
+        for a in report.attributes:
+            sub = truth.get(a.name) if isinstance(truth, Mapping) else None
+            lines.append("")
+            lines.append(f"attribute {a.name} ({a.reports:,} reports)")
+            lines.append(render_table(a.report, truth=sub, max_rows=max_rows).rstrip("\n"))
+        return "\n".join(lines) + "\n"
     if isinstance(report, NumericReport):
         lines = _header_lines(report)
         level = f"{report.confidence:.0%}"
@@ -247,24 +274,67 @@ def _facts_html(report: FrequencyReport | NumericReport) -> str:
 
 
 def render_html(
-    report: FrequencyReport | NumericReport,
+    report: FrequencyReport | NumericReport | MultiReport,
     path: str | Path,
     *,
     truth: Truth | float | None = None,
     max_rows: int | None = DEFAULT_MAX_ROWS,
 ) -> Path:
-    """Write a self-contained HTML report to `path` and return the path."""
+    """Write a self-contained HTML report to `path` and return the path.
+
+    A multi-attribute report gets one section per attribute (`truth`, when
+    given, maps attribute names to that attribute's truth)."""
     out = Path(path)
     title = html.escape(report.context.metric or report.context.policy_id or "fedldp report")
     parts = [
         "<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>",
         f"<title>{title}</title><style>{_CSS}</style></head><body>",
         f"<h1>{title}</h1>",
-        _facts_html(report),
     ]
-    sentence = budget_sentence(report)
-    if sentence is not None:
-        parts.append(f"<h2>Privacy budget</h2><p>{html.escape(sentence)}</p>")
+    if isinstance(report, MultiReport):
+        parts.append(_multi_facts_html(report))
+        for a in report.attributes:
+            sub = truth.get(a.name) if isinstance(truth, Mapping) else None
+            parts.append(
+                f"<h2>Attribute {html.escape(a.name)}</h2>"
+                f"<p class='note'>{a.reports:,} reports carry this attribute.</p>"
+            )
+            parts.append(_facts_html(a.report))
+            parts.extend(_estimates_html(a.report, sub, max_rows))
+    else:
+        parts.append(_facts_html(report))
+        sentence = budget_sentence(report)
+        if sentence is not None:
+            parts.append(f"<h2>Privacy budget</h2><p>{html.escape(sentence)}</p>")
+        parts.extend(_estimates_html(report, truth, max_rows))
+    parts.append("</body></html>")
+    out.write_text("\n".join(parts), encoding="utf-8")
+    return out
+
+
+def _multi_facts_html(report: MultiReport) -> str:
+    ctx = report.context
+    facts: list[tuple[str, str]] = [
+        ("mechanism", report.mechanism),
+        ("ε per report (charged once)", str(report.epsilon)),
+        ("ε per attribute", str(report.attribute_epsilon)),
+        ("reports", f"{report.n:,}"),
+    ]
+    if ctx.policy_id is not None:
+        facts.insert(0, ("policy", f"{ctx.policy_id} v{ctx.policy_version}"))
+    if ctx.epsilon_charged is not None:
+        facts.append(("budget spent (Σ ε charged)", str(ctx.epsilon_charged)))
+    body = "".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(v)}</td></tr>" for k, v in facts)
+    return f'<table class="facts">{body}</table>'
+
+
+def _estimates_html(
+    report: FrequencyReport | NumericReport,
+    truth: Truth | float | None,
+    max_rows: int | None,
+) -> list[str]:
+    """The estimates section of one report (a mean, or a chart and a table)."""
+    parts: list[str] = []
     if isinstance(report, NumericReport):
         parts.append(
             f"<h2>Mean</h2><p>{report.mean:.6g} ± {report.std_error:.3g} (standard error); "
@@ -313,6 +383,4 @@ def render_html(
             "apart from the mechanism's noise (it may be absent); a large z means the "
             "value is clearly present.</p>"
         )
-    parts.append("</body></html>")
-    out.write_text("\n".join(parts), encoding="utf-8")
-    return out
+    return parts

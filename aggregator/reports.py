@@ -42,6 +42,7 @@ from fedldp.aggregator.estimation import (
 )
 
 if TYPE_CHECKING:
+    from fedldp.aggregator.multi_report import MultiReport
     from fedldp.client.mechanisms.base import Mechanism
     from fedldp.client.policy import VerifiedPolicy
 
@@ -203,11 +204,12 @@ def report_for_policy(
     confidence: float = 0.95,
     simultaneous: bool = False,
     consistency: Consistency | str | None = None,
-) -> FrequencyReport | NumericReport:
+) -> FrequencyReport | NumericReport | MultiReport:
     """The analyst report for a policy from a merged statistic, behind the release gate.
 
     Categorical policies give a FrequencyReport over the policy's labels,
-    numeric policies a NumericReport of the mean over the policy's range.
+    numeric policies a NumericReport of the mean over the policy's range,
+    multi-attribute policies a MultiReport with one of those per attribute.
     """
     check_release_gate(policy, window_start, merged.n)
     mechanism = policy.mechanism
@@ -223,6 +225,22 @@ def report_for_policy(
         window_seconds=policy.window_seconds,
         purpose=policy.message.purpose or None,
     )
+    if policy.attributes is not None:
+        from fedldp.aggregator.multi_report import multi_report
+        from fedldp.client.mechanisms.multi import MultiAttribute
+
+        assert isinstance(mechanism, MultiAttribute)
+        # Each attribute's estimate rests on the reports that carry it (n_j under
+        # multi-sample): the release gate applies to each.
+        check_release_gate(policy, window_start, min(p.n for p in merged.statistic.parts))
+        return multi_report(
+            mechanism,
+            merged.statistic,
+            confidence=confidence,
+            simultaneous=simultaneous,
+            consistency=consistency,
+            context=context,
+        )
     if policy.labels is not None:
         return frequency_report(
             mechanism,
@@ -253,7 +271,7 @@ def report_from_ledgers(
     simultaneous: bool = False,
     consistency: Consistency | str | None = None,
     extra_partials: Iterable[Partial] = (),
-) -> FrequencyReport | NumericReport:
+) -> FrequencyReport | NumericReport | MultiReport:
     """Merge the partial statistics of one or more (source name, ledger) pairs and report.
 
     `extra_partials` adds statistics loaded from export files (other regions).

@@ -29,7 +29,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -127,6 +127,33 @@ class Deployment:
             window_seconds=window_seconds,
             now=self.now - 60,
             mechanism=mechanism,
+            min_reports=1,
+            audience=(self.audience,),
+        )
+        env = self.authority.sign(policy)
+        self.envelopes.append(env)
+        return env
+
+    def add_multi(
+        self,
+        policy_id: str,
+        *,
+        attributes: Sequence[Mapping[str, Any]],
+        mechanism: str = "multi-split",
+        epsilon: str = "1",
+        epsilon_cap: str = "4",
+        window_seconds: int = 86400,
+    ) -> policy_pb2.SignedEnvelope:
+        """Sign and keep a multi-attribute policy ([[metric.attributes]] tables)."""
+        policy = self.authority.multi_policy(
+            policy_id=policy_id,
+            metric=_metric_name(policy_id),
+            attributes=attributes,
+            mechanism=mechanism,
+            epsilon=epsilon,
+            epsilon_cap=epsilon_cap,
+            window_seconds=window_seconds,
+            now=self.now - 60,
             min_reports=1,
             audience=(self.audience,),
         )
