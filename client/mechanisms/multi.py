@@ -133,7 +133,7 @@ def build_attribute(spec: AttributeSpec, epsilon: Decimal) -> Mechanism:  # type
 
     Refused (ValueError): a multi-attribute id (no nesting), "auto" (resolve it
     at authoring), and mechanisms charged other than their ε per report
-    (memoized ones).
+    (memoized ones: their permanent responses would need per-attribute device state).
     """
     from fedldp.client.mechanisms.registry import create
 
@@ -141,8 +141,10 @@ def build_attribute(spec: AttributeSpec, epsilon: Decimal) -> Mechanism:  # type
         raise ValueError(f"attribute {spec.name!r}: a multi-attribute mechanism cannot be nested")
     if spec.mechanism_id == "auto":
         raise ValueError(f"attribute {spec.name!r}: resolve 'auto' before signing")
+    from fedldp.client.mechanisms.memo import Memoized
+
     mechanism = create(spec.mechanism_id, epsilon, spec.metric, dict(spec.params))
-    if mechanism.report_charge != mechanism.epsilon:
+    if isinstance(mechanism, Memoized) or mechanism.report_charge != mechanism.epsilon:
         raise ValueError(
             f"attribute {spec.name!r}: memoized mechanism {spec.mechanism_id!r} cannot be an "
             "attribute mechanism (its charge per report differs from its epsilon)"

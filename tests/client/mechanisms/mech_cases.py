@@ -71,6 +71,12 @@ NUMERIC_CASES = [
     Case("hybrid", Decimal("0.5"), (LO, HI)),
 ]
 ALL_CASES = CATEGORICAL_CASES + NUMERIC_CASES
+#: Multi-attribute mechanisms: their own contract suite (test_multi_attribute.py), which
+#: checks the joint law, the part checks and the per-attribute estimates.
+MULTI_CASES = [
+    Case("multi-split", Decimal("1"), None),
+    Case("multi-sample", Decimal("1"), None),
+]
 
 #: The frequency oracles whose samplers state their exact law (`exact_probability`).
 EXACT_ORACLES = ("grr", "oue", "sue", "olh", "hr", "ss")
