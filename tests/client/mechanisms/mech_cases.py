@@ -15,7 +15,7 @@ from fractions import Fraction
 from typing import Any
 
 import numpy as np
-from fedldp.client.mechanisms import create
+from fedldp.client.mechanisms import AttributeSpec, MultiMetric, create
 from fedldp.client.mechanisms.base import (
     BitVectorOutput,
     CategoryOutput,
@@ -73,9 +73,15 @@ NUMERIC_CASES = [
 ALL_CASES = CATEGORICAL_CASES + NUMERIC_CASES
 #: Multi-attribute mechanisms: their own contract suite (test_multi_attribute.py), which
 #: checks the joint law, the part checks and the per-attribute estimates.
+MULTI_METRIC = MultiMetric(
+    (
+        AttributeSpec("kind", ("a", "b", "c"), None, "grr"),
+        AttributeSpec("size", None, (LO, HI), "piecewise", (("cells", "6"), ("levels", "4"))),
+    )
+)
 MULTI_CASES = [
-    Case("multi-split", Decimal("1"), None),
-    Case("multi-sample", Decimal("1"), None),
+    Case("multi-split", Decimal("1"), MULTI_METRIC),
+    Case("multi-sample", Decimal("1"), MULTI_METRIC),
 ]
 
 #: The frequency oracles whose samplers state their exact law (`exact_probability`).
