@@ -101,7 +101,13 @@ def _specs(
 def _domain(spec: MechanismSpec) -> str:
     if isinstance(spec.domain, int):
         return f"k={spec.domain}"
-    return f"[{spec.domain[0]}, {spec.domain[1]}]"
+    if isinstance(spec.domain, tuple):
+        return f"[{spec.domain[0]}, {spec.domain[1]}]"
+    return " + ".join(  # a multi-attribute metric: its attributes
+        f"{a.name}:{a.mechanism_id} "
+        + (f"k={len(a.labels)}" if a.labels is not None else f"{list(map(str, a.metric))}")  # type: ignore[arg-type]
+        for a in spec.domain.attributes
+    )
 
 
 def _params_text(spec: MechanismSpec) -> str:
@@ -136,7 +142,11 @@ def _as_json(spec: MechanismSpec, report: AuditReport, settings: AuditSettings) 
     best = report.best_event()
     return {
         "mechanism": spec.wire_id,
-        "domain": spec.domain if isinstance(spec.domain, int) else [str(x) for x in spec.domain],
+        "domain": spec.domain
+        if isinstance(spec.domain, int)
+        else [str(x) for x in spec.domain]
+        if isinstance(spec.domain, tuple)
+        else _domain(spec),
         "params": dict(spec.params),
         "epsilon": str(spec.epsilon),
         "reports": report.reports,

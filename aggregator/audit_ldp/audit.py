@@ -43,8 +43,9 @@ from fedldp.aggregator.audit_ldp.sampling import (
     sample_batch,
     sample_device,
 )
-from fedldp.client.mechanisms.base import Mechanism
+from fedldp.client.mechanisms.base import AttributeSpec, Mechanism, MultiMetric
 from fedldp.client.mechanisms.memo import Memoized
+from fedldp.client.mechanisms.multi import MULTI_IDS
 from fedldp.client.mechanisms.registry import UnknownMechanismError, create
 
 if TYPE_CHECKING:
@@ -72,11 +73,12 @@ _WRONG_GUESS = (
 
 @dataclass(frozen=True)
 class MechanismSpec:
-    """What a policy says about a mechanism: wire id, ε, domain (k or [lo, hi]), params."""
+    """What a policy says about a mechanism: wire id, ε, domain (k, [lo, hi] or the
+    attributes of a multi-attribute metric), params."""
 
     wire_id: str
     epsilon: Decimal
-    domain: int | tuple[Decimal, Decimal]
+    domain: int | tuple[Decimal, Decimal] | MultiMetric
     params: Mapping[str, str] = field(default_factory=dict)
 
     def build(self) -> Mechanism:  # type: ignore[type-arg]
@@ -96,8 +98,13 @@ def resolve_spec(
     the mechanism takes, with `epsilon_permanent` added for a memoized mechanism.
 
     Raises ValueError with the mechanism's own message when no candidate builds
-    (an unknown id: its registry message).
+    (an unknown id: its registry message). A multi-attribute mechanism is audited
+    over `audit_multi_metric(k, numeric_range)`.
     """
+    if wire_id in MULTI_IDS:
+        spec = MechanismSpec(wire_id, epsilon, audit_multi_metric(k, numeric_range), dict(params))
+        spec.build()  # its own message (e.g. "takes no parameters")
+        return spec
     with_permanent = {**params, PERMANENT_PARAM: str(epsilon_permanent)}
     candidates: list[MechanismSpec] = [
         MechanismSpec(wire_id, epsilon, k, dict(params)),
@@ -116,6 +123,18 @@ def resolve_spec(
         return spec
     specific = [e for e in errors if not any(w in e for w in _WRONG_GUESS)]
     raise ValueError((specific or errors)[0])
+
+
+def audit_multi_metric(k: int, numeric_range: tuple[Decimal, Decimal]) -> MultiMetric:
+    """The metric a multi-attribute mechanism is audited over: a categorical attribute
+    "c" of k values under grr and a numeric attribute "x" on the range under piecewise
+    (default grid at the attribute's ε)."""
+    return MultiMetric(
+        (
+            AttributeSpec("c", tuple(str(i) for i in range(k)), None, "grr"),
+            AttributeSpec("x", None, numeric_range, "piecewise"),
+        )
+    )
 
 
 @dataclass(frozen=True)
@@ -222,8 +241,17 @@ class _Plan:
 
 
 def _inputs(
-    domain: int | tuple[Decimal, Decimal],
+    domain: int | tuple[Decimal, Decimal] | MultiMetric,
 ) -> tuple[list[tuple[str, Any]], list[tuple[int, int]]]:
+    if isinstance(domain, MultiMetric):
+        # Every attribute at its low end, at its high end, and only the first one high.
+        low = tuple(0 if a.labels is not None else float(a.metric[0]) for a in domain.attributes)  # type: ignore[index]
+        high = tuple(
+            len(a.labels) - 1 if a.labels is not None else float(a.metric[1])  # type: ignore[index]
+            for a in domain.attributes
+        )
+        first = (high[0], *low[1:])
+        return [("low", low), ("high", high), ("first high", first)], [(0, 1), (0, 2), (1, 2)]
     if isinstance(domain, int):
         values = sorted({0, 1, domain - 1})
         inputs: list[tuple[str, Any]] = [(str(v), v) for v in values]
@@ -248,7 +276,12 @@ def _plan(mech: Mechanism, domain: Any, settings: AuditSettings) -> _Plan:  # ty
     reports = settings.reports if memoized else 1
     notes: list[str] = []
     laws = [law_tests(mech, kind, inputs, x) for _, x in inputs]
-    if not any(laws):
+    if kind == "joint":
+        notes.append(
+            "multi-attribute: the joint report over all attributes is audited against ε; "
+            "each attribute's law is checked by auditing its mechanism on its own"
+        )
+    elif not any(laws):
         notes.append("no law check: the mechanism declares no law the auditor can test")
     return _Plan(
         kind=kind,
@@ -337,7 +370,7 @@ def _laws(plan: _Plan, path: str, samples: list[Reports], level: float) -> list[
 
 def audit_mechanism(
     mech: Mechanism,  # type: ignore[type-arg]
-    domain: int | tuple[Decimal, Decimal],
+    domain: int | tuple[Decimal, Decimal] | MultiMetric,
     settings: AuditSettings | None = None,
 ) -> AuditReport:
     """Audit `mech` (built for `domain`: k, or the numeric range (lo, hi))."""

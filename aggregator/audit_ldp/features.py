@@ -146,6 +146,8 @@ def features_for(kind: str, reports: int) -> tuple[Feature, ...]:
     """The features audited for reports of `kind`, `reports` per user."""
     if kind == "numeric":
         return NUMERIC_FEATURES
+    if kind == "joint":  # multi-attribute: the whole report over all its parts
+        return (Feature("joint report (all attributes)", _category_index, False),)
     if kind == "hashed":
         return (Feature("supports x, supports x'", _hashed_support, True),)
     if kind == "bits":

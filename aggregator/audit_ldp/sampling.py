@@ -31,6 +31,7 @@ from fedldp.client.mechanisms.base import (
     CategoryOutput,
     HashedOutput,
     Mechanism,
+    MultiOutput,
     NumericOutput,
     Output,
 )
@@ -47,6 +48,7 @@ KINDS: dict[type, str] = {
     BitVectorOutput: "bits",
     HashedOutput: "hashed",
     NumericOutput: "numeric",
+    MultiOutput: "joint",
 }
 #: NumericPayload's only field, `double value = 1`: wire type 1 (64-bit), tag byte 0x09.
 _DOUBLE_TAG = 0x09
@@ -106,8 +108,24 @@ def wire_bits(output: NumericOutput) -> int:
     return int.from_bytes(raw[1:], "little")
 
 
+def joint_key(output: MultiOutput) -> int:
+    """A multi-attribute report as one key: the first 56 bits of the SHA-256 of its
+    digest encoding (client/wire.py, tag "M"), which names every part's attribute,
+    kind and exact payload bits; distinct reports collide with probability ~2^-56."""
+    import hashlib
+
+    from fedldp.client.wire import KINDS as WIRE_KINDS
+
+    digest = hashlib.sha256(WIRE_KINDS[MultiOutput].encode(output)).digest()
+    return int.from_bytes(digest[:7], "little")
+
+
 def device_column(kind: str, outputs: list[Output]) -> Any:
-    """One report per user, from `perturb` outputs, in the batch layout of `kind`."""
+    """One report per user, from `perturb` outputs, in the batch layout of `kind`
+    (multi-attribute reports: their `joint_key`s)."""
+    if kind == "joint":
+        keys = (joint_key(o) for o in outputs)  # type: ignore[arg-type]
+        return np.fromiter(keys, dtype=np.int64, count=len(outputs))
     if kind == "category":
         return np.fromiter((o.index for o in outputs), dtype=np.int64, count=len(outputs))  # type: ignore[union-attr]
     if kind == "bits":
@@ -154,6 +172,10 @@ def sample_batch(
     generator: np.random.Generator,
 ) -> Reports:
     """`users` simulated devices each sending `reports` reports of `value` (numpy path)."""
+    if kind == "joint":  # a multi-attribute mechanism: one value per attribute
+        columns = [np.full(users, v) for v in value]
+        outputs = mech.batch_outputs(mech.perturb_batch(columns, generator))  # type: ignore[attr-defined]
+        return Reports(kind, [device_column(kind, outputs)])
     dtype = np.float64 if kind == "numeric" else np.int64
     values = np.full(users, value, dtype=dtype)
     if reports == 1:

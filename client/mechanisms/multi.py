@@ -363,6 +363,20 @@ class MultiAttribute(Mechanism[Sequence[Any], MultiStatistic]):
     def _batch_reports(self, outputs: MultiBatch) -> int:
         raise NotImplementedError
 
+    def batch_outputs(self, batch: MultiBatch) -> list[MultiOutput]:
+        """The reports of a `MultiBatch` as `MultiOutput`s, in report order (audits, tests)."""
+        reports = self._batch_reports(batch)
+        per_attribute = [
+            _part_outputs(m, p) for m, p in zip(self.mechanisms, batch.parts, strict=True)
+        ]
+        if batch.chosen is None:
+            return [
+                MultiOutput(tuple((j, outs[i]) for j, outs in enumerate(per_attribute)))
+                for i in range(reports)
+            ]
+        cursors = [iter(outs) for outs in per_attribute]
+        return [MultiOutput(((int(j), next(cursors[int(j)])),)) for j in batch.chosen]
+
 
 class MultiSplit(MultiAttribute):
     """Every attribute in every report, each at ε/d (Wang et al. ICDE 2019, Section IV-A)."""
@@ -506,6 +520,23 @@ def attribute_probability(mechanism: Any, value: Any, output: AttributeOutput) -
         return mechanism.wire_probability(value, output.value)
     result: Fraction = mechanism.exact_probability(value, output)
     return result
+
+
+def _part_outputs(mechanism: Any, batch: Any) -> list[AttributeOutput]:
+    """One attribute mechanism's batch layout as outputs (the layouts its module documents:
+    indices, packed bit rows, (seeds, values), or float64 table values)."""
+    import numpy as np
+    from fedldp.client.mechanisms.base import BitVectorOutput, CategoryOutput, HashedOutput
+
+    if _is_numeric(mechanism):
+        return [NumericOutput(float(y)) for y in batch]
+    if isinstance(batch, tuple):
+        seeds, values = batch
+        return [HashedOutput(int(a), int(b)) for a, b in zip(seeds, values, strict=True)]
+    array = np.asarray(batch)
+    if array.ndim == 2:
+        return [BitVectorOutput(row.tobytes(), mechanism.k) for row in array]
+    return [CategoryOutput(int(i)) for i in array]
 
 
 def _batch_size(batch: Any) -> int:
