@@ -143,7 +143,12 @@ def build_attribute(spec: AttributeSpec, epsilon: Decimal) -> Mechanism:  # type
         raise ValueError(f"attribute {spec.name!r}: resolve 'auto' before signing")
     from fedldp.client.mechanisms.memo import Memoized
 
-    mechanism = create(spec.mechanism_id, epsilon, spec.metric, dict(spec.params))
+    try:
+        mechanism = create(spec.mechanism_id, epsilon, spec.metric, dict(spec.params))
+    except (ValueError, TypeError) as exc:
+        raise ValueError(f"attribute {spec.name!r}: {exc}") from None
+    except KeyError as exc:  # UnknownMechanismError: its message is args[0]
+        raise ValueError(f"attribute {spec.name!r}: {exc.args[0] if exc.args else exc}") from None
     if isinstance(mechanism, Memoized) or mechanism.report_charge != mechanism.epsilon:
         raise ValueError(
             f"attribute {spec.name!r}: memoized mechanism {spec.mechanism_id!r} cannot be an "
