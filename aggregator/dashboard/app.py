@@ -180,7 +180,11 @@ def create_app(
                     "policy_id": s.policy.policy_id,
                     "policy_version": s.policy.version,
                     "metric": s.policy.metric_name,
-                    "kind": "frequency" if s.policy.labels is not None else "numeric",
+                    "kind": "multi"
+                    if s.policy.attributes is not None
+                    else "frequency"
+                    if s.policy.labels is not None
+                    else "numeric",
                     "mechanism": s.policy.mechanism.wire_id,
                     "epsilon_per_report": str(s.policy.charge),
                     "epsilon_cap": str(s.policy.epsilon_cap),

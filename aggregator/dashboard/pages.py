@@ -95,7 +95,7 @@ def index_page(rows: Sequence[PolicySummary], *, read_at: int) -> str:
             f'<tr data-policy="{escape(p.policy_id)}">'
             f'<td><a href="{escape(_policy_link(p.policy_id))}">{escape(p.policy_id)}</a> '
             f"v{p.version}</td><td>{escape(p.metric_name)}</td>"
-            f"<td>{'categorical' if p.labels is not None else 'numeric'}</td>"
+            f"<td>{policy_kind(p)}</td>"
             f"<td>{escape(p.mechanism.wire_id)}</td>"
             f'<td class="num eps">{escape(str(p.charge))}</td>'
             f'<td class="num">{escape(str(p.epsilon_cap))}</td>'
@@ -105,6 +105,13 @@ def index_page(rows: Sequence[PolicySummary], *, read_at: int) -> str:
     if not rows:
         body.append("<p>No verified policies were found in the policy folder.</p>")
     return page("Policies", "".join(body), read_at=read_at)
+
+
+def policy_kind(policy: VerifiedPolicy) -> str:
+    """categorical, numeric or multi-attribute (the policies page and API)."""
+    if policy.attributes is not None:
+        return "multi-attribute"
+    return "categorical" if policy.labels is not None else "numeric"
 
 
 def _options_form(policy: VerifiedPolicy, options: Options) -> str:
@@ -143,6 +150,14 @@ def policy_page(
     latest = windows[-1] if windows else None
     if latest is None:
         body.append('<p id="latest" class="withheld">No reports stored for this policy yet.</p>')
+    elif policy.attributes is not None:  # one report per attribute: the JSON report has them
+        names = ", ".join(a.name for a in policy.attributes)
+        body.append(
+            f'<p id="latest">A multi-attribute report ({escape(names)}): each attribute\'s '
+            "estimates are in the policy's JSON report (the report API) and in "
+            "<code>fedldp report</code>.</p>"
+        )
+        return page(f"Policy {policy.policy_id}", "".join(body), read_at=read_at)
     elif latest.report is None:
         body.append(
             f'<p id="latest" class="withheld">Latest window {iso_utc(latest.window_start)}: '
