@@ -190,7 +190,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 mech = create(mode, eps, metric)
                 assert isinstance(mech, MultiAttribute)
                 cell = measure(mech, values, args.runs, seed=7)
-                attrs = []
+                attrs: list[dict[str, Any]] = []
                 total = 0.0
                 for j, spec in enumerate(metric.attributes):
                     sq = np.array(cell.squared[j])

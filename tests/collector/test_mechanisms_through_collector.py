@@ -23,7 +23,7 @@ from fedldp.v1 import collector_pb2_grpc, policy_pb2
 NUMERIC = {"duchi", "hybrid", "piecewise"}
 LABELS = [f"v{i}" for i in range(8)]
 MULTI = {"multi-split", "multi-sample"}
-ATTRIBUTES = [
+ATTRIBUTES: list[dict[str, Any]] = [
     {"name": "kind", "values": LABELS, "mechanism": "oue"},
     {"name": "level", "lo": "-1", "hi": "1", "mechanism": "hybrid"},
 ]

@@ -151,7 +151,8 @@ def test_sample_draws_the_attribute_uniformly_on_the_device_path() -> None:
     for _ in range(3000):
         output = mech.perturb((1, 2, 5.0), rng=rng)
         mech.check_output(output)
-        counts[output.parts[0][0]] += 1  # type: ignore[attr-defined]
+        assert isinstance(output, MultiOutput)
+        counts[output.parts[0][0]] += 1
     assert stats.chisquare(counts).pvalue > ALPHA
 
 
