@@ -323,7 +323,7 @@ def test_variance_check_fails_without_the_subsample_term() -> None:
     mech = NoSubsampleTermSample(Decimal(8), MultiMetric((cat("os", 3), cat("lang", 4))))
     values = population(3000, seed=11, metric=MultiMetric((cat("os", 3), cat("lang", 4))))
     # Too small a variance: the mean's band and the variance band both fail.
-    with pytest.raises(AssertionError, match="biased|variance ratio"):
+    with pytest.raises(AssertionError, match=r"biased|variance ratio"):
         check_unbiased_and_variance(mech, values, reps=300, seed=5)
 
 
