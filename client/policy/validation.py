@@ -195,6 +195,8 @@ def _multi_problems(multi: policy_pb2.MultiAttribute, problems: list[str]) -> Mu
             f"metric.multi has {len(attributes)} attribute(s); a multi-attribute metric needs "
             f"{MIN_ATTRIBUTES}..{MAX_ATTRIBUTES}"
         )
+        if len(attributes) > MAX_ATTRIBUTES:  # bound the work before looking at any domain
+            return None
     specs: list[AttributeSpec] = []
     seen: dict[str, int] = {}
     for index, attribute in enumerate(attributes):
