@@ -14,6 +14,8 @@ Registered ids and their policy params (strings, plain notation):
     duchi                           numeric (lo, hi), no params
     piecewise, hybrid               numeric (lo, hi), optional "levels" and "cells"
                                     (grid size; see numeric.py)
+    sw                              numeric (lo, hi), optional "levels" and "cells"
+                                    (Square Wave, for the distribution; see square_wave.py)
     multi-split, multi-sample       multi-attribute (a MultiMetric), no params; each
                                     attribute names its own mechanism (see multi.py)
 
@@ -142,6 +144,7 @@ def _memo_factory(wire_id: str) -> Factory:
 def _numeric_factory(wire_id: str) -> Factory:
     def factory(epsilon: Decimal, metric: MetricArg, params: Mapping[str, str]) -> Mechanism:  # type: ignore[type-arg]
         from fedldp.client.mechanisms.numeric import Duchi, Hybrid, Piecewise, parse_grid
+        from fedldp.client.mechanisms.square_wave import SquareWave
 
         lo, hi = numeric_metric(wire_id, metric)
         if wire_id == "duchi":
@@ -149,9 +152,10 @@ def _numeric_factory(wire_id: str) -> Factory:
             return Duchi(epsilon, lo, hi)
         only_params(wire_id, params, {"levels", "cells"})
         levels, cells = parse_grid(wire_id, epsilon, dict(params))
-        grid_classes: dict[str, type[Piecewise | Hybrid]] = {
+        grid_classes: dict[str, type[Piecewise | Hybrid | SquareWave]] = {
             "piecewise": Piecewise,
             "hybrid": Hybrid,
+            "sw": SquareWave,
         }
         return grid_classes[wire_id](epsilon, lo, hi, levels, cells)
 
@@ -166,7 +170,7 @@ register("hr", _categorical_factory("hr", "hadamard", "HadamardResponse"))
 register("ss", _categorical_factory("ss", "subset", "SubsetSelection", param="d"))
 for _memo_id in ("rappor-grr", "rappor-oue", "rappor-sue"):
     register(_memo_id, _memo_factory(_memo_id))
-for _numeric_id in ("duchi", "piecewise", "hybrid"):
+for _numeric_id in ("duchi", "piecewise", "hybrid", "sw"):
     register(_numeric_id, _numeric_factory(_numeric_id))
 
 

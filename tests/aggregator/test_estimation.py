@@ -257,7 +257,7 @@ def test_heavy_hitters_on_pure_noise_finds_nothing() -> None:
 # --- numeric ---
 
 
-@pytest.mark.parametrize("wire_id", ["duchi", "piecewise", "hybrid"])
+@pytest.mark.parametrize("wire_id", ["duchi", "piecewise", "hybrid", "sw"])
 def test_numeric_mean_ci_covers(wire_id: str) -> None:
     """Per mechanism: 200 collections of a fixed dataset; binomial test at ALPHA."""
     lo, hi = Decimal("-5"), Decimal("15")

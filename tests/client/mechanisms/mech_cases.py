@@ -69,6 +69,8 @@ NUMERIC_CASES = [
     Case("hybrid", Decimal("2"), (LO, HI)),
     Case("hybrid", Decimal("1"), (LO, HI), (("levels", "6"), ("cells", "10"))),
     Case("hybrid", Decimal("0.5"), (LO, HI)),
+    Case("sw", Decimal("1"), (LO, HI)),
+    Case("sw", Decimal("4"), (LO, HI), (("levels", "8"), ("cells", "11"))),
 ]
 ALL_CASES = CATEGORICAL_CASES + NUMERIC_CASES
 #: Multi-attribute mechanisms: their own contract suite (test_multi_attribute.py), which

@@ -104,7 +104,7 @@ def test_categorical_validation(wire_id: str) -> None:
         mech.perturb_batch(np.array([0, mech.k]), np.random.default_rng(0))
 
 
-@pytest.mark.parametrize("wire_id", ["duchi", "piecewise", "hybrid"])
+@pytest.mark.parametrize("wire_id", ["duchi", "piecewise", "hybrid", "sw"])
 def test_numeric_validation_and_clipping(wire_id: str) -> None:
     for lo, hi in (
         (Decimal(1), Decimal(1)),
