@@ -3,10 +3,11 @@
 Reconstruction (Li, Lee, Clifton, Li, SIGMOD 2020, Section 5, "EMS"). The
 range [lo, hi] is cut into D = B ceil(`FINE_BUCKETS` / B) equal fine buckets
 (the paper reconstructs at a fine resolution too; smoothing there costs little
-bias) and the unknown distribution x over them (uniform within a bucket) is fitted to the counts c_i of the N output
-cells by maximum likelihood, c ~ Multinomial(n, M x) with M the mechanism's
-own transition matrix (`SquareWave.transition_matrix`; the aggregator never
-re-derives the mechanism's law). Each iteration is one EM step
+bias) and the unknown distribution x over them (uniform within a bucket) is
+fitted to the counts c_i of the N output cells by maximum likelihood,
+c ~ Multinomial(n, M x) with M the mechanism's own transition matrix
+(`SquareWave.transition_matrix`; the aggregator never re-derives the
+mechanism's law). Each iteration is one EM step
 
     x_k <- x_k Σ_i M[i, k] c_i / (n (M x)_i)
 
@@ -28,13 +29,17 @@ mean) is the [α/2, 1 - α/2] percentile interval of the replicates, α = 1 -
 confidence, reflected about the estimate (the "basic" bootstrap interval
 [2 x̂ - q_(1-α/2), 2 x̂ - q_(α/2)], Davison and Hinkley, "Bootstrap Methods and
 their Application", 1997, Section 5.2, which removes the bootstrap's estimate of
-the smoothing bias to first order), clipped to [0, 1]. Deterministic given (counts, B, confidence, R, seed). Stated coverage:
-pointwise (per bucket, not simultaneous), approximately `confidence` for the
-bucket frequencies of smooth distributions at the sample sizes of the tests
-(tests/aggregator/test_histogram.py measures it on fixed seeds). EMS smoothing
-trades variance for bias on sharp features (a spike, a jump); the bootstrap
-measures the spread of the estimator, not that bias, so near sharp features a
-band can miss the truth more often than stated.
+the smoothing bias to first order; so a band need not contain the EMS value
+itself), clipped to [0, 1]. Deterministic given (counts, B, confidence, R, seed).
+
+Stated coverage: pointwise (per bucket, not simultaneous). Where the
+mechanism's noise dominates EMS's smoothing bias the bands cover at about their
+level: at ε = 4, n = 100,000, B = 16, nominal 90%, 92% of (bucket, run) pairs on
+a beta and a bimodal distribution (tests/aggregator/test_histogram.py, fixed
+seeds; the test requires >= 80%). At lower ε the deconvolution leans on the
+smoothing and its bias is not in the band: measured 64-88% at ε = 2 and 70-73%
+at ε = 1 for the same nominal 90% on those shapes, lowest near peaks. The band
+of the reconstruction's mean covered the true mean in all 24 of those runs.
 """
 
 from __future__ import annotations
@@ -45,7 +50,6 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import numpy as np
     import numpy.typing as npt
-
     from fedldp.client.mechanisms.base import CountStatistic
     from fedldp.client.mechanisms.square_wave import SquareWave
 
@@ -59,6 +63,8 @@ MAX_ITERATIONS = 5000
 DEFAULT_BUCKETS = 32
 DEFAULT_REPLICATES = 100
 DEFAULT_SEED = 0
+#: Replicates fitted together (wider blocks run slower on a busy multi-threaded BLAS).
+_CHUNK = 8
 #: Bounds on what a caller may ask for (memory and time of the analysis).
 MAX_BUCKETS = 1024
 MAX_REPLICATES = 10_000
@@ -111,6 +117,19 @@ class Histogram:
         }
 
 
+def _smooth(x: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
+    """S x along axis 0 (`smoothing_matrix`), as a stencil."""
+    import numpy as np
+
+    if x.shape[0] == 1:
+        return x
+    out = np.empty_like(x)
+    out[1:-1] = (x[:-2] + 2 * x[1:-1] + x[2:]) / 4
+    out[0] = (2 * x[0] + x[1]) / 3
+    out[-1] = (x[-2] + 2 * x[-1]) / 3
+    return out
+
+
 def smoothing_matrix(buckets: int) -> npt.NDArray[np.float64]:
     """S: the binomial (1, 2, 1)/4 kernel, (2, 1)/3 and (1, 2)/3 at the ends (B x B)."""
     import numpy as np
@@ -150,36 +169,47 @@ def ems(
     n = c.sum(axis=0)
     if np.any(n <= 0):
         raise ValueError("cannot reconstruct a distribution from zero reports")
-    smooth = smoothing_matrix(buckets)
     x = np.full((buckets, c.shape[1]), 1.0 / buckets)
+    mx = matrix @ x  # the law of the outputs under x, kept from step to step
     active = np.ones(c.shape[1], dtype=bool)
     previous = np.full(c.shape[1], -np.inf)
     iterations = 0
     while iterations < max_iterations and active.any():
         iterations += 1
-        xa, ca, na = x[:, active], c[:, active], n[active]
-        step = xa * (matrix.T @ (ca / (matrix @ xa))) / na
-        step = smooth @ step
-        step /= step.sum(axis=0, keepdims=True)
-        loglik = np.sum(ca * np.log(matrix @ step), axis=0) / na
-        x[:, active] = step
         index = np.flatnonzero(active)
-        done = loglik - previous[active] < tolerance
+        ca, na = c[:, index], n[index]
+        step = _smooth(x[:, index] * (matrix.T @ (ca / mx[:, index])) / na)
+        step /= step.sum(axis=0, keepdims=True)
+        law = matrix @ step
+        loglik = np.sum(ca * np.log(law), axis=0) / na
+        x[:, index], mx[:, index] = step, law
+        active[index[loglik - previous[index] < tolerance]] = False
         previous[index] = loglik
-        active[index[done]] = False
     result = x[:, 0] if single else x
     return np.asarray(result, dtype=np.float64), iterations
 
 
 def _check_request(buckets: int, confidence: float, replicates: int, seed: int) -> None:
-    for name, value, top in (("buckets", buckets, MAX_BUCKETS), ("replicates", replicates,
-                                                                 MAX_REPLICATES)):
+    for name, value, top in (
+        ("buckets", buckets, MAX_BUCKETS),
+        ("replicates", replicates, MAX_REPLICATES),
+    ):
         if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= top:
             raise ValueError(f"{name} must be an integer in [1, {top}]")
     if not (isinstance(confidence, float | int) and 0.0 < float(confidence) < 1.0):
         raise ValueError(f"confidence must be strictly between 0 and 1, got {confidence!r}")
     if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
         raise ValueError("seed must be a non-negative integer")
+
+
+def replicate_counts(
+    n: int, probabilities: npt.NDArray[np.float64], replicates: int, rng: np.random.Generator
+) -> npt.NDArray[np.float64]:
+    """R bootstrap count vectors from Multinomial(n, probabilities), as columns (N, R)."""
+    import numpy as np
+
+    draws = rng.multinomial(n, probabilities / probabilities.sum(), size=replicates)
+    return np.asarray(draws.T, dtype=np.float64)
 
 
 def histogram(
@@ -209,8 +239,10 @@ def histogram(
     mids = (edges[:-1] + edges[1:]) / 2
     probabilities = matrix @ fine
     rng = np.random.default_rng(seed)
-    draws = rng.multinomial(statistic.n, probabilities / probabilities.sum(), size=replicates)
-    boot_fine, _ = ems(draws.T.astype(np.float64), matrix)
+    draws = replicate_counts(statistic.n, probabilities, replicates, rng)
+    boot_fine = np.hstack(
+        [ems(draws[:, k : k + _CHUNK], matrix)[0] for k in range(0, replicates, _CHUNK)]
+    )
     boot = boot_fine.reshape(buckets, per_bucket, replicates).sum(axis=1)
     alpha = 1.0 - float(confidence)
     q_low, q_high = np.quantile(boot, [alpha / 2, 1 - alpha / 2], axis=1)
@@ -268,7 +300,7 @@ __all__ = [
     "ems",
     "histogram",
     "point_mass_wasserstein",
+    "replicate_counts",
     "smoothing_matrix",
     "wasserstein_to_sample",
 ]
-

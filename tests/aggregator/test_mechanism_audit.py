@@ -33,6 +33,7 @@ from fedldp.client.mechanisms.olh import OLH, hash_value
 
 from tests.aggregator.broken_mechanisms import (
     DoubledGRR,
+    FloatSquareWave,
     HalvedGRR,
     SequentialChargeRapporGRR,
     StickyOUE,
@@ -195,6 +196,17 @@ def test_floating_point_hybrid_and_laplace_fail_on_their_raw_bits(legacy: type) 
     broken = legacy(Decimal(2), *RANGE)
     report = audit_mechanism(broken, RANGE, seeded(samples=100_000, device=2))
     assert report.epsilon_lb("batch") > 3.0
+    assert not report.passed
+
+
+@pytest.mark.parametrize("epsilon", ["1", "4"])
+def test_floating_point_square_wave_fails_on_its_raw_bits(epsilon: str) -> None:
+    """Square Wave drawn as a continuous double (Li et al.'s formulation, no grid):
+    its wire bits carry the input, and no report is a table value."""
+    broken = FloatSquareWave(Decimal(epsilon), *RANGE)
+    report = audit_mechanism(broken, RANGE, seeded(samples=100_000, device=5_000))
+    assert report.epsilon_lb("batch") > float(epsilon)
+    assert {law.path for law in report.laws if not law.passed} == {"device", "batch"}
     assert not report.passed
 
 

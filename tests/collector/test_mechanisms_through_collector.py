@@ -20,7 +20,7 @@ from fedldp.collector.server import RunningCollector, start_collector
 from fedldp.v1 import collector_pb2 as pb
 from fedldp.v1 import collector_pb2_grpc, policy_pb2
 
-NUMERIC = {"duchi", "hybrid", "piecewise"}
+NUMERIC = {"duchi", "hybrid", "piecewise", "sw"}
 LABELS = [f"v{i}" for i in range(8)]
 MULTI = {"multi-split", "multi-sample"}
 ATTRIBUTES: list[dict[str, Any]] = [
