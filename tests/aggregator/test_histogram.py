@@ -21,6 +21,7 @@ import numpy.typing as npt
 import pytest
 from click.testing import CliRunner
 from fedldp.aggregator import histogram as hist_module
+from fedldp.aggregator.dashboard.pages import _histogram_section
 from fedldp.aggregator.estimation import NumericReport, numeric_report
 from fedldp.aggregator.histogram import (
     Histogram,
@@ -273,3 +274,16 @@ def test_cli_report_prints_the_histogram_for_an_sw_policy(
     assert "mean " in table.output and "distribution (EMS over 32 buckets)" in table.output
     doc = json.loads(runner.invoke(report_cmd, [*base, "--format", "json"]).output)
     assert doc["histogram"]["frequencies"] == list(direct.histogram.frequencies)
+
+
+def test_dashboard_numeric_section_shows_the_histogram_with_bands() -> None:
+    report = small_report()
+    assert report.histogram is not None
+    section = _histogram_section(report)
+    assert section.startswith('<h3 id="distribution">Distribution</h3>')
+    assert section.count('<rect class="bar"') == 32
+    assert "parametric-bootstrap band, pointwise (100 replicates, seed 0)" in section
+    mean_only = numeric_report(
+        create("piecewise", Decimal(2), (Decimal(0), Decimal(1))), collect_moments()
+    )
+    assert _histogram_section(mean_only) == ""
