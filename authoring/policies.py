@@ -438,7 +438,7 @@ def _resolve_multi(policy: policy_pb2.Policy) -> None:
 def state_numeric_grid(policy: policy_pb2.Policy) -> None:
     """Write the grid a numeric mechanism derives ("levels", "cells") into its params, in place.
 
-    piecewise and hybrid randomize onto a grid fixed by the policy
+    piecewise, hybrid and sw randomize onto a grid fixed by the policy
     (`fedldp.client.mechanisms.numeric`); stating it in the signed params means
     every device, collector and aggregator builds the same table even if the
     defaults change later. Parameters already given are kept; invalid input is

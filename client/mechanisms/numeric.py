@@ -66,10 +66,15 @@ Data with Local Differential Privacy", ICDE 2019):
   α = floor((1 - e^{-ε/2}) 2^32) / 2^32 when ε > ε* = 0.61, else α = 0 (pure
   Duchi; the grid parameters are then unused and the table is ±B). Both parts
   are unbiased given j, so E[y^2 | j] = α (c0 + c2 t_j^2) + (1 - α) B^2.
+* sw — Square Wave (Li et al., SIGMOD 2020, Section 4; square_wave.py): the
+  piecewise law above with band W = max(1, round(2 b J)) from the paper's
+  closed-form b (`square_wave_band`); its wire values are the cell centres,
+  its statistic the counts per cell, for the distribution (EMS).
 
 Grid parameters (policy `mechanism.params`, plain integers): "levels" J
 (default `DEFAULT_LEVELS`) and "cells" N = J + w (default J + max(1,
-round(J e^{-ε/2}))), for piecewise and hybrid; duchi takes none. Authoring writes
+round(J e^{-ε/2})); sw: J + `square_wave_band`), for piecewise, hybrid and sw;
+duchi takes none. Authoring writes
 the values it derived into the signed params (`grid_params`), so devices,
 collectors and aggregators build the same table; a policy signed without them
 gets the same derived defaults.
@@ -93,8 +98,10 @@ the exact value by at most 1/J^2. When c2 = 0 (duchi, hybrid with α = 0) the
 outputs carry no information about t^2 and the worst case t = 0, c0 = B^2, is
 reported: an upper bound.
 
-The wire value stays in the normalized unit (an unbiased randomization of t),
-so the estimator is mean(x) = lo + (hi - lo)(mean y + 1)/2 for every mechanism.
+The wire value of duchi, piecewise and hybrid (`MeanMechanism`) stays in the
+normalized unit (an unbiased randomization of t), so the estimator is
+mean(x) = lo + (hi - lo)(mean y + 1)/2; sw's unbiased value u_i is its own
+(square_wave.py), with the same estimator and variance (`_mean_estimate`).
 The collector accepts a report only when its double is bit-for-bit one of the
 table values (`check_output`; NaN and infinities: NON_FINITE, anything else:
 OUT_OF_DOMAIN), so one report's weight is at most `bound` = max |y_i|.

@@ -98,6 +98,7 @@ class SquareWave(NumericMechanism):
         return self.grid.band
 
     def index_weights(self, level: int) -> tuple[int, ...]:
+        """W(i | j): a on the band [j, j + W), b elsewhere (the shared grid's law)."""
         return self.grid.weights_at(level)
 
     def _sample_index(self, level: int, rng: random.Random) -> int:
@@ -111,9 +112,11 @@ class SquareWave(NumericMechanism):
     # --- collector: counts per output cell ---
 
     def new_statistic(self) -> CountStatistic:
+        """N zero counts, one per output cell."""
         return CountStatistic(counts=[0] * self.cells)
 
     def accumulate(self, statistic: CountStatistic, output: Output) -> None:
+        """Check one report bit for bit against the table and count its cell."""
         self.check_output(output)
         assert isinstance(output, NumericOutput)
         statistic.counts[self.index_of(output.value)] += 1
