@@ -76,9 +76,13 @@ def snapshot(folder: Path) -> Snapshot:
     return out
 
 
-def _feed(deployment: Deployment, address: str, subjects: Iterable[str]) -> None:
-    """Two reports of each subject, submitted over gRPC and accepted."""
+def _feed(
+    deployment: Deployment, address: str, subjects: Iterable[str], *, tolerant: bool = False
+) -> int:
+    """Submit two reports of each subject over gRPC; the batches accepted. Each must
+    be, unless `tolerant` (a load generator: a batch the collector sheds is skipped)."""
     policy = deployment.verified(deployment.envelopes[0])
+    accepted = 0
     with grpc.insecure_channel(address) as channel:
         stub = collector_pb2_grpc.CollectorStub(channel)
         for i, subject in enumerate(subjects):
@@ -86,11 +90,19 @@ def _feed(deployment: Deployment, address: str, subjects: Iterable[str]) -> None
                 make_report(policy, CategoryOutput((i + j) % 4), coarse_time=coarse(deployment.now))
                 for j in range(2)
             ]
-            got = stub.Submit(
-                pb.SubmitRequest(reports=reports),
-                metadata=bearer_metadata(deployment.token(subject)),
-            )
-            assert {o.outcome for o in got.outcomes} == {pb.OUTCOME_ACCEPTED}
+            try:
+                got = stub.Submit(
+                    pb.SubmitRequest(reports=reports),
+                    metadata=bearer_metadata(deployment.token(subject)),
+                )
+            except grpc.RpcError:
+                if tolerant:
+                    continue
+                raise
+            ok = {o.outcome for o in got.outcomes} == {pb.OUTCOME_ACCEPTED}
+            assert ok or tolerant
+            accepted += ok
+    return accepted
 
 
 def _collect(deployment: Deployment, urls: list[str]) -> RunningCollector:
@@ -237,6 +249,7 @@ def test_readers_create_nothing_while_a_collector_writes(
     readers = _readers(site, _release_with_receipt(site))
     names = sorted(os.listdir(site.folder))
     done = threading.Event()
+    fed: list[int] = []
 
     def busy() -> Iterator[str]:
         for i in itertools.count():
@@ -244,7 +257,10 @@ def test_readers_create_nothing_while_a_collector_writes(
                 return
             yield f"busy-{i}"
 
-    writer = threading.Thread(target=_feed, args=(deployment, collector.address, busy()))
+    def write() -> None:
+        fed.append(_feed(deployment, collector.address, busy(), tolerant=True))
+
+    writer = threading.Thread(target=write)
     writer.start()
     try:
         for name in ("ledger show", "ledger reconcile", "ledger reservations"):
@@ -253,8 +269,8 @@ def test_readers_create_nothing_while_a_collector_writes(
             assert sorted(os.listdir(site.folder)) == names, name
         _dashboard(site)
         assert sorted(os.listdir(site.folder)) == names, "dashboard"
-        assert writer.is_alive()  # the collector was writing throughout
     finally:
         done.set()
         writer.join()
         collector.stop(1.0)
+    assert fed and fed[0] > 0  # the collector stored reports while the readers ran

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import sqlite3
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -58,23 +57,16 @@ def _config(deployment: Deployment, tmp_path: Path, name: str, **settings: Any) 
 
 
 def _serve_once(monkeypatch: pytest.MonkeyPatch, args: list[str]) -> tuple[Result, dict[str, Any]]:
-    """Run `fedldp dashboard ARGS` with a server that answers /api/budget and
-    /api/policies over HTTP once, then stops (instead of serving until Ctrl-C)."""
+    """Run `fedldp dashboard ARGS` with a server that, instead of serving until
+    Ctrl-C, reads the index and the budget from the dashboard it was given once."""
     from fedldp.aggregator.dashboard.app import DashboardServer
 
     seen: dict[str, Any] = {}
 
     def once(self: DashboardServer) -> None:
-        self.start()
-        try:
-            for name in ("budget", "policies"):
-                with urllib.request.urlopen(f"{self.url}api/{name}", timeout=30) as resp:
-                    seen[name] = json.loads(resp.read())
-        finally:
-            self.server.should_exit = True
-            assert self._thread is not None
-            self._thread.join(timeout=30)
-            self.socket.close()
+        seen["index"] = {s.policy.policy_id: s.latest_n for s in self.dashboard.index()}
+        seen["budget"] = self.dashboard.budget().policies
+        self.socket.close()
 
     monkeypatch.setattr(DashboardServer, "serve_forever", once)
     result = CliRunner().invoke(main, ["dashboard", *args, "--listen", "127.0.0.1:0"])
@@ -91,11 +83,10 @@ def test_dashboard_counts_every_shard(
     config = _config(deployment, tmp_path, "whole", ledger_shards=list(shard_urls))
     result, seen = _serve_once(monkeypatch, ["--config", str(config)])
     assert result.exit_code == 0, result.output
-    (window,) = seen["budget"]["policies"]["color"]
-    assert window["reports"] == sum(per_shard)
-    assert window["subjects"] == len(SUBJECTS)
-    (summary,) = [p for p in seen["policies"] if p["policy_id"] == "color"]
-    assert summary["latest_window_reports"] == sum(per_shard)
+    (window,) = seen["budget"]["color"]
+    assert window.reports == sum(per_shard)
+    assert window.subjects == len(SUBJECTS)
+    assert seen["index"]["color"] == sum(per_shard)
     report = CliRunner().invoke(
         main, ["report", "--config", str(config), "--policy", "color", "--format", "json"]
     )
