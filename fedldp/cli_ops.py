@@ -285,13 +285,16 @@ def _sqlite_copy(source: Path, target: Path) -> None:
     """Copy a live SQLite database with SQLite's online backup API: one step (all
     pages), so the copy is the snapshot of one read transaction; writers go on.
     `target` is created with mode 0600 (it holds a whole ledger) and left in
-    rollback-journal mode (one file; a ledger opened for writing goes back to WAL)."""
+    rollback-journal mode (one file; a ledger opened for writing goes back to WAL).
+    The source is read as every ledger reader reads it (`read_only_uri`): nothing
+    is written or created beside it."""
     import sqlite3
 
+    from fedldp.client.device_store import read_only_uri
     from fedldp.collector.ledger import create_private_sqlite_file
 
     create_private_sqlite_file(target)
-    src = sqlite3.connect(f"{source.resolve().as_uri()}?mode=ro", uri=True)
+    src = sqlite3.connect(read_only_uri(source), uri=True)
     dst = sqlite3.connect(target)
     try:
         try:

@@ -166,7 +166,26 @@ def ledger_commands(env: Env) -> dict[str, list[str]]:
         "release mean": ["release", "mean", *release, *bounds],
         "release choice": ["release", "choice", *release, "--candidates", "a,b"],
         "release spend": ["release", "spend", "--subject", "s", "--purpose", "p"],
+        "release-service consolidate": [*_consolidate(env)],
+        "dashboard": [
+            "dashboard",
+            "--policies",
+            str(env.policies),
+            "--trust",
+            str(env.trust),
+            "--listen",
+            "127.0.0.1:0",
+        ],
     }
+
+
+def _consolidate(env: Env) -> list[str]:
+    """`release-service consolidate` of demo.color, without its ledger."""
+    return [
+        "release-service", "consolidate", "--policy", "demo.color",
+        "--policies", str(env.policies), "--trust", str(env.trust),
+        "--out", f"sqlite:///{env.base / 'never-consolidated.db'}",
+    ]  # fmt: skip
 
 
 def ledger_admin_commands(env: Env) -> dict[str, list[str]]:
@@ -195,7 +214,7 @@ def cases(env: Env) -> list[tuple[str, list[str]]]:
         for bad, path in bad_configs(env).items():
             if bad in ("malformed-toml", "missing", "a-directory", "missing-ledger-folder"):
                 out.append((f"{name} --config {bad}", [*command, "--config", path]))
-    for name in ("ledger show", "ledger reconcile", "report"):
+    for name in ("ledger show", "ledger reconcile", "report", "release-service consolidate"):
         command = ledger_commands(env)[name]
         for bad in ("stale-shards", "shard1"):
             path = str(env.base / f"{bad}.toml")
@@ -581,6 +600,7 @@ def cases(env: Env) -> list[tuple[str, list[str]]]:
                 str(b / "signed.json"),
             ],
         ),
+        ("release-service consolidate no ledger", _consolidate(env)),
         ("unknown command", ["no-such-command"]),
         ("unknown option", ["ledger", "show", "x", "--no-such-option"]),
     ]
@@ -675,6 +695,13 @@ EXPECTED: dict[str, tuple[int, str]] = {
     "ledger show --config shard1": (1, "is shard 1 of 2"),
     "ledger reconcile --config shard1": (1, "is shard 1 of 2"),
     "report --config shard1": (1, "is shard 1 of 2"),
+    "release-service consolidate --ledger shard-1": (1, "is shard 1 of 2"),
+    "release-service consolidate --config stale-shards": (1, "1 shard URL(s) given"),
+    "release-service consolidate --config shard1": (1, "is shard 1 of 2"),
+    "release-service consolidate --ledger missing-file": (1, "does not exist"),
+    "release-service consolidate no ledger": (2, "pass --ledger URL or --config FILE"),
+    "dashboard --ledger shard-1": (1, "is shard 1 of 2"),
+    "dashboard --ledger missing-file": (1, "does not exist"),
     "collector serve --config charged-shards": (1, "already holds charges"),
 }
 
