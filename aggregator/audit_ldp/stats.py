@@ -21,6 +21,7 @@ chi-square over outputs, cells with expected count below 5 pooled (Cochran's
 rule, Cochran 1954).
 
 All levels are per test; the caller applies Bonferroni across the tests it runs.
+The Clopper–Pearson bounds themselves live in aggregator/intervals.py.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
+from fedldp.aggregator.intervals import cp_lower, cp_upper
 from scipy import stats
 
 if TYPE_CHECKING:
@@ -40,22 +42,6 @@ if TYPE_CHECKING:
 
 #: Cells with a smaller expected count are pooled before a chi-square test (Cochran 1954).
 MIN_EXPECTED = 5.0
-
-
-def cp_lower(successes: IntArray | int, n: int, level: float) -> FloatArray:
-    """One-sided Clopper–Pearson lower bound: P[p < bound] <= `level` (0 for 0 successes)."""
-    x = np.asarray(successes, dtype=np.float64)
-    with np.errstate(invalid="ignore"):
-        bound = stats.beta.ppf(level, x, n - x + 1.0)
-    return np.asarray(np.where(x > 0, bound, 0.0), dtype=np.float64)
-
-
-def cp_upper(successes: IntArray | int, n: int, level: float) -> FloatArray:
-    """One-sided Clopper–Pearson upper bound: P[p > bound] <= `level` (1 for n successes)."""
-    x = np.asarray(successes, dtype=np.float64)
-    with np.errstate(invalid="ignore"):
-        bound = stats.beta.ppf(1.0 - level, x + 1.0, n - x)
-    return np.asarray(np.where(x < n, bound, 1.0), dtype=np.float64)
 
 
 def log_ratio_bound(
