@@ -355,22 +355,6 @@ def report(
 # --- central releases ---
 
 
-class _HashingReader(io.RawIOBase):
-    """A raw binary stream over `fh` that feeds every byte it hands out to `digest`."""
-
-    def __init__(self, fh: io.BufferedReader, digest: Any) -> None:
-        self._fh, self._digest = fh, digest
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, buffer: Any) -> int:
-        n = self._fh.readinto(buffer)
-        if n:
-            self._digest.update(memoryview(buffer)[:n])
-        return n or 0
-
-
 class _DataFile:
     """A loader over a one-value-per-line file or a CSV column, read only when called.
 
@@ -391,10 +375,12 @@ class _DataFile:
         return self.key.digest("file", self.sha256)
 
     def __call__(self) -> Iterator[str]:
+        from fedldp.aggregator.central.receipts import HashingReader
+
         digest = hashlib.sha256()
         with open(self.path, "rb") as fh:
             text = io.TextIOWrapper(
-                io.BufferedReader(_HashingReader(fh, digest)), encoding="utf-8", newline=""
+                io.BufferedReader(HashingReader(fh, digest)), encoding="utf-8", newline=""
             )
             if self.column is None:
                 for line in text:

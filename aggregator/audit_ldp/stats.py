@@ -26,7 +26,6 @@ The Clopper–Pearson bounds themselves live in aggregator/intervals.py.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -157,11 +156,3 @@ def chi_square_p_value(observed: IntArray, probabilities: FloatArray) -> float:
     if obs.shape[0] < 2:
         return 1.0
     return float(stats.chisquare(obs, exp).pvalue)
-
-
-def confidence_to_alpha(confidence: float) -> float:
-    """1 - confidence, checked to lie in (0, 0.5)."""
-    alpha = 1.0 - confidence
-    if not (math.isfinite(alpha) and 0.0 < alpha < 0.5):
-        raise ValueError(f"confidence must be in (0.5, 1), got {confidence}")
-    return alpha
