@@ -265,9 +265,6 @@ def report(
     standard errors from the mechanism's exact variance. Refused below the
     policy's minimum report count (exit status 1, nothing printed on stdout).
     """
-    from fedldp.aggregator.estimation import FrequencyReport
-    from fedldp.aggregator.estimation import heavy_hitters as find_hh
-    from fedldp.aggregator.render import render_html, render_table
     from fedldp.aggregator.reports import (
         ReportError,
         audit_statistics,
@@ -324,6 +321,17 @@ def report(
     finally:
         for ledger in opened:
             ledger.close()
+    _emit_report(result, fmt, out_path, heavy_hitters=heavy_hitters)
+
+
+def _emit_report(result: Any, fmt: str, out_path: str | None, *, heavy_hitters: bool) -> None:
+    """Write `result` as html (to `out_path`, required), json, csv or a table (to
+    `out_path` or stdout); heavy hitters are added to json and table output of a
+    frequency report when asked for."""
+    from fedldp.aggregator.estimation import FrequencyReport
+    from fedldp.aggregator.estimation import heavy_hitters as find_hh
+    from fedldp.aggregator.render import render_html, render_table
+
     hh = find_hh(result) if heavy_hitters and isinstance(result, FrequencyReport) else None
     if fmt == "html":
         assert out_path is not None
