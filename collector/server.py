@@ -702,6 +702,31 @@ def _start_metrics_server(config: CollectorConfig, metrics: CollectorMetrics) ->
     return metrics_server
 
 
+def _log_serving(
+    config: CollectorConfig,
+    port: int,
+    health_port: _HealthPort | None,
+    policies: int,
+    ledger: Ledger | ShardedLedger,
+) -> None:
+    """The one INFO line of a started collector: where it listens and what it serves."""
+    log.info(
+        "collector serving",
+        extra={
+            "fields": {
+                "port": port,
+                "health_port": health_port.port if health_port is not None else None,
+                "server": config.server,
+                "tls": bool(config.tls_cert),
+                "mtls": config.mtls,
+                "policies": policies,
+                "ledger": ledger.dialect,
+                "shard": ledger.shard,
+            }
+        },
+    )
+
+
 def start_collector(
     config: CollectorConfig,
     *,
@@ -772,21 +797,7 @@ def start_collector(
             ledger.close()
             raise
     metrics_server = _start_metrics_server(config, metrics)
-    log.info(
-        "collector serving",
-        extra={
-            "fields": {
-                "port": transport.port,
-                "health_port": health_port.port if health_port is not None else None,
-                "server": config.server,
-                "tls": bool(config.tls_cert),
-                "mtls": config.mtls,
-                "policies": len(registry.policies),
-                "ledger": ledger.dialect,
-                "shard": ledger.shard,
-            }
-        },
-    )
+    _log_serving(config, transport.port, health_port, len(registry.policies), ledger)
     return RunningCollector(
         transport.port,
         transport,
