@@ -43,7 +43,9 @@ from typing import Any
 
 import numpy as np
 import torch
-from fedldp.aggregator.intervals import clopper_pearson
+
+# clopper_pearson stays part of this module's interface (its home: intervals.py).
+from fedldp.aggregator.intervals import clopper_pearson as clopper_pearson
 from numpy.typing import NDArray
 from torch import nn
 
