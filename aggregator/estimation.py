@@ -46,6 +46,7 @@ from fedldp.aggregator.histogram import (
     DEFAULT_SEED,
     Histogram,
 )
+from fedldp.aggregator.intervals import bonferroni_z
 
 if TYPE_CHECKING:
     from fedldp.client.mechanisms.base import Estimate, Mechanism
@@ -68,7 +69,7 @@ def z_value(confidence: float, *, tests: int = 1, sided: int = 2) -> float:
     if tests < 1 or sided not in (1, 2):
         raise ValueError("tests must be >= 1 and sided 1 or 2")
     alpha = 1.0 - float(confidence)
-    return NormalDist().inv_cdf(1.0 - alpha / (sided * tests))
+    return bonferroni_z(alpha, sided * tests)
 
 
 def _optional_pandas() -> Any:
@@ -532,7 +533,7 @@ def heavy_hitters(
     if not 0 < alpha < 1:
         raise ValueError("alpha must be in (0, 1)")
     k = len(report.estimates)
-    z = NormalDist().inv_cdf(1.0 - alpha / k)
+    z = bonferroni_z(alpha, k)
     found: list[HeavyHitter] = []
     for e in report.estimates:
         lower = e.raw_estimate - z * e.std_error

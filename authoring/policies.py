@@ -210,6 +210,86 @@ def parse_duration(text: str) -> int:
     return int(match.group(1)) * _DURATION_UNITS[match.group(2)]
 
 
+def _fill_metric(policy: policy_pb2.Policy, metric: Mapping[str, Any], problems: list[str]) -> None:
+    """Set `policy.metric` from the [metric] table: a name and exactly one of categorical
+    values (with their domain digest), a numeric [lo, hi], an open domain's max_bytes
+    (at most MAX_OPEN_DOMAIN_BYTES) or [[metric.attributes]] tables; each problem is
+    appended."""
+    policy.metric.name = _str(metric.get("name", ""), "metric.name", problems)
+    has_values = "values" in metric
+    has_range = "lo" in metric or "hi" in metric
+    is_open = "max_bytes" in metric
+    is_multi = "attributes" in metric
+    if has_values + has_range + is_open + is_multi != 1:
+        problems.append(
+            "[metric] needs exactly one of values = [...] (categorical), lo and hi "
+            "(numeric), max_bytes (an open domain of strings) or [[metric.attributes]] "
+            "tables (several attributes)"
+        )
+    elif is_multi:
+        attributes_from_tables(metric["attributes"], policy.metric.multi, problems)
+    elif is_open:
+        max_bytes = _int(metric["max_bytes"], "metric.max_bytes", problems)
+        if max_bytes > MAX_OPEN_DOMAIN_BYTES:
+            problems.append(f"metric.max_bytes must be at most {MAX_OPEN_DOMAIN_BYTES}")
+        else:
+            policy.metric.open.max_bytes = max_bytes
+    elif has_values:
+        values = metric["values"]
+        if not isinstance(values, list) or not all(isinstance(v, str) for v in values):
+            problems.append("metric.values must be a list of strings")
+        else:
+            policy.metric.categorical.values.extend(values)
+            policy.metric.categorical.digest = domain_digest(values)
+    else:
+        policy.metric.numeric.lo = _decimal_text(metric.get("lo"), "metric.lo", problems)
+        policy.metric.numeric.hi = _decimal_text(metric.get("hi"), "metric.hi", problems)
+
+
+def _fill_mechanism(
+    policy: policy_pb2.Policy, mechanism: Mapping[str, Any], problems: list[str]
+) -> None:
+    """Set `policy.mechanism` from the [mechanism] table: id, epsilon, exact-decimal
+    params and memo charging (joint by default when memoized); each problem is appended."""
+    policy.mechanism.id = _str(mechanism.get("id", ""), "mechanism.id", problems)
+    policy.mechanism.epsilon = _decimal_text(
+        mechanism.get("epsilon"), "mechanism.epsilon", problems
+    )
+    params = mechanism.get("params", {})
+    if not isinstance(params, Mapping):
+        problems.append("mechanism.params must be a table ([mechanism.params])")
+    else:
+        for key, value in params.items():
+            policy.mechanism.params[key] = _decimal_text(value, f"mechanism.params.{key}", problems)
+    memoized = EPSILON_PERMANENT in policy.mechanism.params
+    memo = mechanism.get("memo_charging", "joint" if memoized else "none")
+    if memo not in _MEMO:
+        problems.append(f"mechanism.memo_charging must be one of {sorted(_MEMO)}")
+    else:
+        policy.mechanism.memo_charging = _MEMO[memo]
+
+
+def _fill_budget(policy: policy_pb2.Policy, budget: Mapping[str, Any], problems: list[str]) -> None:
+    """Set `policy.budget` from the [budget] table: the ε cap and exactly one of
+    window_seconds or a duration `window`; each problem is appended."""
+    policy.budget.epsilon_cap = _decimal_text(
+        budget.get("epsilon_cap"), "budget.epsilon_cap", problems
+    )
+    if ("window_seconds" in budget) == ("window" in budget):
+        problems.append('[budget] needs exactly one of window_seconds = 86400 or window = "1d"')
+    elif "window" in budget:
+        try:
+            policy.budget.window_seconds = parse_duration(
+                _str(budget["window"], "budget.window", problems)
+            )
+        except ValueError as exc:
+            problems.append(f"budget.window: {exc}")
+    else:
+        policy.budget.window_seconds = _int(
+            budget["window_seconds"], "budget.window_seconds", problems
+        )
+
+
 def policy_from_dict(data: Mapping[str, Any]) -> policy_pb2.Policy:
     """Build a Policy from the TOML schema (a parsed mapping), validated.
 
@@ -243,75 +323,15 @@ def policy_from_dict(data: Mapping[str, Any]) -> policy_pb2.Policy:
 
     metric = _table(data, "metric", _METRIC_KEYS, problems)
     if metric:
-        policy.metric.name = _str(metric.get("name", ""), "metric.name", problems)
-        has_values = "values" in metric
-        has_range = "lo" in metric or "hi" in metric
-        is_open = "max_bytes" in metric
-        is_multi = "attributes" in metric
-        if has_values + has_range + is_open + is_multi != 1:
-            problems.append(
-                "[metric] needs exactly one of values = [...] (categorical), lo and hi "
-                "(numeric), max_bytes (an open domain of strings) or [[metric.attributes]] "
-                "tables (several attributes)"
-            )
-        elif is_multi:
-            attributes_from_tables(metric["attributes"], policy.metric.multi, problems)
-        elif is_open:
-            max_bytes = _int(metric["max_bytes"], "metric.max_bytes", problems)
-            if max_bytes > MAX_OPEN_DOMAIN_BYTES:
-                problems.append(f"metric.max_bytes must be at most {MAX_OPEN_DOMAIN_BYTES}")
-            else:
-                policy.metric.open.max_bytes = max_bytes
-        elif has_values:
-            values = metric["values"]
-            if not isinstance(values, list) or not all(isinstance(v, str) for v in values):
-                problems.append("metric.values must be a list of strings")
-            else:
-                policy.metric.categorical.values.extend(values)
-                policy.metric.categorical.digest = domain_digest(values)
-        else:
-            policy.metric.numeric.lo = _decimal_text(metric.get("lo"), "metric.lo", problems)
-            policy.metric.numeric.hi = _decimal_text(metric.get("hi"), "metric.hi", problems)
+        _fill_metric(policy, metric, problems)
 
     mechanism = _table(data, "mechanism", _MECHANISM_KEYS, problems)
     if mechanism:
-        policy.mechanism.id = _str(mechanism.get("id", ""), "mechanism.id", problems)
-        policy.mechanism.epsilon = _decimal_text(
-            mechanism.get("epsilon"), "mechanism.epsilon", problems
-        )
-        params = mechanism.get("params", {})
-        if not isinstance(params, Mapping):
-            problems.append("mechanism.params must be a table ([mechanism.params])")
-        else:
-            for key, value in params.items():
-                policy.mechanism.params[key] = _decimal_text(
-                    value, f"mechanism.params.{key}", problems
-                )
-        memoized = EPSILON_PERMANENT in policy.mechanism.params
-        memo = mechanism.get("memo_charging", "joint" if memoized else "none")
-        if memo not in _MEMO:
-            problems.append(f"mechanism.memo_charging must be one of {sorted(_MEMO)}")
-        else:
-            policy.mechanism.memo_charging = _MEMO[memo]
+        _fill_mechanism(policy, mechanism, problems)
 
     budget = _table(data, "budget", _BUDGET_KEYS, problems)
     if budget:
-        policy.budget.epsilon_cap = _decimal_text(
-            budget.get("epsilon_cap"), "budget.epsilon_cap", problems
-        )
-        if ("window_seconds" in budget) == ("window" in budget):
-            problems.append('[budget] needs exactly one of window_seconds = 86400 or window = "1d"')
-        elif "window" in budget:
-            try:
-                policy.budget.window_seconds = parse_duration(
-                    _str(budget["window"], "budget.window", problems)
-                )
-            except ValueError as exc:
-                problems.append(f"budget.window: {exc}")
-        else:
-            policy.budget.window_seconds = _int(
-                budget["window_seconds"], "budget.window_seconds", problems
-            )
+        _fill_budget(policy, budget, problems)
 
     resolve_auto_mechanism(policy)
     state_numeric_grid(policy)

@@ -618,14 +618,10 @@ class DeviceStore:
 
     # --- trust store and policies ---
 
-    def trust_bytes(self) -> bytes | None:
-        """The stored serialized `TrustStore`, or None before the first run."""
-        with self.transaction() as conn:
-            return DeviceStore.read_trust(conn)
-
     @staticmethod
     def read_trust(conn: sqlite3.Connection) -> bytes | None:
-        """`trust_bytes` inside the caller's transaction."""
+        """The stored serialized `TrustStore` (read in the caller's transaction), or None
+        before the first run."""
         row = conn.execute("SELECT store FROM trust WHERE id=1").fetchone()
         return None if row is None else bytes(row[0])
 

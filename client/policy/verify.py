@@ -230,6 +230,61 @@ def _parse_policy(payload: bytes) -> policy_pb2.Policy:
         raise InvalidPolicyError([f"payload is not a fedldp.v1.Policy message ({exc})"]) from None
 
 
+def _check_validity(
+    name: str, policy: policy_pb2.Policy, now: int, highest_versions: Mapping[str, int] | None
+) -> None:
+    """NotYetValidPolicyError before not_before, ExpiredPolicyError from expires_at on,
+    RollbackError below the highest version already accepted."""
+    if now < policy.not_before:
+        raise NotYetValidPolicyError(
+            f"{name} is valid from {policy.not_before}, now is {now}; wait, or check the "
+            "device clock"
+        )
+    if now >= policy.expires_at:
+        raise ExpiredPolicyError(
+            f"{name} expired at {policy.expires_at} (now {now}); sign a new version with a "
+            "later expires_at"
+        )
+    if highest_versions is not None:
+        highest = highest_versions.get(policy.policy_id)
+        if highest is not None and policy.version < highest:
+            raise RollbackError(
+                f"{name} is older than version {highest} already accepted; deliver version "
+                f"{highest} or later (versions only increase)"
+            )
+
+
+def _check_device_limits(
+    name: str,
+    policy: policy_pb2.Policy,
+    mechanism: Mechanism,  # type: ignore[type-arg]
+    cap: Decimal,
+    max_epsilon: Decimal | None,
+    max_epsilon_cap: Decimal | None,
+) -> None:
+    """EpsilonAboveMaximumError when the per-report charge or the permanent (memoized)
+    epsilon exceeds `max_epsilon`, or the window cap exceeds `max_epsilon_cap`."""
+    charge = mechanism.report_charge
+    if max_epsilon is not None and charge > max_epsilon:
+        raise EpsilonAboveMaximumError(
+            f"{name} costs epsilon {charge} per report (mechanism.epsilon "
+            f"{mechanism.epsilon}), above this device's maximum {max_epsilon}; lower "
+            "mechanism.epsilon or raise the device's configured maximum"
+        )
+    permanent = permanent_epsilon(policy.mechanism)
+    if max_epsilon is not None and permanent is not None and permanent > max_epsilon:
+        raise EpsilonAboveMaximumError(
+            f"{name} asks a permanent (memoized) epsilon of {permanent}, above this device's "
+            f"maximum {max_epsilon}; lower mechanism.params.epsilon_permanent or raise the "
+            "device's configured maximum"
+        )
+    if max_epsilon_cap is not None and cap > max_epsilon_cap:
+        raise EpsilonAboveMaximumError(
+            f"{name} asks an epsilon cap of {cap} per window, above this device's maximum "
+            f"{max_epsilon_cap}; lower budget.epsilon_cap or raise the device's maximum"
+        )
+
+
 def verify_policy(
     envelope: policy_pb2.SignedEnvelope,
     trust: TrustStore,
@@ -262,43 +317,9 @@ def verify_policy(
             subject=f"policy {policy.policy_id or '?'} v{policy.version}",
         )
     name = f"policy {policy.policy_id} v{policy.version}"
-    if now < policy.not_before:
-        raise NotYetValidPolicyError(
-            f"{name} is valid from {policy.not_before}, now is {now}; wait, or check the "
-            "device clock"
-        )
-    if now >= policy.expires_at:
-        raise ExpiredPolicyError(
-            f"{name} expired at {policy.expires_at} (now {now}); sign a new version with a "
-            "later expires_at"
-        )
-    if highest_versions is not None:
-        highest = highest_versions.get(policy.policy_id)
-        if highest is not None and policy.version < highest:
-            raise RollbackError(
-                f"{name} is older than version {highest} already accepted; deliver version "
-                f"{highest} or later (versions only increase)"
-            )
+    _check_validity(name, policy, now, highest_versions)
     cap = parse_decimal(policy.budget.epsilon_cap)
-    charge = mechanism.report_charge
-    if max_epsilon is not None and charge > max_epsilon:
-        raise EpsilonAboveMaximumError(
-            f"{name} costs epsilon {charge} per report (mechanism.epsilon "
-            f"{mechanism.epsilon}), above this device's maximum {max_epsilon}; lower "
-            "mechanism.epsilon or raise the device's configured maximum"
-        )
-    permanent = permanent_epsilon(policy.mechanism)
-    if max_epsilon is not None and permanent is not None and permanent > max_epsilon:
-        raise EpsilonAboveMaximumError(
-            f"{name} asks a permanent (memoized) epsilon of {permanent}, above this device's "
-            f"maximum {max_epsilon}; lower mechanism.params.epsilon_permanent or raise the "
-            "device's configured maximum"
-        )
-    if max_epsilon_cap is not None and cap > max_epsilon_cap:
-        raise EpsilonAboveMaximumError(
-            f"{name} asks an epsilon cap of {cap} per window, above this device's maximum "
-            f"{max_epsilon_cap}; lower budget.epsilon_cap or raise the device's maximum"
-        )
+    _check_device_limits(name, policy, mechanism, cap, max_epsilon, max_epsilon_cap)
     if audience is not None and audience not in policy.audience:
         raise AudienceMismatchError(
             f"{name} is addressed to {list(policy.audience)}, not to deployment {audience!r}; "
