@@ -14,6 +14,9 @@ Registered ids and their policy params (strings, plain notation):
     duchi                           numeric (lo, hi), no params
     piecewise, hybrid               numeric (lo, hi), optional "levels" and "cells"
                                     (grid size; see numeric.py)
+    pem                             open domain (max_bytes), optional "step_bits",
+                                    "start_bits", "groups", "g" (stated at authoring;
+                                    see pem.py)
 
 Retired ids (`RETIRED_IDS`) stay reserved: they are never registered again,
 and building one raises `RetiredMechanismError` naming the replacement.
@@ -156,6 +159,23 @@ def _numeric_factory(wire_id: str) -> Factory:
     return factory
 
 
+def _pem_factory(epsilon: Decimal, metric: MetricArg, params: Mapping[str, str]) -> Mechanism:  # type: ignore[type-arg]
+    from fedldp.client.mechanisms.base import OpenDomain
+    from fedldp.client.mechanisms.pem import PEM
+
+    if not isinstance(metric, OpenDomain):
+        raise ValueError("pem needs an open-domain metric ([metric] max_bytes = N)")
+    only_params("pem", params, {"step_bits", "start_bits", "groups", "g"})
+    options = {name: int_param("pem", params, name) for name in ("step_bits", "start_bits")}
+    return PEM(
+        epsilon,
+        metric,
+        **{name: value for name, value in options.items() if value is not None},
+        groups=int_param("pem", params, "groups"),
+        g=int_param("pem", params, "g"),
+    )
+
+
 register("grr", _categorical_factory("grr", "grr", "GRR"))
 register("oue", _categorical_factory("oue", "unary", "OUE"))
 register("sue", _categorical_factory("sue", "unary", "SUE"))
@@ -166,3 +186,4 @@ for _memo_id in ("rappor-grr", "rappor-oue", "rappor-sue"):
     register(_memo_id, _memo_factory(_memo_id))
 for _numeric_id in ("duchi", "piecewise", "hybrid"):
     register(_numeric_id, _numeric_factory(_numeric_id))
+register("pem", _pem_factory)
