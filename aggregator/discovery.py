@@ -125,7 +125,9 @@ def discover(
     for j in range(mech.groups):
         n_j = statistic.group_size(j)
         if j:
-            prefixes = [(x << mech.step_bits) | e for x in prefixes for e in range(1 << mech.step_bits)]
+            prefixes = [
+                (x << mech.step_bits) | e for x in prefixes for e in range(1 << mech.step_bits)
+            ]
         if n_j == 0 or not prefixes:
             levels.append(Level(j, mech.prefix_bits(j), n_j, len(prefixes), float("inf"), 0))
             prefixes = []

@@ -209,7 +209,9 @@ class OLH(FrequencyOracle):
         check_index(value, self.k)
         r = rng if rng is not None else system_random()
         seed = r.randrange(self.seed_space)
-        return HashedOutput(seed, respond(self.keep, hash_value(seed, value, self.g, self.m), self.g, r))
+        return HashedOutput(
+            seed, respond(self.keep, hash_value(seed, value, self.g, self.m), self.g, r)
+        )
 
     def _digits(self, numbers: npt.NDArray[np.int64], count: int) -> list[npt.NDArray[np.int64]]:
         import numpy as np

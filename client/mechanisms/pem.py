@@ -163,7 +163,7 @@ def hash_key(key: bytes, chunks: Sequence[int], out_bits: int) -> int:
 def default_g(epsilon: Decimal) -> int:
     """The power of two g with the least f = 0 variance of local hashing at ε (ties: smaller)."""
     e = exp_epsilon(epsilon)
-    best = min(range(1, MAX_HASH_BITS + 1), key=lambda l: (lh_variance_f0(e, 1 << l), l))
+    best = min(range(1, MAX_HASH_BITS + 1), key=lambda bits: (lh_variance_f0(e, 1 << bits), bits))
     return 1 << best
 
 
@@ -381,7 +381,10 @@ class PEM(Mechanism[str, GroupReports]):
         return np.ascontiguousarray(data).view("<u4").astype(np.uint64)
 
     def support_counts(
-        self, keys: npt.NDArray[np.uint64], values: npt.NDArray[np.uint64], x: npt.NDArray[np.uint64]
+        self,
+        keys: npt.NDArray[np.uint64],
+        values: npt.NDArray[np.uint64],
+        x: npt.NDArray[np.uint64],
     ) -> npt.NDArray[np.int64]:
         """C(x) for each candidate row of chunks x [m, c]: reports with h_key(x) = value."""
         import numpy as np
@@ -493,7 +496,7 @@ class PEM(Mechanism[str, GroupReports]):
         batch paths take them)."""
         import numpy as np
 
-        return acc >> np.uint64(WORD_BITS - self.hash_bits)
+        return np.right_shift(acc, np.uint64(WORD_BITS - self.hash_bits))
 
     def perturb_batch(
         self, values: Any, rng: np.random.Generator
@@ -503,7 +506,7 @@ class PEM(Mechanism[str, GroupReports]):
 
         padded = self.encode_batch(values)
         n = padded.shape[0]
-        groups = rng.integers(0, self.groups, size=n, dtype=np.int64)
+        groups: npt.NDArray[np.int64] = rng.integers(0, self.groups, size=n, dtype=np.int64)
         top = np.uint64(_WORD_MASK)
         keys = rng.integers(0, top, size=(n, self.chunks + 1), dtype=np.uint64, endpoint=True)
         hashed = np.empty(n, dtype=np.int64)
@@ -526,7 +529,9 @@ class PEM(Mechanism[str, GroupReports]):
         if keys.shape != (n, self.chunks + 1) or values.shape != (n,):
             raise OutputDomainError("WRONG_LENGTH", "pem batch arrays have the wrong shapes")
         if n and (
-            groups.min() < 0 or groups.max() >= self.groups or values.min() < 0
+            groups.min() < 0
+            or groups.max() >= self.groups
+            or values.min() < 0
             or values.max() >= self.g
         ):
             raise OutputDomainError("OUT_OF_DOMAIN", "pem report outside its output domain")
