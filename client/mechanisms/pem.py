@@ -496,7 +496,7 @@ class PEM(Mechanism[str, GroupReports]):
         batch paths take them)."""
         import numpy as np
 
-        return np.right_shift(acc, np.uint64(WORD_BITS - self.hash_bits))
+        return np.asarray(acc >> np.uint64(WORD_BITS - self.hash_bits), dtype=np.uint64)
 
     def perturb_batch(
         self, values: Any, rng: np.random.Generator
@@ -506,7 +506,7 @@ class PEM(Mechanism[str, GroupReports]):
 
         padded = self.encode_batch(values)
         n = padded.shape[0]
-        groups: npt.NDArray[np.int64] = rng.integers(0, self.groups, size=n, dtype=np.int64)
+        groups = np.asarray(rng.integers(0, self.groups, size=n), dtype=np.int64)
         top = np.uint64(_WORD_MASK)
         keys = rng.integers(0, top, size=(n, self.chunks + 1), dtype=np.uint64, endpoint=True)
         hashed = np.empty(n, dtype=np.int64)
