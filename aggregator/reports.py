@@ -207,7 +207,9 @@ def report_for_policy(
     """The analyst report for a policy from a merged statistic, behind the release gate.
 
     Categorical policies give a FrequencyReport over the policy's labels,
-    numeric policies a NumericReport of the mean over the policy's range.
+    numeric policies a NumericReport of the mean over the policy's range, and
+    pem policies a FrequencyReport over the strings discovery found
+    (`fedldp.aggregator.discovery`, its fixed threshold rule).
     """
     check_release_gate(policy, window_start, merged.n)
     mechanism = policy.mechanism
@@ -223,6 +225,14 @@ def report_for_policy(
         window_seconds=policy.window_seconds,
         purpose=policy.message.purpose or None,
     )
+    if mechanism.wire_id == "pem":
+        from fedldp.aggregator.discovery import discovery_report
+
+        if Consistency.parse(consistency) is not Consistency.NONE:
+            raise ValueError("consistency applies to categorical metrics only")
+        return discovery_report(
+            mechanism, merged.statistic, confidence=confidence, context=context
+        )
     if policy.labels is not None:
         return frequency_report(
             mechanism,
