@@ -15,7 +15,7 @@ from fractions import Fraction
 from typing import Any
 
 import numpy as np
-from fedldp.client.mechanisms import create
+from fedldp.client.mechanisms import OpenDomain, create
 from fedldp.client.mechanisms.base import (
     BitVectorOutput,
     CategoryOutput,
@@ -71,6 +71,11 @@ NUMERIC_CASES = [
     Case("hybrid", Decimal("0.5"), (LO, HI)),
 ]
 ALL_CASES = CATEGORICAL_CASES + NUMERIC_CASES
+#: Open-domain (string) mechanisms: their contract suites are their own files
+#: (pem: test_pem.py), since their outputs cannot be enumerated.
+OPEN_CASES = [
+    Case("pem", Decimal("2"), OpenDomain(2), (("g", "8"),)),
+]
 
 #: The frequency oracles whose samplers state their exact law (`exact_probability`).
 EXACT_ORACLES = ("grr", "oue", "sue", "olh", "hr", "ss")
