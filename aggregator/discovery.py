@@ -13,17 +13,21 @@ mechanism, its groups, hash family and per-group estimator are
   `PEM.estimate_prefixes`).
 
 Threshold rule (fixed; the same for every level and every policy). With C_j
-candidates at level j, n_j reports in group j and σ0_j the exact standard
-error of f̂_x when f_x = 0 (`PEM.null_std_error`), a candidate survives when
+candidates at level j and n_j reports in group j: when no user's prefix is x
+(H0: f_x = 0) each report supports x independently with probability exactly
+q = 1/g (the hash family is strongly universal), so the support count C(x) is
+exactly Binomial(n_j, q). With c_j the (1 - α/C_j) quantile of that law (the
+smallest c with P[C > c] <= α / C_j), a candidate survives when
 
-    f̂_x > z_{1 - α / C_j} · σ0_j            (one-sided, Bonferroni over C_j)
+    C(x) > c_j,  i.e.  f̂_x > (c_j / n_j - q) / (p - q)     (Bonferroni over C_j)
 
 and, of those, at most `top` T with the largest estimates survive (ties: the
 smaller prefix). α = `DEFAULT_ALPHA` = 0.05 and T = `DEFAULT_TOP` = 32 unless
-the analyst states others. Under H0 (f_x = 0) f̂_x has mean 0 and standard
-deviation σ0_j, so the chance that some zero-frequency candidate of a level
-survives is about α (normal approximation to the binomial support count); T
-bounds the analysis cost (C_j <= T · 2^step_bits) and the report length.
+the analyst states others. So at each level the chance that any candidate
+nobody holds survives is at most α, exactly (no normal approximation: with
+few reports per group and a large g, one chance collision would pass a z
+test); T bounds the analysis cost (C_j <= T · 2^step_bits) and the report
+length.
 
 Result. The survivors of the last level are whole padded strings; each is
 decoded (the zero bytes at its end removed; a candidate that is empty, holds a
@@ -41,7 +45,6 @@ simultaneous, and does not cover strings that were not found.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from statistics import NormalDist
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -87,9 +90,13 @@ class Discovery:
 
 
 def threshold(mech: PEM, n_j: int, candidates: int, alpha: float) -> float:
-    """z_{1 - α/C} · σ0: the level's keep threshold on f̂ (module docstring)."""
-    z = NormalDist().inv_cdf(1.0 - alpha / candidates)
-    return z * mech.null_std_error(n_j)
+    """The level's keep threshold on f̂: the (1 - α/C) quantile c of Binomial(n_j, 1/g)
+    as an estimate, (c/n_j - q)/(p - q) (module docstring)."""
+    from scipy.stats import binom
+
+    q = mech.support_q
+    cut = float(binom.ppf(1.0 - alpha / candidates, n_j, q))
+    return (cut / n_j - q) / (mech.p - q)
 
 
 def _select(values: npt.NDArray[np.float64], cut: float, top: int) -> npt.NDArray[np.intp]:

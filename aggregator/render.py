@@ -142,6 +142,13 @@ def budget_sentence(report: FrequencyReport | NumericReport) -> str | None:
     return text
 
 
+#: What the rows of a pem report are (aggregator/discovery.py).
+PEM_NOTE = (
+    "Strings found by prefix extension (PEM) with a fixed threshold rule; each estimate "
+    "is the fraction of all users holding the string, from the last group's reports; "
+    "strings below the threshold are not listed."
+)
+
 _SVG_BAR = "#4c78a8"
 _SVG_TRUTH = "#e45756"
 
@@ -277,6 +284,8 @@ def render_html(
         truths: dict[str, float] | None = None
         if truth is not None and not isinstance(truth, int | float):
             truths = dict(zip(report.labels, truth_vector(report.labels, truth), strict=True))
+        if report.mechanism == "pem":
+            parts.append(f"<h2>Discovered strings</h2><p class='note'>{html.escape(PEM_NOTE)}</p>")
         parts.append(f"<h2>Estimates</h2>{_chart_svg(report, rows, truths)}")
         head = "<tr><th>label</th><th>estimate</th><th>raw</th><th>std err</th>"
         head += "<th>CI low</th><th>CI high</th>"

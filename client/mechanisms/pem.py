@@ -434,11 +434,6 @@ class PEM(Mechanism[str, GroupReports]):
             )
         return Estimate(n=n_j, values=np.asarray(f, dtype=np.float64), variances=variances)
 
-    def null_std_error(self, n_j: int) -> float:
-        """The standard error of f̂_x when f_x = 0 (exact): sqrt(q(1-q)/(n_j (p-q)^2))."""
-        q = self.support_q
-        return math.sqrt(q * (1 - q) / (n_j * (self.p - q) ** 2))
-
     def estimate(self, statistic: GroupReports) -> Estimate:
         """Frequencies of every first-level prefix (ℓ_0 bits, index = the prefix's value),
         from group 0 (`estimate_prefixes`). Discovery: `fedldp.aggregator.discovery`."""

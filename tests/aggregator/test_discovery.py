@@ -7,13 +7,17 @@ random words, discovery finds at least 19 of the true top 20 and reports only
 real words; at ε = 4 and n = 200,000 it reports no string that nobody holds.
 Broken variants are caught: a hash whose two distinct prefixes collide with
 probability != 1/g (the low bits of the multiply-add instead of the top bits)
-finds fewer than 19 of the top 20, and a threshold rule without the z cut
-(keep any positive estimate) reports strings that nobody holds.
+finds fewer than 19 of the top 20; with few reports per group (n = 3,000,
+ε = 8, g = 4096) a normal-approximation z threshold keeps a chance collision
+that the exact binomial threshold does not; and a threshold rule without the binomial
+cut (keep any positive estimate) reports strings that nobody holds.
 """
 
 from __future__ import annotations
 
+import math
 from decimal import Decimal
+from statistics import NormalDist
 from typing import Any
 
 import numpy as np
@@ -81,7 +85,7 @@ def test_discovery_reports_no_string_that_nobody_holds_at_epsilon_4() -> None:
     assert found.strings and set(found.strings) <= set(words)
 
 
-def test_a_threshold_rule_without_the_z_cut_reports_strings_nobody_holds(
+def test_a_threshold_rule_without_the_binomial_cut_reports_strings_nobody_holds(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setattr(discovery, "threshold", lambda *args: 0.0)
@@ -117,3 +121,23 @@ def test_an_empty_group_ends_discovery_with_nothing_found() -> None:
     mech = pem(PEM, "8")
     found = discover(mech, mech.new_statistic())
     assert found.strings == () and found.levels[0].kept == 0
+
+
+def z_rule(mech: PEM, n_j: int, candidates: int, alpha: float) -> float:
+    """Broken: z_{1-α/C} times the null standard error (normal approximation)."""
+    q = mech.support_q
+    z = NormalDist().inv_cdf(1 - alpha / candidates)
+    return z * math.sqrt(q * (1 - q) / (n_j * (mech.p - q) ** 2))
+
+
+def test_few_reports_per_group_report_no_chance_collision() -> None:
+    found, words = run(pem(PEM, "8"), 3_000, seed=5)
+    assert found.strings and set(found.strings) <= set(words)
+
+
+def test_a_normal_approximation_threshold_keeps_a_chance_collision(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(discovery, "threshold", z_rule)
+    found, words = run(pem(PEM, "8"), 3_000, seed=5)
+    assert not set(found.strings) <= set(words)
