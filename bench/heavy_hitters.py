@@ -17,6 +17,9 @@ Per ε:
   (1.0 when nothing is found);
 * device, µs per report: `perturb(word)` with the OS CSPRNG (the SDK's path), on
   --device-reports words;
+* the side-by-side run: fedldp and pure-ldp on --peer-n users of a
+  vocabulary of strings of up to --peer-bytes L = 3 bytes (pure-ldp's local
+  hashing allocates 2^(8L) cells per group and cannot run L = 8);
 * analysis, s: `accumulate_batch` of the n simulated reports + `discover`
   (what `fedldp report` does after reading the statistic); the simulated
   reports come from `perturb_batch` (not timed).
@@ -57,13 +60,14 @@ PACKAGES = ["numpy", "scipy", "fedldp"]
 DEFAULT_PEER_PYTHON = "/work/wt/pem-peer/bin/python"
 
 
-def vocabulary(seed: int) -> tuple[list[str], np.ndarray]:
-    """Distinct random lowercase words (3..8 letters) in rank order, and Zipf weights."""
+def vocabulary(seed: int, max_bytes: int = MAX_BYTES) -> tuple[list[str], np.ndarray]:
+    """Distinct random lowercase words (min(3, L)..L letters) in rank order, Zipf weights."""
     rng = np.random.default_rng(seed)
     letters = np.array(list("abcdefghijklmnopqrstuvwxyz"))
     words: dict[str, None] = {}
     while len(words) < VOCABULARY:
-        words["".join(rng.choice(letters, int(rng.integers(3, 9))))] = None
+        size = int(rng.integers(min(3, max_bytes), max_bytes + 1))
+        words["".join(rng.choice(letters, size))] = None
     weights = 1.0 / np.arange(1, VOCABULARY + 1) ** ZIPF_S
     return list(words), weights / weights.sum()
 
@@ -77,9 +81,11 @@ def scores(found: list[str], truth: list[str]) -> tuple[float, float]:
     return recall, precision
 
 
-def run_fedldp(epsilon: str, n: int, runs: int, device_reports: int, seed: int) -> dict[str, Any]:
-    words, weights = vocabulary(seed)
-    mech = PEM(Decimal(epsilon), OpenDomain(MAX_BYTES))
+def run_fedldp(
+    epsilon: str, n: int, runs: int, device_reports: int, seed: int, max_bytes: int = MAX_BYTES
+) -> dict[str, Any]:
+    words, weights = vocabulary(seed, max_bytes)
+    mech = PEM(Decimal(epsilon), OpenDomain(max_bytes))
     table = mech.encode_batch(words)
     recalls, precisions, analysis, found_counts = [], [], [], []
     for r in range(runs):
@@ -104,6 +110,7 @@ def run_fedldp(epsilon: str, n: int, runs: int, device_reports: int, seed: int) 
     return {
         "epsilon": epsilon,
         "n": n,
+        "max_bytes": max_bytes,
         "groups": mech.groups,
         "g": mech.g,
         "recall": summarize(recalls),
@@ -144,18 +151,18 @@ print(json.dumps({"found": [text(f) for f in found], "device_us": (t1 - t0) / le
 """
 
 
-def run_peer(python: str, epsilon: str, n: int, seed: int) -> dict[str, Any]:
+def run_peer(python: str, epsilon: str, n: int, seed: int, max_bytes: int) -> dict[str, Any]:
     """pure-ldp's PEM in its own interpreter; {"skipped": why} when it cannot run."""
     if not Path(python).exists():
         return {"skipped": f"no peer interpreter at {python} (pure-ldp is optional)"}
-    words, weights = vocabulary(seed)
+    words, weights = vocabulary(seed, max_bytes)
     args = {
         "words": words,
         "weights": weights.tolist(),
         "seed": seed,
         "n": n,
         "epsilon": epsilon,
-        "max_bytes": MAX_BYTES,
+        "max_bytes": max_bytes,
         "start_bits": 4,
         "step_bits": 4,
         "top": TOP,
@@ -168,7 +175,7 @@ def run_peer(python: str, epsilon: str, n: int, seed: int) -> dict[str, Any]:
         return {"skipped": f"pure-ldp failed: {last}"}
     result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
     recall, precision = scores(result["found"], words)
-    return {**result, "recall": recall, "precision": precision, "n": n}
+    return {**result, "recall": recall, "precision": precision, "n": n, "max_bytes": max_bytes}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -180,6 +187,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--device-reports", type=int, default=2000)
     parser.add_argument("--peer-python", default=DEFAULT_PEER_PYTHON)
     parser.add_argument("--peer-n", type=int, default=20_000, help="users for the peer")
+    parser.add_argument(
+        "--peer-bytes",
+        type=int,
+        default=3,
+        help="string length of the side-by-side run (pure-ldp allocates 2^(8L) cells)",
+    )
     parser.add_argument("--no-peer", action="store_true")
     parser.add_argument("--seed", type=int, default=20261201)
     parser.add_argument("--json", type=Path, default=None)
@@ -190,29 +203,22 @@ def main(argv: list[str] | None = None) -> None:
     rows, figures = [], []
     for eps in epsilons:
         ours = run_fedldp(eps, n, runs, args.device_reports, args.seed)
-        peer = (
-            {"skipped": "--no-peer"}
-            if args.no_peer
-            else run_peer(args.peer_python, eps, args.peer_n, args.seed)
-        )
-        figures.append({"fedldp": ours, "pure-ldp": peer})
-        rows.append(
-            [
-                "fedldp pem",
-                eps,
-                f"{n:,}",
-                f"{ours['recall'].median:.2f} ({ours['recall'].min:.2f}-{ours['recall'].max:.2f})",
-                f"{ours['precision'].median:.2f}",
-                f"{ours['device_us'].median:.0f}",
-                f"{ours['analysis_s'].median:.2f}",
-            ]
-        )
+        figures.append({"fedldp": ours})
+        rows.append(_row(f"fedldp pem, L={MAX_BYTES}", eps, ours))
+        if args.no_peer:
+            continue
+        side = run_fedldp(eps, args.peer_n, runs, args.device_reports, args.seed, args.peer_bytes)
+        peer = run_peer(args.peer_python, eps, args.peer_n, args.seed, args.peer_bytes)
+        figures.append({"fedldp (peer setting)": side, "pure-ldp": peer})
+        rows.append(_row(f"fedldp pem, L={args.peer_bytes}", eps, side))
         if "skipped" in peer:
-            rows.append(["pure-ldp PEM", eps, "-", "-", "-", "-", peer["skipped"]])
+            rows.append(
+                [f"pure-ldp PEM, L={args.peer_bytes}", eps, "-", "-", "-", "-", peer["skipped"]]
+            )
         else:
             rows.append(
                 [
-                    "pure-ldp PEM",
+                    f"pure-ldp PEM, L={args.peer_bytes}",
                     eps,
                     f"{peer['n']:,}",
                     f"{peer['recall']:.2f}",
@@ -221,15 +227,34 @@ def main(argv: list[str] | None = None) -> None:
                     f"{peer['analysis_s']:.2f}",
                 ]
             )
-        print(rows[-2], rows[-1], file=sys.stderr)
+        print(rows[-3:], file=sys.stderr)
     headers = ["library", "ε", "n", "recall@20", "precision@20", "device µs/report", "analysis s"]
     print(format_table(headers, rows))
-    print(f"runs {runs}; Zipf({ZIPF_S}) over {VOCABULARY:,} words of 3..8 bytes; seed {args.seed}")
+    print(f"runs {runs}; Zipf({ZIPF_S}) over {VOCABULARY:,} words; seed {args.seed}")
     if args.json is not None:
-        params = {"n": n, "epsilons": epsilons, "runs": runs, "peer_n": args.peer_n}
+        params = {
+            "n": n,
+            "epsilons": epsilons,
+            "runs": runs,
+            "peer_n": args.peer_n,
+            "peer_bytes": args.peer_bytes,
+        }
         write_json(
             args.json, benchmark="heavy_hitters", params=params, figures=figures, packages=PACKAGES
         )
+
+
+def _row(name: str, eps: str, ours: dict[str, Any]) -> list[str]:
+    recall = ours["recall"]
+    return [
+        name,
+        eps,
+        f"{ours['n']:,}",
+        f"{recall.median:.2f} ({recall.min:.2f}-{recall.max:.2f})",
+        f"{ours['precision'].median:.2f}",
+        f"{ours['device_us'].median:.0f}",
+        f"{ours['analysis_s'].median:.2f}",
+    ]
 
 
 if __name__ == "__main__":
