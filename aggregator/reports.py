@@ -227,12 +227,13 @@ def report_for_policy(
     )
     if mechanism.wire_id == "pem":
         from fedldp.aggregator.discovery import discovery_report
+        from fedldp.client.mechanisms.pem import PEM
+
+        assert isinstance(mechanism, PEM)
 
         if Consistency.parse(consistency) is not Consistency.NONE:
             raise ValueError("consistency applies to categorical metrics only")
-        return discovery_report(
-            mechanism, merged.statistic, confidence=confidence, context=context
-        )
+        return discovery_report(mechanism, merged.statistic, confidence=confidence, context=context)
     if policy.labels is not None:
         return frequency_report(
             mechanism,

@@ -151,7 +151,9 @@ print(json.dumps({"found": [text(f) for f in found], "device_us": (t1 - t0) / le
 """
 
 
-def run_peer(python: str, epsilon: str, n: int, seed: int, max_bytes: int) -> dict[str, Any]:
+def run_peer(
+    python: str, epsilon: str, n: int, seed: int, max_bytes: int, timeout: float
+) -> dict[str, Any]:
     """pure-ldp's PEM in its own interpreter; {"skipped": why} when it cannot run."""
     if not Path(python).exists():
         return {"skipped": f"no peer interpreter at {python} (pure-ldp is optional)"}
@@ -167,9 +169,16 @@ def run_peer(python: str, epsilon: str, n: int, seed: int, max_bytes: int) -> di
         "step_bits": 4,
         "top": TOP,
     }
-    done = subprocess.run(
-        [python, "-c", PEER_SCRIPT], input=json.dumps(args), capture_output=True, text=True
-    )
+    try:
+        done = subprocess.run(
+            [python, "-c", PEER_SCRIPT],
+            input=json.dumps(args),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+    except subprocess.TimeoutExpired:
+        return {"skipped": f"pure-ldp did not finish within {timeout:.0f} s"}
     if done.returncode != 0:
         last = (done.stderr.strip().splitlines() or ["(no output)"])[-1]
         return {"skipped": f"pure-ldp failed: {last}"}
@@ -186,7 +195,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--runs", type=int, default=None, help="runs per figure (default 5)")
     parser.add_argument("--device-reports", type=int, default=2000)
     parser.add_argument("--peer-python", default=DEFAULT_PEER_PYTHON)
-    parser.add_argument("--peer-n", type=int, default=20_000, help="users for the peer")
+    parser.add_argument("--peer-n", type=int, default=2_000, help="users for the peer")
+    parser.add_argument("--peer-timeout", type=float, default=600.0, help="seconds per peer run")
     parser.add_argument(
         "--peer-bytes",
         type=int,
@@ -208,7 +218,9 @@ def main(argv: list[str] | None = None) -> None:
         if args.no_peer:
             continue
         side = run_fedldp(eps, args.peer_n, runs, args.device_reports, args.seed, args.peer_bytes)
-        peer = run_peer(args.peer_python, eps, args.peer_n, args.seed, args.peer_bytes)
+        peer = run_peer(
+            args.peer_python, eps, args.peer_n, args.seed, args.peer_bytes, args.peer_timeout
+        )
         figures.append({"fedldp (peer setting)": side, "pure-ldp": peer})
         rows.append(_row(f"fedldp pem, L={args.peer_bytes}", eps, side))
         if "skipped" in peer:
