@@ -76,7 +76,6 @@ from __future__ import annotations
 import base64
 import binascii
 import json
-import math
 import random
 import struct
 from collections.abc import Iterator, Sequence

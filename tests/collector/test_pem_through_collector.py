@@ -17,6 +17,7 @@ from decimal import Decimal
 import grpc
 import pytest
 from collector_testkit import Deployment, coarse, make_report
+from fedldp.aggregator.estimation import FrequencyReport
 from fedldp.aggregator.reports import audit_statistics, report_from_ledgers
 from fedldp.client.mechanisms import GroupHashedOutput, Output
 from fedldp.client.mechanisms.pem import PEM
@@ -78,7 +79,7 @@ def test_pem_reports_are_checked_charged_once_and_discovered(
     outcome, _ = submit(d, running, policy, mech.perturb("ok", rng=rng), "user0")
     assert outcome.outcome == pb.OUTCOME_BUDGET_EXHAUSTED
 
-    def state() -> tuple[Decimal, list[str | None]]:
+    def state() -> tuple[Decimal, list[str]]:
         parts = ledger.statistics(policy.policy_id, policy.version, window)
         return ledger.spent("fresh", policy.policy_id, window), sorted(
             p.statistic_json or "" for p in parts
@@ -103,6 +104,7 @@ def test_pem_reports_are_checked_charged_once_and_discovered(
     merged = audit_statistics(ledger, policy)
     assert merged.n == users
     result = report_from_ledgers([("local", ledger)], policy)
+    assert isinstance(result, FrequencyReport)
     found = {row.label: row for row in result.estimates}
     assert {"ok", "hi"} <= set(found)
     assert found["ok"].ci_low <= 0.6 <= found["ok"].ci_high

@@ -92,7 +92,7 @@ def test_the_universality_check_fails_on_broken_hashes() -> None:
         return multiply_add_shift(a, b, x, 2, narrow)
 
     def low_bits(a: Any, b: int, x: Any) -> int:
-        acc = b + sum(ai * xi for ai, xi in zip(a, x, strict=True))
+        acc: int = b + sum(ai * xi for ai, xi in zip(a, x, strict=True))
         return acc & 0b11
 
     def no_offset(a: Any, b: int, x: Any) -> int:
@@ -282,8 +282,8 @@ def test_malformed_statistics_are_refused() -> None:
     broken = [
         {**good, "n": 2},
         {**good, "groups": good["groups"][:-1]},
-        {**good, "groups": ["!!"] + good["groups"][1:]},
-        {**good, "groups": ["AAAA"] + good["groups"][1:]},  # 3 bytes: a partial record
+        {**good, "groups": ["!!", *good["groups"][1:]]},
+        {**good, "groups": ["AAAA", *good["groups"][1:]]},  # 3 bytes: a partial record
         [],
     ]
     for doc in broken:
@@ -349,9 +349,9 @@ def zipf_population(mech: PEM, n: int, seed: int) -> tuple[Any, dict[int, float]
     words = [f"{chr(97 + i % 26)}{chr(65 + i // 26)}" for i in range(40)]
     weights = 1.0 / np.arange(1, 41) ** 1.1
     weights /= weights.sum()
-    truth: dict[int, float] = Counter()
+    truth: dict[int, float] = {}
     for w, f in zip(words, weights, strict=True):
-        truth[ord(w[0])] += f
+        truth[ord(w[0])] = truth.get(ord(w[0]), 0.0) + float(f)
     return mech.encode_batch(words)[rng.choice(40, size=n, p=weights)], truth
 
 
