@@ -29,6 +29,14 @@ _BAR_WIDTH = 24
 Truth = Mapping[str, float] | Sequence[float]
 
 
+def printable(label: str) -> str:
+    """`label` for a terminal: non-printable characters (e.g. ESC in a string discovered
+    from users' reports) written as Python escapes, so no label can drive the terminal."""
+    if label.isprintable():
+        return label
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in label)
+
+
 def _rows(report: FrequencyReport, max_rows: int | None) -> tuple[list[LabelEstimate], int]:
     rows = list(report.estimates)
     if max_rows is not None and len(rows) > max_rows:
@@ -85,7 +93,7 @@ def render_table(
     if truth is not None and not isinstance(truth, int | float):
         tv = truth_vector(report.labels, truth)
         truths = dict(zip(report.labels, tv, strict=True))
-    width = max([len("label")] + [len(r.label) for r in rows])
+    width = max([len("label")] + [len(printable(r.label)) for r in rows])
     width = min(width, 32)
     head = f"{'label':<{width}}  {'estimate':>9}  {'std err':>8}  {'CI low':>8}  {'CI high':>8}"
     if truths is not None:
@@ -95,7 +103,8 @@ def render_table(
     lines.append("-" * len(head) + "-" * (_BAR_WIDTH - len("chart")))
     scale = max([r.ci_high for r in rows] + [r.estimate for r in rows] + [1e-12])
     for r in rows:
-        label = r.label if len(r.label) <= width else r.label[: width - 1] + "…"
+        text = printable(r.label)
+        label = text if len(text) <= width else text[: width - 1] + "…"
         line = (
             f"{label:<{width}}  {r.estimate:>9.4f}  {r.std_error:>8.4f}  "
             f"{r.ci_low:>8.4f}  {r.ci_high:>8.4f}"

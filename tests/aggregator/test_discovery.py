@@ -141,3 +141,18 @@ def test_a_normal_approximation_threshold_keeps_a_chance_collision(
     monkeypatch.setattr(discovery, "threshold", z_rule)
     found, words = run(pem(PEM, "8"), 3_000, seed=5)
     assert not set(found.strings) <= set(words)
+
+
+def test_a_discovered_string_cannot_drive_the_analysts_terminal() -> None:
+    """Discovered strings come from users: the terminal table escapes control characters
+    (the HTML page escapes markup)."""
+    from fedldp.aggregator.estimation import frequency_report_from_estimate
+    from fedldp.aggregator.render import render_table
+    from fedldp.client.mechanisms.base import Estimate
+
+    estimate = Estimate(n=10, values=np.array([0.5]), variances=np.array([0.01]))
+    report = frequency_report_from_estimate(
+        estimate, ["\x1b[2Jok"], mechanism_id="pem", epsilon=Decimal(8)
+    )
+    table = render_table(report)
+    assert "\x1b" not in table and "\\x1b[2Jok" in table
