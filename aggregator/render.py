@@ -31,6 +31,14 @@ _BAR_WIDTH = 24
 Truth = Mapping[str, float] | Sequence[float]
 
 
+def printable(label: str) -> str:
+    """`label` for a terminal: non-printable characters (e.g. ESC in a string discovered
+    from users' reports) written as Python escapes, so no label can drive the terminal."""
+    if label.isprintable():
+        return label
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in label)
+
+
 def _rows(report: FrequencyReport, max_rows: int | None) -> tuple[list[LabelEstimate], int]:
     rows = list(report.estimates)
     if max_rows is not None and len(rows) > max_rows:
@@ -115,7 +123,7 @@ def render_table(
     if truth is not None and not isinstance(truth, int | float):
         tv = truth_vector(report.labels, truth)
         truths = dict(zip(report.labels, tv, strict=True))
-    width = max([len("label")] + [len(r.label) for r in rows])
+    width = max([len("label")] + [len(printable(r.label)) for r in rows])
     width = min(width, 32)
     head = f"{'label':<{width}}  {'estimate':>9}  {'std err':>8}  {'CI low':>8}  {'CI high':>8}"
     if truths is not None:
@@ -125,7 +133,8 @@ def render_table(
     lines.append("-" * len(head) + "-" * (_BAR_WIDTH - len("chart")))
     scale = max([r.ci_high for r in rows] + [r.estimate for r in rows] + [1e-12])
     for r in rows:
-        label = r.label if len(r.label) <= width else r.label[: width - 1] + "…"
+        text = printable(r.label)
+        label = text if len(text) <= width else text[: width - 1] + "…"
         line = (
             f"{label:<{width}}  {r.estimate:>9.4f}  {r.std_error:>8.4f}  "
             f"{r.ci_low:>8.4f}  {r.ci_high:>8.4f}"
@@ -223,6 +232,13 @@ def budget_sentence(report: FrequencyReport | NumericReport) -> str | None:
         )
     return text
 
+
+#: What the rows of a pem report are (aggregator/discovery.py).
+PEM_NOTE = (
+    "Strings found by prefix extension (PEM) with a fixed threshold rule; each estimate "
+    "is the fraction of all users holding the string, from the last group's reports; "
+    "strings below the threshold are not listed."
+)
 
 _SVG_BAR = "#4c78a8"
 _SVG_TRUTH = "#e45756"
@@ -408,6 +424,8 @@ def _estimates_html(
         truths: dict[str, float] | None = None
         if truth is not None and not isinstance(truth, int | float):
             truths = dict(zip(report.labels, truth_vector(report.labels, truth), strict=True))
+        if report.mechanism == "pem":
+            parts.append(f"<h2>Discovered strings</h2><p class='note'>{html.escape(PEM_NOTE)}</p>")
         parts.append(f"<h2>Estimates</h2>{_chart_svg(report, rows, truths)}")
         head = "<tr><th>label</th><th>estimate</th><th>raw</th><th>std err</th>"
         head += "<th>CI low</th><th>CI high</th>"

@@ -209,7 +209,9 @@ def report_for_policy(
 
     Categorical policies give a FrequencyReport over the policy's labels,
     numeric policies a NumericReport of the mean over the policy's range,
-    multi-attribute policies a MultiReport with one of those per attribute.
+    multi-attribute policies a MultiReport with one of those per attribute, and
+    pem policies a FrequencyReport over the strings discovery found
+    (`fedldp.aggregator.discovery`, its fixed threshold rule).
     """
     check_release_gate(policy, window_start, merged.n)
     mechanism = policy.mechanism
@@ -241,6 +243,15 @@ def report_for_policy(
             consistency=consistency,
             context=context,
         )
+    if mechanism.wire_id == "pem":
+        from fedldp.aggregator.discovery import discovery_report
+        from fedldp.client.mechanisms.pem import PEM
+
+        assert isinstance(mechanism, PEM)
+
+        if Consistency.parse(consistency) is not Consistency.NONE:
+            raise ValueError("consistency applies to categorical metrics only")
+        return discovery_report(mechanism, merged.statistic, confidence=confidence, context=context)
     if policy.labels is not None:
         return frequency_report(
             mechanism,

@@ -19,6 +19,7 @@ from fedldp.authoring.policies import (
     require_valid,
     resolve_auto_mechanism,
     state_numeric_grid,
+    state_open_params,
 )
 from fedldp.authoring.signing import generate_key, make_root, sign_policy
 from fedldp.client.policy.envelope import domain_digest, key_id_of
@@ -182,6 +183,17 @@ class Authority:
             raise InvalidPolicyError(problems, subject=f"policy {policy.policy_id}")
         resolve_auto_mechanism(policy)
         state_numeric_grid(policy)
+        require_valid(policy)
+        return policy
+
+    def open_policy(
+        self, *, max_bytes: int, mechanism: str = "pem", **fields: Unpack[PolicyFields]
+    ) -> policy_pb2.Policy:
+        """A validated open-domain policy (strings of 1..max_bytes UTF-8 bytes) valid
+        from `now`, its derived mechanism params stated (not signed; see `sign`)."""
+        policy = self._base_policy(mechanism=mechanism, **fields)
+        policy.metric.open.max_bytes = max_bytes
+        state_open_params(policy)
         require_valid(policy)
         return policy
 

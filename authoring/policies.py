@@ -21,6 +21,7 @@ from fedldp.client.mechanisms.auto import choose_frequency_oracle
 from fedldp.client.mechanisms.base import MAX_OPEN_DOMAIN_BYTES, AttributeSpec, MultiMetric
 from fedldp.client.mechanisms.multi import MULTI_IDS, SPLIT_ID, attribute_epsilon, mode_scores
 from fedldp.client.mechanisms.numeric import grid_params
+from fedldp.client.mechanisms.pem import derive_params
 from fedldp.client.policy.envelope import domain_digest
 from fedldp.client.policy.errors import InvalidPolicyError
 from fedldp.client.policy.validation import EPSILON_PERMANENT, parse_decimal, policy_problems
@@ -335,6 +336,7 @@ def policy_from_dict(data: Mapping[str, Any]) -> policy_pb2.Policy:
 
     resolve_auto_mechanism(policy)
     state_numeric_grid(policy)
+    state_open_params(policy)
     content_problems, _ = policy_problems(policy)
     for problem in content_problems:
         if problem not in problems:
@@ -497,6 +499,22 @@ def _state_attribute_grids(policy: policy_pb2.Policy) -> None:
             spec.params[key] = value
 
 
+def state_open_params(policy: policy_pb2.Policy) -> None:
+    """Write the parameters pem derives ("step_bits", "start_bits", "groups", "g") into
+    its params, in place, so the signed policy states them (`pem.derive_params`).
+    Parameters already given are kept; invalid input is left for validation."""
+    spec = policy.mechanism
+    if policy.metric.WhichOneof("kind") != "open" or spec.id != "pem":
+        return
+    try:
+        epsilon = parse_decimal(spec.epsilon)
+    except ValueError:
+        return
+    stated = derive_params(int(policy.metric.open.max_bytes), epsilon, dict(spec.params))
+    for key, value in stated.items():
+        spec.params[key] = value
+
+
 def require_valid(policy: policy_pb2.Policy) -> None:
     """Raise InvalidPolicyError listing every content problem of `policy` (devices' rules)."""
     problems, _ = policy_problems(policy)
@@ -514,5 +532,6 @@ __all__ = [
     "require_valid",
     "resolve_auto_mechanism",
     "state_numeric_grid",
+    "state_open_params",
     "successor_problems",
 ]

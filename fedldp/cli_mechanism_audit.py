@@ -83,15 +83,25 @@ def _specs(
     numeric_range: tuple[Decimal, Decimal],
     params: dict[str, str],
     permanent: str,
+    max_bytes: int,
 ) -> list[MechanismSpec]:
     from fedldp.aggregator.audit_ldp import resolve_spec
+    from fedldp.client.mechanisms import OpenDomain
 
     specs = []
     for wire_id in mechanisms:
         for eps in epsilons:
             try:
                 specs.append(
-                    resolve_spec(wire_id, eps, k, numeric_range, params, _permanent(permanent, eps))
+                    resolve_spec(
+                        wire_id,
+                        eps,
+                        k,
+                        numeric_range,
+                        params,
+                        _permanent(permanent, eps),
+                        OpenDomain(max_bytes),
+                    )
                 )
             except ValueError as exc:
                 raise InputError(str(exc)) from None
@@ -99,10 +109,14 @@ def _specs(
 
 
 def _domain(spec: MechanismSpec) -> str:
+    from fedldp.client.mechanisms import OpenDomain
+
     if isinstance(spec.domain, int):
         return f"k={spec.domain}"
     if isinstance(spec.domain, tuple):
         return f"[{spec.domain[0]}, {spec.domain[1]}]"
+    if isinstance(spec.domain, OpenDomain):
+        return f"max_bytes={spec.domain.max_bytes}"
     return " + ".join(  # a multi-attribute metric: its attributes
         f"{a.name}:{a.mechanism_id} "
         + (f"k={len(a.labels)}" if a.labels is not None else f"{list(map(str, a.metric))}")  # type: ignore[arg-type]
@@ -139,6 +153,8 @@ def _table(rows: list[tuple[MechanismSpec, AuditReport]], paths: tuple[str, ...]
 
 
 def _as_json(spec: MechanismSpec, report: AuditReport, settings: AuditSettings) -> dict[str, Any]:
+    from fedldp.client.mechanisms import OpenDomain
+
     best = report.best_event()
     return {
         "mechanism": spec.wire_id,
@@ -146,6 +162,8 @@ def _as_json(spec: MechanismSpec, report: AuditReport, settings: AuditSettings) 
         if isinstance(spec.domain, int)
         else [str(x) for x in spec.domain]
         if isinstance(spec.domain, tuple)
+        else {"max_bytes": spec.domain.max_bytes}
+        if isinstance(spec.domain, OpenDomain)
         else _domain(spec),
         "params": dict(spec.params),
         "epsilon": str(spec.epsilon),
@@ -205,6 +223,14 @@ def _as_json(spec: MechanismSpec, report: AuditReport, settings: AuditSettings) 
     metavar="LO HI",
     help="numeric range of the numeric mechanisms",
 )
+@click.option(
+    "--max-bytes",
+    "max_bytes",
+    type=click.IntRange(1, 64),
+    default=4,
+    show_default=True,
+    help="longest string (UTF-8 bytes) of the open-domain mechanisms",
+)
 @click.option("--param", "param_texts", multiple=True, metavar="NAME=VALUE", help="policy param")
 @click.option(
     "--epsilon-permanent",
@@ -262,6 +288,7 @@ def verify_mechanism(
     epsilon_texts: tuple[str, ...],
     k: int,
     range_texts: tuple[str, str],
+    max_bytes: int,
     param_texts: tuple[str, ...],
     epsilon_permanent: str,
     samples: int | None,
@@ -306,6 +333,7 @@ def verify_mechanism(
         (lo, hi),
         _params(param_texts),
         epsilon_permanent,
+        max_bytes,
     )
     rows = []
     for spec in specs:

@@ -3,7 +3,9 @@
 `audit_mechanism(mech, domain, settings)` runs the shipped randomizer on chosen
 neighbouring inputs and returns an `AuditReport`:
 
-* inputs — categorical: values 0, 1 and k-1, all pairs; numeric [lo, hi]: lo,
+* inputs — categorical: values 0, 1 and k-1, all pairs; open strings of up to
+  L bytes: "a", "b" and "a" followed by L - 1 "z" (differing at the first
+  byte, or only after it), all pairs; numeric [lo, hi]: lo,
   the middle, hi, the double after the middle and the double after lo, paired
   as (lo, hi), (lo, mid), (mid, hi), (mid, mid+1ulp), (lo, lo+1ulp);
 * for each path (device, batch), input pair and feature (`features.py`): an event
@@ -43,7 +45,7 @@ from fedldp.aggregator.audit_ldp.sampling import (
     sample_batch,
     sample_device,
 )
-from fedldp.client.mechanisms.base import AttributeSpec, Mechanism, MultiMetric
+from fedldp.client.mechanisms.base import AttributeSpec, Mechanism, MultiMetric, OpenDomain
 from fedldp.client.mechanisms.memo import Memoized
 from fedldp.client.mechanisms.multi import MULTI_IDS
 from fedldp.client.mechanisms.registry import UnknownMechanismError, create
@@ -61,10 +63,13 @@ PATHS = ("device", "batch")
 
 #: Parameter of the memoized mechanisms: the permanent response's ε∞.
 PERMANENT_PARAM = "epsilon_permanent"
+#: Open domain of the open-domain mechanisms when the caller gives none.
+DEFAULT_OPEN_DOMAIN = OpenDomain(4)
 #: Build errors that only say a candidate (domain kind, ε∞) was the wrong guess.
 _WRONG_GUESS = (
     "categorical metric",
     "numeric metric",
+    "open-domain metric",
     "takes no parameters",
     "does not take",
     "needs parameter",
@@ -73,12 +78,12 @@ _WRONG_GUESS = (
 
 @dataclass(frozen=True)
 class MechanismSpec:
-    """What a policy says about a mechanism: wire id, ε, domain (k, [lo, hi] or the
-    attributes of a multi-attribute metric), params."""
+    """What a policy says about a mechanism: wire id, ε, domain (k, [lo, hi], the
+    attributes of a multi-attribute metric, or an open domain), params."""
 
     wire_id: str
     epsilon: Decimal
-    domain: int | tuple[Decimal, Decimal] | MultiMetric
+    domain: int | tuple[Decimal, Decimal] | MultiMetric | OpenDomain
     params: Mapping[str, str] = field(default_factory=dict)
 
     def build(self) -> Mechanism:  # type: ignore[type-arg]
@@ -93,9 +98,11 @@ def resolve_spec(
     numeric_range: tuple[Decimal, Decimal],
     params: Mapping[str, str],
     epsilon_permanent: Decimal,
+    open_domain: OpenDomain = DEFAULT_OPEN_DOMAIN,
 ) -> MechanismSpec:
-    """The spec of `wire_id` at ε: a categorical domain k or the numeric range, whichever
-    the mechanism takes, with `epsilon_permanent` added for a memoized mechanism.
+    """The spec of `wire_id` at ε: a categorical domain k, the numeric range or the open
+    domain, whichever the mechanism takes, with `epsilon_permanent` added for a
+    memoized mechanism.
 
     Raises ValueError with the mechanism's own message when no candidate builds
     (an unknown id: its registry message). A multi-attribute mechanism is audited
@@ -110,6 +117,7 @@ def resolve_spec(
         MechanismSpec(wire_id, epsilon, k, dict(params)),
         MechanismSpec(wire_id, epsilon, k, with_permanent),
         MechanismSpec(wire_id, epsilon, numeric_range, dict(params)),
+        MechanismSpec(wire_id, epsilon, open_domain, dict(params)),
     ]
     errors: list[str] = []
     for spec in candidates:
@@ -240,8 +248,12 @@ class _Plan:
         return len(self.paths) * (events + sum(len(t) for t in self.law_tests))
 
 
+def _all_pairs(inputs: list[tuple[str, Any]]) -> list[tuple[int, int]]:
+    return [(i, j) for i in range(len(inputs)) for j in range(i + 1, len(inputs))]
+
+
 def _inputs(
-    domain: int | tuple[Decimal, Decimal] | MultiMetric,
+    domain: int | tuple[Decimal, Decimal] | MultiMetric | OpenDomain,
 ) -> tuple[list[tuple[str, Any]], list[tuple[int, int]]]:
     if isinstance(domain, MultiMetric):
         # Every attribute at its low end, at its high end, and only the first one high.
@@ -255,8 +267,11 @@ def _inputs(
     if isinstance(domain, int):
         values = sorted({0, 1, domain - 1})
         inputs: list[tuple[str, Any]] = [(str(v), v) for v in values]
-        pairs = [(i, j) for i in range(len(inputs)) for j in range(i + 1, len(inputs))]
-        return inputs, pairs
+        return inputs, _all_pairs(inputs)
+    if isinstance(domain, OpenDomain):
+        texts = list(dict.fromkeys(["a", "b", "a" + "z" * (domain.max_bytes - 1)]))
+        inputs = [(repr(t), t) for t in texts]
+        return inputs, _all_pairs(inputs)
     lo, hi = float(domain[0]), float(domain[1])
     mid = float((domain[0] + domain[1]) / 2)
     inputs = [
@@ -370,10 +385,10 @@ def _laws(plan: _Plan, path: str, samples: list[Reports], level: float) -> list[
 
 def audit_mechanism(
     mech: Mechanism,  # type: ignore[type-arg]
-    domain: int | tuple[Decimal, Decimal] | MultiMetric,
+    domain: int | tuple[Decimal, Decimal] | MultiMetric | OpenDomain,
     settings: AuditSettings | None = None,
 ) -> AuditReport:
-    """Audit `mech` (built for `domain`: k, or the numeric range (lo, hi))."""
+    """Audit `mech` (built for `domain`: k, the numeric range (lo, hi) or an open domain)."""
     settings = settings or AuditSettings()
     plan = _plan(mech, domain, settings)
     level = settings.alpha / plan.tests

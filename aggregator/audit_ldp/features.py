@@ -12,6 +12,9 @@ key space small enough that a few hundred thousand samples find the worst set:
   the number of set bits;
 * hashed reports (OLH) — whether the report supports x and whether it supports
   x', by the hash family of the wire contract (proto/fedldp/v1/collector.proto);
+* group-hashed reports (PEM) — the group and whether the report supports the
+  prefix of x, and of x', at the group's length (`PEM.supports_batch`, the
+  hash family of the wire contract);
 * numeric reports — the RAW BITS of the binary64 wire value: (sign, exponent)
   with the last 1, 4 or 8 mantissa bits; (sign, exponent, first 4 mantissa bits),
   an interval; and each of the 8 bytes. A mechanism whose output set depends on
@@ -108,6 +111,13 @@ def _hashed_support(reports: Reports, x: Any, y: Any, mech: Any) -> IntArray:
     return _as_keys(sx.astype(np.int64) + 2 * sy.astype(np.int64))
 
 
+def _group_support(reports: Reports, x: Any, y: Any, mech: Any) -> IntArray:
+    column = reports.columns[0]
+    sx = mech.supports_batch(column, x).astype(np.int64)
+    sy = mech.supports_batch(column, y).astype(np.int64)
+    return _as_keys(4 * np.asarray(column[0], dtype=np.int64) + sx + 2 * sy)
+
+
 def _numeric_bits(reports: Reports) -> npt.NDArray[np.uint64]:
     return np.asarray(reports.columns[0], dtype=np.uint64)
 
@@ -150,6 +160,8 @@ def features_for(kind: str, reports: int) -> tuple[Feature, ...]:
         return (Feature("joint report (all attributes)", _category_index, False),)
     if kind == "hashed":
         return (Feature("supports x, supports x'", _hashed_support, True),)
+    if kind == "group_hashed":
+        return (Feature("group, supports x, supports x'", _group_support, True),)
     if kind == "bits":
         if reports == 1:
             return (Feature("bits x, x' and weight", _bits_pair_weight, True),)

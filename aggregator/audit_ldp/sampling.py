@@ -16,7 +16,8 @@ struct.pack('<d')).
 
 Both paths return `Reports`: per report index t < T, one column in the batch
 layout of the mechanism (int64 indices; uint8 packed rows; (seeds, values);
-uint64 bit patterns for numeric outputs).
+uint64 bit patterns for numeric outputs; (groups, keys, values) for PEM's
+group-hashed outputs).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ import numpy as np
 from fedldp.client.mechanisms.base import (
     BitVectorOutput,
     CategoryOutput,
+    GroupHashedOutput,
     HashedOutput,
     Mechanism,
     MultiOutput,
@@ -49,7 +51,10 @@ KINDS: dict[type, str] = {
     HashedOutput: "hashed",
     NumericOutput: "numeric",
     MultiOutput: "joint",
+    GroupHashedOutput: "group_hashed",
 }
+#: Kinds whose batch column is a tuple of arrays over the users.
+_TUPLE_KINDS = ("hashed", "group_hashed")
 #: NumericPayload's only field, `double value = 1`: wire type 1 (64-bit), tag byte 0x09.
 _DOUBLE_TAG = 0x09
 
@@ -65,12 +70,12 @@ class Reports:
     def n(self) -> int:
         """Number of users."""
         first = self.columns[0]
-        return int((first[0] if self.kind == "hashed" else first).shape[0])
+        return int((first[0] if self.kind in _TUPLE_KINDS else first).shape[0])
 
     def rows(self, start: int, stop: int) -> Reports:
         """Users start..stop-1."""
-        if self.kind == "hashed":
-            cols = [(s[start:stop], v[start:stop]) for s, v in self.columns]
+        if self.kind in _TUPLE_KINDS:
+            cols = [tuple(part[start:stop] for part in c) for c in self.columns]
             return Reports(self.kind, cols)
         return Reports(self.kind, [c[start:stop] for c in self.columns])
 
@@ -135,7 +140,21 @@ def device_column(kind: str, outputs: list[Output]) -> Any:
         seeds = np.fromiter((o.seed for o in outputs), dtype=np.int64, count=len(outputs))  # type: ignore[union-attr]
         values = np.fromiter((o.value for o in outputs), dtype=np.int64, count=len(outputs))  # type: ignore[union-attr]
         return seeds, values
+    if kind == "group_hashed":
+        return _group_hashed_column(outputs)  # type: ignore[arg-type]
     return np.fromiter((wire_bits(o) for o in outputs), dtype=np.uint64, count=len(outputs))  # type: ignore[arg-type]
+
+
+def _group_hashed_column(
+    outputs: list[GroupHashedOutput],
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.uint64], npt.NDArray[np.int64]]:
+    """(groups, keys as little-endian uint64 words [n, c + 1], values) of PEM outputs."""
+    n = len(outputs)
+    groups = np.fromiter((o.group for o in outputs), dtype=np.int64, count=n)
+    raw = b"".join(o.key for o in outputs)
+    keys = np.frombuffer(raw, dtype="<u8").reshape(n, -1).astype(np.uint64)
+    values = np.fromiter((o.value for o in outputs), dtype=np.int64, count=n)
+    return groups, keys, values
 
 
 def sample_device(
@@ -177,7 +196,7 @@ def sample_batch(
         outputs = mech.batch_outputs(mech.perturb_batch(columns, generator))  # type: ignore[attr-defined]
         return Reports(kind, [device_column(kind, outputs)])
     dtype = np.float64 if kind == "numeric" else np.int64
-    values = np.full(users, value, dtype=dtype)
+    values: Any = [value] * users if isinstance(value, str) else np.full(users, value, dtype=dtype)
     if reports == 1:
         return Reports(kind, [batch_column(kind, mech.perturb_batch(values, generator))])
     longitudinal = getattr(mech, "perturb_batch_longitudinal", None)

@@ -145,9 +145,11 @@ def _window(request: Request) -> int | None:
 
 
 def _policy_kind(policy: VerifiedPolicy) -> str:
-    """The /api/policies "kind" of a policy: "multi", "frequency" or "numeric"."""
+    """The /api/policies "kind" of a policy: "multi", "open", "frequency" or "numeric"."""
     if policy.attributes is not None:
         return "multi"
+    if policy.open_domain is not None:
+        return "open"
     return "frequency" if policy.labels is not None else "numeric"
 
 

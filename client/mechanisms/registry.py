@@ -18,6 +18,9 @@ Registered ids and their policy params (strings, plain notation):
                                     (Square Wave, for the distribution; see square_wave.py)
     multi-split, multi-sample       multi-attribute (a MultiMetric), no params; each
                                     attribute names its own mechanism (see multi.py)
+    pem                             open domain (max_bytes), optional "step_bits",
+                                    "start_bits", "groups", "g" (stated at authoring;
+                                    see pem.py)
 
 Retired ids (`RETIRED_IDS`) stay reserved: they are never registered again,
 and building one raises `RetiredMechanismError` naming the replacement.
@@ -162,6 +165,23 @@ def _numeric_factory(wire_id: str) -> Factory:
     return factory
 
 
+def _pem_factory(epsilon: Decimal, metric: MetricArg, params: Mapping[str, str]) -> Mechanism:  # type: ignore[type-arg]
+    from fedldp.client.mechanisms.base import OpenDomain
+    from fedldp.client.mechanisms.pem import PEM
+
+    if not isinstance(metric, OpenDomain):
+        raise ValueError("pem needs an open-domain metric ([metric] max_bytes = N)")
+    only_params("pem", params, {"step_bits", "start_bits", "groups", "g"})
+    options = {name: int_param("pem", params, name) for name in ("step_bits", "start_bits")}
+    return PEM(
+        epsilon,
+        metric,
+        **{name: value for name, value in options.items() if value is not None},
+        groups=int_param("pem", params, "groups"),
+        g=int_param("pem", params, "g"),
+    )
+
+
 register("grr", _categorical_factory("grr", "grr", "GRR"))
 register("oue", _categorical_factory("oue", "unary", "OUE"))
 register("sue", _categorical_factory("sue", "unary", "SUE"))
@@ -188,3 +208,4 @@ def _multi_factory(wire_id: str) -> Factory:
 
 for _multi_id in ("multi-split", "multi-sample"):
     register(_multi_id, _multi_factory(_multi_id))
+register("pem", _pem_factory)

@@ -262,3 +262,22 @@ def test_device_path_shares_one_permanent_response_per_user() -> None:
     first, *others = reports.columns
     assert all(np.array_equal(first, other) for other in others)
     assert len(set(first.tolist())) > 1  # ... while users draw their own
+
+
+def test_pem_randomizing_at_twice_its_epsilon_fails() -> None:
+    """PEM (open domain) keeping the hash with the probability for 2ε while claiming ε:
+    the group-and-support feature bounds ε above the claim, and its law check fails."""
+    from fedldp.client.mechanisms import OpenDomain
+    from fedldp.client.mechanisms.olh import keep_probability
+    from fedldp.client.mechanisms.pem import PEM
+
+    class DoubledPEM(PEM):
+        def __init__(self, epsilon: Decimal, domain: OpenDomain) -> None:
+            super().__init__(epsilon, domain, g=4)
+            self.keep = keep_probability(2 * epsilon, self.g)
+
+    domain = OpenDomain(2)
+    report = audit_mechanism(DoubledPEM(Decimal(1), domain), domain, seeded())
+    assert report.epsilon_lb("batch") > 1.0
+    assert not report.law_passed
+    assert not report.passed

@@ -454,6 +454,16 @@ def cases(env: Env) -> list[tuple[str, list[str]]]:
         ("train service with config", [*_service_job(b), "--config", str(b / "bad.toml")]),
         ("train status without service", ["train", "status", "0" * 32]),
         ("demo exponent epsilon", ["demo", "--epsilon", "1e-3", "--out", str(b / "demo-out")]),
+        ("demo unknown scenario", ["demo", "--scenario", "words", "--out", str(b / "demo-out")]),
+        (
+            "demo open-domain exponent epsilon",
+            ["demo", "--scenario", "open-domain", "--epsilon", "8e0", "--out", str(b / "demo-out")],
+        ),
+        ("verify mechanism max-bytes 0", ["verify", "mechanism", "-m", "pem", "--max-bytes", "0"]),
+        (
+            "verify mechanism pem bad g",
+            ["verify", "mechanism", "-m", "pem", "--param", "g=6", "--samples", "10"],
+        ),
         ("release count --service no dataset", [*ask("count"), "--service", "127.0.0.1:1"]),
         (
             "release sum --service with --lower",
@@ -632,6 +642,10 @@ EXPECTED: dict[str, tuple[int, str]] = {
     "ledger set-cap exponent": (2, "plain notation"),
     "release count exponent": (2, "plain notation"),
     "demo exponent epsilon": (2, "plain notation"),
+    "demo unknown scenario": (2, "--scenario"),
+    "demo open-domain exponent epsilon": (2, "plain notation"),
+    "verify mechanism max-bytes 0": (2, "--max-bytes"),
+    "verify mechanism pem bad g": (2, "power of two"),
     "train nproc zero": (2, "--nproc"),
     "release count --service no dataset": (2, "--service needs --dataset"),
     "release sum --service with --lower": (2, "--lower is not used with --service"),

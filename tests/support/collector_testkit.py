@@ -161,6 +161,35 @@ class Deployment:
         self.envelopes.append(env)
         return env
 
+    def add_open(
+        self,
+        policy_id: str,
+        *,
+        max_bytes: int = 4,
+        epsilon: str = "4",
+        epsilon_cap: str = "4",
+        mechanism: str = "pem",
+        window_seconds: int = 86400,
+        params: dict[str, str] | None = None,
+    ) -> policy_pb2.SignedEnvelope:
+        """Sign and keep an open-domain (string) policy; returns its envelope."""
+        policy = self.authority.open_policy(
+            policy_id=policy_id,
+            metric=_metric_name(policy_id),
+            max_bytes=max_bytes,
+            epsilon=epsilon,
+            epsilon_cap=epsilon_cap,
+            window_seconds=window_seconds,
+            now=self.now - 60,
+            mechanism=mechanism,
+            min_reports=1,
+            audience=(self.audience,),
+            params=params,
+        )
+        env = self.authority.sign(policy)
+        self.envelopes.append(env)
+        return env
+
     def trust(self) -> TrustStore:
         """The collector's trust store (pinned to the authority's root key)."""
         return self.authority.trust_store(now=self.now)

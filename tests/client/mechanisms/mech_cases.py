@@ -15,7 +15,7 @@ from fractions import Fraction
 from typing import Any
 
 import numpy as np
-from fedldp.client.mechanisms import AttributeSpec, MultiMetric, create
+from fedldp.client.mechanisms import AttributeSpec, MultiMetric, OpenDomain, create
 from fedldp.client.mechanisms.base import (
     BitVectorOutput,
     CategoryOutput,
@@ -84,6 +84,12 @@ MULTI_METRIC = MultiMetric(
 MULTI_CASES = [
     Case("multi-split", Decimal("1"), MULTI_METRIC),
     Case("multi-sample", Decimal("1"), MULTI_METRIC),
+]
+
+#: Open-domain (string) mechanisms: their contract suites are their own files
+#: (pem: test_pem.py), since their outputs cannot be enumerated.
+OPEN_CASES = [
+    Case("pem", Decimal("2"), OpenDomain(2), (("g", "8"),)),
 ]
 
 #: The frequency oracles whose samplers state their exact law (`exact_probability`).
