@@ -14,6 +14,8 @@ Registered ids and their policy params (strings, plain notation):
     duchi                           numeric (lo, hi), no params
     piecewise, hybrid               numeric (lo, hi), optional "levels" and "cells"
                                     (grid size; see numeric.py)
+    cms, hcms                       open domain (strings), optional "rows" and
+                                    "columns" (sketch size; see sketch.py)
 
 Retired ids (`RETIRED_IDS`) stay reserved: they are never registered again,
 and building one raises `RetiredMechanismError` naming the replacement.
@@ -156,6 +158,15 @@ def _numeric_factory(wire_id: str) -> Factory:
     return factory
 
 
+def _sketch_factory(wire_id: str) -> Factory:
+    def factory(epsilon: Decimal, metric: MetricArg, params: Mapping[str, str]) -> Mechanism:  # type: ignore[type-arg]
+        from fedldp.client.mechanisms.sketch import build_sketch
+
+        return build_sketch(wire_id, epsilon, metric, params)
+
+    return factory
+
+
 register("grr", _categorical_factory("grr", "grr", "GRR"))
 register("oue", _categorical_factory("oue", "unary", "OUE"))
 register("sue", _categorical_factory("sue", "unary", "SUE"))
@@ -166,3 +177,5 @@ for _memo_id in ("rappor-grr", "rappor-oue", "rappor-sue"):
     register(_memo_id, _memo_factory(_memo_id))
 for _numeric_id in ("duchi", "piecewise", "hybrid"):
     register(_numeric_id, _numeric_factory(_numeric_id))
+for _sketch_id in ("cms", "hcms"):
+    register(_sketch_id, _sketch_factory(_sketch_id))
