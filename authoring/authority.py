@@ -18,6 +18,7 @@ from fedldp.authoring.policies import (
     require_valid,
     resolve_auto_mechanism,
     state_numeric_grid,
+    state_sketch_params,
 )
 from fedldp.authoring.signing import generate_key, make_root, sign_policy
 from fedldp.client.policy.envelope import domain_digest, key_id_of
@@ -157,6 +158,17 @@ class Authority:
         policy.metric.numeric.lo = lo
         policy.metric.numeric.hi = hi
         state_numeric_grid(policy)
+        require_valid(policy)
+        return policy
+
+    def open_policy(
+        self, *, max_bytes: int, mechanism: str = "cms", **fields: Unpack[PolicyFields]
+    ) -> policy_pb2.Policy:
+        """A validated open-domain (strings of 1..max_bytes UTF-8 bytes) policy valid from
+        `now`, the sketch size stated in its params (not signed; see `sign`)."""
+        policy = self._base_policy(mechanism=mechanism, **fields)
+        policy.metric.open.max_bytes = max_bytes
+        state_sketch_params(policy)
         require_valid(policy)
         return policy
 

@@ -20,6 +20,7 @@ from typing import Any
 from fedldp.client.mechanisms.auto import choose_frequency_oracle
 from fedldp.client.mechanisms.base import MAX_OPEN_DOMAIN_BYTES
 from fedldp.client.mechanisms.numeric import grid_params
+from fedldp.client.mechanisms.sketch import sketch_params
 from fedldp.client.policy.envelope import domain_digest
 from fedldp.client.policy.errors import InvalidPolicyError
 from fedldp.client.policy.validation import EPSILON_PERMANENT, parse_decimal, policy_problems
@@ -267,6 +268,7 @@ def policy_from_dict(data: Mapping[str, Any]) -> policy_pb2.Policy:
 
     resolve_auto_mechanism(policy)
     state_numeric_grid(policy)
+    state_sketch_params(policy)
     content_problems, _ = policy_problems(policy)
     for problem in content_problems:
         if problem not in problems:
@@ -345,6 +347,20 @@ def state_numeric_grid(policy: policy_pb2.Policy) -> None:
         spec.params[key] = value
 
 
+def state_sketch_params(policy: policy_pb2.Policy) -> None:
+    """Write the sketch size a "cms"/"hcms" mechanism uses ("rows", "columns") into its
+    params, in place, so the signed policy states it (`fedldp.client.mechanisms.sketch`).
+
+    Only for open-domain metrics; parameters already given are kept; invalid
+    input is left for validation to report.
+    """
+    if policy.metric.WhichOneof("kind") != "open":
+        return
+    spec = policy.mechanism
+    for key, value in sketch_params(spec.id, dict(spec.params)).items():
+        spec.params[key] = value
+
+
 def require_valid(policy: policy_pb2.Policy) -> None:
     """Raise InvalidPolicyError listing every content problem of `policy` (devices' rules)."""
     problems, _ = policy_problems(policy)
@@ -361,5 +377,6 @@ __all__ = [
     "require_valid",
     "resolve_auto_mechanism",
     "state_numeric_grid",
+    "state_sketch_params",
     "successor_problems",
 ]
