@@ -40,6 +40,8 @@ from fedldp.aggregator.estimation import (
     frequency_report,
     numeric_report,
 )
+from fedldp.aggregator.sketches import candidate_report
+from fedldp.client.mechanisms.sketch import Sketch
 
 if TYPE_CHECKING:
     from fedldp.client.mechanisms.base import Mechanism
@@ -64,6 +66,10 @@ class InsufficientReportsError(ReportError):
         )
         self.count = count
         self.minimum = minimum
+
+
+class CandidatesRequiredError(ReportError):
+    """A sketch policy (open domain) was asked for a report without candidate strings."""
 
 
 class DuplicatePartialError(ReportError):
@@ -203,14 +209,19 @@ def report_for_policy(
     confidence: float = 0.95,
     simultaneous: bool = False,
     consistency: Consistency | str | None = None,
+    candidates: Sequence[str] | None = None,
 ) -> FrequencyReport | NumericReport:
     """The analyst report for a policy from a merged statistic, behind the release gate.
 
     Categorical policies give a FrequencyReport over the policy's labels,
-    numeric policies a NumericReport of the mean over the policy's range.
+    numeric policies a NumericReport of the mean over the policy's range, and
+    sketch policies (cms, hcms) a FrequencyReport over `candidates`, the strings
+    the analyst asks about (required for them, refused for the others:
+    CandidatesRequiredError, ValueError).
     """
-    check_release_gate(policy, window_start, merged.n)
     mechanism = policy.mechanism
+    sketch = _sketch_of(policy, candidates)
+    check_release_gate(policy, window_start, merged.n)
     context = ReportContext(
         policy_id=policy.policy_id,
         policy_version=policy.version,
@@ -223,6 +234,17 @@ def report_for_policy(
         window_seconds=policy.window_seconds,
         purpose=policy.message.purpose or None,
     )
+    if sketch is not None:
+        assert candidates is not None
+        return candidate_report(
+            sketch,
+            merged.statistic,
+            candidates,
+            confidence=confidence,
+            simultaneous=simultaneous,
+            consistency=consistency,
+            context=context,
+        )
     if policy.labels is not None:
         return frequency_report(
             mechanism,
@@ -244,6 +266,26 @@ def report_for_policy(
     )
 
 
+def _sketch_of(policy: VerifiedPolicy, candidates: Sequence[str] | None) -> Sketch | None:
+    """The policy's sketch mechanism when it has one (candidates then required), else None
+    (candidates then refused)."""
+    mechanism = policy.mechanism
+    if not isinstance(mechanism, Sketch):
+        if candidates is not None:
+            raise ValueError(
+                f"candidates apply to sketch policies (cms, hcms); policy {policy.policy_id!r} "
+                f"uses {mechanism.wire_id!r}"
+            )
+        return None
+    if candidates is None:
+        raise CandidatesRequiredError(
+            f"policy {policy.policy_id!r} collects strings with the sketch {mechanism.wire_id!r}: "
+            "there is no list of values; name the strings to estimate "
+            "(fedldp report --candidates FILE, one per line)"
+        )
+    return mechanism
+
+
 def report_from_ledgers(
     ledgers: Sequence[tuple[str, StatisticsSource]],
     policy: VerifiedPolicy,
@@ -253,10 +295,12 @@ def report_from_ledgers(
     simultaneous: bool = False,
     consistency: Consistency | str | None = None,
     extra_partials: Iterable[Partial] = (),
+    candidates: Sequence[str] | None = None,
 ) -> FrequencyReport | NumericReport:
     """Merge the partial statistics of one or more (source name, ledger) pairs and report.
 
-    `extra_partials` adds statistics loaded from export files (other regions).
+    `extra_partials` adds statistics loaded from export files (other regions);
+    `candidates` are the strings a sketch policy's report estimates.
     """
     partials: list[Partial] = []
     for name, ledger in ledgers:
@@ -272,6 +316,7 @@ def report_from_ledgers(
         confidence=confidence,
         simultaneous=simultaneous,
         consistency=consistency,
+        candidates=candidates,
     )
 
 

@@ -101,6 +101,8 @@ def _specs(
 def _domain(spec: MechanismSpec) -> str:
     if isinstance(spec.domain, int):
         return f"k={spec.domain}"
+    if not isinstance(spec.domain, tuple):
+        return f"strings <= {spec.domain.max_bytes} bytes"
     return f"[{spec.domain[0]}, {spec.domain[1]}]"
 
 
@@ -136,7 +138,7 @@ def _as_json(spec: MechanismSpec, report: AuditReport, settings: AuditSettings) 
     best = report.best_event()
     return {
         "mechanism": spec.wire_id,
-        "domain": spec.domain if isinstance(spec.domain, int) else [str(x) for x in spec.domain],
+        "domain": _json_domain(spec),
         "params": dict(spec.params),
         "epsilon": str(spec.epsilon),
         "reports": report.reports,
@@ -164,6 +166,14 @@ def _as_json(spec: MechanismSpec, report: AuditReport, settings: AuditSettings) 
         "notes": list(report.notes),
         "passed": report.passed,
     }
+
+
+def _json_domain(spec: MechanismSpec) -> Any:
+    if isinstance(spec.domain, int):
+        return spec.domain
+    if isinstance(spec.domain, tuple):
+        return [str(x) for x in spec.domain]
+    return {"max_bytes": spec.domain.max_bytes}
 
 
 @click.command(name="mechanism", cls=_OneLineErrors)

@@ -3,7 +3,9 @@
 `audit_mechanism(mech, domain, settings)` runs the shipped randomizer on chosen
 neighbouring inputs and returns an `AuditReport`:
 
-* inputs — categorical: values 0, 1 and k-1, all pairs; numeric [lo, hi]: lo,
+* inputs — open domain (sketches): two fixed strings whose sketch cells differ
+  in as many rows as possible (`open_inputs`); categorical: values 0, 1 and
+  k-1, all pairs; numeric [lo, hi]: lo,
   the middle, hi, the double after the middle and the double after lo, paired
   as (lo, hi), (lo, mid), (mid, hi), (mid, mid+1ulp), (lo, lo+1ulp);
 * for each path (device, batch), input pair and feature (`features.py`): an event
@@ -43,7 +45,7 @@ from fedldp.aggregator.audit_ldp.sampling import (
     sample_batch,
     sample_device,
 )
-from fedldp.client.mechanisms.base import Mechanism
+from fedldp.client.mechanisms.base import MAX_OPEN_DOMAIN_BYTES, Mechanism, OpenDomain
 from fedldp.client.mechanisms.memo import Memoized
 from fedldp.client.mechanisms.registry import UnknownMechanismError, create
 
@@ -67,16 +69,24 @@ _WRONG_GUESS = (
     "takes no parameters",
     "does not take",
     "needs parameter",
+    "open-domain metric",
 )
+#: The audited strings of an open domain: FIRST, and the first SECOND_STEM + i
+#: (i < OPEN_SEARCH) whose sketch cells differ from FIRST's in every row (else
+#: in the most rows): the rows where they differ are where a leak would show.
+OPEN_FIRST = "fedldp-audit-x"
+OPEN_SECOND_STEM = "fedldp-audit-y"
+OPEN_SEARCH = 1000
 
 
 @dataclass(frozen=True)
 class MechanismSpec:
-    """What a policy says about a mechanism: wire id, ε, domain (k or [lo, hi]), params."""
+    """What a policy says about a mechanism: wire id, ε, domain (k, [lo, hi] or an open
+    domain of strings), params."""
 
     wire_id: str
     epsilon: Decimal
-    domain: int | tuple[Decimal, Decimal]
+    domain: int | tuple[Decimal, Decimal] | OpenDomain
     params: Mapping[str, str] = field(default_factory=dict)
 
     def build(self) -> Mechanism:  # type: ignore[type-arg]
@@ -92,8 +102,9 @@ def resolve_spec(
     params: Mapping[str, str],
     epsilon_permanent: Decimal,
 ) -> MechanismSpec:
-    """The spec of `wire_id` at ε: a categorical domain k or the numeric range, whichever
-    the mechanism takes, with `epsilon_permanent` added for a memoized mechanism.
+    """The spec of `wire_id` at ε: a categorical domain k, the numeric range or an open
+    domain of strings (max_bytes = MAX_OPEN_DOMAIN_BYTES), whichever the mechanism
+    takes, with `epsilon_permanent` added for a memoized mechanism.
 
     Raises ValueError with the mechanism's own message when no candidate builds
     (an unknown id: its registry message).
@@ -103,6 +114,7 @@ def resolve_spec(
         MechanismSpec(wire_id, epsilon, k, dict(params)),
         MechanismSpec(wire_id, epsilon, k, with_permanent),
         MechanismSpec(wire_id, epsilon, numeric_range, dict(params)),
+        MechanismSpec(wire_id, epsilon, OpenDomain(MAX_OPEN_DOMAIN_BYTES), dict(params)),
     ]
     errors: list[str] = []
     for spec in candidates:
@@ -221,9 +233,25 @@ class _Plan:
         return len(self.paths) * (events + sum(len(t) for t in self.law_tests))
 
 
+def open_inputs(mech: Any) -> list[tuple[str, Any]]:
+    """The two audited strings of a sketch (see OPEN_FIRST)."""
+    first = mech.cells(OPEN_FIRST)
+
+    def differing(candidate: str) -> int:
+        return sum(a != b for a, b in zip(first, mech.cells(candidate), strict=True))
+
+    best = max(
+        (f"{OPEN_SECOND_STEM}{i}" for i in range(OPEN_SEARCH)),
+        key=lambda c: (differing(c) == mech.k, differing(c)),
+    )
+    return [(OPEN_FIRST, OPEN_FIRST), (best, best)]
+
+
 def _inputs(
-    domain: int | tuple[Decimal, Decimal],
+    domain: int | tuple[Decimal, Decimal] | OpenDomain, mech: Any
 ) -> tuple[list[tuple[str, Any]], list[tuple[int, int]]]:
+    if isinstance(domain, OpenDomain):
+        return open_inputs(mech), [(0, 1)]
     if isinstance(domain, int):
         values = sorted({0, 1, domain - 1})
         inputs: list[tuple[str, Any]] = [(str(v), v) for v in values]
@@ -242,7 +270,7 @@ def _inputs(
 
 
 def _plan(mech: Mechanism, domain: Any, settings: AuditSettings) -> _Plan:  # type: ignore[type-arg]
-    inputs, pairs = _inputs(domain)
+    inputs, pairs = _inputs(domain, mech)
     kind = output_kind(mech, inputs[0][1])
     memoized = isinstance(mech, Memoized)
     reports = settings.reports if memoized else 1
@@ -337,10 +365,10 @@ def _laws(plan: _Plan, path: str, samples: list[Reports], level: float) -> list[
 
 def audit_mechanism(
     mech: Mechanism,  # type: ignore[type-arg]
-    domain: int | tuple[Decimal, Decimal],
+    domain: int | tuple[Decimal, Decimal] | OpenDomain,
     settings: AuditSettings | None = None,
 ) -> AuditReport:
-    """Audit `mech` (built for `domain`: k, or the numeric range (lo, hi))."""
+    """Audit `mech` (built for `domain`: k, the numeric range (lo, hi) or an open domain)."""
     settings = settings or AuditSettings()
     plan = _plan(mech, domain, settings)
     level = settings.alpha / plan.tests

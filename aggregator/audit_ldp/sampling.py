@@ -16,7 +16,8 @@ struct.pack('<d')).
 
 Both paths return `Reports`: per report index t < T, one column in the batch
 layout of the mechanism (int64 indices; uint8 packed rows; (seeds, values);
-uint64 bit patterns for numeric outputs).
+uint64 bit patterns for numeric outputs; (rows, packed rows) for CMS and
+(rows, columns, bits) for HCMS sketch reports).
 """
 
 from __future__ import annotations
@@ -33,6 +34,8 @@ from fedldp.client.mechanisms.base import (
     Mechanism,
     NumericOutput,
     Output,
+    SketchBitOutput,
+    SketchRowOutput,
 )
 from fedldp.client.mechanisms.memo import Memoized
 from fedldp.client.wire import fill_payload
@@ -47,6 +50,8 @@ KINDS: dict[type, str] = {
     BitVectorOutput: "bits",
     HashedOutput: "hashed",
     NumericOutput: "numeric",
+    SketchRowOutput: "sketch_row",
+    SketchBitOutput: "sketch_bit",
 }
 #: NumericPayload's only field, `double value = 1`: wire type 1 (64-bit), tag byte 0x09.
 _DOUBLE_TAG = 0x09
@@ -63,12 +68,12 @@ class Reports:
     def n(self) -> int:
         """Number of users."""
         first = self.columns[0]
-        return int((first[0] if self.kind == "hashed" else first).shape[0])
+        return int((first[0] if isinstance(first, tuple) else first).shape[0])
 
     def rows(self, start: int, stop: int) -> Reports:
         """Users start..stop-1."""
-        if self.kind == "hashed":
-            cols = [(s[start:stop], v[start:stop]) for s, v in self.columns]
+        if isinstance(self.columns[0], tuple):  # hashed, sketch_row, sketch_bit
+            cols = [tuple(part[start:stop] for part in c) for c in self.columns]
             return Reports(self.kind, cols)
         return Reports(self.kind, [c[start:stop] for c in self.columns])
 
@@ -113,6 +118,14 @@ def device_column(kind: str, outputs: list[Output]) -> Any:
     if kind == "bits":
         raw = b"".join(o.bits for o in outputs)  # type: ignore[union-attr]
         return np.frombuffer(raw, dtype=np.uint8).reshape(len(outputs), -1)
+    if kind == "sketch_row":
+        rows = np.fromiter((o.row for o in outputs), dtype=np.int64, count=len(outputs))  # type: ignore[union-attr]
+        packed = b"".join(o.bits for o in outputs)  # type: ignore[union-attr]
+        return rows, np.frombuffer(packed, dtype=np.uint8).reshape(len(outputs), -1)
+    if kind == "sketch_bit":
+        triples = [(o.row, o.column, o.bit) for o in outputs]  # type: ignore[union-attr]
+        array = np.array(triples, dtype=np.int64).reshape(len(outputs), 3)
+        return array[:, 0], array[:, 1], array[:, 2].astype(np.bool_)
     if kind == "hashed":
         seeds = np.fromiter((o.seed for o in outputs), dtype=np.int64, count=len(outputs))  # type: ignore[union-attr]
         values = np.fromiter((o.value for o in outputs), dtype=np.int64, count=len(outputs))  # type: ignore[union-attr]
@@ -154,7 +167,7 @@ def sample_batch(
     generator: np.random.Generator,
 ) -> Reports:
     """`users` simulated devices each sending `reports` reports of `value` (numpy path)."""
-    dtype = np.float64 if kind == "numeric" else np.int64
+    dtype = np.float64 if kind == "numeric" else object if isinstance(value, str) else np.int64
     values = np.full(users, value, dtype=dtype)
     if reports == 1:
         return Reports(kind, [batch_column(kind, mech.perturb_batch(values, generator))])

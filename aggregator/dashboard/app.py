@@ -30,6 +30,7 @@ import uvicorn
 from fedldp.aggregator.dashboard import pages
 from fedldp.aggregator.dashboard.model import Dashboard, Options, UnknownPolicyError, iso_utc
 from fedldp.aggregator.reports import InsufficientReportsError, ReportError
+from fedldp.client.policy import VerifiedPolicy
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.middleware.trustedhost import TrustedHostMiddleware
@@ -114,6 +115,13 @@ class SecurityMiddleware:
         return False
 
 
+def _kind(policy: VerifiedPolicy) -> str:
+    """A policy's report kind: frequency, numeric, or open (strings; candidates needed)."""
+    if policy.labels is not None:
+        return "frequency"
+    return "open" if policy.open_domain is not None else "numeric"
+
+
 def _options(request: Request) -> Options:
     q = request.query_params
     try:
@@ -180,7 +188,7 @@ def create_app(
                     "policy_id": s.policy.policy_id,
                     "policy_version": s.policy.version,
                     "metric": s.policy.metric_name,
-                    "kind": "frequency" if s.policy.labels is not None else "numeric",
+                    "kind": _kind(s.policy),
                     "mechanism": s.policy.mechanism.wire_id,
                     "epsilon_per_report": str(s.policy.charge),
                     "epsilon_cap": str(s.policy.epsilon_cap),

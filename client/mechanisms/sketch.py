@@ -154,7 +154,8 @@ def check_sketch_size(wire_id: str, rows: int, columns: int) -> tuple[int, int]:
         raise ValueError(f"{wire_id} parameter 'rows' must be in [1, {MAX_ROWS}]")
     if not MIN_COLUMNS <= columns <= MAX_COLUMNS or columns & (columns - 1):
         raise ValueError(
-            f"{wire_id} parameter 'columns' must be a power of two in [{MIN_COLUMNS}, {MAX_COLUMNS}]"
+            f"{wire_id} parameter 'columns' must be a power of two in "
+            f"[{MIN_COLUMNS}, {MAX_COLUMNS}]"
         )
     if rows * columns > MAX_CELLS:
         raise ValueError(f"{wire_id}: rows x columns must be at most {MAX_CELLS} cells")
@@ -195,9 +196,7 @@ class SketchStatistic:
 
     def merge(self, other: SketchStatistic) -> None:
         """Add another partial statistic in place."""
-        if len(other.counts) != len(self.counts) or len(other.row_reports) != len(
-            self.row_reports
-        ):
+        if len(other.counts) != len(self.counts) or len(other.row_reports) != len(self.row_reports):
             raise ValueError("cannot merge sketch statistics of different sizes")
         self.counts = [a + b for a, b in zip(self.counts, other.counts, strict=True)]
         self.row_reports = [a + b for a, b in zip(self.row_reports, other.row_reports, strict=True)]
@@ -211,8 +210,8 @@ class CandidateEstimate(Estimate):
     `variances` = `noise_variances` + `collision_variances`; `pair_count` is P̂.
     """
 
-    noise_variances: npt.NDArray[np.float64] = field(repr=False, default=None)  # type: ignore[assignment]
-    collision_variances: npt.NDArray[np.float64] = field(repr=False, default=None)  # type: ignore[assignment]
+    noise_variances: npt.NDArray[np.float64] | None = field(repr=False, default=None)
+    collision_variances: npt.NDArray[np.float64] | None = field(repr=False, default=None)
     pair_count: float = 0.0
 
 
@@ -220,6 +219,8 @@ class Sketch(Mechanism[str, SketchStatistic]):
     """Shared body of CMS and HCMS: hashing, rows, statistic, estimator (module docstring)."""
 
     _name: ClassVar[str]
+    #: The threshold that keeps the truth (CMS: a bit; HCMS: the coefficient's sign).
+    keep: DyadicProbability
 
     def __init__(self, epsilon: Decimal, domain: OpenDomain, rows: int, columns: int) -> None:
         super().__init__(epsilon)
@@ -407,9 +408,7 @@ class CMS(Sketch):
         row, bits = self._check(output)
         expected = 1 << cells[row]
         flipped = (bits ^ expected).bit_count()
-        return (
-            Fraction(1, self.k) * self.q_exact**flipped * self.p_exact ** (self.m - flipped)
-        )
+        return Fraction(1, self.k) * self.q_exact**flipped * self.p_exact ** (self.m - flipped)
 
     def perturb_batch(
         self, values: Sequence[str], rng: np.random.Generator
@@ -528,7 +527,7 @@ class HCMS(Sketch):
         import numpy as np
 
         rows, cells = self.batch_cells(values, rng)
-        columns = rng.integers(0, self.m, size=rows.shape[0], dtype=np.int64)
+        columns = np.asarray(rng.integers(0, self.m, size=rows.shape[0]), dtype=np.int64)
         kept = self.keep.draw_batch(rows.shape[0], rng)
         folded = cells & columns
         shift = 32
@@ -571,7 +570,6 @@ class HCMS(Sketch):
 
     def cell_estimates(self, statistic: SketchStatistic) -> npt.NDArray[np.float64]:
         import numpy as np
-
         from fedldp.client.mechanisms.hadamard import fwht
 
         signed = np.asarray(statistic.counts, dtype=np.float64).reshape(self.k, self.m)

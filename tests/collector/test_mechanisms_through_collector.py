@@ -14,13 +14,20 @@ from typing import Any
 import grpc
 import pytest
 from collector_testkit import Deployment, coarse, make_report
-from fedldp.client.mechanisms import BitVectorOutput, NumericOutput, registered_ids
+from fedldp.client.mechanisms import (
+    BitVectorOutput,
+    NumericOutput,
+    SketchBitOutput,
+    SketchRowOutput,
+    registered_ids,
+)
 from fedldp.collector.auth import bearer_metadata
 from fedldp.collector.server import RunningCollector, start_collector
 from fedldp.v1 import collector_pb2 as pb
 from fedldp.v1 import collector_pb2_grpc, policy_pb2
 
 NUMERIC = {"duchi", "hybrid", "piecewise"}
+SKETCHES = {"cms", "hcms"}
 LABELS = [f"v{i}" for i in range(8)]
 
 
@@ -30,6 +37,8 @@ def every_mechanism(now: int) -> Deployment:
     for m in registered_ids():
         if m in NUMERIC:
             d.add_numeric(f"p-{m}", mechanism=m, lo="-1", hi="1")
+        elif m in SKETCHES:
+            d.add_open(f"p-{m}", mechanism=m, params={"rows": "8", "columns": "64"})
         elif m.startswith("rappor-"):
             d.add_categorical(
                 f"p-{m}",
@@ -62,9 +71,11 @@ def test_outputs_are_charged_and_aggregated(
     envelope = every_mechanism.envelopes[registered_ids().index(mechanism)]
     policy = every_mechanism.verified(envelope)
     rng = random.Random(7)
-    values = [
+    values: list[Any] = [
         rng.uniform(-1, 1) if mechanism in NUMERIC else rng.randrange(len(LABELS)) for _ in range(3)
     ]
+    if mechanism in SKETCHES:
+        values = ["new", "words", "😀"]
     outputs = []
     for v in values:
         if mechanism.startswith("rappor-"):
@@ -102,6 +113,10 @@ def _bad_output(mechanism: str, output: object) -> tuple[object, int]:
         return dataclasses.replace(output, length=output.length + 1), pb.REJECT_REASON_WRONG_LENGTH
     if isinstance(output, NumericOutput):
         return NumericOutput(1e9), pb.REJECT_REASON_OUT_OF_DOMAIN
+    if isinstance(output, SketchRowOutput):
+        return dataclasses.replace(output, length=output.length * 2), pb.REJECT_REASON_WRONG_LENGTH
+    if isinstance(output, SketchBitOutput):
+        return dataclasses.replace(output, column=64), pb.REJECT_REASON_OUT_OF_DOMAIN
     field = "index" if hasattr(output, "index") else "value"
     return dataclasses.replace(output, **{field: 10**6}), pb.REJECT_REASON_OUT_OF_DOMAIN  # type: ignore[type-var]
 
@@ -113,7 +128,9 @@ def test_out_of_domain_outputs_are_refused(
     envelope = every_mechanism.envelopes[registered_ids().index(mechanism)]
     policy = every_mechanism.verified(envelope)
     rng = random.Random(3)
-    value = 0.5 if mechanism in NUMERIC else 1
+    value: Any = 0.5 if mechanism in NUMERIC else 1
+    if mechanism in SKETCHES:
+        value = "word"
     if mechanism.startswith("rappor-"):
         memoized: Any = policy.mechanism
         good = memoized.perturb(value, rng=rng, memo=memoized.new_memo())

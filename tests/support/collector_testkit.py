@@ -138,6 +138,36 @@ class Deployment:
         """The collector's trust store (pinned to the authority's root key)."""
         return self.authority.trust_store(now=self.now)
 
+    def add_open(
+        self,
+        policy_id: str,
+        *,
+        max_bytes: int = 32,
+        epsilon: str = "2",
+        epsilon_cap: str = "8",
+        mechanism: str = "cms",
+        params: dict[str, str] | None = None,
+        window_seconds: int = 86400,
+        metric: str | None = None,
+    ) -> policy_pb2.SignedEnvelope:
+        """Sign and keep an open-domain (strings) policy; returns its envelope."""
+        policy = self.authority.open_policy(
+            policy_id=policy_id,
+            metric=_metric_name(policy_id) if metric is None else metric,
+            max_bytes=max_bytes,
+            epsilon=epsilon,
+            epsilon_cap=epsilon_cap,
+            window_seconds=window_seconds,
+            now=self.now - 60,
+            mechanism=mechanism,
+            params=params,
+            min_reports=1,
+            audience=(self.audience,),
+        )
+        env = self.authority.sign(policy)
+        self.envelopes.append(env)
+        return env
+
     def verified(
         self, envelope: policy_pb2.SignedEnvelope, *, now: int | None = None
     ) -> VerifiedPolicy:
