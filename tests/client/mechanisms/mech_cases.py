@@ -15,7 +15,7 @@ from fractions import Fraction
 from typing import Any
 
 import numpy as np
-from fedldp.client.mechanisms import create
+from fedldp.client.mechanisms import OpenDomain, create
 from fedldp.client.mechanisms.base import (
     BitVectorOutput,
     CategoryOutput,
@@ -71,6 +71,14 @@ NUMERIC_CASES = [
     Case("hybrid", Decimal("0.5"), (LO, HI)),
 ]
 ALL_CASES = CATEGORICAL_CASES + NUMERIC_CASES
+#: Sketches over open string domains: their own contract suite is test_sketch.py
+#: (string inputs, candidate estimates), run over these cases.
+SKETCH_CASES = [
+    Case("cms", Decimal("1"), OpenDomain(16), (("rows", "4"), ("columns", "16"))),
+    Case("cms", Decimal("4"), OpenDomain(64)),
+    Case("hcms", Decimal("2"), OpenDomain(16), (("rows", "8"), ("columns", "8"))),
+    Case("hcms", Decimal("0.5"), OpenDomain(64)),
+]
 
 #: The frequency oracles whose samplers state their exact law (`exact_probability`).
 EXACT_ORACLES = ("grr", "oue", "sue", "olh", "hr", "ss")

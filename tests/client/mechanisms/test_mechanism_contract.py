@@ -46,6 +46,7 @@ from mech_cases import (  # type: ignore[import-not-found]
     EXACT_EPSILONS,
     MEMO_CASES,
     NUMERIC_CASES,
+    SKETCH_CASES,
     Case,
     batch_to_outputs,
     exact_laws,
@@ -65,7 +66,7 @@ ALPHA = 1e-6
 
 
 def test_every_registered_mechanism_has_a_contract_case() -> None:
-    assert {c.wire_id for c in ALL_CASES} == set(registered_ids())
+    assert {c.wire_id for c in ALL_CASES + SKETCH_CASES} == set(registered_ids())
 
 
 # --- privacy: exact and tight ---------------------------------------------------------
