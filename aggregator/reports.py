@@ -40,7 +40,7 @@ from fedldp.aggregator.estimation import (
     frequency_report,
     numeric_report,
 )
-from fedldp.aggregator.sketches import candidate_report
+from fedldp.aggregator.sketches import CONSISTENCY_NEEDS_DOMAIN, candidate_report
 from fedldp.client.mechanisms.sketch import Sketch
 
 if TYPE_CHECKING:
@@ -221,6 +221,8 @@ def report_for_policy(
     """
     mechanism = policy.mechanism
     sketch = _sketch_of(policy, candidates)
+    if sketch is not None and Consistency.parse(consistency) is not Consistency.NONE:
+        raise ValueError(CONSISTENCY_NEEDS_DOMAIN)
     check_release_gate(policy, window_start, merged.n)
     context = ReportContext(
         policy_id=policy.policy_id,

@@ -33,6 +33,13 @@ if TYPE_CHECKING:
     from fedldp.client.mechanisms.sketch import SketchStatistic
 
 
+#: Why consistency post-processing is refused for candidates.
+CONSISTENCY_NEEDS_DOMAIN = (
+    "consistency post-processing needs a complete domain; a sketch's candidates are not "
+    "one (use --consistency none)"
+)
+
+
 class CandidateFileError(ValueError):
     """A candidates file that cannot be read; the message names the file and line."""
 
@@ -78,10 +85,7 @@ def candidate_report(
     string of the policy's open domain or is given twice (by position).
     """
     if Consistency.parse(consistency) is not Consistency.NONE:
-        raise ValueError(
-            "consistency post-processing needs a complete domain; a sketch's candidates "
-            "are not one (use --consistency none)"
-        )
+        raise ValueError(CONSISTENCY_NEEDS_DOMAIN)
     estimate = mechanism.estimate_candidates(statistic, candidates)
     return frequency_report_from_estimate(
         estimate,
@@ -94,4 +98,4 @@ def candidate_report(
     )
 
 
-__all__ = ["CandidateFileError", "candidate_report", "read_candidates"]
+__all__ = ["CONSISTENCY_NEEDS_DOMAIN", "CandidateFileError", "candidate_report", "read_candidates"]

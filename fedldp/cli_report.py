@@ -384,9 +384,13 @@ def _candidates(policy: VerifiedPolicy, path: str | None, exporting: bool) -> li
             f"uses {policy.mechanism.wire_id!r}"
         )
     try:
-        return read_candidates(path)
+        candidates = read_candidates(path)
+        policy.mechanism.check_candidates(candidates)
     except CandidateFileError as exc:
         raise click.ClickException(f"--candidates {exc}") from None
+    except ValueError as exc:  # positions are 1-based among the file's non-empty lines
+        raise click.ClickException(f"--candidates {path}: {exc}") from None
+    return candidates
 
 
 # --- central releases ---

@@ -330,7 +330,13 @@ class Sketch(Mechanism[str, SketchStatistic]):
         return self.k * self.m / (self.m - 1) * (square - n - same_row)
 
     def candidate_cells(self, candidates: Sequence[str]) -> npt.NDArray[np.int64]:
-        """(C, k) hash table of validated, distinct candidates (errors name positions only)."""
+        """(C, k) hash table of validated, distinct candidates (`check_candidates`)."""
+        self.check_candidates(candidates)
+        return self.hash_table(candidates)
+
+    def check_candidates(self, candidates: Sequence[str]) -> None:
+        """ValueError unless 1..MAX_CANDIDATES distinct strings of the open domain; the
+        message names positions (1-based) and never a candidate's text."""
         if not 1 <= len(candidates) <= MAX_CANDIDATES:
             raise ValueError(f"give 1..{MAX_CANDIDATES} candidate strings, got {len(candidates)}")
         seen: dict[str, int] = {}
@@ -342,7 +348,6 @@ class Sketch(Mechanism[str, SketchStatistic]):
             if candidate in seen:
                 raise ValueError(f"candidates {seen[candidate]} and {position} are the same string")
             seen[candidate] = position
-        return self.hash_table(candidates)
 
     def estimate_candidates(
         self, statistic: SketchStatistic, candidates: Sequence[str]
