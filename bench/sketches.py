@@ -154,7 +154,7 @@ def _patch_pure_ldp() -> None:
     """pure-ldp 1.2.0 builds np.zeros(None) in FreqOracleServer; current numpy refuses it."""
     import pure_ldp.core._freq_oracle_server as server
 
-    server.np = types.SimpleNamespace(zeros=lambda d: np.zeros(0 if d is None else d))  # type: ignore[attr-defined]
+    server.np = types.SimpleNamespace(zeros=lambda d: np.zeros(0 if d is None else d))
 
 
 def peer_row(

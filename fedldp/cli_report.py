@@ -369,23 +369,23 @@ def _candidates(policy: VerifiedPolicy, path: str | None, exporting: bool) -> li
     from fedldp.aggregator.sketches import CandidateFileError, read_candidates
     from fedldp.client.mechanisms.sketch import Sketch
 
-    is_sketch = isinstance(policy.mechanism, Sketch)
+    mechanism = policy.mechanism
     if path is None:
-        if is_sketch and not exporting:
+        if isinstance(mechanism, Sketch) and not exporting:
             raise click.UsageError(
                 f"policy {policy.policy_id!r} collects strings with the sketch "
-                f"{policy.mechanism.wire_id!r}: pass --candidates FILE (the strings to "
+                f"{mechanism.wire_id!r}: pass --candidates FILE (the strings to "
                 "estimate, one per line)"
             )
         return None
-    if not is_sketch:
+    if not isinstance(mechanism, Sketch):
         raise click.UsageError(
             f"--candidates applies to sketch policies (cms, hcms); policy {policy.policy_id!r} "
-            f"uses {policy.mechanism.wire_id!r}"
+            f"uses {mechanism.wire_id!r}"
         )
     try:
         candidates = read_candidates(path)
-        policy.mechanism.check_candidates(candidates)
+        mechanism.check_candidates(candidates)
     except CandidateFileError as exc:
         raise click.ClickException(f"--candidates {exc}") from None
     except ValueError as exc:  # positions are 1-based among the file's non-empty lines
