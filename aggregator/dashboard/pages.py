@@ -23,6 +23,7 @@ from fedldp.aggregator.dashboard.model import (
 )
 from fedldp.aggregator.dashboard.svg import Bar, Point, Series, bar_chart, trend_chart
 from fedldp.aggregator.estimation import FrequencyReport, NumericReport, heavy_hitters
+from fedldp.client.mechanisms.sketch import Sketch
 from fedldp.client.policy import VerifiedPolicy
 
 #: The one-line explanation of ε shown on every page.
@@ -95,7 +96,7 @@ def index_page(rows: Sequence[PolicySummary], *, read_at: int) -> str:
             f'<tr data-policy="{escape(p.policy_id)}">'
             f'<td><a href="{escape(_policy_link(p.policy_id))}">{escape(p.policy_id)}</a> '
             f"v{p.version}</td><td>{escape(p.metric_name)}</td>"
-            f"<td>{'categorical' if p.labels is not None else 'numeric'}</td>"
+            f"<td>{_kind_word(p)}</td>"
             f"<td>{escape(p.mechanism.wire_id)}</td>"
             f'<td class="num eps">{escape(str(p.charge))}</td>'
             f'<td class="num">{escape(str(p.epsilon_cap))}</td>'
@@ -105,6 +106,13 @@ def index_page(rows: Sequence[PolicySummary], *, read_at: int) -> str:
     if not rows:
         body.append("<p>No verified policies were found in the policy folder.</p>")
     return page("Policies", "".join(body), read_at=read_at)
+
+
+def _kind_word(policy: VerifiedPolicy) -> str:
+    """categorical, numeric, or open domain (strings: reports need candidates)."""
+    if policy.labels is not None:
+        return "categorical"
+    return "open domain" if policy.open_domain is not None else "numeric"
 
 
 def _options_form(policy: VerifiedPolicy, options: Options) -> str:
@@ -139,6 +147,13 @@ def policy_page(
         f"{policy.min_reports_for_release} reports per window</p>",
         _options_form(policy, options),
     ]
+    if isinstance(policy.mechanism, Sketch):
+        body.append(
+            '<p id="latest" class="note">A sketch over an open domain of strings: there is no '
+            "list of values to show; estimate the strings you ask about with "
+            "<code>fedldp report --candidates FILE</code>.</p>"
+        )
+        return page(f"Policy {policy.policy_id}", "".join(body), read_at=read_at)
     shown = [w for w in windows if w.report is not None]
     latest = windows[-1] if windows else None
     if latest is None:
