@@ -14,7 +14,7 @@ from fedldp.aggregator.audit_ldp.audit import open_inputs
 from fedldp.aggregator.sketches import CandidateFileError, candidate_report, read_candidates
 from fedldp.client.mechanisms import OpenDomain, create
 from fedldp.client.mechanisms._common import PROB_ONE, DyadicProbability, dyadic_from_exp
-from fedldp.client.mechanisms.sketch import CMS
+from fedldp.client.mechanisms.sketch import CMS, Sketch
 
 DOMAIN = OpenDomain(32)
 
@@ -36,6 +36,7 @@ def test_candidate_files(tmp_path: Path) -> None:
 
 def test_candidate_report_is_a_frequency_report_over_the_candidates() -> None:
     mech = create("hcms", Decimal(4), DOMAIN, {"rows": "8", "columns": "64"})
+    assert isinstance(mech, Sketch)
     words = ["alpha"] * 3000 + ["beta"] * 1000 + [f"w{i}" for i in range(1000)]
     statistic = mech.new_statistic()
     mech.accumulate_batch(statistic, mech.perturb_batch(words, np.random.default_rng(2)))
@@ -50,6 +51,7 @@ def test_candidate_report_is_a_frequency_report_over_the_candidates() -> None:
 
 def test_audit_inputs_differ_in_every_row() -> None:
     mech = create("cms", Decimal(1), DOMAIN, {})
+    assert isinstance(mech, Sketch)
     (_, x), (_, y) = open_inputs(mech)
     assert all(a != b for a, b in zip(mech.cells(x), mech.cells(y), strict=True))
 
