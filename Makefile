@@ -34,6 +34,7 @@ lint: $(VENV)/.test-installed
 	$(BIN)/ruff check .
 	$(BIN)/python scripts/typecheck.py
 	$(BIN)/python scripts/docstring_coverage.py
+	$(BIN)/python scripts/function_length.py
 
 docs: $(VENV)/.test-installed
 	$(BIN)/python scripts/check_docs.py

@@ -33,8 +33,9 @@ the sum of clipped noise dwarfs 1 and the division collapses the head.
 from __future__ import annotations
 
 import enum
-from statistics import NormalDist
 from typing import TYPE_CHECKING
+
+from fedldp.aggregator.intervals import bonferroni_z
 
 if TYPE_CHECKING:
     import numpy as np
@@ -131,7 +132,7 @@ def base_cut(
         raise ValueError("estimates and standard errors must be 1-d vectors of one length")
     if not 0 < alpha < 1:
         raise ValueError("alpha must be in (0, 1)")
-    threshold = NormalDist().inv_cdf(1.0 - alpha / f.size) * se
+    threshold = bonferroni_z(alpha, f.size) * se
     return np.where(f > threshold, f, 0.0)
 
 

@@ -40,6 +40,13 @@ from statistics import NormalDist
 from typing import TYPE_CHECKING, Any
 
 from fedldp.aggregator.consistency import Consistency, apply_consistency
+from fedldp.aggregator.histogram import (
+    DEFAULT_BUCKETS,
+    DEFAULT_REPLICATES,
+    DEFAULT_SEED,
+    Histogram,
+)
+from fedldp.aggregator.intervals import bonferroni_z
 
 if TYPE_CHECKING:
     from fedldp.client.mechanisms.base import Estimate, Mechanism
@@ -62,7 +69,7 @@ def z_value(confidence: float, *, tests: int = 1, sided: int = 2) -> float:
     if tests < 1 or sided not in (1, 2):
         raise ValueError("tests must be >= 1 and sided 1 or 2")
     alpha = 1.0 - float(confidence)
-    return NormalDist().inv_cdf(1.0 - alpha / (sided * tests))
+    return bonferroni_z(alpha, sided * tests)
 
 
 def _optional_pandas() -> Any:
@@ -213,7 +220,13 @@ class FrequencyReport:
 
 @dataclass(frozen=True)
 class NumericReport:
-    """A numeric metric's estimated mean with its confidence interval."""
+    """A numeric metric's estimated mean with its confidence interval.
+
+    For a Square Wave (sw) metric `histogram` holds the EMS reconstruction of the
+    distribution with its bootstrap bands (fedldp.aggregator.histogram); the
+    mean and its interval are still the mechanism's unbiased estimate with its
+    exact variance. None for the mean-only mechanisms.
+    """
 
     mechanism: str
     epsilon: Decimal
@@ -226,6 +239,7 @@ class NumericReport:
     lo: float | None = None
     hi: float | None = None
     context: ReportContext = field(default_factory=ReportContext)
+    histogram: Histogram | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """The documented JSON layout (schema `fedldp.report.numeric/v1`)."""
@@ -241,6 +255,7 @@ class NumericReport:
             "ci_low": self.ci_low,
             "ci_high": self.ci_high,
             "range": None if self.lo is None else [self.lo, self.hi],
+            "histogram": None if self.histogram is None else self.histogram.to_dict(),
             "context": self.context.to_dict(),
         }
 
@@ -262,7 +277,8 @@ class NumericReport:
     def to_dataframe(self) -> Any:
         """A one-row pandas DataFrame (needs pandas installed)."""
         pandas = _optional_pandas()
-        row = {k: v for k, v in self.to_dict().items() if k not in ("context", "range")}
+        skip = ("context", "range", "histogram")
+        row = {k: v for k, v in self.to_dict().items() if k not in skip}
         return pandas.DataFrame([row])
 
 
@@ -385,6 +401,7 @@ def numeric_report_from_estimate(
     confidence: float = 0.95,
     value_range: tuple[float, float] | None = None,
     context: ReportContext | None = None,
+    histogram: Histogram | None = None,
 ) -> NumericReport:
     """Build a `NumericReport` from a one-coordinate `Estimate` of the mean."""
     _check_estimate(estimate)
@@ -412,7 +429,25 @@ def numeric_report_from_estimate(
         lo=lo,
         hi=hi,
         context=context or ReportContext(),
+        histogram=histogram,
     )
+
+
+@dataclass(frozen=True)
+class HistogramOptions:
+    """What `numeric_report` asks of the EMS histogram of a Square Wave metric.
+
+    Buckets B over [lo, hi], bootstrap replicates R and the bootstrap's seed
+    (the bands are deterministic given it; fedldp.aggregator.histogram).
+    """
+
+    buckets: int = DEFAULT_BUCKETS
+    replicates: int = DEFAULT_REPLICATES
+    seed: int = DEFAULT_SEED
+
+
+#: The histogram a Square Wave report carries unless the caller asks otherwise.
+DEFAULT_HISTOGRAM = HistogramOptions()
 
 
 def numeric_report(
@@ -422,12 +457,31 @@ def numeric_report(
     confidence: float = 0.95,
     value_range: tuple[float, float] | tuple[Decimal, Decimal] | None = None,
     context: ReportContext | None = None,
+    histogram_options: HistogramOptions | None = DEFAULT_HISTOGRAM,
 ) -> NumericReport:
     """Estimate a numeric metric's mean with a CI from a numeric mechanism's statistic.
 
     `value_range` is the policy's numeric range; the interval is intersected with it.
+    For Square Wave the report also carries the EMS histogram, its bands at the
+    same `confidence` (`histogram_options`; None: the mean only, no histogram).
     """
+    from fedldp.aggregator.histogram import histogram
+    from fedldp.client.mechanisms.base import CountStatistic
+    from fedldp.client.mechanisms.square_wave import SquareWave
+
     estimate = mechanism.estimate(statistic)
+    hist = None
+    if isinstance(mechanism, SquareWave) and histogram_options is not None:
+        assert isinstance(statistic, CountStatistic)  # the mechanism's own statistic
+        opts = histogram_options
+        hist = histogram(
+            mechanism,
+            statistic,
+            buckets=opts.buckets,
+            confidence=confidence,
+            replicates=opts.replicates,
+            seed=opts.seed,
+        )
     rng = None if value_range is None else (float(value_range[0]), float(value_range[1]))
     return numeric_report_from_estimate(
         estimate,
@@ -436,6 +490,7 @@ def numeric_report(
         confidence=confidence,
         value_range=rng,
         context=context,
+        histogram=hist,
     )
 
 
@@ -478,7 +533,7 @@ def heavy_hitters(
     if not 0 < alpha < 1:
         raise ValueError("alpha must be in (0, 1)")
     k = len(report.estimates)
-    z = NormalDist().inv_cdf(1.0 - alpha / k)
+    z = bonferroni_z(alpha, k)
     found: list[HeavyHitter] = []
     for e in report.estimates:
         lower = e.raw_estimate - z * e.std_error

@@ -21,12 +21,22 @@ from fedldp.aggregator.estimation import (
     NumericReport,
     truth_vector,
 )
+from fedldp.aggregator.histogram import Histogram
+from fedldp.aggregator.multi_report import MultiReport
 
 #: Rows shown by default; beyond it the largest estimates are listed.
 DEFAULT_MAX_ROWS = 40
 _BAR_WIDTH = 24
 
 Truth = Mapping[str, float] | Sequence[float]
+
+
+def printable(label: str) -> str:
+    """`label` for a terminal: non-printable characters (e.g. ESC in a string discovered
+    from users' reports) written as Python escapes, so no label can drive the terminal."""
+    if label.isprintable():
+        return label
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in label)
 
 
 def _rows(report: FrequencyReport, max_rows: int | None) -> tuple[list[LabelEstimate], int]:
@@ -59,13 +69,39 @@ def _header_lines(report: FrequencyReport | NumericReport) -> list[str]:
     return lines
 
 
+def _multi_header_lines(report: MultiReport) -> list[str]:
+    ctx = report.context
+    title = ctx.metric or ctx.policy_id or "report"
+    if ctx.policy_id is not None:
+        title += f"  (policy {ctx.policy_id} v{ctx.policy_version})"
+    facts = [
+        f"mechanism {report.mechanism}",
+        f"eps/report {report.epsilon} (each attribute at {report.attribute_epsilon})",
+        f"reports {report.n:,}",
+    ]
+    if ctx.epsilon_charged is not None:
+        facts.append(f"eps charged {ctx.epsilon_charged}")
+    return [title, ", ".join(facts)]
+
+
 def render_table(
-    report: FrequencyReport | NumericReport,
+    report: FrequencyReport | NumericReport | MultiReport,
     *,
     truth: Truth | float | None = None,
     max_rows: int | None = DEFAULT_MAX_ROWS,
 ) -> str:
-    """A plain-text table for a terminal (no colour codes, fixed-width columns)."""
+    """A plain-text table for a terminal (no colour codes, fixed-width columns).
+
+    A multi-attribute report gets a header, then each attribute's own table
+    (`truth`, when given, maps attribute names to that attribute's truth)."""
+    if isinstance(report, MultiReport):
+        lines = _multi_header_lines(report)
+        for a in report.attributes:
+            sub = truth.get(a.name) if isinstance(truth, Mapping) else None
+            lines.append("")
+            lines.append(f"attribute {a.name} ({a.reports:,} reports)")
+            lines.append(render_table(a.report, truth=sub, max_rows=max_rows).rstrip("\n"))
+        return "\n".join(lines) + "\n"
     if isinstance(report, NumericReport):
         lines = _header_lines(report)
         level = f"{report.confidence:.0%}"
@@ -74,6 +110,8 @@ def render_table(
             f"{level} CI [{report.ci_low:.6g}, {report.ci_high:.6g}]"
             + (f", truth {float(truth):.6g}" if isinstance(truth, int | float) else "")
         )
+        if report.histogram is not None:
+            lines.extend(_histogram_lines(report.histogram))
         return "\n".join(lines) + "\n"
     lines = _header_lines(report)
     kind = "simultaneous " if report.simultaneous else ""
@@ -85,7 +123,7 @@ def render_table(
     if truth is not None and not isinstance(truth, int | float):
         tv = truth_vector(report.labels, truth)
         truths = dict(zip(report.labels, tv, strict=True))
-    width = max([len("label")] + [len(r.label) for r in rows])
+    width = max([len("label")] + [len(printable(r.label)) for r in rows])
     width = min(width, 32)
     head = f"{'label':<{width}}  {'estimate':>9}  {'std err':>8}  {'CI low':>8}  {'CI high':>8}"
     if truths is not None:
@@ -95,7 +133,8 @@ def render_table(
     lines.append("-" * len(head) + "-" * (_BAR_WIDTH - len("chart")))
     scale = max([r.ci_high for r in rows] + [r.estimate for r in rows] + [1e-12])
     for r in rows:
-        label = r.label if len(r.label) <= width else r.label[: width - 1] + "…"
+        text = printable(r.label)
+        label = text if len(text) <= width else text[: width - 1] + "…"
         line = (
             f"{label:<{width}}  {r.estimate:>9.4f}  {r.std_error:>8.4f}  "
             f"{r.ci_low:>8.4f}  {r.ci_high:>8.4f}"
@@ -108,6 +147,58 @@ def render_table(
     if hidden:
         lines.append(f"... {hidden} more values not shown (largest {len(rows)} listed)")
     return "\n".join(lines) + "\n"
+
+
+def _histogram_labels(h: Histogram) -> list[str]:
+    """ "[a, b)" per bucket (the last one closed), edges at 6 significant digits."""
+    labels = [f"[{a:.6g}, {b:.6g})" for a, b in zip(h.edges, h.edges[1:], strict=False)]
+    labels[-1] = labels[-1][:-1] + "]"
+    return labels
+
+
+def _histogram_words(h: Histogram) -> str:
+    return (
+        f"distribution (EMS over {h.buckets} buckets): mean of the reconstruction "
+        f"{h.mean:.6g}, {h.confidence:.0%} band [{h.mean_low:.6g}, {h.mean_high:.6g}]; "
+        f"bands: parametric bootstrap ({h.replicates} replicates, seed {h.seed}), "
+        "pointwise per bucket"
+    )
+
+
+def _histogram_lines(h: Histogram) -> list[str]:
+    """The EMS histogram as text rows: bucket, frequency, band, bar."""
+    labels = _histogram_labels(h)
+    width = max(len("bucket"), *(len(label) for label in labels))
+    head = f"{'bucket':<{width}}  {'freq':>7}  {'band low':>8}  {'band high':>9}  chart"
+    lines = [_histogram_words(h), head, "-" * (len(head) + _BAR_WIDTH - len("chart"))]
+    scale = max([*h.frequencies, 1e-12])
+    for label, f, lo, hi in zip(labels, h.frequencies, h.band_low, h.band_high, strict=True):
+        bar = "#" * round(f / scale * _BAR_WIDTH)
+        lines.append(f"{label:<{width}}  {f:>7.4f}  {lo:>8.4f}  {hi:>9.4f}  {bar}")
+    return lines
+
+
+def _histogram_html(report: NumericReport, h: Histogram) -> str:
+    """The EMS histogram: an SVG chart with the bands as whiskers, and its table."""
+    labels = _histogram_labels(h)
+    rows = [
+        LabelEstimate(label, f, f, 0.0, lo, hi, 0.0)
+        for label, f, lo, hi in zip(labels, h.frequencies, h.band_low, h.band_high, strict=True)
+    ]
+    chart = _chart_svg(report, rows, None, whiskers="bootstrap band (pointwise)")
+    body = "".join(
+        f"<tr><td>{html.escape(r.label)}</td><td>{r.estimate:.4f}</td>"
+        f"<td>{r.ci_low:.4f}</td><td>{r.ci_high:.4f}</td></tr>"
+        for r in rows
+    )
+    return (
+        f"<h2>Distribution</h2>{chart}"
+        "<table><tr><th>bucket</th><th>frequency</th><th>band low</th><th>band high</th></tr>"
+        f"{body}</table><p class='note'>{html.escape(_histogram_words(h))}. The histogram is "
+        "the EMS reconstruction (Li et al., SIGMOD 2020, Section 5): smoothing can flatten "
+        "sharp features, and the bands describe the estimator's spread, not that bias. "
+        "The mean above is the mechanism's unbiased estimate with its exact variance.</p>"
+    )
 
 
 def iso_utc(epoch_seconds: int) -> str:
@@ -142,12 +233,23 @@ def budget_sentence(report: FrequencyReport | NumericReport) -> str | None:
     return text
 
 
+#: What the rows of a pem report are (aggregator/discovery.py).
+PEM_NOTE = (
+    "Strings found by prefix extension (PEM) with a fixed threshold rule; each estimate "
+    "is the fraction of all users holding the string, from the last group's reports; "
+    "strings below the threshold are not listed."
+)
+
 _SVG_BAR = "#4c78a8"
 _SVG_TRUTH = "#e45756"
 
 
 def _chart_svg(
-    report: FrequencyReport, rows: list[LabelEstimate], truth: dict[str, float] | None
+    report: FrequencyReport | NumericReport,
+    rows: list[LabelEstimate],
+    truth: dict[str, float] | None,
+    *,
+    whiskers: str = "CI of the raw estimate",
 ) -> str:
     """The bar chart as inline SVG (vector: sharp at any zoom): estimates as bars, the
     confidence interval of each raw estimate as an error bar, the truth as diamonds."""
@@ -197,7 +299,7 @@ def _chart_svg(
             f'<text transform="translate({mid + 3},{top + plot_h + 8}) rotate(60)">'
             f"{html.escape(r.label[:18])}</text>"
         )
-    legend = f"bars: estimate; whiskers: {report.confidence:.0%} CI of the raw estimate"
+    legend = f"bars: estimate; whiskers: {report.confidence:.0%} {whiskers}"
     legend += "; diamonds: truth" if truth is not None else ""
     out.append(f'<text x="{left}" y="14">{html.escape(legend)}</text></svg>')
     return "".join(out)
@@ -247,24 +349,67 @@ def _facts_html(report: FrequencyReport | NumericReport) -> str:
 
 
 def render_html(
-    report: FrequencyReport | NumericReport,
+    report: FrequencyReport | NumericReport | MultiReport,
     path: str | Path,
     *,
     truth: Truth | float | None = None,
     max_rows: int | None = DEFAULT_MAX_ROWS,
 ) -> Path:
-    """Write a self-contained HTML report to `path` and return the path."""
+    """Write a self-contained HTML report to `path` and return the path.
+
+    A multi-attribute report gets one section per attribute (`truth`, when
+    given, maps attribute names to that attribute's truth)."""
     out = Path(path)
     title = html.escape(report.context.metric or report.context.policy_id or "fedldp report")
     parts = [
         "<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>",
         f"<title>{title}</title><style>{_CSS}</style></head><body>",
         f"<h1>{title}</h1>",
-        _facts_html(report),
     ]
-    sentence = budget_sentence(report)
-    if sentence is not None:
-        parts.append(f"<h2>Privacy budget</h2><p>{html.escape(sentence)}</p>")
+    if isinstance(report, MultiReport):
+        parts.append(_multi_facts_html(report))
+        for a in report.attributes:
+            sub = truth.get(a.name) if isinstance(truth, Mapping) else None
+            parts.append(
+                f"<h2>Attribute {html.escape(a.name)}</h2>"
+                f"<p class='note'>{a.reports:,} reports carry this attribute.</p>"
+            )
+            parts.append(_facts_html(a.report))
+            parts.extend(_estimates_html(a.report, sub, max_rows))
+    else:
+        parts.append(_facts_html(report))
+        sentence = budget_sentence(report)
+        if sentence is not None:
+            parts.append(f"<h2>Privacy budget</h2><p>{html.escape(sentence)}</p>")
+        parts.extend(_estimates_html(report, truth, max_rows))
+    parts.append("</body></html>")
+    out.write_text("\n".join(parts), encoding="utf-8")
+    return out
+
+
+def _multi_facts_html(report: MultiReport) -> str:
+    ctx = report.context
+    facts: list[tuple[str, str]] = [
+        ("mechanism", report.mechanism),
+        ("ε per report (charged once)", str(report.epsilon)),
+        ("ε per attribute", str(report.attribute_epsilon)),
+        ("reports", f"{report.n:,}"),
+    ]
+    if ctx.policy_id is not None:
+        facts.insert(0, ("policy", f"{ctx.policy_id} v{ctx.policy_version}"))
+    if ctx.epsilon_charged is not None:
+        facts.append(("budget spent (Σ ε charged)", str(ctx.epsilon_charged)))
+    body = "".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(v)}</td></tr>" for k, v in facts)
+    return f'<table class="facts">{body}</table>'
+
+
+def _estimates_html(
+    report: FrequencyReport | NumericReport,
+    truth: Truth | float | None,
+    max_rows: int | None,
+) -> list[str]:
+    """The estimates section of one report (a mean, or a chart and a table)."""
+    parts: list[str] = []
     if isinstance(report, NumericReport):
         parts.append(
             f"<h2>Mean</h2><p>{report.mean:.6g} ± {report.std_error:.3g} (standard error); "
@@ -272,11 +417,15 @@ def render_html(
             + (f"; truth {float(truth):.6g}" if isinstance(truth, int | float) else "")
             + "</p>"
         )
+        if report.histogram is not None:
+            parts.append(_histogram_html(report, report.histogram))
     else:
         rows, hidden = _rows(report, max_rows)
         truths: dict[str, float] | None = None
         if truth is not None and not isinstance(truth, int | float):
             truths = dict(zip(report.labels, truth_vector(report.labels, truth), strict=True))
+        if report.mechanism == "pem":
+            parts.append(f"<h2>Discovered strings</h2><p class='note'>{html.escape(PEM_NOTE)}</p>")
         parts.append(f"<h2>Estimates</h2>{_chart_svg(report, rows, truths)}")
         head = "<tr><th>label</th><th>estimate</th><th>raw</th><th>std err</th>"
         head += "<th>CI low</th><th>CI high</th>"
@@ -313,6 +462,4 @@ def render_html(
             "apart from the mechanism's noise (it may be absent); a large z means the "
             "value is clearly present.</p>"
         )
-    parts.append("</body></html>")
-    out.write_text("\n".join(parts), encoding="utf-8")
-    return out
+    return parts

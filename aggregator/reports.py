@@ -44,6 +44,7 @@ from fedldp.aggregator.sketches import CONSISTENCY_NEEDS_DOMAIN, candidate_repor
 from fedldp.client.mechanisms.sketch import Sketch
 
 if TYPE_CHECKING:
+    from fedldp.aggregator.multi_report import MultiReport
     from fedldp.client.mechanisms.base import Mechanism
     from fedldp.client.policy import VerifiedPolicy
 
@@ -210,13 +211,16 @@ def report_for_policy(
     simultaneous: bool = False,
     consistency: Consistency | str | None = None,
     candidates: Sequence[str] | None = None,
-) -> FrequencyReport | NumericReport:
+) -> FrequencyReport | NumericReport | MultiReport:
     """The analyst report for a policy from a merged statistic, behind the release gate.
 
     Categorical policies give a FrequencyReport over the policy's labels,
-    numeric policies a NumericReport of the mean over the policy's range, and
-    sketch policies (cms, hcms) a FrequencyReport over `candidates`, the strings
-    the analyst asks about (required for them, refused for the others:
+    numeric policies a NumericReport of the mean over the policy's range,
+    multi-attribute policies a MultiReport with one of those per attribute,
+    pem policies a FrequencyReport over the strings discovery found
+    (`fedldp.aggregator.discovery`, its fixed threshold rule), and sketch
+    policies (cms, hcms) a FrequencyReport over `candidates`, the strings the
+    analyst asks about (required for them, refused for the others:
     CandidatesRequiredError, ValueError).
     """
     mechanism = policy.mechanism
@@ -247,6 +251,31 @@ def report_for_policy(
             consistency=consistency,
             context=context,
         )
+    if policy.attributes is not None:
+        from fedldp.aggregator.multi_report import multi_report
+        from fedldp.client.mechanisms.multi import MultiAttribute
+
+        assert isinstance(mechanism, MultiAttribute)
+        # Each attribute's estimate rests on the reports that carry it (n_j under
+        # multi-sample): the release gate applies to each.
+        check_release_gate(policy, window_start, min(p.n for p in merged.statistic.parts))
+        return multi_report(
+            mechanism,
+            merged.statistic,
+            confidence=confidence,
+            simultaneous=simultaneous,
+            consistency=consistency,
+            context=context,
+        )
+    if mechanism.wire_id == "pem":
+        from fedldp.aggregator.discovery import discovery_report
+        from fedldp.client.mechanisms.pem import PEM
+
+        assert isinstance(mechanism, PEM)
+
+        if Consistency.parse(consistency) is not Consistency.NONE:
+            raise ValueError("consistency applies to categorical metrics only")
+        return discovery_report(mechanism, merged.statistic, confidence=confidence, context=context)
     if policy.labels is not None:
         return frequency_report(
             mechanism,
@@ -298,7 +327,7 @@ def report_from_ledgers(
     consistency: Consistency | str | None = None,
     extra_partials: Iterable[Partial] = (),
     candidates: Sequence[str] | None = None,
-) -> FrequencyReport | NumericReport:
+) -> FrequencyReport | NumericReport | MultiReport:
     """Merge the partial statistics of one or more (source name, ledger) pairs and report.
 
     `extra_partials` adds statistics loaded from export files (other regions);

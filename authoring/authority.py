@@ -8,20 +8,23 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, TypedDict
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import (
     Ed25519PrivateKey,
     Ed25519PublicKey,
 )
 from fedldp.authoring.policies import (
+    attributes_from_tables,
     require_valid,
     resolve_auto_mechanism,
     state_numeric_grid,
+    state_open_params,
     state_sketch_params,
 )
 from fedldp.authoring.signing import generate_key, make_root, sign_policy
 from fedldp.client.policy.envelope import domain_digest, key_id_of
+from fedldp.client.policy.errors import InvalidPolicyError
 from fedldp.client.policy.trust import TrustStore
 from fedldp.client.policy.validation import EPSILON_PERMANENT
 from fedldp.v1 import policy_pb2
@@ -161,13 +164,38 @@ class Authority:
         require_valid(policy)
         return policy
 
-    def open_policy(
-        self, *, max_bytes: int, mechanism: str = "cms", **fields: Unpack[PolicyFields]
+    def multi_policy(
+        self,
+        *,
+        attributes: Sequence[Mapping[str, Any]],
+        mechanism: str = "auto",
+        **fields: Unpack[PolicyFields],
     ) -> policy_pb2.Policy:
-        """A validated open-domain (strings of 1..max_bytes UTF-8 bytes) policy valid from
-        `now`, the sketch size stated in its params (not signed; see `sign`)."""
+        """A validated multi-attribute policy valid from `now` (not signed; see `sign`).
+
+        `attributes` are tables of the TOML schema's [[metric.attributes]] (name,
+        values or lo and hi, mechanism, optional params; docs/policies.md);
+        "auto" (policy or attribute mechanism) is resolved and numeric grids stated.
+        """
+        policy = self._base_policy(mechanism=mechanism, **fields)
+        problems: list[str] = []
+        attributes_from_tables(attributes, policy.metric.multi, problems)
+        if problems:
+            raise InvalidPolicyError(problems, subject=f"policy {policy.policy_id}")
+        resolve_auto_mechanism(policy)
+        state_numeric_grid(policy)
+        require_valid(policy)
+        return policy
+
+    def open_policy(
+        self, *, max_bytes: int, mechanism: str = "pem", **fields: Unpack[PolicyFields]
+    ) -> policy_pb2.Policy:
+        """A validated open-domain policy (strings of 1..max_bytes UTF-8 bytes) valid
+        from `now`, its derived mechanism params stated (not signed; see `sign`): pem's
+        (step_bits, start_bits, groups, g) or a sketch's size (cms, hcms: rows, columns)."""
         policy = self._base_policy(mechanism=mechanism, **fields)
         policy.metric.open.max_bytes = max_bytes
+        state_open_params(policy)
         state_sketch_params(policy)
         require_valid(policy)
         return policy

@@ -18,8 +18,10 @@ from pathlib import Path
 from typing import Any
 
 from fedldp.client.mechanisms.auto import choose_frequency_oracle
-from fedldp.client.mechanisms.base import MAX_OPEN_DOMAIN_BYTES
+from fedldp.client.mechanisms.base import MAX_OPEN_DOMAIN_BYTES, AttributeSpec, MultiMetric
+from fedldp.client.mechanisms.multi import MULTI_IDS, SPLIT_ID, attribute_epsilon, mode_scores
 from fedldp.client.mechanisms.numeric import grid_params
+from fedldp.client.mechanisms.pem import derive_params
 from fedldp.client.mechanisms.sketch import sketch_params
 from fedldp.client.policy.envelope import domain_digest
 from fedldp.client.policy.errors import InvalidPolicyError
@@ -50,7 +52,9 @@ _TOP_KEYS = {
     "mechanism",
     "budget",
 }
-_METRIC_KEYS = {"name", "values", "lo", "hi", "max_bytes"}
+_METRIC_KEYS = {"name", "values", "lo", "hi", "max_bytes", "attributes"}
+#: Keys of one [[metric.attributes]] table (a multi-attribute metric).
+_ATTRIBUTE_KEYS = {"name", "values", "lo", "hi", "mechanism", "params"}
 _MECHANISM_KEYS = {"id", "epsilon", "params", "memo_charging"}
 _BUDGET_KEYS = {"epsilon_cap", "window_seconds", "window"}
 
@@ -159,12 +163,133 @@ def _table(
     return value
 
 
+def attributes_from_tables(
+    tables: object, multi: policy_pb2.MultiAttribute, problems: list[str]
+) -> None:
+    """[[metric.attributes]] tables -> MultiAttribute (see docs/policies.md)."""
+    multi.SetInParent()
+    if not isinstance(tables, list) or not all(isinstance(t, Mapping) for t in tables):
+        problems.append("metric.attributes must be [[metric.attributes]] tables")
+        return
+    for index, table in enumerate(tables):
+        where = f"metric.attributes[{index}]"
+        unknown = sorted(set(table) - _ATTRIBUTE_KEYS)
+        if unknown:
+            problems.append(
+                f"{where} has unknown keys {unknown}; allowed: {sorted(_ATTRIBUTE_KEYS)}"
+            )
+        attribute = multi.attributes.add()
+        attribute.name = _str(table.get("name", ""), f"{where}.name", problems)
+        attribute.mechanism.id = _str(table.get("mechanism", ""), f"{where}.mechanism", problems)
+        params = table.get("params", {})
+        if not isinstance(params, Mapping):
+            problems.append(f"{where}.params must be a table")
+        else:
+            for key, value in params.items():
+                attribute.mechanism.params[key] = _decimal_text(
+                    value, f"{where}.params.{key}", problems
+                )
+        has_values = "values" in table
+        if has_values == ("lo" in table or "hi" in table):
+            problems.append(f"{where} needs exactly one of values = [...] or lo and hi")
+        elif has_values:
+            values = table["values"]
+            if not isinstance(values, list) or not all(isinstance(v, str) for v in values):
+                problems.append(f"{where}.values must be a list of strings")
+            else:
+                attribute.categorical.values.extend(values)
+                attribute.categorical.digest = domain_digest(values)
+        else:
+            attribute.numeric.lo = _decimal_text(table.get("lo"), f"{where}.lo", problems)
+            attribute.numeric.hi = _decimal_text(table.get("hi"), f"{where}.hi", problems)
+
+
 def parse_duration(text: str) -> int:
     """Seconds in a duration like "30s", "15m", "12h", "1d", "2w". Raises ValueError."""
     match = _DURATION.fullmatch(text)
     if not match:
         raise ValueError(f"duration must look like 30s, 15m, 12h, 1d or 2w, got {text!r}")
     return int(match.group(1)) * _DURATION_UNITS[match.group(2)]
+
+
+def _fill_metric(policy: policy_pb2.Policy, metric: Mapping[str, Any], problems: list[str]) -> None:
+    """Set `policy.metric` from the [metric] table: a name and exactly one of categorical
+    values (with their domain digest), a numeric [lo, hi], an open domain's max_bytes
+    (at most MAX_OPEN_DOMAIN_BYTES) or [[metric.attributes]] tables; each problem is
+    appended."""
+    policy.metric.name = _str(metric.get("name", ""), "metric.name", problems)
+    has_values = "values" in metric
+    has_range = "lo" in metric or "hi" in metric
+    is_open = "max_bytes" in metric
+    is_multi = "attributes" in metric
+    if has_values + has_range + is_open + is_multi != 1:
+        problems.append(
+            "[metric] needs exactly one of values = [...] (categorical), lo and hi "
+            "(numeric), max_bytes (an open domain of strings) or [[metric.attributes]] "
+            "tables (several attributes)"
+        )
+    elif is_multi:
+        attributes_from_tables(metric["attributes"], policy.metric.multi, problems)
+    elif is_open:
+        max_bytes = _int(metric["max_bytes"], "metric.max_bytes", problems)
+        if max_bytes > MAX_OPEN_DOMAIN_BYTES:
+            problems.append(f"metric.max_bytes must be at most {MAX_OPEN_DOMAIN_BYTES}")
+        else:
+            policy.metric.open.max_bytes = max_bytes
+    elif has_values:
+        values = metric["values"]
+        if not isinstance(values, list) or not all(isinstance(v, str) for v in values):
+            problems.append("metric.values must be a list of strings")
+        else:
+            policy.metric.categorical.values.extend(values)
+            policy.metric.categorical.digest = domain_digest(values)
+    else:
+        policy.metric.numeric.lo = _decimal_text(metric.get("lo"), "metric.lo", problems)
+        policy.metric.numeric.hi = _decimal_text(metric.get("hi"), "metric.hi", problems)
+
+
+def _fill_mechanism(
+    policy: policy_pb2.Policy, mechanism: Mapping[str, Any], problems: list[str]
+) -> None:
+    """Set `policy.mechanism` from the [mechanism] table: id, epsilon, exact-decimal
+    params and memo charging (joint by default when memoized); each problem is appended."""
+    policy.mechanism.id = _str(mechanism.get("id", ""), "mechanism.id", problems)
+    policy.mechanism.epsilon = _decimal_text(
+        mechanism.get("epsilon"), "mechanism.epsilon", problems
+    )
+    params = mechanism.get("params", {})
+    if not isinstance(params, Mapping):
+        problems.append("mechanism.params must be a table ([mechanism.params])")
+    else:
+        for key, value in params.items():
+            policy.mechanism.params[key] = _decimal_text(value, f"mechanism.params.{key}", problems)
+    memoized = EPSILON_PERMANENT in policy.mechanism.params
+    memo = mechanism.get("memo_charging", "joint" if memoized else "none")
+    if memo not in _MEMO:
+        problems.append(f"mechanism.memo_charging must be one of {sorted(_MEMO)}")
+    else:
+        policy.mechanism.memo_charging = _MEMO[memo]
+
+
+def _fill_budget(policy: policy_pb2.Policy, budget: Mapping[str, Any], problems: list[str]) -> None:
+    """Set `policy.budget` from the [budget] table: the ε cap and exactly one of
+    window_seconds or a duration `window`; each problem is appended."""
+    policy.budget.epsilon_cap = _decimal_text(
+        budget.get("epsilon_cap"), "budget.epsilon_cap", problems
+    )
+    if ("window_seconds" in budget) == ("window" in budget):
+        problems.append('[budget] needs exactly one of window_seconds = 86400 or window = "1d"')
+    elif "window" in budget:
+        try:
+            policy.budget.window_seconds = parse_duration(
+                _str(budget["window"], "budget.window", problems)
+            )
+        except ValueError as exc:
+            problems.append(f"budget.window: {exc}")
+    else:
+        policy.budget.window_seconds = _int(
+            budget["window_seconds"], "budget.window_seconds", problems
+        )
 
 
 def policy_from_dict(data: Mapping[str, Any]) -> policy_pb2.Policy:
@@ -200,74 +325,19 @@ def policy_from_dict(data: Mapping[str, Any]) -> policy_pb2.Policy:
 
     metric = _table(data, "metric", _METRIC_KEYS, problems)
     if metric:
-        policy.metric.name = _str(metric.get("name", ""), "metric.name", problems)
-        has_values = "values" in metric
-        has_range = "lo" in metric or "hi" in metric
-        is_open = "max_bytes" in metric
-        if has_values + has_range + is_open != 1:
-            problems.append(
-                "[metric] needs exactly one of values = [...] (categorical), lo and hi "
-                "(numeric) or max_bytes (an open domain of strings)"
-            )
-        elif is_open:
-            max_bytes = _int(metric["max_bytes"], "metric.max_bytes", problems)
-            if max_bytes > MAX_OPEN_DOMAIN_BYTES:
-                problems.append(f"metric.max_bytes must be at most {MAX_OPEN_DOMAIN_BYTES}")
-            else:
-                policy.metric.open.max_bytes = max_bytes
-        elif has_values:
-            values = metric["values"]
-            if not isinstance(values, list) or not all(isinstance(v, str) for v in values):
-                problems.append("metric.values must be a list of strings")
-            else:
-                policy.metric.categorical.values.extend(values)
-                policy.metric.categorical.digest = domain_digest(values)
-        else:
-            policy.metric.numeric.lo = _decimal_text(metric.get("lo"), "metric.lo", problems)
-            policy.metric.numeric.hi = _decimal_text(metric.get("hi"), "metric.hi", problems)
+        _fill_metric(policy, metric, problems)
 
     mechanism = _table(data, "mechanism", _MECHANISM_KEYS, problems)
     if mechanism:
-        policy.mechanism.id = _str(mechanism.get("id", ""), "mechanism.id", problems)
-        policy.mechanism.epsilon = _decimal_text(
-            mechanism.get("epsilon"), "mechanism.epsilon", problems
-        )
-        params = mechanism.get("params", {})
-        if not isinstance(params, Mapping):
-            problems.append("mechanism.params must be a table ([mechanism.params])")
-        else:
-            for key, value in params.items():
-                policy.mechanism.params[key] = _decimal_text(
-                    value, f"mechanism.params.{key}", problems
-                )
-        memoized = EPSILON_PERMANENT in policy.mechanism.params
-        memo = mechanism.get("memo_charging", "joint" if memoized else "none")
-        if memo not in _MEMO:
-            problems.append(f"mechanism.memo_charging must be one of {sorted(_MEMO)}")
-        else:
-            policy.mechanism.memo_charging = _MEMO[memo]
+        _fill_mechanism(policy, mechanism, problems)
 
     budget = _table(data, "budget", _BUDGET_KEYS, problems)
     if budget:
-        policy.budget.epsilon_cap = _decimal_text(
-            budget.get("epsilon_cap"), "budget.epsilon_cap", problems
-        )
-        if ("window_seconds" in budget) == ("window" in budget):
-            problems.append('[budget] needs exactly one of window_seconds = 86400 or window = "1d"')
-        elif "window" in budget:
-            try:
-                policy.budget.window_seconds = parse_duration(
-                    _str(budget["window"], "budget.window", problems)
-                )
-            except ValueError as exc:
-                problems.append(f"budget.window: {exc}")
-        else:
-            policy.budget.window_seconds = _int(
-                budget["window_seconds"], "budget.window_seconds", problems
-            )
+        _fill_budget(policy, budget, problems)
 
     resolve_auto_mechanism(policy)
     state_numeric_grid(policy)
+    state_open_params(policy)
     state_sketch_params(policy)
     content_problems, _ = policy_problems(policy)
     for problem in content_problems:
@@ -317,6 +387,9 @@ def resolve_auto_mechanism(policy: policy_pb2.Policy) -> None:
     """
     spec = policy.mechanism
     values = policy.metric.categorical.values
+    if policy.metric.WhichOneof("kind") == "multi":
+        _resolve_multi(policy)
+        return
     if spec.id != "auto" or spec.params or policy.metric.WhichOneof("kind") != "categorical":
         return
     try:
@@ -326,17 +399,81 @@ def resolve_auto_mechanism(policy: policy_pb2.Policy) -> None:
         return
 
 
+def _authoring_metric(policy: policy_pb2.Policy) -> MultiMetric | None:
+    """The multi-attribute metric with its ids as written ("auto" allowed), or None when
+    a domain is not valid yet (validation then reports it)."""
+    specs = []
+    for attribute in policy.metric.multi.attributes:
+        kind = attribute.WhichOneof("kind")
+        try:
+            if kind == "categorical":
+                labels: tuple[str, ...] | None = tuple(attribute.categorical.values)
+                bounds = None
+            elif kind == "numeric":
+                labels = None
+                lo = parse_decimal(attribute.numeric.lo, allow_negative=True)
+                bounds = (lo, parse_decimal(attribute.numeric.hi, allow_negative=True))
+            else:
+                return None
+        except ValueError:
+            return None
+        specs.append(
+            AttributeSpec(
+                attribute.name,
+                labels,
+                bounds,
+                attribute.mechanism.id,
+                tuple(sorted(attribute.mechanism.params.items())),
+            )
+        )
+    return MultiMetric(tuple(specs))
+
+
+def _resolve_multi(policy: policy_pb2.Policy) -> None:
+    """ "auto" for a multi-attribute metric: the mode with the lower total variance
+    (`multi.mode_scores`), and each attribute's "auto" resolved at that mode's ε;
+    with a concrete mode, each attribute's "auto" resolved at the mode's ε."""
+    spec = policy.mechanism
+    metric = _authoring_metric(policy)
+    if metric is None or spec.params:
+        return
+    try:
+        epsilon = parse_decimal(spec.epsilon)
+        if spec.id == "auto":
+            scores = mode_scores(metric, epsilon)
+            spec.id = scores.choice
+            ids = scores.split_ids if spec.id == SPLIT_ID else scores.sample_ids
+        elif spec.id in MULTI_IDS:
+            share = attribute_epsilon(spec.id, epsilon, len(metric.attributes))
+            ids = tuple(
+                choose_frequency_oracle(len(a.labels), share)
+                if a.mechanism_id == "auto" and a.labels is not None and not a.params
+                else a.mechanism_id
+                for a in metric.attributes
+            )
+        else:
+            return
+    except (ValueError, KeyError):
+        return  # left as written; validation reports the problem
+    for attribute, wire_id in zip(policy.metric.multi.attributes, ids, strict=True):
+        attribute.mechanism.id = wire_id
+
+
 def state_numeric_grid(policy: policy_pb2.Policy) -> None:
     """Write the grid a numeric mechanism derives ("levels", "cells") into its params, in place.
 
-    piecewise and hybrid randomize onto a grid fixed by the policy
+    piecewise, hybrid and sw randomize onto a grid fixed by the policy
     (`fedldp.client.mechanisms.numeric`); stating it in the signed params means
     every device, collector and aggregator builds the same table even if the
     defaults change later. Parameters already given are kept; invalid input is
     left for validation to report.
     """
     spec = policy.mechanism
-    if policy.metric.WhichOneof("kind") != "numeric":
+    kind = policy.metric.WhichOneof("kind")
+    if kind == "multi":
+        _state_attribute_grids(policy)
+        return
+    if kind != "numeric":
         return
     try:
         epsilon = parse_decimal(spec.epsilon)
@@ -361,6 +498,39 @@ def state_sketch_params(policy: policy_pb2.Policy) -> None:
         spec.params[key] = value
 
 
+def _state_attribute_grids(policy: policy_pb2.Policy) -> None:
+    """`state_numeric_grid` per numeric attribute, at the ε its mechanism runs at
+    (multi-split: ε/d rounded down; multi-sample: ε)."""
+    attributes = policy.metric.multi.attributes
+    try:
+        epsilon = parse_decimal(policy.mechanism.epsilon)
+        share = attribute_epsilon(policy.mechanism.id, epsilon, len(attributes))
+    except ValueError:
+        return
+    for attribute in attributes:
+        if attribute.WhichOneof("kind") != "numeric":
+            continue
+        spec = attribute.mechanism
+        for key, value in grid_params(spec.id, share, dict(spec.params)).items():
+            spec.params[key] = value
+
+
+def state_open_params(policy: policy_pb2.Policy) -> None:
+    """Write the parameters pem derives ("step_bits", "start_bits", "groups", "g") into
+    its params, in place, so the signed policy states them (`pem.derive_params`).
+    Parameters already given are kept; invalid input is left for validation."""
+    spec = policy.mechanism
+    if policy.metric.WhichOneof("kind") != "open" or spec.id != "pem":
+        return
+    try:
+        epsilon = parse_decimal(spec.epsilon)
+    except ValueError:
+        return
+    stated = derive_params(int(policy.metric.open.max_bytes), epsilon, dict(spec.params))
+    for key, value in stated.items():
+        spec.params[key] = value
+
+
 def require_valid(policy: policy_pb2.Policy) -> None:
     """Raise InvalidPolicyError listing every content problem of `policy` (devices' rules)."""
     problems, _ = policy_problems(policy)
@@ -371,12 +541,14 @@ def require_valid(policy: policy_pb2.Policy) -> None:
 
 
 __all__ = [
+    "attributes_from_tables",
     "load_policy_toml",
     "parse_duration",
     "policy_from_dict",
     "require_valid",
     "resolve_auto_mechanism",
     "state_numeric_grid",
+    "state_open_params",
     "state_sketch_params",
     "successor_problems",
 ]

@@ -198,8 +198,8 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as d:
         path = Path(d) / "ledger.db"
         build_s = build(path, chosen, n)
-        dash = Dashboard(ReadOnlyLedger(f"sqlite:///{path}"), chosen)
-        source = ReadOnlyLedger(f"sqlite:///{path}")
+        dash = Dashboard(ReadOnlyLedger(open_ledger(f"sqlite:///{path}", access="read")), chosen)
+        source = ReadOnlyLedger(open_ledger(f"sqlite:///{path}", access="read"))
 
         def first_budget_view() -> str:
             fresh = Dashboard(source, chosen)

@@ -23,6 +23,7 @@ raises, never half-applies, because each is one SQLite transaction.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Mapping
 from decimal import Decimal
 from types import TracebackType
 from typing import Any
@@ -68,7 +69,11 @@ class AsyncClient:
         await self.close()
 
     async def record(
-        self, metric: str, value: str | int | float | Decimal, *, policy_id: str | None = None
+        self,
+        metric: str,
+        value: str | int | float | Decimal | Mapping[str, str | int | float | Decimal],
+        *,
+        policy_id: str | None = None,
     ) -> RecordResult:
         """`Client.record` in a worker thread."""
         return await asyncio.to_thread(self.client.record, metric, value, policy_id=policy_id)

@@ -245,28 +245,41 @@ def _create_from_template(path: Path) -> None:
             os.unlink(temporary)
 
 
-def _connect_read_only(path: Path) -> sqlite3.Connection:
-    """A connection that can neither write `path` nor create anything beside it.
+def read_only_uri(path: Path) -> str:
+    """The SQLite URI that opens the WAL database `path` without writing it or
+    creating anything beside it (the device state here; the collector's ledger
+    readers too, collector/ledger/engine.py).
 
     SQLite's ``mode=ro`` alone is not enough for a WAL database: a reader
     creates the ``-wal`` and ``-shm`` files when they are missing and leaves
     them behind (sqlite.org/wal.html, "Read-Only Databases"). So: when the
-    ``-wal`` file exists (an SDK has the file open, or crashed), ``mode=ro``
+    ``-wal`` file exists (a writer has the file open, or crashed), ``mode=ro``
     reads through it and creates nothing; when it does not, no connection has
     the file open and everything is in the main file, which is read with
-    ``immutable=1`` (no locks, no sibling files). An SDK that starts during
-    the few milliseconds of an inspection writes to its new ``-wal``, not to the
-    main file, until its first checkpoint. StateError when there is no file.
+    ``immutable=1`` (no locks, no sibling files). A writer that starts during
+    the few milliseconds of a read writes to its new ``-wal``, not to the main
+    file, until its first checkpoint. Decide per connection: the answer holds
+    only while no writer starts or stops.
     """
+    real = path.resolve()
+    live = real.with_name(real.name + "-wal").exists()
+    return f"{real.as_uri()}?mode=ro" + ("" if live else "&immutable=1")
+
+
+def _connect_read_only(path: Path) -> sqlite3.Connection:
+    """A connection that can neither write `path` nor create anything beside it
+    (`read_only_uri`, plus ``PRAGMA query_only``). StateError when there is no file."""
     if not path.is_file():
         raise StateError(
             f"no fedldp device state in {path.parent} (expected {STATE_FILE_NAME}); "
             "pass the directory given to Client(state_dir=...)"
         )
-    live = path.with_name(path.name + "-wal").exists()
-    uri = f"{path.resolve().as_uri()}?mode=ro" + ("" if live else "&immutable=1")
     conn = sqlite3.connect(
-        uri, uri=True, timeout=BUSY_TIMEOUT_SECONDS, isolation_level=None, check_same_thread=False
+        read_only_uri(path),
+        uri=True,
+        timeout=BUSY_TIMEOUT_SECONDS,
+        isolation_level=None,
+        check_same_thread=False,
     )
     conn.execute("PRAGMA query_only=ON")
     return conn
@@ -605,14 +618,10 @@ class DeviceStore:
 
     # --- trust store and policies ---
 
-    def trust_bytes(self) -> bytes | None:
-        """The stored serialized `TrustStore`, or None before the first run."""
-        with self.transaction() as conn:
-            return DeviceStore.read_trust(conn)
-
     @staticmethod
     def read_trust(conn: sqlite3.Connection) -> bytes | None:
-        """`trust_bytes` inside the caller's transaction."""
+        """The stored serialized `TrustStore` (read in the caller's transaction), or None
+        before the first run."""
         row = conn.execute("SELECT store FROM trust WHERE id=1").fetchone()
         return None if row is None else bytes(row[0])
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 import math
 import random
 import sqlite3
+from collections.abc import Mapping
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
@@ -177,11 +178,12 @@ class Recorder:
 
 def _mechanism_input(policy: VerifiedPolicy, value: object) -> tuple[Any, bool]:
     """The mechanism's input for `value`, and whether it was clipped. Never echoes it."""
+    where = f"metric {policy.metric_name!r}"
     if policy.labels is not None:
         if not isinstance(value, str):
             raise BadValueError(
-                f"metric {policy.metric_name!r} is categorical: pass the value's label as a "
-                f"str, not {type(value).__name__}"
+                f"{where} is categorical: pass the value's label as a str, not "
+                f"{type(value).__name__}"
             )
         try:
             return policy.label_index(value), False
@@ -191,23 +193,75 @@ def _mechanism_input(policy: VerifiedPolicy, value: object) -> tuple[Any, bool]:
         try:
             policy.open_domain.encode(value)  # type: ignore[arg-type]  # checked inside
         except ValueError as exc:
-            raise BadValueError(f"metric {policy.metric_name!r}: {exc}") from None
+            raise BadValueError(f"{where}: {exc}") from None
         return value, False
+    if policy.attributes is not None:
+        return _multi_input(policy, value)
     assert policy.numeric_range is not None
+    return _numeric_input(policy.numeric_range, where, value)
+
+
+def _numeric_input(
+    numeric_range: tuple[Decimal, Decimal], where: str, value: object
+) -> tuple[float, bool]:
+    """A finite number clipped to `numeric_range` (as a float), and whether it was clipped."""
     if isinstance(value, bool) or not isinstance(value, (int, float, Decimal)):
         raise BadValueError(
-            f"metric {policy.metric_name!r} is numeric: pass an int, float or Decimal, "
-            f"not {type(value).__name__}"
+            f"{where} is numeric: pass an int, float or Decimal, not {type(value).__name__}"
         )
     try:
         exact = value if isinstance(value, Decimal) else Decimal(value)
     except (InvalidOperation, ValueError, OverflowError):
-        raise BadValueError(f"metric {policy.metric_name!r}: value is not a number") from None
+        raise BadValueError(f"{where}: value is not a number") from None
     if not exact.is_finite() or (isinstance(value, float) and not math.isfinite(value)):
-        raise BadValueError(f"metric {policy.metric_name!r}: value must be finite")
-    lo, hi = policy.numeric_range
+        raise BadValueError(f"{where}: value must be finite")
+    lo, hi = numeric_range
     clipped = min(max(exact, lo), hi)
     return float(clipped), clipped != exact
+
+
+def _multi_input(policy: VerifiedPolicy, value: object) -> tuple[tuple[Any, ...], bool]:
+    """A multi-attribute metric's input: a dict naming every attribute exactly once, each
+    value checked like a single metric's (labels mapped, numbers clipped). Errors name
+    attributes and types, never values (nor unknown keys, which the app may have filled
+    with user data)."""
+    attributes = policy.attributes
+    assert attributes is not None
+    names = [a.name for a in attributes]
+    if not isinstance(value, Mapping):
+        raise BadValueError(
+            f"metric {policy.metric_name!r} has attributes {names}: pass a dict of them, "
+            f"not {type(value).__name__}"
+        )
+    missing = [name for name in names if name not in value]
+    if missing:
+        raise BadValueError(f"metric {policy.metric_name!r}: missing attribute(s) {missing}")
+    if len(value) != len(names):
+        raise BadValueError(
+            f"metric {policy.metric_name!r}: {len(value) - len(names)} key(s) that are not "
+            f"attributes; pass exactly {names}"
+        )
+    inputs: list[Any] = []
+    clipped = False
+    for index, spec in enumerate(attributes):
+        item = value[spec.name]
+        where = f"metric {policy.metric_name!r} attribute {spec.name!r}"
+        if spec.labels is not None:
+            if not isinstance(item, str):
+                raise BadValueError(
+                    f"{where} is categorical: pass the value's label as a str, not "
+                    f"{type(item).__name__}"
+                )
+            try:
+                inputs.append(policy.attribute_label_index(index, item))
+            except ValueError as exc:
+                raise BadValueError(f"metric {policy.metric_name!r} {exc}") from None
+        else:
+            assert spec.numeric_range is not None
+            number, was_clipped = _numeric_input(spec.numeric_range, where, item)
+            inputs.append(number)
+            clipped = clipped or was_clipped
+    return tuple(inputs), clipped
 
 
 def _memo_adapter(policy: VerifiedPolicy) -> Memoized | None:

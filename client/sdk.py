@@ -62,7 +62,7 @@ import os
 import random
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from decimal import Decimal
 from pathlib import Path
 from types import TracebackType
@@ -95,6 +95,27 @@ from fedldp.client.sender import Sender
 from fedldp.client.transport import Backoff, Credentials, Transport, TransportError, jitter_rng
 
 logger = logging.getLogger("fedldp.client")
+
+
+def _check_arguments(
+    max_epsilon: Decimal | None,
+    max_epsilon_cap: Decimal | None,
+    batch_size: int,
+    send_interval_seconds: float,
+    policy_refresh_seconds: float,
+) -> None:
+    """`Client`'s argument checks, before anything is opened: TypeError for a limit that
+    is not a positive, finite Decimal; ValueError for a batch size that is not a
+    positive int or a non-positive interval."""
+    for name, limit in (("max_epsilon", max_epsilon), ("max_epsilon_cap", max_epsilon_cap)):
+        if limit is not None and (
+            not isinstance(limit, Decimal) or not limit.is_finite() or limit <= 0
+        ):
+            raise TypeError(f"{name} must be a positive, finite decimal.Decimal (exact)")
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError("batch_size must be a positive integer")
+    if send_interval_seconds <= 0 or policy_refresh_seconds <= 0:
+        raise ValueError("send_interval_seconds and policy_refresh_seconds must be positive")
 
 
 class Client:
@@ -169,15 +190,9 @@ class Client:
         unusable state file; the state file is closed again on any failure.
         A failed policy fetch is logged, not raised.
         """
-        for name, limit in (("max_epsilon", max_epsilon), ("max_epsilon_cap", max_epsilon_cap)):
-            if limit is not None and (
-                not isinstance(limit, Decimal) or not limit.is_finite() or limit <= 0
-            ):
-                raise TypeError(f"{name} must be a positive, finite decimal.Decimal (exact)")
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-            raise ValueError("batch_size must be a positive integer")
-        if send_interval_seconds <= 0 or policy_refresh_seconds <= 0:
-            raise ValueError("send_interval_seconds and policy_refresh_seconds must be positive")
+        _check_arguments(
+            max_epsilon, max_epsilon_cap, batch_size, send_interval_seconds, policy_refresh_seconds
+        )
         if isinstance(credentials, str):
             credentials = Credentials.bearer(credentials)
         self._clock = clock
@@ -315,13 +330,19 @@ class Client:
     # --- recording ---
 
     def record(
-        self, metric: str, value: str | int | float | Decimal, *, policy_id: str | None = None
+        self,
+        metric: str,
+        value: str | int | float | Decimal | Mapping[str, str | int | float | Decimal],
+        *,
+        policy_id: str | None = None,
     ) -> RecordResult:
         """Randomize `value` for `metric` now and store the report for sending.
 
         Categorical metrics take the value's label (a string in the policy's
         domain); numeric metrics take a finite number, clipped to the policy's
-        range (`RecordResult.clipped` says when). Does no network I/O.
+        range (`RecordResult.clipped` says when); a multi-attribute metric takes
+        a dict with exactly its attributes' names, each value checked like a
+        single metric's (one report, charged once). Does no network I/O.
 
         Raises a `RecordRefusedError` subclass, having changed nothing, when
         there is no usable policy (`NoPolicyError`), the value does not fit

@@ -36,7 +36,6 @@ import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import grpc
 from fedldp.collector.errors import UnauthenticatedError
 
 TOKEN_VERSION = "v1"
@@ -190,8 +189,3 @@ class Authenticator:
 def bearer_metadata(token: str) -> tuple[tuple[str, str]]:
     """Call metadata carrying `token` (for clients and tests)."""
     return (("authorization", f"Bearer {token}"),)
-
-
-def call_credentials(token: str) -> grpc.CallCredentials:
-    """gRPC call credentials sending `token` as a bearer token (needs a secure channel)."""
-    return grpc.access_token_call_credentials(token)

@@ -18,6 +18,12 @@ class CollectorMetrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
         r = self.registry
+        self._add_request_metrics(r)
+        self._add_ledger_metrics(r)
+        self._add_policy_metrics(r)
+
+    def _add_request_metrics(self, r: CollectorRegistry) -> None:
+        """Reports by outcome, RPCs by code, and the refusals before the service."""
         self.reports = Counter(
             "fedldp_collector_reports",
             "Reports by outcome and reject reason",
@@ -56,6 +62,9 @@ class CollectorMetrics:
             ["limit"],
             registry=r,
         )
+
+    def _add_ledger_metrics(self, r: CollectorRegistry) -> None:
+        """Group commits (latency, sizes), ledger errors, shard routing and reruns."""
         self.commit_seconds = Histogram(
             "fedldp_collector_ledger_commit_seconds",
             "Ledger transaction latency (one group commit), seconds",
@@ -99,6 +108,9 @@ class CollectorMetrics:
             ["reason"],
             registry=r,
         )
+
+    def _add_policy_metrics(self, r: CollectorRegistry) -> None:
+        """Policy activation refusals and reloads, and the commit queue's depth."""
         self.policy_refusals = Counter(
             "fedldp_collector_policy_refusals",
             "Policy versions refused activation (at start or reload), by reason: "

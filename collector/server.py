@@ -651,6 +651,82 @@ def _read(path: str) -> bytes:
     return Path(path).read_bytes()
 
 
+def _grpc_options(config: CollectorConfig) -> list[tuple[str, Any]]:
+    """The gRPC server's channel options: message size, port reuse, streams per connection."""
+    return [
+        # Larger messages are refused by the transport (RESOURCE_EXHAUSTED).
+        ("grpc.max_receive_message_length", config.max_message_bytes),
+        ("grpc.max_send_message_length", config.max_message_bytes),
+        ("grpc.so_reuseport", 1 if config.reuse_port else 0),
+        ("grpc.max_concurrent_streams", config.max_streams_per_connection),
+        # No bandwidth-delay probing: a stream's receive window stays at the
+        # transport's look-ahead until its handler reads the message, so bytes of
+        # requests not yet admitted stay (mostly) in the client.
+        ("grpc.http2.bdp_probe", 0),
+    ]
+
+
+def _server_credentials(config: CollectorConfig) -> grpc.ServerCredentials | None:
+    """TLS (mTLS when `config.mtls`) credentials from the configured files; None for
+    plaintext. OSError when a file cannot be read."""
+    if not config.tls_cert:
+        return None
+    return grpc.ssl_server_credentials(
+        [(_read(config.tls_key), _read(config.tls_cert))],
+        root_certificates=_read(config.tls_client_ca) if config.tls_client_ca else None,
+        require_client_auth=config.mtls,
+    )
+
+
+def _load_registry(config: CollectorConfig, now: int) -> PolicyRegistry:
+    """The policies of `config.policy_dir` verified against `config.trust_dir` at `now`;
+    ConfigError when either folder is not configured."""
+    if not (config.trust_dir and config.policy_dir):
+        raise ConfigError("trust_dir and policy_dir are required")
+    return PolicyRegistry.from_folders(
+        config.trust_dir, config.policy_dir, now=now, audience=config.audience
+    )
+
+
+def _start_metrics_server(config: CollectorConfig, metrics: CollectorMetrics) -> Any:
+    """The Prometheus HTTP endpoint on `config.metrics_listen` (host defaults to
+    127.0.0.1), serving `metrics.registry`; None when no address is configured."""
+    if not config.metrics_listen:
+        return None
+    from prometheus_client import start_http_server
+
+    host, _, mport = config.metrics_listen.rpartition(":")
+    metrics_server, _thread = start_http_server(
+        int(mport), addr=host or "127.0.0.1", registry=metrics.registry
+    )
+    return metrics_server
+
+
+def _log_serving(
+    config: CollectorConfig,
+    port: int,
+    health_port: _HealthPort | None,
+    policies: int,
+    ledger: Ledger | ShardedLedger,
+) -> None:
+    """The one INFO line of a started collector: where it listens and what it serves."""
+    log.info(
+        "collector serving",
+        extra={
+            "fields": {
+                "port": port,
+                "health_port": health_port.port if health_port is not None else None,
+                "server": config.server,
+                "tls": bool(config.tls_cert),
+                "mtls": config.mtls,
+                "policies": policies,
+                "ledger": ledger.dialect,
+                "shard": ledger.shard,
+            }
+        },
+    )
+
+
 def start_collector(
     config: CollectorConfig,
     *,
@@ -662,18 +738,13 @@ def start_collector(
     `registry` overrides loading `config.trust_dir`/`config.policy_dir` (tests and
     the demo build one with `PolicyRegistry.from_envelopes`); either way its
     versions are checked against their lineage in the ledger (`activate`, in
-    place) before anything is served. `clock` (Unix
-    seconds) defaults to the system clock. `config.server` picks grpcio's sync
-    (default) or asyncio server.
+    place) before anything is served. `clock` (Unix seconds) defaults to the
+    system clock. `config.server` picks grpcio's sync (default) or asyncio server.
     """
     config.validate()
     now_fn: Callable[[], int] = clock or (lambda: int(time.time()))
     if registry is None:
-        if not (config.trust_dir and config.policy_dir):
-            raise ConfigError("trust_dir and policy_dir are required")
-        registry = PolicyRegistry.from_folders(
-            config.trust_dir, config.policy_dir, now=now_fn(), audience=config.audience
-        )
+        registry = _load_registry(config, now_fn())
     secret = config.token_secret_bytes()
     authenticator = Authenticator(TokenAuthority(secret) if secret else None, mtls=config.mtls)
     ledger = open_collector_ledger(config)
@@ -693,7 +764,6 @@ def start_collector(
         config.max_reports_per_request, config.max_report_age_seconds, config.max_clock_skew_seconds
     )
     service = CollectorService(registry, ledger, committer, metrics, limits, now_fn)
-    limiter = RateLimiter(config.rate_limit_per_second, config.rate_limit_burst)
     admission = Admission(
         max_rpcs=config.max_concurrent_rpcs,
         max_bytes=config.max_inflight_bytes,
@@ -702,34 +772,17 @@ def start_collector(
     servicer = CollectorServicer(
         service,
         authenticator,
-        limiter,
+        RateLimiter(config.rate_limit_per_second, config.rate_limit_burst),
         metrics,
         now_fn,
         admission=admission,
         reserve_bytes=config.max_message_bytes,
         admission_wait=config.admission_wait_ms / 1000,
     )
-    options: list[tuple[str, Any]] = [
-        # Larger messages are refused by the transport (RESOURCE_EXHAUSTED).
-        ("grpc.max_receive_message_length", config.max_message_bytes),
-        ("grpc.max_send_message_length", config.max_message_bytes),
-        ("grpc.so_reuseport", 1 if config.reuse_port else 0),
-        ("grpc.max_concurrent_streams", config.max_streams_per_connection),
-        # No bandwidth-delay probing: a stream's receive window stays at the
-        # transport's look-ahead until its handler reads the message, so bytes of
-        # requests not yet admitted stay (mostly) in the client.
-        ("grpc.http2.bdp_probe", 0),
-    ]
-    creds = None
-    if config.tls_cert:
-        creds = grpc.ssl_server_credentials(
-            [(_read(config.tls_key), _read(config.tls_cert))],
-            root_certificates=_read(config.tls_client_ca) if config.tls_client_ca else None,
-            require_client_auth=config.mtls,
-        )
+    creds = _server_credentials(config)
     kind = _AsyncTransport if config.server == "asyncio" else _SyncTransport
     try:
-        transport = kind(config, servicer, options, creds)
+        transport = kind(config, servicer, _grpc_options(config), creds)
     except Exception:
         committer.close()
         ledger.close()
@@ -743,29 +796,8 @@ def start_collector(
             committer.close()
             ledger.close()
             raise
-    metrics_server = None
-    if config.metrics_listen:
-        from prometheus_client import start_http_server
-
-        host, _, mport = config.metrics_listen.rpartition(":")
-        metrics_server, _thread = start_http_server(
-            int(mport), addr=host or "127.0.0.1", registry=metrics.registry
-        )
-    log.info(
-        "collector serving",
-        extra={
-            "fields": {
-                "port": transport.port,
-                "health_port": health_port.port if health_port is not None else None,
-                "server": config.server,
-                "tls": bool(config.tls_cert),
-                "mtls": config.mtls,
-                "policies": len(registry.policies),
-                "ledger": ledger.dialect,
-                "shard": ledger.shard,
-            }
-        },
-    )
+    metrics_server = _start_metrics_server(config, metrics)
+    _log_serving(config, transport.port, health_port, len(registry.policies), ledger)
     return RunningCollector(
         transport.port,
         transport,

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 import click
 
-from fedldp.cli_report import _settings
+from fedldp.cli_report import _lists_shards, _open_sources, _settings
 
 if TYPE_CHECKING:
     from fedldp.aggregator.dashboard.model import Dashboard
@@ -19,12 +19,19 @@ TOKEN_ENV = "FEDLDP_DASHBOARD_TOKEN"
 
 
 def load_dashboard(
-    ledger_url: str, policy_dir: str | Path, trust_dir: str | Path, audience: str | None
+    ledger: str | list[str],
+    policy_dir: str | Path,
+    trust_dir: str | Path,
+    audience: str | None,
 ) -> Dashboard:
-    """A Dashboard over the ledger at `ledger_url` (opened read-only) and the policies
-    of `policy_dir` that verify now against `trust_dir` (click errors say what is wrong)."""
+    """A Dashboard over a whole ledger, opened read-only as `fedldp report` opens it
+    (`_open_sources`), and the policies of `policy_dir` that verify now against
+    `trust_dir` (click or ledger errors say what is wrong).
+
+    `ledger`: one ledger's URL (refused when it is one shard of a sharded ledger),
+    or a list: the `ledger_shards` of a sharded ledger, every shard in map order."""
     from fedldp.aggregator.dashboard.model import Dashboard
-    from fedldp.aggregator.dashboard.source import ReadOnlyLedger, SourceError
+    from fedldp.aggregator.dashboard.source import ReadOnlyLedger
     from fedldp.client.policy import PolicyError
     from fedldp.client.policy.files import load_policy_folder, load_trust_folder
 
@@ -34,11 +41,9 @@ def load_dashboard(
     except PolicyError as exc:
         raise click.ClickException(f"trust folder {trust_dir}: {exc}") from None
     policies, _refused = load_policy_folder(policy_dir, trust, now=now, audience=audience)
-    try:
-        ledger = ReadOnlyLedger(ledger_url)
-    except SourceError as exc:
-        raise click.ClickException(str(exc)) from None
-    return Dashboard(ledger, policies)
+    sharded = not isinstance(ledger, str)
+    (source,) = _open_sources([ledger] if isinstance(ledger, str) else ledger, sharded=sharded)
+    return Dashboard(ReadOnlyLedger(source), policies)
 
 
 def _token(token_file: str | None) -> str | None:
@@ -102,13 +107,15 @@ def dashboard(
     if not urls or not policy_dir or not trust_dir:
         raise click.UsageError("pass --config, or --ledger, --policies and --trust")
     host, port = _split_listen(listen)
+    # A config's ledger_shards: every shard (a reader never reads part of a ledger).
+    ledger = urls if not ledger_url and _lists_shards(config_path) else urls[0]
     serve_dashboard(
-        urls[0], policy_dir, trust_dir, aud, host=host, port=port, token=_token(token_file)
+        ledger, policy_dir, trust_dir, aud, host=host, port=port, token=_token(token_file)
     )
 
 
 def serve_dashboard(
-    ledger_url: str,
+    ledger: str | list[str],
     policy_dir: str | Path,
     trust_dir: str | Path,
     audience: str | None,
@@ -117,7 +124,9 @@ def serve_dashboard(
     port: int,
     token: str | None,
 ) -> None:
-    """Serve the dashboard until interrupted; print its URL first (click errors on refusal)."""
+    """Serve the dashboard until interrupted; print its URL first (click errors on refusal).
+
+    `ledger`: as `load_dashboard`'s."""
     try:
         from fedldp.aggregator.dashboard.app import (
             DashboardConfigError,
@@ -132,7 +141,7 @@ def serve_dashboard(
         check_bind(host, token)
     except DashboardConfigError as exc:
         raise click.ClickException(str(exc)) from None
-    view = load_dashboard(ledger_url, policy_dir, trust_dir, audience)
+    view = load_dashboard(ledger, policy_dir, trust_dir, audience)
     view.budget()  # reads the spend aggregates once, so no analyst's first view waits for it
     try:
         server = DashboardServer(view, host=host, port=port, token=token)

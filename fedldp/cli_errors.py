@@ -161,7 +161,6 @@ _TABLE: list[tuple[str, Callable[[BaseException], str], int]] = [
         EXIT_REFUSED,
     ),
     ("fedldp.aggregator.dashboard.app.DashboardConfigError", _prefixed("dashboard: "), 1),
-    ("fedldp.aggregator.dashboard.source.SourceError", _prefixed("dashboard: "), EXIT_REFUSED),
     ("fedldp.client.mechanisms.registry.UnknownMechanismError", _prefixed("mechanism: "), 1),
     ("fedldp.client.mechanisms.base.OutputDomainError", _prefixed("mechanism: "), 1),
     ("fedldp.client.mechanisms.memo_loss.JointLossTooCostlyError", _prefixed("mechanism: "), 1),

@@ -83,15 +83,25 @@ def _specs(
     numeric_range: tuple[Decimal, Decimal],
     params: dict[str, str],
     permanent: str,
+    max_bytes: int,
 ) -> list[MechanismSpec]:
     from fedldp.aggregator.audit_ldp import resolve_spec
+    from fedldp.client.mechanisms import OpenDomain
 
     specs = []
     for wire_id in mechanisms:
         for eps in epsilons:
             try:
                 specs.append(
-                    resolve_spec(wire_id, eps, k, numeric_range, params, _permanent(permanent, eps))
+                    resolve_spec(
+                        wire_id,
+                        eps,
+                        k,
+                        numeric_range,
+                        params,
+                        _permanent(permanent, eps),
+                        OpenDomain(max_bytes),
+                    )
                 )
             except ValueError as exc:
                 raise InputError(str(exc)) from None
@@ -99,11 +109,19 @@ def _specs(
 
 
 def _domain(spec: MechanismSpec) -> str:
+    from fedldp.client.mechanisms import OpenDomain
+
     if isinstance(spec.domain, int):
         return f"k={spec.domain}"
-    if not isinstance(spec.domain, tuple):
-        return f"strings <= {spec.domain.max_bytes} bytes"
-    return f"[{spec.domain[0]}, {spec.domain[1]}]"
+    if isinstance(spec.domain, tuple):
+        return f"[{spec.domain[0]}, {spec.domain[1]}]"
+    if isinstance(spec.domain, OpenDomain):
+        return f"max_bytes={spec.domain.max_bytes}"
+    return " + ".join(  # a multi-attribute metric: its attributes
+        f"{a.name}:{a.mechanism_id} "
+        + (f"k={len(a.labels)}" if a.labels is not None else f"{list(map(str, a.metric))}")  # type: ignore[arg-type]
+        for a in spec.domain.attributes
+    )
 
 
 def _params_text(spec: MechanismSpec) -> str:
@@ -169,11 +187,15 @@ def _as_json(spec: MechanismSpec, report: AuditReport, settings: AuditSettings) 
 
 
 def _json_domain(spec: MechanismSpec) -> Any:
+    from fedldp.client.mechanisms import OpenDomain
+
     if isinstance(spec.domain, int):
         return spec.domain
     if isinstance(spec.domain, tuple):
         return [str(x) for x in spec.domain]
-    return {"max_bytes": spec.domain.max_bytes}
+    if isinstance(spec.domain, OpenDomain):
+        return {"max_bytes": spec.domain.max_bytes}
+    return _domain(spec)
 
 
 @click.command(name="mechanism", cls=_OneLineErrors)
@@ -204,6 +226,14 @@ def _json_domain(spec: MechanismSpec) -> Any:
     show_default=True,
     metavar="LO HI",
     help="numeric range of the numeric mechanisms",
+)
+@click.option(
+    "--max-bytes",
+    "max_bytes",
+    type=click.IntRange(1, 64),
+    default=4,
+    show_default=True,
+    help="longest string (UTF-8 bytes) of the open-domain mechanisms",
 )
 @click.option("--param", "param_texts", multiple=True, metavar="NAME=VALUE", help="policy param")
 @click.option(
@@ -262,6 +292,7 @@ def verify_mechanism(
     epsilon_texts: tuple[str, ...],
     k: int,
     range_texts: tuple[str, str],
+    max_bytes: int,
     param_texts: tuple[str, ...],
     epsilon_permanent: str,
     samples: int | None,
@@ -306,6 +337,7 @@ def verify_mechanism(
         (lo, hi),
         _params(param_texts),
         epsilon_permanent,
+        max_bytes,
     )
     rows = []
     for spec in specs:

@@ -285,13 +285,16 @@ def _sqlite_copy(source: Path, target: Path) -> None:
     """Copy a live SQLite database with SQLite's online backup API: one step (all
     pages), so the copy is the snapshot of one read transaction; writers go on.
     `target` is created with mode 0600 (it holds a whole ledger) and left in
-    rollback-journal mode (one file; a ledger opened for writing goes back to WAL)."""
+    rollback-journal mode (one file; a ledger opened for writing goes back to WAL).
+    The source is read as every ledger reader reads it (`read_only_uri`): nothing
+    is written or created beside it."""
     import sqlite3
 
+    from fedldp.client.device_store import read_only_uri
     from fedldp.collector.ledger import create_private_sqlite_file
 
     create_private_sqlite_file(target)
-    src = sqlite3.connect(f"{source.resolve().as_uri()}?mode=ro", uri=True)
+    src = sqlite3.connect(read_only_uri(source), uri=True)
     dst = sqlite3.connect(target)
     try:
         try:
@@ -431,6 +434,51 @@ def _begin_restore(url: str, *, source: str) -> None:
         engine.dispose()
 
 
+def _stage_sqlite_restore(ledger_url: str, source: Path) -> Path:
+    """Copy the SQLite backup `source` to a `.partial` file beside the target (which must
+    not exist: ClickException); the partial file, removed again if the copy fails."""
+    target = _sqlite_path(ledger_url)
+    if target.exists():
+        raise click.ClickException(
+            f"{target} exists: restore into a new file (move the old ledger away first)"
+        )
+    tmp = target.with_name(target.name + ".partial")
+    tmp.unlink(missing_ok=True)
+    try:
+        _sqlite_copy(source, tmp)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return tmp
+
+
+def _restore_postgresql(ledger_url: str, source: Path, pg_bin: str | None) -> int | None:
+    """pg_restore the archive `source` into the empty database at `ledger_url` (marked as
+    being restored first, so no ledger opens it meanwhile); the archive's time (None
+    when its listing does not state it in UTC).
+    ClickException when the database is not empty or a tool fails."""
+    if not _empty_database(ledger_url):
+        raise click.ClickException("the target database is not empty: restore into a new one")
+    pg_restore = _pg_tool("pg_restore", pg_bin)
+    archive_time = _archive_time(pg_restore, source)
+    uri, env = _libpq(ledger_url)
+    _begin_restore(ledger_url, source=f"restore:{source.name}")
+    _run_tool(
+        [
+            pg_restore,
+            "--no-owner",
+            "--no-privileges",
+            "--exit-on-error",
+            "--single-transaction",
+            "-d",
+            uri,
+            str(source),
+        ],
+        env,
+    )
+    return archive_time
+
+
 @click.command("restore")
 @_url_option
 @_config_option
@@ -461,39 +509,10 @@ def restore_cmd(url: str | None, config_path: str | None, pg_bin: str | None, ba
     archive_time: int | None = None
     tmp: Path | None = None
     if backend == "sqlite":
-        target = _sqlite_path(ledger_url)
-        if target.exists():
-            raise click.ClickException(
-                f"{target} exists: restore into a new file (move the old ledger away first)"
-            )
-        tmp = target.with_name(target.name + ".partial")
-        tmp.unlink(missing_ok=True)
-        try:
-            _sqlite_copy(source, tmp)
-        except BaseException:
-            tmp.unlink(missing_ok=True)
-            raise
+        tmp = _stage_sqlite_restore(ledger_url, source)
         work_url = f"sqlite:///{tmp}"
     elif backend == "postgresql":
-        if not _empty_database(ledger_url):
-            raise click.ClickException("the target database is not empty: restore into a new one")
-        pg_restore = _pg_tool("pg_restore", pg_bin)
-        archive_time = _archive_time(pg_restore, source)
-        uri, env = _libpq(ledger_url)
-        _begin_restore(ledger_url, source=f"restore:{source.name}")
-        _run_tool(
-            [
-                pg_restore,
-                "--no-owner",
-                "--no-privileges",
-                "--exit-on-error",
-                "--single-transaction",
-                "-d",
-                uri,
-                str(source),
-            ],
-            env,
-        )
+        archive_time = _restore_postgresql(ledger_url, source, pg_bin)
         work_url = ledger_url
     else:
         raise click.ClickException(f"cannot restore into a {backend!r} ledger")

@@ -234,6 +234,11 @@ def describe_envelope(envelope: policy_pb2.SignedEnvelope) -> dict[str, Any]:
     decoded = json_format.MessageToDict(message, preserving_proto_field_name=True)
     if isinstance(message, policy_pb2.Policy) and message.metric.HasField("categorical"):
         decoded["metric"]["categorical"]["digest"] = message.metric.categorical.digest.hex()
+    if isinstance(message, policy_pb2.Policy) and message.metric.HasField("multi"):
+        attributes = decoded["metric"]["multi"].get("attributes", [])
+        for entry, attribute in zip(attributes, message.metric.multi.attributes, strict=True):
+            if attribute.HasField("categorical"):
+                entry["categorical"]["digest"] = attribute.categorical.digest.hex()
     if isinstance(message, policy_pb2.Policy):
         _, mechanism = policy_problems(message)
         if mechanism is not None:  # what a report costs, from the content alone

@@ -337,7 +337,13 @@ def sign_policy_cmd(policy_file: Path, key: str, out: Path, passphrase_env: str 
 
 
 @release_service.command("consolidate")
-@click.option("--ledger", "ledger_url", required=True, help="the collector's ledger URL")
+@click.option("--ledger", "ledger_url", help="the collector's ledger URL (read-only)")
+@click.option(
+    "--config",
+    "config_path",
+    type=click.Path(exists=True, dir_okay=False),
+    help="the collector's collector.toml: its ledger_url, or every shard of its ledger_shards",
+)
 @click.option(
     "--policies",
     "policy_dir",
@@ -359,13 +365,19 @@ def sign_policy_cmd(policy_file: Path, key: str, out: Path, passphrase_env: str 
 @click.option("--table", default="ldp_estimates", show_default=True, help="table name")
 @click.option("--at", type=int, help="verify the policy as of this Unix time (default: now)")
 def consolidate_cmd(**o: Any) -> None:
-    """Write per-window debiased LDP estimates and variances as a table (no budget spent)."""
+    """Write per-window debiased LDP estimates and variances as a table (no budget spent).
+
+    The ledger is read as `fedldp report` reads it: read-only, and whole (every
+    shard of a config's ledger_shards; one shard's URL alone is refused)."""
     import time
 
     from fedldp.aggregator.service.consolidate import estimate_rows, write_table
-    from fedldp.cli_report import load_verified_policy
-    from fedldp.collector.ledger import open_ledger
+    from fedldp.cli_report import _lists_shards, _open_sources, _settings, load_verified_policy
 
+    ledger_url, config_path = o["ledger_url"], o["config_path"]
+    urls = _settings(config_path, (ledger_url,) if ledger_url else (), None, None, None)[0]
+    if not urls:
+        raise click.UsageError("pass --ledger URL or --config FILE")
     policy = load_verified_policy(
         o["policy_dir"],
         o["trust_dir"],
@@ -374,8 +386,11 @@ def consolidate_cmd(**o: Any) -> None:
         at=o["at"] or int(time.time()),
         audience=o["audience"],
     )
-    with open_ledger(o["ledger_url"]) as ledger:
+    (ledger,) = _open_sources(urls, sharded=not ledger_url and _lists_shards(config_path))
+    try:
         rows = estimate_rows(ledger, policy)
+    finally:
+        ledger.close()
     written = write_table(o["out_url"], o["table"], rows)
     windows = len({r.window_start for r in rows})
     click.echo(

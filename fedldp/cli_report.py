@@ -274,9 +274,6 @@ def report(
     sketches, including the collision term). Refused below the policy's minimum
     report count (exit status 1, nothing printed on stdout).
     """
-    from fedldp.aggregator.estimation import FrequencyReport
-    from fedldp.aggregator.estimation import heavy_hitters as find_hh
-    from fedldp.aggregator.render import render_html, render_table
     from fedldp.aggregator.reports import (
         ReportError,
         audit_statistics,
@@ -335,6 +332,17 @@ def report(
     finally:
         for ledger in opened:
             ledger.close()
+    _emit_report(result, fmt, out_path, heavy_hitters=heavy_hitters)
+
+
+def _emit_report(result: Any, fmt: str, out_path: str | None, *, heavy_hitters: bool) -> None:
+    """Write `result` as html (to `out_path`, required), json, csv or a table (to
+    `out_path` or stdout); heavy hitters are added to json and table output of a
+    frequency report when asked for."""
+    from fedldp.aggregator.estimation import FrequencyReport
+    from fedldp.aggregator.estimation import heavy_hitters as find_hh
+    from fedldp.aggregator.render import render_html, render_table
+
     hh = find_hh(result) if heavy_hitters and isinstance(result, FrequencyReport) else None
     if fmt == "html":
         assert out_path is not None
@@ -396,22 +404,6 @@ def _candidates(policy: VerifiedPolicy, path: str | None, exporting: bool) -> li
 # --- central releases ---
 
 
-class _HashingReader(io.RawIOBase):
-    """A raw binary stream over `fh` that feeds every byte it hands out to `digest`."""
-
-    def __init__(self, fh: io.BufferedReader, digest: Any) -> None:
-        self._fh, self._digest = fh, digest
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, buffer: Any) -> int:
-        n = self._fh.readinto(buffer)
-        if n:
-            self._digest.update(memoryview(buffer)[:n])
-        return n or 0
-
-
 class _DataFile:
     """A loader over a one-value-per-line file or a CSV column, read only when called.
 
@@ -432,10 +424,12 @@ class _DataFile:
         return self.key.digest("file", self.sha256)
 
     def __call__(self) -> Iterator[str]:
+        from fedldp.aggregator.central.receipts import HashingReader
+
         digest = hashlib.sha256()
         with open(self.path, "rb") as fh:
             text = io.TextIOWrapper(
-                io.BufferedReader(_HashingReader(fh, digest)), encoding="utf-8", newline=""
+                io.BufferedReader(HashingReader(fh, digest)), encoding="utf-8", newline=""
             )
             if self.column is None:
                 for line in text:

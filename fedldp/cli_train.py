@@ -399,41 +399,13 @@ def audit_membership(
     _need_train_extra()
     import warnings
 
-    import torch
-
     from fedldp.aggregator.training.audit import DEFAULT_FPRS, format_report, membership_audit
-    from fedldp.aggregator.training.config import DataConfig, ModelConfig
-    from fedldp.aggregator.training.data import DataError, load_dataset
-    from fedldp.aggregator.training.engine import train_nonprivate_baseline
-    from fedldp.aggregator.training.models import build_mlp, validate_model
-    from fedldp.aggregator.training.receipt import (
-        ReceiptError,
-        data_config_from_receipt,
-        load_receipt,
-        load_trained_model,
-    )
 
     warnings.filterwarnings("ignore", module="opacus")
     for f in fprs:
         if not 0 < f < 1:
             raise click.ClickException("--fpr values must be in (0, 1)")
-    try:
-        receipt = load_receipt(receipt_path)
-        private = load_trained_model(receipt_path)
-        members = load_dataset(data_config_from_receipt(receipt, data_url=data_url))
-        _check_members(receipt["dataset"], members.digest, _load_data_key(data_key_path))
-        ds = receipt["dataset"]
-        held = load_dataset(
-            DataConfig(
-                source="parquet" if holdout.suffix == ".parquet" else "csv",
-                label=ds["label"],
-                privacy_unit=receipt["privacy"]["unit"],
-                path=str(holdout.resolve()),
-                features=tuple(ds["features"]),
-            )
-        )
-    except (ReceiptError, DataError) as exc:
-        raise click.ClickException(str(exc)) from exc
+    receipt, private, members, held = _audit_inputs(receipt_path, holdout, data_url, data_key_path)
     eps = float(receipt["privacy"]["epsilon"][receipt["privacy"]["accountant"]["used"]])
     delta = float(receipt["privacy"]["delta"])
     chosen = tuple(fprs) or DEFAULT_FPRS
@@ -450,30 +422,9 @@ def audit_membership(
         )
     ]
     if baseline:
-        desc, tr = receipt["model"], receipt["training"]
-        model: torch.nn.Module = build_mlp(
-            ModelConfig(
-                hidden=tuple(desc["hidden"]),
-                activation=desc["activation"],
-                norm=desc["norm"],
-                fix_model=bool(desc["fixed"]),
-            ),
-            desc["num_features"],
-            desc["num_classes"],
-        )
-        if desc["fixed"]:
-            model = validate_model(model, fix=True).module
-        gen = torch.Generator().manual_seed(seed)
-        train_nonprivate_baseline(
-            model,
-            members.features,
-            members.labels,
-            epochs=baseline_epochs or int(tr["epochs"]),
-            batch_size=baseline_batch or max(1, round(float(tr["expected_batch_size"]))),
-            learning_rate=baseline_lr or float(tr["learning_rate"]),
-            optimizer=str(tr["optimizer"]),
-            momentum=float(tr["momentum"]),
-            generator=gen,
+        tr = receipt["training"]
+        model = _baseline_model(
+            receipt, members, seed, baseline_epochs, baseline_batch, baseline_lr
         )
         reports.append(
             membership_audit(
@@ -503,6 +454,85 @@ def audit_membership(
         }
         json_path.write_text(json.dumps(payload, indent=2) + "\n", encoding="utf-8")
         click.echo(f"wrote {json_path}")
+
+
+def _audit_inputs(
+    receipt_path: Path, holdout: Path, data_url: str | None, data_key_path: Path | None
+) -> tuple[dict[str, Any], Any, Any, Any]:
+    """The receipt, the private model, its training rows (checked against the receipt's
+    keyed data digest) and the held-out rows; a ClickException on a receipt or data
+    error."""
+    from fedldp.aggregator.training.config import DataConfig
+    from fedldp.aggregator.training.data import DataError, load_dataset
+    from fedldp.aggregator.training.receipt import (
+        ReceiptError,
+        data_config_from_receipt,
+        load_receipt,
+        load_trained_model,
+    )
+
+    try:
+        receipt = load_receipt(receipt_path)
+        private = load_trained_model(receipt_path)
+        members = load_dataset(data_config_from_receipt(receipt, data_url=data_url))
+        _check_members(receipt["dataset"], members.digest, _load_data_key(data_key_path))
+        ds = receipt["dataset"]
+        held = load_dataset(
+            DataConfig(
+                source="parquet" if holdout.suffix == ".parquet" else "csv",
+                label=ds["label"],
+                privacy_unit=receipt["privacy"]["unit"],
+                path=str(holdout.resolve()),
+                features=tuple(ds["features"]),
+            )
+        )
+    except (ReceiptError, DataError) as exc:
+        raise click.ClickException(str(exc)) from exc
+    return receipt, private, members, held
+
+
+def _baseline_model(
+    receipt: dict[str, Any],
+    members: Any,
+    seed: int,
+    epochs: int | None,
+    batch: int | None,
+    learning_rate: float | None,
+) -> Any:
+    """A non-private model of the receipt's architecture trained (in memory) on the
+    members with the private run's hyperparameters, or the overrides given; seeded."""
+    import torch
+
+    from fedldp.aggregator.training.config import ModelConfig
+    from fedldp.aggregator.training.engine import train_nonprivate_baseline
+    from fedldp.aggregator.training.models import build_mlp, validate_model
+
+    desc, tr = receipt["model"], receipt["training"]
+    model: torch.nn.Module = build_mlp(
+        ModelConfig(
+            hidden=tuple(desc["hidden"]),
+            activation=desc["activation"],
+            norm=desc["norm"],
+            fix_model=bool(desc["fixed"]),
+        ),
+        desc["num_features"],
+        desc["num_classes"],
+    )
+    if desc["fixed"]:
+        model = validate_model(model, fix=True).module
+    gen = torch.Generator().manual_seed(seed)
+    train_nonprivate_baseline(
+        model,
+        members.features,
+        members.labels,
+        epochs=epochs or int(tr["epochs"]),
+        batch_size=batch or max(1, round(float(tr["expected_batch_size"]))),
+        learning_rate=learning_rate or float(tr["learning_rate"]),
+        optimizer=str(tr["optimizer"]),
+        momentum=float(tr["momentum"]),
+        generator=gen,
+    )
+    return model
 
 
 # --- `fedldp ledger reservations` and `fedldp ledger settle-stale` (attached to the

@@ -16,6 +16,12 @@
    intervals from the exact variance, prints them beside the true frequencies,
    and writes a self-contained HTML report.
 
+`--scenario open-domain` runs the same pipeline on an open domain: a signed
+PEM policy (`fedldp.client.mechanisms.pem`) over strings of up to 8 bytes,
+devices record new words from a Zipf vocabulary with
+``client.record("browser.new_word", word)``, and the report lists the words
+discovery found (`fedldp.aggregator.discovery`) with estimates and intervals.
+
 The seed, when given, drives only the simulation (the true values and the
 devices' randomizers); without it the devices use the OS CSPRNG as in
 production. Every process the demo starts is stopped, also on Ctrl-C.
@@ -58,6 +64,20 @@ COLLECTOR_START_TIMEOUT_S = 60.0
 BUDGET_REFUSAL_COUNTER = "refused_outcome_budget_exhausted"
 #: Every this many devices also tries a second report in the window (its guard refuses).
 GUARD_DEMO_EVERY = 10
+#: The open-domain scenario: a PEM policy over new words of up to OPEN_MAX_BYTES bytes.
+OPEN_POLICY_ID = "demo.browser-new-word"
+OPEN_METRIC = "browser.new_word"
+OPEN_MAX_BYTES = 8
+#: Its head vocabulary (most frequent first); a long tail of random words follows.
+NEW_WORDS = (
+    "selfie", "emoji", "vlog", "hashtag", "podcast", "meme", "unfriend", "binge",
+    "hangry", "phablet", "adorbs", "bromance", "glamping", "listicle", "hotdesk",
+    "woke", "yeet", "ghosting", "stan", "doomscrl", "rizz", "vibe", "simp", "finsta",
+    "photobmb", "lewk", "sus", "cheugy", "bae", "fomo",
+)  # fmt: skip
+OPEN_TAIL_WORDS = 300
+#: Default ε per report of each scenario.
+DEFAULT_EPSILON = {"homepage": "2", "open-domain": "8"}
 
 
 @dataclass
@@ -89,6 +109,15 @@ def _labels(domain_size: int) -> list[str]:
     return [f"site-{i:02d}.example" for i in range(domain_size)]
 
 
+def _new_words(rng: random.Random) -> list[str]:
+    """NEW_WORDS, then OPEN_TAIL_WORDS distinct random lowercase words (5..8 letters)."""
+    words = dict.fromkeys(NEW_WORDS)
+    while len(words) < len(NEW_WORDS) + OPEN_TAIL_WORDS:
+        size = rng.randint(5, OPEN_MAX_BYTES)
+        words["".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(size))] = None
+    return list(words)
+
+
 def _zipf_values(rng: random.Random, domain_size: int, count: int) -> list[int]:
     weights = [1.0 / (rank**ZIPF_EXPONENT) for rank in range(1, domain_size + 1)]
     return rng.choices(range(domain_size), weights=weights, k=count)
@@ -117,7 +146,13 @@ class Deployment:
 
 
 def _write_deployment(
-    out: Path, *, labels: Sequence[str], epsilon: Decimal, epsilon_cap: Decimal, now: int
+    out: Path,
+    *,
+    labels: Sequence[str],
+    epsilon: Decimal,
+    epsilon_cap: Decimal,
+    now: int,
+    open_domain: bool = False,
 ) -> Deployment:
     import secrets
 
@@ -130,20 +165,35 @@ def _write_deployment(
     write_private_key(authority.policy_key, out / "keys" / "policy.key")
     write_public_key(authority.root_public_keys[0], out / "trust" / "pinned" / "root.pem")
     write_envelope(authority.root_envelope, out / "trust" / "1.root")
-    policy = authority.categorical_policy(
-        policy_id=POLICY_ID,
-        metric=METRIC,
-        labels=list(labels),
-        epsilon=str(epsilon),
-        epsilon_cap=str(epsilon_cap),
-        window_seconds=WINDOW_SECONDS,
-        now=now - 60,
-        mechanism="grr",
-        min_reports=100,
-        audience=(AUDIENCE,),
-        purpose="demo: which home page do people use?",
-    )
-    write_envelope(authority.sign(policy), out / "policies" / f"{POLICY_ID}.policy")
+    if open_domain:
+        policy = authority.open_policy(
+            policy_id=OPEN_POLICY_ID,
+            metric=OPEN_METRIC,
+            max_bytes=OPEN_MAX_BYTES,
+            epsilon=str(epsilon),
+            epsilon_cap=str(epsilon_cap),
+            window_seconds=WINDOW_SECONDS,
+            now=now - 60,
+            mechanism="pem",
+            min_reports=100,
+            audience=(AUDIENCE,),
+            purpose="demo: which new words do people type?",
+        )
+    else:
+        policy = authority.categorical_policy(
+            policy_id=POLICY_ID,
+            metric=METRIC,
+            labels=list(labels),
+            epsilon=str(epsilon),
+            epsilon_cap=str(epsilon_cap),
+            window_seconds=WINDOW_SECONDS,
+            now=now - 60,
+            mechanism="grr",
+            min_reports=100,
+            audience=(AUDIENCE,),
+            purpose="demo: which home page do people use?",
+        )
+    write_envelope(authority.sign(policy), out / "policies" / f"{policy.policy_id}.policy")
     secret = secrets.token_bytes(32)
     secret_file = out / "keys" / "token-secret.hex"
     fd = os.open(secret_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
@@ -243,6 +293,7 @@ class FleetSpec:
     seed: int | None
     max_epsilon: str
     threads: int
+    metric: str = METRIC
 
 
 class Fleet:
@@ -307,11 +358,11 @@ class Fleet:
         label = self.spec.labels[value]
         try:
             with self._client(device, f"d{device:06d}") as client:
-                client.record(METRIC, label)
+                client.record(self.spec.metric, label)
                 if device % GUARD_DEMO_EVERY == 0:
                     # A second report in the window: the device's own guard refuses it.
                     try:
-                        client.record(METRIC, label)
+                        client.record(self.spec.metric, label)
                     except BudgetGuardError:
                         self.tally.add(refused_by_device_guard=1)
                 self._send(client)
@@ -319,7 +370,7 @@ class Fleet:
                 # The app's data was wiped: the device's own guard has forgotten its
                 # spend, so only the collector's ledger stands between it and the cap.
                 with self._client(device, f"d{device:06d}-reinstalled") as client:
-                    client.record(METRIC, label)
+                    client.record(self.spec.metric, label)
                     self._send(client, may_be_refused_for_budget=True)
         except Exception:
             logging.getLogger("fedldp.demo").exception("device %d failed", device)
@@ -413,8 +464,21 @@ def _report(deployment: Deployment, now: int, confidence: float) -> Any:
 
 @click.command(name="demo")
 @click.option("--devices", default=10_000, show_default=True, help="simulated devices")
-@click.option("--epsilon", default="2", show_default=True, help="ε per report (decimal)")
-@click.option("--domain-size", default=8, show_default=True, help="number of categories k")
+@click.option(
+    "--scenario",
+    type=click.Choice(["homepage", "open-domain"]),
+    default="homepage",
+    show_default=True,
+    help="homepage: a categorical policy (GRR); open-domain: discover new words (PEM)",
+)
+@click.option(
+    "--epsilon",
+    default=None,
+    help="ε per report (decimal)  [default: 2 homepage, 8 open-domain]",
+)
+@click.option(
+    "--domain-size", default=8, show_default=True, help="number of categories k (homepage)"
+)
 @click.option(
     "--cap",
     "epsilon_cap",
@@ -463,8 +527,9 @@ def _report(deployment: Deployment, now: int, confidence: float) -> Any:
     "and one mean, with error bars and verified receipts in the HTML report",
 )
 def demo(
+    scenario: str,
     devices: int,
-    epsilon: str,
+    epsilon: str | None,
     domain_size: int,
     epsilon_cap: str | None,
     reinstall_fraction: float,
@@ -479,7 +544,8 @@ def demo(
     """Run the whole pipeline: signed policy, collector, simulated devices, report."""
     from fedldp.aggregator.render import render_html, render_table
 
-    eps = _parse_decimal(epsilon, "--epsilon")
+    open_domain = scenario == "open-domain"
+    eps = _parse_decimal(epsilon or DEFAULT_EPSILON[scenario], "--epsilon")
     cap = _parse_decimal(epsilon_cap, "--cap") if epsilon_cap is not None else eps
     if devices < 1 or domain_size < 2 or threads < 1 or processes < 1:
         raise click.BadParameter(
@@ -492,16 +558,24 @@ def demo(
         shutil.rmtree(out)
     out.mkdir(parents=True)
     now = int(time.time())
-    labels = _labels(domain_size)
     population = random.Random(seed) if seed is not None else random.SystemRandom()
-    values = _zipf_values(population, domain_size, devices)
+    labels = _new_words(population) if open_domain else _labels(domain_size)
+    values = _zipf_values(population, len(labels), devices)
     reinstalls = set(population.sample(range(devices), round(devices * reinstall_fraction)))
 
     started = time.perf_counter()
-    deployment = _write_deployment(out, labels=labels, epsilon=eps, epsilon_cap=cap, now=now)
-    click.echo(
-        f"signed policy {POLICY_ID}: GRR, k={domain_size}, ε={eps} per report, cap {cap}/day"
+    deployment = _write_deployment(
+        out, labels=labels, epsilon=eps, epsilon_cap=cap, now=now, open_domain=open_domain
     )
+    if open_domain:
+        click.echo(
+            f"signed policy {OPEN_POLICY_ID}: PEM, strings of up to {OPEN_MAX_BYTES} bytes, "
+            f"ε={eps} per report, cap {cap}/day"
+        )
+    else:
+        click.echo(
+            f"signed policy {POLICY_ID}: GRR, k={domain_size}, ε={eps} per report, cap {cap}/day"
+        )
     # Device state on a memory-backed folder when there is one: thousands of tiny
     # SQLite files, created and discarded; the collector's ledger stays on disk.
     shm = Path("/dev/shm")
@@ -521,13 +595,14 @@ def demo(
                 seed=seed,
                 max_epsilon=str(eps),
                 threads=threads,
+                metric=OPEN_METRIC if open_domain else METRIC,
             )
             tally = _run_fleet(spec, values, reinstalls, processes)
     finally:
         shutil.rmtree(state_root, ignore_errors=True)
     elapsed = time.perf_counter() - started
     counts = Counter(values)
-    truth = {labels[i]: counts[i] / devices for i in range(domain_size)}
+    truth = {labels[i]: counts[i] / devices for i in range(len(labels))}
     report = _report(deployment, now, confidence)
     click.echo("")
     click.echo(render_table(report, truth=truth))

@@ -3,9 +3,11 @@
 `audit_mechanism(mech, domain, settings)` runs the shipped randomizer on chosen
 neighbouring inputs and returns an `AuditReport`:
 
-* inputs — open domain (sketches): two fixed strings whose sketch cells differ
-  in as many rows as possible (`open_inputs`); categorical: values 0, 1 and
-  k-1, all pairs; numeric [lo, hi]: lo,
+* inputs — categorical: values 0, 1 and k-1, all pairs; open strings of up to
+  L bytes (PEM): "a", "b" and "a" followed by L - 1 "z" (differing at the first
+  byte, or only after it), all pairs; a sketch (CMS, HCMS): two fixed strings
+  whose sketch cells differ in as many rows as possible (`open_inputs`);
+  numeric [lo, hi]: lo,
   the middle, hi, the double after the middle and the double after lo, paired
   as (lo, hi), (lo, mid), (mid, hi), (mid, mid+1ulp), (lo, lo+1ulp);
 * for each path (device, batch), input pair and feature (`features.py`): an event
@@ -45,9 +47,17 @@ from fedldp.aggregator.audit_ldp.sampling import (
     sample_batch,
     sample_device,
 )
-from fedldp.client.mechanisms.base import MAX_OPEN_DOMAIN_BYTES, Mechanism, OpenDomain
+from fedldp.client.mechanisms.base import (
+    MAX_OPEN_DOMAIN_BYTES,
+    AttributeSpec,
+    Mechanism,
+    MultiMetric,
+    OpenDomain,
+)
 from fedldp.client.mechanisms.memo import Memoized
+from fedldp.client.mechanisms.multi import MULTI_IDS
 from fedldp.client.mechanisms.registry import UnknownMechanismError, create
+from fedldp.client.mechanisms.sketch import SKETCH_MECHANISMS, Sketch
 
 if TYPE_CHECKING:
     import numpy.typing as npt
@@ -62,14 +72,16 @@ PATHS = ("device", "batch")
 
 #: Parameter of the memoized mechanisms: the permanent response's ε∞.
 PERMANENT_PARAM = "epsilon_permanent"
+#: Open domain of the open-domain mechanisms when the caller gives none.
+DEFAULT_OPEN_DOMAIN = OpenDomain(4)
 #: Build errors that only say a candidate (domain kind, ε∞) was the wrong guess.
 _WRONG_GUESS = (
     "categorical metric",
     "numeric metric",
+    "open-domain metric",
     "takes no parameters",
     "does not take",
     "needs parameter",
-    "open-domain metric",
 )
 #: The audited strings of an open domain: FIRST, and the first SECOND_STEM + i
 #: (i < OPEN_SEARCH) whose sketch cells differ from FIRST's in every row (else
@@ -81,12 +93,12 @@ OPEN_SEARCH = 1000
 
 @dataclass(frozen=True)
 class MechanismSpec:
-    """What a policy says about a mechanism: wire id, ε, domain (k, [lo, hi] or an open
-    domain of strings), params."""
+    """What a policy says about a mechanism: wire id, ε, domain (k, [lo, hi], the
+    attributes of a multi-attribute metric, or an open domain), params."""
 
     wire_id: str
     epsilon: Decimal
-    domain: int | tuple[Decimal, Decimal] | OpenDomain
+    domain: int | tuple[Decimal, Decimal] | MultiMetric | OpenDomain
     params: Mapping[str, str] = field(default_factory=dict)
 
     def build(self) -> Mechanism:  # type: ignore[type-arg]
@@ -101,20 +113,32 @@ def resolve_spec(
     numeric_range: tuple[Decimal, Decimal],
     params: Mapping[str, str],
     epsilon_permanent: Decimal,
+    open_domain: OpenDomain = DEFAULT_OPEN_DOMAIN,
 ) -> MechanismSpec:
-    """The spec of `wire_id` at ε: a categorical domain k, the numeric range or an open
-    domain of strings (max_bytes = MAX_OPEN_DOMAIN_BYTES), whichever the mechanism
-    takes, with `epsilon_permanent` added for a memoized mechanism.
+    """The spec of `wire_id` at ε: a categorical domain k, the numeric range or the open
+    domain (a sketch, CMS or HCMS: max_bytes = MAX_OPEN_DOMAIN_BYTES, so that its
+    audited strings fit), whichever the mechanism takes, with `epsilon_permanent`
+    added for a memoized mechanism.
 
     Raises ValueError with the mechanism's own message when no candidate builds
-    (an unknown id: its registry message).
+    (an unknown id: its registry message). A multi-attribute mechanism is audited
+    over `audit_multi_metric(k, numeric_range)`.
     """
+    if wire_id in MULTI_IDS:
+        spec = MechanismSpec(wire_id, epsilon, audit_multi_metric(k, numeric_range), dict(params))
+        spec.build()  # its own message (e.g. "takes no parameters")
+        return spec
     with_permanent = {**params, PERMANENT_PARAM: str(epsilon_permanent)}
     candidates: list[MechanismSpec] = [
         MechanismSpec(wire_id, epsilon, k, dict(params)),
         MechanismSpec(wire_id, epsilon, k, with_permanent),
         MechanismSpec(wire_id, epsilon, numeric_range, dict(params)),
-        MechanismSpec(wire_id, epsilon, OpenDomain(MAX_OPEN_DOMAIN_BYTES), dict(params)),
+        MechanismSpec(
+            wire_id,
+            epsilon,
+            OpenDomain(MAX_OPEN_DOMAIN_BYTES) if wire_id in SKETCH_MECHANISMS else open_domain,
+            dict(params),
+        ),
     ]
     errors: list[str] = []
     for spec in candidates:
@@ -128,6 +152,18 @@ def resolve_spec(
         return spec
     specific = [e for e in errors if not any(w in e for w in _WRONG_GUESS)]
     raise ValueError((specific or errors)[0])
+
+
+def audit_multi_metric(k: int, numeric_range: tuple[Decimal, Decimal]) -> MultiMetric:
+    """The metric a multi-attribute mechanism is audited over: a categorical attribute
+    "c" of k values under grr and a numeric attribute "x" on the range under piecewise
+    (default grid at the attribute's ε)."""
+    return MultiMetric(
+        (
+            AttributeSpec("c", tuple(str(i) for i in range(k)), None, "grr"),
+            AttributeSpec("x", None, numeric_range, "piecewise"),
+        )
+    )
 
 
 @dataclass(frozen=True)
@@ -247,16 +283,33 @@ def open_inputs(mech: Any) -> list[tuple[str, Any]]:
     return [(OPEN_FIRST, OPEN_FIRST), (best, best)]
 
 
+def _all_pairs(inputs: list[tuple[str, Any]]) -> list[tuple[int, int]]:
+    return [(i, j) for i in range(len(inputs)) for j in range(i + 1, len(inputs))]
+
+
 def _inputs(
-    domain: int | tuple[Decimal, Decimal] | OpenDomain, mech: Any
+    domain: int | tuple[Decimal, Decimal] | MultiMetric | OpenDomain,
+    mech: Any,
 ) -> tuple[list[tuple[str, Any]], list[tuple[int, int]]]:
-    if isinstance(domain, OpenDomain):
+    if isinstance(domain, OpenDomain) and isinstance(mech, Sketch):
         return open_inputs(mech), [(0, 1)]
+    if isinstance(domain, MultiMetric):
+        # Every attribute at its low end, at its high end, and only the first one high.
+        low = tuple(0 if a.labels is not None else float(a.metric[0]) for a in domain.attributes)  # type: ignore[index]
+        high = tuple(
+            len(a.labels) - 1 if a.labels is not None else float(a.metric[1])  # type: ignore[index]
+            for a in domain.attributes
+        )
+        first = (high[0], *low[1:])
+        return [("low", low), ("high", high), ("first high", first)], [(0, 1), (0, 2), (1, 2)]
     if isinstance(domain, int):
         values = sorted({0, 1, domain - 1})
         inputs: list[tuple[str, Any]] = [(str(v), v) for v in values]
-        pairs = [(i, j) for i in range(len(inputs)) for j in range(i + 1, len(inputs))]
-        return inputs, pairs
+        return inputs, _all_pairs(inputs)
+    if isinstance(domain, OpenDomain):
+        texts = list(dict.fromkeys(["a", "b", "a" + "z" * (domain.max_bytes - 1)]))
+        inputs = [(repr(t), t) for t in texts]
+        return inputs, _all_pairs(inputs)
     lo, hi = float(domain[0]), float(domain[1])
     mid = float((domain[0] + domain[1]) / 2)
     inputs = [
@@ -276,7 +329,12 @@ def _plan(mech: Mechanism, domain: Any, settings: AuditSettings) -> _Plan:  # ty
     reports = settings.reports if memoized else 1
     notes: list[str] = []
     laws = [law_tests(mech, kind, inputs, x) for _, x in inputs]
-    if not any(laws):
+    if kind == "joint":
+        notes.append(
+            "multi-attribute: the joint report over all attributes is audited against ε; "
+            "each attribute's law is checked by auditing its mechanism on its own"
+        )
+    elif not any(laws):
         notes.append("no law check: the mechanism declares no law the auditor can test")
     return _Plan(
         kind=kind,
@@ -365,7 +423,7 @@ def _laws(plan: _Plan, path: str, samples: list[Reports], level: float) -> list[
 
 def audit_mechanism(
     mech: Mechanism,  # type: ignore[type-arg]
-    domain: int | tuple[Decimal, Decimal] | OpenDomain,
+    domain: int | tuple[Decimal, Decimal] | MultiMetric | OpenDomain,
     settings: AuditSettings | None = None,
 ) -> AuditReport:
     """Audit `mech` (built for `domain`: k, the numeric range (lo, hi) or an open domain)."""

@@ -15,6 +15,9 @@ key space small enough that a few hundred thousand samples find the worst set:
 * sketch reports (CMS, HCMS) — the report's row J and whether it supports x and
   whether it supports x' (CMS: the bit at cell h_J(x) is set; HCMS: the bit is
   the sign of H[h_J(x)][column]), by the sketch hash family of the wire contract;
+* group-hashed reports (PEM) — the group and whether the report supports the
+  prefix of x, and of x', at the group's length (`PEM.supports_batch`, the
+  hash family of the wire contract);
 * numeric reports — the RAW BITS of the binary64 wire value: (sign, exponent)
   with the last 1, 4 or 8 mantissa bits; (sign, exponent, first 4 mantissa bits),
   an interval; and each of the 8 bytes. A mechanism whose output set depends on
@@ -136,6 +139,13 @@ def _sketch_support(reports: Reports, x: Any, y: Any, mech: Any) -> IntArray:
     return _as_keys(4 * rows + sx + 2 * sy)
 
 
+def _group_support(reports: Reports, x: Any, y: Any, mech: Any) -> IntArray:
+    column = reports.columns[0]
+    sx = mech.supports_batch(column, x).astype(np.int64)
+    sy = mech.supports_batch(column, y).astype(np.int64)
+    return _as_keys(4 * np.asarray(column[0], dtype=np.int64) + sx + 2 * sy)
+
+
 def _numeric_bits(reports: Reports) -> npt.NDArray[np.uint64]:
     return np.asarray(reports.columns[0], dtype=np.uint64)
 
@@ -174,10 +184,14 @@ def features_for(kind: str, reports: int) -> tuple[Feature, ...]:
     """The features audited for reports of `kind`, `reports` per user."""
     if kind == "numeric":
         return NUMERIC_FEATURES
+    if kind == "joint":  # multi-attribute: the whole report over all its parts
+        return (Feature("joint report (all attributes)", _category_index, False),)
     if kind == "hashed":
         return (Feature("supports x, supports x'", _hashed_support, True),)
     if kind in ("sketch_row", "sketch_bit"):
         return (Feature("row, supports x, supports x'", _sketch_support, True),)
+    if kind == "group_hashed":
+        return (Feature("group, supports x, supports x'", _group_support, True),)
     if kind == "bits":
         if reports == 1:
             return (Feature("bits x, x' and weight", _bits_pair_weight, True),)

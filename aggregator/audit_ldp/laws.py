@@ -9,6 +9,9 @@ mechanism's at the per-report ε, memoized or not):
   v against the declared p* (v = the input) or q* (exact two-sided binomial test;
   the support counts are the mechanism's own `accumulate_batch` and
   `support_counts`, so the collector's counting is exercised too);
+* PEM (group-hashed reports) — for each audited string v, the rate of reports
+  supporting v's prefix at their group's length against the declared mean over
+  the groups of p* or 1/g (`PEM.support_rate`; exact two-sided binomial test);
 * category reports with at most `MAX_CHI_SQUARE_CELLS` values — the output
   histogram against `output_probability` (Pearson's chi-square);
 * sketches (CMS, HCMS) — for each audited string v, the rate of reports
@@ -35,6 +38,7 @@ from fedldp.aggregator.audit_ldp.sampling import Reports
 from fedldp.client.mechanisms.base import CategoryOutput, Mechanism
 from fedldp.client.mechanisms.numeric import NumericMechanism
 from fedldp.client.mechanisms.oracle import FrequencyOracle
+from fedldp.client.mechanisms.pem import PEM
 from fedldp.client.mechanisms.sketch import CMS, Sketch
 
 if TYPE_CHECKING:
@@ -56,6 +60,11 @@ def _support_p_value(mech: FrequencyOracle, v: int, rate: float, reports: Report
     statistic = mech.new_statistic()
     mech.accumulate_batch(statistic, reports.columns[0])
     support = int(mech.support_counts(statistic)[v])
+    return stats.binomial_p_value(support, reports.n, rate)
+
+
+def _prefix_support_p_value(mech: PEM, v: str, rate: float, reports: Reports) -> float:
+    support = int(mech.supports_batch(reports.columns[0], v).sum())
     return stats.binomial_p_value(support, reports.n, rate)
 
 
@@ -130,5 +139,12 @@ def law_tests(
             rate = sketch_support_rate(mech, v, x)
             test = partial(_sketch_p_value, mech, v, rate)
             tests.append(LawTest(f"supports {label}: rate = {rate:.6g}", test))
+        return tests
+    if isinstance(mech, PEM):
+        tests = []
+        for label, v in inputs:
+            rate = mech.support_rate(v, x)
+            test = partial(_prefix_support_p_value, mech, v, rate)
+            tests.append(LawTest(f"supports the prefix of {label}: rate = {rate:.6g}", test))
         return tests
     return []

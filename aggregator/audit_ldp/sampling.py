@@ -16,8 +16,9 @@ struct.pack('<d')).
 
 Both paths return `Reports`: per report index t < T, one column in the batch
 layout of the mechanism (int64 indices; uint8 packed rows; (seeds, values);
-uint64 bit patterns for numeric outputs; (rows, packed rows) for CMS and
-(rows, columns, bits) for HCMS sketch reports).
+uint64 bit patterns for numeric outputs; (groups, keys, values) for PEM's
+group-hashed outputs; (rows, packed rows) for CMS and (rows, columns, bits)
+for HCMS sketch reports).
 """
 
 from __future__ import annotations
@@ -30,8 +31,10 @@ import numpy as np
 from fedldp.client.mechanisms.base import (
     BitVectorOutput,
     CategoryOutput,
+    GroupHashedOutput,
     HashedOutput,
     Mechanism,
+    MultiOutput,
     NumericOutput,
     Output,
     SketchBitOutput,
@@ -50,9 +53,13 @@ KINDS: dict[type, str] = {
     BitVectorOutput: "bits",
     HashedOutput: "hashed",
     NumericOutput: "numeric",
+    MultiOutput: "joint",
+    GroupHashedOutput: "group_hashed",
     SketchRowOutput: "sketch_row",
     SketchBitOutput: "sketch_bit",
 }
+#: Kinds whose batch column is a tuple of arrays over the users.
+_TUPLE_KINDS = ("hashed", "group_hashed", "sketch_row", "sketch_bit")
 #: NumericPayload's only field, `double value = 1`: wire type 1 (64-bit), tag byte 0x09.
 _DOUBLE_TAG = 0x09
 
@@ -68,11 +75,11 @@ class Reports:
     def n(self) -> int:
         """Number of users."""
         first = self.columns[0]
-        return int((first[0] if isinstance(first, tuple) else first).shape[0])
+        return int((first[0] if self.kind in _TUPLE_KINDS else first).shape[0])
 
     def rows(self, start: int, stop: int) -> Reports:
         """Users start..stop-1."""
-        if isinstance(self.columns[0], tuple):  # hashed, sketch_row, sketch_bit
+        if self.kind in _TUPLE_KINDS:
             cols = [tuple(part[start:stop] for part in c) for c in self.columns]
             return Reports(self.kind, cols)
         return Reports(self.kind, [c[start:stop] for c in self.columns])
@@ -111,8 +118,24 @@ def wire_bits(output: NumericOutput) -> int:
     return int.from_bytes(raw[1:], "little")
 
 
+def joint_key(output: MultiOutput) -> int:
+    """A multi-attribute report as one key: the first 56 bits of the SHA-256 of its
+    digest encoding (client/wire.py, tag "M"), which names every part's attribute,
+    kind and exact payload bits; distinct reports collide with probability ~2^-56."""
+    import hashlib
+
+    from fedldp.client.wire import KINDS as WIRE_KINDS
+
+    digest = hashlib.sha256(WIRE_KINDS[MultiOutput].encode(output)).digest()
+    return int.from_bytes(digest[:7], "little")
+
+
 def device_column(kind: str, outputs: list[Output]) -> Any:
-    """One report per user, from `perturb` outputs, in the batch layout of `kind`."""
+    """One report per user, from `perturb` outputs, in the batch layout of `kind`
+    (multi-attribute reports: their `joint_key`s)."""
+    if kind == "joint":
+        keys = (joint_key(o) for o in outputs)  # type: ignore[arg-type]
+        return np.fromiter(keys, dtype=np.int64, count=len(outputs))
     if kind == "category":
         return np.fromiter((o.index for o in outputs), dtype=np.int64, count=len(outputs))  # type: ignore[union-attr]
     if kind == "bits":
@@ -130,7 +153,21 @@ def device_column(kind: str, outputs: list[Output]) -> Any:
         seeds = np.fromiter((o.seed for o in outputs), dtype=np.int64, count=len(outputs))  # type: ignore[union-attr]
         values = np.fromiter((o.value for o in outputs), dtype=np.int64, count=len(outputs))  # type: ignore[union-attr]
         return seeds, values
+    if kind == "group_hashed":
+        return _group_hashed_column(outputs)  # type: ignore[arg-type]
     return np.fromiter((wire_bits(o) for o in outputs), dtype=np.uint64, count=len(outputs))  # type: ignore[arg-type]
+
+
+def _group_hashed_column(
+    outputs: list[GroupHashedOutput],
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.uint64], npt.NDArray[np.int64]]:
+    """(groups, keys as little-endian uint64 words [n, c + 1], values) of PEM outputs."""
+    n = len(outputs)
+    groups = np.fromiter((o.group for o in outputs), dtype=np.int64, count=n)
+    raw = b"".join(o.key for o in outputs)
+    keys = np.frombuffer(raw, dtype="<u8").reshape(n, -1).astype(np.uint64)
+    values = np.fromiter((o.value for o in outputs), dtype=np.int64, count=n)
+    return groups, keys, values
 
 
 def sample_device(
@@ -167,8 +204,12 @@ def sample_batch(
     generator: np.random.Generator,
 ) -> Reports:
     """`users` simulated devices each sending `reports` reports of `value` (numpy path)."""
-    dtype = np.float64 if kind == "numeric" else object if isinstance(value, str) else np.int64
-    values = np.full(users, value, dtype=dtype)
+    if kind == "joint":  # a multi-attribute mechanism: one value per attribute
+        columns = [np.full(users, v) for v in value]
+        outputs = mech.batch_outputs(mech.perturb_batch(columns, generator))  # type: ignore[attr-defined]
+        return Reports(kind, [device_column(kind, outputs)])
+    dtype = np.float64 if kind == "numeric" else np.int64
+    values: Any = [value] * users if isinstance(value, str) else np.full(users, value, dtype=dtype)
     if reports == 1:
         return Reports(kind, [batch_column(kind, mech.perturb_batch(values, generator))])
     longitudinal = getattr(mech, "perturb_batch_longitudinal", None)

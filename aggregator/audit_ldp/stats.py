@@ -21,15 +21,19 @@ chi-square over outputs, cells with expected count below 5 pooled (Cochran's
 rule, Cochran 1954).
 
 All levels are per test; the caller applies Bonferroni across the tests it runs.
+The Clopper–Pearson bounds themselves live in aggregator/intervals.py.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
+
+# cp_lower and cp_upper stay part of this module's interface (their home: intervals.py).
+from fedldp.aggregator.intervals import cp_lower as cp_lower
+from fedldp.aggregator.intervals import cp_upper as cp_upper
 from scipy import stats
 
 if TYPE_CHECKING:
@@ -40,22 +44,6 @@ if TYPE_CHECKING:
 
 #: Cells with a smaller expected count are pooled before a chi-square test (Cochran 1954).
 MIN_EXPECTED = 5.0
-
-
-def cp_lower(successes: IntArray | int, n: int, level: float) -> FloatArray:
-    """One-sided Clopper–Pearson lower bound: P[p < bound] <= `level` (0 for 0 successes)."""
-    x = np.asarray(successes, dtype=np.float64)
-    with np.errstate(invalid="ignore"):
-        bound = stats.beta.ppf(level, x, n - x + 1.0)
-    return np.asarray(np.where(x > 0, bound, 0.0), dtype=np.float64)
-
-
-def cp_upper(successes: IntArray | int, n: int, level: float) -> FloatArray:
-    """One-sided Clopper–Pearson upper bound: P[p > bound] <= `level` (1 for n successes)."""
-    x = np.asarray(successes, dtype=np.float64)
-    with np.errstate(invalid="ignore"):
-        bound = stats.beta.ppf(1.0 - level, x + 1.0, n - x)
-    return np.asarray(np.where(x < n, bound, 1.0), dtype=np.float64)
 
 
 def log_ratio_bound(
@@ -171,11 +159,3 @@ def chi_square_p_value(observed: IntArray, probabilities: FloatArray) -> float:
     if obs.shape[0] < 2:
         return 1.0
     return float(stats.chisquare(obs, exp).pvalue)
-
-
-def confidence_to_alpha(confidence: float) -> float:
-    """1 - confidence, checked to lie in (0, 0.5)."""
-    alpha = 1.0 - confidence
-    if not (math.isfinite(alpha) and 0.0 < alpha < 0.5):
-        raise ValueError(f"confidence must be in (0.5, 1), got {confidence}")
-    return alpha

@@ -55,14 +55,28 @@ def _check(sensitivity: float, epsilon: float, delta: float) -> None:
         raise ValueError("delta must be in (0, 1) for a Gaussian mechanism")
 
 
-def analytic_gaussian_delta(sigma: float, sensitivity: float, epsilon: float) -> float:
-    """δ of N(0, σ²) noise at ε (Balle and Wang 2018, Theorem 8)."""
+def gaussian_profile_delta(half_mu: float, eps_over_mu: float, epsilon: float) -> float:
+    """δ(ε) = Φ(h − r) − e^ε·Φ(−h − r) of Gaussian noise, with h = μ/2 and r = ε/μ for
+    μ = Δ/σ: the privacy profile of the Gaussian mechanism (Balle and Wang 2018,
+    Theorem 8) and of μ-GDP (Dong, Roth, Su 2019, "Gaussian Differential Privacy",
+    Cor. 2.13), the one home of that formula.
+
+    The caller computes h and r (their rounding is part of its results). e^ε·Φ(·) is
+    evaluated as exp(ε + log Φ(·)), its exponent capped at 700 (no OverflowError;
+    for h, r > 0 the exponent is below 0 anyway, since (h + r)²/2 >= 2hr = ε).
+    """
     from scipy.special import log_ndtr, ndtr
 
-    a = sensitivity / (2.0 * sigma)
-    b = epsilon * sigma / sensitivity
-    second = math.exp(epsilon + float(log_ndtr(-a - b)))
-    return float(ndtr(a - b)) - second
+    second = math.exp(min(epsilon + float(log_ndtr(-half_mu - eps_over_mu)), 700.0))
+    return float(ndtr(half_mu - eps_over_mu)) - second
+
+
+def analytic_gaussian_delta(sigma: float, sensitivity: float, epsilon: float) -> float:
+    """δ of N(0, σ²) noise at ε (Balle and Wang 2018, Theorem 8): `gaussian_profile_delta`
+    with h = Δ/(2σ), r = εσ/Δ. A float in (−∞, 1]; <= δ means (ε, δ)-DP."""
+    return gaussian_profile_delta(
+        sensitivity / (2.0 * sigma), epsilon * sigma / sensitivity, epsilon
+    )
 
 
 def analytic_gaussian_sigma(sensitivity: float, epsilon: float, delta: float) -> float:

@@ -20,6 +20,7 @@ binding is reported as not checked).
 from __future__ import annotations
 
 import hashlib
+import io
 import platform
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -117,6 +118,29 @@ def file_sha256(path: Path) -> str:
         while chunk := fh.read(1 << 20):
             h.update(chunk)
     return h.hexdigest()
+
+
+class HashingReader(io.RawIOBase):
+    """A raw binary stream over `fh` that feeds every byte it hands out to `digest`.
+
+    Wrapped in `io.BufferedReader` (and a text wrapper), a parser reading through it
+    hashes exactly the bytes it consumed, in one pass; `digest` (a hashlib object) is
+    complete only once the stream was read to its end, which the caller ensures.
+    """
+
+    def __init__(self, fh: io.BufferedReader, digest: Any) -> None:
+        self._fh, self._digest = fh, digest
+
+    def readable(self) -> bool:
+        """Always True: the stream is read-only."""
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        """Fill `buffer` from `fh`, hash what was read; the byte count (0 at the end)."""
+        n = self._fh.readinto(buffer)
+        if n:
+            self._digest.update(memoryview(buffer)[:n])
+        return n or 0
 
 
 def _events_of(ledger: ReceiptLedger, res: Any) -> list[dict[str, Any]]:

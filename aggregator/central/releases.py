@@ -882,8 +882,7 @@ def private_histogram(
         delta=Decimal(0),
         metadata=_meta("histogram", plan.mechanism.value, domain=digest),
         compute=compute,
-        # Recorded as the OS CSPRNG even for a caller's generator (as released so far).
-        randomness="os-csprng",
+        randomness=request.randomness,
     )
     output = next((str(e["output"]) for e in events if e.get("query") == "histogram"), None)
     if output is None:

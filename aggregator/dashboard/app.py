@@ -28,7 +28,13 @@ from typing import Any
 
 import uvicorn
 from fedldp.aggregator.dashboard import pages
-from fedldp.aggregator.dashboard.model import Dashboard, Options, UnknownPolicyError, iso_utc
+from fedldp.aggregator.dashboard.model import (
+    BudgetView,
+    Dashboard,
+    Options,
+    UnknownPolicyError,
+    iso_utc,
+)
 from fedldp.aggregator.reports import InsufficientReportsError, ReportError
 from fedldp.client.policy import VerifiedPolicy
 from starlette.applications import Starlette
@@ -115,13 +121,6 @@ class SecurityMiddleware:
         return False
 
 
-def _kind(policy: VerifiedPolicy) -> str:
-    """A policy's report kind: frequency, numeric, or open (strings; candidates needed)."""
-    if policy.labels is not None:
-        return "frequency"
-    return "open" if policy.open_domain is not None else "numeric"
-
-
 def _options(request: Request) -> Options:
     q = request.query_params
     try:
@@ -143,6 +142,73 @@ def _window(request: Request) -> int | None:
         return int(text)
     except ValueError:
         raise ValueError("window must be a window start in epoch seconds") from None
+
+
+def _policy_kind(policy: VerifiedPolicy) -> str:
+    """The /api/policies "kind" of a policy: "multi", "open", "frequency" or "numeric"."""
+    if policy.attributes is not None:
+        return "multi"
+    if policy.open_domain is not None:
+        return "open"
+    return "frequency" if policy.labels is not None else "numeric"
+
+
+def _policies_json(dashboard: Dashboard) -> list[dict[str, Any]]:
+    """The /api/policies body: one object per policy of the index page, decimals as text."""
+    return [
+        {
+            "policy_id": s.policy.policy_id,
+            "policy_version": s.policy.version,
+            "metric": s.policy.metric_name,
+            "kind": _policy_kind(s.policy),
+            "mechanism": s.policy.mechanism.wire_id,
+            "epsilon_per_report": str(s.policy.charge),
+            "epsilon_cap": str(s.policy.epsilon_cap),
+            "min_reports_for_release": s.policy.min_reports_for_release,
+            "latest_window": s.latest_window,
+            "latest_window_utc": (None if s.latest_window is None else iso_utc(s.latest_window)),
+            "latest_window_reports": s.latest_n,
+            "released": s.released,
+        }
+        for s in dashboard.index()
+    ]
+
+
+def _budget_json(view: BudgetView) -> dict[str, Any]:
+    """The /api/budget body: spend per policy and window, central reservations per
+    purpose; decimals as exact text, times also as ISO 8601 UTC."""
+
+    def dec(x: Decimal) -> str:
+        return str(x)
+
+    return {
+        "read_at": iso_utc(view.read_at),
+        "policies": {
+            pid: [
+                {
+                    "window_start": r.window_start,
+                    "window_start_utc": iso_utc(r.window_start),
+                    "reports": r.reports,
+                    "subjects": r.subjects,
+                    "epsilon_charged": dec(r.epsilon_charged),
+                    "subjects_at_cap": r.at_cap,
+                }
+                for r in rows
+            ]
+            for pid, rows in view.policies.items()
+        },
+        "central_reservations": [
+            {
+                "purpose": c.purpose,
+                "open": c.open_count,
+                "epsilon_reserved_open": dec(c.open_epsilon),
+                "settled": c.settled_count,
+                "epsilon_spent_settled": dec(c.settled_epsilon),
+                "cancelled": c.cancelled_count,
+            }
+            for c in view.reservations
+        ],
+    }
 
 
 def create_app(
@@ -182,27 +248,7 @@ def create_app(
         return Response(pages.STYLESHEET, media_type="text/css")
 
     async def api_policies(request: Request) -> Response:
-        return JSONResponse(
-            [
-                {
-                    "policy_id": s.policy.policy_id,
-                    "policy_version": s.policy.version,
-                    "metric": s.policy.metric_name,
-                    "kind": _kind(s.policy),
-                    "mechanism": s.policy.mechanism.wire_id,
-                    "epsilon_per_report": str(s.policy.charge),
-                    "epsilon_cap": str(s.policy.epsilon_cap),
-                    "min_reports_for_release": s.policy.min_reports_for_release,
-                    "latest_window": s.latest_window,
-                    "latest_window_utc": (
-                        None if s.latest_window is None else iso_utc(s.latest_window)
-                    ),
-                    "latest_window_reports": s.latest_n,
-                    "released": s.released,
-                }
-                for s in dashboard.index()
-            ]
-        )
+        return JSONResponse(_policies_json(dashboard))
 
     async def api_report(request: Request) -> Response:
         try:
@@ -222,41 +268,7 @@ def create_app(
         return JSONResponse(data)
 
     async def api_budget(request: Request) -> Response:
-        view = dashboard.budget()
-
-        def dec(x: Decimal) -> str:
-            return str(x)
-
-        return JSONResponse(
-            {
-                "read_at": iso_utc(view.read_at),
-                "policies": {
-                    pid: [
-                        {
-                            "window_start": r.window_start,
-                            "window_start_utc": iso_utc(r.window_start),
-                            "reports": r.reports,
-                            "subjects": r.subjects,
-                            "epsilon_charged": dec(r.epsilon_charged),
-                            "subjects_at_cap": r.at_cap,
-                        }
-                        for r in rows
-                    ]
-                    for pid, rows in view.policies.items()
-                },
-                "central_reservations": [
-                    {
-                        "purpose": c.purpose,
-                        "open": c.open_count,
-                        "epsilon_reserved_open": dec(c.open_epsilon),
-                        "settled": c.settled_count,
-                        "epsilon_spent_settled": dec(c.settled_epsilon),
-                        "cancelled": c.cancelled_count,
-                    }
-                    for c in view.reservations
-                ],
-            }
-        )
+        return JSONResponse(_budget_json(dashboard.budget()))
 
     routes = [
         Route("/", index),

@@ -31,6 +31,7 @@ from typing import Any
 from fedldp.aggregator.consistency import Consistency
 from fedldp.aggregator.dashboard.source import ReadOnlyLedger, SpendGroup, WindowCount
 from fedldp.aggregator.estimation import FrequencyReport, NumericReport, heavy_hitters
+from fedldp.aggregator.multi_report import MultiReport
 from fedldp.aggregator.reports import (
     Partial,
     ReportError,
@@ -290,6 +291,13 @@ class Dashboard:
             )
         except ReportError as exc:
             return WindowReport(start, merged.n, None, str(exc))
+        if isinstance(result, MultiReport):  # no single trend: its JSON has every attribute
+            return WindowReport(
+                start,
+                merged.n,
+                None,
+                "a multi-attribute report: see its JSON or `fedldp report` for each attribute",
+            )
         return WindowReport(start, merged.n, result, None)
 
     # -- budget --

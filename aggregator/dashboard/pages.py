@@ -96,7 +96,7 @@ def index_page(rows: Sequence[PolicySummary], *, read_at: int) -> str:
             f'<tr data-policy="{escape(p.policy_id)}">'
             f'<td><a href="{escape(_policy_link(p.policy_id))}">{escape(p.policy_id)}</a> '
             f"v{p.version}</td><td>{escape(p.metric_name)}</td>"
-            f"<td>{_kind_word(p)}</td>"
+            f"<td>{policy_kind(p)}</td>"
             f"<td>{escape(p.mechanism.wire_id)}</td>"
             f'<td class="num eps">{escape(str(p.charge))}</td>'
             f'<td class="num">{escape(str(p.epsilon_cap))}</td>'
@@ -108,11 +108,14 @@ def index_page(rows: Sequence[PolicySummary], *, read_at: int) -> str:
     return page("Policies", "".join(body), read_at=read_at)
 
 
-def _kind_word(policy: VerifiedPolicy) -> str:
-    """categorical, numeric, or open domain (strings: reports need candidates)."""
-    if policy.labels is not None:
-        return "categorical"
-    return "open domain" if policy.open_domain is not None else "numeric"
+def policy_kind(policy: VerifiedPolicy) -> str:
+    """categorical, numeric, multi-attribute or open domain (strings: pem discovers
+    them, a sketch's reports need candidates) (the policies page and API)."""
+    if policy.attributes is not None:
+        return "multi-attribute"
+    if policy.open_domain is not None:
+        return "open domain"
+    return "categorical" if policy.labels is not None else "numeric"
 
 
 def _options_form(policy: VerifiedPolicy, options: Options) -> str:
@@ -158,6 +161,14 @@ def policy_page(
     latest = windows[-1] if windows else None
     if latest is None:
         body.append('<p id="latest" class="withheld">No reports stored for this policy yet.</p>')
+    elif policy.attributes is not None:  # one report per attribute: the JSON report has them
+        names = ", ".join(a.name for a in policy.attributes)
+        body.append(
+            f'<p id="latest">A multi-attribute report ({escape(names)}): each attribute\'s '
+            "estimates are in the policy's JSON report (the report API) and in "
+            "<code>fedldp report</code>.</p>"
+        )
+        return page(f"Policy {policy.policy_id}", "".join(body), read_at=read_at)
     elif latest.report is None:
         body.append(
             f'<p id="latest" class="withheld">Latest window {iso_utc(latest.window_start)}: '
@@ -261,6 +272,40 @@ def _numeric_section(start: int, report: NumericReport, options: Options) -> str
         f'<td class="num ci-low">{_num(report.ci_low)}</td>'
         f'<td class="num ci-high">{_num(report.ci_high)}</td>'
         f'<td class="num se">{_num(report.std_error)}</td></tr></tbody></table>'
+        + _histogram_section(report)
+    )
+
+
+def _histogram_section(report: NumericReport) -> str:
+    """Square Wave metrics: the EMS histogram with its bootstrap bands as whiskers."""
+    h = report.histogram
+    if h is None:
+        return ""
+    level = f"{h.confidence:.0%}"
+    bars = [
+        Bar(
+            label=f"[{a:.6g}, {b:.6g})",
+            value=f,
+            low=lo,
+            high=hi,
+            raw=None,
+            title=f"[{a:.6g}, {b:.6g}): {_num(f)}, {level} band [{_num(lo)}, {_num(hi)}]",
+        )
+        for a, b, f, lo, hi in zip(
+            h.edges, h.edges[1:], h.frequencies, h.band_low, h.band_high, strict=False
+        )
+    ]
+    caption = (
+        f"Distribution (EMS over {h.buckets} buckets; Li et al., SIGMOD 2020): frequency per "
+        f"bucket; whisker: {level} parametric-bootstrap band, pointwise ({h.replicates} "
+        f"replicates, seed {h.seed}); reconstruction mean {_num(h.mean)} "
+        f"[{_num(h.mean_low)}, {_num(h.mean_high)}]"
+    )
+    return (
+        '<h3 id="distribution">Distribution</h3>'
+        + bar_chart(bars, caption=caption)
+        + f'<p class="note">{escape(caption)}. Smoothing can flatten sharp features; the '
+        "bands describe the estimator's spread, not that bias.</p>"
     )
 
 

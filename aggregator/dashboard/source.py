@@ -1,31 +1,28 @@
 """Read-only access to a ledger's additive statistics, spend and central tables.
 
-The dashboard never writes: a SQLite ledger is opened with SQLite's ``mode=ro``
-URI (the file must exist; nothing can create, migrate or change it, and no
-journal-mode pragma is issued), a PostgreSQL ledger in read-only transactions
-(``SET TRANSACTION READ ONLY``: any write fails). Every query is an aggregate
-over small tables or a GROUP BY that returns counts: no subject identifier and
-no report payload is ever selected.
+The dashboard never writes, and reads a whole ledger: `ReadOnlyLedger` runs on a
+ledger opened for reading the way every CLI reader opens one (`fedldp report`,
+`ledger show`: fedldp/cli_report.py `_open_sources`), so a SQLite ledger is read
+without writing or creating anything beside it (collector/ledger/engine.py
+`_read_only_engine`), a PostgreSQL one in read-only transactions, and a sharded
+ledger as every shard of its shard map (one shard's URL alone is refused:
+collector/ledger/shards.py). Every query is an aggregate over small tables or a
+GROUP BY that returns counts: no subject identifier and no report payload is
+ever selected. Counts are summed over shards (a subject's reports and spend
+live on one shard); central reservations live on shard 0.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from dataclasses import dataclass
 from decimal import Decimal
-from pathlib import Path
 from typing import Any
-from urllib.parse import quote
 
 import sqlalchemy as sa
-from fedldp.collector.ledger.queries import partial_from_row, statistics_query
+from fedldp.collector.ledger import Ledger
 from fedldp.collector.ledger.schema import central_reservations, spend, statistics
+from fedldp.collector.ledger.shards import ShardedLedger
 from fedldp.collector.ledger.store import PartialStatistic
-from sqlalchemy import event
-
-
-class SourceError(Exception):
-    """The ledger cannot be opened read-only (the message says what to check)."""
 
 
 @dataclass(frozen=True)
@@ -60,78 +57,45 @@ class ReservationGroup:
     count: int
 
 
-def read_only_url(url: str) -> str:
-    """The engine URL that opens the ledger at `url` read-only.
-
-    SQLite: ``sqlite:///file:/abs/path?mode=ro&uri=true`` (SourceError if the
-    file does not exist); PostgreSQL URLs are returned unchanged (read-only is
-    set per transaction, see `ReadOnlyLedger`).
-    """
-    try:
-        parsed = sa.make_url(url)
-    except sa.exc.ArgumentError:
-        raise SourceError(
-            f"cannot parse the ledger URL {url!r}: expected sqlite:////ABSOLUTE/PATH/ledger.db "
-            "or postgresql+psycopg://USER@HOST:PORT/DB"
-        ) from None
-    backend = parsed.get_backend_name()
-    if backend == "postgresql":
-        return url
-    if backend != "sqlite":
-        raise SourceError(f"unsupported ledger database {backend!r}: use sqlite or postgresql")
-    path = Path(parsed.database or "")
-    if not path.is_file():
-        raise SourceError(f"no ledger file at {path}: check the ledger URL")
-    return f"sqlite:///file:{quote(str(path.resolve()))}?mode=ro&uri=true"
-
-
 class ReadOnlyLedger:
-    """The queries the dashboard needs, on a ledger opened read-only.
+    """The queries the dashboard needs, on a whole ledger opened read-only.
 
-    Implements `fedldp.aggregator.reports.StatisticsSource.statistics`, so the
-    report functions of `fedldp.aggregator.reports` run on it unchanged.
+    `source`: one ledger or every shard of a sharded one, opened with access
+    "read" (module docstring); closed by `close`. Implements
+    `fedldp.aggregator.reports.StatisticsSource.statistics`, so the report
+    functions of `fedldp.aggregator.reports` run on it unchanged.
     """
 
-    def __init__(self, url: str) -> None:
-        self.url = url
-        engine_url = read_only_url(url)
-        self.dialect = sa.make_url(engine_url).get_backend_name()
-        if self.dialect == "sqlite":
-            self._engine = sa.create_engine(engine_url, pool_size=4, max_overflow=4)
-            event.listen(self._engine, "connect", _sqlite_read_only)
-        else:
-            self._engine = sa.create_engine(
-                engine_url, pool_size=4, max_overflow=4, pool_pre_ping=True
-            ).execution_options(isolation_level="REPEATABLE READ", postgresql_readonly=True)
-        try:
-            with self._engine.connect() as conn:
-                conn.execute(sa.select(sa.func.count()).select_from(statistics)).scalar_one()
-        except sa.exc.DBAPIError as exc:
-            self._engine.dispose()
-            detail = str(getattr(exc, "orig", exc)).splitlines()[0]
-            raise SourceError(f"cannot read the ledger's statistics: {detail}") from None
+    def __init__(self, source: Ledger | ShardedLedger) -> None:
+        self.source = source
+        self.shards: list[Ledger] = (
+            list(source.shards) if isinstance(source, ShardedLedger) else [source]
+        )
 
     def close(self) -> None:
         """Release every connection."""
-        self._engine.dispose()
+        self.source.close()
 
-    def _rows(self, query: Any) -> Iterator[Any]:
-        with self._engine.connect() as conn:
-            yield from conn.execute(query).all()
+    def _rows(self, query: Any, shards: list[Ledger] | None = None) -> list[Any]:
+        """`query`'s rows from each of `shards` (default: every shard), in shard order."""
+
+        def run(conn: sa.Connection) -> list[Any]:
+            return list(conn.execute(query).all())
+
+        return [row for s in shards or self.shards for row in s.transaction(run, write=False)]
 
     def statistics(
         self, policy_id: str, version: int, window_start: int | None = None
     ) -> list[PartialStatistic]:
-        """Every shard's partial statistic for (policy, version[, window])."""
-        q = statistics_query(policy_id, version, window_start)
-        return [partial_from_row(r) for r in self._rows(q)]
+        """Every collector's (and shard's) partial statistic for (policy, version[, window])."""
+        return self.source.statistics(policy_id, version, window_start)
 
     def recompute_statistics(self, policy: Any, window_start: int | None = None) -> Any:
         """Not offered: the dashboard reads the additive statistics only."""
         raise NotImplementedError("the dashboard does not recompute from raw report rows")
 
     def window_counts(self) -> list[WindowCount]:
-        """Reports per (policy, version, window), from the statistics rows."""
+        """Reports per (policy, version, window), from the statistics rows of every shard."""
         q = (
             sa.select(
                 statistics.c.policy_id,
@@ -143,13 +107,18 @@ class ReadOnlyLedger:
             .group_by(
                 statistics.c.policy_id, statistics.c.policy_version, statistics.c.window_start
             )
-            .order_by(statistics.c.policy_id, statistics.c.window_start)
         )
-        return [WindowCount(r[0], int(r[1]), int(r[2]), int(r[3])) for r in self._rows(q)]
+        totals: dict[tuple[str, int, int], int] = {}
+        for r in self._rows(q):
+            key = (str(r[0]), int(r[1]), int(r[2]))
+            totals[key] = totals.get(key, 0) + int(r[3])
+        ordered = sorted(totals.items(), key=lambda item: (item[0][0], item[0][2], item[0][1]))
+        return [WindowCount(pid, version, start, n) for (pid, version, start), n in ordered]
 
     def spend_groups(self, policy_ids: list[str], windows: list[int]) -> list[SpendGroup]:
         """Subjects per (policy, window, ε spent, cap) for `policy_ids` × `windows`:
-        counts only (one scan of the spend table)."""
+        counts only (one scan of each shard's spend table; a subject's spend rows
+        live on one shard, so the groups of all shards add up)."""
         if not policy_ids or not windows:
             return []
         q = (
@@ -171,7 +140,8 @@ class ReadOnlyLedger:
         ]
 
     def reservation_groups(self) -> list[ReservationGroup]:
-        """Central reservations per (purpose, status, ε, ε spent): counts only."""
+        """Central reservations per (purpose, status, ε, ε spent): counts only (shard 0,
+        where central reservations live)."""
         c = central_reservations.c
         q = sa.select(c.purpose, c.status, c.epsilon, c.epsilon_spent, sa.func.count()).group_by(
             c.purpose, c.status, c.epsilon, c.epsilon_spent
@@ -184,13 +154,5 @@ class ReadOnlyLedger:
                 None if r[3] is None else Decimal(r[3]),
                 int(r[4]),
             )
-            for r in self._rows(q)
+            for r in self._rows(q, self.shards[:1])
         ]
-
-
-def _sqlite_read_only(dbapi_conn: Any, _record: Any) -> None:
-    """Belt and braces over ``mode=ro``: the connection refuses writes too."""
-    cur = dbapi_conn.cursor()
-    cur.execute("PRAGMA query_only=ON")
-    cur.execute("PRAGMA busy_timeout=30000")
-    cur.close()

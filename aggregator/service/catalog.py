@@ -49,6 +49,7 @@ from decimal import Decimal, InvalidOperation
 from pathlib import Path
 from typing import Any
 
+from fedldp.aggregator.central.receipts import HashingReader
 from fedldp.aggregator.service.zoo import TrainingCatalog, parse_training
 from fedldp.collector.auth import check_subject
 
@@ -163,7 +164,7 @@ class Dataset:
     def _csv_rows(self, path: Path) -> Iterator[tuple[str, ...]]:
         digest = hashlib.sha256()
         with path.open("rb") as fh:
-            data = io.BufferedReader(_Hashing(fh, digest), buffer_size=1 << 20)
+            data = io.BufferedReader(HashingReader(fh, digest), buffer_size=1 << 20)
             text = io.TextIOWrapper(data, encoding="utf-8", newline="")
             reader = csv.reader(text)
             header = next(reader, [])
@@ -250,22 +251,6 @@ class Dataset:
                     )
         self.sha256 = self._digest
         self.registered = True
-
-
-class _Hashing(io.RawIOBase):
-    """A raw stream over `fh` feeding every byte it hands out to `digest`."""
-
-    def __init__(self, fh: io.BufferedReader, digest: Any) -> None:
-        self._fh, self._digest = fh, digest
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, buffer: Any) -> int:
-        n = self._fh.readinto(buffer)
-        if n:
-            self._digest.update(memoryview(buffer)[:n])
-        return n or 0
 
 
 def _check_value(column: Column, text: str | None) -> str | None:

@@ -38,7 +38,8 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from fedldp.aggregator.estimation import FrequencyReport
+from fedldp.aggregator.estimation import FrequencyReport, NumericReport
+from fedldp.aggregator.multi_report import MultiReport
 from fedldp.aggregator.reports import (
     CandidatesRequiredError,
     InsufficientReportsError,
@@ -81,37 +82,49 @@ def estimate_rows(
             continue  # below the policy's minimum for release: not consolidated
         except CandidatesRequiredError:
             return []  # a sketch: no list of values to consolidate
-        base = (policy.policy_id, policy.version, window, policy.metric_name)
-        if isinstance(report, FrequencyReport):
-            for e in report.estimates:
-                rows.append(
-                    EstimateRow(
-                        *base,
-                        e.label,
-                        report.n,
-                        e.raw_estimate,
-                        e.std_error**2,
-                        e.std_error,
-                        e.ci_low,
-                        e.ci_high,
-                        confidence,
-                    )
-                )
+        if isinstance(report, MultiReport):  # one metric per attribute: metric.attribute
+            for a in report.attributes:
+                metric = f"{policy.metric_name}.{a.name}"
+                base = (policy.policy_id, policy.version, window, metric)
+                rows.extend(_report_rows(base, a.report, confidence))
         else:
-            rows.append(
-                EstimateRow(
-                    *base,
-                    "mean",
-                    report.n,
-                    report.mean,
-                    report.std_error**2,
-                    report.std_error,
-                    report.ci_low,
-                    report.ci_high,
-                    confidence,
-                )
-            )
+            base = (policy.policy_id, policy.version, window, policy.metric_name)
+            rows.extend(_report_rows(base, report, confidence))
     return rows
+
+
+def _report_rows(
+    base: tuple[str, int, int, str], report: FrequencyReport | NumericReport, confidence: float
+) -> list[EstimateRow]:
+    """A report's rows: one per label, or one named "mean"."""
+    if isinstance(report, FrequencyReport):
+        return [
+            EstimateRow(
+                *base,
+                e.label,
+                report.n,
+                e.raw_estimate,
+                e.std_error**2,
+                e.std_error,
+                e.ci_low,
+                e.ci_high,
+                confidence,
+            )
+            for e in report.estimates
+        ]
+    return [
+        EstimateRow(
+            *base,
+            "mean",
+            report.n,
+            report.mean,
+            report.std_error**2,
+            report.std_error,
+            report.ci_low,
+            report.ci_high,
+            confidence,
+        )
+    ]
 
 
 def write_table(url: str, table_name: str, rows: Sequence[EstimateRow]) -> int:

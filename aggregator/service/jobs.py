@@ -86,6 +86,8 @@ class JobRecord:
 
     @property
     def request_bytes(self) -> bytes:
+        """The stored SubmitTrainingRequest's deterministic serialization (decoded from
+        `request_b64`); binascii.Error when the record's field was tampered with."""
         return base64.b64decode(self.request_b64)
 
 
@@ -118,6 +120,7 @@ class JobStore:
             self._lock_file = None
 
     def folder(self, job_id: str) -> Path:
+        """The job's own folder under `root` (a path only: nothing is created or checked)."""
         return self.root / job_id
 
     def output(self, job_id: str) -> Path:
@@ -173,6 +176,7 @@ class JobStore:
             self.changed.wait_for(lambda: self._records[job_id].state in TERMINAL, timeout=seconds)
 
     def count(self, state: str) -> int:
+        """How many stored records are in `state` right now (0 for an unknown state)."""
         with self.changed:
             return sum(1 for r in self._records.values() if r.state == state)
 

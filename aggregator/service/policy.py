@@ -72,9 +72,15 @@ class ReleasePolicyError(CatalogError):
 class CapLedger(Protocol):
     """What applying a policy needs from the ledger."""
 
-    def central_cap(self, subject: str, purpose: str) -> tuple[Decimal, Decimal] | None: ...
+    def central_cap(self, subject: str, purpose: str) -> tuple[Decimal, Decimal] | None:
+        """The recorded (ε, δ) cap of (subject, purpose), or None when none is set
+        (see `Ledger.central_cap`)."""
+        ...
 
-    def central_cap_keys(self, subject_prefix: str) -> list[tuple[str, str]]: ...
+    def central_cap_keys(self, subject_prefix: str) -> list[tuple[str, str]]:
+        """Every (subject, purpose) with a cap whose subject starts with
+        `subject_prefix`, sorted (see `Ledger.central_cap_keys`)."""
+        ...
 
     def set_central_cap(
         self, subject: str, purpose: str, *, epsilon_cap: Decimal, delta_cap: Decimal

@@ -281,6 +281,8 @@ class ReleaseServicer:
         return self.training
 
     def submit_training(self, raw: bytes, context: grpc.ServicerContext) -> bytes:
+        """The SubmitTraining RPC: validates, stores and queues a job, returning its
+        TrainingJob; aborts FAILED_PRECONDITION when training is disabled."""
         return self._call(
             "SubmitTraining",
             pb.SubmitTrainingRequest,
@@ -290,6 +292,8 @@ class ReleaseServicer:
         )
 
     def get_training_job(self, raw: bytes, context: grpc.ServicerContext) -> bytes:
+        """The GetTrainingJob RPC: one of the caller's jobs (after waiting up to its
+        `wait_seconds`); another analyst's job is reported as not found."""
         return self._call(
             "GetTrainingJob",
             pb.GetTrainingJobRequest,

@@ -213,12 +213,11 @@ def within(eps: float, budget: Decimal) -> bool:
 def _gdp_epsilon(mu: float, delta: float) -> float:
     """ε of μ-GDP at δ: the root of Φ(−ε/μ + μ/2) − e^ε·Φ(−ε/μ − μ/2) = δ
     (Dong, Roth, Su 2019, "Gaussian Differential Privacy", Cor. 2.13)."""
+    from fedldp.aggregator.central.calibration import gaussian_profile_delta
     from scipy.optimize import brentq
-    from scipy.stats import norm
 
     def gap(eps: float) -> float:
-        tail = math.exp(min(eps + float(norm.logcdf(-eps / mu - mu / 2)), 700.0))
-        return float(norm.cdf(-eps / mu + mu / 2)) - tail - delta
+        return gaussian_profile_delta(mu / 2, eps / mu, eps) - delta
 
     if gap(0.0) <= 0:
         return 0.0

@@ -43,6 +43,9 @@ from typing import Any
 
 import numpy as np
 import torch
+
+# clopper_pearson stays part of this module's interface (its home: intervals.py).
+from fedldp.aggregator.intervals import clopper_pearson as clopper_pearson
 from numpy.typing import NDArray
 from torch import nn
 
@@ -52,16 +55,6 @@ MIN_FALSE_POSITIVES = 10
 #: Bootstrap resamples of the AUC interval, and the intervals' confidence level.
 BOOTSTRAP = 1000
 LEVEL = 0.95
-
-
-def clopper_pearson(k: int, n: int, level: float = LEVEL) -> tuple[float, float]:
-    """The exact (Clopper–Pearson 1934) two-sided interval of a binomial proportion k/n."""
-    from scipy.stats import beta
-
-    a = (1 - level) / 2
-    lo = 0.0 if k == 0 else float(beta.ppf(a, k, n - k + 1))
-    hi = 1.0 if k == n else float(beta.ppf(1 - a, k + 1, n - k))
-    return lo, hi
 
 
 def auc_interval(
@@ -301,7 +294,7 @@ def _attack_result(
             unresolved[f] = math.ceil(MIN_FALSE_POSITIVES / f)
             continue
         tprs[f], achieved[f] = tpr_at_fpr(members, nonmembers, f)
-        intervals[f] = clopper_pearson(round(tprs[f] * len(members)), len(members))
+        intervals[f] = clopper_pearson(round(tprs[f] * len(members)), len(members), LEVEL)
     return AttackResult(
         attack,
         roc_auc(members, nonmembers),

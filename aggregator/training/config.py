@@ -376,7 +376,10 @@ class TrainConfig:
 def config_from_mapping(raw: Mapping[str, Any], *, base_dir: Path | None = None) -> TrainConfig:
     """Build a validated TrainConfig from parsed TOML; relative paths resolve against base_dir.
 
-    Raises TrainingConfigError naming the section and key on any problem.
+    Raises TrainingConfigError naming the section and key on any problem; the
+    sections are checked in a fixed order (top level, budget, data, model,
+    training, accountant, randomness, output, receipt), so the first problem in
+    that order is the one reported.
     """
     _no_unknown(
         "top level",
@@ -384,19 +387,40 @@ def config_from_mapping(raw: Mapping[str, Any], *, base_dir: Path | None = None)
         ("budget", "data", "model", "training", "accountant", "randomness", "output", "receipt"),
     )
     base = base_dir or Path.cwd()
+    budget = _budget_section(_table(raw, "budget"))
+    data = _data_section(_table(raw, "data"), base)
+    model = _model_section(_table(raw, "model"))
+    training = _training_section(_table(raw, "training"))
+    accountant = _accountant_section(_table(raw, "accountant"))
+    randomness = _randomness_section(_table(raw, "randomness"))
+    output_dir = _output_section(_table(raw, "output"), base)
+    receipt = _receipt_section(_table(raw, "receipt"), base)
+    return TrainConfig(
+        budget=budget,
+        data=data,
+        training=training,
+        output_dir=output_dir,
+        model=model,
+        accountant=accountant,
+        randomness=randomness,
+        receipt=receipt,
+    )
 
-    def resolve(path: str) -> str:
-        p = Path(path)
-        return str(p if p.is_absolute() else (base / p).resolve())
 
-    b = _table(raw, "budget")
+def _resolve(base: Path, path: str) -> str:
+    """`path` as an absolute path text; a relative one resolves against `base`."""
+    p = Path(path)
+    return str(p if p.is_absolute() else (base / p).resolve())
+
+
+def _budget_section(b: Mapping[str, Any]) -> BudgetConfig:
     _no_unknown(
         "budget", b, ("ledger", "subject", "purpose", "epsilon", "delta", "idempotency_key")
     )
     for key in ("ledger", "subject", "purpose", "epsilon", "delta"):
         if key not in b:
             raise TrainingConfigError(f"[budget] {key} is required")
-    budget = BudgetConfig(
+    return BudgetConfig(
         ledger=_text("budget", "ledger", b["ledger"]),
         subject=_text("budget", "subject", b["subject"]),
         purpose=_text("budget", "purpose", b["purpose"]),
@@ -405,7 +429,8 @@ def config_from_mapping(raw: Mapping[str, Any], *, base_dir: Path | None = None)
         idempotency_key=b.get("idempotency_key"),
     )
 
-    d = _table(raw, "data")
+
+def _data_section(d: Mapping[str, Any], base: Path) -> DataConfig:
     _no_unknown(
         "data",
         d,
@@ -430,11 +455,11 @@ def config_from_mapping(raw: Mapping[str, Any], *, base_dir: Path | None = None)
         not isinstance(features, list) or not all(isinstance(f, str) for f in features)
     ):
         raise TrainingConfigError("[data] features must be a list of column names")
-    data = DataConfig(
+    return DataConfig(
         source=_choice("data", "source", d["source"], DATA_SOURCES),
         label=_text("data", "label", d["label"]),
         privacy_unit=_text("data", "privacy_unit", d["privacy_unit"]),
-        path=resolve(_text("data", "path", d["path"])) if "path" in d else None,
+        path=_resolve(base, _text("data", "path", d["path"])) if "path" in d else None,
         url=_text("data", "url", d["url"]) if "url" in d else None,
         table=_text("data", "table", d["table"]) if "table" in d else None,
         features=tuple(features) if features is not None else None,
@@ -443,7 +468,8 @@ def config_from_mapping(raw: Mapping[str, Any], *, base_dir: Path | None = None)
         rows=d.get("rows"),
     )
 
-    m = _table(raw, "model")
+
+def _model_section(m: Mapping[str, Any]) -> ModelConfig:
     _no_unknown("model", m, ("kind", "hidden", "activation", "norm", "fix_model"))
     hidden = m.get("hidden", [64])
     if not isinstance(hidden, list):
@@ -451,7 +477,7 @@ def config_from_mapping(raw: Mapping[str, Any], *, base_dir: Path | None = None)
     fix_model = m.get("fix_model", False)
     if not isinstance(fix_model, bool):
         raise TrainingConfigError("[model] fix_model must be true or false")
-    model = ModelConfig(
+    return ModelConfig(
         kind=m.get("kind", "mlp"),
         hidden=tuple(hidden),
         activation=m.get("activation", "relu"),
@@ -459,7 +485,8 @@ def config_from_mapping(raw: Mapping[str, Any], *, base_dir: Path | None = None)
         fix_model=fix_model,
     )
 
-    t = _table(raw, "training")
+
+def _training_section(t: Mapping[str, Any]) -> TrainingParams:
     refused = [k for k in NON_POISSON_KEYS if k in t]
     if refused:
         raise TrainingConfigError(
@@ -495,7 +522,7 @@ def config_from_mapping(raw: Mapping[str, Any], *, base_dir: Path | None = None)
     noise = t.get("noise_multiplier")
     if noise is not None:
         noise = _positive_float("training", "noise_multiplier", noise)
-    training = TrainingParams(
+    return TrainingParams(
         epochs=t["epochs"],
         max_grad_norm=_positive_float("training", "max_grad_norm", t["max_grad_norm"]),
         learning_rate=_positive_float("training", "learning_rate", t["learning_rate"]),
@@ -508,47 +535,40 @@ def config_from_mapping(raw: Mapping[str, Any], *, base_dir: Path | None = None)
         check_every_steps=t.get("check_every_steps"),
     )
 
-    a = _table(raw, "accountant")
+
+def _accountant_section(a: Mapping[str, Any]) -> AccountantConfig:
     _no_unknown("accountant", a, ("kind", "fallback_to_rdp", "eps_error"))
-    accountant = AccountantConfig(
+    return AccountantConfig(
         kind=a.get("kind", "prv"),
         fallback_to_rdp=a.get("fallback_to_rdp", False),
         eps_error=_positive_float("accountant", "eps_error", a.get("eps_error", 0.01)),
     )
 
-    r = _table(raw, "randomness")
-    _no_unknown("randomness", r, ("source", "seed"))
-    randomness = RandomnessConfig(source=r.get("source", "os-entropy"), seed=r.get("seed"))
 
-    o = _table(raw, "output")
+def _randomness_section(r: Mapping[str, Any]) -> RandomnessConfig:
+    _no_unknown("randomness", r, ("source", "seed"))
+    return RandomnessConfig(source=r.get("source", "os-entropy"), seed=r.get("seed"))
+
+
+def _output_section(o: Mapping[str, Any], base: Path) -> Path:
     _no_unknown("output", o, ("dir",))
     if "dir" not in o:
         raise TrainingConfigError("[output] dir is required")
-    output_dir = Path(resolve(_text("output", "dir", o["dir"])))
+    return Path(_resolve(base, _text("output", "dir", o["dir"])))
 
-    rc = _table(raw, "receipt")
+
+def _receipt_section(rc: Mapping[str, Any], base: Path) -> ReceiptConfig:
     _no_unknown("receipt", rc, ("signing_key", "passphrase_env", "data_digest_key"))
-    receipt = ReceiptConfig(
-        signing_key=resolve(_text("receipt", "signing_key", rc["signing_key"]))
+    return ReceiptConfig(
+        signing_key=_resolve(base, _text("receipt", "signing_key", rc["signing_key"]))
         if "signing_key" in rc
         else None,
         passphrase_env=_text("receipt", "passphrase_env", rc["passphrase_env"])
         if "passphrase_env" in rc
         else None,
-        data_digest_key=resolve(_text("receipt", "data_digest_key", rc["data_digest_key"]))
+        data_digest_key=_resolve(base, _text("receipt", "data_digest_key", rc["data_digest_key"]))
         if "data_digest_key" in rc
         else None,
-    )
-
-    return TrainConfig(
-        budget=budget,
-        data=data,
-        training=training,
-        output_dir=output_dir,
-        model=model,
-        accountant=accountant,
-        randomness=randomness,
-        receipt=receipt,
     )
 
 

@@ -8,6 +8,7 @@ estimation paths import numpy lazily. See docs/mechanisms.md.
 
 from fedldp.client.mechanisms.auto import choose_frequency_oracle, resolve
 from fedldp.client.mechanisms.base import (
+    AttributeSpec,
     BitVectorOutput,
     CategoryOutput,
     CountStatistic,
@@ -18,6 +19,7 @@ from fedldp.client.mechanisms.base import (
     Mechanism,
     MetricArg,
     MomentStatistic,
+    MultiMetric,
     MultiOutput,
     NumericOutput,
     OpenDomain,
@@ -37,6 +39,7 @@ from fedldp.client.mechanisms.registry import (
 )
 
 __all__ = [
+    "AttributeSpec",
     "BitVectorOutput",
     "CategoryOutput",
     "CountStatistic",
@@ -49,6 +52,7 @@ __all__ = [
     "Memoized",
     "MetricArg",
     "MomentStatistic",
+    "MultiMetric",
     "MultiOutput",
     "NumericOutput",
     "OpenDomain",

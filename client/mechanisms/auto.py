@@ -23,7 +23,7 @@ from __future__ import annotations
 from decimal import Decimal
 
 from fedldp.client.mechanisms._common import f0_variance_scalar
-from fedldp.client.mechanisms.base import MetricArg
+from fedldp.client.mechanisms.base import MetricArg, MultiMetric
 from fedldp.client.mechanisms.oracle import FrequencyOracle
 
 #: Candidates in tie-break order: shorter reports first.
@@ -62,9 +62,15 @@ def choose_frequency_oracle(k: int, epsilon: Decimal) -> str:
 
 
 def resolve(wire_id: str, epsilon: Decimal, metric: MetricArg) -> str:
-    """`wire_id`, or for "auto" the concrete oracle to sign into the policy."""
+    """`wire_id`, or for "auto" the concrete id to sign into the policy: the
+    least-variance oracle of a categorical metric, or for a multi-attribute
+    metric "multi-split" or "multi-sample" (`multi.choose_mode`)."""
     if wire_id != "auto":
         return wire_id
+    if isinstance(metric, MultiMetric):
+        from fedldp.client.mechanisms.multi import choose_mode
+
+        return choose_mode(metric, epsilon)
     if isinstance(metric, bool) or not isinstance(metric, int):
         raise ValueError("auto is defined for categorical metrics only; name a numeric mechanism")
     return choose_frequency_oracle(metric, epsilon)

@@ -169,9 +169,42 @@ class OpenDomain:
         return data
 
 
+@dataclass(frozen=True, slots=True)
+class AttributeSpec:
+    """One attribute of a multi-attribute metric (policy `Attribute`), validated.
+
+    Exactly one of `labels` (categorical, k = len(labels)) and `numeric_range`
+    (lo, hi) is set. `mechanism_id` and `params` are the attribute's own
+    MechanismSpec; its epsilon is derived by the multi-attribute mechanism
+    (fedldp.client.mechanisms.multi).
+    """
+
+    name: str
+    labels: tuple[str, ...] | None
+    numeric_range: tuple[Decimal, Decimal] | None
+    mechanism_id: str
+    params: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def metric(self) -> int | tuple[Decimal, Decimal]:
+        """The attribute mechanism's metric argument: k, or (lo, hi)."""
+        if self.labels is not None:
+            return len(self.labels)
+        if self.numeric_range is None:
+            raise ValueError(f"attribute {self.name!r} has neither labels nor a numeric range")
+        return self.numeric_range
+
+
+@dataclass(frozen=True, slots=True)
+class MultiMetric:
+    """A multi-attribute metric (policy `Metric.multi`): its attributes, in policy order."""
+
+    attributes: tuple[AttributeSpec, ...]
+
+
 #: What a mechanism is built over: a categorical domain size k, a numeric range
-#: (lo, hi), or an open string domain.
-MetricArg = Union[int, tuple[Decimal, Decimal], OpenDomain]  # noqa: UP007
+#: (lo, hi), an open string domain, or the attributes of a multi-attribute metric.
+MetricArg = Union[int, tuple[Decimal, Decimal], OpenDomain, MultiMetric]  # noqa: UP007
 
 
 class OutputDomainError(ValueError):

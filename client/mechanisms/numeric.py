@@ -66,10 +66,15 @@ Data with Local Differential Privacy", ICDE 2019):
   α = floor((1 - e^{-ε/2}) 2^32) / 2^32 when ε > ε* = 0.61, else α = 0 (pure
   Duchi; the grid parameters are then unused and the table is ±B). Both parts
   are unbiased given j, so E[y^2 | j] = α (c0 + c2 t_j^2) + (1 - α) B^2.
+* sw — Square Wave (Li et al., SIGMOD 2020, Section 4; square_wave.py): the
+  piecewise law above with band W = max(1, round(2 b J)) from the paper's
+  closed-form b (`square_wave_band`); its wire values are the cell centres,
+  its statistic the counts per cell, for the distribution (EMS).
 
 Grid parameters (policy `mechanism.params`, plain integers): "levels" J
 (default `DEFAULT_LEVELS`) and "cells" N = J + w (default J + max(1,
-round(J e^{-ε/2}))), for piecewise and hybrid; duchi takes none. Authoring writes
+round(J e^{-ε/2})); sw: J + `square_wave_band`), for piecewise, hybrid and sw;
+duchi takes none. Authoring writes
 the values it derived into the signed params (`grid_params`), so devices,
 collectors and aggregators build the same table; a policy signed without them
 gets the same derived defaults.
@@ -93,8 +98,10 @@ the exact value by at most 1/J^2. When c2 = 0 (duchi, hybrid with α = 0) the
 outputs carry no information about t^2 and the worst case t = 0, c0 = B^2, is
 reported: an upper bound.
 
-The wire value stays in the normalized unit (an unbiased randomization of t),
-so the estimator is mean(x) = lo + (hi - lo)(mean y + 1)/2 for every mechanism.
+The wire value of duchi, piecewise and hybrid (`MeanMechanism`) stays in the
+normalized unit (an unbiased randomization of t), so the estimator is
+mean(x) = lo + (hi - lo)(mean y + 1)/2; sw's unbiased value u_i is its own
+(square_wave.py), with the same estimator and variance (`_mean_estimate`).
 The collector accepts a report only when its double is bit-for-bit one of the
 table values (`check_output`; NaN and infinities: NON_FINITE, anything else:
 OUT_OF_DOMAIN), so one report's weight is at most `bound` = max |y_i|.
@@ -211,6 +218,23 @@ def default_band(epsilon: Decimal, levels: int) -> int:
     return max(1, int(scaled.to_integral_value()))
 
 
+def square_wave_band(epsilon: Decimal, levels: int) -> int:
+    """W = max(1, round(2 b J)): Square Wave's band on a grid of J level steps.
+
+    b = (ε e^ε - e^ε + 1) / (2 e^ε (e^ε - 1 - ε)) is the half-width Li et al.
+    choose in closed form (SIGMOD 2020, Section 4, maximizing their
+    mutual-information bound) for inputs in [0, 1] and outputs in [-b, 1 + b];
+    on J level steps of width 1/J the band [v - b, v + b] spans 2 b J cells and
+    the output domain J + 2 b J cells. b < 1/2 for every ε > 0, so W <= J.
+    """
+    with localcontext() as ctx:
+        ctx.prec = _EXP_DIGITS
+        e = epsilon.exp()
+        b = (epsilon * e - e + 1) / (2 * e * (e - 1 - epsilon))
+        scaled = 2 * b * levels
+    return max(1, min(levels, int(scaled.to_integral_value())))
+
+
 def grid_params(wire_id: str, epsilon: Decimal, params: dict[str, str]) -> dict[str, str]:
     """`params` with the grid parameters this mechanism would derive written in.
 
@@ -250,7 +274,8 @@ def grid_size(
     if not MIN_LEVELS <= levels <= MAX_LEVELS:
         raise ValueError(f"{wire_id} parameter 'levels' must be in [{MIN_LEVELS}, {MAX_LEVELS}]")
     if cells is None:
-        cells = levels + default_band(epsilon, levels)
+        band = square_wave_band if wire_id == "sw" else default_band
+        cells = levels + band(epsilon, levels)
     if not levels < cells <= 2 * levels:
         raise ValueError(
             f"{wire_id} parameter 'cells' must be in [levels + 1, 2 * levels] = "
@@ -295,8 +320,14 @@ def _grid_constants(lo: Decimal, hi: Decimal, levels: int) -> tuple[int, int, in
     return multiplier, subtrahend, divisor, offset
 
 
-class NumericMechanism(Mechanism[float, MomentStatistic]):
-    """Shared frame: range, clipping, exact rounding onto levels, table, estimator."""
+class NumericMechanism(Mechanism[float, Any]):
+    """Shared frame: range, clipping, exact rounding onto levels, table, output check.
+
+    Also the mean estimator's law: every subclass has an unbiased value u_i per
+    output index (E[u | j] = t_j, E[u^2 | j] = c0 + c2 t_j^2), which is the wire
+    value itself for the mean mechanisms (`MeanMechanism`) and a rescaled cell
+    position for Square Wave (square_wave.py). The statistic is the subclass's.
+    """
 
     _name: ClassVar[str]
 
@@ -329,12 +360,22 @@ class NumericMechanism(Mechanism[float, MomentStatistic]):
         #: Wire values by output index (set by subclasses through `_set_table`).
         self.table: tuple[float, ...] = ()
         self._index: dict[float, int] = {}
+        #: The exact unbiased value u_i of every output index (E[u | j] = t_j).
+        self.unbiased: tuple[Fraction, ...] = ()
         #: E[y^2 | j] = c0 + c2 t_j^2, exact (see the module docstring).
         self.c0 = Fraction(0)
         self.c2 = Fraction(0)
 
-    def _set_table(self, values: Sequence[Fraction], c0: Fraction, c2: Fraction) -> None:
+    def _set_table(
+        self,
+        values: Sequence[Fraction],
+        c0: Fraction,
+        c2: Fraction,
+        unbiased: Sequence[Fraction] | None = None,
+    ) -> None:
+        """Wire values y_i (doubles of `values`), the moments of u, and u_i (default y_i)."""
         self.table = tuple(float(v) for v in values)
+        self.unbiased = tuple(values if unbiased is None else unbiased)
         self._index = {}
         for i, y in enumerate(self.table):
             self._index.setdefault(y, i)
@@ -500,6 +541,59 @@ class NumericMechanism(Mechanism[float, MomentStatistic]):
             raise OutputDomainError("NON_FINITE", f"{self._name} output must be a finite double")
         self.index_of(y)
 
+    # --- aggregator ---
+
+    def rounding_variance(self, t: Any) -> Any:
+        """Var[t_J | t] = (t - t_lo)(t_hi - t) of the randomized rounding (array or scalar)."""
+        import numpy as np
+
+        u = (np.asarray(t, dtype=np.float64) + 1.0) * (self.levels / 2.0)
+        frac = u - np.floor(u)
+        return frac * (1.0 - frac) * (2.0 / self.levels) ** 2
+
+    def conditional_variance(self, t: Any) -> Any:
+        """Var[y | t] = c0 + c2 (t^2 + r(t)) - t^2, exact (module docstring), in t units."""
+        import numpy as np
+
+        t = np.asarray(t, dtype=np.float64)
+        return self._c0 + self._c2 * (t * t + self.rounding_variance(t)) - t * t
+
+    def _plug_in_variance(self, n: int, total_sq: float) -> float:
+        """Estimated mean of Var[u | t_i] over users from Σ u^2 (see the module docstring)."""
+        if self.c2 == 0:
+            return self._c0  # worst case t = 0: an upper bound
+        m2 = (total_sq / n - self._c0) / self._c2
+        m2 = min(1.0, max(0.0, m2))
+        return self._c0 + (self._c2 - 1.0) * m2 + 1.0 / self.levels**2
+
+    def variance(self, values: Any) -> float:
+        """Exact variance of the mean estimate for a population with these values."""
+        import numpy as np
+
+        t = self.normalize_batch(values)
+        n = t.shape[0]
+        if n == 0:
+            raise ValueError("cannot compute a variance for zero values")
+        return float(self.scale**2 * np.sum(self.conditional_variance(t)) / n**2)
+
+    def _mean_estimate(self, n: int, total: float, total_sq: float) -> Estimate:
+        """The mean lo + (hi - lo)(Σu / n + 1)/2 and its plug-in variance, from Σu and Σu^2."""
+        import numpy as np
+
+        if n <= 0:
+            raise ValueError("cannot estimate from zero reports")
+        mean = self._lo + self.scale * (total / n + 1.0)
+        var = self.scale**2 * self._plug_in_variance(n, total_sq) / n
+        return Estimate(n=n, values=np.array([mean]), variances=np.array([var]))
+
+
+class MeanMechanism(NumericMechanism):
+    """A numeric mechanism whose wire value is the unbiased value: Duchi, Piecewise, Hybrid.
+
+    Its statistic is the exact `MomentStatistic` of the wire values; `estimate`
+    is the mean with its plug-in variance (module docstring).
+    """
+
     def new_statistic(self) -> MomentStatistic:
         return MomentStatistic()
 
@@ -521,51 +615,8 @@ class NumericMechanism(Mechanism[float, MomentStatistic]):
             )
         statistic.add_many(y.tolist())
 
-    # --- aggregator ---
-
-    def rounding_variance(self, t: Any) -> Any:
-        """Var[t_J | t] = (t - t_lo)(t_hi - t) of the randomized rounding (array or scalar)."""
-        import numpy as np
-
-        u = (np.asarray(t, dtype=np.float64) + 1.0) * (self.levels / 2.0)
-        frac = u - np.floor(u)
-        return frac * (1.0 - frac) * (2.0 / self.levels) ** 2
-
-    def conditional_variance(self, t: Any) -> Any:
-        """Var[y | t] = c0 + c2 (t^2 + r(t)) - t^2, exact (module docstring), in t units."""
-        import numpy as np
-
-        t = np.asarray(t, dtype=np.float64)
-        return self._c0 + self._c2 * (t * t + self.rounding_variance(t)) - t * t
-
-    def _plug_in_variance(self, statistic: MomentStatistic) -> float:
-        """Estimated mean of Var[y | t_i] over users (see the module docstring)."""
-        if self.c2 == 0:
-            return self._c0  # worst case t = 0: an upper bound
-        m2 = (statistic.total_sq / statistic.n - self._c0) / self._c2
-        m2 = min(1.0, max(0.0, m2))
-        return self._c0 + (self._c2 - 1.0) * m2 + 1.0 / self.levels**2
-
-    def variance(self, values: Any) -> float:
-        """Exact variance of the mean estimate for a population with these values."""
-        import numpy as np
-
-        t = self.normalize_batch(values)
-        n = t.shape[0]
-        if n == 0:
-            raise ValueError("cannot compute a variance for zero values")
-        return float(self.scale**2 * np.sum(self.conditional_variance(t)) / n**2)
-
     def estimate(self, statistic: MomentStatistic) -> Estimate:
-        import numpy as np
-
-        n = statistic.n
-        if n <= 0:
-            raise ValueError("cannot estimate from zero reports")
-        mean_t = statistic.total / n
-        mean = self._lo + self.scale * (mean_t + 1.0)
-        var = self.scale**2 * self._plug_in_variance(statistic) / n
-        return Estimate(n=n, values=np.array([mean]), variances=np.array([var]))
+        return self._mean_estimate(statistic.n, statistic.total, statistic.total_sq)
 
 
 def _duchi_weights(weights: Weights, levels: int, level: int) -> tuple[int, int]:
@@ -580,7 +631,7 @@ def _duchi_value(weights: Weights) -> Fraction:
     return Fraction(weights.high + weights.low, weights.high - weights.low)
 
 
-class Duchi(NumericMechanism):
+class Duchi(MeanMechanism):
     """Duchi et al.'s one-dimensional mechanism on two exact outputs ±B (J = 1 level step)."""
 
     wire_id = "duchi"
@@ -670,7 +721,7 @@ class _PiecewiseGrid:
         return chosen.astype(np.int64)
 
 
-class Piecewise(NumericMechanism):
+class Piecewise(MeanMechanism):
     """Wang et al.'s Piecewise Mechanism on N = J + w exact cell values.
 
     `levels` and `cells` default to the derived grid (`grid_size`).
@@ -710,7 +761,7 @@ class Piecewise(NumericMechanism):
         return self.grid.sample_batch(levels, rng)
 
 
-class Hybrid(NumericMechanism):
+class Hybrid(MeanMechanism):
     """Wang et al.'s Hybrid Mechanism: piecewise w.p. α, Duchi otherwise, on the same level.
 
     Output indices: the N piecewise cells, then N for -B and N + 1 for +B (only
@@ -791,17 +842,19 @@ class Hybrid(NumericMechanism):
 
 
 #: Mechanisms that take the grid parameters "levels" and "cells".
-GRID_MECHANISMS = ("piecewise", "hybrid")
+GRID_MECHANISMS = ("piecewise", "hybrid", "sw")
 
 __all__ = [
     "DEFAULT_LEVELS",
     "GRID_MECHANISMS",
     "Duchi",
     "Hybrid",
+    "MeanMechanism",
     "NumericMechanism",
     "Piecewise",
     "exp_floor",
     "grid_params",
     "grid_size",
     "parse_grid",
+    "square_wave_band",
 ]

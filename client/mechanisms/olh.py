@@ -67,6 +67,7 @@ from fractions import Fraction
 from typing import TYPE_CHECKING, Any
 
 from fedldp.client.mechanisms._common import (
+    DyadicProbability,
     check_index,
     dyadic_from_exp,
     exp_epsilon,
@@ -127,6 +128,34 @@ def default_g(epsilon: Decimal) -> int:
     return min((below, above), key=lambda g: (lh_variance_f0(e, g), g))
 
 
+def keep_probability(epsilon: Decimal, g: int) -> DyadicProbability:
+    """p = e^ε / (e^ε + g - 1) rounded down to a multiple of 2^-53 (Wang et al. 2017,
+    Section 4.4): the realized ratio T (g - 1) / (2^53 - T) is then <= e^ε exactly."""
+    return dyadic_from_exp(lambda e: e / (e + g - 1), epsilon)
+
+
+def respond(keep: DyadicProbability, hashed: int, g: int, rng: random.Random) -> int:
+    """g-ary randomized response on a hash value: `hashed` with probability `keep`,
+    otherwise each of the g - 1 other values in [0, g) with probability (1 - keep)/(g - 1)."""
+    if keep.draw(rng):
+        return hashed
+    other = rng.randrange(g - 1)
+    return other + 1 if other >= hashed else other
+
+
+def respond_batch(
+    keep: DyadicProbability, hashed: npt.NDArray[np.int64], g: int, rng: np.random.Generator
+) -> npt.NDArray[np.int64]:
+    """`respond` for an int64 array of hash values (the same law, numpy randomness)."""
+    import numpy as np
+
+    n = hashed.shape[0]
+    kept = keep.draw_batch(n, rng)
+    other = rng.integers(0, g - 1, size=n, dtype=np.int64)
+    other += other >= hashed
+    return np.where(kept, hashed, other)
+
+
 def hash_value(seed: int, value: int, g: int, m: int) -> int:
     """h_seed(value) as specified in the module docstring (pure integer arithmetic)."""
     acc = 0
@@ -157,7 +186,7 @@ class OLH(FrequencyOracle):
         if self.seed_space > 2**63:
             raise ValueError("olh seed space g^(m+1) exceeds 2^63; lower g or k")
         # Wang et al. 2017, Section 4.4: p = e^ε / (e^ε + g - 1), rounded down.
-        self.keep = dyadic_from_exp(lambda e: e / (e + g - 1), epsilon)
+        self.keep = keep_probability(epsilon, g)
         self.p_exact = self.keep.exact
         self.q_exact = (1 - self.p_exact) / (g - 1)
         self.p = float(self.p_exact)
@@ -180,11 +209,9 @@ class OLH(FrequencyOracle):
         check_index(value, self.k)
         r = rng if rng is not None else system_random()
         seed = r.randrange(self.seed_space)
-        hashed = hash_value(seed, value, self.g, self.m)
-        if self.keep.draw(r):
-            return HashedOutput(seed, hashed)
-        other = r.randrange(self.g - 1)
-        return HashedOutput(seed, other + 1 if other >= hashed else other)
+        return HashedOutput(
+            seed, respond(self.keep, hash_value(seed, value, self.g, self.m), self.g, r)
+        )
 
     def _digits(self, numbers: npt.NDArray[np.int64], count: int) -> list[npt.NDArray[np.int64]]:
         import numpy as np
@@ -239,10 +266,7 @@ class OLH(FrequencyOracle):
             h += digits[:, m]
             hashed[start : start + chunk] = h % g
             seeds[start : start + chunk] = digits @ powers
-        keep = self.keep.draw_batch(n, rng)
-        other = rng.integers(0, g - 1, size=n, dtype=np.int64)
-        other += other >= hashed
-        return seeds, np.where(keep, hashed, other)
+        return seeds, respond_batch(self.keep, hashed, g, rng)
 
     # --- collector ---
 
@@ -374,4 +398,12 @@ class OLH(FrequencyOracle):
         return (HashedOutput(s, y) for s in range(self.seed_space) for y in range(self.g))
 
 
-__all__ = ["OLH", "default_g", "hash_value", "is_prime"]
+__all__ = [
+    "OLH",
+    "default_g",
+    "hash_value",
+    "is_prime",
+    "keep_probability",
+    "respond",
+    "respond_batch",
+]

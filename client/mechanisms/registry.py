@@ -14,6 +14,13 @@ Registered ids and their policy params (strings, plain notation):
     duchi                           numeric (lo, hi), no params
     piecewise, hybrid               numeric (lo, hi), optional "levels" and "cells"
                                     (grid size; see numeric.py)
+    sw                              numeric (lo, hi), optional "levels" and "cells"
+                                    (Square Wave, for the distribution; see square_wave.py)
+    multi-split, multi-sample       multi-attribute (a MultiMetric), no params; each
+                                    attribute names its own mechanism (see multi.py)
+    pem                             open domain (max_bytes), optional "step_bits",
+                                    "start_bits", "groups", "g" (stated at authoring;
+                                    see pem.py)
     cms, hcms                       open domain (strings), optional "rows" and
                                     "columns" (sketch size; see sketch.py)
 
@@ -35,7 +42,7 @@ from fedldp.client.mechanisms._common import (
     numeric_metric,
     only_params,
 )
-from fedldp.client.mechanisms.base import Mechanism, MetricArg
+from fedldp.client.mechanisms.base import Mechanism, MetricArg, MultiMetric
 
 #: Builds a mechanism from (epsilon, metric description, params). `metric` is a
 #: categorical domain size (int) or a numeric range (lo, hi) as Decimals.
@@ -142,6 +149,7 @@ def _memo_factory(wire_id: str) -> Factory:
 def _numeric_factory(wire_id: str) -> Factory:
     def factory(epsilon: Decimal, metric: MetricArg, params: Mapping[str, str]) -> Mechanism:  # type: ignore[type-arg]
         from fedldp.client.mechanisms.numeric import Duchi, Hybrid, Piecewise, parse_grid
+        from fedldp.client.mechanisms.square_wave import SquareWave
 
         lo, hi = numeric_metric(wire_id, metric)
         if wire_id == "duchi":
@@ -149,9 +157,10 @@ def _numeric_factory(wire_id: str) -> Factory:
             return Duchi(epsilon, lo, hi)
         only_params(wire_id, params, {"levels", "cells"})
         levels, cells = parse_grid(wire_id, epsilon, dict(params))
-        grid_classes: dict[str, type[Piecewise | Hybrid]] = {
+        grid_classes: dict[str, type[Piecewise | Hybrid | SquareWave]] = {
             "piecewise": Piecewise,
             "hybrid": Hybrid,
+            "sw": SquareWave,
         }
         return grid_classes[wire_id](epsilon, lo, hi, levels, cells)
 
@@ -167,6 +176,23 @@ def _sketch_factory(wire_id: str) -> Factory:
     return factory
 
 
+def _pem_factory(epsilon: Decimal, metric: MetricArg, params: Mapping[str, str]) -> Mechanism:  # type: ignore[type-arg]
+    from fedldp.client.mechanisms.base import OpenDomain
+    from fedldp.client.mechanisms.pem import PEM
+
+    if not isinstance(metric, OpenDomain):
+        raise ValueError("pem needs an open-domain metric ([metric] max_bytes = N)")
+    only_params("pem", params, {"step_bits", "start_bits", "groups", "g"})
+    options = {name: int_param("pem", params, name) for name in ("step_bits", "start_bits")}
+    return PEM(
+        epsilon,
+        metric,
+        **{name: value for name, value in options.items() if value is not None},
+        groups=int_param("pem", params, "groups"),
+        g=int_param("pem", params, "g"),
+    )
+
+
 register("grr", _categorical_factory("grr", "grr", "GRR"))
 register("oue", _categorical_factory("oue", "unary", "OUE"))
 register("sue", _categorical_factory("sue", "unary", "SUE"))
@@ -175,7 +201,24 @@ register("hr", _categorical_factory("hr", "hadamard", "HadamardResponse"))
 register("ss", _categorical_factory("ss", "subset", "SubsetSelection", param="d"))
 for _memo_id in ("rappor-grr", "rappor-oue", "rappor-sue"):
     register(_memo_id, _memo_factory(_memo_id))
-for _numeric_id in ("duchi", "piecewise", "hybrid"):
+for _numeric_id in ("duchi", "piecewise", "hybrid", "sw"):
     register(_numeric_id, _numeric_factory(_numeric_id))
+
+
+def _multi_factory(wire_id: str) -> Factory:
+    def factory(epsilon: Decimal, metric: MetricArg, params: Mapping[str, str]) -> Mechanism:  # type: ignore[type-arg]
+        from fedldp.client.mechanisms.multi import MultiSample, MultiSplit
+
+        if not isinstance(metric, MultiMetric):
+            raise ValueError(f"{wire_id} needs a multi-attribute metric")
+        no_params(wire_id, params)
+        return (MultiSplit if wire_id == "multi-split" else MultiSample)(epsilon, metric)
+
+    return factory
+
+
+for _multi_id in ("multi-split", "multi-sample"):
+    register(_multi_id, _multi_factory(_multi_id))
+register("pem", _pem_factory)
 for _sketch_id in ("cms", "hcms"):
     register(_sketch_id, _sketch_factory(_sketch_id))

@@ -16,12 +16,15 @@ from decimal import Decimal
 
 from fedldp.client.decimals import parse_decimal as parse_decimal  # re-exported
 from fedldp.client.mechanisms import (
+    AttributeSpec,
     Mechanism,
     MetricArg,
+    MultiMetric,
     OpenDomain,
     UnknownMechanismError,
     create,
 )
+from fedldp.client.mechanisms.multi import MAX_ATTRIBUTES, MIN_ATTRIBUTES
 from fedldp.client.policy.envelope import domain_digest, key_id_of
 from fedldp.v1 import policy_pb2
 
@@ -47,6 +50,8 @@ MAX_ROOT_KEYS = 64
 
 _POLICY_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 _METRIC_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
+#: An attribute name of a multi-attribute metric (a key of the dict passed to `record`).
+_ATTRIBUTE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _AUDIENCE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/-]*")
 
 
@@ -74,18 +79,17 @@ def _check_name(value: str, field: str, pattern: re.Pattern[str], problems: list
     return True
 
 
-def _domain_problems(domain: policy_pb2.CategoricalDomain, problems: list[str]) -> bool:
+def _domain_problems(
+    domain: policy_pb2.CategoricalDomain, problems: list[str], where: str = "metric.categorical"
+) -> bool:
     values = list(domain.values)
     ok = True
     if len(values) < 2:
-        problems.append(
-            f"metric.categorical.values has {len(values)} value(s); a domain needs at least 2"
-        )
+        problems.append(f"{where}.values has {len(values)} value(s); a domain needs at least 2")
         ok = False
     if len(values) > MAX_DOMAIN_VALUES:
         problems.append(
-            f"metric.categorical.values has {len(values)} values; at most "
-            f"{MAX_DOMAIN_VALUES} are allowed"
+            f"{where}.values has {len(values)} values; at most {MAX_DOMAIN_VALUES} are allowed"
         )
         ok = False
     first_index: dict[str, int] = {}
@@ -107,31 +111,29 @@ def _domain_problems(domain: policy_pb2.CategoricalDomain, problems: list[str]) 
     limit = 10
     if duplicates:
         problems.append(
-            "metric.categorical.values must be unique; equal values at indices "
+            f"{where}.values must be unique; equal values at indices "
             + ", ".join(duplicates[:limit])
             + (" ..." if len(duplicates) > limit else "")
         )
         ok = False
     if empty:
         problems.append(
-            "metric.categorical.values must not be empty strings; empty at indices "
+            f"{where}.values must not be empty strings; empty at indices "
             + ", ".join(map(str, empty[:limit]))
         )
         ok = False
     if too_long:
         problems.append(
-            f"metric.categorical.values must be at most {MAX_LABEL_BYTES} UTF-8 bytes each; "
+            f"{where}.values must be at most {MAX_LABEL_BYTES} UTF-8 bytes each; "
             "too long at indices " + ", ".join(map(str, too_long[:limit]))
         )
         ok = False
     if total > MAX_DOMAIN_BYTES:
-        problems.append(
-            f"metric.categorical.values total {total} bytes; at most {MAX_DOMAIN_BYTES}"
-        )
+        problems.append(f"{where}.values total {total} bytes; at most {MAX_DOMAIN_BYTES}")
         ok = False
     if domain.digest != domain_digest(values):
         problems.append(
-            "metric.categorical.digest does not match the values (SHA-256 of length-prefixed "
+            f"{where}.digest does not match the values (SHA-256 of length-prefixed "
             "UTF-8 labels, see policy.proto); recompute it with the authoring tool"
         )
         ok = False
@@ -147,22 +149,7 @@ def _metric_problems(metric: policy_pb2.Metric, problems: list[str]) -> MetricAr
             return len(metric.categorical.values)
         return None
     if kind == "numeric":
-        bounds: list[Decimal] = []
-        for name in ("lo", "hi"):
-            text = getattr(metric.numeric, name)
-            try:
-                bounds.append(parse_decimal(text, allow_negative=True))
-            except ValueError as exc:
-                problems.append(f"metric.numeric.{name} {exc}")
-        if len(bounds) == 2:
-            if bounds[0] >= bounds[1]:
-                problems.append(
-                    f"metric.numeric.lo ({metric.numeric.lo}) must be below "
-                    f"metric.numeric.hi ({metric.numeric.hi})"
-                )
-                return None
-            return (bounds[0], bounds[1])
-        return None
+        return _range_problems(metric.numeric, "metric.numeric", problems)
     if kind == "open":
         try:
             return OpenDomain(int(metric.open.max_bytes))
@@ -170,12 +157,119 @@ def _metric_problems(metric: policy_pb2.Metric, problems: list[str]) -> MetricAr
             problems.append(f"metric.open.max_bytes: {exc}")
             return None
     if kind == "multi":
-        problems.append("metric.multi: multi-attribute metrics are not supported by this SDK")
-        return None
+        return _multi_problems(metric.multi, problems)
     problems.append(
         "metric has no domain; set a categorical domain, a numeric range or an open domain"
     )
     return None
+
+
+def _range_problems(
+    numeric: policy_pb2.NumericRange, where: str, problems: list[str]
+) -> tuple[Decimal, Decimal] | None:
+    """Validate a numeric range (plain decimals, lo < hi); return (lo, hi) when valid."""
+    bounds: list[Decimal] = []
+    for name in ("lo", "hi"):
+        text = getattr(numeric, name)
+        try:
+            bounds.append(parse_decimal(text, allow_negative=True))
+        except ValueError as exc:
+            problems.append(f"{where}.{name} {exc}")
+    if len(bounds) == 2:
+        if bounds[0] >= bounds[1]:
+            problems.append(f"{where}.lo ({numeric.lo}) must be below {where}.hi ({numeric.hi})")
+            return None
+        return (bounds[0], bounds[1])
+    return None
+
+
+def _multi_problems(multi: policy_pb2.MultiAttribute, problems: list[str]) -> MultiMetric | None:
+    """Validate a multi-attribute metric (2..MAX_ATTRIBUTES attributes, unique names, each
+    attribute's domain as a single metric's, its MechanismSpec with an id and params only);
+    return its MultiMetric when valid. Whether each attribute's mechanism accepts its
+    domain and params is checked when the policy's mechanism is built."""
+    attributes = list(multi.attributes)
+    ok = MIN_ATTRIBUTES <= len(attributes) <= MAX_ATTRIBUTES
+    if not ok:
+        problems.append(
+            f"metric.multi has {len(attributes)} attribute(s); a multi-attribute metric needs "
+            f"{MIN_ATTRIBUTES}..{MAX_ATTRIBUTES}"
+        )
+        if len(attributes) > MAX_ATTRIBUTES:  # bound the work before looking at any domain
+            return None
+    specs: list[AttributeSpec] = []
+    seen: dict[str, int] = {}
+    for index, attribute in enumerate(attributes):
+        where = f"metric.multi.attributes[{index}]"
+        if not _check_name(attribute.name, f"{where}.name", _ATTRIBUTE_NAME, problems):
+            ok = False
+        elif attribute.name in seen:
+            problems.append(
+                f"{where}.name repeats the name of attribute {seen[attribute.name]}; "
+                "attribute names must be unique"
+            )
+            ok = False
+        else:
+            seen[attribute.name] = index
+        spec = _attribute_problems(attribute, where, problems)
+        if spec is None:
+            ok = False
+        else:
+            specs.append(spec)
+    return MultiMetric(tuple(specs)) if ok else None
+
+
+def _attribute_problems(
+    attribute: policy_pb2.Attribute, where: str, problems: list[str]
+) -> AttributeSpec | None:
+    kind = attribute.WhichOneof("kind")
+    labels: tuple[str, ...] | None = None
+    numeric_range: tuple[Decimal, Decimal] | None = None
+    ok = True
+    if kind == "categorical":
+        if _domain_problems(attribute.categorical, problems, f"{where}.categorical"):
+            labels = tuple(attribute.categorical.values)
+        else:
+            ok = False
+    elif kind == "numeric":
+        numeric_range = _range_problems(attribute.numeric, f"{where}.numeric", problems)
+        ok = numeric_range is not None
+    else:
+        problems.append(f"{where} has no domain; set a categorical domain or a numeric range")
+        ok = False
+    spec = attribute.mechanism
+    if not attribute.HasField("mechanism") or not spec.id:
+        problems.append(f"{where}.mechanism.id is empty; set a registered mechanism id")
+        ok = False
+    elif spec.id == "auto":
+        problems.append(
+            f"{where}.mechanism.id is 'auto'; resolve it to a concrete mechanism before signing"
+        )
+        ok = False
+    if spec.epsilon:
+        problems.append(
+            f"{where}.mechanism.epsilon must be empty: it is derived from the policy's "
+            "mechanism (multi-split: epsilon / attributes; multi-sample: epsilon)"
+        )
+        ok = False
+    if spec.memo_charging not in (
+        policy_pb2.MEMO_CHARGING_UNSPECIFIED,
+        policy_pb2.MEMO_CHARGING_NONE,
+    ):
+        problems.append(f"{where}.mechanism.memo_charging must be none (no memoized attributes)")
+        ok = False
+    if len(spec.params) > MAX_PARAMS:
+        problems.append(f"{where}.mechanism.params has more than {MAX_PARAMS} entries")
+        ok = False
+    if not ok:
+        return None
+    return AttributeSpec(
+        name=attribute.name,
+        labels=labels,
+        numeric_range=numeric_range,
+        mechanism_id=spec.id,
+        params=tuple(sorted(spec.params.items())),
+    )
 
 
 #: The parameter naming a memoized mechanism's permanent-response epsilon (policy.proto).

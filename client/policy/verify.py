@@ -28,7 +28,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from decimal import Decimal
 
-from fedldp.client.mechanisms import Mechanism, OpenDomain
+from fedldp.client.mechanisms import AttributeSpec, Mechanism, OpenDomain
 from fedldp.client.policy.envelope import (
     MAX_SIGNATURES,
     POLICY_PAYLOAD_TYPE,
@@ -87,11 +87,21 @@ class VerifiedPolicy:
     key_id: str = ""
     #: The open string domain of an open-domain metric (None for other metrics).
     open_domain: OpenDomain | None = None
+    #: The attributes of a multi-attribute metric, in policy order (None for other metrics).
+    attributes: tuple[AttributeSpec, ...] | None = None
     _label_index: dict[str, int] = field(init=False, repr=False, compare=False)
+    _attribute_index: tuple[dict[str, int], ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(
             self, "_label_index", {label: i for i, label in enumerate(self.labels or ())}
+        )
+        object.__setattr__(
+            self,
+            "_attribute_index",
+            tuple(
+                {label: i for i, label in enumerate(a.labels or ())} for a in self.attributes or ()
+            ),
         )
 
     @property
@@ -121,6 +131,21 @@ class VerifiedPolicy:
     def window_start(self, now: int) -> int:
         """Start of the budget window containing `now` (windows aligned to the Unix epoch)."""
         return now - now % self.window_seconds
+
+    def attribute_label_index(self, attribute: int, label: str) -> int:
+        """Index of `label` in categorical attribute `attribute`'s domain (multi-attribute
+        metrics). Raises ValueError without echoing the label."""
+        if self.attributes is None or self.attributes[attribute].labels is None:
+            raise ValueError(f"policy {self.policy_id}: attribute {attribute} is not categorical")
+        index = self._attribute_index[attribute].get(label)
+        if index is None:
+            spec = self.attributes[attribute]
+            raise ValueError(
+                f"attribute {spec.name!r}: value is not in its domain in policy "
+                f"{self.policy_id} v{self.version} ({len(spec.labels or ())} labels); check "
+                "the attribute's allowed values"
+            )
+        return index
 
     def label_index(self, label: str) -> int:
         """Index of `label` in the categorical domain.
@@ -205,6 +230,61 @@ def _parse_policy(payload: bytes) -> policy_pb2.Policy:
         raise InvalidPolicyError([f"payload is not a fedldp.v1.Policy message ({exc})"]) from None
 
 
+def _check_validity(
+    name: str, policy: policy_pb2.Policy, now: int, highest_versions: Mapping[str, int] | None
+) -> None:
+    """NotYetValidPolicyError before not_before, ExpiredPolicyError from expires_at on,
+    RollbackError below the highest version already accepted."""
+    if now < policy.not_before:
+        raise NotYetValidPolicyError(
+            f"{name} is valid from {policy.not_before}, now is {now}; wait, or check the "
+            "device clock"
+        )
+    if now >= policy.expires_at:
+        raise ExpiredPolicyError(
+            f"{name} expired at {policy.expires_at} (now {now}); sign a new version with a "
+            "later expires_at"
+        )
+    if highest_versions is not None:
+        highest = highest_versions.get(policy.policy_id)
+        if highest is not None and policy.version < highest:
+            raise RollbackError(
+                f"{name} is older than version {highest} already accepted; deliver version "
+                f"{highest} or later (versions only increase)"
+            )
+
+
+def _check_device_limits(
+    name: str,
+    policy: policy_pb2.Policy,
+    mechanism: Mechanism,  # type: ignore[type-arg]
+    cap: Decimal,
+    max_epsilon: Decimal | None,
+    max_epsilon_cap: Decimal | None,
+) -> None:
+    """EpsilonAboveMaximumError when the per-report charge or the permanent (memoized)
+    epsilon exceeds `max_epsilon`, or the window cap exceeds `max_epsilon_cap`."""
+    charge = mechanism.report_charge
+    if max_epsilon is not None and charge > max_epsilon:
+        raise EpsilonAboveMaximumError(
+            f"{name} costs epsilon {charge} per report (mechanism.epsilon "
+            f"{mechanism.epsilon}), above this device's maximum {max_epsilon}; lower "
+            "mechanism.epsilon or raise the device's configured maximum"
+        )
+    permanent = permanent_epsilon(policy.mechanism)
+    if max_epsilon is not None and permanent is not None and permanent > max_epsilon:
+        raise EpsilonAboveMaximumError(
+            f"{name} asks a permanent (memoized) epsilon of {permanent}, above this device's "
+            f"maximum {max_epsilon}; lower mechanism.params.epsilon_permanent or raise the "
+            "device's configured maximum"
+        )
+    if max_epsilon_cap is not None and cap > max_epsilon_cap:
+        raise EpsilonAboveMaximumError(
+            f"{name} asks an epsilon cap of {cap} per window, above this device's maximum "
+            f"{max_epsilon_cap}; lower budget.epsilon_cap or raise the device's maximum"
+        )
+
+
 def verify_policy(
     envelope: policy_pb2.SignedEnvelope,
     trust: TrustStore,
@@ -237,43 +317,9 @@ def verify_policy(
             subject=f"policy {policy.policy_id or '?'} v{policy.version}",
         )
     name = f"policy {policy.policy_id} v{policy.version}"
-    if now < policy.not_before:
-        raise NotYetValidPolicyError(
-            f"{name} is valid from {policy.not_before}, now is {now}; wait, or check the "
-            "device clock"
-        )
-    if now >= policy.expires_at:
-        raise ExpiredPolicyError(
-            f"{name} expired at {policy.expires_at} (now {now}); sign a new version with a "
-            "later expires_at"
-        )
-    if highest_versions is not None:
-        highest = highest_versions.get(policy.policy_id)
-        if highest is not None and policy.version < highest:
-            raise RollbackError(
-                f"{name} is older than version {highest} already accepted; deliver version "
-                f"{highest} or later (versions only increase)"
-            )
+    _check_validity(name, policy, now, highest_versions)
     cap = parse_decimal(policy.budget.epsilon_cap)
-    charge = mechanism.report_charge
-    if max_epsilon is not None and charge > max_epsilon:
-        raise EpsilonAboveMaximumError(
-            f"{name} costs epsilon {charge} per report (mechanism.epsilon "
-            f"{mechanism.epsilon}), above this device's maximum {max_epsilon}; lower "
-            "mechanism.epsilon or raise the device's configured maximum"
-        )
-    permanent = permanent_epsilon(policy.mechanism)
-    if max_epsilon is not None and permanent is not None and permanent > max_epsilon:
-        raise EpsilonAboveMaximumError(
-            f"{name} asks a permanent (memoized) epsilon of {permanent}, above this device's "
-            f"maximum {max_epsilon}; lower mechanism.params.epsilon_permanent or raise the "
-            "device's configured maximum"
-        )
-    if max_epsilon_cap is not None and cap > max_epsilon_cap:
-        raise EpsilonAboveMaximumError(
-            f"{name} asks an epsilon cap of {cap} per window, above this device's maximum "
-            f"{max_epsilon_cap}; lower budget.epsilon_cap or raise the device's maximum"
-        )
+    _check_device_limits(name, policy, mechanism, cap, max_epsilon, max_epsilon_cap)
     if audience is not None and audience not in policy.audience:
         raise AudienceMismatchError(
             f"{name} is addressed to {list(policy.audience)}, not to deployment {audience!r}; "
@@ -283,11 +329,17 @@ def verify_policy(
     labels: tuple[str, ...] | None = None
     numeric_range: tuple[Decimal, Decimal] | None = None
     open_domain: OpenDomain | None = None
+    attributes: tuple[AttributeSpec, ...] | None = None
     kind = metric.WhichOneof("kind")
     if kind == "categorical":
         labels = tuple(metric.categorical.values)
     elif kind == "open":
         open_domain = OpenDomain(int(metric.open.max_bytes))
+    elif kind == "multi":
+        from fedldp.client.mechanisms.multi import MultiAttribute
+
+        assert isinstance(mechanism, MultiAttribute)  # built over this metric by validation
+        attributes = mechanism.attributes
     elif kind == "numeric":
         numeric_range = (
             parse_decimal(metric.numeric.lo, allow_negative=True),
@@ -312,4 +364,5 @@ def verify_policy(
         mechanism=mechanism,
         key_id=key_id,
         open_domain=open_domain,
+        attributes=attributes,
     )

@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import random
 import socket
+import sqlite3
 import time
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
@@ -21,9 +22,9 @@ from typing import (
     NoReturn,
     TypeVar,
 )
-from urllib.parse import quote
 
 import sqlalchemy as sa
+from fedldp.client.device_store import read_only_uri
 from fedldp.collector.ledger import migrate, restore
 from fedldp.collector.ledger.model import (
     Access,
@@ -132,16 +133,20 @@ class _StoredIdError(_ConcurrentUpdateError):
     failed on the primary key): rerun, reading them."""
 
 
-def _configure_sqlite(engine: sa.Engine, *, begin: str) -> None:
+def _configure_sqlite(engine: sa.Engine, *, begin: str, read_only: bool = False) -> None:
     """A busy timeout (first: any later statement may wait on another process's
-    lock), synchronous=FULL, and our own BEGIN statement. The journal mode is the
-    database file's, set once (`sqlite_ingest.ensure_wal`), not per connection."""
+    lock), synchronous=FULL, and our own BEGIN statement; `read_only` adds
+    ``PRAGMA query_only`` (belt and braces over the read-only file handle). The
+    journal mode is the database file's, set once (`sqlite_ingest.ensure_wal`),
+    not per connection."""
 
     @event.listens_for(engine, "connect")
     def _on_connect(dbapi_conn: Any, _record: Any) -> None:
         dbapi_conn.isolation_level = None  # we issue BEGIN ourselves
         cur = dbapi_conn.cursor()
         cur.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS:d}")
+        if read_only:
+            cur.execute("PRAGMA query_only=ON")
         cur.execute("PRAGMA synchronous=FULL")
         # 32 MiB page cache per connection (default 2 MiB): report ids are random, so
         # every insert touches a random leaf of the id index.
@@ -193,29 +198,47 @@ def create_private_sqlite_file(path: Path) -> bool:
     return True
 
 
-def _prepare_sqlite_file(parsed: sa.URL, access: Access) -> str:
-    """The engine URL for the SQLite ledger file of `parsed`, checked for `access`.
+def _prepare_sqlite_file(parsed: sa.URL, access: Access) -> Path:
+    """The SQLite ledger file of `parsed`, checked for `access`.
 
     "create": the folder must exist; a new file is created empty with mode 0600
     before SQLite opens it (SQLite gives its -wal and -shm files the database
     file's mode), so a ledger is never readable by other users. "write" and
-    "read": the file must exist; "read" opens it with SQLite's ``mode=ro`` URI, so
-    reading can never create, migrate or change it.
+    "read": the file must exist ("read" opens it with `_read_only_engine`).
     """
     path = Path(parsed.database or "")
     if path.is_dir():
         raise LedgerOpenError(f"{path} is a folder; the ledger URL must name a file")
     if access == "create":
         create_private_sqlite_file(path)
-        return parsed.render_as_string(hide_password=False)
-    if not path.is_file():
+    elif not path.is_file():
         raise LedgerOpenError(
             f"no ledger at {path} (the file does not exist): check the URL; a new ledger "
             "is created by `fedldp ledger init` or the collector"
         )
-    if access == "write":
-        return parsed.render_as_string(hide_password=False)
-    return f"sqlite:///file:{quote(str(path.resolve()))}?mode=ro&uri=true"
+    return path
+
+
+def _read_only_engine(path: Path) -> sa.Engine:
+    """An engine that reads the SQLite ledger `path` and can never write it or
+    create anything beside it: every connection is opened afresh (no pool) with
+    `device_store.read_only_uri`, decided at that moment (``mode=ro`` through the
+    live ``-wal`` of a running collector; ``immutable=1`` when no ``-wal`` exists,
+    so SQLite creates no ``-wal``/``-shm`` files), then ``PRAGMA query_only``.
+    A fresh connection per transaction keeps a long-lived reader (the dashboard)
+    from holding an ``immutable`` connection after a collector starts."""
+
+    def connect() -> sqlite3.Connection:
+        return sqlite3.connect(
+            read_only_uri(path),
+            uri=True,
+            timeout=BUSY_TIMEOUT_MS / 1000,
+            check_same_thread=False,
+        )
+
+    engine = sa.create_engine("sqlite://", creator=connect, poolclass=sa.pool.NullPool)
+    _configure_sqlite(engine, begin="BEGIN", read_only=True)
+    return engine
 
 
 def _check_revision(engine: sa.Engine, parsed: sa.URL) -> None:
@@ -268,19 +291,21 @@ class LedgerCore:
                     "the ledger needs a durable SQLite file, not an in-memory database: "
                     "use sqlite:////ABSOLUTE/PATH/ledger.db"
                 )
-            url = _prepare_sqlite_file(parsed, access)
-            # LIFO: the committer thread gets back the connection it just used, whose
-            # page cache is still valid (SQLite drops a connection's cache when
-            # another connection wrote since its last transaction).
-            self._write_engine = sa.create_engine(
-                url, pool_size=pool_size, max_overflow=0, pool_use_lifo=True
-            )
-            self._read_engine = sa.create_engine(url, pool_size=pool_size, max_overflow=4)
-            _configure_sqlite(self._write_engine, begin="BEGIN IMMEDIATE")
-            _configure_sqlite(self._read_engine, begin="BEGIN")
-            if access == "read":  # no ingestion connection: it opens the file read-write
+            path = _prepare_sqlite_file(parsed, access)
+            if access == "read":  # one engine; no ingestion connection (it opens read-write)
+                self._write_engine = self._read_engine = _read_only_engine(path)
                 self._ingest = None
             else:
+                url = parsed.render_as_string(hide_password=False)
+                # LIFO: the committer thread gets back the connection it just used, whose
+                # page cache is still valid (SQLite drops a connection's cache when
+                # another connection wrote since its last transaction).
+                self._write_engine = sa.create_engine(
+                    url, pool_size=pool_size, max_overflow=0, pool_use_lifo=True
+                )
+                self._read_engine = sa.create_engine(url, pool_size=pool_size, max_overflow=4)
+                _configure_sqlite(self._write_engine, begin="BEGIN IMMEDIATE")
+                _configure_sqlite(self._read_engine, begin="BEGIN")
                 self._ingest = IngestConnection(database)
                 ensure_wal(self._ingest)  # before any engine connects (the migrations)
         elif self.dialect == "postgresql":

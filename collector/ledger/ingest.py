@@ -108,6 +108,94 @@ class _GroupPlan:
     statistics: dict[tuple[str, int, int], tuple[Any, int]] = field(default_factory=dict)
 
 
+class _Decisions(NamedTuple):
+    """What `_decide` settled for a group, for `Ingestion._submit_rows` to write."""
+
+    outcomes: list[list[OutcomeValue]]  # per batch, per report, in order
+    #: id(policy's shared values) -> (those values, the accepted reports' rows)
+    new_reports: dict[int, tuple[tuple[Any, ...], list[tuple[Any, ...]]]]
+    new_conflicts: list[tuple[bytes, str, bytes, int]]
+    #: (policy id, version, window) -> the outputs accepted now, for statistics
+    accepted: dict[tuple[str, int, int], list[Output]]
+    #: Ids of reports refused for the cap without reading the stored ids: they are
+    #: not inserted, so the primary key cannot tell whether one is a DUPLICATE.
+    refused: list[bytes]
+
+
+def _decide(
+    batches: Sequence[SubmitBatch],
+    plan: _GroupPlan,
+    state: Mapping[tuple[str, str, int], _SpendState],
+    known: dict[bytes, tuple[str, bytes]],
+    *,
+    unique: bool,
+    read_ids: bool,
+) -> _Decisions:
+    """Each report's outcome, in order, charging `state` in place (marked dirty) and
+    adding accepted ids to `known` (when not `unique`). Every sum and comparison runs
+    in EXACT: any rounding raises."""
+    outcomes: list[list[OutcomeValue]] = []
+    new_reports: dict[int, tuple[tuple[Any, ...], list[tuple[Any, ...]]]] = {}
+    new_conflicts: list[tuple[bytes, str, bytes, int]] = []
+    accepted: dict[tuple[str, int, int], list[Output]] = {}
+    refused: list[bytes] = []
+    with decimal.localcontext(EXACT):
+        for b, runs in zip(batches, plan.runs, strict=True):
+            out: list[OutcomeValue] = []
+            subject, now = b.subject, b.now
+            for run in runs:
+                outputs = accepted.get(run.stat_key)
+                if outputs is None:
+                    outputs = accepted[run.stat_key] = []
+                slot = new_reports.get(id(run.shared))
+                if slot is None:
+                    slot = new_reports[id(run.shared)] = (run.shared, [])
+                rows = slot[1]
+                eps, cap = run.epsilon, run.cap
+                if unique:
+                    st = state[run.key]
+                    # The whole run fits under the cap (the common case): the
+                    # same outcome as charging its reports one by one, in order.
+                    total = st.spent + eps * len(run.rows)
+                    if total <= cap:
+                        st.spent, st.count, st.cap, st.dirty = (
+                            total,
+                            st.count + len(run.rows),
+                            cap,
+                            True,
+                        )
+                        rows.extend(run.rows)
+                        outputs.extend(run.outputs)
+                        out.extend([ACCEPTED] * len(run.rows))
+                        continue
+                for report, row, output in zip(run.reports, run.rows, run.outputs, strict=True):
+                    rid, digest = report[0], report[3]
+                    if not unique:
+                        prior = known.get(rid)
+                        if prior is not None:
+                            if prior == (subject, digest):
+                                out.append(DUPLICATE)
+                            else:
+                                out.append(CONFLICT)
+                                new_conflicts.append((rid, subject, digest, now))
+                            continue
+                    st = state[run.key]
+                    total = st.spent + eps
+                    if total > cap:
+                        out.append(BUDGET_EXHAUSTED)
+                        if not read_ids:
+                            refused.append(rid)
+                        continue
+                    st.spent, st.count, st.cap, st.dirty = total, st.count + 1, cap, True
+                    if not unique:
+                        known[rid] = (subject, digest)
+                    rows.append(row)
+                    outputs.append(output)
+                    out.append(ACCEPTED)
+            outcomes.append(out)
+    return _Decisions(outcomes, new_reports, new_conflicts, accepted, refused)
+
+
 class Ingestion(PolicyVersions):
     """Check-and-charge and store reports (`submit`, `submit_many`): the hot path."""
 
@@ -337,6 +425,35 @@ class Ingestion(PolicyVersions):
         # No id stored before and none in two of the group's requests (the common
         # case): no report can be a DUPLICATE or a CONFLICT, none needs a lookup.
         unique = not known and not plan.repeated
+        state = self._locked_spend(db, plan, known, unique)
+        decided = _decide(batches, plan, state, known, unique=unique, read_ids=read_ids)
+        if decided.refused and self._stored_ids(db, set(decided.refused)):
+            self._stored_id_met()
+        try:
+            self._insert_reports(db, decided.new_reports)
+        except sa.exc.IntegrityError as exc:  # an id is stored (or was just inserted)
+            if read_ids:
+                raise
+            self._stored_id_met(exc)
+        if decided.new_conflicts:
+            db.executemany(self._sql["insert_conflicts"], decided.new_conflicts)
+        self._write_spend(db, state, plan.latest_now)
+        # (A run may have accepted nothing: its statistics row stays as it is.)
+        accepted = {key: outputs for key, outputs in decided.accepted.items() if outputs}
+        if accepted:
+            self._merge_statistics(db, plan, accepted, plan.latest_now, written)
+        return decided.outcomes
+
+    def _locked_spend(
+        self,
+        db: _Driver,
+        plan: _GroupPlan,
+        known: Mapping[bytes, tuple[str, bytes]],
+        unique: bool,
+    ) -> dict[tuple[str, str, int], _SpendState]:
+        """Lock and read the spend rows the group may charge (every run's when `unique`,
+        else only those of runs with a report not stored yet), then make sure the runs'
+        caps were worked out with the recorded versions' current generation."""
         if unique:
             keys = plan.keys
         else:
@@ -357,107 +474,34 @@ class Ingestion(PolicyVersions):
             if generation != self._versions.generation:
                 self._load_versions(db)
             self._recap(plan)
+        return state
 
-        outcomes: list[list[OutcomeValue]] = []
-        # id(policy's shared values) -> (those values, the accepted reports' rows)
-        new_reports: dict[int, tuple[tuple[Any, ...], list[tuple[Any, ...]]]] = {}
-        new_conflicts: list[tuple[bytes, str, bytes, int]] = []
-        # (policy id, version, window) -> the outputs accepted now, for statistics
-        accepted: dict[tuple[str, int, int], list[Output]] = {}
-        # Ids of reports refused for the cap without reading the stored ids: they are
-        # not inserted, so the primary key cannot tell whether one is a DUPLICATE.
-        refused: list[bytes] = []
-        # Every sum and comparison below runs in EXACT: any rounding raises.
-        with decimal.localcontext(EXACT):
-            for b, runs in zip(batches, plan.runs, strict=True):
-                out: list[OutcomeValue] = []
-                subject, now = b.subject, b.now
-                for run in runs:
-                    outputs = accepted.get(run.stat_key)
-                    if outputs is None:
-                        outputs = accepted[run.stat_key] = []
-                    slot = new_reports.get(id(run.shared))
-                    if slot is None:
-                        slot = new_reports[id(run.shared)] = (run.shared, [])
-                    rows = slot[1]
-                    eps, cap = run.epsilon, run.cap
-                    if unique:
-                        st = state[run.key]
-                        # The whole run fits under the cap (the common case): the
-                        # same outcome as charging its reports one by one, in order.
-                        total = st.spent + eps * len(run.rows)
-                        if total <= cap:
-                            st.spent, st.count, st.cap, st.dirty = (
-                                total,
-                                st.count + len(run.rows),
-                                cap,
-                                True,
-                            )
-                            rows.extend(run.rows)
-                            outputs.extend(run.outputs)
-                            out.extend([ACCEPTED] * len(run.rows))
-                            continue
-                    for report, row, output in zip(run.reports, run.rows, run.outputs, strict=True):
-                        rid, digest = report[0], report[3]
-                        if not unique:
-                            prior = known.get(rid)
-                            if prior is not None:
-                                if prior == (subject, digest):
-                                    out.append(DUPLICATE)
-                                else:
-                                    out.append(CONFLICT)
-                                    new_conflicts.append((rid, subject, digest, now))
-                                continue
-                        st = state[run.key]
-                        total = st.spent + eps
-                        if total > cap:
-                            out.append(BUDGET_EXHAUSTED)
-                            if not read_ids:
-                                refused.append(rid)
-                            continue
-                        st.spent, st.count, st.cap, st.dirty = total, st.count + 1, cap, True
-                        if not unique:
-                            known[rid] = (subject, digest)
-                        rows.append(row)
-                        outputs.append(output)
-                        out.append(ACCEPTED)
-                outcomes.append(out)
-
-        if refused and self._stored_ids(db, set(refused)):
-            self._stored_id_met()
-        try:
-            self._insert_reports(db, new_reports)
-        except sa.exc.IntegrityError as exc:  # an id is stored (or was just inserted)
-            if read_ids:
-                raise
-            self._stored_id_met(exc)
-        if new_conflicts:
-            db.executemany(self._sql["insert_conflicts"], new_conflicts)
+    def _write_spend(
+        self, db: _Driver, state: Mapping[tuple[str, str, int], _SpendState], now: int
+    ) -> None:
+        """Write the changed spend rows back; _ConcurrentUpdateError (the transaction
+        reruns) when any of them moved since it was read."""
         dirty = [
-            (_s(st.spent), st.count, _s(st.cap), plan.latest_now, k[0], k[1], k[2], st.read_text)
+            (_s(st.spent), st.count, _s(st.cap), now, k[0], k[1], k[2], st.read_text)
             for k, st in state.items()
             if st.dirty
         ]
-        if dirty:
-            # An atomic conditional update (compare-and-set on the value read under
-            # FOR UPDATE): if anything changed the row meanwhile, nothing is
-            # written and the whole transaction reruns.
-            if self.dialect == "sqlite":
-                changed = 0
-                for spend_rows in _chunks(dirty, _ROW_CHUNKS[0]):
-                    changed += db.run(
-                        self._in_sql("update_spend_values", len(spend_rows)),
-                        list(chain.from_iterable(spend_rows)),
-                    )
-            else:
-                changed = db.executemany(self._sql["update_spend"], dirty)
-            if changed != len(dirty):
-                raise _ConcurrentUpdateError(f"{len(dirty) - changed} spend row(s) moved")
-        # (A run may have accepted nothing: its statistics row stays as it is.)
-        accepted = {key: outputs for key, outputs in accepted.items() if outputs}
-        if accepted:
-            self._merge_statistics(db, plan, accepted, plan.latest_now, written)
-        return outcomes
+        if not dirty:
+            return
+        # An atomic conditional update (compare-and-set on the value read under
+        # FOR UPDATE): if anything changed the row meanwhile, nothing is
+        # written and the whole transaction reruns.
+        if self.dialect == "sqlite":
+            changed = 0
+            for spend_rows in _chunks(dirty, _ROW_CHUNKS[0]):
+                changed += db.run(
+                    self._in_sql("update_spend_values", len(spend_rows)),
+                    list(chain.from_iterable(spend_rows)),
+                )
+        else:
+            changed = db.executemany(self._sql["update_spend"], dirty)
+        if changed != len(dirty):
+            raise _ConcurrentUpdateError(f"{len(dirty) - changed} spend row(s) moved")
 
     def _recap(self, plan: _GroupPlan) -> None:
         """Work out the runs' caps again with the cached versions (a newer generation)."""

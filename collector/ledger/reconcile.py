@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Mapping
 from decimal import Decimal
 from typing import (
     Any,
@@ -50,26 +51,18 @@ class Reconcile(LedgerCore):
         return self.transaction(self._reconcile_tx, write=False)
 
     def _reconcile_tx(self, conn: sa.Connection) -> list[Mismatch]:
+        raw, count_by_policy = _report_sums(conn)
+        return [
+            *self._spend_mismatches(conn, raw),
+            *_statistic_mismatches(conn, count_by_policy),
+            *_central_mismatches(conn),
+        ]
+
+    def _spend_mismatches(
+        self, conn: sa.Connection, raw: Mapping[tuple[str, str, int], list[Any]]
+    ) -> list[Mismatch]:
+        """Each spend row against the raw sums: totals, the cap in force, window starts."""
         out: list[Mismatch] = []
-        raw: dict[tuple[str, str, int], list[Any]] = defaultdict(lambda: [Decimal(0), 0, None])
-        count_by_policy: dict[tuple[str, int, int], int] = defaultdict(int)
-        rows = conn.execution_options(stream_results=True, yield_per=5000).execute(
-            sa.select(
-                reports.c.subject,
-                reports.c.policy_id,
-                reports.c.policy_version,
-                reports.c.window_start,
-                reports.c.charge,
-                reports.c.epsilon_cap,
-            )
-        )
-        for subj, pid, ver, win, charge, cap in rows:
-            acc = raw[(subj, pid, int(win))]
-            acc[0] = EXACT.add(acc[0], _dec(charge))
-            acc[1] += 1
-            capd = _dec(cap)
-            acc[2] = capd if acc[2] is None else min(acc[2], capd)
-            count_by_policy[(pid, int(ver), int(win))] += 1
         windows = {
             pid: int(w)
             for pid, w in conn.execute(
@@ -113,71 +106,114 @@ class Reconcile(LedgerCore):
                 out.append(
                     Mismatch("window", key[0], scope, f"{spent_raw} charged", f"window {window} s")
                 )
-        stat_n: dict[tuple[str, int, int], int] = defaultdict(int)
-        for pid, ver, win, n in conn.execute(
-            sa.select(
-                statistics.c.policy_id,
-                statistics.c.policy_version,
-                statistics.c.window_start,
-                statistics.c.n,
-            )
-        ):
-            stat_n[(pid, int(ver), int(win))] += int(n)
-        for key in sorted(set(stat_n) | set(count_by_policy)):
-            if stat_n.get(key, 0) != count_by_policy.get(key, 0):
-                out.append(
-                    Mismatch(
-                        "statistic_count",
-                        None,
-                        f"policy={key[0]} version={key[1]} window={key[2]}",
-                        str(count_by_policy.get(key, 0)),
-                        str(stat_n.get(key, 0)),
-                    )
-                )
-        committed: dict[tuple[str, str], list[Decimal]] = defaultdict(
-            lambda: [Decimal(0), Decimal(0)]
-        )
-        for r in conn.execute(sa.select(central_reservations)):
-            acc2 = committed[(r.subject, r.purpose)]
-            if r.status == "reserved":
-                eps, delta = _dec(r.epsilon), _dec(r.delta)
-            elif r.status == "settled":
-                eps, delta = _dec(r.epsilon_spent), _dec(r.delta_spent)
-            else:
-                continue
-            acc2[0] = EXACT.add(acc2[0], eps)
-            acc2[1] = EXACT.add(acc2[1], delta)
-        caps = {(r.subject, r.purpose): r for r in conn.execute(sa.select(central_caps))}
-        for ckey in sorted(set(committed) | set(caps)):
-            eps_raw, delta_raw = committed[ckey] if ckey in committed else (Decimal(0), Decimal(0))
-            scope = f"purpose={ckey[1]}"
-            cap_row = caps.get(ckey)
-            if cap_row is None:
-                out.append(
-                    Mismatch(
-                        "central", ckey[0], scope, f"eps={eps_raw} delta={delta_raw}", "no cap row"
-                    )
-                )
-                continue
-            eps_rec, delta_rec = _dec(cap_row.epsilon_committed), _dec(cap_row.delta_committed)
-            if eps_raw != eps_rec or delta_raw != delta_rec:
-                out.append(
-                    Mismatch(
-                        "central",
-                        ckey[0],
-                        scope,
-                        f"eps={eps_raw} delta={delta_raw}",
-                        f"eps={eps_rec} delta={delta_rec}",
-                    )
-                )
-            if eps_raw > _dec(cap_row.epsilon_cap) or delta_raw > _dec(cap_row.delta_cap):
-                out.append(
-                    Mismatch(
-                        "central_over_cap",
-                        ckey[0],
-                        scope,
-                        f"eps={eps_raw} delta={delta_raw}",
-                        f"cap eps={cap_row.epsilon_cap} delta={cap_row.delta_cap}",
-                    )
-                )
         return out
+
+
+def _report_sums(
+    conn: sa.Connection,
+) -> tuple[dict[tuple[str, str, int], list[Any]], dict[tuple[str, int, int], int]]:
+    """One streamed pass over the reports: per (subject, policy, window) the exact sum of
+    charges, the count and the smallest cap charged under; per (policy, version,
+    window) the count."""
+    raw: dict[tuple[str, str, int], list[Any]] = defaultdict(lambda: [Decimal(0), 0, None])
+    count_by_policy: dict[tuple[str, int, int], int] = defaultdict(int)
+    rows = conn.execution_options(stream_results=True, yield_per=5000).execute(
+        sa.select(
+            reports.c.subject,
+            reports.c.policy_id,
+            reports.c.policy_version,
+            reports.c.window_start,
+            reports.c.charge,
+            reports.c.epsilon_cap,
+        )
+    )
+    for subj, pid, ver, win, charge, cap in rows:
+        acc = raw[(subj, pid, int(win))]
+        acc[0] = EXACT.add(acc[0], _dec(charge))
+        acc[1] += 1
+        capd = _dec(cap)
+        acc[2] = capd if acc[2] is None else min(acc[2], capd)
+        count_by_policy[(pid, int(ver), int(win))] += 1
+    return raw, count_by_policy
+
+
+def _statistic_mismatches(
+    conn: sa.Connection, count_by_policy: Mapping[tuple[str, int, int], int]
+) -> list[Mismatch]:
+    """Each statistics row's n against the stored report count of its key."""
+    out: list[Mismatch] = []
+    stat_n: dict[tuple[str, int, int], int] = defaultdict(int)
+    for pid, ver, win, n in conn.execute(
+        sa.select(
+            statistics.c.policy_id,
+            statistics.c.policy_version,
+            statistics.c.window_start,
+            statistics.c.n,
+        )
+    ):
+        stat_n[(pid, int(ver), int(win))] += int(n)
+    for key in sorted(set(stat_n) | set(count_by_policy)):
+        if stat_n.get(key, 0) != count_by_policy.get(key, 0):
+            out.append(
+                Mismatch(
+                    "statistic_count",
+                    None,
+                    f"policy={key[0]} version={key[1]} window={key[2]}",
+                    str(count_by_policy.get(key, 0)),
+                    str(stat_n.get(key, 0)),
+                )
+            )
+
+    return out
+
+
+def _central_mismatches(conn: sa.Connection) -> list[Mismatch]:
+    """Each central cap row's committed (ε, δ) against its reservations' sum, and that
+    sum against the cap."""
+    out: list[Mismatch] = []
+    committed: dict[tuple[str, str], list[Decimal]] = defaultdict(lambda: [Decimal(0), Decimal(0)])
+    for r in conn.execute(sa.select(central_reservations)):
+        acc2 = committed[(r.subject, r.purpose)]
+        if r.status == "reserved":
+            eps, delta = _dec(r.epsilon), _dec(r.delta)
+        elif r.status == "settled":
+            eps, delta = _dec(r.epsilon_spent), _dec(r.delta_spent)
+        else:
+            continue
+        acc2[0] = EXACT.add(acc2[0], eps)
+        acc2[1] = EXACT.add(acc2[1], delta)
+    caps = {(r.subject, r.purpose): r for r in conn.execute(sa.select(central_caps))}
+    for ckey in sorted(set(committed) | set(caps)):
+        eps_raw, delta_raw = committed[ckey] if ckey in committed else (Decimal(0), Decimal(0))
+        scope = f"purpose={ckey[1]}"
+        cap_row = caps.get(ckey)
+        if cap_row is None:
+            out.append(
+                Mismatch(
+                    "central", ckey[0], scope, f"eps={eps_raw} delta={delta_raw}", "no cap row"
+                )
+            )
+            continue
+        eps_rec, delta_rec = _dec(cap_row.epsilon_committed), _dec(cap_row.delta_committed)
+        if eps_raw != eps_rec or delta_raw != delta_rec:
+            out.append(
+                Mismatch(
+                    "central",
+                    ckey[0],
+                    scope,
+                    f"eps={eps_raw} delta={delta_raw}",
+                    f"eps={eps_rec} delta={delta_rec}",
+                )
+            )
+        if eps_raw > _dec(cap_row.epsilon_cap) or delta_raw > _dec(cap_row.delta_cap):
+            out.append(
+                Mismatch(
+                    "central_over_cap",
+                    ckey[0],
+                    scope,
+                    f"eps={eps_raw} delta={delta_raw}",
+                    f"cap eps={cap_row.epsilon_cap} delta={cap_row.delta_cap}",
+                )
+            )
+
+    return out

@@ -7,16 +7,23 @@ path (`perturb_batch`).
 
 from __future__ import annotations
 
+import math
 import random
 from decimal import Decimal
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
-from fedldp.client.mechanisms.base import BitVectorOutput, CategoryOutput, system_random
+from fedldp.client.mechanisms.base import (
+    BitVectorOutput,
+    CategoryOutput,
+    NumericOutput,
+    system_random,
+)
 from fedldp.client.mechanisms.grr import GRR
 from fedldp.client.mechanisms.memo import RapporGRR
 from fedldp.client.mechanisms.numeric import Piecewise
+from fedldp.client.mechanisms.square_wave import SquareWave
 from fedldp.client.mechanisms.unary import OUE
 
 #: Probability with which `StickyOUE` keeps the true bit (OUE's p is 1/2).
@@ -107,3 +114,37 @@ class UniformIndexPiecewise(Piecewise):
         self, levels: npt.NDArray[np.int64], rng: np.random.Generator
     ) -> npt.NDArray[np.int64]:
         return np.asarray(rng.integers(0, len(self.table), size=levels.shape[0]), dtype=np.int64)
+
+
+class FloatSquareWave(SquareWave):
+    """Li et al.'s continuous Square Wave drawn in floating point (no grid, no table).
+
+    v = (x - lo)/(hi - lo); with probability 2b e^ε / (2b e^ε + 1) the report is
+    v - b + 2b U, else uniform on [-b, 1 + b] outside the band, mapped to t units
+    (2ṽ - 1). Its doubles are computed from the input, so their low bits carry it
+    (Mironov, CCS 2012), and none is a table value.
+    """
+
+    def _continuous(self, x: float, draws: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
+        e = math.exp(float(self.epsilon))
+        eps = float(self.epsilon)
+        b = (eps * e - e + 1) / (2 * e * (e - 1 - eps))
+        v = np.clip((np.asarray(x) - self._lo) / (self._hi - self._lo), 0.0, 1.0)
+        u1, u2 = draws
+        band = v - b + 2 * b * u2
+        outside = -b + u2  # [-b, 1 + b] minus the band has length 1
+        outside = np.where(outside >= v - b, outside + 2 * b, outside)
+        y = np.where(u1 < 2 * b * e / (2 * b * e + 1), band, outside)
+        return np.asarray(2 * y - 1, dtype=np.float64)
+
+    def perturb_with_clip(
+        self, value: float | int | Decimal, *, rng: random.Random | None = None
+    ) -> tuple[NumericOutput, bool]:
+        clipped, was_clipped = self.clip(value)
+        r = rng if rng is not None else system_random()
+        draws = np.array([[r.random()], [r.random()]])
+        return NumericOutput(float(self._continuous(clipped, draws)[0])), was_clipped
+
+    def perturb_batch(self, values: Any, rng: np.random.Generator) -> npt.NDArray[np.float64]:
+        x = np.clip(np.asarray(values, dtype=np.float64), self._lo, self._hi)
+        return self._continuous(x, rng.random((2, x.shape[0])))  # type: ignore[arg-type]

@@ -33,6 +33,7 @@ from fedldp.client.mechanisms.olh import OLH, hash_value
 
 from tests.aggregator.broken_mechanisms import (
     DoubledGRR,
+    FloatSquareWave,
     HalvedGRR,
     SequentialChargeRapporGRR,
     StickyOUE,
@@ -198,6 +199,17 @@ def test_floating_point_hybrid_and_laplace_fail_on_their_raw_bits(legacy: type) 
     assert not report.passed
 
 
+@pytest.mark.parametrize("epsilon", ["1", "4"])
+def test_floating_point_square_wave_fails_on_its_raw_bits(epsilon: str) -> None:
+    """Square Wave drawn as a continuous double (Li et al.'s formulation, no grid):
+    its wire bits carry the input, and no report is a table value."""
+    broken = FloatSquareWave(Decimal(epsilon), *RANGE)
+    report = audit_mechanism(broken, RANGE, seeded(samples=100_000, device=5_000))
+    assert report.epsilon_lb("batch") > float(epsilon)
+    assert {law.path for law in report.laws if not law.passed} == {"device", "batch"}
+    assert not report.passed
+
+
 def test_numeric_sampler_off_its_declared_law_fails_the_law_check() -> None:
     """Grid piecewise drawing its table index uniformly: it leaks nothing (ε bound
     about 0) but is not the declared law, so its estimates are wrong."""
@@ -250,3 +262,22 @@ def test_device_path_shares_one_permanent_response_per_user() -> None:
     first, *others = reports.columns
     assert all(np.array_equal(first, other) for other in others)
     assert len(set(first.tolist())) > 1  # ... while users draw their own
+
+
+def test_pem_randomizing_at_twice_its_epsilon_fails() -> None:
+    """PEM (open domain) keeping the hash with the probability for 2ε while claiming ε:
+    the group-and-support feature bounds ε above the claim, and its law check fails."""
+    from fedldp.client.mechanisms import OpenDomain
+    from fedldp.client.mechanisms.olh import keep_probability
+    from fedldp.client.mechanisms.pem import PEM
+
+    class DoubledPEM(PEM):
+        def __init__(self, epsilon: Decimal, domain: OpenDomain) -> None:
+            super().__init__(epsilon, domain, g=4)
+            self.keep = keep_probability(2 * epsilon, self.g)
+
+    domain = OpenDomain(2)
+    report = audit_mechanism(DoubledPEM(Decimal(1), domain), domain, seeded())
+    assert report.epsilon_lb("batch") > 1.0
+    assert not report.law_passed
+    assert not report.passed

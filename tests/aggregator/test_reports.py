@@ -95,7 +95,7 @@ def test_merge_of_collectors_equals_single_store_exactly(
     assert via_file.context.sources == ("eu", "us")
 
 
-@pytest.mark.parametrize("mechanism", ["piecewise", "duchi", "hybrid"])
+@pytest.mark.parametrize("mechanism", ["piecewise", "duchi", "hybrid", "sw"])
 def test_numeric_merge_in_any_order_equals_single_store_exactly(
     make_policy: PolicyFactory,
     submit: Submit,
@@ -121,6 +121,7 @@ def test_numeric_merge_in_any_order_equals_single_store_exactly(
         alone.ci_low,
         alone.ci_high,
     )
+    assert merged.histogram == alone.histogram  # sw: exact counts, seeded bands
 
 
 def test_the_same_partial_twice_is_refused(

@@ -48,7 +48,14 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
     base = tmp_path_factory.mktemp("bad-inputs")
     deployment = Deployment.create(now=int(time.time()))
     deployment.add_categorical("demo.color")
-    deployment.add_open("demo.word", params={"rows": "4", "columns": "16"})
+    deployment.add_open(
+        "demo.word",
+        mechanism="cms",
+        max_bytes=32,
+        epsilon="2",
+        epsilon_cap="8",
+        params={"rows": "4", "columns": "16"},
+    )
     url = f"sqlite:///{base / 'ledger.db'}"
     open_ledger(url).close()
     config = write_config(deployment, base, url, "good")
@@ -170,6 +177,16 @@ def ledger_commands(env: Env) -> dict[str, list[str]]:
         "release mean": ["release", "mean", *release, *bounds],
         "release choice": ["release", "choice", *release, "--candidates", "a,b"],
         "release spend": ["release", "spend", "--subject", "s", "--purpose", "p"],
+        "release-service consolidate": [*_consolidate(env)],
+        "dashboard": [
+            "dashboard",
+            "--policies",
+            str(env.policies),
+            "--trust",
+            str(env.trust),
+            "--listen",
+            "127.0.0.1:0",
+        ],
     }
 
 
@@ -217,6 +234,15 @@ def _candidate_cases(env: Env) -> list[tuple[str, list[str]]]:
     ]
 
 
+def _consolidate(env: Env) -> list[str]:
+    """`release-service consolidate` of demo.color, without its ledger."""
+    return [
+        "release-service", "consolidate", "--policy", "demo.color",
+        "--policies", str(env.policies), "--trust", str(env.trust),
+        "--out", f"sqlite:///{env.base / 'never-consolidated.db'}",
+    ]  # fmt: skip
+
+
 def ledger_admin_commands(env: Env) -> dict[str, list[str]]:
     """The `ledger` commands that create, copy or repair a ledger (`--ledger URL` appended;
     they read `--config` as the commands above do)."""
@@ -243,7 +269,7 @@ def cases(env: Env) -> list[tuple[str, list[str]]]:
         for bad, path in bad_configs(env).items():
             if bad in ("malformed-toml", "missing", "a-directory", "missing-ledger-folder"):
                 out.append((f"{name} --config {bad}", [*command, "--config", path]))
-    for name in ("ledger show", "ledger reconcile", "report"):
+    for name in ("ledger show", "ledger reconcile", "report", "release-service consolidate"):
         command = ledger_commands(env)[name]
         for bad in ("stale-shards", "shard1"):
             path = str(env.base / f"{bad}.toml")
@@ -484,6 +510,16 @@ def cases(env: Env) -> list[tuple[str, list[str]]]:
         ("train service with config", [*_service_job(b), "--config", str(b / "bad.toml")]),
         ("train status without service", ["train", "status", "0" * 32]),
         ("demo exponent epsilon", ["demo", "--epsilon", "1e-3", "--out", str(b / "demo-out")]),
+        ("demo unknown scenario", ["demo", "--scenario", "words", "--out", str(b / "demo-out")]),
+        (
+            "demo open-domain exponent epsilon",
+            ["demo", "--scenario", "open-domain", "--epsilon", "8e0", "--out", str(b / "demo-out")],
+        ),
+        ("verify mechanism max-bytes 0", ["verify", "mechanism", "-m", "pem", "--max-bytes", "0"]),
+        (
+            "verify mechanism pem bad g",
+            ["verify", "mechanism", "-m", "pem", "--param", "g=6", "--samples", "10"],
+        ),
         ("release count --service no dataset", [*ask("count"), "--service", "127.0.0.1:1"]),
         (
             "release sum --service with --lower",
@@ -630,6 +666,7 @@ def cases(env: Env) -> list[tuple[str, list[str]]]:
                 str(b / "signed.json"),
             ],
         ),
+        ("release-service consolidate no ledger", _consolidate(env)),
         ("unknown command", ["no-such-command"]),
         ("unknown option", ["ledger", "show", "x", "--no-such-option"]),
     ]
@@ -661,6 +698,10 @@ EXPECTED: dict[str, tuple[int, str]] = {
     "ledger set-cap exponent": (2, "plain notation"),
     "release count exponent": (2, "plain notation"),
     "demo exponent epsilon": (2, "plain notation"),
+    "demo unknown scenario": (2, "--scenario"),
+    "demo open-domain exponent epsilon": (2, "plain notation"),
+    "verify mechanism max-bytes 0": (2, "--max-bytes"),
+    "verify mechanism pem bad g": (2, "power of two"),
     "train nproc zero": (2, "--nproc"),
     "release count --service no dataset": (2, "--service needs --dataset"),
     "release sum --service with --lower": (2, "--lower is not used with --service"),
@@ -731,6 +772,13 @@ EXPECTED: dict[str, tuple[int, str]] = {
     "ledger show --config shard1": (1, "is shard 1 of 2"),
     "ledger reconcile --config shard1": (1, "is shard 1 of 2"),
     "report --config shard1": (1, "is shard 1 of 2"),
+    "release-service consolidate --ledger shard-1": (1, "is shard 1 of 2"),
+    "release-service consolidate --config stale-shards": (1, "1 shard URL(s) given"),
+    "release-service consolidate --config shard1": (1, "is shard 1 of 2"),
+    "release-service consolidate --ledger missing-file": (1, "does not exist"),
+    "release-service consolidate no ledger": (2, "pass --ledger URL or --config FILE"),
+    "dashboard --ledger shard-1": (1, "is shard 1 of 2"),
+    "dashboard --ledger missing-file": (1, "does not exist"),
     "collector serve --config charged-shards": (1, "already holds charges"),
 }
 

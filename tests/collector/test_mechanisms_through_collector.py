@@ -16,6 +16,7 @@ import pytest
 from collector_testkit import Deployment, coarse, make_report
 from fedldp.client.mechanisms import (
     BitVectorOutput,
+    MultiOutput,
     NumericOutput,
     SketchBitOutput,
     SketchRowOutput,
@@ -26,9 +27,23 @@ from fedldp.collector.server import RunningCollector, start_collector
 from fedldp.v1 import collector_pb2 as pb
 from fedldp.v1 import collector_pb2_grpc, policy_pb2
 
-NUMERIC = {"duchi", "hybrid", "piecewise"}
+NUMERIC = {"duchi", "hybrid", "piecewise", "sw"}
 SKETCHES = {"cms", "hcms"}
+OPEN = {"pem", *SKETCHES}
 LABELS = [f"v{i}" for i in range(8)]
+MULTI = {"multi-split", "multi-sample"}
+ATTRIBUTES: list[dict[str, Any]] = [
+    {"name": "kind", "values": LABELS, "mechanism": "oue"},
+    {"name": "level", "lo": "-1", "hi": "1", "mechanism": "hybrid"},
+]
+
+
+def _value(mechanism: str, rng: random.Random) -> Any:
+    if mechanism in MULTI:
+        return (rng.randrange(len(LABELS)), rng.uniform(-1, 1))
+    if mechanism in OPEN:
+        return rng.choice(["new", "words", "😀"])
+    return rng.uniform(-1, 1) if mechanism in NUMERIC else rng.randrange(len(LABELS))
 
 
 @pytest.fixture(scope="module")
@@ -37,8 +52,17 @@ def every_mechanism(now: int) -> Deployment:
     for m in registered_ids():
         if m in NUMERIC:
             d.add_numeric(f"p-{m}", mechanism=m, lo="-1", hi="1")
-        elif m in SKETCHES:
-            d.add_open(f"p-{m}", mechanism=m, params={"rows": "8", "columns": "64"})
+        elif m in OPEN:
+            d.add_open(
+                f"p-{m}",
+                mechanism=m,
+                max_bytes=32,
+                epsilon="2",
+                epsilon_cap="8",
+                params={"rows": "8", "columns": "64"} if m in SKETCHES else None,
+            )
+        elif m in MULTI:
+            d.add_multi(f"p-{m}", mechanism=m, attributes=ATTRIBUTES)
         elif m.startswith("rappor-"):
             d.add_categorical(
                 f"p-{m}",
@@ -71,11 +95,7 @@ def test_outputs_are_charged_and_aggregated(
     envelope = every_mechanism.envelopes[registered_ids().index(mechanism)]
     policy = every_mechanism.verified(envelope)
     rng = random.Random(7)
-    values: list[Any] = [
-        rng.uniform(-1, 1) if mechanism in NUMERIC else rng.randrange(len(LABELS)) for _ in range(3)
-    ]
-    if mechanism in SKETCHES:
-        values = ["new", "words", "😀"]
+    values = [_value(mechanism, rng) for _ in range(3)]
     outputs = []
     for v in values:
         if mechanism.startswith("rappor-"):
@@ -109,6 +129,9 @@ def test_outputs_are_charged_and_aggregated(
 
 def _bad_output(mechanism: str, output: object) -> tuple[object, int]:
     """An output of the right kind but outside the domain, and the expected reason."""
+    if isinstance(output, MultiOutput):  # split without its last part; sample with two
+        parts = output.parts[:-1] if mechanism == "multi-split" else output.parts * 2
+        return MultiOutput(parts), pb.REJECT_REASON_WRONG_LENGTH
     if isinstance(output, BitVectorOutput):
         return dataclasses.replace(output, length=output.length + 1), pb.REJECT_REASON_WRONG_LENGTH
     if isinstance(output, NumericOutput):
@@ -128,9 +151,7 @@ def test_out_of_domain_outputs_are_refused(
     envelope = every_mechanism.envelopes[registered_ids().index(mechanism)]
     policy = every_mechanism.verified(envelope)
     rng = random.Random(3)
-    value: Any = 0.5 if mechanism in NUMERIC else 1
-    if mechanism in SKETCHES:
-        value = "word"
+    value = _value(mechanism, rng)
     if mechanism.startswith("rappor-"):
         memoized: Any = policy.mechanism
         good = memoized.perturb(value, rng=rng, memo=memoized.new_memo())

@@ -1,4 +1,4 @@
-"""Numeric reports through the real collector: only the policy's grid doubles are accepted.
+"""Numeric reports (piecewise, sw) through the real collector: only grid doubles are accepted.
 
 A report of 1.797e308 (which the retired laplace accepted and which then broke
 `fedldp report`), a double one ulp from a grid value, an output of the old
@@ -35,6 +35,7 @@ from fedldp.v1 import collector_pb2_grpc, policy_pb2
 def grid_deployment(now: int) -> Deployment:
     d = Deployment.create(now=now)
     d.add_numeric("latency", mechanism="piecewise", lo="-1", hi="1", epsilon="1")
+    d.add_numeric("latency-sw", mechanism="sw", lo="-1", hi="1", epsilon="1")
     return d
 
 
@@ -57,15 +58,16 @@ def submit(
     return response.outcomes[0], report
 
 
+@pytest.mark.parametrize("which", [0, 1], ids=["piecewise", "sw"])
 def test_only_grid_doubles_are_accepted_and_a_refusal_changes_nothing(
-    grid_deployment: Deployment, running: RunningCollector
+    grid_deployment: Deployment, running: RunningCollector, which: int
 ) -> None:
     d = grid_deployment
-    policy = d.verified(d.envelopes[0])
+    policy = d.verified(d.envelopes[which])
     mech = policy.mechanism
     assert isinstance(mech, NumericMechanism)
     window = policy.window_start(d.now)
-    subject = "someone"
+    subject = f"someone-{which}"
     good = mech.perturb(0.25, rng=random.Random(2)).value
     outcome, _ = submit(d, running, policy, good, subject)
     assert outcome.outcome == pb.OUTCOME_ACCEPTED
@@ -85,6 +87,7 @@ def test_only_grid_doubles_are_accepted_and_a_refusal_changes_nothing(
         (math.nextafter(top, 0.0), pb.REJECT_REASON_OUT_OF_DOMAIN),
         (math.nextafter(good, math.inf), pb.REJECT_REASON_OUT_OF_DOMAIN),
         (0.8183361224970235, pb.REJECT_REASON_OUT_OF_DOMAIN),  # a float-piecewise output
+        ((mech.table[0] + mech.table[1]) / 2, pb.REJECT_REASON_OUT_OF_DOMAIN),  # between cells
         (math.nan, pb.REJECT_REASON_NON_FINITE),
         (math.inf, pb.REJECT_REASON_NON_FINITE),
         (-math.inf, pb.REJECT_REASON_NON_FINITE),
@@ -97,7 +100,7 @@ def test_only_grid_doubles_are_accepted_and_a_refusal_changes_nothing(
         assert state() == before
     assert ledger.reconcile() == []
     # The largest weight one accepted report can carry is the grid's largest value.
-    outcome, _ = submit(d, running, policy, top, "another")
+    outcome, _ = submit(d, running, policy, top, f"another-{which}")
     assert outcome.outcome == pb.OUTCOME_ACCEPTED
 
 

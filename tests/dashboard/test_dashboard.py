@@ -22,9 +22,10 @@ from fedldp.aggregator.dashboard.app import (
     check_bind,
 )
 from fedldp.aggregator.dashboard.model import Dashboard, Options, WindowReport, iso_utc
-from fedldp.aggregator.dashboard.source import ReadOnlyLedger, SourceError
+from fedldp.aggregator.dashboard.source import ReadOnlyLedger
 from fedldp.aggregator.estimation import frequency_report
 from fedldp.aggregator.reports import merge_partials
+from fedldp.collector.ledger import LedgerOpenError
 
 from fedldp.cli import main
 from fedldp.cli_dashboard import load_dashboard
@@ -265,21 +266,20 @@ def test_ledger_file_unchanged_by_views(rich: Setup, rich_server: Any) -> None:
 
 
 def test_read_only_source_cannot_write_or_create(rich: Setup, tmp_path: Any) -> None:
-    source = ReadOnlyLedger(rich.ledger_url)
+    dash = load_dashboard(rich.ledger_url, rich.policy_dir, rich.trust_dir, rich.audience)
     try:
-        with (
-            pytest.raises(sa.exc.OperationalError, match=r"readonly|read-only|query_only"),
-            source._engine.begin() as conn,
-        ):
-            conn.execute(sa.text("DELETE FROM statistics"))
+        with pytest.raises(sa.exc.OperationalError, match=r"readonly|read-only|query_only"):
+            dash.ledger.shards[0].transaction(
+                lambda conn: conn.execute(sa.text("DELETE FROM statistics"))
+            )
     finally:
-        source.close()
+        dash.ledger.close()
     missing = tmp_path / "absent.db"
-    with pytest.raises(SourceError, match="no ledger file"):
-        ReadOnlyLedger(f"sqlite:///{missing}")
+    with pytest.raises(LedgerOpenError, match="does not exist"):
+        load_dashboard(f"sqlite:///{missing}", rich.policy_dir, rich.trust_dir, rich.audience)
     assert not missing.exists()
-    with pytest.raises(SourceError, match="unsupported"):
-        ReadOnlyLedger("mysql://x/y")
+    with pytest.raises(LedgerOpenError, match="unsupported"):
+        load_dashboard("mysql://x/y", rich.policy_dir, rich.trust_dir, rich.audience)
 
 
 def test_non_loopback_bind_needs_a_token(rich: Setup) -> None:
@@ -408,7 +408,7 @@ def test_postgresql_ledger_read_only(rich: Setup, postgresql_url: str) -> None:
         _submit(ledger, color, rng.choices(range(6), k=200), at=NOW, subjects=100, rng=rng)
     finally:
         ledger.close()
-    source = ReadOnlyLedger(postgresql_url)
+    source = ReadOnlyLedger(open_ledger(postgresql_url, access="read"))
     try:
         dash = Dashboard(source, list(loaded.policies.values()))
         data = dash.report("app.color", None, Options(consistency="norm-sub"))
@@ -435,10 +435,9 @@ def test_postgresql_ledger_read_only(rich: Setup, postgresql_url: str) -> None:
         assert expected.exit_code == 0, expected.output
         assert data == json.loads(expected.output)
         assert dash.budget().policies["app.color"][0].subjects == 100
-        with (
-            pytest.raises(sa.exc.InternalError, match="read-only transaction"),
-            source._engine.begin() as conn,
-        ):
-            conn.execute(sa.text("DELETE FROM statistics"))
+        with pytest.raises(sa.exc.InternalError, match="read-only transaction"):
+            source.shards[0].transaction(
+                lambda conn: conn.execute(sa.text("DELETE FROM statistics"))
+            )
     finally:
         source.close()

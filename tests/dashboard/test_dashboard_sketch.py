@@ -25,6 +25,7 @@ def test_sketch_policy_is_listed_and_asks_for_candidates(tmp_path: Path) -> None
             policy_id="app.words",
             metric="app.new_word",
             max_bytes=16,
+            mechanism="cms",
             params={"rows": "4", "columns": "16"},
             epsilon="2",
             epsilon_cap="4",

@@ -29,7 +29,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -134,23 +134,47 @@ class Deployment:
         self.envelopes.append(env)
         return env
 
-    def trust(self) -> TrustStore:
-        """The collector's trust store (pinned to the authority's root key)."""
-        return self.authority.trust_store(now=self.now)
+    def add_multi(
+        self,
+        policy_id: str,
+        *,
+        attributes: Sequence[Mapping[str, Any]],
+        mechanism: str = "multi-split",
+        epsilon: str = "1",
+        epsilon_cap: str = "4",
+        window_seconds: int = 86400,
+    ) -> policy_pb2.SignedEnvelope:
+        """Sign and keep a multi-attribute policy ([[metric.attributes]] tables)."""
+        policy = self.authority.multi_policy(
+            policy_id=policy_id,
+            metric=_metric_name(policy_id),
+            attributes=attributes,
+            mechanism=mechanism,
+            epsilon=epsilon,
+            epsilon_cap=epsilon_cap,
+            window_seconds=window_seconds,
+            now=self.now - 60,
+            min_reports=1,
+            audience=(self.audience,),
+        )
+        env = self.authority.sign(policy)
+        self.envelopes.append(env)
+        return env
 
     def add_open(
         self,
         policy_id: str,
         *,
-        max_bytes: int = 32,
-        epsilon: str = "2",
-        epsilon_cap: str = "8",
-        mechanism: str = "cms",
-        params: dict[str, str] | None = None,
+        max_bytes: int = 4,
+        epsilon: str = "4",
+        epsilon_cap: str = "4",
+        mechanism: str = "pem",
         window_seconds: int = 86400,
+        params: dict[str, str] | None = None,
         metric: str | None = None,
     ) -> policy_pb2.SignedEnvelope:
-        """Sign and keep an open-domain (strings) policy; returns its envelope."""
+        """Sign and keep an open-domain (string) policy of `mechanism` (pem, cms or
+        hcms; `params` as the policy states them); returns its envelope."""
         policy = self.authority.open_policy(
             policy_id=policy_id,
             metric=_metric_name(policy_id) if metric is None else metric,
@@ -160,13 +184,17 @@ class Deployment:
             window_seconds=window_seconds,
             now=self.now - 60,
             mechanism=mechanism,
-            params=params,
             min_reports=1,
             audience=(self.audience,),
+            params=params,
         )
         env = self.authority.sign(policy)
         self.envelopes.append(env)
         return env
+
+    def trust(self) -> TrustStore:
+        """The collector's trust store (pinned to the authority's root key)."""
+        return self.authority.trust_store(now=self.now)
 
     def verified(
         self, envelope: policy_pb2.SignedEnvelope, *, now: int | None = None

@@ -362,10 +362,28 @@ Global___SketchBitPayload: _TypeAlias = SketchBitPayload  # noqa: Y015
 
 @_typing.final
 class GroupHashedPayload(_message.Message):
-    """Prefix-extending heavy hitters (mechanism "pem"): the user's group (which
-    prefix length it reports), the key of the hash function the device drew,
-    and the perturbed hash value. The hash family and the key's length are
-    specified in fedldp.client.mechanisms.pem.
+    """Prefix-extending heavy hitters (mechanism "pem"; Wang, Li, Lin, Jha, IEEE
+    TDSC 2019, Section IV): the user's group (which prefix length it reports),
+    the key of the hash function the device drew, and the perturbed hash value.
+    Policy params: step_bits s, start_bits t, groups G = (8L - t) / s, hash range
+    g = 2^l (l <= 31); L = the metric's OpenDomain.max_bytes.
+    * The value's UTF-8 bytes are padded with zero bytes to L bytes. Group j
+      (0 <= j < G, drawn uniformly by the device) reports its prefix of
+      t + (j + 1) s bits, most significant bit of byte 0 first: every later bit
+      of the padded string is set to zero, the result is extended with zero
+      bytes to 4c bytes (c = ceil(L / 4)) and cut into c 32-bit chunks x_i, the
+      little-endian value of bytes 4i..4i+3.
+    * key: exactly 8 (c + 1) bytes, the little-endian 64-bit words
+      a_0..a_(c-1), b, uniformly random.
+    * h(x) = ((b + sum_i a_i x_i) mod 2^64) >> (64 - l): vector multiply-add-
+      shift (Dietzfelbinger 1996; Thorup 2015, Section 3.5), strongly universal:
+      two distinct prefixes collide with probability exactly 1/g.
+    * value: h(x) with probability p = e^eps / (e^eps + g - 1) (rounded down to
+      a multiple of 2^-53), else one of the other g - 1 values in [0, g)
+      uniformly (optimized local hashing, Wang et al. USENIX Security 2017).
+    The collector refuses group >= G and value >= g (OUT_OF_DOMAIN) and a key
+    that is not exactly 8 (c + 1) bytes (WRONG_LENGTH). Details:
+    fedldp.client.mechanisms.pem.
     """
 
     DESCRIPTOR: _descriptor.Descriptor

@@ -243,6 +243,8 @@ def test_each_query_returns_error_bars_and_a_receipt_that_verifies(
     # tampered: the released value changed inside the signed payload
     envelope = json.loads(resp.receipt)
     payload = json.loads(base64.b64decode(envelope["payload"]))
+    # the service draws every noise from the OS CSPRNG: for release
+    assert payload["randomness"] == {"source": "os-csprng"} and payload["for_release"] is True
     payload["ledger"]["epsilon_spent"] = "0.1"
     envelope["payload"] = base64.b64encode(json.dumps(payload).encode()).decode()
     bad = tmp_path / "bad.json"

@@ -15,7 +15,7 @@ from fractions import Fraction
 from typing import Any
 
 import numpy as np
-from fedldp.client.mechanisms import OpenDomain, create
+from fedldp.client.mechanisms import AttributeSpec, MultiMetric, OpenDomain, create
 from fedldp.client.mechanisms.base import (
     BitVectorOutput,
     CategoryOutput,
@@ -69,6 +69,8 @@ NUMERIC_CASES = [
     Case("hybrid", Decimal("2"), (LO, HI)),
     Case("hybrid", Decimal("1"), (LO, HI), (("levels", "6"), ("cells", "10"))),
     Case("hybrid", Decimal("0.5"), (LO, HI)),
+    Case("sw", Decimal("1"), (LO, HI)),
+    Case("sw", Decimal("4"), (LO, HI), (("levels", "8"), ("cells", "11"))),
 ]
 ALL_CASES = CATEGORICAL_CASES + NUMERIC_CASES
 #: Sketches over open string domains: their own contract suite is test_sketch.py
@@ -78,6 +80,26 @@ SKETCH_CASES = [
     Case("cms", Decimal("4"), OpenDomain(64)),
     Case("hcms", Decimal("2"), OpenDomain(16), (("rows", "8"), ("columns", "8"))),
     Case("hcms", Decimal("0.5"), OpenDomain(64)),
+]
+#: Multi-attribute mechanisms: their own contract suite (test_multi_attribute.py), which
+#: checks the joint law, the part checks and the per-attribute estimates.
+MULTI_METRIC = MultiMetric(
+    (
+        AttributeSpec("kind", ("a", "b", "c"), None, "grr"),
+        AttributeSpec("size", None, (LO, HI), "piecewise", (("cells", "6"), ("levels", "4"))),
+    )
+)
+MULTI_CASES = [
+    Case("multi-split", Decimal("1"), MULTI_METRIC),
+    Case("multi-sample", Decimal("1"), MULTI_METRIC),
+]
+
+#: Open-domain (string) mechanisms: their contract suites are their own files
+#: (pem: test_pem.py; cms, hcms: test_sketch.py over SKETCH_CASES), since their outputs
+#: cannot be enumerated.
+OPEN_CASES = [
+    Case("pem", Decimal("2"), OpenDomain(2), (("g", "8"),)),
+    *SKETCH_CASES,
 ]
 
 #: The frequency oracles whose samplers state their exact law (`exact_probability`).

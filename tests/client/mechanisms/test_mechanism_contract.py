@@ -45,8 +45,9 @@ from mech_cases import (  # type: ignore[import-not-found]
     EXACT_CASES,
     EXACT_EPSILONS,
     MEMO_CASES,
+    MULTI_CASES,
     NUMERIC_CASES,
-    SKETCH_CASES,
+    OPEN_CASES,
     Case,
     batch_to_outputs,
     exact_laws,
@@ -66,7 +67,14 @@ ALPHA = 1e-6
 
 
 def test_every_registered_mechanism_has_a_contract_case() -> None:
-    assert {c.wire_id for c in ALL_CASES + SKETCH_CASES} == set(registered_ids())
+    assert {c.wire_id for c in ALL_CASES + MULTI_CASES + OPEN_CASES} == set(registered_ids())
+
+
+@pytest.mark.parametrize("case", OPEN_CASES, ids=str)
+def test_open_domain_cases_build_and_report(case: Case) -> None:
+    """Each open-domain case builds from policy params and its reports pass its own check."""
+    mech = case.build()
+    mech.check_output(mech.perturb("ab", rng=random.Random(0)))
 
 
 # --- privacy: exact and tight ---------------------------------------------------------

@@ -44,7 +44,7 @@ from fedldp.client.mechanisms.numeric import Hybrid, NumericMechanism, Piecewise
 from fedldp.client.mechanisms.olh import OLH, default_g, hash_value
 from fedldp.client.mechanisms.oracle import FrequencyOracle
 from fedldp.client.mechanisms.subset import SubsetSelection
-from mech_cases import ALL_CASES, HI, LO, SKETCH_CASES  # type: ignore[import-not-found]
+from mech_cases import ALL_CASES, HI, LO, MULTI_CASES, OPEN_CASES  # type: ignore[import-not-found]
 
 # --- registry -------------------------------------------------------------------------
 
@@ -70,14 +70,14 @@ def test_duplicate_registration_raises_and_changes_nothing() -> None:
 @pytest.mark.parametrize("epsilon", [Decimal("NaN"), Decimal("Infinity"), Decimal(0), Decimal(-1)])
 @pytest.mark.parametrize("wire_id", registered_ids())
 def test_bad_epsilon_raises(wire_id: str, epsilon: Decimal) -> None:
-    case = next(c for c in ALL_CASES + SKETCH_CASES if c.wire_id == wire_id)
+    case = next(c for c in ALL_CASES + MULTI_CASES + OPEN_CASES if c.wire_id == wire_id)
     with pytest.raises(ValueError, match="epsilon"):
         create(wire_id, epsilon, case.metric, dict(case.params))
 
 
 @pytest.mark.parametrize("wire_id", registered_ids())
 def test_float_epsilon_and_wrong_metric_kind_raise(wire_id: str) -> None:
-    case = next(c for c in ALL_CASES + SKETCH_CASES if c.wire_id == wire_id)
+    case = next(c for c in ALL_CASES + MULTI_CASES + OPEN_CASES if c.wire_id == wire_id)
     with pytest.raises(TypeError, match="Decimal"):
         create(wire_id, 1.0, case.metric, dict(case.params))  # type: ignore[arg-type]
     other = 4 if isinstance(case.metric, tuple) else (LO, HI)
@@ -104,7 +104,7 @@ def test_categorical_validation(wire_id: str) -> None:
         mech.perturb_batch(np.array([0, mech.k]), np.random.default_rng(0))
 
 
-@pytest.mark.parametrize("wire_id", ["duchi", "piecewise", "hybrid"])
+@pytest.mark.parametrize("wire_id", ["duchi", "piecewise", "hybrid", "sw"])
 def test_numeric_validation_and_clipping(wire_id: str) -> None:
     for lo, hi in (
         (Decimal(1), Decimal(1)),

@@ -38,6 +38,7 @@ from fedldp.client.mechanisms.numeric import (
     default_band,
     exp_floor,
 )
+from fedldp.client.mechanisms.square_wave import SquareWave
 from legacy_float_numeric import LegacyPiecewise  # type: ignore[import-not-found]
 from mech_cases import (  # type: ignore[import-not-found]
     HI,
@@ -98,7 +99,7 @@ def assert_ratio_at_most_e_eps(ratio: Fraction | None, epsilon: str) -> None:
 
 @pytest.mark.parametrize("grid", GRIDS, ids=["default-grid", "levels16"])
 @pytest.mark.parametrize("epsilon", EPSILONS)
-@pytest.mark.parametrize("wire_id", ["duchi", "piecewise", "hybrid"])
+@pytest.mark.parametrize("wire_id", ["duchi", "piecewise", "hybrid", "sw"])
 def test_exact_ratio_over_every_level_is_at_most_e_eps(
     wire_id: str, epsilon: str, grid: dict[str, str]
 ) -> None:
@@ -152,7 +153,7 @@ def real_inputs(mech: NumericMechanism) -> list[float]:
 
 
 @pytest.mark.parametrize("epsilon", EPSILONS)
-@pytest.mark.parametrize("wire_id", ["duchi", "piecewise", "hybrid"])
+@pytest.mark.parametrize("wire_id", ["duchi", "piecewise", "hybrid", "sw"])
 def test_real_inputs_one_ulp_apart_through_the_exact_rounding(wire_id: str, epsilon: str) -> None:
     mech = build(wire_id, epsilon, {} if wire_id == "duchi" else {"levels": "16"})
     inputs = real_inputs(mech)
@@ -231,6 +232,9 @@ CASES = [
     ("hybrid", "1", {}),
     ("hybrid", "4", {"levels": "16"}),
     ("hybrid", "0.5", {}),
+    ("sw", "1", {}),
+    ("sw", "4", {"levels": "16"}),
+    ("sw", "0.5", {"levels": "8", "cells": "15"}),
 ]
 
 
@@ -308,6 +312,7 @@ def test_exact_mean_and_variance_of_the_law(
 ) -> None:
     mech = build(wire_id, epsilon, params)
     exact_values = exact_table(mech)
+    assert exact_values == list(mech.unbiased)
     by_bytes = dict(zip([wire_bytes(y) for y in mech.table], exact_values, strict=True))
     for x in real_inputs(mech):
         law = input_wire_law(mech, x)
@@ -318,6 +323,8 @@ def test_exact_mean_and_variance_of_the_law(
         assert abs(mean - t) <= rounding_bias_bound(mech)
         variance = float(second - t * t)
         assert float(mech.conditional_variance(float(t))) == pytest.approx(variance, rel=1e-9)
+        if isinstance(mech, SquareWave):
+            continue  # its doubles are the cell centres; u_i is computed from the counts
         # The doubles sent are the exact values rounded: the bias is at most their rounding.
         float_mean = sum(p * Fraction(struct.unpack("<d", k)[0]) for k, p in law.items())
         bound = max(abs(v) for v in exact_values) * Fraction(1, 2**52)
@@ -329,7 +336,7 @@ def exact_table(mech: NumericMechanism) -> list[Fraction]:
     if isinstance(mech, Hybrid):
         duchi = [-mech.B_exact, mech.B_exact]
         return [*mech.grid.values(), *duchi] if mech.alpha_weight else duchi
-    if isinstance(mech, Piecewise):
+    if isinstance(mech, Piecewise | SquareWave):
         return mech.grid.values()
     return [-mech.B_exact, mech.B_exact]  # type: ignore[attr-defined]
 
@@ -440,7 +447,7 @@ def check_input_independent_randomness(mech: NumericMechanism) -> None:
     assert bits >= 50 * ROUNDING_BITS
 
 
-@pytest.mark.parametrize("wire_id", ["duchi", "piecewise", "hybrid"])
+@pytest.mark.parametrize("wire_id", ["duchi", "piecewise", "hybrid", "sw"])
 @pytest.mark.parametrize("epsilon", ["0.5", "4"])
 def test_every_input_draws_the_same_random_calls(wire_id: str, epsilon: str) -> None:
     check_input_independent_randomness(build(wire_id, epsilon))

@@ -1,0 +1,200 @@
+"""Heavy-hitter discovery over an open string domain from PEM reports.
+
+Wang, Li, Lin, Jha, "Locally Differentially Private Heavy Hitter
+Identification", IEEE TDSC 2019, Section IV (Prefix Extending Method); the
+mechanism, its groups, hash family and per-group estimator are
+`fedldp.client.mechanisms.pem`. Discovery walks the groups in order:
+
+* level 0: the candidates are every prefix of ℓ_0 = start_bits + step_bits
+  bits (2^ℓ_0 of them);
+* level j > 0: the candidates are the survivors of level j - 1, each extended
+  by every one of the 2^step_bits possible next bits;
+* each candidate x is estimated from group j's reports alone (f̂_x, unbiased,
+  `PEM.estimate_prefixes`).
+
+Threshold rule (fixed; the same for every level and every policy). With C_j
+candidates at level j and n_j reports in group j: when no user's prefix is x
+(H0: f_x = 0) each report supports x independently with probability exactly
+q = 1/g (the hash family is strongly universal), so the support count C(x) is
+exactly Binomial(n_j, q). With c_j the (1 - α/C_j) quantile of that law (the
+smallest c with P[C > c] <= α / C_j), a candidate survives when
+
+    C(x) > c_j,  i.e.  f̂_x > (c_j / n_j - q) / (p - q)     (Bonferroni over C_j)
+
+and, of those, at most `top` T with the largest estimates survive (ties: the
+smaller prefix). α = `DEFAULT_ALPHA` = 0.05 and T = `DEFAULT_TOP` = 32 unless
+the analyst states others. So at each level the chance that any candidate
+nobody holds survives is at most α, exactly (no normal approximation: with
+few reports per group and a large g, one chance collision would pass a z
+test); T bounds the analysis cost (C_j <= T · 2^step_bits) and the report
+length.
+
+Result. The survivors of the last level are whole padded strings; each is
+decoded (the zero bytes at its end removed; a candidate that is empty, holds a
+zero byte before its end or is not UTF-8 is not a possible value and is
+dropped). Its estimate is the last group's f̂ (the fraction of ALL users, since
+groups are a uniform sample; the count is n · f̂), its variance the
+local-hashing term at the clipped estimate plus the group-sampling term
+(`PEM.estimate_prefixes` with population n), and its interval
+f̂ ± z_{1-(1-confidence)/2} · SE clipped to [0, 1]. The same reports select and
+estimate the last level, so the estimates of the strings found are biased
+upward near the threshold (selection); the interval is per string, not
+simultaneous, and does not cover strings that were not found.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+from fedldp.aggregator.estimation import (
+    FrequencyReport,
+    ReportContext,
+    frequency_report_from_estimate,
+)
+from fedldp.client.mechanisms.base import Estimate
+from fedldp.client.mechanisms.pem import PEM, GroupReports
+
+if TYPE_CHECKING:
+    import numpy.typing as npt
+
+#: Family-wise false-keep rate per level (Bonferroni over the level's candidates).
+DEFAULT_ALPHA = 0.05
+#: Most prefixes kept per level (and strings reported).
+DEFAULT_TOP = 32
+
+
+@dataclass(frozen=True)
+class Level:
+    """What one level of discovery did."""
+
+    group: int
+    prefix_bits: int
+    reports: int
+    candidates: int
+    threshold: float
+    kept: int
+
+
+@dataclass(frozen=True)
+class Discovery:
+    """The strings found (largest estimate first) with their estimate, and each level's trace."""
+
+    strings: tuple[str, ...]
+    estimate: Estimate
+    levels: tuple[Level, ...]
+    dropped: int
+    alpha: float
+    top: int
+
+
+def threshold(mech: PEM, n_j: int, candidates: int, alpha: float) -> float:
+    """The level's keep threshold on f̂: the (1 - α/C) quantile c of Binomial(n_j, 1/g)
+    as an estimate, (c/n_j - q)/(p - q) (module docstring)."""
+    from scipy.stats import binom
+
+    q = mech.support_q
+    cut = float(binom.ppf(1.0 - alpha / candidates, n_j, q))
+    return (cut / n_j - q) / (mech.p - q)
+
+
+def _select(values: npt.NDArray[np.float64], cut: float, top: int) -> npt.NDArray[np.intp]:
+    """Indices of the estimates above `cut`, the `top` largest (ties: smaller index)."""
+    above = np.flatnonzero(values > cut)
+    order = np.lexsort((above, -values[above]))
+    return np.asarray(above[order][:top], dtype=np.intp)
+
+
+def _decode(mech: PEM, prefix: int) -> str | None:
+    """The string of a full-length prefix, or None when it is not a possible value."""
+    data = prefix.to_bytes(mech.max_bytes, "big").rstrip(b"\x00")
+    if not data or b"\x00" in data:
+        return None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+
+
+def discover(
+    mech: PEM, statistic: GroupReports, *, alpha: float = DEFAULT_ALPHA, top: int = DEFAULT_TOP
+) -> Discovery:
+    """Run the fixed discovery procedure of the module docstring on a merged statistic."""
+    if not 0.0 < alpha < 1.0:
+        raise ValueError(f"alpha must be in (0, 1), got {alpha}")
+    if top < 1:
+        raise ValueError(f"top must be at least 1, got {top}")
+    prefixes: list[int] = list(range(1 << mech.prefix_bits(0)))
+    levels: list[Level] = []
+    values = np.zeros(0)
+    variances = np.zeros(0)
+    for j in range(mech.groups):
+        n_j = statistic.group_size(j)
+        if j:
+            prefixes = [
+                (x << mech.step_bits) | e for x in prefixes for e in range(1 << mech.step_bits)
+            ]
+        if n_j == 0 or not prefixes:
+            levels.append(Level(j, mech.prefix_bits(j), n_j, len(prefixes), float("inf"), 0))
+            prefixes = []
+            continue
+        est = mech.estimate_prefixes(statistic, j, prefixes, population=statistic.n)
+        cut = threshold(mech, n_j, len(prefixes), alpha)
+        keep = _select(est.values, cut, top)
+        levels.append(Level(j, mech.prefix_bits(j), n_j, len(prefixes), cut, int(keep.size)))
+        prefixes = [prefixes[i] for i in keep]
+        values, variances = est.values[keep], est.variances[keep]
+    strings: list[str] = []
+    rows: list[int] = []
+    for i, prefix in enumerate(prefixes):
+        text = _decode(mech, prefix)
+        if text is not None:
+            strings.append(text)
+            rows.append(i)
+    index = np.asarray(rows, dtype=np.intp)
+    estimate = Estimate(
+        n=statistic.n,
+        values=np.asarray(values[index] if prefixes else [], dtype=np.float64),
+        variances=np.asarray(variances[index] if prefixes else [], dtype=np.float64),
+    )
+    return Discovery(
+        strings=tuple(strings),
+        estimate=estimate,
+        levels=tuple(levels),
+        dropped=len(prefixes) - len(strings),
+        alpha=alpha,
+        top=top,
+    )
+
+
+def discovery_report(
+    mech: PEM,
+    statistic: GroupReports,
+    *,
+    confidence: float = 0.95,
+    context: ReportContext | None = None,
+    alpha: float = DEFAULT_ALPHA,
+    top: int = DEFAULT_TOP,
+) -> FrequencyReport:
+    """The analyst's report: the discovered strings as labels, with estimates and intervals."""
+    found = discover(mech, statistic, alpha=alpha, top=top)
+    return frequency_report_from_estimate(
+        found.estimate,
+        list(found.strings),
+        mechanism_id=mech.wire_id,
+        epsilon=mech.epsilon,
+        confidence=confidence,
+        context=context,
+    )
+
+
+__all__ = [
+    "DEFAULT_ALPHA",
+    "DEFAULT_TOP",
+    "Discovery",
+    "Level",
+    "discover",
+    "discovery_report",
+    "threshold",
+]

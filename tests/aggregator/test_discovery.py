@@ -1,0 +1,158 @@
+"""Heavy-hitter discovery (aggregator/discovery.py) on synthetic Zipf data with known
+heavy hitters, fixed seeds.
+
+Stated success rate: with n = 300,000 users, ε = 8, strings of up to 8 bytes
+(default pem params: 4-bit steps, 15 groups), a Zipf(1.1) vocabulary of 10,000
+random words, discovery finds at least 19 of the true top 20 and reports only
+real words; at ε = 4 and n = 200,000 it reports no string that nobody holds.
+Broken variants are caught: a hash whose two distinct prefixes collide with
+probability != 1/g (the low bits of the multiply-add instead of the top bits)
+finds fewer than 19 of the top 20; with few reports per group (n = 3,000,
+ε = 8, g = 4096) a normal-approximation z threshold keeps a chance collision
+that the exact binomial threshold does not; and a threshold rule without the binomial
+cut (keep any positive estimate) reports strings that nobody holds.
+"""
+
+from __future__ import annotations
+
+import math
+from decimal import Decimal
+from statistics import NormalDist
+from typing import Any
+
+import numpy as np
+import pytest
+from fedldp.aggregator import discovery
+from fedldp.aggregator.discovery import discover, discovery_report
+from fedldp.client.mechanisms import OpenDomain
+from fedldp.client.mechanisms.pem import PEM
+
+VOCABULARY = 10_000
+ZIPF_S = 1.1
+
+
+def vocabulary(seed: int) -> tuple[list[str], np.ndarray]:
+    """Distinct random lowercase words of 3..8 letters, in rank order, and Zipf weights."""
+    rng = np.random.default_rng(seed)
+    letters = np.array(list("abcdefghijklmnopqrstuvwxyz"))
+    words: dict[str, None] = {}
+    while len(words) < VOCABULARY:
+        words["".join(rng.choice(letters, int(rng.integers(3, 9))))] = None
+    weights = 1.0 / np.arange(1, VOCABULARY + 1) ** ZIPF_S
+    return list(words), weights / weights.sum()
+
+
+def run(mech: PEM, n: int, seed: int, **options: Any) -> tuple[discovery.Discovery, list[str]]:
+    words, weights = vocabulary(seed)
+    rng = np.random.default_rng(seed + 1)
+    padded = mech.encode_batch(words)[rng.choice(VOCABULARY, size=n, p=weights)]
+    stat = mech.new_statistic()
+    mech.accumulate_batch(stat, mech.perturb_batch(padded, rng))
+    return discover(mech, stat, **options), words
+
+
+class LowBitsPEM(PEM):
+    """Broken: the hash value is the LOW l bits of b + Σ a_i x_i (device and analysis
+    alike), which depend only on the low bits of each chunk: prefixes that differ
+    elsewhere always collide, so the collision probability is not 1/g."""
+
+    def top_bits(self, acc: Any) -> Any:
+        return acc & np.uint64(self.g - 1)
+
+
+def pem(cls: type[PEM], epsilon: str) -> PEM:
+    return cls(Decimal(epsilon), OpenDomain(8))
+
+
+def test_discovery_finds_the_top_20_at_epsilon_8() -> None:
+    found, words = run(pem(PEM, "8"), 300_000, seed=5)
+    assert len(set(words[:20]) & set(found.strings)) >= 19
+    assert set(found.strings) <= set(words)
+    assert len(found.strings) <= discovery.DEFAULT_TOP
+    assert [level.prefix_bits for level in found.levels] == list(range(8, 65, 4))
+    # Estimates in decreasing order, each interval from its exact variance.
+    assert list(found.estimate.values) == sorted(found.estimate.values, reverse=True)
+    assert np.all(found.estimate.variances > 0)
+
+
+def test_a_hash_without_exact_collision_probability_fails_discovery() -> None:
+    found, words = run(pem(LowBitsPEM, "8"), 300_000, seed=5)
+    assert len(set(words[:20]) & set(found.strings)) < 19
+
+
+def test_discovery_reports_no_string_that_nobody_holds_at_epsilon_4() -> None:
+    found, words = run(pem(PEM, "4"), 200_000, seed=5)
+    assert found.strings and set(found.strings) <= set(words)
+
+
+def test_a_threshold_rule_without_the_binomial_cut_reports_strings_nobody_holds(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(discovery, "threshold", lambda *args: 0.0)
+    found, words = run(pem(PEM, "4"), 200_000, seed=5)
+    assert not set(found.strings) <= set(words)
+
+
+def test_the_report_lists_strings_with_intervals() -> None:
+    mech = pem(PEM, "8")
+    words, weights = vocabulary(5)
+    rng = np.random.default_rng(6)
+    padded = mech.encode_batch(words)[rng.choice(VOCABULARY, size=300_000, p=weights)]
+    stat = mech.new_statistic()
+    mech.accumulate_batch(stat, mech.perturb_batch(padded, rng))
+    report = discovery_report(mech, stat, confidence=0.95)
+    assert report.n == 300_000 and report.mechanism == "pem"
+    top = {row.label: row for row in report.estimates}
+    assert words[0] in top
+    row = top[words[0]]
+    assert row.ci_low <= weights[0] <= row.ci_high
+    assert row.ci_low < row.estimate < row.ci_high
+
+
+def test_bad_options_are_refused() -> None:
+    mech = pem(PEM, "8")
+    with pytest.raises(ValueError, match="alpha"):
+        discover(mech, mech.new_statistic(), alpha=0.0)
+    with pytest.raises(ValueError, match="top"):
+        discover(mech, mech.new_statistic(), top=0)
+
+
+def test_an_empty_group_ends_discovery_with_nothing_found() -> None:
+    mech = pem(PEM, "8")
+    found = discover(mech, mech.new_statistic())
+    assert found.strings == () and found.levels[0].kept == 0
+
+
+def z_rule(mech: PEM, n_j: int, candidates: int, alpha: float) -> float:
+    """Broken: z_{1-α/C} times the null standard error (normal approximation)."""
+    q = mech.support_q
+    z = NormalDist().inv_cdf(1 - alpha / candidates)
+    return z * math.sqrt(q * (1 - q) / (n_j * (mech.p - q) ** 2))
+
+
+def test_few_reports_per_group_report_no_chance_collision() -> None:
+    found, words = run(pem(PEM, "8"), 3_000, seed=5)
+    assert found.strings and set(found.strings) <= set(words)
+
+
+def test_a_normal_approximation_threshold_keeps_a_chance_collision(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(discovery, "threshold", z_rule)
+    found, words = run(pem(PEM, "8"), 3_000, seed=5)
+    assert not set(found.strings) <= set(words)
+
+
+def test_a_discovered_string_cannot_drive_the_analysts_terminal() -> None:
+    """Discovered strings come from users: the terminal table escapes control characters
+    (the HTML page escapes markup)."""
+    from fedldp.aggregator.estimation import frequency_report_from_estimate
+    from fedldp.aggregator.render import render_table
+    from fedldp.client.mechanisms.base import Estimate
+
+    estimate = Estimate(n=10, values=np.array([0.5]), variances=np.array([0.01]))
+    report = frequency_report_from_estimate(
+        estimate, ["\x1b[2Jok"], mechanism_id="pem", epsilon=Decimal(8)
+    )
+    table = render_table(report)
+    assert "\x1b" not in table and "\\x1b[2Jok" in table
