@@ -40,6 +40,8 @@ from fedldp.aggregator.estimation import (
     frequency_report,
     numeric_report,
 )
+from fedldp.aggregator.sketches import CONSISTENCY_NEEDS_DOMAIN, candidate_report
+from fedldp.client.mechanisms.sketch import Sketch
 
 if TYPE_CHECKING:
     from fedldp.aggregator.multi_report import MultiReport
@@ -65,6 +67,10 @@ class InsufficientReportsError(ReportError):
         )
         self.count = count
         self.minimum = minimum
+
+
+class CandidatesRequiredError(ReportError):
+    """A sketch policy (open domain) was asked for a report without candidate strings."""
 
 
 class DuplicatePartialError(ReportError):
@@ -204,17 +210,24 @@ def report_for_policy(
     confidence: float = 0.95,
     simultaneous: bool = False,
     consistency: Consistency | str | None = None,
+    candidates: Sequence[str] | None = None,
 ) -> FrequencyReport | NumericReport | MultiReport:
     """The analyst report for a policy from a merged statistic, behind the release gate.
 
     Categorical policies give a FrequencyReport over the policy's labels,
     numeric policies a NumericReport of the mean over the policy's range,
-    multi-attribute policies a MultiReport with one of those per attribute, and
+    multi-attribute policies a MultiReport with one of those per attribute,
     pem policies a FrequencyReport over the strings discovery found
-    (`fedldp.aggregator.discovery`, its fixed threshold rule).
+    (`fedldp.aggregator.discovery`, its fixed threshold rule), and sketch
+    policies (cms, hcms) a FrequencyReport over `candidates`, the strings the
+    analyst asks about (required for them, refused for the others:
+    CandidatesRequiredError, ValueError).
     """
-    check_release_gate(policy, window_start, merged.n)
     mechanism = policy.mechanism
+    sketch = _sketch_of(policy, candidates)
+    if sketch is not None and Consistency.parse(consistency) is not Consistency.NONE:
+        raise ValueError(CONSISTENCY_NEEDS_DOMAIN)
+    check_release_gate(policy, window_start, merged.n)
     context = ReportContext(
         policy_id=policy.policy_id,
         policy_version=policy.version,
@@ -227,6 +240,17 @@ def report_for_policy(
         window_seconds=policy.window_seconds,
         purpose=policy.message.purpose or None,
     )
+    if sketch is not None:
+        assert candidates is not None
+        return candidate_report(
+            sketch,
+            merged.statistic,
+            candidates,
+            confidence=confidence,
+            simultaneous=simultaneous,
+            consistency=consistency,
+            context=context,
+        )
     if policy.attributes is not None:
         from fedldp.aggregator.multi_report import multi_report
         from fedldp.client.mechanisms.multi import MultiAttribute
@@ -273,6 +297,26 @@ def report_for_policy(
     )
 
 
+def _sketch_of(policy: VerifiedPolicy, candidates: Sequence[str] | None) -> Sketch | None:
+    """The policy's sketch mechanism when it has one (candidates then required), else None
+    (candidates then refused)."""
+    mechanism = policy.mechanism
+    if not isinstance(mechanism, Sketch):
+        if candidates is not None:
+            raise ValueError(
+                f"candidates apply to sketch policies (cms, hcms); policy {policy.policy_id!r} "
+                f"uses {mechanism.wire_id!r}"
+            )
+        return None
+    if candidates is None:
+        raise CandidatesRequiredError(
+            f"policy {policy.policy_id!r} collects strings with the sketch {mechanism.wire_id!r}: "
+            "there is no list of values; name the strings to estimate "
+            "(fedldp report --candidates FILE, one per line)"
+        )
+    return mechanism
+
+
 def report_from_ledgers(
     ledgers: Sequence[tuple[str, StatisticsSource]],
     policy: VerifiedPolicy,
@@ -282,10 +326,12 @@ def report_from_ledgers(
     simultaneous: bool = False,
     consistency: Consistency | str | None = None,
     extra_partials: Iterable[Partial] = (),
+    candidates: Sequence[str] | None = None,
 ) -> FrequencyReport | NumericReport | MultiReport:
     """Merge the partial statistics of one or more (source name, ledger) pairs and report.
 
-    `extra_partials` adds statistics loaded from export files (other regions).
+    `extra_partials` adds statistics loaded from export files (other regions);
+    `candidates` are the strings a sketch policy's report estimates.
     """
     partials: list[Partial] = []
     for name, ledger in ledgers:
@@ -301,6 +347,7 @@ def report_from_ledgers(
         confidence=confidence,
         simultaneous=simultaneous,
         consistency=consistency,
+        candidates=candidates,
     )
 
 

@@ -20,6 +20,7 @@ from fedldp.authoring.policies import (
     resolve_auto_mechanism,
     state_numeric_grid,
     state_open_params,
+    state_sketch_params,
 )
 from fedldp.authoring.signing import generate_key, make_root, sign_policy
 from fedldp.client.policy.envelope import domain_digest, key_id_of
@@ -190,10 +191,12 @@ class Authority:
         self, *, max_bytes: int, mechanism: str = "pem", **fields: Unpack[PolicyFields]
     ) -> policy_pb2.Policy:
         """A validated open-domain policy (strings of 1..max_bytes UTF-8 bytes) valid
-        from `now`, its derived mechanism params stated (not signed; see `sign`)."""
+        from `now`, its derived mechanism params stated (not signed; see `sign`): pem's
+        (step_bits, start_bits, groups, g) or a sketch's size (cms, hcms: rows, columns)."""
         policy = self._base_policy(mechanism=mechanism, **fields)
         policy.metric.open.max_bytes = max_bytes
         state_open_params(policy)
+        state_sketch_params(policy)
         require_valid(policy)
         return policy
 

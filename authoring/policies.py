@@ -22,6 +22,7 @@ from fedldp.client.mechanisms.base import MAX_OPEN_DOMAIN_BYTES, AttributeSpec, 
 from fedldp.client.mechanisms.multi import MULTI_IDS, SPLIT_ID, attribute_epsilon, mode_scores
 from fedldp.client.mechanisms.numeric import grid_params
 from fedldp.client.mechanisms.pem import derive_params
+from fedldp.client.mechanisms.sketch import sketch_params
 from fedldp.client.policy.envelope import domain_digest
 from fedldp.client.policy.errors import InvalidPolicyError
 from fedldp.client.policy.validation import EPSILON_PERMANENT, parse_decimal, policy_problems
@@ -337,6 +338,7 @@ def policy_from_dict(data: Mapping[str, Any]) -> policy_pb2.Policy:
     resolve_auto_mechanism(policy)
     state_numeric_grid(policy)
     state_open_params(policy)
+    state_sketch_params(policy)
     content_problems, _ = policy_problems(policy)
     for problem in content_problems:
         if problem not in problems:
@@ -482,6 +484,20 @@ def state_numeric_grid(policy: policy_pb2.Policy) -> None:
         spec.params[key] = value
 
 
+def state_sketch_params(policy: policy_pb2.Policy) -> None:
+    """Write the sketch size a "cms"/"hcms" mechanism uses ("rows", "columns") into its
+    params, in place, so the signed policy states it (`fedldp.client.mechanisms.sketch`).
+
+    Only for open-domain metrics; parameters already given are kept; invalid
+    input is left for validation to report.
+    """
+    if policy.metric.WhichOneof("kind") != "open":
+        return
+    spec = policy.mechanism
+    for key, value in sketch_params(spec.id, dict(spec.params)).items():
+        spec.params[key] = value
+
+
 def _state_attribute_grids(policy: policy_pb2.Policy) -> None:
     """`state_numeric_grid` per numeric attribute, at the ε its mechanism runs at
     (multi-split: ε/d rounded down; multi-sample: ε)."""
@@ -533,5 +549,6 @@ __all__ = [
     "resolve_auto_mechanism",
     "state_numeric_grid",
     "state_open_params",
+    "state_sketch_params",
     "successor_problems",
 ]

@@ -153,18 +153,10 @@ def _table(rows: list[tuple[MechanismSpec, AuditReport]], paths: tuple[str, ...]
 
 
 def _as_json(spec: MechanismSpec, report: AuditReport, settings: AuditSettings) -> dict[str, Any]:
-    from fedldp.client.mechanisms import OpenDomain
-
     best = report.best_event()
     return {
         "mechanism": spec.wire_id,
-        "domain": spec.domain
-        if isinstance(spec.domain, int)
-        else [str(x) for x in spec.domain]
-        if isinstance(spec.domain, tuple)
-        else {"max_bytes": spec.domain.max_bytes}
-        if isinstance(spec.domain, OpenDomain)
-        else _domain(spec),
+        "domain": _json_domain(spec),
         "params": dict(spec.params),
         "epsilon": str(spec.epsilon),
         "reports": report.reports,
@@ -192,6 +184,18 @@ def _as_json(spec: MechanismSpec, report: AuditReport, settings: AuditSettings) 
         "notes": list(report.notes),
         "passed": report.passed,
     }
+
+
+def _json_domain(spec: MechanismSpec) -> Any:
+    from fedldp.client.mechanisms import OpenDomain
+
+    if isinstance(spec.domain, int):
+        return spec.domain
+    if isinstance(spec.domain, tuple):
+        return [str(x) for x in spec.domain]
+    if isinstance(spec.domain, OpenDomain):
+        return {"max_bytes": spec.domain.max_bytes}
+    return _domain(spec)
 
 
 @click.command(name="mechanism", cls=_OneLineErrors)

@@ -233,6 +233,12 @@ def _unverified_id(path: Path) -> str | None:
 @click.option("--source", default=None, help="source name written in an export (e.g. the region)")
 @click.option("--audit", is_flag=True, help="also recompute from raw rows; fail on any difference")
 @click.option(
+    "--candidates",
+    "candidates_path",
+    type=click.Path(exists=True, dir_okay=False),
+    help="sketch policies (cms, hcms): UTF-8 file of the strings to estimate, one per line",
+)
+@click.option(
     "--out",
     "out_path",
     type=click.Path(dir_okay=False),
@@ -257,13 +263,16 @@ def report(
     export_path: str | None,
     source: str | None,
     audit: bool,
+    candidates_path: str | None,
     out_path: str | None,
 ) -> None:
     """Estimate a policy's metric with error bars from the ledger's statistics.
 
-    Frequencies (categorical policies) or the mean (numeric policies), with
-    standard errors from the mechanism's exact variance. Refused below the
-    policy's minimum report count (exit status 1, nothing printed on stdout).
+    Frequencies (categorical policies), the mean (numeric policies), or the
+    frequencies of the strings in --candidates (sketch policies over an open
+    domain), with standard errors from the mechanism's exact variance (for
+    sketches, including the collision term). Refused below the policy's minimum
+    report count (exit status 1, nothing printed on stdout).
     """
     from fedldp.aggregator.reports import (
         ReportError,
@@ -290,6 +299,7 @@ def report(
     policy = load_verified_policy(
         policy_dir, trust_dir, policy_id, version=version, at=at, audience=aud
     )
+    candidates = _candidates(policy, candidates_path, export_path is not None)
     opened = _open_sources(urls, sharded=not ledgers and _lists_shards(config_path))
     try:
         if export_path is not None:
@@ -315,6 +325,7 @@ def report(
                 simultaneous=simultaneous,
                 consistency=consistency,
                 extra_partials=extra,
+                candidates=candidates,
             )
         except (ReportError, ValueError) as exc:
             raise click.ClickException(str(exc)) from None
@@ -358,6 +369,36 @@ def _emit_report(result: Any, fmt: str, out_path: str | None, *, heavy_hitters: 
         click.echo(f"wrote {out_path}")
     else:
         click.echo(text, nl=False)
+
+
+def _candidates(policy: VerifiedPolicy, path: str | None, exporting: bool) -> list[str] | None:
+    """--candidates read for a sketch policy (required there unless exporting), refused
+    (usage error) for any other policy."""
+    from fedldp.aggregator.sketches import CandidateFileError, read_candidates
+    from fedldp.client.mechanisms.sketch import Sketch
+
+    mechanism = policy.mechanism
+    if path is None:
+        if isinstance(mechanism, Sketch) and not exporting:
+            raise click.UsageError(
+                f"policy {policy.policy_id!r} collects strings with the sketch "
+                f"{mechanism.wire_id!r}: pass --candidates FILE (the strings to "
+                "estimate, one per line)"
+            )
+        return None
+    if not isinstance(mechanism, Sketch):
+        raise click.UsageError(
+            f"--candidates applies to sketch policies (cms, hcms); policy {policy.policy_id!r} "
+            f"uses {mechanism.wire_id!r}"
+        )
+    try:
+        candidates = read_candidates(path)
+        mechanism.check_candidates(candidates)
+    except CandidateFileError as exc:
+        raise click.ClickException(f"--candidates {exc}") from None
+    except ValueError as exc:  # positions are 1-based among the file's non-empty lines
+        raise click.ClickException(f"--candidates {path}: {exc}") from None
+    return candidates
 
 
 # --- central releases ---

@@ -4,8 +4,10 @@
 neighbouring inputs and returns an `AuditReport`:
 
 * inputs — categorical: values 0, 1 and k-1, all pairs; open strings of up to
-  L bytes: "a", "b" and "a" followed by L - 1 "z" (differing at the first
-  byte, or only after it), all pairs; numeric [lo, hi]: lo,
+  L bytes (PEM): "a", "b" and "a" followed by L - 1 "z" (differing at the first
+  byte, or only after it), all pairs; a sketch (CMS, HCMS): two fixed strings
+  whose sketch cells differ in as many rows as possible (`open_inputs`);
+  numeric [lo, hi]: lo,
   the middle, hi, the double after the middle and the double after lo, paired
   as (lo, hi), (lo, mid), (mid, hi), (mid, mid+1ulp), (lo, lo+1ulp);
 * for each path (device, batch), input pair and feature (`features.py`): an event
@@ -45,10 +47,17 @@ from fedldp.aggregator.audit_ldp.sampling import (
     sample_batch,
     sample_device,
 )
-from fedldp.client.mechanisms.base import AttributeSpec, Mechanism, MultiMetric, OpenDomain
+from fedldp.client.mechanisms.base import (
+    MAX_OPEN_DOMAIN_BYTES,
+    AttributeSpec,
+    Mechanism,
+    MultiMetric,
+    OpenDomain,
+)
 from fedldp.client.mechanisms.memo import Memoized
 from fedldp.client.mechanisms.multi import MULTI_IDS
 from fedldp.client.mechanisms.registry import UnknownMechanismError, create
+from fedldp.client.mechanisms.sketch import SKETCH_MECHANISMS, Sketch
 
 if TYPE_CHECKING:
     import numpy.typing as npt
@@ -74,6 +83,12 @@ _WRONG_GUESS = (
     "does not take",
     "needs parameter",
 )
+#: The audited strings of an open domain: FIRST, and the first SECOND_STEM + i
+#: (i < OPEN_SEARCH) whose sketch cells differ from FIRST's in every row (else
+#: in the most rows): the rows where they differ are where a leak would show.
+OPEN_FIRST = "fedldp-audit-x"
+OPEN_SECOND_STEM = "fedldp-audit-y"
+OPEN_SEARCH = 1000
 
 
 @dataclass(frozen=True)
@@ -101,8 +116,9 @@ def resolve_spec(
     open_domain: OpenDomain = DEFAULT_OPEN_DOMAIN,
 ) -> MechanismSpec:
     """The spec of `wire_id` at ε: a categorical domain k, the numeric range or the open
-    domain, whichever the mechanism takes, with `epsilon_permanent` added for a
-    memoized mechanism.
+    domain (a sketch, CMS or HCMS: max_bytes = MAX_OPEN_DOMAIN_BYTES, so that its
+    audited strings fit), whichever the mechanism takes, with `epsilon_permanent`
+    added for a memoized mechanism.
 
     Raises ValueError with the mechanism's own message when no candidate builds
     (an unknown id: its registry message). A multi-attribute mechanism is audited
@@ -117,7 +133,12 @@ def resolve_spec(
         MechanismSpec(wire_id, epsilon, k, dict(params)),
         MechanismSpec(wire_id, epsilon, k, with_permanent),
         MechanismSpec(wire_id, epsilon, numeric_range, dict(params)),
-        MechanismSpec(wire_id, epsilon, open_domain, dict(params)),
+        MechanismSpec(
+            wire_id,
+            epsilon,
+            OpenDomain(MAX_OPEN_DOMAIN_BYTES) if wire_id in SKETCH_MECHANISMS else open_domain,
+            dict(params),
+        ),
     ]
     errors: list[str] = []
     for spec in candidates:
@@ -248,13 +269,30 @@ class _Plan:
         return len(self.paths) * (events + sum(len(t) for t in self.law_tests))
 
 
+def open_inputs(mech: Any) -> list[tuple[str, Any]]:
+    """The two audited strings of a sketch (see OPEN_FIRST)."""
+    first = mech.cells(OPEN_FIRST)
+
+    def differing(candidate: str) -> int:
+        return sum(a != b for a, b in zip(first, mech.cells(candidate), strict=True))
+
+    best = max(
+        (f"{OPEN_SECOND_STEM}{i}" for i in range(OPEN_SEARCH)),
+        key=lambda c: (differing(c) == mech.k, differing(c)),
+    )
+    return [(OPEN_FIRST, OPEN_FIRST), (best, best)]
+
+
 def _all_pairs(inputs: list[tuple[str, Any]]) -> list[tuple[int, int]]:
     return [(i, j) for i in range(len(inputs)) for j in range(i + 1, len(inputs))]
 
 
 def _inputs(
     domain: int | tuple[Decimal, Decimal] | MultiMetric | OpenDomain,
+    mech: Any,
 ) -> tuple[list[tuple[str, Any]], list[tuple[int, int]]]:
+    if isinstance(domain, OpenDomain) and isinstance(mech, Sketch):
+        return open_inputs(mech), [(0, 1)]
     if isinstance(domain, MultiMetric):
         # Every attribute at its low end, at its high end, and only the first one high.
         low = tuple(0 if a.labels is not None else float(a.metric[0]) for a in domain.attributes)  # type: ignore[index]
@@ -285,7 +323,7 @@ def _inputs(
 
 
 def _plan(mech: Mechanism, domain: Any, settings: AuditSettings) -> _Plan:  # type: ignore[type-arg]
-    inputs, pairs = _inputs(domain)
+    inputs, pairs = _inputs(domain, mech)
     kind = output_kind(mech, inputs[0][1])
     memoized = isinstance(mech, Memoized)
     reports = settings.reports if memoized else 1

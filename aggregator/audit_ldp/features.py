@@ -12,6 +12,9 @@ key space small enough that a few hundred thousand samples find the worst set:
   the number of set bits;
 * hashed reports (OLH) — whether the report supports x and whether it supports
   x', by the hash family of the wire contract (proto/fedldp/v1/collector.proto);
+* sketch reports (CMS, HCMS) — the report's row J and whether it supports x and
+  whether it supports x' (CMS: the bit at cell h_J(x) is set; HCMS: the bit is
+  the sign of H[h_J(x)][column]), by the sketch hash family of the wire contract;
 * group-hashed reports (PEM) — the group and whether the report supports the
   prefix of x, and of x', at the group's length (`PEM.supports_batch`, the
   hash family of the wire contract);
@@ -111,6 +114,31 @@ def _hashed_support(reports: Reports, x: Any, y: Any, mech: Any) -> IntArray:
     return _as_keys(sx.astype(np.int64) + 2 * sy.astype(np.int64))
 
 
+def sketch_supports(reports: Reports, value: Any, mech: Any) -> npt.NDArray[np.bool_]:
+    """Per report: does it support `value` (CMS: bit h_J(value) set; HCMS: bit equal to
+    the sign of H[h_J(value)][column], True = +1), by the contract's sketch hash."""
+    cells = mech.hash_table([value])[0]
+    if reports.kind == "sketch_row":
+        rows, packed = reports.columns[0]
+        cell = cells[rows]
+        bits = (packed[np.arange(rows.shape[0]), cell >> 3] >> (cell & 7)) & 1
+        return np.asarray(bits == 1, dtype=np.bool_)
+    rows, columns, bits = reports.columns[0]
+    folded = cells[rows] & columns
+    parity = np.zeros(rows.shape[0], dtype=np.int64)
+    while np.any(folded):
+        parity ^= folded & 1
+        folded = folded >> 1
+    return np.asarray((parity == 0) == bits, dtype=np.bool_)
+
+
+def _sketch_support(reports: Reports, x: Any, y: Any, mech: Any) -> IntArray:
+    rows = reports.columns[0][0]
+    sx = sketch_supports(reports, x, mech).astype(np.int64)
+    sy = sketch_supports(reports, y, mech).astype(np.int64)
+    return _as_keys(4 * rows + sx + 2 * sy)
+
+
 def _group_support(reports: Reports, x: Any, y: Any, mech: Any) -> IntArray:
     column = reports.columns[0]
     sx = mech.supports_batch(column, x).astype(np.int64)
@@ -160,6 +188,8 @@ def features_for(kind: str, reports: int) -> tuple[Feature, ...]:
         return (Feature("joint report (all attributes)", _category_index, False),)
     if kind == "hashed":
         return (Feature("supports x, supports x'", _hashed_support, True),)
+    if kind in ("sketch_row", "sketch_bit"):
+        return (Feature("row, supports x, supports x'", _sketch_support, True),)
     if kind == "group_hashed":
         return (Feature("group, supports x, supports x'", _group_support, True),)
     if kind == "bits":

@@ -14,6 +14,10 @@ mechanism's at the per-report ε, memoized or not):
   the groups of p* or 1/g (`PEM.support_rate`; exact two-sided binomial test);
 * category reports with at most `MAX_CHI_SQUARE_CELLS` values — the output
   histogram against `output_probability` (Pearson's chi-square);
+* sketches (CMS, HCMS) — for each audited string v, the rate of reports
+  supporting v (`features.sketch_supports`) against the declared
+  (1/k) Σ_j (p if h_j(v) = h_j(x) else q), q = CMS's flip probability or 1/2
+  for HCMS (exact two-sided binomial test);
 * numeric mechanisms (finite wire table, `numeric.NumericMechanism`) — the
   histogram of the wire values, matched bit for bit to the table, against the
   exact law `level_law` x `index_weights` (chi-square; a value outside the
@@ -29,11 +33,13 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from fedldp.aggregator.audit_ldp import stats
+from fedldp.aggregator.audit_ldp.features import sketch_supports
 from fedldp.aggregator.audit_ldp.sampling import Reports
 from fedldp.client.mechanisms.base import CategoryOutput, Mechanism
 from fedldp.client.mechanisms.numeric import NumericMechanism
 from fedldp.client.mechanisms.oracle import FrequencyOracle
 from fedldp.client.mechanisms.pem import PEM
+from fedldp.client.mechanisms.sketch import CMS, Sketch
 
 if TYPE_CHECKING:
     import numpy.typing as npt
@@ -67,6 +73,19 @@ def _category_p_value(mech: FrequencyOracle, x: int, reports: Reports) -> float:
     observed = np.bincount(np.asarray(reports.columns[0], dtype=np.int64), minlength=size)
     declared = np.array([mech.output_probability(x, CategoryOutput(o)) for o in range(size)])
     return stats.chi_square_p_value(observed, declared)
+
+
+def sketch_support_rate(mech: Sketch, v: str, x: str) -> float:
+    """Declared P[a report of x supports v]: (1/k) Σ_j (p if h_j(v) = h_j(x) else q)."""
+    p = float(mech.keep)
+    q = float(mech.flip) if isinstance(mech, CMS) else 0.5
+    same = sum(a == b for a, b in zip(mech.cells(v), mech.cells(x), strict=True))
+    return (same * p + (mech.k - same) * q) / mech.k
+
+
+def _sketch_p_value(mech: Sketch, v: str, rate: float, reports: Reports) -> float:
+    support = int(sketch_supports(reports, v, mech).sum())
+    return stats.binomial_p_value(support, reports.n, rate)
 
 
 def table_law(
@@ -114,6 +133,13 @@ def law_tests(
         return tests
     if isinstance(mech, NumericMechanism):
         return [LawTest("wire table law (chi-square)", partial(_table_p_value, mech, x))]
+    if isinstance(mech, Sketch):
+        tests = []
+        for label, v in inputs:
+            rate = sketch_support_rate(mech, v, x)
+            test = partial(_sketch_p_value, mech, v, rate)
+            tests.append(LawTest(f"supports {label}: rate = {rate:.6g}", test))
+        return tests
     if isinstance(mech, PEM):
         tests = []
         for label, v in inputs:

@@ -17,7 +17,8 @@ struct.pack('<d')).
 Both paths return `Reports`: per report index t < T, one column in the batch
 layout of the mechanism (int64 indices; uint8 packed rows; (seeds, values);
 uint64 bit patterns for numeric outputs; (groups, keys, values) for PEM's
-group-hashed outputs).
+group-hashed outputs; (rows, packed rows) for CMS and (rows, columns, bits)
+for HCMS sketch reports).
 """
 
 from __future__ import annotations
@@ -36,6 +37,8 @@ from fedldp.client.mechanisms.base import (
     MultiOutput,
     NumericOutput,
     Output,
+    SketchBitOutput,
+    SketchRowOutput,
 )
 from fedldp.client.mechanisms.memo import Memoized
 from fedldp.client.wire import fill_payload
@@ -52,9 +55,11 @@ KINDS: dict[type, str] = {
     NumericOutput: "numeric",
     MultiOutput: "joint",
     GroupHashedOutput: "group_hashed",
+    SketchRowOutput: "sketch_row",
+    SketchBitOutput: "sketch_bit",
 }
 #: Kinds whose batch column is a tuple of arrays over the users.
-_TUPLE_KINDS = ("hashed", "group_hashed")
+_TUPLE_KINDS = ("hashed", "group_hashed", "sketch_row", "sketch_bit")
 #: NumericPayload's only field, `double value = 1`: wire type 1 (64-bit), tag byte 0x09.
 _DOUBLE_TAG = 0x09
 
@@ -136,6 +141,14 @@ def device_column(kind: str, outputs: list[Output]) -> Any:
     if kind == "bits":
         raw = b"".join(o.bits for o in outputs)  # type: ignore[union-attr]
         return np.frombuffer(raw, dtype=np.uint8).reshape(len(outputs), -1)
+    if kind == "sketch_row":
+        rows = np.fromiter((o.row for o in outputs), dtype=np.int64, count=len(outputs))  # type: ignore[union-attr]
+        packed = b"".join(o.bits for o in outputs)  # type: ignore[union-attr]
+        return rows, np.frombuffer(packed, dtype=np.uint8).reshape(len(outputs), -1)
+    if kind == "sketch_bit":
+        triples = [(o.row, o.column, o.bit) for o in outputs]  # type: ignore[union-attr]
+        array = np.array(triples, dtype=np.int64).reshape(len(outputs), 3)
+        return array[:, 0], array[:, 1], array[:, 2].astype(np.bool_)
     if kind == "hashed":
         seeds = np.fromiter((o.seed for o in outputs), dtype=np.int64, count=len(outputs))  # type: ignore[union-attr]
         values = np.fromiter((o.value for o in outputs), dtype=np.int64, count=len(outputs))  # type: ignore[union-attr]

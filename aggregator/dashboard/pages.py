@@ -23,6 +23,7 @@ from fedldp.aggregator.dashboard.model import (
 )
 from fedldp.aggregator.dashboard.svg import Bar, Point, Series, bar_chart, trend_chart
 from fedldp.aggregator.estimation import FrequencyReport, NumericReport, heavy_hitters
+from fedldp.client.mechanisms.sketch import Sketch
 from fedldp.client.policy import VerifiedPolicy
 
 #: The one-line explanation of ε shown on every page.
@@ -108,9 +109,12 @@ def index_page(rows: Sequence[PolicySummary], *, read_at: int) -> str:
 
 
 def policy_kind(policy: VerifiedPolicy) -> str:
-    """categorical, numeric or multi-attribute (the policies page and API)."""
+    """categorical, numeric, multi-attribute or open domain (strings: pem discovers
+    them, a sketch's reports need candidates) (the policies page and API)."""
     if policy.attributes is not None:
         return "multi-attribute"
+    if policy.open_domain is not None:
+        return "open domain"
     return "categorical" if policy.labels is not None else "numeric"
 
 
@@ -146,6 +150,13 @@ def policy_page(
         f"{policy.min_reports_for_release} reports per window</p>",
         _options_form(policy, options),
     ]
+    if isinstance(policy.mechanism, Sketch):
+        body.append(
+            '<p id="latest" class="note">A sketch over an open domain of strings: there is no '
+            "list of values to show; estimate the strings you ask about with "
+            "<code>fedldp report --candidates FILE</code>.</p>"
+        )
+        return page(f"Policy {policy.policy_id}", "".join(body), read_at=read_at)
     shown = [w for w in windows if w.report is not None]
     latest = windows[-1] if windows else None
     if latest is None:

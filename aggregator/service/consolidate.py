@@ -11,9 +11,12 @@ table::
 one row per label of a categorical policy (the unbiased frequency estimate,
 before any consistency post-processing, with its exact variance: see
 docs/aggregator.md "How the error bars are computed"), one row with label
-"mean" for a numeric policy. `write_table` stores them in an SQL table of the
-deployment's SQLite or PostgreSQL (replacing the rows of the same policy
-version and window, so reruns are idempotent).
+"mean" for a numeric policy. Sketch policies (open domains: cms, hcms) have
+no list of values to consolidate and give no rows (their reports need the
+analyst's candidate strings: `fedldp report --candidates`). `write_table`
+stores them in an SQL table of the deployment's SQLite or PostgreSQL
+(replacing the rows of the same policy version and window, so reruns are
+idempotent).
 
 Privacy: every value in the table is a function of the reports only, which
 are already ε-LDP outputs charged at the device: this is post-processing
@@ -37,7 +40,11 @@ from typing import Any
 
 from fedldp.aggregator.estimation import FrequencyReport, NumericReport
 from fedldp.aggregator.multi_report import MultiReport
-from fedldp.aggregator.reports import InsufficientReportsError, report_from_ledgers
+from fedldp.aggregator.reports import (
+    CandidatesRequiredError,
+    InsufficientReportsError,
+    report_from_ledgers,
+)
 from fedldp.client.policy import VerifiedPolicy
 
 
@@ -62,7 +69,8 @@ class EstimateRow:
 def estimate_rows(
     ledger: Any, policy: VerifiedPolicy, *, confidence: float = 0.95
 ) -> list[EstimateRow]:
-    """Rows for every window of `policy` with stored reports that passes the release gate."""
+    """Rows for every window of `policy` with stored reports that passes the release gate
+    (none for a sketch policy, module docstring)."""
     stats = ledger.statistics(policy.policy_id, policy.version)
     rows: list[EstimateRow] = []
     for window in sorted({int(s.window_start) for s in stats}):
@@ -72,6 +80,8 @@ def estimate_rows(
             )
         except InsufficientReportsError:
             continue  # below the policy's minimum for release: not consolidated
+        except CandidatesRequiredError:
+            return []  # a sketch: no list of values to consolidate
         if isinstance(report, MultiReport):  # one metric per attribute: metric.attribute
             for a in report.attributes:
                 metric = f"{policy.metric_name}.{a.name}"

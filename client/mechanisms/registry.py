@@ -21,6 +21,8 @@ Registered ids and their policy params (strings, plain notation):
     pem                             open domain (max_bytes), optional "step_bits",
                                     "start_bits", "groups", "g" (stated at authoring;
                                     see pem.py)
+    cms, hcms                       open domain (strings), optional "rows" and
+                                    "columns" (sketch size; see sketch.py)
 
 Retired ids (`RETIRED_IDS`) stay reserved: they are never registered again,
 and building one raises `RetiredMechanismError` naming the replacement.
@@ -165,6 +167,15 @@ def _numeric_factory(wire_id: str) -> Factory:
     return factory
 
 
+def _sketch_factory(wire_id: str) -> Factory:
+    def factory(epsilon: Decimal, metric: MetricArg, params: Mapping[str, str]) -> Mechanism:  # type: ignore[type-arg]
+        from fedldp.client.mechanisms.sketch import build_sketch
+
+        return build_sketch(wire_id, epsilon, metric, params)
+
+    return factory
+
+
 def _pem_factory(epsilon: Decimal, metric: MetricArg, params: Mapping[str, str]) -> Mechanism:  # type: ignore[type-arg]
     from fedldp.client.mechanisms.base import OpenDomain
     from fedldp.client.mechanisms.pem import PEM
@@ -209,3 +220,5 @@ def _multi_factory(wire_id: str) -> Factory:
 for _multi_id in ("multi-split", "multi-sample"):
     register(_multi_id, _multi_factory(_multi_id))
 register("pem", _pem_factory)
+for _sketch_id in ("cms", "hcms"):
+    register(_sketch_id, _sketch_factory(_sketch_id))

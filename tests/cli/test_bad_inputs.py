@@ -48,6 +48,14 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
     base = tmp_path_factory.mktemp("bad-inputs")
     deployment = Deployment.create(now=int(time.time()))
     deployment.add_categorical("demo.color")
+    deployment.add_open(
+        "demo.word",
+        mechanism="cms",
+        max_bytes=32,
+        epsilon="2",
+        epsilon_cap="8",
+        params={"rows": "4", "columns": "16"},
+    )
     url = f"sqlite:///{base / 'ledger.db'}"
     open_ledger(url).close()
     config = write_config(deployment, base, url, "good")
@@ -55,6 +63,9 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
     (base / "bad.toml").write_text("[collector\nlisten = \n", encoding="utf-8")
     (base / "empty.policy").write_bytes(b"")
     (base / "data.txt").write_text("1\n2\n3\n", encoding="utf-8")
+    (base / "long-candidate.txt").write_text("ok\n" + "x" * 40 + "\n", encoding="utf-8")
+    (base / "latin1-candidates.txt").write_bytes("caf\u00e9\n".encode("latin-1"))
+    (base / "no-candidates.txt").write_text("\n\n", encoding="utf-8")
     (base / "receipt.json").write_text("{not json", encoding="utf-8")
     (base / "nonhex.secret").write_text("zz-not-hex\n", encoding="ascii")
     (base / "catalog.toml").write_text("[groups]\n", encoding="utf-8")
@@ -177,6 +188,50 @@ def ledger_commands(env: Env) -> dict[str, list[str]]:
             "127.0.0.1:0",
         ],
     }
+
+
+def _candidate_cases(env: Env) -> list[tuple[str, list[str]]]:
+    """`fedldp report` on a sketch policy (demo.word, cms) and --candidates misused."""
+
+    def report(policy: str, *extra: str) -> list[str]:
+        return [
+            "report",
+            "--policy",
+            policy,
+            "--ledger",
+            env.ledger,
+            "--policies",
+            str(env.policies),
+            "--trust",
+            str(env.trust),
+            *extra,
+        ]
+
+    b = env.base
+    return [
+        ("report sketch without --candidates", report("demo.word")),
+        (
+            "report --candidates categorical",
+            report("demo.color", "--candidates", str(b / "data.txt")),
+        ),
+        ("report --candidates missing", report("demo.word", "--candidates", str(b / "nope.txt"))),
+        (
+            "report --candidates too long",
+            report("demo.word", "--candidates", str(b / "long-candidate.txt")),
+        ),
+        (
+            "report --candidates not utf-8",
+            report("demo.word", "--candidates", str(b / "latin1-candidates.txt")),
+        ),
+        (
+            "report --candidates empty",
+            report("demo.word", "--candidates", str(b / "no-candidates.txt")),
+        ),
+        (
+            "report sketch with consistency",
+            report("demo.word", "--candidates", str(b / "data.txt"), "--consistency", "norm-sub"),
+        ),
+    ]
 
 
 def _consolidate(env: Env) -> list[str]:
@@ -421,6 +476,7 @@ def cases(env: Env) -> list[tuple[str, list[str]]]:
                 str(b / "no-trust"),
             ],
         ),
+        *_candidate_cases(env),
         ("policy show empty file", ["policy", "show", str(b / "empty.policy")]),
         ("policy show missing", ["policy", "show", str(b / "nope.policy")]),
         (
@@ -669,6 +725,13 @@ EXPECTED: dict[str, tuple[int, str]] = {
     "collector serve --config malformed-toml": (1, "bad.toml"),
     "collector serve --config badlisten": (1, "listen"),
     "report unknown policy": (1, "no signed policy 'no.such'"),
+    "report sketch without --candidates": (2, "pass --candidates FILE"),
+    "report --candidates categorical": (2, "applies to sketch policies"),
+    "report --candidates missing": (2, "nope.txt"),
+    "report --candidates too long": (1, "candidate 2: an open-domain value must be 1..32 UTF-8"),
+    "report --candidates not utf-8": (1, "not UTF-8 text"),
+    "report --candidates empty": (1, "no candidate strings"),
+    "report sketch with consistency": (1, "needs a complete domain"),
     "report wrong audience": (1, "audience"),
     "ledger show --ledger missing-file": (1, "does not exist"),
     "ledger show --ledger unreachable-postgres": (1, "ledger"),

@@ -81,6 +81,10 @@ NOT_FROM_THE_CLI = {
     "fedldp.collector.ledger.engine._ConcurrentUpdateError": "ledger retry loop",
     # A program that uses a closed SDK Client has a bug: exit 70 is right.
     "fedldp.client.results.ClientClosedError": "SDK misuse (a bug)",
+    # `fedldp report` turns a bad --candidates file into its own one-line error.
+    "fedldp.aggregator.sketches.CandidateFileError": "caught by fedldp report (_candidates)",
+    # Reports estimate sketches with estimate_candidates; estimate() is API misuse.
+    "fedldp.client.mechanisms.sketch.CandidatesRequiredError": "API misuse (a bug)",
 }
 
 

@@ -22,6 +22,7 @@ DEVICE_MODULES = [
     "fedldp",
     "fedldp.client",
     "fedldp.client.mechanisms",
+    "fedldp.client.mechanisms.sketch",
     "fedldp.client.wire",
     "fedldp.client.policy",
     "fedldp.client.sdk",

@@ -14,13 +14,22 @@ from typing import Any
 import grpc
 import pytest
 from collector_testkit import Deployment, coarse, make_report
-from fedldp.client.mechanisms import BitVectorOutput, MultiOutput, NumericOutput, registered_ids
+from fedldp.client.mechanisms import (
+    BitVectorOutput,
+    MultiOutput,
+    NumericOutput,
+    SketchBitOutput,
+    SketchRowOutput,
+    registered_ids,
+)
 from fedldp.collector.auth import bearer_metadata
 from fedldp.collector.server import RunningCollector, start_collector
 from fedldp.v1 import collector_pb2 as pb
 from fedldp.v1 import collector_pb2_grpc, policy_pb2
 
 NUMERIC = {"duchi", "hybrid", "piecewise", "sw"}
+SKETCHES = {"cms", "hcms"}
+OPEN = {"pem", *SKETCHES}
 LABELS = [f"v{i}" for i in range(8)]
 MULTI = {"multi-split", "multi-sample"}
 ATTRIBUTES: list[dict[str, Any]] = [
@@ -32,6 +41,8 @@ ATTRIBUTES: list[dict[str, Any]] = [
 def _value(mechanism: str, rng: random.Random) -> Any:
     if mechanism in MULTI:
         return (rng.randrange(len(LABELS)), rng.uniform(-1, 1))
+    if mechanism in OPEN:
+        return rng.choice(["new", "words", "😀"])
     return rng.uniform(-1, 1) if mechanism in NUMERIC else rng.randrange(len(LABELS))
 
 
@@ -41,6 +52,15 @@ def every_mechanism(now: int) -> Deployment:
     for m in registered_ids():
         if m in NUMERIC:
             d.add_numeric(f"p-{m}", mechanism=m, lo="-1", hi="1")
+        elif m in OPEN:
+            d.add_open(
+                f"p-{m}",
+                mechanism=m,
+                max_bytes=32,
+                epsilon="2",
+                epsilon_cap="8",
+                params={"rows": "8", "columns": "64"} if m in SKETCHES else None,
+            )
         elif m in MULTI:
             d.add_multi(f"p-{m}", mechanism=m, attributes=ATTRIBUTES)
         elif m.startswith("rappor-"):
@@ -116,6 +136,10 @@ def _bad_output(mechanism: str, output: object) -> tuple[object, int]:
         return dataclasses.replace(output, length=output.length + 1), pb.REJECT_REASON_WRONG_LENGTH
     if isinstance(output, NumericOutput):
         return NumericOutput(1e9), pb.REJECT_REASON_OUT_OF_DOMAIN
+    if isinstance(output, SketchRowOutput):
+        return dataclasses.replace(output, length=output.length * 2), pb.REJECT_REASON_WRONG_LENGTH
+    if isinstance(output, SketchBitOutput):
+        return dataclasses.replace(output, column=64), pb.REJECT_REASON_OUT_OF_DOMAIN
     field = "index" if hasattr(output, "index") else "value"
     return dataclasses.replace(output, **{field: 10**6}), pb.REJECT_REASON_OUT_OF_DOMAIN  # type: ignore[type-var]
 

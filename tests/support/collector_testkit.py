@@ -171,11 +171,13 @@ class Deployment:
         mechanism: str = "pem",
         window_seconds: int = 86400,
         params: dict[str, str] | None = None,
+        metric: str | None = None,
     ) -> policy_pb2.SignedEnvelope:
-        """Sign and keep an open-domain (string) policy; returns its envelope."""
+        """Sign and keep an open-domain (string) policy of `mechanism` (pem, cms or
+        hcms; `params` as the policy states them); returns its envelope."""
         policy = self.authority.open_policy(
             policy_id=policy_id,
-            metric=_metric_name(policy_id),
+            metric=_metric_name(policy_id) if metric is None else metric,
             max_bytes=max_bytes,
             epsilon=epsilon,
             epsilon_cap=epsilon_cap,

@@ -290,10 +290,19 @@ Global___IndexBitPayload: _TypeAlias = IndexBitPayload  # noqa: Y015
 @_typing.final
 class SketchRowPayload(_message.Message):
     """Count Mean Sketch (mechanism "cms"; Apple Differential Privacy Team,
-    "Learning with Privacy at Scale", 2017): the sketch row the device drew and
-    the perturbed one-hot encoding of that row's hash of the value over the
-    row's `length` columns, packed like BitVectorPayload. The hash family is
-    specified in fedldp.client.mechanisms.sketch.
+    "Learning with Privacy at Scale", 2017, Algorithm 1): the sketch row the
+    device drew and the perturbed one-hot encoding of that row's hash of the
+    value over the row's `length` columns, packed like BitVectorPayload.
+
+    Sketch hash family (cms and hcms; policy params "rows" k and "columns" m,
+    m a power of two). For row j in [0, k) and the UTF-8 bytes u of the value:
+      h_j(u) = BE64(SHA-256("fedldp/v1/sketch" || 0x00 || BE32(j) || u)[0:8]) mod m
+    where BE32(j) is j as 4 bytes big-endian and BE64 reads 8 bytes as a
+    big-endian unsigned integer (mod m keeps its low log2(m) bits). Test vectors:
+    tests/client/mechanisms/test_sketch.py; details: fedldp.client.mechanisms.sketch.
+
+    The collector accepts row < k, length == m, exactly ceil(m/8) bytes and
+    zero padding bits (OUT_OF_DOMAIN, WRONG_LENGTH otherwise).
     """
 
     DESCRIPTOR: _descriptor.Descriptor
@@ -321,8 +330,11 @@ Global___SketchRowPayload: _TypeAlias = SketchRowPayload  # noqa: Y015
 
 @_typing.final
 class SketchBitPayload(_message.Message):
-    """Hadamard Count Mean Sketch (mechanism "hcms"): the sketch row, the Hadamard
-    coefficient the device sampled, and the perturbed sign as a bit.
+    """Hadamard Count Mean Sketch (mechanism "hcms"; Apple 2017, Algorithm 3): the
+    sketch row j, the Hadamard column l the device sampled, and the perturbed sign
+    of H[h_j(u)][l] = (-1)^popcount(h_j(u) & l) as a bit (true = +1), h_j the
+    sketch hash family above. The collector accepts row < k and column < m
+    (OUT_OF_DOMAIN otherwise).
     """
 
     DESCRIPTOR: _descriptor.Descriptor

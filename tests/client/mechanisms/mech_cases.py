@@ -73,6 +73,14 @@ NUMERIC_CASES = [
     Case("sw", Decimal("4"), (LO, HI), (("levels", "8"), ("cells", "11"))),
 ]
 ALL_CASES = CATEGORICAL_CASES + NUMERIC_CASES
+#: Sketches over open string domains: their own contract suite is test_sketch.py
+#: (string inputs, candidate estimates), run over these cases.
+SKETCH_CASES = [
+    Case("cms", Decimal("1"), OpenDomain(16), (("rows", "4"), ("columns", "16"))),
+    Case("cms", Decimal("4"), OpenDomain(64)),
+    Case("hcms", Decimal("2"), OpenDomain(16), (("rows", "8"), ("columns", "8"))),
+    Case("hcms", Decimal("0.5"), OpenDomain(64)),
+]
 #: Multi-attribute mechanisms: their own contract suite (test_multi_attribute.py), which
 #: checks the joint law, the part checks and the per-attribute estimates.
 MULTI_METRIC = MultiMetric(
@@ -87,9 +95,11 @@ MULTI_CASES = [
 ]
 
 #: Open-domain (string) mechanisms: their contract suites are their own files
-#: (pem: test_pem.py), since their outputs cannot be enumerated.
+#: (pem: test_pem.py; cms, hcms: test_sketch.py over SKETCH_CASES), since their outputs
+#: cannot be enumerated.
 OPEN_CASES = [
     Case("pem", Decimal("2"), OpenDomain(2), (("g", "8"),)),
+    *SKETCH_CASES,
 ]
 
 #: The frequency oracles whose samplers state their exact law (`exact_probability`).

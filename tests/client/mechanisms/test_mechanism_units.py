@@ -50,7 +50,7 @@ from mech_cases import ALL_CASES, HI, LO, MULTI_CASES, OPEN_CASES  # type: ignor
 
 
 def test_unknown_id_raises_with_the_known_ids() -> None:
-    with pytest.raises(UnknownMechanismError, match="known: duchi, grr"):
+    with pytest.raises(UnknownMechanismError, match="known: cms, duchi, grr"):
         create("nope", Decimal(1), 4)
     with pytest.raises(UnknownMechanismError, match="resolve"):
         create("auto", Decimal(1), 4)
