@@ -29,7 +29,7 @@ FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
 def report_csv() -> str:
     mech = PEM(Decimal(8), OpenDomain(4))
     rng = np.random.default_rng(11)
-    words = FORMULAS + ["okay"]
+    words = [*FORMULAS, "okay"]
     values = [words[i % len(words)] for i in range(6_000)]
     stat = mech.new_statistic()
     mech.accumulate_batch(stat, mech.perturb_batch(values, rng))

@@ -30,7 +30,7 @@ def mech() -> PEM:
 def statistic(value: int, n: object = 1) -> str:
     m = mech()
     record = bytes(m.key_bytes) + struct.pack("<I", value)
-    groups = [base64.b64encode(record).decode("ascii")] + [""] * (m.groups - 1)
+    groups = [base64.b64encode(record).decode("ascii"), *[""] * (m.groups - 1)]
     return json.dumps({"n": n, "groups": groups})
 
 
