@@ -16,17 +16,19 @@ import random
 
 import pytest
 from collector_testkit import Deployment
+from fedldp.aggregator.estimation import FrequencyReport
 from fedldp.aggregator.reports import (
     InsufficientReportsError,
     MergedStatistic,
     report_for_policy,
 )
 from fedldp.client.mechanisms.pem import PEM
+from fedldp.client.policy import VerifiedPolicy
 
 MINIMUM = 60
 
 
-def released_inputs(now: int) -> tuple[object, MergedStatistic, PEM]:
+def released_inputs(now: int) -> tuple[VerifiedPolicy, MergedStatistic, PEM]:
     d = Deployment.create(now=now)
     policy = d.authority.open_policy(
         policy_id="gate-words",
@@ -55,7 +57,8 @@ def test_the_gate_is_passed_while_every_group_is_below_it(now: int) -> None:
     verified, merged, mech = released_inputs(now)
     assert merged.n == MINIMUM
     assert max(merged.statistic.group_size(j) for j in range(mech.groups)) < MINIMUM
-    report = report_for_policy(verified, merged)  # type: ignore[arg-type]
+    report = report_for_policy(verified, merged)
+    assert isinstance(report, FrequencyReport)
     assert "ok" in report.labels  # released from the last group's ~20 reports
 
 
@@ -67,4 +70,4 @@ def test_the_gate_is_passed_while_every_group_is_below_it(now: int) -> None:
 def test_no_string_is_released_from_fewer_reports_than_the_minimum(now: int) -> None:
     verified, merged, _ = released_inputs(now)
     with pytest.raises(InsufficientReportsError):
-        report_for_policy(verified, merged)  # type: ignore[arg-type]
+        report_for_policy(verified, merged)
