@@ -15,7 +15,6 @@ from __future__ import annotations
 import struct
 from decimal import Decimal
 
-import pytest
 from fedldp.aggregator.discovery import discover
 from fedldp.client.mechanisms import GroupHashedOutput, OpenDomain
 from fedldp.client.mechanisms.pem import PEM, GroupReports
@@ -54,22 +53,12 @@ def test_crafted_counts_are_what_the_test_assumes() -> None:
     assert by_string["b"] == by_string["Q"] < by_string["a"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="ATTACK: discovery breaks a tie at the top-T cut by the previous level's rank, "
-    "not by the smaller prefix as aggregator/discovery.py states ('b' kept over 'Q')",
-)
 def test_a_tie_at_the_top_cut_keeps_the_smaller_prefix() -> None:
     mech, stat = crafted()
     found = discover(mech, stat, top=2)
     assert found.strings == ("a", "Q")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="ATTACK: equal estimates are listed in the previous level's rank order, "
-    "not smaller prefix first as stated",
-)
 def test_equal_estimates_are_listed_smaller_prefix_first() -> None:
     mech, stat = crafted()
     found = discover(mech, stat)
