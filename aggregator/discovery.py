@@ -8,7 +8,8 @@ mechanism, its groups, hash family and per-group estimator are
 * level 0: the candidates are every prefix of ℓ_0 = start_bits + step_bits
   bits (2^ℓ_0 of them);
 * level j > 0: the candidates are the survivors of level j - 1, each extended
-  by every one of the 2^step_bits possible next bits;
+  by every one of the 2^step_bits possible next bits, in increasing prefix
+  value (so the previous level's rank never breaks a tie);
 * each candidate x is estimated from group j's reports alone (f̂_x, unbiased,
   `PEM.estimate_prefixes`).
 
@@ -21,9 +22,11 @@ smallest c with P[C > c] <= α / C_j), a candidate survives when
 
     C(x) > c_j,  i.e.  f̂_x > (c_j / n_j - q) / (p - q)     (Bonferroni over C_j)
 
-and, of those, at most `top` T with the largest estimates survive (ties: the
-smaller prefix). α = `DEFAULT_ALPHA` = 0.05 and T = `DEFAULT_TOP` = 32 unless
-the analyst states others. So at each level the chance that any candidate
+and, of those, at most `top` T with the largest estimates survive (sort key
+(-f̂_x, x): ties at the cut go to the smaller prefix, and the survivors are
+listed largest estimate first, equal estimates smaller prefix first).
+α = `DEFAULT_ALPHA` = 0.05 and T = `DEFAULT_TOP` = 32 unless the analyst states
+others. So at each level the chance that any candidate
 nobody holds survives is at most α, exactly (no normal approximation: with
 few reports per group and a large g, one chance collision would pass a z
 test); T bounds the analysis cost (C_j <= T · 2^step_bits) and the report
@@ -100,7 +103,8 @@ def threshold(mech: PEM, n_j: int, candidates: int, alpha: float) -> float:
 
 
 def _select(values: npt.NDArray[np.float64], cut: float, top: int) -> npt.NDArray[np.intp]:
-    """Indices of the estimates above `cut`, the `top` largest (ties: smaller index)."""
+    """Indices of the estimates above `cut`, the `top` largest, by (-value, index): with the
+    candidates in increasing prefix value, ties go to the smaller prefix."""
     above = np.flatnonzero(values > cut)
     order = np.lexsort((above, -values[above]))
     return np.asarray(above[order][:top], dtype=np.intp)
@@ -132,9 +136,9 @@ def discover(
     for j in range(mech.groups):
         n_j = statistic.group_size(j)
         if j:
-            prefixes = [
+            prefixes = sorted(
                 (x << mech.step_bits) | e for x in prefixes for e in range(1 << mech.step_bits)
-            ]
+            )
         if n_j == 0 or not prefixes:
             levels.append(Level(j, mech.prefix_bits(j), n_j, len(prefixes), float("inf"), 0))
             prefixes = []

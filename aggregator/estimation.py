@@ -208,7 +208,7 @@ class FrequencyReport:
         writer.writerow(columns)
         for e in self.estimates:
             writer.writerow(
-                [repr_float(getattr(e, c)) if c != "label" else e.label for c in columns]
+                [repr_float(getattr(e, c)) if c != "label" else csv_text(e.label) for c in columns]
             )
         return buf.getvalue()
 
@@ -280,6 +280,17 @@ class NumericReport:
         skip = ("context", "range", "histogram")
         row = {k: v for k, v in self.to_dict().items() if k not in skip}
         return pandas.DataFrame([row])
+
+
+#: First characters a spreadsheet reads as the start of a formula (OWASP, "CSV Injection").
+FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
+
+
+def csv_text(text: str) -> str:
+    """A text cell safe to open in a spreadsheet: a cell starting a formula gets a leading
+    single quote (OWASP "CSV Injection"; CWE-1236). Labels may be strings users recorded
+    (`pem` discovery), so every CSV writer of labels passes them through here."""
+    return "'" + text if text.startswith(FORMULA_START) else text
 
 
 def repr_float(value: float) -> str:

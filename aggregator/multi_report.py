@@ -24,6 +24,7 @@ from fedldp.aggregator.estimation import (
     FrequencyReport,
     NumericReport,
     ReportContext,
+    csv_text,
     frequency_report_from_estimate,
     numeric_report_from_estimate,
     repr_float,
@@ -101,7 +102,9 @@ class MultiReport:
                     (e.label, e.estimate, e.std_error, e.ci_low, e.ci_high) for e in r.estimates
                 ]
             for label, *values in rows:
-                writer.writerow([a.name, a.reports, label, *map(repr_float, values)])
+                writer.writerow(
+                    [csv_text(a.name), a.reports, csv_text(label), *map(repr_float, values)]
+                )
         return buf.getvalue()
 
 

@@ -272,7 +272,13 @@ def report_for_policy(
         from fedldp.client.mechanisms.pem import PEM
 
         assert isinstance(mechanism, PEM)
-
+        # Each level's candidates are chosen from one group's reports and every string's
+        # estimate is the last group's f̂ (about n / G reports): the gate applies to the
+        # smallest group, as it applies to min_j n_j under multi-sample.
+        stat = merged.statistic
+        check_release_gate(
+            policy, window_start, min(stat.group_size(j) for j in range(mechanism.groups))
+        )
         if Consistency.parse(consistency) is not Consistency.NONE:
             raise ValueError("consistency applies to categorical metrics only")
         return discovery_report(mechanism, merged.statistic, confidence=confidence, context=context)

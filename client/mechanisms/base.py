@@ -160,9 +160,11 @@ class OpenDomain:
             raise ValueError(
                 "an open-domain value must be valid Unicode (no lone surrogates)"
             ) from None
-        if not 1 <= len(data) <= self.max_bytes:
+        if not data:
+            raise ValueError("an open-domain value must not be empty")
+        if len(data) > self.max_bytes:  # the message says nothing about the value
             raise ValueError(
-                f"an open-domain value must be 1..{self.max_bytes} UTF-8 bytes, got {len(data)}"
+                f"an open-domain value is longer than max_bytes ({self.max_bytes} UTF-8 bytes)"
             )
         if b"\x00" in data:
             raise ValueError("an open-domain value must not contain a NUL character")

@@ -335,24 +335,45 @@ class PEM(Mechanism[str, GroupReports]):
         return json.dumps({"n": statistic.n, "groups": groups}, separators=(",", ":"))
 
     def statistic_from_json(self, text: str) -> GroupReports:
-        """Inverse of `statistic_to_json`; ValueError on a malformed or foreign statistic."""
+        """Inverse of `statistic_to_json`; ValueError on a malformed or foreign statistic.
+
+        Refused (no value from the text is echoed): not exactly `groups` groups (so
+        every record's group is in range), a group that is not base64 or holds a
+        partial record (so every hash key is exactly `key_bytes` long), a record whose
+        hash value is outside [0, g) (no report produces one, `check_output`), and an
+        `n` that is not an integer (a JSON bool is not a count) or differs from the
+        record count."""
         data = json.loads(text)
         groups = data.get("groups") if isinstance(data, dict) else None
         if not isinstance(groups, list) or len(groups) != self.groups:
             raise ValueError(f"a pem statistic has exactly {self.groups} groups")
         statistic = self.new_statistic()
         for j, encoded in enumerate(groups):
-            try:
-                raw = base64.b64decode(encoded, validate=True)
-            except (binascii.Error, TypeError):
-                raise ValueError(f"pem statistic group {j} is not base64") from None
-            if len(raw) % self.record_size:
-                raise ValueError(f"pem statistic group {j} has a partial record")
-            statistic.records[j] += raw
+            statistic.records[j] += self._group_records(j, encoded)
         statistic.n = sum(statistic.group_size(j) for j in range(self.groups))
-        if data.get("n") != statistic.n:
+        n = data.get("n")
+        if not isinstance(n, int) or isinstance(n, bool):
+            raise ValueError("pem statistic n is not an integer")
+        if n != statistic.n:
             raise ValueError("pem statistic n differs from its record count")
         return statistic
+
+    def _group_records(self, group: int, encoded: object) -> bytes:
+        """One group's records decoded and checked (`statistic_from_json`)."""
+        if not isinstance(encoded, str):
+            raise ValueError(f"pem statistic group {group} is not base64 text")
+        try:
+            raw = base64.b64decode(encoded, validate=True)
+        except (binascii.Error, ValueError):
+            raise ValueError(f"pem statistic group {group} is not base64") from None
+        if len(raw) % self.record_size:
+            raise ValueError(f"pem statistic group {group} has a partial record")
+        for offset in range(self.key_bytes, len(raw), self.record_size):
+            if struct.unpack_from("<I", raw, offset)[0] >= self.g:
+                raise ValueError(
+                    f"pem statistic group {group} holds a hash value outside [0, {self.g})"
+                )
+        return raw
 
     # --- estimation ---
 

@@ -417,3 +417,15 @@ def test_defaults_are_the_documented_ones() -> None:
     assert isinstance(mech, PEM)
     assert (mech.step_bits, mech.start_bits, mech.groups, mech.g) == (4, 4, 15, 64)
     assert mech.key_bytes == 24 and mech.prefix_bits(mech.groups - 1) == 64
+
+
+@pytest.mark.parametrize("value", ["abc", "ab€", "x" * 40])
+def test_a_too_long_value_is_refused_without_its_length(value: str) -> None:
+    with pytest.raises(ValueError, match="longer than max_bytes") as info:
+        OpenDomain(2).encode(value)
+    assert str(len(value.encode())) not in str(info.value)
+
+
+def test_an_empty_value_is_refused() -> None:
+    with pytest.raises(ValueError, match="must not be empty"):
+        OpenDomain(2).encode("")
