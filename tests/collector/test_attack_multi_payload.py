@@ -210,3 +210,29 @@ def test_a_well_formed_report_is_charged_epsilon_once(
     assert outcome.outcome == pb.OUTCOME_ACCEPTED
     spent = running.ledger.spent(subject, policy.policy_id, policy.window_start(now))
     assert spent == policy.charge == Decimal(1)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason=(
+        "ATTACK: the collector decodes every part of an unbounded MultiPayload before it "
+        "checks the part count (wire._read_multi walks all parts; the count check is in "
+        "check_output): one 1 MB report of ~250k parts costs ~1.6 s of collector CPU, "
+        "~100x the checks of the largest legitimate request (1000 reports). Shown here "
+        "deterministically: a huge list whose last part is empty is refused as "
+        "MISSING_PAYLOAD (every part was read) instead of WRONG_LENGTH"
+    ),
+)
+@pytest.mark.parametrize("mode", MODES)
+def test_a_huge_part_list_is_refused_by_its_count_before_its_parts_are_read(
+    multi: Deployment, running: RunningCollector, now: int, mode: str
+) -> None:
+    policy = _policy(multi, mode)
+    report = make_report(policy, _good(policy), coarse_time=coarse(now))
+    parts = _split_parts(report)
+    _set_parts(report, parts * 30000)
+    report.multi.parts.add().attribute = 0  # the very last part carries no payload
+    subject = f"atk-count-first-{mode}"
+    outcome = _submit(multi, running, subject, report)
+    assert (outcome.outcome, outcome.reason) == (pb.OUTCOME_INVALID, pb.REJECT_REASON_WRONG_LENGTH)
+    assert running.ledger.spent(subject, policy.policy_id, policy.window_start(now)) == Decimal(0)
