@@ -236,3 +236,30 @@ def test_a_huge_part_list_is_refused_by_its_count_before_its_parts_are_read(
     outcome = _submit(multi, running, subject, report)
     assert (outcome.outcome, outcome.reason) == (pb.OUTCOME_INVALID, pb.REJECT_REASON_WRONG_LENGTH)
     assert running.ledger.spent(subject, policy.policy_id, policy.window_start(now)) == Decimal(0)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_resent_multi_report_is_a_duplicate_and_an_altered_one_is_refused(
+    multi: Deployment, running: RunningCollector, now: int, mode: str
+) -> None:
+    """The content digest covers every part: the same id and content is a duplicate
+    (charged once); the same id with one part changed is refused, charging nothing."""
+    policy = _policy(multi, mode)
+    subject = f"atk-resend-{mode}"
+    report = make_report(policy, _good(policy, 9), coarse_time=coarse(now))
+    assert _submit(multi, running, subject, report).outcome == pb.OUTCOME_ACCEPTED
+    assert _submit(multi, running, subject, report).outcome == pb.OUTCOME_DUPLICATE
+    altered = pb.Report()
+    altered.CopyFrom(report)
+    last = altered.multi.parts[-1]
+    if last.WhichOneof("payload") == "numeric":
+        table = sorted(set(policy.mechanism.mechanisms[last.attribute].table))
+        last.numeric.value = next(y for y in table if y != last.numeric.value)
+    elif last.WhichOneof("payload") == "category":
+        last.category.index = (last.category.index + 1) % len(LABELS)
+    else:
+        last.bits.bits = bytes([last.bits.bits[0] ^ 1])
+    outcome = _submit(multi, running, subject, altered)
+    assert outcome.outcome not in (pb.OUTCOME_ACCEPTED, pb.OUTCOME_DUPLICATE), outcome
+    window = policy.window_start(now)
+    assert running.ledger.spent(subject, policy.policy_id, window) == policy.charge

@@ -1,0 +1,58 @@
+"""Attack on training's side of the shared reservation lifecycle (engine.py
+`_reserved_run`): after the data-opened mark, *any* failure must settle the
+reservation in full as spent (reservations.py, docs/training.md). A failure while
+removing the run's temporary files must not skip that."""
+
+from __future__ import annotations
+
+from decimal import Decimal
+
+import pytest
+
+pytest.importorskip("torch", reason="needs the train extra: pip install 'fedldp[train]'")
+pytest.importorskip("opacus", reason="needs the train extra: pip install 'fedldp[train]'")
+
+from fedldp.aggregator.training import train_private
+from fedldp.aggregator.training.config import DataConfig
+from fedldp.aggregator.training.data import DataError, Dataset
+from fedldp.aggregator.training.publish import MODEL_FILE
+from fedldp.collector.ledger import Ledger
+
+from .conftest import PURPOSE, SUBJECT, ConfigFactory
+
+pytestmark = [
+    pytest.mark.train,
+    pytest.mark.filterwarnings("ignore::UserWarning"),
+    pytest.mark.filterwarnings("ignore::DeprecationWarning"),
+]
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason=(
+        "ATTACK: engine._reserved_run removes the temporary files (remove_files, which "
+        "suppresses only FileNotFoundError) BEFORE it closes the reservation; when the "
+        "removal fails (here the temporary model path is a directory: EISDIR; in the field "
+        "EROFS/EIO/EACCES) close_failed_run never runs, so a run that opened the data is "
+        "left 'reserved' instead of settled as spent, and the caller gets the cleanup's "
+        "OSError instead of TrainingAbortedError"
+    ),
+)
+def test_a_failed_cleanup_still_settles_an_opened_run_as_spent(
+    make_config: ConfigFactory, ledger: Ledger
+) -> None:
+    cfg = make_config()
+
+    def load(data: DataConfig) -> Dataset:
+        (res,) = ledger.reservations(SUBJECT, PURPOSE)
+        blocker = cfg.output_dir / f"{MODEL_FILE}.tmp-{res.id}"
+        blocker.mkdir(parents=True)  # the temporary model path cannot be unlinked
+        (blocker / "keep").write_text("x", encoding="utf-8")
+        raise DataError("a value does not fit the declared schema")
+
+    with pytest.raises(Exception):  # noqa: B017  # whichever error surfaces
+        train_private(cfg, ledger=ledger, load=load)
+    (res,) = ledger.reservations(SUBJECT, PURPOSE)
+    assert res.data_opened_at is not None  # the data was opened
+    assert (res.status, res.epsilon_spent) == ("settled", cfg.budget.epsilon)
+    assert ledger.central_spend(SUBJECT, PURPOSE)[0] == Decimal(cfg.budget.epsilon)
