@@ -16,6 +16,7 @@ import grpc
 import pytest
 from collector_testkit import Deployment, coarse, make_report
 from fedldp.client.mechanisms import MultiOutput
+from fedldp.client.mechanisms.multi import MultiAttribute
 from fedldp.client.policy import VerifiedPolicy
 from fedldp.collector.auth import bearer_metadata
 from fedldp.collector.server import RunningCollector, start_collector
@@ -253,7 +254,10 @@ def test_a_resent_multi_report_is_a_duplicate_and_an_altered_one_is_refused(
     altered.CopyFrom(report)
     last = altered.multi.parts[-1]
     if last.WhichOneof("payload") == "numeric":
-        table = sorted(set(policy.mechanism.mechanisms[last.attribute].table))
+        mechanism = policy.mechanism
+        assert isinstance(mechanism, MultiAttribute)
+        numeric: Any = mechanism.mechanisms[last.attribute]
+        table = sorted(set(numeric.table))
         last.numeric.value = next(y for y in table if y != last.numeric.value)
     elif last.WhichOneof("payload") == "category":
         last.category.index = (last.category.index + 1) % len(LABELS)
