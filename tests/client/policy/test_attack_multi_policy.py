@@ -107,3 +107,18 @@ def test_policy_sign_refuses_an_empty_attribute_list_in_one_line(tmp_path: Path)
     assert result.exit_code == 1, result.output
     assert "needs 2..16" in result.output
     assert "internal error" not in result.output
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason=(
+        "ATTACK: when `auto` cannot be resolved (here a numeric attribute's exact grid "
+        "fails at ε = 1000), _resolve_multi swallows the ValueError and validation says "
+        "only \"mechanism.id is 'auto'; resolve it to a concrete mechanism before "
+        'signing", hiding the cause that multi-split/multi-sample name'
+    ),
+)
+def test_an_unresolvable_auto_names_its_cause() -> None:
+    data = document("auto", "1000")
+    data["budget"]["epsilon_cap"] = "2000"
+    assert any("attribute 'minutes'" in p for p in _problems(data))
