@@ -399,6 +399,9 @@ def _run_release(
 ) -> tuple[str, list[Mapping[str, object]]]:
     """Claim, mark the data opened, compute (reading data), settle; (reservation id, events).
 
+    A failure at any step after the claim, a failed final settle included, closes
+    the reservation by the refund rule (`Reservation.close_failed`).
+
     The reservation's lifecycle and the refund rule are reservations.py's (every
     transition stamped `request.now`); a key another run claimed is never computed
     again: its published output is returned, or the call is refused (`_replay`).
@@ -431,10 +434,12 @@ def _run_release(
             event["randomness"] = randomness
         if request.data_digest is not None:  # the keyed data binding, for signed receipts
             _bind_data(events, request.data_digest())
+        held.settle(epsilon, delta, events)
     except BaseException as exc:
-        held.close_failed(exc)  # cancelled if nothing was read, else settled as spent
+        # Any failure, the final settle's included: cancelled if nothing was read,
+        # else settled in full as spent with nothing released.
+        held.close_failed(exc)
         raise
-    held.settle(epsilon, delta, events)
     return held.reservation_id, list(events)
 
 

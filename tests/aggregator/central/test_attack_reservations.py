@@ -64,16 +64,6 @@ def _count(ledger: Any, key: str, now: int = START) -> releases.CentralRelease:
     )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "ATTACK: a release whose final settle fails after the data was read is never "
-        "closed by the refund rule (releases.py calls held.settle outside the try that "
-        "runs close_failed): the reservation stays 'reserved' with its data opened, and "
-        "every retry of the key answers ReleaseInProgressError until an operator acts; "
-        "training (engine.py) settles the same failure as spent"
-    ),
-)
 def test_a_release_whose_final_settle_fails_is_settled_as_spent(ledger: Ledger) -> None:
     with pytest.raises(ConnectionError):
         _count(_LostFinalSettle(ledger), "k")
