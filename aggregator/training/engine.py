@@ -240,16 +240,26 @@ def _reserved_run(request: TrainingRequest, ledger: CentralLedger) -> TrainingRe
         )
         return result
     except BaseException as exc:
-        remove_files([tmp_model, tmp_receipt])
-        if settled:
+        # The refund rule first: a failed cleanup must never leave the claim open.
+        outcome = None if settled else close_failed_run(claim, exc, log)
+        _remove_temporaries([tmp_model, tmp_receipt], log)
+        if outcome is None:
             raise  # spent and nothing released: safe, but say so through the exception
-        outcome = close_failed_run(claim, exc, log)
         if isinstance(exc, Exception):
             raise TrainingAbortedError(
                 f"training aborted ({type(exc).__name__}: {exc}); reservation "
                 f"{claim.reservation_id} {outcome}, no model written"
             ) from exc
         raise
+
+
+def _remove_temporaries(paths: list[Path], log: Callable[[str], None]) -> None:
+    """Remove a failed run's temporary files; a removal that fails (EISDIR, EROFS,
+    EIO, EACCES) is logged and never hides the run's own failure."""
+    try:
+        remove_files(paths)
+    except OSError as exc:
+        log(f"removing the run's temporary files failed ({type(exc).__name__}: {exc})")
 
 
 @contextlib.contextmanager

@@ -15,6 +15,7 @@ pytest.importorskip("opacus", reason="needs the train extra: pip install 'fedldp
 from fedldp.aggregator.training import train_private
 from fedldp.aggregator.training.config import DataConfig
 from fedldp.aggregator.training.data import DataError, Dataset
+from fedldp.aggregator.training.errors import TrainingAbortedError
 from fedldp.aggregator.training.publish import MODEL_FILE
 from fedldp.collector.ledger import Ledger
 
@@ -27,17 +28,6 @@ pytestmark = [
 ]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "ATTACK: engine._reserved_run removes the temporary files (remove_files, which "
-        "suppresses only FileNotFoundError) BEFORE it closes the reservation; when the "
-        "removal fails (here the temporary model path is a directory: EISDIR; in the field "
-        "EROFS/EIO/EACCES) close_failed_run never runs, so a run that opened the data is "
-        "left 'reserved' instead of settled as spent, and the caller gets the cleanup's "
-        "OSError instead of TrainingAbortedError"
-    ),
-)
 def test_a_failed_cleanup_still_settles_an_opened_run_as_spent(
     make_config: ConfigFactory, ledger: Ledger
 ) -> None:
@@ -50,7 +40,7 @@ def test_a_failed_cleanup_still_settles_an_opened_run_as_spent(
         (blocker / "keep").write_text("x", encoding="utf-8")
         raise DataError("a value does not fit the declared schema")
 
-    with pytest.raises(Exception):  # noqa: B017  # whichever error surfaces
+    with pytest.raises(TrainingAbortedError):  # the run's own failure, not the cleanup's
         train_private(cfg, ledger=ledger, load=load)
     (res,) = ledger.reservations(SUBJECT, PURPOSE)
     assert res.data_opened_at is not None  # the data was opened
