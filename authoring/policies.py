@@ -19,7 +19,14 @@ from typing import Any
 
 from fedldp.client.mechanisms.auto import choose_frequency_oracle
 from fedldp.client.mechanisms.base import MAX_OPEN_DOMAIN_BYTES, AttributeSpec, MultiMetric
-from fedldp.client.mechanisms.multi import MULTI_IDS, SPLIT_ID, attribute_epsilon, mode_scores
+from fedldp.client.mechanisms.multi import (
+    MAX_ATTRIBUTES,
+    MIN_ATTRIBUTES,
+    MULTI_IDS,
+    SPLIT_ID,
+    attribute_epsilon,
+    mode_scores,
+)
 from fedldp.client.mechanisms.numeric import grid_params
 from fedldp.client.mechanisms.pem import derive_params
 from fedldp.client.mechanisms.sketch import sketch_params
@@ -437,6 +444,8 @@ def _resolve_multi(policy: policy_pb2.Policy) -> None:
     metric = _authoring_metric(policy)
     if metric is None or spec.params:
         return
+    if not MIN_ATTRIBUTES <= len(metric.attributes) <= MAX_ATTRIBUTES:
+        return  # validation names the attribute count; nothing is built
     try:
         epsilon = parse_decimal(spec.epsilon)
         if spec.id == "auto":

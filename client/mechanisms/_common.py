@@ -457,8 +457,10 @@ def f0_variance_scalar(p: float, q: float) -> float:
     Section 3, eq. (2); for local hashing with p = e^ε/(e^ε + g - 1), q = 1/g it
     is that paper's eq. (10)). The one home of this formula: the auto choice of
     oracle, OLH's choice of g and subset selection's choice of d all use it.
+    Infinite when p and q coincide in floating point (an ε below about 1e-16).
     """
-    return q * (1.0 - q) / (p - q) ** 2
+    gap = (p - q) ** 2
+    return q * (1.0 - q) / gap if gap > 0.0 else math.inf
 
 
 def no_params(wire_id: str, params: Mapping[str, str]) -> None:

@@ -112,7 +112,11 @@ MULTI_IDS = (SPLIT_ID, SAMPLE_ID)
 
 
 def split_epsilon(epsilon: Decimal, d: int) -> Decimal:
-    """ε/d rounded toward zero to SPLIT_DIGITS significant digits: d · result <= ε exactly."""
+    """ε/d rounded toward zero to SPLIT_DIGITS significant digits: d · result <= ε exactly.
+
+    ValueError when d < 1 or the share rounds to zero."""
+    if d < 1:
+        raise ValueError(f"epsilon cannot be split over {d} attributes")
     share = Context(prec=SPLIT_DIGITS, rounding=ROUND_DOWN).divide(epsilon, d)
     if share <= 0 or Context(prec=SPLIT_DIGITS + 10).multiply(share, d) > epsilon:
         raise ValueError(f"epsilon {epsilon} cannot be split over {d} attributes")
@@ -607,7 +611,13 @@ def uniform_unit_variance(mechanism: Any) -> tuple[float, float]:
         return c0 + c2 * (third + 2.0 / (3.0 * levels * levels)) - third, third
     f = 1.0 / mechanism.k
     p, q = mechanism.support_p, mechanism.support_q
-    return (f * p * (1 - p) + (1 - f) * q * (1 - q)) / (p - q) ** 2, f * (1 - f)
+    gap = (p - q) ** 2
+    if not gap > 0.0:  # ε so small that p* and q* coincide in floats
+        raise ValueError(
+            f"epsilon {mechanism.epsilon} is too small to compare the modes' variances "
+            "(the attribute's support probabilities coincide in floating point)"
+        )
+    return (f * p * (1 - p) + (1 - f) * q * (1 - q)) / gap, f * (1 - f)
 
 
 def _resolved_ids(attributes: Sequence[AttributeSpec], epsilon: Decimal) -> tuple[str, ...]:

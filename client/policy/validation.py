@@ -24,7 +24,7 @@ from fedldp.client.mechanisms import (
     UnknownMechanismError,
     create,
 )
-from fedldp.client.mechanisms.multi import MAX_ATTRIBUTES, MIN_ATTRIBUTES
+from fedldp.client.mechanisms.multi import MAX_ATTRIBUTES, MIN_ATTRIBUTES, MULTI_IDS
 from fedldp.client.policy.envelope import domain_digest, key_id_of
 from fedldp.v1 import policy_pb2
 
@@ -181,6 +181,24 @@ def _range_problems(
             return None
         return (bounds[0], bounds[1])
     return None
+
+
+def _unresolved_auto_causes(epsilon: Decimal, metric: MultiMetric) -> list[str]:
+    """Why "auto" on a valid multi-attribute metric was left unresolved at authoring:
+    the problem each mode reports at `epsilon`, or, when both modes build, that
+    their variances cannot be compared at this ε."""
+    causes = []
+    for mode in MULTI_IDS:
+        try:
+            create(mode, epsilon, metric, {})
+        except (ValueError, TypeError) as exc:
+            causes.append(f"mechanism 'auto' cannot become {mode!r}: {exc}")
+    if causes:
+        return causes
+    return [
+        f"mechanism 'auto' cannot choose between {' and '.join(MULTI_IDS)} at epsilon "
+        f"{epsilon} (their variances cannot be compared); name one of them"
+    ]
 
 
 def _multi_problems(multi: policy_pb2.MultiAttribute, problems: list[str]) -> MultiMetric | None:
@@ -380,6 +398,8 @@ def policy_problems(
                 "MEMO_CHARGING_INSTANTANEOUS"
             )
         _memo_problems(spec, epsilon, problems)
+        if spec.id == "auto" and epsilon is not None and isinstance(metric_arg, MultiMetric):
+            problems.extend(_unresolved_auto_causes(epsilon, metric_arg))
         if spec.id and spec.id != "auto" and epsilon is not None and metric_arg is not None:
             try:
                 mechanism = create(spec.id, epsilon, metric_arg, dict(spec.params))
