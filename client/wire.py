@@ -28,6 +28,7 @@ from fedldp.client.mechanisms.base import (
     SketchBitOutput,
     SketchRowOutput,
 )
+from fedldp.client.mechanisms.multi import MAX_ATTRIBUTES
 from fedldp.v1 import collector_pb2
 
 #: Length of a report id in bytes (made by the device: `fedldp.client.report_ids`).
@@ -110,6 +111,13 @@ def _fill_multi(report: collector_pb2.Report, o: MultiOutput) -> None:
 
 
 def _read_multi(m: collector_pb2.MultiPayload) -> MultiOutput:
+    """The parts of a MultiPayload. A list longer than any multi-attribute metric
+    allows (MAX_ATTRIBUTES) is refused as WRONG_LENGTH before any part is decoded;
+    the mechanism's `check_output` then checks the policy's exact count."""
+    if len(m.parts) > MAX_ATTRIBUTES:
+        raise OutputDomainError(
+            "WRONG_LENGTH", f"a multi-attribute report has at most {MAX_ATTRIBUTES} parts"
+        )
     parts: list[tuple[int, AttributeOutput]] = []
     for part in m.parts:
         kind = _BY_PAYLOAD.get(part.WhichOneof("payload") or "")

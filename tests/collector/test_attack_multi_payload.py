@@ -213,17 +213,6 @@ def test_a_well_formed_report_is_charged_epsilon_once(
     assert spent == policy.charge == Decimal(1)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "ATTACK: the collector decodes every part of an unbounded MultiPayload before it "
-        "checks the part count (wire._read_multi walks all parts; the count check is in "
-        "check_output): one 1 MB report of ~250k parts costs ~1.6 s of collector CPU, "
-        "~100x the checks of the largest legitimate request (1000 reports). Shown here "
-        "deterministically: a huge list whose last part is empty is refused as "
-        "MISSING_PAYLOAD (every part was read) instead of WRONG_LENGTH"
-    ),
-)
 @pytest.mark.parametrize("mode", MODES)
 def test_a_huge_part_list_is_refused_by_its_count_before_its_parts_are_read(
     multi: Deployment, running: RunningCollector, now: int, mode: str
