@@ -721,7 +721,31 @@ class _PiecewiseGrid:
         return chosen.astype(np.int64)
 
 
-class Piecewise(MeanMechanism):
+class OnPiecewiseGrid:
+    """The output law of a mechanism that is exactly its `_PiecewiseGrid`'s banded law
+    (piecewise, sw): the grid's cells, weights and samplers, written once."""
+
+    grid: _PiecewiseGrid
+
+    @property
+    def cells(self) -> int:
+        """Cells of the output grid (the signed "cells" parameter)."""
+        return self.grid.cells
+
+    def index_weights(self, level: int) -> tuple[int, ...]:
+        """W(i | j): a on the level's band, b elsewhere (the grid's law)."""
+        return self.grid.weights_at(level)
+
+    def _sample_index(self, level: int, rng: random.Random) -> int:
+        return self.grid.sample(level, rng)
+
+    def _sample_index_batch(
+        self, levels: npt.NDArray[np.int64], rng: np.random.Generator
+    ) -> npt.NDArray[np.int64]:
+        return self.grid.sample_batch(levels, rng)
+
+
+class Piecewise(OnPiecewiseGrid, MeanMechanism):
     """Wang et al.'s Piecewise Mechanism on N = J + w exact cell values.
 
     `levels` and `cells` default to the derived grid (`grid_size`).
@@ -743,22 +767,6 @@ class Piecewise(MeanMechanism):
         self.grid = _PiecewiseGrid(levels, cells, Weights.for_epsilon(epsilon, 2 * cells))
         c0, c2 = self.grid.moments()
         self._set_table(self.grid.values(), c0, c2)
-
-    @property
-    def cells(self) -> int:
-        """Cells of the output grid (the signed "cells" parameter)."""
-        return self.grid.cells
-
-    def index_weights(self, level: int) -> tuple[int, ...]:
-        return self.grid.weights_at(level)
-
-    def _sample_index(self, level: int, rng: random.Random) -> int:
-        return self.grid.sample(level, rng)
-
-    def _sample_index_batch(
-        self, levels: npt.NDArray[np.int64], rng: np.random.Generator
-    ) -> npt.NDArray[np.int64]:
-        return self.grid.sample_batch(levels, rng)
 
 
 class Hybrid(MeanMechanism):

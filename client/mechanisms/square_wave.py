@@ -37,7 +37,6 @@ the histogram is a separate aggregator step.
 
 from __future__ import annotations
 
-import random
 from decimal import Decimal
 from fractions import Fraction
 from typing import TYPE_CHECKING, Any
@@ -51,6 +50,7 @@ from fedldp.client.mechanisms.base import (
 )
 from fedldp.client.mechanisms.numeric import (
     NumericMechanism,
+    OnPiecewiseGrid,
     Weights,
     _PiecewiseGrid,
     grid_size,
@@ -61,7 +61,7 @@ if TYPE_CHECKING:
     import numpy.typing as npt
 
 
-class SquareWave(NumericMechanism):
+class SquareWave(OnPiecewiseGrid, NumericMechanism):
     """Li et al.'s Square Wave on N = J + W exact cell centres (module docstring).
 
     `levels` and `cells` default to the derived grid (`numeric.grid_size`).
@@ -88,26 +88,9 @@ class SquareWave(NumericMechanism):
         self.step = self.grid.step()
 
     @property
-    def cells(self) -> int:
-        """Cells of the output grid (the signed "cells" parameter)."""
-        return self.grid.cells
-
-    @property
     def band(self) -> int:
         """W = N - J: the cells of one level's high band."""
         return self.grid.band
-
-    def index_weights(self, level: int) -> tuple[int, ...]:
-        """W(i | j): a on the band [j, j + W), b elsewhere (the shared grid's law)."""
-        return self.grid.weights_at(level)
-
-    def _sample_index(self, level: int, rng: random.Random) -> int:
-        return self.grid.sample(level, rng)
-
-    def _sample_index_batch(
-        self, levels: npt.NDArray[np.int64], rng: np.random.Generator
-    ) -> npt.NDArray[np.int64]:
-        return self.grid.sample_batch(levels, rng)
 
     # --- collector: counts per output cell ---
 
