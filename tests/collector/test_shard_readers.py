@@ -11,12 +11,15 @@ from __future__ import annotations
 
 import json
 import sqlite3
+import subprocess
+import sys
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
-from click.testing import CliRunner, Result
+from click.testing import CliRunner
 from collector_testkit import Deployment, checked_report, write_config
 from fedldp.collector.ledger.shards import open_sharded
 
@@ -56,21 +59,50 @@ def _config(deployment: Deployment, tmp_path: Path, name: str, **settings: Any) 
     return write_config(deployment, tmp_path, "", name, **settings)
 
 
-def _serve_once(monkeypatch: pytest.MonkeyPatch, args: list[str]) -> tuple[Result, dict[str, Any]]:
-    """Run `fedldp dashboard ARGS` with a server that, instead of serving until
-    Ctrl-C, reads the index and the budget from the dashboard it was given once."""
-    from fedldp.aggregator.dashboard.app import DashboardServer
+#: Runs `fedldp dashboard ARGV` with a server that, instead of serving until
+#: Ctrl-C, reads the index and the budget once and prints them as one JSON line.
+_SERVE_ONCE = """
+import json, sys
+from fedldp.aggregator.dashboard.app import DashboardServer
+from fedldp.cli import main
 
+def once(self):
+    index = {s.policy.policy_id: s.latest_n for s in self.dashboard.index()}
+    budget = {
+        pid: [{"reports": w.reports, "subjects": w.subjects} for w in windows]
+        for pid, windows in self.dashboard.budget().policies.items()
+    }
+    print("SEEN " + json.dumps({"index": index, "budget": budget}))
+    self.socket.close()
+
+DashboardServer.serve_forever = once
+main(sys.argv[1:])
+"""
+
+
+@dataclass(frozen=True)
+class Served:
+    """What one `fedldp dashboard` process did: its exit code and its output."""
+
+    exit_code: int
+    output: str
+
+
+def _serve_once(args: list[str]) -> tuple[Served, dict[str, Any]]:
+    """Run the dashboard command in its own process (uvicorn configures logging on
+    the process's streams, which must not be the test runner's captured ones)."""
+    done = subprocess.run(
+        [sys.executable, "-c", _SERVE_ONCE, "dashboard", *args, "--listen", "127.0.0.1:0"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     seen: dict[str, Any] = {}
-
-    def once(self: DashboardServer) -> None:
-        seen["index"] = {s.policy.policy_id: s.latest_n for s in self.dashboard.index()}
-        seen["budget"] = self.dashboard.budget().policies
-        self.socket.close()
-
-    monkeypatch.setattr(DashboardServer, "serve_forever", once)
-    result = CliRunner().invoke(main, ["dashboard", *args, "--listen", "127.0.0.1:0"])
-    return result, seen
+    for line in done.stdout.splitlines():
+        if line.startswith("SEEN "):
+            seen = json.loads(line[len("SEEN ") :])
+    return Served(done.returncode, done.stdout + done.stderr), seen
 
 
 def test_dashboard_counts_every_shard(
@@ -78,14 +110,13 @@ def test_dashboard_counts_every_shard(
     shard_urls: tuple[str, str],
     per_shard: list[int],
     tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     config = _config(deployment, tmp_path, "whole", ledger_shards=list(shard_urls))
-    result, seen = _serve_once(monkeypatch, ["--config", str(config)])
+    result, seen = _serve_once(["--config", str(config)])
     assert result.exit_code == 0, result.output
     (window,) = seen["budget"]["color"]
-    assert window.reports == sum(per_shard)
-    assert window.subjects == len(SUBJECTS)
+    assert window["reports"] == sum(per_shard)
+    assert window["subjects"] == len(SUBJECTS)
     assert seen["index"]["color"] == sum(per_shard)
     report = CliRunner().invoke(
         main, ["report", "--config", str(config), "--policy", "color", "--format", "json"]
@@ -139,12 +170,11 @@ def test_dashboard_and_consolidate_refuse_part_of_the_shards(
     partial_readers: list[tuple[list[str], str]],
     tmp_path: Path,
     now: int,
-    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     folders = ["--policies", str(tmp_path / "policies"), "--trust", str(tmp_path / "trust")]
     out = tmp_path / "consolidated.db"
     for options, refusal in partial_readers:
-        served, seen = _serve_once(monkeypatch, [*options, *folders])
+        served, seen = _serve_once([*options, *folders])
         assert served.exit_code == 1 and refusal in served.output, (options, served.output)
         assert seen == {}
         made = CliRunner().invoke(main, [*_consolidate(tmp_path, now, out), *options])
