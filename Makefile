@@ -27,8 +27,10 @@ $(VENV)/.test-installed: $(BIN)/python $(DEPS)
 demo: $(VENV)/.demo-installed
 	$(BIN)/fedldp demo $(ARGS)
 
+# Everything, on every core (pytest-xdist), with the 25 slowest tests listed at the end
+# so a regression shows in CI's output. ARGS='-n 0' runs it in one process.
 test: $(VENV)/.test-installed
-	$(BIN)/python -m pytest $(ARGS)
+	$(BIN)/python -m pytest -n auto --durations=25 $(ARGS)
 
 lint: $(VENV)/.test-installed
 	$(BIN)/ruff check .

@@ -91,7 +91,7 @@ def channel(service: str, tls_ca: Path | None, *, insecure: bool = False) -> Any
     """
     import grpc
 
-    from fedldp.aggregator.service.server import check_plaintext
+    from fedldp.aggregator.service.addresses import check_plaintext
 
     if tls_ca is None:
         try:

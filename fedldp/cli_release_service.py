@@ -132,22 +132,7 @@ def release_service() -> None:
 )
 def serve_cmd(**options: Any) -> None:
     """Register the catalog, apply the release policy's caps, serve until SIGTERM."""
-    from fedldp.aggregator.central.datakey import load_data_key
-    from fedldp.aggregator.central.signing import trusted_keys
-    from fedldp.aggregator.service.catalog import CatalogError, load_catalog
-    from fedldp.aggregator.service.jobs import JobsFolderBusyError
-    from fedldp.aggregator.service.policy import load_release_policy
-    from fedldp.aggregator.service.server import (
-        ServiceConfig,
-        check_plaintext,
-        check_tls,
-        start_release_service,
-    )
-    from fedldp.authoring import KeyFileError, load_private_key
-    from fedldp.cli_keys import passphrase_from_env
-    from fedldp.client.policy import load_public_key
-    from fedldp.collector.auth import RELEASE_SERVICE_AUDIENCE, Authenticator, TokenAuthority
-    from fedldp.collector.daemon import configure_logging
+    from fedldp.aggregator.service.addresses import check_plaintext, check_tls
 
     try:
         check_tls(
@@ -161,6 +146,19 @@ def serve_cmd(**options: Any) -> None:
         )
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
+    # The usage checks above import nothing heavy; the service's modules load after them.
+    from fedldp.aggregator.central.datakey import load_data_key
+    from fedldp.aggregator.central.signing import trusted_keys
+    from fedldp.aggregator.service.catalog import CatalogError, load_catalog
+    from fedldp.aggregator.service.jobs import JobsFolderBusyError
+    from fedldp.aggregator.service.policy import load_release_policy
+    from fedldp.aggregator.service.server import ServiceConfig, start_release_service
+    from fedldp.authoring import KeyFileError, load_private_key
+    from fedldp.cli_keys import passphrase_from_env
+    from fedldp.client.policy import load_public_key
+    from fedldp.collector.auth import RELEASE_SERVICE_AUDIENCE, Authenticator, TokenAuthority
+    from fedldp.collector.daemon import configure_logging
+
     configure_logging()
     # Handlers first: a SIGTERM arriving as soon as the port is announced still drains.
     stop = threading.Event()

@@ -22,17 +22,11 @@ from fedldp.aggregator.central.receipts import verify_release_receipt
 from fedldp.aggregator.central.releases import exact_half
 from fedldp.aggregator.central.signing import trusted_keys
 from fedldp.aggregator.service import errorbars
+from fedldp.aggregator.service.addresses import check_plaintext, check_tls, is_loopback
 from fedldp.aggregator.service.catalog import RegistrationError
 from fedldp.aggregator.service.engine import MAX_DIGITS, MIN_EPSILON
 from fedldp.aggregator.service.policy import ReleasePolicyError, ledger_subject
-from fedldp.aggregator.service.server import (
-    RunningReleaseService,
-    analyst_tag,
-    check_plaintext,
-    check_tls,
-    is_loopback,
-    tag_key_of,
-)
+from fedldp.aggregator.service.server import RunningReleaseService, analyst_tag, tag_key_of
 from fedldp.v1 import release_pb2 as pb
 
 from tests.aggregator.service.conftest import POLICY, Client
