@@ -6,7 +6,9 @@ which setuptools cannot express declaratively for several source roots.
 
 from setuptools import find_packages, setup
 
-# Python package -> the folder that holds its source.
+# Python package -> the folder that holds its source. The ONE list of package folders:
+# deploy/Containerfile copies each (and .dockerignore admits it); tests/deploy/
+# test_containerfile.py builds the wheel from exactly what the Containerfile copies.
 SOURCE_ROOTS = {
     "fedldp": "fedldp",
     "fedldp.client": "client",

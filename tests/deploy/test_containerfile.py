@@ -5,6 +5,7 @@ Linux x86-64)."""
 
 from __future__ import annotations
 
+import ast
 import fnmatch
 import json
 import re
@@ -12,6 +13,8 @@ import shlex
 import shutil
 import subprocess
 import sys
+import zipfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -141,7 +144,24 @@ def test_healthcheck_uses_fedldp_collector_health(stages: dict[str, Stage]) -> N
     assert stages["runtime-base"].args("STOPSIGNAL") == ["SIGTERM"]
 
 
-def test_copied_sources_exist_and_pass_the_dockerignore(stages: dict[str, Stage]) -> None:
+def source_folders() -> list[str]:
+    """The top-level folders of setup.py's SOURCE_ROOTS (read from its source, without
+    running it): the one list of the wheel's package folders."""
+    tree = ast.parse((ROOT / "setup.py").read_text(encoding="utf-8"))
+    for node in tree.body:
+        target = node.target if isinstance(node, ast.AnnAssign) else None
+        if isinstance(node, ast.Assign) and len(node.targets) == 1:
+            target = node.targets[0]
+        if isinstance(target, ast.Name) and target.id == "SOURCE_ROOTS":
+            assert node.value is not None
+            roots: dict[str, str] = ast.literal_eval(node.value)
+            return sorted({folder.split("/")[0] for folder in roots.values()})
+    raise AssertionError("setup.py has no SOURCE_ROOTS")
+
+
+def dockerignore_keeps() -> Callable[[str], bool]:
+    """Whether .dockerignore lets a path (relative to the context) into the build
+    context: the last matching pattern wins; a folder's pattern covers what it holds."""
     patterns = [
         line.strip()
         for line in (ROOT / ".dockerignore").read_text(encoding="utf-8").splitlines()
@@ -157,15 +177,99 @@ def test_copied_sources_exist_and_pass_the_dockerignore(stages: dict[str, Stage]
                 keep = negate
         return keep
 
-    for copy in stages["build"].args("COPY"):
-        *sources, _dest = shlex.split(copy)
-        for source in sources:
-            assert (ROOT / source).exists(), source
-            assert included(source.rstrip("/")), f"{source} is excluded by .dockerignore"
-    # The wheel's package folders (setup.py) all travel.
-    for folder in ("client", "collector", "aggregator", "fedldp", "proto"):
-        assert any(c.startswith(f"{folder}/ ") for c in stages["build"].args("COPY"))
+    return included
+
+
+def copied_sources(stage: Stage) -> list[str]:
+    """The sources of a stage's COPY instructions (build-context paths)."""
+    sources: list[str] = []
+    for copy in stage.args("COPY"):
+        *names, _dest = shlex.split(copy)
+        sources += [n for n in names if not n.startswith("--")]
+    return sources
+
+
+def missing_package_folders(sources: list[str]) -> list[str]:
+    """SOURCE_ROOTS folders that `sources` (COPY sources) do not bring."""
+    copied = {source.rstrip("/").split("/")[0] for source in sources}
+    return [folder for folder in source_folders() if folder not in copied]
+
+
+def test_copied_sources_exist_and_pass_the_dockerignore(stages: dict[str, Stage]) -> None:
+    included = dockerignore_keeps()
+    sources = copied_sources(stages["build"])
+    for source in sources:
+        assert (ROOT / source).exists(), source
+        assert included(source.rstrip("/")), f"{source} is excluded by .dockerignore"
+    # The wheel's package folders (setup.py's SOURCE_ROOTS) all travel.
+    assert "authoring" in source_folders() and "client" in source_folders()
+    assert missing_package_folders(sources) == []
     assert not included(".venv") and not included("tests")
+
+
+def test_a_copy_list_without_a_package_folder_is_caught(stages: dict[str, Stage]) -> None:
+    """The broken variant of issue 29: the COPY list without `authoring/`."""
+    sources = [s for s in copied_sources(stages["build"]) if s.rstrip("/") != "authoring"]
+    assert missing_package_folders(sources) == ["authoring"]
+
+
+def build_context(stage: Stage, into: Path) -> None:
+    """Lay out in `into` exactly what `stage`'s COPY instructions put in its WORKDIR:
+    each source from the repository, filtered by .dockerignore."""
+    included = dockerignore_keeps()
+    for copy in stage.args("COPY"):
+        *sources, dest = shlex.split(copy)
+        for source in sources:
+            path = ROOT / source
+            target = into / dest if dest not in ("./", ".") else into
+            if path.is_file():
+                target.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(path, target / path.name)
+                continue
+            for item in sorted(path.rglob("*")):
+                relative = item.relative_to(ROOT).as_posix()
+                parts = relative.split("/")
+                if not item.is_file() or not all(
+                    included("/".join(parts[: i + 1])) for i in range(len(parts))
+                ):
+                    continue
+                copied = target / item.relative_to(path)
+                copied.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(item, copied)
+
+
+@pytest.mark.timeout(240)
+def test_the_wheel_builds_from_exactly_the_copied_files(
+    stages: dict[str, Stage], tmp_path: Path
+) -> None:
+    """`pip wheel --no-deps .` as the build stage runs it, on only what it copies: a
+    package folder missing from the COPY list (or .dockerignore) fails the build."""
+    context = tmp_path / "src"
+    build_context(stages["build"], context)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "--quiet",
+            "--wheel-dir",
+            str(tmp_path / "wheels"),
+            str(context),
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    (wheel,) = (tmp_path / "wheels").glob("fedldp-*.whl")
+    with zipfile.ZipFile(wheel) as archive:
+        names = set(archive.namelist())
+    for package in ("fedldp", "client", "collector", "aggregator", "authoring", "v1"):
+        assert f"fedldp/{package}/__init__.py" in names or package == "fedldp", package
+    assert "fedldp/cli.py" in names and "fedldp/v1/policy_pb2.py" in names
 
 
 def test_hadolint() -> None:
