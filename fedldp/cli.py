@@ -83,24 +83,33 @@ def main() -> None:
     """
 
 
+def _missing_extra_command(name: str, error: ModuleNotFoundError) -> click.Command:
+    """A stand-in for command `name` whose module needs an extra that is not installed:
+    whatever its arguments, it says which extra to install (exit 1)."""
+    message = describe(error).message
+
+    @click.command(
+        name=name,
+        help=f"(not installed) {message}",
+        add_help_option=False,
+        context_settings={"ignore_unknown_options": True, "allow_extra_args": True},
+    )
+    def _missing() -> None:
+        raise click.ClickException(message)
+
+    return _missing
+
+
 def _attach_commands() -> None:
+    """Attach every command of COMMANDS (a stand-in where its module's extra is missing)."""
     for module_name, attribute in COMMANDS:
+        name = attribute.replace("_", "-")
         try:
             module = importlib.import_module(module_name)
         except ModuleNotFoundError as exc:
-            missing = exc.name or "a dependency"
-            if missing.startswith("fedldp"):
+            if (exc.name or "").startswith("fedldp"):
                 raise
-
-            # A role whose extra is not installed: say what to install, do not crash.
-            @click.command(name=attribute.replace("_", "-"))
-            def _missing(missing: str = missing, module_name: str = module_name) -> None:
-                raise click.ClickException(
-                    f"{module_name} needs {missing!r}; install the matching extra, "
-                    "e.g. pip install 'fedldp[all]'"
-                )
-
-            main.add_command(_missing)
+            main.add_command(_missing_extra_command(name, exc))
             continue
         main.add_command(getattr(module, attribute))
 

@@ -10,7 +10,8 @@ code  name       meaning
 ====  =========  ==============================================================
 0     OK         done
 1     REFUSED    an expected failure: a config, file, URL, database, network,
-                 policy, budget or ledger problem (the message says what to do)
+                 policy, budget or ledger problem, or an extra that is not
+                 installed (the message says what to do)
 2     USAGE      the command line itself is wrong (unknown option, missing or
                  malformed value, e.g. a decimal with an exponent)
 70    INTERNAL   a bug (EX_SOFTWARE): rerun with `fedldp --debug ...` for the
@@ -172,12 +173,53 @@ _TABLE: list[tuple[str, Callable[[BaseException], str], int]] = [
 ]
 
 
+# Top-level module -> the extra of pyproject.toml that brings it (the smallest one;
+# tests/client/test_light_install.py checks each against pyproject.toml).
+EXTRA_OF_MODULE: dict[str, str] = {
+    "click": "cli",
+    "tqdm": "cli",
+    "tomli": "cli",
+    "numpy": "sim",
+    "sqlalchemy": "collector",
+    "alembic": "collector",
+    "prometheus_client": "collector",
+    "psycopg": "collector",
+    "grpc_health": "collector",
+    "scipy": "aggregator",
+    "matplotlib": "aggregator",
+    "dp_accounting": "aggregator",
+    "starlette": "dashboard",
+    "uvicorn": "dashboard",
+    "torch": "train",
+    "opacus": "train",
+    "sklearn": "train",
+}
+
+
+def missing_extra(exc: BaseException, who: str = "this command") -> str | None:
+    """The one-line message for a ModuleNotFoundError of a module an extra brings (which
+    extra to install, and how; `who` needs it), or None for any other exception."""
+    if not isinstance(exc, ModuleNotFoundError) or not exc.name:
+        return None
+    module = exc.name.split(".")[0]
+    extra = EXTRA_OF_MODULE.get(module)
+    if extra is None:
+        return None
+    return (
+        f"{who} needs {module!r}, from the {extra!r} extra: pip install "
+        f"'fedldp[{extra}]' (from a checkout: pip install '.[{extra}]')"
+    )
+
+
 def _qualnames(exc: BaseException) -> list[str]:
     return [f"{cls.__module__}.{cls.__qualname__}" for cls in type(exc).__mro__]
 
 
 def describe(exc: BaseException) -> Failure:
     """The one-line message and exit code for `exc` (internal: EXIT_INTERNAL)."""
+    extra = missing_extra(exc)
+    if extra is not None:
+        return Failure(extra, EXIT_REFUSED)
     names = _qualnames(exc)
     for name, message, code in _TABLE:
         if name in names:

@@ -15,32 +15,15 @@ import re
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
-from google.protobuf.message import DecodeError
 
-from fedldp.authoring import (
-    generate_key,
-    load_private_key,
-    make_root,
-    next_root,
-    parse_duration,
-    write_envelope,
-    write_private_key,
-    write_public_key,
-)
-from fedldp.client.policy import (
-    InvalidPolicyError,
-    KeyFileError,
-    PolicyError,
-    TrustStore,
-    key_id_of,
-    load_public_key,
-    read_envelope,
-)
-from fedldp.v1 import policy_pb2
+if TYPE_CHECKING:
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    from fedldp.v1 import policy_pb2
+
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -59,6 +42,8 @@ def passphrase_from_env(variable: str | None) -> bytes | None:
 
 def parse_when(text: str, *, now: int) -> int:
     """Unix seconds from "1798761600", "2027-01-01T00:00:00Z" or "+90d" (relative to now)."""
+    from fedldp.authoring import parse_duration
+
     text = text.strip()
     if text.isdigit():
         return int(text)
@@ -85,6 +70,9 @@ def now_option(value: int | None) -> int:
 
 def load_keys(paths: tuple[str, ...], passphrase: bytes | None) -> list[Ed25519PrivateKey]:
     """Load private keys, turning file problems into a click error."""
+    from fedldp.authoring import load_private_key
+    from fedldp.client.policy import KeyFileError
+
     try:
         return [load_private_key(path, passphrase=passphrase) for path in paths]
     except (KeyFileError, OSError) as exc:
@@ -93,6 +81,8 @@ def load_keys(paths: tuple[str, ...], passphrase: bytes | None) -> list[Ed25519P
 
 def public_key_or_id(text: str) -> str:
     """A key id given directly (64 hex digits) or read from a public key file."""
+    from fedldp.client.policy import KeyFileError, key_id_of, load_public_key
+
     if re.fullmatch(r"[0-9a-f]{64}", text):
         return text
     try:
@@ -104,6 +94,9 @@ def public_key_or_id(text: str) -> str:
 
 
 def _write_root(envelope: policy_pb2.SignedEnvelope, out: Path) -> None:
+    from fedldp.authoring import write_envelope
+    from fedldp.v1 import policy_pb2
+
     write_envelope(envelope, out)
     root = policy_pb2.Root.FromString(envelope.payload)
     click.echo(
@@ -146,6 +139,9 @@ def generate(out_dir: str, name: str, passphrase_env: str | None) -> None:
     Existing files are never overwritten. Prints the key id (SHA-256 of the raw
     public key), which roots and envelopes use to name the key.
     """
+    from fedldp.authoring import generate_key, write_private_key, write_public_key
+    from fedldp.client.policy import key_id_of
+
     if not _KEY_NAME.fullmatch(name):
         raise click.BadParameter("use letters, digits, '.', '_' and '-'", param_hint="--name")
     passphrase = passphrase_from_env(passphrase_env)
@@ -187,6 +183,8 @@ def data_key(out_path: str) -> None:
 @click.argument("key_file", type=click.Path(exists=True, dir_okay=False))
 def key_id(key_file: str) -> None:
     """Print the key id of a public key file."""
+    from fedldp.client.policy import KeyFileError, key_id_of, load_public_key
+
     try:
         click.echo(key_id_of(load_public_key(key_file)))
     except KeyFileError as exc:
@@ -249,6 +247,9 @@ def init_root(
 
     Devices pin the root public keys (the .pub files) and receive this envelope.
     """
+    from fedldp.authoring import make_root
+    from fedldp.client.policy import InvalidPolicyError, KeyFileError, load_public_key
+
     clock = now_option(now)
     signers = load_keys(root_keys, passphrase_from_env(passphrase_env))
     try:
@@ -339,6 +340,19 @@ def rotate(
     the result is checked the way a device checks it before it is written.
     Publish every version in order: devices that missed one walk the chain.
     """
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+    from google.protobuf.message import DecodeError
+
+    from fedldp.authoring import next_root
+    from fedldp.client.policy import (
+        KeyFileError,
+        PolicyError,
+        TrustStore,
+        load_public_key,
+        read_envelope,
+    )
+    from fedldp.v1 import policy_pb2
+
     clock = now_option(now)
     try:
         current_envelope = read_envelope(current)

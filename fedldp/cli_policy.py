@@ -12,32 +12,16 @@ from __future__ import annotations
 import json
 from decimal import Decimal
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
-from google.protobuf import json_format
-from google.protobuf.message import DecodeError
 
-from fedldp.authoring import load_policy_toml, sign_policy, successor_problems, write_envelope
 from fedldp.cli_common import decimal_option, trust_option
 from fedldp.cli_keys import load_keys, now_option, passphrase_from_env
-from fedldp.client.policy import (
-    POLICY_PAYLOAD_TYPE,
-    ROOT_PAYLOAD_TYPE,
-    InvalidPolicyError,
-    KeyFileError,
-    PolicyError,
-    TrustStore,
-    key_id_of,
-    load_public_key,
-    load_trust,
-    load_trust_folder,
-    policy_digest,
-    policy_problems,
-    read_envelope,
-    verify_policy,
-)
-from fedldp.v1 import policy_pb2
+
+if TYPE_CHECKING:
+    from fedldp.client.policy import TrustStore
+    from fedldp.v1 import policy_pb2
 
 
 @click.group(name="policy")
@@ -75,6 +59,10 @@ def sign(
     policy is valid (and, with --previous, can follow that version: see
     docs/policies.md, "Versions and budgets").
     """
+    from fedldp.authoring import load_policy_toml, sign_policy, successor_problems, write_envelope
+    from fedldp.client.policy import InvalidPolicyError, key_id_of, policy_digest
+    from fedldp.v1 import policy_pb2
+
     if not Path(out).parent.is_dir():
         raise click.BadParameter(
             f"folder {Path(out).parent} does not exist (create it first)", param_hint="--out"
@@ -107,6 +95,11 @@ def sign(
 def _previous_policy(path: str) -> policy_pb2.Policy:
     """The policy inside the envelope at `path` (an authoring check: the operator's own
     file, read without verifying its signature; collectors and devices verify)."""
+    from google.protobuf.message import DecodeError
+
+    from fedldp.client.policy import POLICY_PAYLOAD_TYPE, PolicyError, read_envelope
+    from fedldp.v1 import policy_pb2
+
     try:
         envelope = read_envelope(path)
         if envelope.payload_type != POLICY_PAYLOAD_TYPE:
@@ -119,6 +112,15 @@ def _previous_policy(path: str) -> policy_pb2.Policy:
 def _trust(
     trust_dir: str | None, roots: tuple[str, ...], pins: tuple[str, ...], now: int
 ) -> TrustStore:
+    from fedldp.client.policy import (
+        KeyFileError,
+        PolicyError,
+        load_public_key,
+        load_trust,
+        load_trust_folder,
+        read_envelope,
+    )
+
     try:
         if trust_dir is not None:
             return load_trust_folder(trust_dir, now=now)
@@ -178,6 +180,11 @@ def verify(
     highest_version: int | None,
 ) -> None:
     """Verify ENVELOPE_FILE as a device or collector would; exit 1 if refused."""
+    from google.protobuf.message import DecodeError
+
+    from fedldp.client.policy import PolicyError, read_envelope, verify_policy
+    from fedldp.v1 import policy_pb2
+
     clock = now_option(now)
     trust = _trust(trust_dir, roots, pins, clock)
     try:
@@ -211,6 +218,17 @@ def verify(
 
 def describe_envelope(envelope: policy_pb2.SignedEnvelope) -> dict[str, Any]:
     """A JSON-ready description of an envelope, decoded WITHOUT verification."""
+    from google.protobuf import json_format
+    from google.protobuf.message import DecodeError
+
+    from fedldp.client.policy import (
+        POLICY_PAYLOAD_TYPE,
+        ROOT_PAYLOAD_TYPE,
+        policy_digest,
+        policy_problems,
+    )
+    from fedldp.v1 import policy_pb2
+
     info: dict[str, Any] = {
         "verified": False,
         "payload_type": envelope.payload_type,
@@ -259,6 +277,8 @@ def show(envelope_file: str) -> None:
 
     Nothing is verified (use `fedldp policy verify` for that); the output says so.
     """
+    from fedldp.client.policy import PolicyError, read_envelope
+
     try:
         envelope = read_envelope(envelope_file)
     except PolicyError as exc:

@@ -639,11 +639,12 @@ def _write_receipt(ledger: Any, result: Any, key: Any, path: Path) -> None:
 def _dispatch(kind: str, fn_name: str, options: dict[str, Any], *required: str) -> None:
     """Ask the release service (--service / --embedded), or run the local release
     `fn_name` of fedldp.aggregator.central.releases with its `required` options."""
-    from fedldp.aggregator.central import releases
     from fedldp.cli_release_client import flag, run_mode
 
     if run_mode(kind, options):
         return
+    from fedldp.aggregator.central import releases  # the local mode only
+
     for name in ("subject", "data_path", *required):
         if options.get(name) in (None, ""):
             raise click.UsageError(

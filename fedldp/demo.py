@@ -49,7 +49,6 @@ from pathlib import Path
 from typing import Any
 
 import click
-import grpc
 
 from fedldp.cli_common import decimal_option
 
@@ -304,6 +303,7 @@ class Fleet:
     """Runs simulated devices through the real SDK against one collector."""
 
     def __init__(self, spec: FleetSpec) -> None:
+        import grpc
         from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
         from fedldp.client.sdk import TrustRoot

@@ -14,6 +14,7 @@ a real `fedldp` process (`SUBPROCESS_COMMANDS`).
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -896,3 +897,65 @@ def test_the_matrix_runs_start_up_paths_as_processes() -> None:
     spawned = [args for _, args in matrix if _in_subprocess(args)]
     assert {args[0] for args in spawned} == {"collector", "release-service"}
     assert 0 < len(spawned) < len(matrix) // 4
+
+
+#: The server-side extras' modules: blocked to stand for an install of `[cli]` only.
+CLI_ONLY_BLOCKED = [
+    "numpy",
+    "scipy",
+    "sqlalchemy",
+    "alembic",
+    "prometheus_client",
+    "psycopg",
+    "grpc_health",
+    "matplotlib",
+    "dp_accounting",
+    "starlette",
+    "uvicorn",
+    "torch",
+    "opacus",
+    "sklearn",
+]
+
+_CLI_ONLY_CHILD = """
+import json, sys
+for name in {blocked!r}:
+    sys.modules[name] = None  # importing it raises ModuleNotFoundError
+from click.testing import CliRunner
+from fedldp.cli import main
+out = []
+for args in json.loads(sys.stdin.read()):
+    result = CliRunner().invoke(main, args)
+    escaped = result.exception is not None and not isinstance(result.exception, SystemExit)
+    out.append([args, result.exit_code, result.stderr, escaped])
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.timeout(300)
+def test_the_matrix_with_only_the_cli_extra(env: Env) -> None:
+    """With `[cli]` alone, no case is an internal error: a command that needs another
+    extra says which, in one line (tests/client/test_light_install.py: the script
+    without click)."""
+    matrix = cases(env)
+    environment = {k: v for k, v in os.environ.items() if not k.startswith("FEDLDP_")}
+    done = subprocess.run(
+        [sys.executable, "-c", _CLI_ONLY_CHILD.format(blocked=CLI_ONLY_BLOCKED)],
+        input=json.dumps([args for _, args in matrix]),
+        capture_output=True,
+        text=True,
+        timeout=280,
+        env=environment,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    problems = []
+    results = json.loads(done.stdout)
+    assert len(results) == len(matrix)
+    for args, exit_code, stderr, escaped in results:
+        if escaped or exit_code not in (1, 2) or "ModuleNotFoundError" in stderr:
+            problems.append(f"fedldp {' '.join(args)}: exit {exit_code}\n  {stderr[-400:]}")
+        elif not any(_one_line_error(line) for line in stderr.splitlines()):
+            problems.append(f"fedldp {' '.join(args)}: no 'Error: ' line\n  {stderr[-400:]}")
+    assert not problems, f"{len(problems)} of {len(matrix)}:\n" + "\n".join(problems)
+    _nothing_created(env)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import ast
 import importlib
+import json
+import re
 import subprocess
 import sys
 import textwrap
@@ -126,3 +128,118 @@ def test_the_signing_scan_catches_a_planted_signer() -> None:
     assert "import from fedldp.authoring.signing" in uses
     assert "Ed25519PrivateKey" in uses
     assert ".sign()" in uses
+
+
+# --- the `fedldp` script on light installs (issue 29, item 5) ---
+
+#: Modules of the server-side extras: blocked to stand for an install of `[cli]` only.
+SERVER_MODULES = [
+    "numpy",
+    "scipy",
+    "sqlalchemy",
+    "alembic",
+    "prometheus_client",
+    "psycopg",
+    "grpc_health",
+    "matplotlib",
+    "dp_accounting",
+    "starlette",
+    "uvicorn",
+    "torch",
+    "opacus",
+    "sklearn",
+]
+
+_POLICIES = ("--policies", "{tmp}", "--trust", "{tmp}")
+#: Commands of the issue's light-install review, each past its argument checks.
+CLI_ONLY_COMMANDS = [
+    ["ledger", "show", "alice", "--ledger", "sqlite:///{tmp}/ledger.db"],
+    [
+        *("release", "count", "--purpose", "p", "--epsilon", "1", "--key", "k"),
+        *("--ledger", "sqlite:///{tmp}/ledger.db", "--subject", "s", "--data", "{tmp}/data.txt"),
+    ],
+    ["train", "--config", str(REPO_ROOT / "deploy" / "examples" / "train.toml")],
+    ["verify", "mechanism", "-m", "grr", "--samples", "10"],
+    ["collector", "serve", "--config", "{tmp}/collector.toml"],
+    ["dashboard", "--ledger", "sqlite:///{tmp}/ledger.db", *_POLICIES],
+    ["ledger", "init", "--ledger", "sqlite:///{tmp}/new.db"],
+]
+
+_CLI_ONLY_CHILD = """
+import json, sys
+for name in {blocked!r}:
+    sys.modules[name] = None  # importing it raises ModuleNotFoundError
+from click.testing import CliRunner
+from fedldp.cli import main
+out = []
+for args in {commands!r}:
+    result = CliRunner().invoke(main, args)
+    escaped = result.exception is not None and not isinstance(result.exception, SystemExit)
+    out.append([args, result.exit_code, result.stderr, escaped])
+print(json.dumps(out))
+"""
+
+
+def test_the_script_without_click_names_the_cli_extra() -> None:
+    """The bare install has the `fedldp` script but not click: one line, exit 1."""
+    code = (
+        "import sys\n"
+        "sys.modules['click'] = None\n"
+        "sys.argv = ['fedldp', '--help']\n"
+        "from fedldp.launcher import main\n"
+        "main()\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 1, result.stderr
+    assert "Traceback" not in result.stderr
+    assert result.stderr.splitlines() == [
+        "Error: the fedldp command line needs 'click', from the 'cli' extra: pip install "
+        "'fedldp[cli]' (from a checkout: pip install '.[cli]')"
+    ]
+
+
+def test_the_script_is_the_launcher() -> None:
+    """pyproject's script goes through fedldp.launcher (which needs no click)."""
+    scripts = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]["scripts"]
+    assert scripts == {"fedldp": "fedldp.launcher:main"}
+    code = "import sys; sys.modules['click'] = None; import fedldp.launcher, fedldp.cli_errors"
+    assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0
+
+
+def test_with_only_the_cli_extra_every_command_names_its_extra(tmp_path: Path) -> None:
+    """`[cli]` alone: each command that needs more says which extra, in one line, exit 1
+    (not 70 "internal error (ModuleNotFoundError ...)")."""
+    (tmp_path / "data.txt").write_text("1\n2\n", encoding="utf-8")
+    (tmp_path / "collector.toml").write_text("[collector]\n", encoding="utf-8")
+    commands = [[a.format(tmp=tmp_path) for a in args] for args in CLI_ONLY_COMMANDS]
+    code = _CLI_ONLY_CHILD.format(blocked=SERVER_MODULES, commands=commands)
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    problems = []
+    for args, exit_code, stderr, escaped in json.loads(done.stdout):
+        lines = [line for line in stderr.splitlines() if line.startswith("Error: ")]
+        if (
+            escaped
+            or exit_code != 1
+            or len(lines) != 1
+            or "pip install 'fedldp[" not in lines[0]
+        ):
+            problems.append(f"fedldp {' '.join(args)}: exit {exit_code}\n{stderr}")
+    assert not problems, "\n".join(problems)
+    assert not (tmp_path / "ledger.db").exists() and not (tmp_path / "new.db").exists()
+
+
+def test_every_extra_named_for_a_module_brings_it() -> None:
+    """EXTRA_OF_MODULE names, for each module, an extra of pyproject.toml that lists it."""
+    from fedldp.cli_errors import EXTRA_OF_MODULE
+
+    extras = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"
+    ]
+    distribution = {"sklearn": "scikit-learn", "grpc_health": "grpcio-health-checking"}
+    for module, extra in EXTRA_OF_MODULE.items():
+        wanted = distribution.get(module, module.replace("_", "-")).lower()
+        names = [re.split(r"[<>=;\[ ]", dep, maxsplit=1)[0].lower() for dep in extras[extra]]
+        assert wanted in names, f"{module}: {wanted} is not in the {extra!r} extra"
