@@ -25,7 +25,12 @@ if TYPE_CHECKING:
         config_from_mapping,
         load_config,
     )
-    from fedldp.aggregator.training.data import DataError, Dataset, dataset_from_arrays, load_dataset
+    from fedldp.aggregator.training.data import (
+        DataError,
+        Dataset,
+        dataset_from_arrays,
+        load_dataset,
+    )
     from fedldp.aggregator.training.engine import (
         BudgetRefusedError,
         DistributedError,

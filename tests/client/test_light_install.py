@@ -220,12 +220,7 @@ def test_with_only_the_cli_extra_every_command_names_its_extra(tmp_path: Path) -
     problems = []
     for args, exit_code, stderr, escaped in json.loads(done.stdout):
         lines = [line for line in stderr.splitlines() if line.startswith("Error: ")]
-        if (
-            escaped
-            or exit_code != 1
-            or len(lines) != 1
-            or "pip install 'fedldp[" not in lines[0]
-        ):
+        if escaped or exit_code != 1 or len(lines) != 1 or "pip install 'fedldp[" not in lines[0]:
             problems.append(f"fedldp {' '.join(args)}: exit {exit_code}\n{stderr}")
     assert not problems, "\n".join(problems)
     assert not (tmp_path / "ledger.db").exists() and not (tmp_path / "new.db").exists()

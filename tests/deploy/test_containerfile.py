@@ -149,13 +149,11 @@ def source_folders() -> list[str]:
     running it): the one list of the wheel's package folders."""
     tree = ast.parse((ROOT / "setup.py").read_text(encoding="utf-8"))
     for node in tree.body:
-        target = node.target if isinstance(node, ast.AnnAssign) else None
-        if isinstance(node, ast.Assign) and len(node.targets) == 1:
-            target = node.targets[0]
-        if isinstance(target, ast.Name) and target.id == "SOURCE_ROOTS":
-            assert node.value is not None
-            roots: dict[str, str] = ast.literal_eval(node.value)
-            return sorted({folder.split("/")[0] for folder in roots.values()})
+        if isinstance(node, ast.AnnAssign | ast.Assign) and node.value is not None:
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            if any(isinstance(t, ast.Name) and t.id == "SOURCE_ROOTS" for t in targets):
+                roots: dict[str, str] = ast.literal_eval(node.value)
+                return sorted({folder.split("/")[0] for folder in roots.values()})
     raise AssertionError("setup.py has no SOURCE_ROOTS")
 
 
