@@ -152,7 +152,9 @@ def policies(state_dir: Path, as_json: bool) -> None:
 @client.command()
 @_STATE_DIR
 @_JSON
-@click.option("--limit", type=int, default=50, show_default=True, help="Most rows shown.")
+@click.option(
+    "--limit", type=click.IntRange(min=1), default=50, show_default=True, help="Most rows shown."
+)
 def outbox(state_dir: Path, as_json: bool, limit: int) -> None:
     """Reports waiting for acknowledgement (ids and bookkeeping; no payloads)."""
     from fedldp.client.outbox import Outbox
@@ -182,7 +184,10 @@ def outbox(state_dir: Path, as_json: bool, limit: int) -> None:
 @_STATE_DIR
 @_JSON
 @click.option(
-    "--now", type=int, default=None, help="Unix time for 'current window' (default: now)."
+    "--now",
+    type=click.IntRange(min=0),
+    default=None,
+    help="Unix time for 'current window' (default: now).",
 )
 def budget(state_dir: Path, as_json: bool, now: int | None) -> None:
     """Epsilon spent and left per policy in the current window (the device's own ledger)."""
@@ -213,7 +218,9 @@ def budget(state_dir: Path, as_json: bool, now: int | None) -> None:
 @client.command()
 @_STATE_DIR
 @_JSON
-@click.option("--limit", type=int, default=50, show_default=True, help="Most events shown.")
+@click.option(
+    "--limit", type=click.IntRange(min=1), default=50, show_default=True, help="Most events shown."
+)
 def events(state_dir: Path, as_json: bool, limit: int) -> None:
     """Recent drops, refusals and rejected policies, newest first."""
     with _store(state_dir) as store:

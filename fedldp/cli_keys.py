@@ -108,7 +108,9 @@ def _write_root(envelope: policy_pb2.SignedEnvelope, out: Path) -> None:
 
 def _signing_options(fn: F) -> F:
     """--passphrase-env VAR (for encrypted private keys) and --now (instead of the clock)."""
-    fn = click.option("--now", type=int, help="Unix time to use instead of the clock.")(fn)
+    fn = click.option(
+        "--now", type=click.IntRange(min=0), help="Unix time to use instead of the clock."
+    )(fn)
     return click.option(
         "--passphrase-env", metavar="VAR", help="Passphrase for encrypted private keys."
     )(fn)
@@ -202,6 +204,7 @@ def key_id(key_file: str) -> None:
 )
 @click.option(
     "--threshold",
+    type=click.IntRange(min=1),
     default=1,
     show_default=True,
     help="Root signatures needed to accept the next root version.",
@@ -296,7 +299,9 @@ def init_root(
 @click.option(
     "--remove-root-key", multiple=True, help="Root key to remove: key id or public key file."
 )
-@click.option("--threshold", type=int, help="New root signature threshold.")
+@click.option(
+    "--threshold", type=click.IntRange(min=1), help="New root signature threshold (at least 1)."
+)
 @click.option(
     "--add-policy-key",
     multiple=True,

@@ -159,7 +159,9 @@ def _decimal(_ctx: click.Context, _param: click.Parameter, value: str | None) ->
     type=click.Path(exists=True, dir_okay=False),
     help="Pinned root public key (repeat for several).",
 )
-@click.option("--now", type=int, help="Unix time to verify at (default: the clock).")
+@click.option(
+    "--now", type=click.IntRange(min=0), help="Unix time to verify at (default: the clock)."
+)
 @click.option("--audience", help="Collector deployment name the policy must be addressed to.")
 @click.option("--max-epsilon", callback=_decimal, help="Device maximum per-report epsilon.")
 @click.option("--max-epsilon-cap", callback=_decimal, help="Device maximum epsilon per window.")

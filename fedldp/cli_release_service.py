@@ -276,6 +276,10 @@ def datasets_cmd(service: str, token_env: str, tls_ca: Path | None, insecure: bo
 )
 def query_cmd(kind: str, **o: Any) -> None:
     """Ask the service for one release; prints the noised value(s) with error bars (JSON)."""
+    from fedldp.cli_common import decimal_option
+
+    for option in ("epsilon", "delta", "quantile"):  # a usage error before anything is dialed
+        decimal_option(o[option], f"--{option}")
     request = build_request(
         kind,
         dataset=o["dataset"],
@@ -357,11 +361,17 @@ def sign_policy_cmd(policy_file: Path, key: str, out: Path, passphrase_env: str 
     help="the collector's trust folder",
 )
 @click.option("--policy", "policy_id", required=True, help="policy id")
-@click.option("--version", type=int, help="policy version (default: the highest valid)")
+@click.option(
+    "--version", type=click.IntRange(min=1), help="policy version (default: the highest valid)"
+)
 @click.option("--audience", default="default", show_default=True, help="policy audience")
 @click.option("--out", "out_url", required=True, help="SQL URL of the consolidated database")
 @click.option("--table", default="ldp_estimates", show_default=True, help="table name")
-@click.option("--at", type=int, help="verify the policy as of this Unix time (default: now)")
+@click.option(
+    "--at",
+    type=click.IntRange(min=0),
+    help="verify the policy as of this Unix time (default: now)",
+)
 def consolidate_cmd(**o: Any) -> None:
     """Write per-window debiased LDP estimates and variances as a table (no budget spent).
 

@@ -159,7 +159,9 @@ def _unverified_id(path: Path) -> str | None:
 
 @click.command("report")
 @click.option("--policy", "policy_id", required=True, help="policy id")
-@click.option("--version", type=int, help="policy version (default: the highest found)")
+@click.option(
+    "--version", type=click.IntRange(min=1), help="policy version (default: the highest found)"
+)
 @click.option(
     "--window",
     "window_start",

@@ -597,7 +597,11 @@ def _reservation_row(res: Any, now: int) -> dict[str, Any]:
     type=click.Path(exists=True, dir_okay=False),
     help="collector.toml to read ledger_url from",
 )
-@click.option("--now", type=int, help="the time to judge leases at (Unix seconds; default: now)")
+@click.option(
+    "--now",
+    type=click.IntRange(min=0),
+    help="the time to judge leases at (Unix seconds; default: now)",
+)
 @click.option("--json", "as_json", is_flag=True, help="one JSON object per reservation")
 def ledger_reservations(
     states: tuple[str, ...],
@@ -652,7 +656,11 @@ def ledger_reservations(
 
 @click.command(name="settle-stale")
 @click.argument("reservation_id")
-@click.option("--now", type=int, help="the time to judge leases at (Unix seconds; default: now)")
+@click.option(
+    "--now",
+    type=click.IntRange(min=0),
+    help="the time to judge leases at (Unix seconds; default: now)",
+)
 @click.option("--note", default="", help="why (kept in the reservation's log)")
 @ledger_option(envvar="FEDLDP_COLLECTOR_LEDGER_URL", dest="url")
 @click.option(

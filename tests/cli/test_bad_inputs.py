@@ -675,8 +675,34 @@ def cases(env: Env) -> list[tuple[str, list[str]]]:
         ("release-service consolidate no ledger", _consolidate(env)),
         ("unknown command", ["no-such-command"]),
         ("unknown option", ["ledger", "show", "x", "--no-such-option"]),
+        *_range_cases(env),
     ]
     return out
+
+
+def _range_cases(env: Env) -> list[tuple[str, list[str]]]:
+    """Out-of-range numbers and malformed decimals refused before anything runs (issue 29,
+    item 3: these exited 70 or 0, or dialed the service first)."""
+    b = str(env.base)
+    return [
+        (
+            "keys rotate negative threshold",
+            [
+                *("keys", "rotate", "--current", f"{b}/data.txt", "--sign", f"{b}/release.key"),
+                *("--out", f"{b}/never-root.json", "--threshold", "-1"),
+            ],
+        ),
+        ("client outbox negative limit", ["client", "outbox", "--state-dir", b, "--limit", "-5"]),
+        ("client events negative limit", ["client", "events", "--state-dir", b, "--limit", "-5"]),
+        ("client budget negative now", ["client", "budget", "--state-dir", b, "--now", "-100"]),
+        (
+            "release-service query exponent epsilon",
+            [
+                *("release-service", "query", "count", "--service", "192.0.2.1:9", "--insecure"),
+                *("--dataset", "d", "--purpose", "p", "--epsilon", "1e-3", "--key", "k"),
+            ],
+        ),
+    ]
 
 
 def _service_job(b: Path) -> list[str]:
@@ -786,6 +812,11 @@ EXPECTED: dict[str, tuple[int, str]] = {
     "dashboard --ledger shard-1": (1, "is shard 1 of 2"),
     "dashboard --ledger missing-file": (1, "does not exist"),
     "collector serve --config charged-shards": (1, "already holds charges"),
+    "keys rotate negative threshold": (2, "--threshold"),
+    "client outbox negative limit": (2, "--limit"),
+    "client events negative limit": (2, "--limit"),
+    "client budget negative now": (2, "--now"),
+    "release-service query exponent epsilon": (2, "plain notation"),
 }
 
 
