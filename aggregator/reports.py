@@ -415,7 +415,14 @@ def load_export(document: dict[str, Any] | str | Path, policy: VerifiedPolicy) -
     mechanism or ε, and for a malformed partial.
     """
     if isinstance(document, Path):
-        data: Any = json.loads(document.read_text(encoding="utf-8"))
+        try:
+            data: Any = json.loads(document.read_text(encoding="utf-8"))
+        except UnicodeDecodeError as exc:
+            raise ExportMismatchError(
+                f"{document} is not a statistics export: not UTF-8 text "
+                f"(byte 0x{exc.object[exc.start]:02x}); give the JSON that `fedldp report "
+                "--export` wrote"
+            ) from None
     elif isinstance(document, str):
         data = json.loads(document)
     else:

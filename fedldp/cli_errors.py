@@ -46,7 +46,11 @@ class Failure:
 
 
 def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
+    # A KeyError's str() is the repr of its key: "'no reservation \\'9\\''"; say the text.
+    if isinstance(exc, KeyError) and len(exc.args) == 1 and isinstance(exc.args[0], str):
+        text = exc.args[0].strip()
+    else:
+        text = str(exc).strip()
     return text.splitlines()[0] if text else type(exc).__name__
 
 

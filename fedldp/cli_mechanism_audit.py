@@ -315,8 +315,10 @@ def verify_mechanism(
     )
     from fedldp.client.mechanisms import registered_ids
 
-    if all_ == bool(mechanisms):
+    if all_ and mechanisms:
         raise InputError("give --mechanism ID (repeatable) or --all, not both")
+    if not all_ and not mechanisms:
+        raise InputError("give --mechanism ID (repeatable) or --all (every registered mechanism)")
     lo, hi = (_decimal(t, "--range") for t in range_texts)
     paths = ("device", "batch") if path_choice == "both" else (path_choice,)
     try:

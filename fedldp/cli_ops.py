@@ -614,8 +614,13 @@ def confirm_central_cmd(
     from fedldp.collector.ledger import LedgerError
     from fedldp.collector.ledger.shards import open_central_ledger
 
-    if bool(spent) == none_made:
-        raise click.ClickException("pass --spent (once per release) or --none, not both")
+    if spent and none_made:
+        raise click.UsageError("pass --spent (once per release) or --none, not both")
+    if not spent and not none_made:
+        raise click.UsageError(
+            "pass --spent SUBJECT PURPOSE EPSILON DELTA (once per central release made after "
+            "the backup) or --none (no central release was made since)"
+        )
     entries = _reentries(spent)
     with open_central_ledger(_ledger_url(url, config_path), access="write") as led:
         try:

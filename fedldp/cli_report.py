@@ -426,6 +426,15 @@ class _DataFile:
         return self.key.digest("file", self.sha256)
 
     def __call__(self) -> Iterator[str]:
+        try:
+            yield from self._values()
+        except UnicodeDecodeError as exc:
+            raise click.ClickException(
+                f"--data {self.path} is not UTF-8 text (byte 0x{exc.object[exc.start]:02x}); "
+                "give one value per line, or a CSV file with --column"
+            ) from None
+
+    def _values(self) -> Iterator[str]:
         from fedldp.aggregator.central.receipts import HashingReader
 
         digest = hashlib.sha256()

@@ -171,13 +171,19 @@ def _columns_from_rows(
 
 
 def _read_csv(path: Path) -> tuple[list[str], list[list[str]]]:
-    with path.open(newline="", encoding="utf-8") as fh:
-        reader = csv.reader(fh)
-        try:
-            header = next(reader)
-        except StopIteration:
-            raise DataError(f"{path} is empty") from None
-        return [h.strip() for h in header], [row for row in reader if row]
+    try:
+        with path.open(newline="", encoding="utf-8") as fh:
+            reader = csv.reader(fh)
+            try:
+                header = next(reader)
+            except StopIteration:
+                raise DataError(f"{path} is empty") from None
+            return [h.strip() for h in header], [row for row in reader if row]
+    except UnicodeDecodeError as exc:
+        raise DataError(
+            f"{path} is not UTF-8 text (byte 0x{exc.object[exc.start]:02x}); [data] source "
+            '= "csv" reads a UTF-8 CSV file (a binary file: source = "parquet")'
+        ) from None
 
 
 def _read_parquet(path: Path) -> tuple[list[str], list[list[object]]]:

@@ -66,6 +66,11 @@ def load_receipt(path: Path) -> dict[str, Any]:
         raise ReceiptError(f"cannot read {path}: {exc.strerror}") from exc
     except json.JSONDecodeError as exc:
         raise ReceiptError(f"{path} is not JSON: {exc}") from exc
+    except UnicodeDecodeError as exc:
+        raise ReceiptError(
+            f"{path} is not a receipt: not UTF-8 text (byte 0x{exc.object[exc.start]:02x}); "
+            "give the receipt.json a training run wrote"
+        ) from None
     if is_envelope(receipt):
         try:
             receipt = payload_of(receipt)

@@ -70,7 +70,7 @@ def test_a_lower_bound_above_the_claim_exits_1(broken_registered: str) -> None:
         (["-m", "grr", "-e", "-1"], "--epsilon must be positive"),
         (["-m", "grr", "--k", "1"], "--k"),
         (["--all", "-m", "grr"], "not both"),
-        ([], "not both"),
+        ([], "or --all (every registered mechanism)"),
         (["-m", "grr", "--path", "gpu"], "--path"),
         (["-m", "grr", "--confidence", "1"], "--confidence"),
         (["-m", "grr", "--param", "g"], "NAME=VALUE"),

@@ -133,15 +133,15 @@ def test_confirm_none_and_refusals(tmp_path: Path) -> None:
         with pytest.raises(NothingToConfirmError, match="ledger restore"):
             led.confirm_central([], now=1)
     assert _cli("ledger", "restore", "--ledger", restored, str(backup)).exit_code == 0
-    for bad, says in (
-        ((), "--spent (once per release) or --none"),
-        (("--none", "--spent", "alice", "stats", "1", "0"), "not both"),
-        (("--spent", "alice", "stats", "one", "0"), "decimal numbers"),
-        (("--spent", "alice", "stats", "0", "0"), "epsilon"),
-        (("--spent", "alice", "stats", "1", "0", "--spent", "bob", "stats", "1", "0"), "bob"),
+    for bad, code, says in (
+        ((), 2, "or --none (no central release was made since)"),
+        (("--none", "--spent", "alice", "stats", "1", "0"), 2, "not both"),
+        (("--spent", "alice", "stats", "one", "0"), 1, "decimal numbers"),
+        (("--spent", "alice", "stats", "0", "0"), 1, "epsilon"),
+        (("--spent", "alice", "stats", "1", "0", "--spent", "bob", "stats", "1", "0"), 1, "bob"),
     ):
         out = _cli("ledger", "confirm-central", "--ledger", restored, *bad)
-        assert out.exit_code == 1 and says in out.output, (bad, out.output)
+        assert out.exit_code == code and says in out.output, (bad, out.output)
     with open_ledger(restored) as led:  # every refusal changed nothing: still blocked
         assert led.reservations("alice") == []
         with pytest.raises(CentralSpendUnconfirmedError):

@@ -1,0 +1,62 @@
+"""Messages that name the file or option and the fix (issue 29, item 8)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+import pytest
+from click.testing import CliRunner
+from fedldp.aggregator.training.data import DataError, _read_csv
+from fedldp.aggregator.training.receipt import ReceiptError, load_receipt
+from fedldp.collector.ledger.model import ReservationNotFoundError
+
+from fedldp.cli import main
+from fedldp.cli_errors import describe
+from fedldp.cli_report import _DataFile
+
+#: The first bytes of a PNG file: what a mistyped --data often is.
+NOT_TEXT = b"\x89PNG\r\n\x1a\n" + bytes(range(256))
+
+
+@pytest.fixture
+def image(tmp_path: Path) -> Path:
+    path = tmp_path / "photo.png"
+    path.write_bytes(NOT_TEXT)
+    return path
+
+
+def test_release_data_that_is_not_text_names_the_file(image: Path) -> None:
+    with pytest.raises(click.ClickException) as caught:
+        list(_DataFile(str(image), None)())
+    assert f"--data {image} is not UTF-8 text (byte 0x89)" in caught.value.message
+
+
+def test_training_csv_that_is_not_text_names_the_file(image: Path) -> None:
+    with pytest.raises(DataError, match=r"photo\.png is not UTF-8 text \(byte 0x89\)"):
+        _read_csv(image)
+
+
+def test_a_receipt_that_is_not_text_names_the_file(image: Path) -> None:
+    with pytest.raises(ReceiptError, match=r"photo\.png is not a receipt: not UTF-8 text"):
+        load_receipt(image)
+
+
+def test_a_key_error_is_shown_as_its_text_not_its_repr() -> None:
+    """`no reservation '999999'`, not `'no reservation \\'999999\\''`."""
+    failure = describe(ReservationNotFoundError("no reservation '999999'"))
+    assert failure.message == "ledger refused: no reservation '999999'"
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        ([], "or --none (no central release was made since)"),
+        (["--none", "--spent", "a", "p", "1", "0"], "not both"),
+    ],
+)
+def test_confirm_central_says_what_is_missing(args: list[str], says: str, tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'never.db'}"
+    result = CliRunner().invoke(main, ["ledger", "confirm-central", "--ledger", url, *args])
+    assert result.exit_code == 2 and says in result.stderr, result.output
+    assert not (tmp_path / "never.db").exists()
