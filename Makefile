@@ -45,7 +45,7 @@ proto: $(VENV)/.test-installed
 	$(BIN)/python scripts/gen_proto.py
 
 bench-quick: $(VENV)/.test-installed
-	for b in mechanisms collector ingest_cpu sdk aggregator training; do $(BIN)/python -m bench.$$b --quick || exit 1; done
+	for b in mechanisms collector ingest_cpu sdk aggregator training cli_startup; do $(BIN)/python -m bench.$$b --quick || exit 1; done
 
 clean:
 	rm -rf $(VENV) build *.egg-info fedldp-demo
