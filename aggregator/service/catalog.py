@@ -319,22 +319,43 @@ def load_catalog(path: Path) -> Catalog:
         data = toml_loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
         raise CatalogError(f"cannot read catalog {path}: {exc}") from None
+    section = "the catalog"
     try:
-        groups = {
-            str(g): frozenset(check_subject(str(a)) for a in names)
-            for g, names in dict(data.get("groups", {})).items()
-        }
-        datasets = {
-            str(name): _dataset(str(name), dict(spec), path.parent)
-            for name, spec in dict(data.get("datasets", {})).items()
-        }
+        groups = {str(g): _group(str(g), names) for g, names in _table(data, "groups").items()}
+        datasets = {}
+        for name, spec in _table(data, "datasets").items():
+            section = f"[datasets.{name}]"
+            datasets[str(name)] = _dataset(str(name), dict(spec), path.parent)
+        section = "[training]"
         training = parse_training(dict(data["training"])) if "training" in data else None
-    except (TypeError, ValueError, KeyError) as exc:
+    except (ValueError, KeyError) as exc:
         raise CatalogError(f"catalog {path}: {exc}") from None
+    except TypeError as exc:  # e.g. a number where a table or a list belongs
+        raise CatalogError(
+            f"catalog {path}: {section} has a value of the wrong type ({exc}); "
+            "docs/release-service.md lists each key and its type"
+        ) from None
     unknown = set(data) - {"groups", "datasets", "training"}
     if unknown:
         raise CatalogError(f"catalog {path}: unknown section(s) {sorted(unknown)}")
     return Catalog(datasets, groups, training)
+
+
+def _table(data: dict[str, Any], key: str) -> dict[str, Any]:
+    """The catalog's section `key` ({} when absent); ValueError when it is not a table."""
+    value = data.get(key, {})
+    if not isinstance(value, dict):
+        raise ValueError(f"[{key}] must be a table (a [{key}] section), not {value!r}")
+    return value
+
+
+def _group(name: str, names: Any) -> frozenset[str]:
+    """The analysts of group `name`; ValueError unless it is a list of names."""
+    if not isinstance(names, list) or not all(isinstance(a, str) for a in names):
+        raise ValueError(
+            f'[groups] {name} must be a list of analyst names, e.g. {name} = ["alice"]'
+        )
+    return frozenset(check_subject(a) for a in names)
 
 
 def _dataset(name: str, spec: dict[str, Any], base: Path) -> Dataset:

@@ -60,3 +60,23 @@ def test_confirm_central_says_what_is_missing(args: list[str], says: str, tmp_pa
     result = CliRunner().invoke(main, ["ledger", "confirm-central", "--ledger", url, *args])
     assert result.exit_code == 2 and says in result.stderr, result.output
     assert not (tmp_path / "never.db").exists()
+
+
+@pytest.mark.parametrize(
+    ("text", "says"),
+    [
+        ("[groups]\nF = 1\n", '[groups] F must be a list of analyst names, e.g. F = ["alice"]'),
+        ("groups = 3\n", "[groups] must be a table"),
+        ("[datasets]\nd = 4\n", "[datasets.d] has a value of the wrong type"),
+    ],
+)
+def test_a_catalog_value_of_the_wrong_type_names_its_section(
+    text: str, says: str, tmp_path: Path
+) -> None:
+    from fedldp.aggregator.service.catalog import CatalogError, load_catalog
+
+    path = tmp_path / "catalog.toml"
+    path.write_text(text, encoding="utf-8")
+    with pytest.raises(CatalogError) as caught:
+        load_catalog(path)
+    assert says in str(caught.value) and "is not iterable" not in str(caught.value).split("(")[0]

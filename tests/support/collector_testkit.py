@@ -439,7 +439,6 @@ class PostgresServer:
             os.chown(base, pw.pw_uid, pw.pw_gid)
             runner = ["runuser", "-u", "postgres", "--"]
         data = base / "data"
-        port = free_port()
         subprocess.run(
             [
                 *runner,
@@ -457,20 +456,26 @@ class PostgresServer:
             check=True,
             capture_output=True,
         )
-        opts = (
-            f"-p {port} -k {base} -c listen_addresses=127.0.0.1 "
-            f"-c max_connections={max_connections} -c shared_buffers=64MB"
-        )
-        done = _pg_ctl_start(runner, bindir, base, opts)
-        if done.returncode != 0:
+        # A free port can be taken between free_port() and the server's bind (pytest-xdist
+        # workers start their servers at once): try another port when the bind lost.
+        for attempt in range(3):
+            port = free_port()
+            opts = (
+                f"-p {port} -k {base} -c listen_addresses=127.0.0.1 "
+                f"-c max_connections={max_connections} -c shared_buffers=64MB"
+            )
+            done = _pg_ctl_start(runner, bindir, base, opts)
+            if done.returncode == 0:
+                return cls("127.0.0.1", port, base, bindir, runner, opts=opts)
             log = (
                 (base / "server.log").read_text(errors="replace")
                 if (base / "server.log").exists()
                 else ""
             )
-            shutil.rmtree(base, ignore_errors=True)
-            raise RuntimeError(f"PostgreSQL did not start: {done.stderr!r} {log}")
-        return cls("127.0.0.1", port, base, bindir, runner, opts=opts)
+            if "could not bind" not in log or attempt == 2:
+                shutil.rmtree(base, ignore_errors=True)
+                raise RuntimeError(f"PostgreSQL did not start: {done.stderr!r} {log}")
+        raise AssertionError("unreachable")
 
     def url(self, database: str = "postgres") -> str:
         """SQLAlchemy URL of `database` on this server."""
