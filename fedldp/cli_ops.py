@@ -219,8 +219,17 @@ def migrate_cmd(url: str | None, config_path: str | None) -> None:
             after = current_revision(connection)
     except sa.exc.SQLAlchemyError as exc:
         cause = exc.orig if isinstance(exc, sa.exc.DBAPIError) else exc
+        from fedldp.cli_errors import mask_password
+
         detail = _one_line(str(cause))
-        raise click.ClickException(f"cannot migrate the ledger: {detail}") from None
+        hint = (
+            "; is it a fedldp ledger (a SQLite database)?"
+            if "not a database" in detail
+            else "; check the URL and that the server is reachable"
+        )
+        raise click.ClickException(
+            f"cannot migrate the ledger {mask_password(ledger_url)}: {detail}{hint}"
+        ) from None
     finally:
         engine.dispose()
     if after != head_revision():

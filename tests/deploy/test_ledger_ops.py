@@ -47,4 +47,4 @@ def test_migrate_without_a_database_is_one_line(tmp_path: Path) -> None:
     result = CliRunner().invoke(main, ["ledger", "migrate", "--ledger", url])
     assert result.exit_code == 1
     assert len(result.output.strip().splitlines()) == 1
-    assert result.output.startswith("Error: cannot migrate the ledger:")
+    assert result.output.startswith(f"Error: cannot migrate the ledger {url}: ")
