@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -56,8 +57,13 @@ def run_ledger(config: TrainConfig, ledger: CentralLedger | None) -> Iterator[Ce
     except ShardMapError as exc:  # a shard other than shard 0: no central state there
         raise BudgetRefusedError(str(exc)) from exc
     except (sa.exc.SQLAlchemyError, OSError, ValueError) as exc:
+        cause = getattr(exc, "orig", None) or exc  # the driver's own words, not the wrapper's
+        lines = str(cause).strip().splitlines()
+        detail = f"{type(cause).__name__}: {lines[0]}" if lines else type(cause).__name__
+        detail = re.sub(r"(\w[\w+.-]*://[^/:@\s]*:)[^@\s]*@", r"\1***@", detail)  # passwords
         raise BudgetRefusedError(
-            f"cannot open the ledger at {redact_url(config.budget.ledger)}: {type(exc).__name__}"
+            f"cannot open the ledger at {redact_url(config.budget.ledger)} ([budget] ledger): "
+            f"{detail}; check the URL and that the database server is reachable"
         ) from exc
     try:
         yield own

@@ -80,3 +80,25 @@ def test_a_catalog_value_of_the_wrong_type_names_its_section(
     with pytest.raises(CatalogError) as caught:
         load_catalog(path)
     assert says in str(caught.value) and "is not iterable" not in str(caught.value).split("(")[0]
+
+
+def test_train_on_a_closed_port_says_why(tmp_path: Path) -> None:
+    """The driver's reason, not only "OperationalError"."""
+    from fedldp.aggregator.training.config import load_config
+    from fedldp.aggregator.training.errors import BudgetRefusedError
+    from fedldp.aggregator.training.lifecycle import run_ledger
+
+    example = Path(__file__).resolve().parents[2] / "deploy" / "examples" / "train.toml"
+    text = example.read_text(encoding="utf-8").replace(
+        'ledger = "sqlite:////var/lib/fedldp/ledger.db"',
+        'ledger = "postgresql+psycopg://u:pw@127.0.0.1:1/d?connect_timeout=2"',
+    )
+    (tmp_path / "train.toml").write_text(text, encoding="utf-8")
+    with (
+        pytest.raises(BudgetRefusedError) as caught,
+        run_ledger(load_config(tmp_path / "train.toml"), None),
+    ):
+        pass
+    message = str(caught.value)
+    assert "([budget] ledger): OperationalError: " in message and "pw" not in message
+    assert "check the URL and that the database server is reachable" in message
