@@ -69,7 +69,16 @@ def show_cmd(config_path: str | None) -> None:
 
     urls = shard_urls(config_path)
     if not urls:
-        raise click.UsageError("pass --config FILE with ledger_shards")
+        if config_path is None:
+            raise click.UsageError("pass --config FILE (a collector.toml with ledger_shards)")
+        from fedldp.cli_errors import mask_password
+
+        one = resolve_ledger_url(None, config_path)
+        click.echo(
+            f"1 ledger, not sharded: {mask_password(one)} ({config_path} sets ledger_url; "
+            "`fedldp ledger shards add --new URL` makes it shard 0 of 2)"
+        )
+        return
     with open_cli_shards(urls) as sharded:
         current = sharded.map.epochs[-1]
         click.echo(f"{len(urls)} shard(s), {SLOTS} slots, {len(sharded.map.epochs)} epoch(s)")

@@ -359,10 +359,7 @@ def cases(env: Env) -> list[tuple[str, list[str]]]:
             ],
         ),
         ("ledger show without a ledger", ["ledger", "show", "alice"]),
-        (
-            "ledger shards show without shards",
-            ["ledger", "shards", "show", "--config", str(env.config)],
-        ),
+        ("ledger shards show without --config", ["ledger", "shards", "show"]),
         (
             "ledger shards add without --new",
             ["ledger", "shards", "add", "--config", str(env.config)],
@@ -773,7 +770,7 @@ EXPECTED: dict[str, tuple[int, str]] = {
     "mint-token unknown audience": (2, "--audience"),
     "report --config malformed-toml": (1, "bad.toml is not valid TOML"),
     "unknown option": (2, "No such option"),
-    "ledger shards show without shards": (2, "ledger_shards"),
+    "ledger shards show without --config": (2, "--config"),
     "ledger shards add without --new": (2, "--new"),
     "ledger shards add itself": (1, "a shard already"),
     "ledger shards add unreachable": (1, "ledger"),

@@ -102,3 +102,14 @@ def test_train_on_a_closed_port_says_why(tmp_path: Path) -> None:
     message = str(caught.value)
     assert "([budget] ledger): OperationalError: " in message and "pw" not in message
     assert "check the URL and that the database server is reachable" in message
+
+
+def test_shards_show_of_one_ledger_says_it_is_not_sharded(tmp_path: Path) -> None:
+    """Its help allows one ledger_url: it says so (exit 0) and creates nothing."""
+    config = tmp_path / "collector.toml"
+    url = f"sqlite:///{tmp_path / 'ledger.db'}"
+    config.write_text(f'[collector]\nledger_url = "{url}"\n', encoding="utf-8")
+    result = CliRunner().invoke(main, ["ledger", "shards", "show", "--config", str(config)])
+    assert result.exit_code == 0, result.output
+    assert result.output.startswith(f"1 ledger, not sharded: {url}")
+    assert not (tmp_path / "ledger.db").exists()
