@@ -27,10 +27,11 @@ $(VENV)/.test-installed: $(BIN)/python $(DEPS)
 demo: $(VENV)/.demo-installed
 	$(BIN)/fedldp demo $(ARGS)
 
-# Everything, on every core (pytest-xdist), with the 25 slowest tests listed at the end
-# so a regression shows in CI's output. ARGS='-n 0' runs it in one process.
+# Everything, on every core (pytest-xdist; an idle worker takes queued tests from a busy
+# one, so the long tests do not leave a core idle at the end), with the 25 slowest listed
+# at the end so a regression shows in CI's output. ARGS='-n 0' runs it in one process.
 test: $(VENV)/.test-installed
-	$(BIN)/python -m pytest -n auto --durations=25 $(ARGS)
+	$(BIN)/python -m pytest -n auto --dist worksteal --durations=25 $(ARGS)
 
 lint: $(VENV)/.test-installed
 	$(BIN)/ruff check .
