@@ -70,6 +70,7 @@ def every_mechanism(now: int) -> Deployment:
                 labels=LABELS,
                 params={"epsilon_permanent": "2"},
                 memo_charging=policy_pb2.MEMO_CHARGING_INSTANTANEOUS,
+                epsilon_cap="100",  # the sound memo charge is max(ε1, ε_I) per report
             )
         else:
             d.add_categorical(f"p-{m}", mechanism=m, labels=LABELS)
