@@ -21,6 +21,8 @@ from google.protobuf.message import DecodeError
 from fedldp.authoring import load_policy_toml, sign_policy, successor_problems, write_envelope
 from fedldp.cli_common import decimal_option, trust_option
 from fedldp.cli_keys import load_keys, now_option, passphrase_from_env
+from fedldp.client.mechanisms.memo import Memoized
+from fedldp.client.mechanisms.memo_loss import JointLossTooCostlyError
 from fedldp.client.policy import (
     POLICY_PAYLOAD_TYPE,
     ROOT_PAYLOAD_TYPE,
@@ -37,8 +39,6 @@ from fedldp.client.policy import (
     read_envelope,
     verify_policy,
 )
-from fedldp.client.mechanisms.memo import Memoized
-from fedldp.client.mechanisms.memo_loss import JointLossTooCostlyError
 from fedldp.v1 import policy_pb2
 
 

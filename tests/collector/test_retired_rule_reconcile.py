@@ -19,13 +19,14 @@ from typing import Any
 from click.testing import CliRunner
 from collector_testkit import Deployment
 from fedldp.authoring import write_envelope
-from fedldp.cli import main
 from fedldp.client.mechanisms import CategoryOutput
 from fedldp.client.mechanisms.memo import Memoized
 from fedldp.client.policy import VerifiedPolicy
 from fedldp.collector.ledger import ACCEPTED, CheckedReport, Ledger
 from fedldp.collector.ledger.charge_audit import sound_charges, undercharged
 from fedldp.v1 import policy_pb2
+
+from fedldp.cli import main
 
 
 class _ChargedUnderRetiredRule:
