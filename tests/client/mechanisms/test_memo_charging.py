@@ -167,6 +167,7 @@ def test_the_issue_figures() -> None:
     assert 8 * wide.retired_report_charge >= wide.value_loss(8)
     # issue 28: rappor-oue k = 64, ε1 = 1, ε∞ = 2 is charged ε_I = 64 ln (1-f)/f.
     oue = create("rappor-oue", Decimal(1), 64, {"epsilon_permanent": "2"})
+    assert isinstance(oue, Memoized)
     assert oue.report_charge == Decimal("90.086782")
     assert oue.retired_report_charge == Decimal(1)
 

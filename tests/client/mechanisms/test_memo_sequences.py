@@ -56,7 +56,7 @@ def _laws(mech: Memoized) -> tuple[int, Law, Law]:
 
     def instant(y: int, b: int) -> Fraction:
         flips = bin(y ^ b).count("1")
-        return f**flips * (1 - f) ** (k - flips)
+        return Fraction(f**flips * (1 - f) ** (k - flips))
 
     return 1 << k, permanent, instant
 
