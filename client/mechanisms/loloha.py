@@ -208,8 +208,8 @@ class Loloha(Memoized):
         values = np.asarray(values, dtype=np.int64)
         if values.size and (values.min() < 0 or values.max() >= self.k):
             raise ValueError(f"values must be indices in [0, {self.k})")
-        seeds: npt.NDArray[np.int64] = rng.integers(
-            0, self.seed_space, size=values.shape[0], dtype=np.int64
+        seeds: npt.NDArray[np.int64] = np.asarray(
+            rng.integers(0, self.seed_space, size=values.shape[0]), dtype=np.int64
         )
         permanent = self.permanent.perturb_batch(self.base._hash_batch(seeds, values), rng)
         return seeds, respond_batch(self.keep_r, permanent, self.g, rng)
@@ -224,7 +224,9 @@ class Loloha(Memoized):
 
         values = np.asarray(values, dtype=np.int64)
         n, rounds = values.shape
-        seeds: npt.NDArray[np.int64] = rng.integers(0, self.seed_space, size=n, dtype=np.int64)
+        seeds: npt.NDArray[np.int64] = np.asarray(
+            rng.integers(0, self.seed_space, size=n), dtype=np.int64
+        )
         # Permanent responses for every hash value of every user, drawn up front
         # (the same law as drawing them lazily: memo_loss, "Sequences of values").
         table = self.permanent.perturb_batch(np.tile(np.arange(self.g), n), rng).reshape(n, self.g)
