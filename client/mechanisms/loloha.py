@@ -125,6 +125,8 @@ class Loloha(Memoized):
         self.base = OLH(epsilon, k, default_g(epsilon) if g is None else g)
         self.g = g = self.base.g
         self.seed_space = self.base.seed_space
+        #: Digits of a value in base g (OLH's hash contract; the auditor reads it too).
+        self.m = self.base.m
         # Arcolezi et al. 2023, Section 4: permanent GRR over [g] at ε∞ (Wang et al. 4.1).
         self.permanent = GRR(epsilon_permanent, g)
         self.p_exact, self.q_exact = exact_probabilities(self.permanent)
