@@ -271,6 +271,15 @@ class Memoized(FrequencyOracle):
         """An empty memo for one (user, metric)."""
         return MemoState(key=self.memo_key)
 
+    def memo_slots(self, value: Any, memo: MemoState) -> tuple[int, ...]:
+        """The slots of `memo.responses` that `perturb(value, memo=memo)` reads or writes.
+
+        The SDK loads them from its store before perturbing, asking again after each
+        load until no new slot is named (a mechanism whose slot depends on a stored
+        seed, loloha and dbitflip, names the seed first). Here: the value's own slot.
+        """
+        return (value,)
+
     @abstractmethod
     def _loss(self, reports: int) -> Decimal:
         """Upper bound on L(reports), from the subclass's exact chain."""

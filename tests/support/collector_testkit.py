@@ -115,9 +115,11 @@ class Deployment:
         epsilon_cap: str = "4",
         mechanism: str = "piecewise",
         window_seconds: int = 86400,
+        params: dict[str, str] | None = None,
     ) -> policy_pb2.SignedEnvelope:
         """Sign and keep a numeric policy; returns its envelope."""
         policy = self.authority.numeric_policy(
+            params=params or {},
             policy_id=policy_id,
             metric=_metric_name(policy_id),
             lo=lo,
