@@ -153,13 +153,14 @@ def test_dbitflip_end_to_end(deployment: Deployment, tmp_path: Path) -> None:
         with deployment.client(collector.address, tmp_path / f"d{i}", subject=f"u{i}") as c:
             c.record("session.minutes", Decimal(25) if i % 2 else Decimal(55))
             assert c.flush(timeout=10).acknowledged == 1
-    report = report_from_ledgers([("ledger", collector.ledger)], verified)
-    assert isinstance(report, NumericReport) and report.n == DEVICES + 3
+    numeric = report_from_ledgers([("ledger", collector.ledger)], verified)
+    assert isinstance(numeric, NumericReport) and numeric.n == DEVICES + 3
     assert (
-        0 <= report.ci_low <= report.mean <= report.ci_high <= 80 or report.ci_low <= report.ci_high
+        0 <= numeric.ci_low <= numeric.mean <= numeric.ci_high <= 80
+        or numeric.ci_low <= numeric.ci_high
     )
-    true_mean = (DEVICES / 2 * 25 + DEVICES / 2 * 55 + 5 + 15 + 5) / report.n
+    true_mean = (DEVICES / 2 * 25 + DEVICES / 2 * 55 + 5 + 15 + 5) / numeric.n
     z = NormalDist().inv_cdf(1 - 1e-6 / 2)
-    assert abs(report.mean - true_mean) <= z * report.std_error
+    assert abs(numeric.mean - true_mean) <= z * numeric.std_error
     data = _cli_report(deployment, collector.ledger.url, envelope, tmp_path)
-    assert data["mean"] == report.to_dict()["mean"]
+    assert data["mean"] == numeric.to_dict()["mean"]

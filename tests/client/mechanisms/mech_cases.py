@@ -131,7 +131,8 @@ EXACT_CASES = [
 def perturb_one(mech: Mechanism[Any, Any], value: Any, rng: Any, memo: Any = None) -> Output:
     """perturb, with a fresh memo for memoized mechanisms unless one is given."""
     if isinstance(mech, Memoized):
-        return mech.perturb(value, rng=rng, memo=memo if memo is not None else mech.new_memo())
+        memoized: Any = mech
+        return memoized.perturb(value, rng=rng, memo=memo if memo is not None else mech.new_memo())  # type: ignore[no-any-return]
     return mech.perturb(value, rng=rng)
 
 

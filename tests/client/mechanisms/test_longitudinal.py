@@ -77,7 +77,7 @@ def _loloha_law(mech: Loloha, p_r: Fraction) -> list[list[Fraction]]:
 
 
 def _max_ratio(laws: list[list[Fraction]]) -> Fraction:
-    return max(max(col) / min(col) for col in zip(*laws, strict=True))
+    return Fraction(max(max(col) / min(col) for col in zip(*laws, strict=True)))
 
 
 @pytest.mark.parametrize(("eps1", "eps_inf", "k", "g"), [("1", "2", 4, 3), ("0.5", "4", 5, 2)])

@@ -22,7 +22,9 @@ from fedldp.v1 import policy_pb2
 
 
 def _grr_rate(m: int, e1: float, einf: float) -> float:
-    lam = lambda e: (math.exp(e) - 1) / (math.exp(e) + m - 1)  # noqa: E731
+    def lam(e: float) -> float:
+        return (math.exp(e) - 1) / (math.exp(e) + m - 1)
+
     lam_r = lam(e1) / lam(einf)
     return math.log((1 + (m - 1) * lam_r) / (1 - lam_r))
 

@@ -45,13 +45,20 @@ from fedldp.client.mechanisms.numeric import Hybrid, NumericMechanism, Piecewise
 from fedldp.client.mechanisms.olh import OLH, default_g, hash_value
 from fedldp.client.mechanisms.oracle import FrequencyOracle
 from fedldp.client.mechanisms.subset import SubsetSelection
-from mech_cases import ALL_CASES, HI, LO, MULTI_CASES, OPEN_CASES  # type: ignore[import-not-found]
+from mech_cases import (  # type: ignore[import-not-found]
+    ALL_CASES,
+    HI,
+    LO,
+    LONGITUDINAL_CASES,
+    MULTI_CASES,
+    OPEN_CASES,
+)
 
 # --- registry -------------------------------------------------------------------------
 
 
 def test_unknown_id_raises_with_the_known_ids() -> None:
-    with pytest.raises(UnknownMechanismError, match="known: cms, duchi, grr"):
+    with pytest.raises(UnknownMechanismError, match="known: cms, dbitflip, duchi, grr"):
         create("nope", Decimal(1), 4)
     with pytest.raises(UnknownMechanismError, match="resolve"):
         create("auto", Decimal(1), 4)
@@ -71,14 +78,18 @@ def test_duplicate_registration_raises_and_changes_nothing() -> None:
 @pytest.mark.parametrize("epsilon", [Decimal("NaN"), Decimal("Infinity"), Decimal(0), Decimal(-1)])
 @pytest.mark.parametrize("wire_id", registered_ids())
 def test_bad_epsilon_raises(wire_id: str, epsilon: Decimal) -> None:
-    case = next(c for c in ALL_CASES + MULTI_CASES + OPEN_CASES if c.wire_id == wire_id)
+    case = next(
+        c for c in ALL_CASES + LONGITUDINAL_CASES + MULTI_CASES + OPEN_CASES if c.wire_id == wire_id
+    )
     with pytest.raises(ValueError, match="epsilon"):
         create(wire_id, epsilon, case.metric, dict(case.params))
 
 
 @pytest.mark.parametrize("wire_id", registered_ids())
 def test_float_epsilon_and_wrong_metric_kind_raise(wire_id: str) -> None:
-    case = next(c for c in ALL_CASES + MULTI_CASES + OPEN_CASES if c.wire_id == wire_id)
+    case = next(
+        c for c in ALL_CASES + LONGITUDINAL_CASES + MULTI_CASES + OPEN_CASES if c.wire_id == wire_id
+    )
     with pytest.raises(TypeError, match="Decimal"):
         create(wire_id, 1.0, case.metric, dict(case.params))  # type: ignore[arg-type]
     other = 4 if isinstance(case.metric, tuple) else (LO, HI)
