@@ -240,17 +240,25 @@ def _config_policy_dir(config_path: str | None) -> str | None:
 def _report_retired_rule(groups: list[ChargeGroup], folder: str) -> None:
     """Print a RETIRED-RULE line per subject window charged below the sound rule."""
     from fedldp.client.policy import PolicyError, read_envelope
-    from fedldp.collector.ledger.charge_audit import sound_charges, undercharged
+    from fedldp.collector.ledger.charge_audit import sound_charges, undercharged, unjudged
 
     payloads = []
-    for path in sorted(Path(folder).glob("*.policy*")):
+    paths = [*Path(folder).glob("*.policy"), *Path(folder).glob("*.policy.retired")]
+    for path in sorted(paths):
         try:
             payloads.append(read_envelope(path).payload)
         except (OSError, PolicyError) as exc:
             raise click.ClickException(f"--policies: cannot read {path}: {exc}") from None
-    findings = undercharged(groups, sound_charges(payloads))
+    charges = sound_charges(payloads)
+    findings = undercharged(groups, charges)
     for finding in findings:
         click.echo(f"RETIRED-RULE {finding}")
+    for (policy_id, version), count in unjudged(groups, charges).items():
+        click.echo(
+            f"UNJUDGED policy={policy_id} version={version}: {count} report(s) charged under "
+            f"a policy not in {folder} (add its envelope, or its .policy.retired file, to "
+            "judge them against the sound rule)"
+        )
     if findings:
         click.echo(
             f"{len(findings)} subject window(s) were charged under the retired r* rule "

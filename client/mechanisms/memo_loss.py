@@ -193,8 +193,10 @@ def instantaneous_rate_unary(k: int, flip: Fraction) -> Decimal:
     Two permanent vectors may differ in all k bits, so one report's likelihood moves
     by ((1 - f)/f)^k at most. Raises InfiniteSequenceLossError when f = 0.
     """
-    if k < 1 or not 0 <= flip < Fraction(1, 2):
-        raise ValueError("need k >= 1 and 0 <= flip < 1/2")
+    if k < 1 or not 0 <= flip <= Fraction(1, 2):
+        raise ValueError("need k >= 1 and 0 <= flip <= 1/2")
+    if flip == Fraction(1, 2):
+        return Decimal(0)  # every bit is a fair coin: reports carry nothing
     if flip == 0:
         raise InfiniteSequenceLossError(
             "the instantaneous step flips no bit (epsilon = epsilon_permanent): a change "

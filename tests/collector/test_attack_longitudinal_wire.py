@@ -125,11 +125,6 @@ def _old_policy_with_equal_epsilons(deployment: Deployment) -> policy_pb2.Signed
     )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="reconcile silently skips retired-rule reports of a policy whose sound charge "
-    "is infinite (old rappor-grr with epsilon == epsilon_permanent)",
-)
 def test_reconcile_lists_reports_of_an_old_policy_whose_sound_charge_is_infinite(
     deployment: Deployment,
 ) -> None:

@@ -90,7 +90,18 @@ def test_reconcile_reports_subjects_charged_below_the_sound_rule(
         "2.216409 under the retired r* rule; the sound rule's figure is 6.576552"
     ) in result.output
     assert "subject=bob" not in result.output
+    assert "UNJUDGED" not in result.output
     assert "ledger consistent" in result.output
+    # A report under a policy whose envelope is not in the folder cannot be judged: said.
+    other = deployment.verified(deployment.add_categorical("plain", epsilon_cap="2"))
+    assert ledger.submit("cyd", [_report(other, 0)], now=now) == [ACCEPTED]
+    result = CliRunner().invoke(
+        main, ["ledger", "reconcile", "--ledger", ledger_url, "--policies", str(folder)]
+    )
+    assert result.exit_code == 0, result.output
+    assert "UNJUDGED policy=plain version=1: 1 report(s) charged under a policy not in" in (
+        result.output
+    )
     # A report, not a rewrite: the spend is what it was.
     assert ledger.spent("ada", "memo-old", window) == spent_before
     assert ledger.reconcile() == []

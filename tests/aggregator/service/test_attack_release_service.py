@@ -567,9 +567,7 @@ def test_attack_readme_release_service_command_is_the_one_that_runs() -> None:
     An operator following the README either cannot start the service or believes
     there are no per-analyst caps or policy signatures. Informational (docs)."""
     # The paragraph moved with the privacy engineers' section to docs/privacy.md.
-    text = (Path(__file__).resolve().parents[3] / "docs" / "privacy.md").read_text(
-        encoding="utf-8"
-    )
+    text = (Path(__file__).resolve().parents[3] / "docs" / "privacy.md").read_text(encoding="utf-8")
     start = text.index("**The trusted release service.**")
     paragraph = text[start : text.index("## Threat model", start)]
     assert "--policy-key" in paragraph, "the README's serve command lacks --policy-key"

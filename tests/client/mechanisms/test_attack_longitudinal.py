@@ -167,10 +167,6 @@ def test_loloha_instantaneous_keep_rate_matches_the_declared_law() -> None:
     assert abs(z) < 5, (kept, n * p)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="rappor-oue/sue with a tiny epsilon crash with an internal ValueError",
-)
 @pytest.mark.parametrize("wid", ["rappor-oue", "rappor-sue"])
 def test_tiny_epsilon_builds_or_names_the_parameter(wid: str) -> None:
     """ε1 = 1e-20, ε∞ = 1, k = 3.
