@@ -8,7 +8,7 @@ BIN := $(VENV)/bin
 PIP := $(BIN)/python -m pip install --quiet --disable-pip-version-check -c constraints.txt
 DEPS := pyproject.toml setup.py constraints.txt
 
-.PHONY: demo test lint docs proto bench-quick clean
+.PHONY: demo test test-js lint docs proto bench-quick clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -29,6 +29,11 @@ demo: $(VENV)/.demo-installed
 
 test: $(VENV)/.test-installed
 	$(BIN)/python -m pytest $(ARGS)
+
+# The TypeScript SDK (sdk/js): dependencies from the lock file, then tsc and node --test
+# (its collector test drives this checkout's .venv/bin/fedldp).
+test-js: $(VENV)/.test-installed
+	cd sdk/js && npm ci --no-audit --no-fund && npm test
 
 lint: $(VENV)/.test-installed
 	$(BIN)/ruff check .
