@@ -43,6 +43,11 @@ class OverloadedError(CollectorError):
     retry after the hint (nothing of the request was read)."""
 
 
+class BodyTimeoutError(OverloadedError):
+    """An admitted request did not send its body within the body deadline
+    (`body_timeout_ms`): its reservation was released; retry after the hint."""
+
+
 class BatchTooLargeError(CollectorError):
     """More reports in one request than the collector accepts."""
 

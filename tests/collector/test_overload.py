@@ -76,6 +76,7 @@ def small(
         max_message_bytes=256 * 1024,
         max_connection_inflight_bytes=512 * 1024,
         max_inflight_bytes=MiB,
+        max_subject_inflight_bytes=MiB,  # one subject may take it all: these test the others
         admission_wait_ms=5.0,
         health_listen=f"127.0.0.1:{free_port()}",
     )
@@ -140,7 +141,8 @@ def test_health_answers_while_submit_sheds_at_twice_saturation(
     for name, results in probes.items():
         assert results, name
         assert set(results) == {health_pb2.HealthCheckResponse.SERVING}, name
-    assert _shed(small, "requests") + _shed(small, "request bytes") == codes["RESOURCE_EXHAUSTED"]
+    shed = sum(_shed(small, limit) for limit in ("requests", "request bytes", "subject bytes"))
+    assert shed == codes["RESOURCE_EXHAUSTED"]
     ledger = small.committer.ledger
     assert isinstance(ledger, Ledger)  # one SQLite file here, not shards
     assert ledger.reconcile() == []
@@ -170,6 +172,7 @@ def test_the_rpc_limit_and_the_byte_budget_each_shed_with_a_hint(
         max_concurrent_rpcs=256,
         max_inflight_bytes=256 * 1024,
         max_connection_inflight_bytes=256 * 1024,
+        max_subject_inflight_bytes=0,
         admission_wait_ms=0.0,
     )
     roomy = start_collector(config, registry=deployment.registry())

@@ -317,6 +317,7 @@ def write_config(
         "processes": 1,  # tests choose their process count (the default follows the cores)
     }
     values.update(settings)
+    values = {k: v for k, v in values.items() if v is not None}  # None: the default
     lines = ["[collector]"]
     for key, value in values.items():
         if isinstance(value, bool):
