@@ -199,24 +199,36 @@ def migrate_cmd(url: str | None, config_path: str | None) -> None:
 
     Run it once before collectors of a new version serve (the compose file's and the
     Kubernetes manifests' migration job). Collectors also migrate on start; several
-    at once are serialized (an advisory lock on PostgreSQL, BEGIN IMMEDIATE on SQLite).
+    migrations and collectors at once, on a new ledger too, are serialized (an
+    advisory lock on PostgreSQL; on SQLite the file's writer lock file
+    `<ledger>-ingest.lock`, taken before the first schema statement).
     """
     import sqlalchemy as sa
 
     from fedldp.collector.ledger import create_private_sqlite_file, parse_ledger_url, restore
-    from fedldp.collector.ledger.migrate import current_revision, head_revision, upgrade
+    from fedldp.collector.ledger.engine import refuse_if_not_sqlite
+    from fedldp.collector.ledger.migrate import (
+        current_revision,
+        head_revision,
+        schema_lock,
+        upgrade,
+    )
 
     ledger_url = _ledger_url(url, config_path)
-    if parse_ledger_url(ledger_url).get_backend_name() == "sqlite":
+    sqlite = parse_ledger_url(ledger_url).get_backend_name() == "sqlite"
+    if sqlite:
+        refuse_if_not_sqlite(_sqlite_path(ledger_url))  # before making a lock file beside it
         create_private_sqlite_file(_sqlite_path(ledger_url))  # 0600, as `ledger init`
-    engine = sa.create_engine(ledger_url)
+    # SQLite: wait up to 30 s for another process's lock, as a collector does.
+    engine = sa.create_engine(ledger_url, connect_args={"timeout": 30} if sqlite else {})
     try:
-        with engine.connect() as connection:
-            before = current_revision(connection)
-            restore.check_complete(connection)  # a half-done restore stays as it is
-        upgrade(engine)
-        with engine.connect() as connection:
-            after = current_revision(connection)
+        with schema_lock(engine):
+            with engine.connect() as connection:
+                before = current_revision(connection)
+                restore.check_complete(connection)  # a half-done restore stays as it is
+            upgrade(engine, locked=True)
+            with engine.connect() as connection:
+                after = current_revision(connection)
     except sa.exc.SQLAlchemyError as exc:
         cause = exc.orig if isinstance(exc, sa.exc.DBAPIError) else exc
         detail = _one_line(str(cause))
