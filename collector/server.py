@@ -822,11 +822,35 @@ def _log_serving(
     )
 
 
+def preflight(config: CollectorConfig, *, now: int) -> None:
+    """Check everything `start_collector` reads before it binds, and bind nothing:
+    the settings, the policy folders, the token secret, the TLS files, and the
+    ledger — opened as a collector opens it (a new one created and migrated, a
+    shard map checked or written) — with the policies' activation against it.
+
+    A supervisor (`processes` > 1) calls it before it starts any process, so a
+    bad input is one error from one process, the same as with one process,
+    rather than every process failing on it in turn. Raises what
+    `start_collector` would (ConfigError, PolicyError, LedgerOpenError, OSError,
+    SQLAlchemy errors).
+    """
+    config.validate()
+    registry = _load_registry(config, now)
+    config.token_secret_bytes()
+    _server_credentials(config)
+    ledger = open_collector_ledger(config)
+    try:
+        activate(registry, ledger, CollectorMetrics(), now=now)
+    finally:
+        ledger.close()
+
+
 def start_collector(
     config: CollectorConfig,
     *,
     registry: PolicyRegistry | None = None,
     clock: Callable[[], int] | None = None,
+    before_bind: Callable[[], None] | None = None,
 ) -> RunningCollector:
     """Open the ledger, load policies, start serving; returns once the port is bound.
 
@@ -834,7 +858,9 @@ def start_collector(
     the demo build one with `PolicyRegistry.from_envelopes`); either way its
     versions are checked against their lineage in the ledger (`activate`, in
     place) before anything is served. `clock` (Unix seconds) defaults to the
-    system clock. `config.server` picks grpcio's sync (default) or asyncio server.
+    system clock. `config.server` picks grpcio's sync or asyncio (default) server.
+    `before_bind` runs just before the port is bound (a supervised process checks
+    there that its supervisor is alive; what it raises is raised, nothing bound).
     """
     config.validate()
     now_fn: Callable[[], int] = clock or (lambda: int(time.time()))
@@ -876,11 +902,13 @@ def start_collector(
         admission_wait=config.admission_wait_ms / 1000,
         body_timeout=config.body_timeout_ms / 1000,
     )
-    creds = _server_credentials(config)
     kind = _AsyncTransport if config.server == "asyncio" else _SyncTransport
     try:
+        creds = _server_credentials(config)
+        if before_bind is not None:
+            before_bind()
         transport = kind(config, servicer, _grpc_options(config), creds)
-    except Exception:
+    except BaseException:
         committer.close()
         ledger.close()
         raise

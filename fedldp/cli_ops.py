@@ -155,6 +155,12 @@ def health_cmd(
     HEALTHCHECK serves plaintext and TLS deployments."""
     if timeout <= 0:
         raise click.UsageError("--timeout must be positive")
+    _, _, port = addr.rpartition(":")
+    if port.isascii() and port.isdigit() and int(port) > 65535:  # it would wrap around
+        raise click.BadParameter(
+            f"port {int(port)} of {addr!r} is above 65535: use HOST:PORT, PORT from 1 to 65535",
+            param_hint="--addr",
+        )
     files = _tls_files(tls, ca, cert, key, server_name)
     try:
         status = check_health(addr, service=service, timeout=timeout, tls=files)
