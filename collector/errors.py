@@ -48,6 +48,11 @@ class BodyTimeoutError(OverloadedError):
     (`body_timeout_ms`): its reservation was released; retry after the hint."""
 
 
+class SubjectShareError(OverloadedError):
+    """The caller's subject already holds its share of the request bytes in flight
+    (`max_subject_inflight_bytes`); retry after the hint."""
+
+
 class BatchTooLargeError(CollectorError):
     """More reports in one request than the collector accepts."""
 

@@ -48,6 +48,7 @@ from fedldp.collector.errors import (
     MalformedRequestError,
     OverloadedError,
     RateLimitedError,
+    SubjectShareError,
     UnauthenticatedError,
     status_of,
 )
@@ -133,7 +134,12 @@ _REFUSAL_LEVEL: dict[type[CollectorError], int] = {
     RateLimitedError: logging.INFO,
     OverloadedError: logging.INFO,
     BodyTimeoutError: logging.INFO,
+    SubjectShareError: logging.INFO,
 }
+
+#: The asyncio server answers a refusal for a subject's full share after its retry
+#: hint, for at most this many calls at a time per process (beyond: at once).
+TARPIT_MAX_CALLS = 256
 
 #: What the sync server's timed read uses of grpcio's request iterator
 #: (`grpc._server._RequestIterator`, grpcio pinned in constraints.txt):
@@ -232,6 +238,7 @@ class CollectorServicer:
         self.reserve_bytes = reserve_bytes
         self.admission_wait = admission_wait
         self.body_timeout = body_timeout
+        self._tarpitted = 0  # asyncio server: share refusals waiting to be answered
         self.refusal_log = refusal_log or RefusalLog()
         self._request_children: dict[tuple[str, grpc.StatusCode], Any] = {}
         self._refusal_children: dict[str, Any] = {}
@@ -274,7 +281,7 @@ class CollectorServicer:
         if not self.admission.only_subject_full(subject, self.reserve_bytes):
             return self._overloaded("request bytes")
         self.metrics.shed.labels("subject bytes").inc()
-        return OverloadedError(
+        return SubjectShareError(
             "this device already has its share of request bytes in flight "
             "(max_subject_inflight_bytes); retry after the hint",
             metadata=(("retry-after-ms", str(retry_after_ms())),),
@@ -397,6 +404,7 @@ class CollectorServicer:
         admission = self.admission
         entered = False
         held = 0
+        slow = False
         try:
             subject = self._authenticate(context)
             if not admission.enter():
@@ -413,14 +421,34 @@ class CollectorServicer:
             return (await body(subject, request)).SerializeToString()
         except CollectorError as exc:
             code, detail, trailers = self._refused(method, exc, subject)
+            slow = isinstance(exc, SubjectShareError)
         finally:
             admission.release(peer, held, subject=subject)
             if entered:
                 admission.leave()
             self._count(method, code)
         # Outside the except block: the exception and its frames are gone already.
+        if slow:
+            await self._tarpit(trailers)
         await context.abort(code, detail, trailing_metadata=trailers)
         raise AssertionError("unreachable: abort raises")
+
+    async def _tarpit(self, trailers: tuple[tuple[str, str], ...]) -> None:
+        """Hold a share refusal's answer for its retry hint (asyncio server), so that
+        a device that reopens its refused calls at once, with its share held by
+        calls withholding their bodies, makes a few refusals per call and second
+        rather than as many as it can send (each costs a gRPC call's CPU). The call
+        holds no RPC slot and no byte reservation meanwhile; its stream holds at
+        most the transport's look-ahead window. At most `TARPIT_MAX_CALLS` at a
+        time; beyond, refused at once."""
+        if self._tarpitted >= TARPIT_MAX_CALLS:
+            return
+        hint = next((int(v) for k, v in trailers if k == "retry-after-ms"), 0)
+        self._tarpitted += 1
+        try:
+            await asyncio.sleep(hint / 1000)
+        finally:
+            self._tarpitted -= 1
 
     def async_handler(self) -> grpc.GenericRpcHandler[Any, Any]:
         """The asyncio-server flavour of `handler`: validation runs on the event loop,

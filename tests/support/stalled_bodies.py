@@ -4,7 +4,8 @@
 Submit calls open over `connections` connections, each sending its call
 metadata and then nothing (a stream-unary call whose request iterator never
 yields); every call that ends (refused, or timed out by the collector's body
-deadline) is opened again at once, until `stop`. `honest_devices` runs `devices`
+deadline) is opened again — at once, or with `honour_hint` after the
+refusal's `retry-after-ms` (as the SDK would) — until `stop`. `honest_devices` runs `devices`
 devices, each with its own token and connection, each sending `calls` small
 valid Submits one after another, and counts their answers. Both use real gRPC
 (grpc.aio) and only the wire contract; tests/collector/test_stalled_bodies.py
@@ -14,6 +15,7 @@ and bench/collector_memory.py share them.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -50,6 +52,17 @@ class Tally:
         return self.codes.get("OK", 0)
 
 
+def _hint_seconds(trailers: Any) -> float:
+    """The `retry-after-ms` hint of a refusal's trailers, in seconds (0 without one)."""
+    for key, value in trailers or ():
+        if key == "retry-after-ms":
+            try:
+                return max(0.0, int(value) / 1000)
+            except ValueError:
+                return 0.0
+    return 0.0
+
+
 async def _withheld(release: asyncio.Event) -> AsyncIterator[bytes]:
     """A request stream that sends nothing until `release` is set, then ends."""
     await release.wait()
@@ -68,11 +81,13 @@ class StalledBodies:
         *,
         calls: int = 40,
         connections: int = 4,
+        honour_hint: bool = False,
     ) -> None:
         self.address = address
         self.metadata = tuple(metadata)
         self.calls = calls
         self.connections = connections
+        self.honour_hint = honour_hint
         self.tally = Tally()
         self.opened = 0
         self._loop = asyncio.new_event_loop()
@@ -113,14 +128,19 @@ class StalledBodies:
             while not stop.is_set():
                 self.opened += 1
                 call = call_fn(_withheld(stop), metadata=self.metadata, timeout=120)
+                wait = 0.0
                 try:
                     await call
                     self.tally.add("OK", ())
                 except grpc.aio.AioRpcError as exc:
                     if not stop.is_set():
                         self.tally.add(exc.code().name, exc.trailing_metadata())
+                        wait = _hint_seconds(exc.trailing_metadata()) if self.honour_hint else 0
                 except asyncio.CancelledError:
                     return
+                if wait > 0:
+                    with contextlib.suppress(asyncio.TimeoutError):
+                        await asyncio.wait_for(stop.wait(), wait)
 
         tasks = [asyncio.ensure_future(one(i)) for i in range(self.calls)]
         await stop.wait()
