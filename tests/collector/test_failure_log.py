@@ -6,6 +6,7 @@ one summary line reports how many were left out."""
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 import pytest
 import sqlalchemy as sa
@@ -24,10 +25,10 @@ def test_a_shard_outage_writes_a_bounded_number_of_lines_naming_the_shard(
     ledger = open_ledger(sqlite_url)
     metrics = CollectorMetrics()
 
-    def down(_batches: object) -> object:
+    def down(_batches: object) -> list[list[Any]]:
         raise sa.exc.OperationalError("COMMIT", {}, Exception("connection refused"))
 
-    ledger.submit_many = down  # type: ignore[method-assign]  # the shard's server is down
+    ledger.submit_many = down  # type: ignore[method-assign,assignment]  # the shard is down
     committer = GroupCommitter(
         ledger, metrics, shard_index=1, failure_log=FailureLog(clock=lambda: clock[0])
     )

@@ -20,6 +20,7 @@ import signal
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -150,7 +151,7 @@ def test_a_withheld_body_is_refused_with_a_hint_at_the_body_deadline(
             ).start()
             registry = running.metrics.registry
 
-            def shed(limit: str) -> float:
+            def shed(limit: str, registry: Any = registry) -> float:
                 value = registry.get_sample_value("fedldp_collector_shed_total", {"limit": limit})
                 return value or 0.0
 

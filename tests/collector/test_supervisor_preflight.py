@@ -95,8 +95,15 @@ def test_a_process_whose_supervisor_is_gone_does_not_bind(
     os.close(write_end)  # nobody holds it: end of file at once
     try:
         result = subprocess.run(
-            [sys.executable, "-m", "fedldp.collector", "serve", "--config", str(config)]
-            + ["--port-file", str(port_file)],
+            [
+                sys.executable,
+                "-m",
+                "fedldp.collector",
+                "serve",
+                "--config",
+                str(config),
+                *("--port-file", str(port_file)),
+            ],
             capture_output=True,
             text=True,
             env=env,

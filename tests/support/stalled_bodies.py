@@ -66,7 +66,8 @@ def _hint_seconds(trailers: Any) -> float:
 async def _withheld(release: asyncio.Event) -> AsyncIterator[bytes]:
     """A request stream that sends nothing until `release` is set, then ends."""
     await release.wait()
-    for item in ():  # pragma: no cover - never yields
+    nothing: tuple[bytes, ...] = ()
+    for item in nothing:  # pragma: no cover - never yields
         yield item
 
 
