@@ -5,8 +5,10 @@
 
 For each case — unauthenticated (no credentials), garbage (random bytes with a
 valid token) and valid (950 bit-vector reports of 7,800 bits, ~1 MB, fresh
-report ids per call) — a fresh collector process (`fedldp collector serve`,
-default limits, SQLite ledger) is flooded by `--concurrency` concurrent calls
+report ids per call; both from 64 subjects, caller i using subject i mod 64,
+so that the server's byte budget and not one subject's share is what sheds) —
+a fresh collector process (`fedldp collector serve`, default limits, SQLite
+ledger) is flooded by `--concurrency` concurrent calls
 over `--connections` connections for `--seconds`, from a grpc.aio client in
 this process, while a second thread sends a health check on the main port
 every 50 ms. Reported per case: the collector's RSS when idle (after a few
@@ -123,6 +125,7 @@ def flood(case: str, *, concurrency: int, connections: int, seconds: float) -> d
         stop = threading.Event()
         prober = threading.Thread(target=_probe, args=(proc.address, stop, tally))
         prober.start()
+        fleet = [bearer_metadata(d.token(f"flooder-{i}")) for i in range(64)]
         try:
             load = run_load(
                 proc.address,
@@ -131,6 +134,7 @@ def flood(case: str, *, concurrency: int, connections: int, seconds: float) -> d
                 concurrency=concurrency,
                 connections=connections,
                 seconds=seconds,
+                metadata_for=None if case == "unauthenticated" else lambda i: fleet[i % 64],
             )
         finally:
             stop.set()

@@ -637,6 +637,7 @@ async def _load(
     seconds: float,
     timeout: float,
     method: str,
+    metadata_for: Callable[[int], Sequence[tuple[str, str]]] | None = None,
 ) -> LoadResult:
     import grpc
     import grpc.aio
@@ -656,9 +657,10 @@ async def _load(
 
     async def caller(i: int) -> None:
         call_fn = channels[i % len(channels)].unary_unary(method, None, None)
+        mine = tuple(metadata_for(i) if metadata_for is not None else metadata)
         while time.monotonic() < deadline:
             try:
-                await call_fn(make_request(), metadata=tuple(metadata), timeout=timeout)
+                await call_fn(make_request(), metadata=mine, timeout=timeout)
                 result.count("OK", None)
             except grpc.aio.AioRpcError as exc:
                 code = exc.code()
@@ -688,9 +690,12 @@ def run_load(
     seconds: float,
     timeout: float = 30.0,
     method: str = SUBMIT_METHOD,
+    metadata_for: Callable[[int], Sequence[tuple[str, str]]] | None = None,
 ) -> LoadResult:
     """Keep `concurrency` calls of raw request bytes in flight over `connections`
-    connections for `seconds` (grpc.aio, on a fresh event loop in this thread)."""
+    connections for `seconds` (grpc.aio, on a fresh event loop in this thread).
+    `metadata_for(i)`, when given, is caller i's metadata instead of `metadata`
+    (a fleet of subjects rather than one)."""
     return asyncio.run(
         _load(
             address,
@@ -701,5 +706,6 @@ def run_load(
             seconds=seconds,
             timeout=timeout,
             method=method,
+            metadata_for=metadata_for,
         )
     )
