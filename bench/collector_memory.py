@@ -26,9 +26,11 @@ fast as it can); 16 honest devices, each on its own connection, send 1-report
 Submits one after another (`--honest-calls` each), without and then with the
 attack running in a separate process (40 calls from one token over 4
 connections that send headers and no body, each reopened as soon as it ends),
-in `--rounds` alternating pairs. Reported: honest OK calls/s unloaded and under
-attack (medians), their ratio (the target: >= 0.95), honest calls not OK, and
-the attacker's calls refused with and without `retry-after-ms`.
+in `--rounds` alternating pairs (5; `--quick`: 1 pair of 50 calls each), the
+attacker either reopening a refused call after its `retry-after-ms` (as the SDK
+would) or at once. Reported: honest OK calls/s unloaded and under attack
+(medians), the median over pairs of attacked / unloaded (the target: >= 0.95),
+honest calls not OK, and the attacker's calls refused with and without the hint.
 """
 
 from __future__ import annotations
@@ -231,13 +233,17 @@ def stalled(
         proc.proc.send_signal(signal.SIGTERM)
         proc.proc.wait(timeout=60)
     base_rate, under = statistics.median(unloaded), statistics.median(attacked)
+    # Each attacked run against the unloaded run just before it: the machine's load
+    # drifts between rounds, and a pair sees the same drift.
+    pairs = [a / u for u, a in zip(unloaded, attacked, strict=True) if u > 0]
     return {
         "case": "stalled",
         "server": server,
         "attacker_reopens": "after the hint" if hint else "at once",
         "honest_calls_per_s_unloaded": base_rate,
         "honest_calls_per_s_attacked": under,
-        "ratio": under / base_rate if base_rate else 0.0,
+        "ratio": statistics.median(pairs) if pairs else 0.0,
+        "ratio_of_medians": under / base_rate if base_rate else 0.0,
         "rounds": {"unloaded": unloaded, "attacked": attacked},
         "honest_not_ok": not_ok,
         "attacker_calls": attacker[0],
@@ -255,7 +261,7 @@ def _print_stalled(rows: list[dict[str, Any]]) -> None:
                 "attacker reopens",
                 "honest calls/s unloaded",
                 "under attack",
-                "ratio",
+                "ratio (median of pairs)",
                 "honest not OK",
                 "attacker's calls: refused hinted / not",
             ],
@@ -302,7 +308,7 @@ def main(argv: list[str] | None = None) -> int:
     for case in cases:
         if case == "stalled":
             calls = args.honest_calls or (50 if args.quick else 200)
-            rounds = args.rounds or (1 if args.quick else 3)
+            rounds = args.rounds or (1 if args.quick else 5)
             for (server, settings), hint in itertools.product(STALLED_SERVERS, (True, False)):
                 print(f"stalled: {server}, {rounds} x 16 devices x {calls} calls", flush=True)
                 stalled_rows.append(
