@@ -382,7 +382,8 @@ def backup_cmd(url: str | None, config_path: str | None, pg_bin: str | None, out
             _sqlite_copy(source, tmp)
             engine = sa.create_engine(f"sqlite:///{tmp}")
             try:
-                migrate.upgrade(engine)
+                # The .partial copy is this command's alone: no lock file beside it.
+                migrate.upgrade(engine, locked=True)
                 with engine.begin() as connection:
                     restore.check_complete(connection)  # no backup of a half-done restore
                     restore.mark_backup(
@@ -537,7 +538,9 @@ def restore_cmd(url: str | None, config_path: str | None, pg_bin: str | None, ba
     try:
         engine = sa.create_engine(work_url)
         try:
-            migrate.upgrade(engine)  # a backup from an older version
+            # A backup from an older version. A SQLite restore works on its own staged
+            # copy (no lock file beside it); PostgreSQL's advisory lock is taken anyway.
+            migrate.upgrade(engine, locked=True)
             with engine.begin() as connection:
                 gap = restore.record_restore(
                     connection,
