@@ -30,6 +30,9 @@ in `--rounds` alternating pairs (5; `--quick`: 1 pair of 50 calls each), the
 attacker either reopening a refused call after its `retry-after-ms` (as the SDK
 would) or at once. Reported: honest OK calls/s unloaded and under attack
 (medians), the median over pairs of attacked / unloaded (the target: >= 0.95),
+the collector's CPU per honest OK call, unloaded and attacked (all its
+processes, the attack's calls included; the ratio unloaded / attacked is the
+throughput ratio on cores of its own, which other tenants' load does not skew),
 honest calls not OK, and the attacker's calls refused with and without the hint.
 """
 
@@ -38,6 +41,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import multiprocessing
+import os
 import secrets
 import signal
 import statistics
@@ -188,6 +192,26 @@ def _attack(
     out.put((attack.opened, attack.tally.with_hint, attack.tally.without_hint))
 
 
+def _tree_cpu(pid: int) -> float:
+    """CPU seconds (user + system) used so far by process `pid` and its children."""
+    ticks = 0
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text(encoding="ascii").rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue  # exited meanwhile
+        if int(stat.parent.name) == pid or int(fields[1]) == pid:
+            ticks += int(fields[11]) + int(fields[12])  # utime, stime
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def _measured(pid: int, run: Callable[[], Any]) -> tuple[Any, float]:
+    """`run()`'s result and the collector's CPU seconds per honest OK call during it."""
+    before = _tree_cpu(pid)
+    result = run()
+    return result, (_tree_cpu(pid) - before) / max(1, result.tally.ok)
+
+
 def stalled(
     server: str, settings: dict[str, object], *, calls: int, rounds: int, hint: bool
 ) -> dict[str, Any]:
@@ -208,10 +232,16 @@ def stalled(
     tokens = [bearer_metadata(d.token(f"honest-{i}")) for i in range(16)]
     context = multiprocessing.get_context("spawn")
     unloaded, attacked, not_ok, attacker = [], [], 0, [0, 0, 0]
+    cpu: dict[str, list[float]] = {"unloaded": [], "attacked": []}
+
+    def honest() -> Any:
+        return honest_devices(proc.address, tokens, make, calls=calls)
+
     try:
         honest_devices(proc.address, tokens, make, calls=max(1, calls // 4))  # warm up
         for _ in range(rounds):
-            run = honest_devices(proc.address, tokens, make, calls=calls)
+            run, per_call = _measured(proc.proc.pid, honest)
+            cpu["unloaded"].append(per_call)
             unloaded.append(run.calls_per_second)
             not_ok += sum(run.tally.codes.values()) - run.tally.ok
             ready, stop, out = context.Event(), context.Event(), context.Queue()
@@ -222,7 +252,8 @@ def stalled(
             child.start()
             ready.wait(120)
             time.sleep(1.0)  # the attacker's start-up is over; its calls hold what they can
-            run = honest_devices(proc.address, tokens, make, calls=calls)
+            run, per_call = _measured(proc.proc.pid, honest)
+            cpu["attacked"].append(per_call)
             attacked.append(run.calls_per_second)
             not_ok += sum(run.tally.codes.values()) - run.tally.ok
             stop.set()
@@ -244,6 +275,13 @@ def stalled(
         "honest_calls_per_s_attacked": under,
         "ratio": statistics.median(pairs) if pairs else 0.0,
         "ratio_of_medians": under / base_rate if base_rate else 0.0,
+        # The collector's CPU per honest call, all it did meanwhile included (the
+        # attack's calls too): on cores of its own, throughput ~ 1 / this, so the
+        # ratio unloaded / attacked is what the load of other tenants cannot skew.
+        "cpu_us_per_honest_call": {k: statistics.median(v) * 1e6 for k, v in cpu.items()},
+        "cpu_ratio": statistics.median(
+            u / a for u, a in zip(cpu["unloaded"], cpu["attacked"], strict=True) if a > 0
+        ),
         "rounds": {"unloaded": unloaded, "attacked": attacked},
         "honest_not_ok": not_ok,
         "attacker_calls": attacker[0],
@@ -262,6 +300,7 @@ def _print_stalled(rows: list[dict[str, Any]]) -> None:
                 "honest calls/s unloaded",
                 "under attack",
                 "ratio (median of pairs)",
+                "collector CPU µs per honest call: unloaded / attacked (ratio)",
                 "honest not OK",
                 "attacker's calls: refused hinted / not",
             ],
@@ -272,6 +311,8 @@ def _print_stalled(rows: list[dict[str, Any]]) -> None:
                     f"{r['honest_calls_per_s_unloaded']:,.0f}",
                     f"{r['honest_calls_per_s_attacked']:,.0f}",
                     f"{r['ratio']:.3f}",
+                    f"{r['cpu_us_per_honest_call']['unloaded']:,.0f} / "
+                    f"{r['cpu_us_per_honest_call']['attacked']:,.0f} ({r['cpu_ratio']:.3f})",
                     str(r["honest_not_ok"]),
                     f"{r['attacker_calls']:,}: {r['attacker_refused_hinted']:,} / "
                     f"{r['attacker_refused_unhinted']}",

@@ -116,3 +116,32 @@ def test_a_process_whose_supervisor_is_gone_does_not_bind(
     assert "collector serving" not in result.stderr
     assert "the supervisor is gone; not serving" in result.stderr
     assert not port_file.exists()
+
+
+def test_a_port_another_program_holds_is_one_line_with_two_processes(
+    deployment: Deployment, tmp_path: Path
+) -> None:
+    import socket
+
+    with socket.socket() as holder:  # no SO_REUSEPORT: nobody may share it
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        config = write_config(
+            deployment,
+            tmp_path,
+            f"sqlite:///{tmp_path / 'ledger.db'}",
+            "busy",
+            processes=2,
+            listen=f"127.0.0.1:{port}",
+        )
+        result = subprocess.run(
+            [FEDLDP, "collector", "serve", "--config", str(config)],
+            capture_output=True,
+            text=True,
+            env=_environment(),
+            timeout=120,
+        )
+    lines = result.stderr.splitlines()
+    assert result.returncode == 1 and len(lines) == 1, lines
+    assert "cannot listen on" in lines[0] and "Traceback" not in result.stderr
