@@ -66,6 +66,12 @@ def serve_cmd(config_path: str | None, port_file: str | None) -> None:
     from fedldp.collector.config import ConfigError, load_config
     from fedldp.collector.daemon import serve
 
+    if port_file is not None and not Path(port_file).parent.is_dir():
+        raise click.BadParameter(
+            f"folder {Path(port_file).parent} does not exist: create it first, or name a "
+            "file in an existing folder",
+            param_hint="--port-file",
+        )
     try:
         config = load_config(config_path)
     except ConfigError as exc:
