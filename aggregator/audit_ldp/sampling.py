@@ -40,7 +40,6 @@ from fedldp.client.mechanisms.base import (
     SketchBitOutput,
     SketchRowOutput,
 )
-from fedldp.client.mechanisms.memo import Memoized
 from fedldp.client.wire import fill_payload
 from fedldp.v1 import collector_pb2
 
@@ -94,14 +93,21 @@ def output_kind(mech: Mechanism, value: Any) -> str:  # type: ignore[type-arg]
         raise ValueError(f"{mech.wire_id}: cannot audit {type(probe).__name__} reports") from None
 
 
+def is_memoized(mech: Any) -> bool:
+    """Whether `mech` keeps device state between reports (duck typing): it has
+    `new_memo()` and takes `perturb(value, memo=...)`, like the RAPPOR family of
+    memo.py and any longitudinal mechanism built the same way."""
+    return callable(getattr(mech, "new_memo", None))
+
+
 def _new_memo(mech: Mechanism) -> Any:  # type: ignore[type-arg]
-    return mech.new_memo() if isinstance(mech, Memoized) else None
+    return mech.new_memo() if is_memoized(mech) else None
 
 
 def _perturb(mech: Mechanism, value: Any, rng: random.Random | None, memo: Any) -> Output:  # type: ignore[type-arg]
     if memo is None:
         return mech.perturb(value, rng=rng)
-    memoized: Any = mech  # every concrete Memoized takes memo= (memo.py)
+    memoized: Any = mech  # a memoized mechanism takes memo= (is_memoized)
     out: Output = memoized.perturb(value, rng=rng, memo=memo)
     return out
 

@@ -1,0 +1,282 @@
+"""The longitudinal test: neighbouring inputs are two SEQUENCES of values, changed or not.
+
+A memoized mechanism keeps one permanent response per value on the device, so a
+user's reports of one value are correlated: they carry the fingerprint of a
+shared permanent response, which tells whether two reports share a value. Its
+neighbouring inputs are therefore two sequences x, x' of T values (DESIGN.md:
+"a memoized mechanism's charge must bound the loss of any two sequences of
+values, changed or not"), and the claim is what the ledger charges for T
+reports, T · report_charge (value-blind; memo_loss, "Sequences of values").
+
+Sequences (`sequence_pairs`), from distinct audited values a, b, c, ...
+(categorical 0, 1, 2, ...; numeric lo, hi and points between):
+
+* same           (a, a, ..., a)
+* changed once   (a, ..., a, b)
+* alternating    (a, b, a, b, ...)      (for T = 2 it is "changed once")
+* all distinct   (b, c, d, ...)         (values of k wrap when k <= T)
+
+and the pairs (same, changed once), (same, alternating), (same, all distinct).
+
+Paths. Device: `perturb(value, rng=None, memo=m)` with one fresh `new_memo()`
+per simulated user, shared by that user's T reports, on the OS CSPRNG unless a
+test passes a seeded `random.Random` — exactly what the SDK does. Batch: the
+mechanism's `perturb_batch_sequences(values, rng)` when it has one (values of
+shape (n, T); the law of T calls of `perturb` with one memo), else for the
+memo.py family (one independent permanent response per value: memo.py, "Memo
+state") the reports of each distinct value come from one call of
+`perturb_batch_longitudinal`; any other memoized mechanism is audited on the
+device path only (a note says so).
+
+Features (each user's T reports -> one int64 key; any function of the output is
+post-processing, Dwork and Roth 2014, Proposition 2.1). D is the set of report
+positions (s, t) whose sharing differs between x and x' (x_s = x_t in one
+sequence only): the pairs where a fingerprint shows.
+
+* every kind but bit vectors — "equal reports": for each (s, t) in D, whether
+  reports s and t are equal (the whole payload);
+* category reports — "classes and equal reports": each report's class (which
+  audited value it names, or other), joint over T, with the equalities on D;
+* bit vectors — "fingerprint": over the columns of no value of x or x', the
+  number of columns where reports s and t are both set, and where they differ,
+  summed over the pairs of D that share in x and, apart, in x' (a shared
+  permanent response makes reports agree in columns nobody holds);
+  "agreement": the number of differing columns alone (Hamming distance).
+
+Events are chosen on the first half of the users and bounded on the second
+(`stats.py`), each CP bound at the audit's Bonferroni level, as for one value.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+from fedldp.aggregator.audit_ldp.sampling import (
+    Reports,
+    _perturb,
+    batch_column,
+    device_column,
+)
+from fedldp.client.mechanisms.base import Output
+from fedldp.client.mechanisms.memo import Memoized
+
+if TYPE_CHECKING:
+    import numpy.typing as npt
+
+    IntArray = npt.NDArray[np.int64]
+
+#: Largest key space of a joint feature; a feature that would exceed it is not planned.
+MAX_KEYS = 1 << 24
+#: Kinds whose column is a tuple of arrays (sampling._TUPLE_KINDS).
+_TUPLE_KINDS = ("hashed", "group_hashed", "sketch_row", "sketch_bit")
+
+
+@dataclass(frozen=True)
+class Sequence:
+    """One input of the longitudinal test: T values, one per report."""
+
+    label: str
+    values: tuple[Any, ...]
+
+
+@dataclass(frozen=True)
+class SequenceFeature:
+    """A named function of a user's T reports on the sequence pair (x, x')."""
+
+    name: str
+    keys: Callable[[Reports], IntArray]
+
+
+def sequence_values(domain: Any, count: int) -> list[Any]:
+    """`count` audited values of `domain`, distinct where it has that many.
+
+    Categorical k: 0, 1, ..., wrapping at k; numeric (lo, hi): lo, hi, then
+    evenly spaced points between (as floats). Other domains have no sequence test.
+    """
+    if isinstance(domain, int):
+        return [i % domain for i in range(count)]
+    if isinstance(domain, tuple):
+        lo, hi = float(domain[0]), float(domain[1])
+        inner = [lo + (hi - lo) * i / count for i in range(1, count - 1)]
+        return [lo, hi, *inner][:count]
+    raise ValueError("the sequence test covers categorical and numeric domains")
+
+
+def _label(values: tuple[Any, ...]) -> str:
+    return "(" + ", ".join(str(v) for v in values) + ")"
+
+
+def sequence_pairs(domain: Any, reports: int) -> tuple[list[Sequence], list[tuple[int, int]]]:
+    """The audited sequences of `reports` values and the pairs of them (module doc)."""
+    values = sequence_values(domain, reports + 1)
+    a, b = values[0], values[1]
+    candidates = [
+        ("same", (a,) * reports),
+        ("changed once", (a,) * (reports - 1) + (b,)),
+        ("alternating", tuple(a if t % 2 == 0 else b for t in range(reports))),
+        ("all distinct", tuple(values[1 : reports + 1])),
+    ]
+    seqs: list[Sequence] = []
+    for name, vals in candidates:
+        if all(s.values != vals for s in seqs):
+            seqs.append(Sequence(f"{name} {_label(vals)}", vals))
+    return seqs, [(0, j) for j in range(1, len(seqs))]
+
+
+def differing_pairs(x: tuple[Any, ...], y: tuple[Any, ...]) -> list[tuple[int, int, bool]]:
+    """(s, t, shared in x) for every s < t where exactly one sequence repeats a value."""
+    out = []
+    for s in range(len(x)):
+        for t in range(s + 1, len(x)):
+            if (x[s] == x[t]) != (y[s] == y[t]):
+                out.append((s, t, x[s] == x[t]))
+    return out
+
+
+def _equal(kind: str, a: Any, b: Any) -> npt.NDArray[np.bool_]:
+    """Per user: are the two reports (columns in the batch layout) equal?"""
+    parts = list(zip(a, b, strict=True)) if kind in _TUPLE_KINDS else [(a, b)]
+    equal = np.ones(np.asarray(parts[0][0]).shape[0], dtype=np.bool_)
+    for pa, pb in parts:
+        same = np.asarray(pa) == np.asarray(pb)
+        equal &= same.reshape(same.shape[0], -1).all(axis=1)
+    return equal
+
+
+def _equalities(kind: str, pairs: list[tuple[int, int, bool]]) -> Callable[[Reports], IntArray]:
+    def keys(reports: Reports) -> IntArray:
+        key = np.zeros(reports.n, dtype=np.int64)
+        for s, t, _ in pairs:
+            key = 2 * key + _equal(kind, reports.columns[s], reports.columns[t])
+        return key
+
+    return keys
+
+
+def _classes(
+    audited: list[Any], pairs: list[tuple[int, int, bool]]
+) -> Callable[[Reports], IntArray]:
+    base = len(audited) + 1
+    equalities = _equalities("category", pairs)
+
+    def keys(reports: Reports) -> IntArray:
+        key = np.zeros(reports.n, dtype=np.int64)
+        for column in reports.columns:
+            cls = np.full(column.shape[0], len(audited), dtype=np.int64)
+            for i, value in enumerate(audited):
+                cls[column == value] = i
+            key = key * base + cls
+        return key * (1 << len(pairs)) + equalities(reports)
+
+    return keys
+
+
+def _unpacked(column: Any, k: int, outside: npt.NDArray[np.bool_]) -> npt.NDArray[np.uint8]:
+    """Bits of packed little-endian rows, restricted to the `outside` columns."""
+    bits = np.unpackbits(np.asarray(column, dtype=np.uint8), axis=1, bitorder="little")
+    return bits[:, :k][:, outside]
+
+
+def _fingerprint(
+    k: int, audited: list[Any], pairs: list[tuple[int, int, bool]], both: bool
+) -> Callable[[Reports], IntArray]:
+    """(Σ both set, Σ differing) over the outside columns, per side of D (module doc)."""
+    outside = np.ones(k, dtype=np.bool_)
+    outside[[int(v) for v in audited]] = False
+    base = k * max(1, len(pairs)) + 1
+
+    def keys(reports: Reports) -> IntArray:
+        bits = [_unpacked(c, k, outside) for c in reports.columns]
+        sums = {
+            (side, part): np.zeros(reports.n, dtype=np.int64)
+            for side in (True, False)
+            for part in ("both", "differ")
+        }
+        for s, t, shared_x in pairs:
+            sums[(shared_x, "differ")] += np.count_nonzero(bits[s] != bits[t], axis=1)
+            if both:
+                sums[(shared_x, "both")] += np.count_nonzero(bits[s] & bits[t], axis=1)
+        key = np.zeros(reports.n, dtype=np.int64)
+        for part in sums.values():
+            key = key * base + part
+        return key
+
+    return keys
+
+
+def sequence_features(
+    kind: str, mech: Any, x: Sequence, y: Sequence
+) -> tuple[SequenceFeature, ...]:
+    """The features audited on the sequence pair (x, y) for reports of `kind`."""
+    pairs = differing_pairs(x.values, y.values)
+    if not pairs:
+        return ()
+    audited = sorted(set(x.values) | set(y.values))
+    features = []
+    if kind != "bits":  # bit vectors of a large k are almost never equal: the fingerprint
+        features.append(SequenceFeature("equal reports", _equalities(kind, pairs)))
+    if kind == "category" and (len(audited) + 1) ** len(x.values) << len(pairs) <= MAX_KEYS:
+        features.append(SequenceFeature("classes and equal reports", _classes(audited, pairs)))
+    if kind == "bits" and len(audited) < mech.k:
+        features.append(
+            SequenceFeature(
+                "fingerprint: columns both set, columns differing",
+                _fingerprint(mech.k, audited, pairs, both=True),
+            )
+        )
+        features.append(
+            SequenceFeature(
+                "agreement: columns differing", _fingerprint(mech.k, audited, pairs, False)
+            )
+        )
+    return tuple(features)
+
+
+def sample_device(
+    mech: Any, kind: str, seq: Sequence, users: int, rng: random.Random | None
+) -> Reports:
+    """`users` simulated devices, each with a fresh memo, reporting the values of `seq`."""
+    columns: list[list[Output]] = [[] for _ in seq.values]
+    for _ in range(users):
+        memo = mech.new_memo()
+        for column, value in zip(columns, seq.values, strict=True):
+            column.append(_perturb(mech, value, rng, memo))
+    return Reports(kind, [device_column(kind, c) for c in columns])
+
+
+def _split(kind: str, out: Any, count: int) -> list[Any]:
+    """The `count` report columns of a (n, count, ...) batch result."""
+    if kind in _TUPLE_KINDS:
+        return [tuple(part[:, t] for part in out) for t in range(count)]
+    return [batch_column(kind, out[:, t]) for t in range(count)]
+
+
+def has_batch_path(mech: Any) -> bool:
+    """Whether the batch path can draw sequences for `mech` (module doc, "Paths")."""
+    return callable(getattr(mech, "perturb_batch_sequences", None)) or isinstance(mech, Memoized)
+
+
+def sample_batch(
+    mech: Any, kind: str, seq: Sequence, users: int, generator: np.random.Generator
+) -> Reports:
+    """`users` simulated devices reporting `seq`, on the numpy path (`has_batch_path`)."""
+    dtype = np.float64 if kind == "numeric" else np.int64
+    sequences = getattr(mech, "perturb_batch_sequences", None)
+    if callable(sequences):
+        values = np.tile(np.asarray(seq.values, dtype=dtype), (users, 1))
+        return Reports(kind, _split(kind, sequences(values, generator), len(seq.values)))
+    if not isinstance(mech, Memoized):
+        raise ValueError(f"{mech.wire_id} has no batch path for sequences of values")
+    columns: list[Any] = [None] * len(seq.values)
+    for value in dict.fromkeys(seq.values):  # one permanent response per value (memo.py)
+        positions = [t for t, v in enumerate(seq.values) if v == value]
+        out = mech.perturb_batch_longitudinal(
+            np.full(users, value, dtype=dtype), len(positions), generator
+        )
+        for t, column in zip(positions, _split(kind, out, len(positions)), strict=True):
+            columns[t] = column
+    return Reports(kind, columns)
