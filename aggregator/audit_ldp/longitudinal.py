@@ -265,18 +265,18 @@ def sample_batch(
 ) -> Reports:
     """`users` simulated devices reporting `seq`, on the numpy path (`has_batch_path`)."""
     dtype = np.float64 if kind == "numeric" else np.int64
+    unnarrowed: Any = mech
     sequences = getattr(mech, "perturb_batch_sequences", None)
     if callable(sequences):
         values = np.tile(np.asarray(seq.values, dtype=dtype), (users, 1))
         return Reports(kind, _split(kind, sequences(values, generator), len(seq.values)))
     if not isinstance(mech, Memoized):
         raise ValueError(f"{mech.wire_id} has no batch path for sequences of values")
+    longitudinal: Any = unnarrowed.perturb_batch_longitudinal  # every concrete Memoized
     columns: list[Any] = [None] * len(seq.values)
     for value in dict.fromkeys(seq.values):  # one permanent response per value (memo.py)
         positions = [t for t, v in enumerate(seq.values) if v == value]
-        out = mech.perturb_batch_longitudinal(
-            np.full(users, value, dtype=dtype), len(positions), generator
-        )
+        out = longitudinal(np.full(users, value, dtype=dtype), len(positions), generator)
         for t, column in zip(positions, _split(kind, out, len(positions)), strict=True):
             columns[t] = column
     return Reports(kind, columns)

@@ -101,7 +101,8 @@ def is_memoized(mech: Any) -> bool:
 
 
 def _new_memo(mech: Mechanism) -> Any:  # type: ignore[type-arg]
-    return mech.new_memo() if is_memoized(mech) else None
+    memoized: Any = mech
+    return memoized.new_memo() if is_memoized(mech) else None
 
 
 def _perturb(mech: Mechanism, value: Any, rng: random.Random | None, memo: Any) -> Output:  # type: ignore[type-arg]
