@@ -22,10 +22,13 @@ Error control (Bonferroni): with m = the number of CP bounds plus law tests
 planned, each is run at level α/m, so a correct mechanism FAILS with probability
 at most α = 1 - confidence (default α = 1e-6) whatever its parameters.
 
-Claim. A memoized mechanism is audited on T reports of one value sharing one
-permanent response (the SDK's memo path), as one joint output, against what the
-ledger charges for them: T · report_charge. Other mechanisms: one report
-against ε (T independent reports compose sequentially and are not audited).
+Claim. A memoized mechanism (one with `new_memo()`, `sampling.is_memoized`) is
+audited on T reports of one value sharing one permanent response (the SDK's memo
+path), as one joint output, and, for T >= 2, on pairs of SEQUENCES of T values
+that change (`longitudinal.py`: same against changed once, alternating and all
+distinct), both against what the ledger charges for T reports: T ·
+report_charge. Other mechanisms: one report against ε (T independent reports
+compose sequentially and are not audited). The sequence tests count in m.
 """
 
 from __future__ import annotations

@@ -41,7 +41,11 @@ sequence only): the pairs where a fingerprint shows.
   number of columns where reports s and t are both set, and where they differ,
   summed over the pairs of D that share in x and, apart, in x' (a shared
   permanent response makes reports agree in columns nobody holds);
-  "agreement": the number of differing columns alone (Hamming distance).
+  "agreement": the number of differing columns alone (Hamming distance);
+  "bits at the values": the bits of the values of x and x', joint over T.
+
+A feature whose key space would exceed `MAX_KEYS` (`MAX_COUNT_KEY` for the
+summed counts) is left out of the plan.
 
 Events are chosen on the first half of the users and bounded on the second
 (`stats.py`), each CP bound at the audit's Bonferroni level, as for one value.
@@ -71,6 +75,8 @@ if TYPE_CHECKING:
 
 #: Largest key space of a joint feature; a feature that would exceed it is not planned.
 MAX_KEYS = 1 << 24
+#: Largest key of a summed-count feature (int64 keys; its keys are few, its range wide).
+MAX_COUNT_KEY = 1 << 62
 #: Kinds whose column is a tuple of arrays (sampling._TUPLE_KINDS).
 _TUPLE_KINDS = ("hashed", "group_hashed", "sketch_row", "sketch_bit")
 
@@ -107,6 +113,7 @@ def sequence_values(domain: Any, count: int) -> list[Any]:
 
 
 def _label(values: tuple[Any, ...]) -> str:
+    """A sequence as people write it: (0, 0, 1)."""
     return "(" + ", ".join(str(v) for v in values) + ")"
 
 
@@ -148,7 +155,10 @@ def _equal(kind: str, a: Any, b: Any) -> npt.NDArray[np.bool_]:
 
 
 def _equalities(kind: str, pairs: list[tuple[int, int, bool]]) -> Callable[[Reports], IntArray]:
+    """Key: one bit per pair (s, t) of `pairs`, whether reports s and t are equal."""
+
     def keys(reports: Reports) -> IntArray:
+        """The equality bits of each user's reports."""
         key = np.zeros(reports.n, dtype=np.int64)
         for s, t, _ in pairs:
             key = 2 * key + _equal(kind, reports.columns[s], reports.columns[t])
@@ -160,10 +170,13 @@ def _equalities(kind: str, pairs: list[tuple[int, int, bool]]) -> Callable[[Repo
 def _classes(
     audited: list[Any], pairs: list[tuple[int, int, bool]]
 ) -> Callable[[Reports], IntArray]:
+    """Key: each report's class (index in `audited`, or other), joint, then the
+    equality bits of `pairs`."""
     base = len(audited) + 1
     equalities = _equalities("category", pairs)
 
     def keys(reports: Reports) -> IntArray:
+        """The classes and equalities of each user's reports."""
         key = np.zeros(reports.n, dtype=np.int64)
         for column in reports.columns:
             cls = np.full(column.shape[0], len(audited), dtype=np.int64)
@@ -181,31 +194,70 @@ def _unpacked(column: Any, k: int, outside: npt.NDArray[np.bool_]) -> npt.NDArra
     return bits[:, :k][:, outside]
 
 
+def _fingerprint_parts(pairs: list[tuple[int, int, bool]], both: bool) -> list[tuple[bool, str]]:
+    """The sums a fingerprint key holds: per side of D present, "differ" (and "both")."""
+    sides = sorted({shared_x for _, _, shared_x in pairs}, reverse=True)
+    return [
+        (side, part) for side in sides for part in (("both", "differ") if both else ("differ",))
+    ]
+
+
 def _fingerprint(
     k: int, audited: list[Any], pairs: list[tuple[int, int, bool]], both: bool
 ) -> Callable[[Reports], IntArray]:
     """(Σ both set, Σ differing) over the outside columns, per side of D (module doc)."""
     outside = np.ones(k, dtype=np.bool_)
     outside[[int(v) for v in audited]] = False
-    base = k * max(1, len(pairs)) + 1
+    base = k * len(pairs) + 1
+    parts = _fingerprint_parts(pairs, both)
 
     def keys(reports: Reports) -> IntArray:
+        """The summed counts of each user's reports, as one key."""
         bits = [_unpacked(c, k, outside) for c in reports.columns]
-        sums = {
-            (side, part): np.zeros(reports.n, dtype=np.int64)
-            for side in (True, False)
-            for part in ("both", "differ")
-        }
+        sums = {part: np.zeros(reports.n, dtype=np.int64) for part in parts}
         for s, t, shared_x in pairs:
             sums[(shared_x, "differ")] += np.count_nonzero(bits[s] != bits[t], axis=1)
             if both:
                 sums[(shared_x, "both")] += np.count_nonzero(bits[s] & bits[t], axis=1)
         key = np.zeros(reports.n, dtype=np.int64)
-        for part in sums.values():
-            key = key * base + part
+        for part in parts:
+            key = key * base + sums[part]
         return key
 
     return keys
+
+
+def _value_bits(audited: list[Any]) -> Callable[[Reports], IntArray]:
+    """Key: the bits at the audited values' columns, joint over the T reports."""
+
+    def keys(reports: Reports) -> IntArray:
+        """The audited columns' bits of each user's reports."""
+        key = np.zeros(reports.n, dtype=np.int64)
+        for column in reports.columns:
+            rows = np.asarray(column, dtype=np.uint8)
+            for v in audited:
+                key = 2 * key + ((rows[:, int(v) >> 3] >> (int(v) & 7)) & 1)
+        return key
+
+    return keys
+
+
+def _bit_features(
+    mech: Any, audited: list[Any], pairs: list[tuple[int, int, bool]], reports: int
+) -> list[SequenceFeature]:
+    """The features of bit-vector reports whose key space fits `MAX_KEYS`."""
+    features = []
+    if len(audited) * reports <= MAX_KEYS.bit_length() - 1:
+        features.append(SequenceFeature("bits at the values", _value_bits(audited)))
+    if len(audited) < mech.k:
+        base = mech.k * len(pairs) + 1
+        for both, name in (
+            (True, "fingerprint: columns both set, columns differing"),
+            (False, "agreement: columns differing"),
+        ):
+            if base ** len(_fingerprint_parts(pairs, both)) <= MAX_COUNT_KEY:
+                features.append(SequenceFeature(name, _fingerprint(mech.k, audited, pairs, both)))
+    return features
 
 
 def sequence_features(
@@ -216,23 +268,13 @@ def sequence_features(
     if not pairs:
         return ()
     audited = sorted(set(x.values) | set(y.values))
-    features = []
+    features: list[SequenceFeature] = []
     if kind != "bits":  # bit vectors of a large k are almost never equal: the fingerprint
         features.append(SequenceFeature("equal reports", _equalities(kind, pairs)))
     if kind == "category" and (len(audited) + 1) ** len(x.values) << len(pairs) <= MAX_KEYS:
         features.append(SequenceFeature("classes and equal reports", _classes(audited, pairs)))
-    if kind == "bits" and len(audited) < mech.k:
-        features.append(
-            SequenceFeature(
-                "fingerprint: columns both set, columns differing",
-                _fingerprint(mech.k, audited, pairs, both=True),
-            )
-        )
-        features.append(
-            SequenceFeature(
-                "agreement: columns differing", _fingerprint(mech.k, audited, pairs, False)
-            )
-        )
+    if kind == "bits":
+        features.extend(_bit_features(mech, audited, pairs, len(x.values)))
     return tuple(features)
 
 

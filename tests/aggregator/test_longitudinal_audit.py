@@ -60,6 +60,34 @@ def test_differing_pairs_are_where_one_sequence_repeats_a_value() -> None:
     assert lg.differing_pairs((0, 0), (1, 1)) == []
 
 
+def test_features_fit_the_domain() -> None:
+    """k = 2 has no column outside the values: only their bits; k = 64 adds the
+    fingerprint; category reports get equalities and classes."""
+    names = {
+        k: [
+            f.name for f in lg.sequence_features("bits", _Unary(k), *lg.sequence_pairs(k, 2)[0][:2])
+        ]
+        for k in (2, 64)
+    }
+    assert names[2] == ["bits at the values"]
+    assert names[64] == [
+        "bits at the values",
+        "fingerprint: columns both set, columns differing",
+        "agreement: columns differing",
+    ]
+    seqs = lg.sequence_pairs(16, 3)[0]
+    category = [f.name for f in lg.sequence_features("category", None, seqs[0], seqs[1])]
+    assert category == ["equal reports", "classes and equal reports"]
+    assert lg.sequence_values((Decimal(0), Decimal(1)), 3) == [0.0, 1.0, pytest.approx(1 / 3)]
+
+
+class _Unary:
+    """Just a domain size, as the bit-vector features read it."""
+
+    def __init__(self, k: int) -> None:
+        self.k = k
+
+
 @pytest.mark.parametrize("path", ["device", "batch"])
 def test_reports_of_one_value_share_the_permanent_response_on_both_paths(path: str) -> None:
     """ε1 = 3.9 just under ε∞ = 4: the instantaneous step keeps the permanent index with
