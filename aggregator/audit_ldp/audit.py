@@ -524,6 +524,16 @@ def _laws(plan: _Plan, path: str, samples: list[Reports], level: float) -> list[
     return results
 
 
+def claim_for(mech: Any, reports: int) -> Decimal:
+    """What the ledger charges for `reports` reports of one subject: a memoized
+    mechanism's `lifetime_epsilon(T)` when it has one (a mechanism whose charge stops
+    at a proven lifetime bound says so there), else T · report_charge."""
+    lifetime = getattr(mech, "lifetime_epsilon", None)
+    if reports > 1 and callable(lifetime):
+        return Decimal(lifetime(reports))
+    return Decimal(mech.report_charge) * reports
+
+
 def audit_mechanism(
     mech: Mechanism,  # type: ignore[type-arg]
     domain: int | tuple[Decimal, Decimal] | MultiMetric | OpenDomain,
@@ -547,7 +557,7 @@ def audit_mechanism(
         wire_id=mech.wire_id,
         epsilon=mech.epsilon,
         reports=plan.reports,
-        claim=mech.report_charge * plan.reports,
+        claim=claim_for(mech, plan.reports),
         alpha=settings.alpha,
         tests=plan.tests,
         events=tuple(events),

@@ -6,7 +6,8 @@ shared permanent response, which tells whether two reports share a value. Its
 neighbouring inputs are therefore two sequences x, x' of T values (DESIGN.md:
 "a memoized mechanism's charge must bound the loss of any two sequences of
 values, changed or not"), and the claim is what the ledger charges for T
-reports, T · report_charge (value-blind; memo_loss, "Sequences of values").
+reports, T · report_charge (value-blind; memo_loss, "Sequences of values"), or
+`lifetime_epsilon(T)` where the mechanism defines it (`audit.claim_for`).
 
 Sequences (`sequence_pairs`), from distinct audited values a, b, c, ...
 (categorical 0, 1, 2, ...; numeric lo, hi and points between):
