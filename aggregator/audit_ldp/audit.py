@@ -496,10 +496,11 @@ def _sequence_events(
         x_sel, y_sel = samples[i].rows(0, half), samples[j].rows(0, half)
         x_est, y_est = samples[i].rows(half, 2 * half), samples[j].rows(half, 2 * half)
         for feature in features:
+            keys = feature.fitted(x_sel, y_sel)  # learnt on the selection half only
             event = stats.select_event(
-                stats.histogram(feature.keys(x_sel)), stats.histogram(feature.keys(y_sel)), level
+                stats.histogram(keys(x_sel)), stats.histogram(keys(y_sel)), level
             )
-            bound = stats.bound_event(event, feature.keys(x_est), feature.keys(y_est), level)
+            bound = stats.bound_event(event, keys(x_est), keys(y_est), level)
             results.append(
                 EventResult(
                     path=path,

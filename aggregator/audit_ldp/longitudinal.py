@@ -43,7 +43,11 @@ sequence only): the pairs where a fingerprint shows.
   summed over the pairs of D that share in x and, apart, in x' (a shared
   permanent response makes reports agree in columns nobody holds);
   "agreement": the number of differing columns alone (Hamming distance);
-  "bits at the values": the bits of the values of x and x', joint over T.
+  "bits at the values": the bits of the values of x and x', joint over T;
+  "likelihood-ratio score": a fitted score (`_score_fit`): the outside
+  columns' (both set, differing, both clear) counts weighted by their log
+  rate ratio, plus the log ratio of the bits at the values, both estimated on
+  the selection half only.
 
 A feature whose key space would exceed `MAX_KEYS` (`MAX_COUNT_KEY` for the
 summed counts) is left out of the plan.
@@ -78,6 +82,8 @@ if TYPE_CHECKING:
 MAX_KEYS = 1 << 24
 #: Largest key of a summed-count feature (int64 keys; its keys are few, its range wide).
 MAX_COUNT_KEY = 1 << 62
+#: Quantization step of the fitted likelihood-ratio score (nats).
+SCORE_STEP = 0.05
 #: Kinds whose column is a tuple of arrays (sampling._TUPLE_KINDS).
 _TUPLE_KINDS = ("hashed", "group_hashed", "sketch_row", "sketch_bit")
 
@@ -92,10 +98,21 @@ class Sequence:
 
 @dataclass(frozen=True)
 class SequenceFeature:
-    """A named function of a user's T reports on the sequence pair (x, x')."""
+    """A named function of a user's T reports on the sequence pair (x, x').
+
+    `keys` maps reports to keys. A fitted feature (`fit` set) first learns its
+    function from the SELECTION halves of x and x' (`fit(x_sel, y_sel)` returns
+    `keys`); it is then applied to both halves, so the bound on the fresh half
+    stays valid (the function is fixed before the fresh half is looked at).
+    """
 
     name: str
     keys: Callable[[Reports], IntArray]
+    fit: Callable[[Reports, Reports], Callable[[Reports], IntArray]] | None = None
+
+    def fitted(self, x_sel: Reports, y_sel: Reports) -> Callable[[Reports], IntArray]:
+        """The key function to use, learnt on the selection halves if this feature fits."""
+        return self.keys if self.fit is None else self.fit(x_sel, y_sel)
 
 
 def sequence_values(domain: Any, count: int) -> list[Any]:
@@ -189,6 +206,11 @@ def _classes(
     return keys
 
 
+def _unfitted(reports: Reports) -> IntArray:
+    """The `keys` of a fitted feature before `fit`: never called (`fitted`)."""
+    raise AssertionError("a fitted feature's keys come from its fit")
+
+
 def _unpacked(column: Any, k: int, outside: npt.NDArray[np.bool_]) -> npt.NDArray[np.uint8]:
     """Bits of packed little-endian rows, restricted to the `outside` columns."""
     bits = np.unpackbits(np.asarray(column, dtype=np.uint8), axis=1, bitorder="little")
@@ -243,6 +265,80 @@ def _value_bits(audited: list[Any]) -> Callable[[Reports], IntArray]:
     return keys
 
 
+def _column_counts(
+    k: int, audited: list[Any], pairs: list[tuple[int, int, bool]]
+) -> Callable[[Reports], npt.NDArray[np.int64]]:
+    """Per user, (both set, differing, both clear) column counts over the outside columns,
+    per side of D: shape (n, 3 · sides)."""
+    outside = np.ones(k, dtype=np.bool_)
+    outside[[int(v) for v in audited]] = False
+    sides = sorted({shared_x for _, _, shared_x in pairs}, reverse=True)
+    width = int(outside.sum())
+
+    def counts(reports: Reports) -> npt.NDArray[np.int64]:
+        """The column counts of each user's reports."""
+        bits = [_unpacked(c, k, outside) for c in reports.columns]
+        out = np.zeros((reports.n, 3 * len(sides)), dtype=np.int64)
+        for s, t, shared_x in pairs:
+            col = 3 * sides.index(shared_x)
+            both = np.count_nonzero(bits[s] & bits[t], axis=1)
+            differ = np.count_nonzero(bits[s] != bits[t], axis=1)
+            out[:, col] += both
+            out[:, col + 1] += differ
+            out[:, col + 2] += width - both - differ
+        return out
+
+    return counts
+
+
+def _log_ratio_table(x: IntArray, y: IntArray) -> Callable[[IntArray], npt.NDArray[np.float64]]:
+    """ln of the smoothed ratio of key frequencies under x and y (selection half)."""
+    universe = np.union1d(x, y)
+    cx = np.full(universe.shape[0], 0.5)
+    cy = np.full(universe.shape[0], 0.5)
+    np.add.at(cx, np.searchsorted(universe, x), 1)
+    np.add.at(cy, np.searchsorted(universe, y), 1)
+    table = np.log(cx / cy)
+
+    def lookup(keys: IntArray) -> npt.NDArray[np.float64]:
+        """Each key's log ratio (0 for a key the selection half never saw)."""
+        at = np.clip(np.searchsorted(universe, keys), 0, universe.shape[0] - 1)
+        return np.asarray(np.where(universe[at] == keys, table[at], 0.0), dtype=np.float64)
+
+    return lookup
+
+
+def _score_fit(
+    k: int, audited: list[Any], pairs: list[tuple[int, int, bool]]
+) -> Callable[[Reports, Reports], Callable[[Reports], IntArray]]:
+    """Fit the "likelihood-ratio score" of bit-vector reports on the selection halves.
+
+    Outside the audited values the columns are independent and identically
+    distributed given the sequence (each is one permanent bit, flipped per report),
+    so for T = 2 the column counts are sufficient there and their log likelihood
+    ratio is Σ count · ln(π_x / π_y), π the per-column rate of each count
+    estimated on the selection half; the bits at the values add their own
+    estimated log ratio. The score, quantized at `SCORE_STEP`, is the key.
+    """
+    counts = _column_counts(k, audited, pairs)
+    value_bits = _value_bits(audited)
+
+    def fit(x_sel: Reports, y_sel: Reports) -> Callable[[Reports], IntArray]:
+        """The score's key function, from the selection halves of x and x'."""
+        cx, cy = counts(x_sel).sum(axis=0) + 0.5, counts(y_sel).sum(axis=0) + 0.5
+        weights = np.log(cx / cy)
+        values = _log_ratio_table(value_bits(x_sel), value_bits(y_sel))
+
+        def keys(reports: Reports) -> IntArray:
+            """Each user's quantized score."""
+            score = counts(reports) @ weights + values(value_bits(reports))
+            return np.asarray(np.round(score / SCORE_STEP), dtype=np.int64)
+
+        return keys
+
+    return fit
+
+
 def _bit_features(
     mech: Any, audited: list[Any], pairs: list[tuple[int, int, bool]], reports: int
 ) -> list[SequenceFeature]:
@@ -258,6 +354,9 @@ def _bit_features(
         ):
             if base ** len(_fingerprint_parts(pairs, both)) <= MAX_COUNT_KEY:
                 features.append(SequenceFeature(name, _fingerprint(mech.k, audited, pairs, both)))
+        if len(audited) * reports <= MAX_KEYS.bit_length() - 1:
+            fit = _score_fit(mech.k, audited, pairs)
+            features.append(SequenceFeature("likelihood-ratio score", _unfitted, fit))
     return features
 
 

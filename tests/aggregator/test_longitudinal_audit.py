@@ -74,11 +74,32 @@ def test_features_fit_the_domain() -> None:
         "bits at the values",
         "fingerprint: columns both set, columns differing",
         "agreement: columns differing",
+        "likelihood-ratio score",
     ]
     seqs = lg.sequence_pairs(16, 3)[0]
     category = [f.name for f in lg.sequence_features("category", None, seqs[0], seqs[1])]
     assert category == ["equal reports", "classes and equal reports"]
     assert lg.sequence_values((Decimal(0), Decimal(1)), 3) == [0.0, 1.0, pytest.approx(1 / 3)]
+
+
+def test_the_fitted_score_is_learnt_on_the_selection_half_only() -> None:
+    """The score is what `fit` learns from the halves it is given: fitted on two halves
+    of ONE input its weights are about 0 (scores near 0); fitted on (0, 0) against
+    (0, 1) they are not. The audit fits on the selection halves only."""
+    mech = create("rappor-oue", Decimal(1), 64, {"epsilon_permanent": "2"})
+    seqs = lg.sequence_pairs(64, 2)[0]
+    (score,) = [
+        f
+        for f in lg.sequence_features("bits", mech, seqs[0], seqs[1])
+        if f.name == "likelihood-ratio score"
+    ]
+    same = lg.sample_batch(mech, "bits", seqs[0], 40_000, np.random.default_rng(1))
+    changed = lg.sample_batch(mech, "bits", seqs[1], 40_000, np.random.default_rng(2))
+    keys = score.fitted(same.rows(0, 20_000), same.rows(20_000, 40_000))
+    assert (
+        np.abs(keys(same)).mean()
+        < np.abs(score.fitted(same.rows(0, 20_000), changed.rows(0, 20_000))(same)).mean()
+    )
 
 
 class _Unary:
