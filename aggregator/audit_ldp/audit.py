@@ -137,6 +137,9 @@ def resolve_spec(
         MechanismSpec(wire_id, epsilon, k, dict(params)),
         MechanismSpec(wire_id, epsilon, k, with_permanent),
         MechanismSpec(wire_id, epsilon, numeric_range, dict(params)),
+        MechanismSpec(wire_id, epsilon, numeric_range, with_permanent),
+        # a bucketed numeric memoized mechanism (dbitflip): k buckets unless given
+        MechanismSpec(wire_id, epsilon, numeric_range, {"buckets": str(k), **with_permanent}),
         MechanismSpec(
             wire_id,
             epsilon,

@@ -26,8 +26,10 @@ mechanism's `perturb_batch_sequences(values, rng)` when it has one (values of
 shape (n, T); the law of T calls of `perturb` with one memo), else for the
 memo.py family (one independent permanent response per value: memo.py, "Memo
 state") the reports of each distinct value come from one call of
-`perturb_batch_longitudinal`; any other memoized mechanism is audited on the
-device path only (a note says so).
+`perturb_batch_longitudinal(values, T, rng)`; a mechanism whose
+`perturb_batch_longitudinal(values, rng)` takes values of shape (n, T) (loloha,
+dbitflip) is called with the sequences; any other memoized mechanism is
+audited on the device path only (a note says so).
 
 Features (each user's T reports -> one int64 key; any function of the output is
 post-processing, Dwork and Roth 2014, Proposition 2.1). D is the set of report
@@ -38,6 +40,10 @@ sequence only): the pairs where a fingerprint shows.
   reports s and t are equal (the whole payload);
 * category reports — "classes and equal reports": each report's class (which
   audited value it names, or other), joint over T, with the equalities on D;
+* hashed (loloha) and index-bits (dbitflip) reports — "supports of the values
+  and equal reports": whether each report supports each audited value (the
+  contract hash; the bucket sampled and its bit), joint over T, with the
+  equalities on D;
 * bit vectors — "fingerprint": over the columns of no value of x or x', the
   number of columns where reports s and t are both set, and where they differ,
   summed over the pairs of D that share in x and, apart, in x' (a shared
@@ -64,14 +70,17 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+from fedldp.aggregator.audit_ldp.features import index_support, olh_hash
 from fedldp.aggregator.audit_ldp.sampling import (
+    TUPLE_KINDS,
     Reports,
     _perturb,
-    batch_column,
     device_column,
+    split_rounds,
+    takes_report_count,
 )
 from fedldp.client.mechanisms.base import Output
-from fedldp.client.mechanisms.memo import Memoized
+from fedldp.client.mechanisms.memo import MemoizedUnary, RapporGRR
 
 if TYPE_CHECKING:
     import numpy.typing as npt
@@ -84,8 +93,6 @@ MAX_KEYS = 1 << 24
 MAX_COUNT_KEY = 1 << 62
 #: Quantization step of the fitted likelihood-ratio score (nats).
 SCORE_STEP = 0.05
-#: Kinds whose column is a tuple of arrays (sampling._TUPLE_KINDS).
-_TUPLE_KINDS = ("hashed", "group_hashed", "sketch_row", "sketch_bit")
 
 
 @dataclass(frozen=True)
@@ -164,7 +171,7 @@ def differing_pairs(x: tuple[Any, ...], y: tuple[Any, ...]) -> list[tuple[int, i
 
 def _equal(kind: str, a: Any, b: Any) -> npt.NDArray[np.bool_]:
     """Per user: are the two reports (columns in the batch layout) equal?"""
-    parts = list(zip(a, b, strict=True)) if kind in _TUPLE_KINDS else [(a, b)]
+    parts = list(zip(a, b, strict=True)) if kind in TUPLE_KINDS else [(a, b)]
     equal = np.ones(np.asarray(parts[0][0]).shape[0], dtype=np.bool_)
     for pa, pb in parts:
         same = np.asarray(pa) == np.asarray(pb)
@@ -201,6 +208,33 @@ def _classes(
             for i, value in enumerate(audited):
                 cls[column == value] = i
             key = key * base + cls
+        return key * (1 << len(pairs)) + equalities(reports)
+
+    return keys
+
+
+def _support_digit(kind: str, column: Any, value: Any, mech: Any) -> IntArray:
+    """Per report, how it supports `value`: hashed (OLH, loloha) 0/1 by the contract
+    hash; index bits (dbitflip) 0 absent, 2 sampled with bit 0, 3 with bit 1."""
+    if kind == "hashed":
+        seeds, hashed = column
+        return np.asarray(olh_hash(seeds, int(value), mech.g, mech.m) == hashed, dtype=np.int64)
+    return index_support(column, value, mech)
+
+
+def _supports(
+    kind: str, mech: Any, audited: list[Any], pairs: list[tuple[int, int, bool]]
+) -> Callable[[Reports], IntArray]:
+    """Key: how each report supports each audited value, joint over T, then the
+    equality bits of `pairs`."""
+    equalities = _equalities(kind, pairs)
+
+    def keys(reports: Reports) -> IntArray:
+        """The supports and equalities of each user's reports."""
+        key = np.zeros(reports.n, dtype=np.int64)
+        for column in reports.columns:
+            for value in audited:
+                key = 4 * key + _support_digit(kind, column, value, mech)
         return key * (1 << len(pairs)) + equalities(reports)
 
     return keys
@@ -375,6 +409,12 @@ def sequence_features(
         features.append(SequenceFeature("classes and equal reports", _classes(audited, pairs)))
     if kind == "bits":
         features.extend(_bit_features(mech, audited, pairs, len(x.values)))
+    if (
+        kind in ("hashed", "index_bits")
+        and 4 ** (len(audited) * len(x.values)) << len(pairs) <= MAX_KEYS
+    ):
+        name = "supports of the values and equal reports"
+        features.append(SequenceFeature(name, _supports(kind, mech, audited, pairs)))
     return tuple(features)
 
 
@@ -390,35 +430,46 @@ def sample_device(
     return Reports(kind, [device_column(kind, c) for c in columns])
 
 
-def _split(kind: str, out: Any, count: int) -> list[Any]:
-    """The `count` report columns of a (n, count, ...) batch result."""
-    if kind in _TUPLE_KINDS:
-        return [tuple(part[:, t] for part in out) for t in range(count)]
-    return [batch_column(kind, out[:, t]) for t in range(count)]
+def _per_value(mech: Any) -> bool:
+    """Whether `mech` keeps one independent permanent response per value (memo.py's
+    RAPPOR family), so that a sequence's reports are drawn value by value."""
+    return isinstance(mech, (MemoizedUnary, RapporGRR))
+
+
+def _sequence_form(mech: Any) -> Callable[[Any, np.random.Generator], Any] | None:
+    """The mechanism's batch path over values (n, T), if it has one: its
+    `perturb_batch_sequences`, or a `perturb_batch_longitudinal(values, rng)`."""
+    sequences = getattr(mech, "perturb_batch_sequences", None)
+    if callable(sequences):
+        return sequences  # type: ignore[no-any-return]
+    longitudinal = getattr(mech, "perturb_batch_longitudinal", None)
+    if callable(longitudinal) and not takes_report_count(longitudinal):
+        return longitudinal  # type: ignore[no-any-return]
+    return None
 
 
 def has_batch_path(mech: Any) -> bool:
     """Whether the batch path can draw sequences for `mech` (module doc, "Paths")."""
-    return callable(getattr(mech, "perturb_batch_sequences", None)) or isinstance(mech, Memoized)
+    return _sequence_form(mech) is not None or _per_value(mech)
 
 
 def sample_batch(
     mech: Any, kind: str, seq: Sequence, users: int, generator: np.random.Generator
 ) -> Reports:
     """`users` simulated devices reporting `seq`, on the numpy path (`has_batch_path`)."""
-    dtype = np.float64 if kind == "numeric" else np.int64
-    unnarrowed: Any = mech
-    sequences = getattr(mech, "perturb_batch_sequences", None)
-    if callable(sequences):
+    dtype = np.float64 if any(isinstance(v, float) for v in seq.values) else np.int64
+    rounds = len(seq.values)
+    sequences = _sequence_form(mech)
+    if sequences is not None:
         values = np.tile(np.asarray(seq.values, dtype=dtype), (users, 1))
-        return Reports(kind, _split(kind, sequences(values, generator), len(seq.values)))
-    if not isinstance(mech, Memoized):
+        return Reports(kind, split_rounds(kind, sequences(values, generator), rounds))
+    if not _per_value(mech):
         raise ValueError(f"{mech.wire_id} has no batch path for sequences of values")
-    longitudinal: Any = unnarrowed.perturb_batch_longitudinal  # every concrete Memoized
-    columns: list[Any] = [None] * len(seq.values)
+    longitudinal: Any = mech.perturb_batch_longitudinal
+    columns: list[Any] = [None] * rounds
     for value in dict.fromkeys(seq.values):  # one permanent response per value (memo.py)
         positions = [t for t, v in enumerate(seq.values) if v == value]
         out = longitudinal(np.full(users, value, dtype=dtype), len(positions), generator)
-        for t, column in zip(positions, _split(kind, out, len(positions)), strict=True):
+        for t, column in zip(positions, split_rounds(kind, out, len(positions)), strict=True):
             columns[t] = column
     return Reports(kind, columns)

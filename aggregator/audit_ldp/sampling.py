@@ -23,6 +23,7 @@ for HCMS sketch reports).
 
 from __future__ import annotations
 
+import inspect
 import random
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -33,6 +34,7 @@ from fedldp.client.mechanisms.base import (
     CategoryOutput,
     GroupHashedOutput,
     HashedOutput,
+    IndexBitsOutput,
     Mechanism,
     MultiOutput,
     NumericOutput,
@@ -56,9 +58,11 @@ KINDS: dict[type, str] = {
     GroupHashedOutput: "group_hashed",
     SketchRowOutput: "sketch_row",
     SketchBitOutput: "sketch_bit",
+    IndexBitsOutput: "index_bits",
 }
 #: Kinds whose batch column is a tuple of arrays over the users.
-_TUPLE_KINDS = ("hashed", "group_hashed", "sketch_row", "sketch_bit")
+TUPLE_KINDS = ("hashed", "group_hashed", "sketch_row", "sketch_bit", "index_bits")
+_TUPLE_KINDS = TUPLE_KINDS
 #: NumericPayload's only field, `double value = 1`: wire type 1 (64-bit), tag byte 0x09.
 _DOUBLE_TAG = 0x09
 
@@ -162,6 +166,12 @@ def device_column(kind: str, outputs: list[Output]) -> Any:
         return seeds, values
     if kind == "group_hashed":
         return _group_hashed_column(outputs)  # type: ignore[arg-type]
+    if kind == "index_bits":
+        indices = np.array([o.indices for o in outputs], dtype=np.int64)  # type: ignore[union-attr]
+        packed = b"".join(o.bits for o in outputs)  # type: ignore[union-attr]
+        return indices.reshape(len(outputs), -1), np.frombuffer(packed, dtype=np.uint8).reshape(
+            len(outputs), -1
+        )
     return np.fromiter((wire_bits(o) for o in outputs), dtype=np.uint64, count=len(outputs))  # type: ignore[arg-type]
 
 
@@ -215,15 +225,39 @@ def sample_batch(
         columns = [np.full(users, v) for v in value]
         outputs = mech.batch_outputs(mech.perturb_batch(columns, generator))  # type: ignore[attr-defined]
         return Reports(kind, [device_column(kind, outputs)])
-    dtype = np.float64 if kind == "numeric" else np.int64
+    dtype = np.float64 if kind == "numeric" or isinstance(value, float) else np.int64
     values: Any = [value] * users if isinstance(value, str) else np.full(users, value, dtype=dtype)
     if reports == 1:
         return Reports(kind, [batch_column(kind, mech.perturb_batch(values, generator))])
     longitudinal = getattr(mech, "perturb_batch_longitudinal", None)
     if longitudinal is None:
         raise ValueError(f"{mech.wire_id} has no batch path for {reports} reports per user")
-    out = longitudinal(values, reports, generator)
+    if takes_report_count(longitudinal):  # (values, T, rng): T reports of one value
+        out = longitudinal(values, reports, generator)
+    else:  # (values (n, T), rng): one value per user and round
+        out = longitudinal(np.repeat(values[:, None], reports, axis=1), generator)
+    return Reports(kind, split_rounds(kind, out, reports))
+
+
+def takes_report_count(longitudinal: Any) -> bool:
+    """Whether a `perturb_batch_longitudinal` is the (values, reports, rng) form (one
+    value per user, memo.py's RAPPOR family) rather than (values (n, T), rng), which
+    takes a value per user and round (loloha, dbitflip)."""
+    return len(inspect.signature(longitudinal).parameters) == 3
+
+
+def split_rounds(kind: str, out: Any, rounds: int) -> list[Any]:
+    """The per-round report columns of a longitudinal batch result.
+
+    Layouts: (n, T) indices or (n, T, bytes) packed rows; hashed (seeds (n,) shared
+    or (n, T), values (n, T)); index_bits (indices (n, d) shared, bits (n, T, bytes)).
+    """
     if kind == "hashed":
         seeds, hashed = out
-        return Reports(kind, [(seeds[:, t], hashed[:, t]) for t in range(reports)])
-    return Reports(kind, [batch_column(kind, out[:, t]) for t in range(reports)])
+        return [(seeds if seeds.ndim == 1 else seeds[:, t], hashed[:, t]) for t in range(rounds)]
+    if kind == "index_bits":
+        indices, bits = out
+        return [(indices, bits[:, t]) for t in range(rounds)]
+    if kind in TUPLE_KINDS:
+        return [tuple(part[:, t] for part in out) for t in range(rounds)]
+    return [batch_column(kind, out[:, t]) for t in range(rounds)]

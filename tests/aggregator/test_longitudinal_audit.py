@@ -223,3 +223,21 @@ def test_sound_charge_passes_on_the_os_csprng() -> None:
     report = audit_mechanism(mech, 16, settings)
     assert report.has_sequences("device")
     assert report.passed, _describe(report)
+
+
+@pytest.mark.parametrize(
+    ("wire_id", "domain", "params", "samples"),
+    [
+        ("loloha", 16, {"epsilon_permanent": "2"}, 100_000),
+        ("dbitflip", (Decimal(0), Decimal(1)), {"epsilon_permanent": "2", "buckets": "8"}, 8_000),
+    ],
+)
+def test_loloha_and_dbitflip_get_the_sequence_test_on_the_batch_path(
+    wire_id: str, domain: Any, params: dict[str, str], samples: int
+) -> None:
+    """Their `perturb_batch_longitudinal(values (n, T), rng)` draws the sequences."""
+    mech = create(wire_id, Decimal(1), domain, params)
+    assert lg.has_batch_path(mech)
+    report = audit_mechanism(mech, domain, batch(samples))
+    assert report.has_sequences("batch")
+    assert report.passed, _describe(report)
