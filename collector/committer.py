@@ -32,6 +32,7 @@ import sqlalchemy as sa
 from fedldp.collector.errors import LedgerUnavailableError, ShuttingDownError
 from fedldp.collector.ledger import Ledger, SubmitBatch
 from fedldp.collector.ledger.store import OutcomeValue
+from fedldp.collector.logbudget import LogBudget
 from fedldp.collector.metrics import CollectorMetrics
 
 log = logging.getLogger(__name__)
@@ -55,31 +56,15 @@ class FailureLog:
     def __init__(
         self, *, lines: int = 10, interval: float = 10.0, clock: Any = time.monotonic
     ) -> None:
-        self.lines = lines
-        self.interval = interval
-        self._clock = clock
-        self._lock = threading.Lock()
-        self._window_start = -float("inf")
-        self._logged = 0
-        self._suppressed = 0
+        self.budget = LogBudget(lines=lines, interval=interval, clock=clock)
 
     def failed(self, message: str, fields: dict[str, Any]) -> None:
         """Log one failure (`fields`: shard, database, error), within the budget."""
-        now = self._clock()
-        with self._lock:
-            suppressed = 0
-            if now - self._window_start >= self.interval:
-                suppressed, self._suppressed = self._suppressed, 0
-                self._window_start, self._logged = now, 0
-            allowed = self._logged < self.lines
-            if allowed:
-                self._logged += 1
-            else:
-                self._suppressed += 1
+        allowed, suppressed = self.budget.admit()
         if suppressed:
             log.error(
                 "ledger failures not logged",
-                extra={"fields": {"count": suppressed, "seconds": self.interval}},
+                extra={"fields": {"count": suppressed, "seconds": self.budget.interval}},
             )
         if allowed:
             log.error(message, extra={"fields": fields})

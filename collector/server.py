@@ -54,6 +54,7 @@ from fedldp.collector.errors import (
 )
 from fedldp.collector.ledger import Ledger
 from fedldp.collector.ledger.shards import ShardedLedger
+from fedldp.collector.logbudget import LogBudget
 from fedldp.collector.metrics import CollectorMetrics
 from fedldp.collector.policies import PolicyRegistry
 from fedldp.collector.ratelimit import RateLimiter
@@ -98,31 +99,15 @@ class RefusalLog:
         interval: float = 10.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self.lines = lines
-        self.interval = interval
-        self._clock = clock
-        self._lock = threading.Lock()
-        self._window_start = -float("inf")
-        self._logged = 0
-        self._suppressed = 0
+        self.budget = LogBudget(lines=lines, interval=interval, clock=clock)
 
     def refused(self, level: int, fields: dict[str, Any]) -> None:
         """Log one refusal (`fields`: its structured data), within the budget."""
-        now = self._clock()
-        with self._lock:
-            suppressed = 0
-            if now - self._window_start >= self.interval:
-                suppressed, self._suppressed = self._suppressed, 0
-                self._window_start, self._logged = now, 0
-            allowed = self._logged < self.lines
-            if allowed:
-                self._logged += 1
-            else:
-                self._suppressed += 1
+        allowed, suppressed = self.budget.admit()
         if suppressed:
             log.warning(
                 "refusals not logged",
-                extra={"fields": {"count": suppressed, "seconds": self.interval}},
+                extra={"fields": {"count": suppressed, "seconds": self.budget.interval}},
             )
         if allowed:
             log.log(level, "request refused", extra={"fields": fields})

@@ -355,7 +355,7 @@ def test_refusals_are_counted_and_their_log_lines_bounded(
     assert sample("fedldp_collector_refusals_total", {"error": "UnauthenticatedError"}) == 100
     assert sample("fedldp_collector_rate_limited_total") == 99
     refused = [r for r in caplog.records if r.getMessage() == "request refused"]
-    assert len(refused) == RefusalLog().lines  # 10 lines per 10 s, not 199
+    assert len(refused) == RefusalLog().budget.lines  # 10 lines per 10 s, not 199
     tagged = [r for r in refused if r.fields["error"] == "RateLimitedError"]  # type: ignore[attr-defined]
     assert tagged and all(r.fields["subject_tag"] for r in tagged)  # type: ignore[attr-defined]
 
