@@ -74,16 +74,7 @@ class ChargeAudit(LedgerCore):
 
 
 def _charge_groups_tx(conn: sa.Connection) -> list[ChargeGroup]:
-    count = sa.func.count().label("n")
-    query = sa.select(
-        reports.c.subject,
-        reports.c.policy_id,
-        reports.c.policy_version,
-        reports.c.policy_digest,
-        reports.c.window_start,
-        reports.c.charge,
-        count,
-    ).group_by(
+    keys = (
         reports.c.subject,
         reports.c.policy_id,
         reports.c.policy_version,
@@ -91,6 +82,7 @@ def _charge_groups_tx(conn: sa.Connection) -> list[ChargeGroup]:
         reports.c.window_start,
         reports.c.charge,
     )
+    query = sa.select(*keys, sa.func.count().label("n")).group_by(*keys)
     return [
         ChargeGroup(s, p, int(v), bytes(d), int(w), _dec(c), int(n))
         for s, p, v, d, w, c, n in conn.execute(query)
