@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
@@ -36,6 +36,17 @@ from fedldp.aggregator.central import releases as rel
 from fedldp.aggregator.central.datakey import DataKey, KeyedDigest
 from fedldp.aggregator.central.receipts import release_receipt
 from fedldp.aggregator.central.signing import RELEASE_RECEIPT_TYPE, canonical_json, sign
+from fedldp.aggregator.engines.plan import (
+    GRID,
+    BoundedQuery,
+    NumericSpec,
+    Result,
+    Split,
+    Totals,
+    cells,
+    fresh_key,
+    merge,
+)
 from fedldp.aggregator.service import errorbars
 from fedldp.aggregator.service.catalog import (
     Catalog,
@@ -163,9 +174,8 @@ class ReleaseEngine:
             raise InvalidRequestError("idempotency_key must be 1-128 printable ASCII characters")
         opened = [False]
 
-        def rows() -> Iterator[Any]:
+        def rows() -> None:
             opened[0] = True
-            return ds.bounded_rows()
 
         ledger = self.ledger
         if (ds.id, request.purpose, analyst) in self.policy.analyst_caps:
@@ -335,22 +345,19 @@ def _run(
     ds: Dataset,
     common: dict[str, Any],
     delta: Decimal,
-    rows: Callable[[], Iterator[Any]],
+    rows: Callable[[], object],
 ) -> rel.CentralRelease:
     """Dispatch to the release function of `query` (bounds and domain from the catalog)."""
     mechanism = _mechanism(request, query)
     if query.kind in ("choice", "histogram", "quantile") and delta != 0:
         raise InvalidRequestError(f'a {query.kind} is pure epsilon-DP: delta must be "0"')
     col = query.column or ""
-    position = ds.index(col) if col else 0
     common = {**common, "query": _query_params(query)}
-
-    def values() -> Iterator[str]:
-        return (row[position] for row in rows())
+    values = _bounded_load(ds, query, rows)
 
     if query.kind == "count":
         return rel.private_count(
-            ledger, load=rows, mechanism=mechanism or "", delta=delta, **common
+            ledger, load=values, mechanism=mechanism or "", delta=delta, **common
         )
     declared = ds.columns[col]
     if isinstance(declared, NumericColumn) and query.quantile is not None:
@@ -376,6 +383,65 @@ def _run(
     if query.kind == "histogram":
         return rel.private_histogram(ledger, domain=declared.domain, load=values, **common)
     return rel.private_choice(ledger, candidates=declared.domain, load=values, **common)
+
+
+def bounded_query(ds: Dataset, query: _Query) -> BoundedQuery:
+    """The engine's bounded aggregation for an ungrouped query (aggregator/engines/plan.py):
+    at most k rows per unit chosen by a fresh keyed hash, values clamped to the bounds."""
+    col = query.column
+    declared = ds.columns.get(col) if col else None
+    numeric: dict[str, NumericSpec] = {}
+    split: Split | None = None
+    sums: tuple[str, ...] = ()
+    domains: dict[str, tuple[str, ...]] = {}
+    if col is not None and isinstance(declared, NumericColumn):
+        numeric[col] = NumericSpec(declared.lower, declared.upper, declared.scale)
+        numeric[col].check(col)
+        if query.kind == "quantile":
+            split = Split(col, "cells")
+        else:
+            sums = (col,)
+    elif col is not None and isinstance(declared, CategoricalColumn):
+        split = Split(col, "values")
+        domains[col] = declared.domain
+    return BoundedQuery(
+        unit=ds.unit,
+        numeric=numeric,
+        sums=sums,
+        split=split,
+        rows_per_unit=ds.contribution_bound,
+        domains=domains,
+        key=fresh_key(),
+    )
+
+
+def _bounded_load(
+    ds: Dataset, query: _Query, opened: Callable[[], object]
+) -> Callable[[], rel.Bounded]:
+    """`load` of the release functions: the dataset's engine computes the bounded
+    aggregate (after `opened()` marked the data read); only a `Bounded` comes back."""
+    plan = bounded_query(ds, query)
+
+    def load() -> rel.Bounded:
+        opened()
+        result: Result = ds.aggregate(plan)
+        col = query.column
+        if plan.split is not None and plan.split.kind == "cells":
+            on, between = cells(result, 0).get((), ([0] * (GRID + 1), [0] * (GRID + 1)))
+            return rel.Bounded(cells=(on, between))
+        if plan.split is not None:
+            counts = {str(k[0]): t.rows for k, t in result.items() if k[0] is not None}
+            return rel.Bounded(counts=counts)
+        total = merge(result, 0).get((), Totals())
+        if col is None:
+            return rel.Bounded(count=total.rows)
+        scale = plan.numeric[col].scale
+        return rel.Bounded(
+            count=total.counts.get(col, 0),
+            total=Decimal(total.sums.get(col, 0)).scaleb(-scale),
+        )
+
+    return load
 
 
 def _query_params(query: _Query) -> dict[str, str]:
