@@ -28,7 +28,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from decimal import Decimal
-from typing import Any
+from typing import Any, TypeVar
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from fedldp.aggregator.central import quantile as qm
@@ -47,6 +47,7 @@ from fedldp.aggregator.engines.plan import (
     fresh_key,
     merge,
 )
+from fedldp.aggregator.engines.sqlparse import SqlRefusedError
 from fedldp.aggregator.service import errorbars
 from fedldp.aggregator.service.catalog import (
     Catalog,
@@ -57,9 +58,12 @@ from fedldp.aggregator.service.catalog import (
 )
 from fedldp.aggregator.service.holds import AnalystCapLedger
 from fedldp.aggregator.service.policy import ReleasePolicy, analyst_subject, ledger_subject
+from fedldp.aggregator.service.sqlrelease import plan_sql, run_sql
+from fedldp.aggregator.service.sqlrelease import response as sql_response
 from fedldp.collector.ledger import LedgerError
 from fedldp.v1 import release_pb2 as pb
 
+R = TypeVar("R")
 _KEY_RE = re.compile(r"[\x21-\x7e]{1,128}")  # always used with fullmatch
 #: Smallest ε a request may ask for: below it the noise scale and error bars
 #: leave floating point (and no release at that ε is useful).
@@ -167,16 +171,27 @@ class ReleaseEngine:
 
     def release(self, analyst: str, request: pb.ReleaseRequest) -> pb.ReleaseResponse:
         """Run one release (module docstring); raises ServiceError or a ledger/release error."""
+        if request.WhichOneof("query") == "sql":
+            return self._release_sql(analyst, request)
         ds = self.authorize(analyst, request)
         query = _query_of(request, ds)
         epsilon, delta = _budget(request)
-        if not _KEY_RE.fullmatch(request.idempotency_key):
-            raise InvalidRequestError("idempotency_key must be 1-128 printable ASCII characters")
+        ledger, common = self._charging(analyst, ds, request, epsilon)
         opened = [False]
 
         def rows() -> None:
             opened[0] = True
 
+        result = _guarded(opened, lambda: _run(ledger, query, request, ds, common, delta, rows))
+        return self._response(result)
+
+    def _charging(
+        self, analyst: str, ds: Dataset, request: pb.ReleaseRequest, epsilon: Decimal
+    ) -> tuple[Any, dict[str, Any]]:
+        """The ledger to charge (with the analyst's own cap when the policy sets one) and
+        the release functions' request fields."""
+        if not _KEY_RE.fullmatch(request.idempotency_key):
+            raise InvalidRequestError("idempotency_key must be 1-128 printable ASCII characters")
         ledger = self.ledger
         if (ds.id, request.purpose, analyst) in self.policy.analyst_caps:
             subject = analyst_subject(self.service_id, ds.id, analyst)
@@ -190,18 +205,37 @@ class ReleaseEngine:
             "data_digest": _keyed(self.data_key, ds.data_digest),
             "contribution_bound": ds.contribution_bound,
         }
+        return ledger, common
+
+    def _release_sql(self, analyst: str, request: pb.ReleaseRequest) -> pb.ReleaseResponse:
+        """A DP SQL release (sqlrelease.py): parsed and planned before any reservation."""
+        open_ds = {
+            d.id: d
+            for d in self.catalog.datasets.values()
+            if d.registered and request.purpose in d.purposes_for(analyst, self.catalog.groups)
+        }
         try:
-            result = _run(ledger, query, request, ds, common, delta, rows)
-        except (rel.ReleaseError, ServiceError, LedgerError):
-            raise
-        except (ValueError, TypeError, ArithmeticError) as exc:
-            if opened[0]:
-                raise ReleaseAfterReadError(
-                    "the release failed after the data was opened; its budget is spent and "
-                    "nothing was released"
-                ) from None
-            raise InvalidRequestError(str(exc)) from None
-        return self._response(result)
+            plan = plan_sql(request.sql.sql, open_ds)
+        except SqlRefusedError as exc:
+            raise InvalidRequestError(f"SQL refused: {exc}") from None
+        if request.dataset and request.dataset != plan.table:
+            raise InvalidRequestError("the request's dataset differs from the SQL's FROM")
+        ds = self.authorize(analyst, pb.ReleaseRequest(dataset=plan.table, purpose=request.purpose))
+        if request.mechanism not in (pb.NOISE_MECHANISM_UNSPECIFIED, pb.NOISE_MECHANISM_LAPLACE):
+            raise InvalidRequestError("SQL releases use the Laplace mechanism: leave it unset")
+        epsilon, delta = _budget(request)
+        ledger, common = self._charging(analyst, ds, request, epsilon)
+        common["query"] = {"sql": request.sql.sql}
+        opened = [False]
+
+        def mark() -> None:
+            opened[0] = True
+
+        result = _guarded(opened, lambda: run_sql(ledger, ds, plan, delta, common, mark))
+        table = canonical_json(result.table).decode()
+        receipt = release_receipt(self.ledger, result.reservation_id, value=table)
+        envelope = canonical_json(sign(RELEASE_RECEIPT_TYPE, receipt, self.key))
+        return sql_response(result, envelope, self.policy.sha256)
 
     def _response(self, result: rel.CentralRelease) -> pb.ReleaseResponse:
         receipt = release_receipt(self.ledger, result.reservation_id, value=str(result.value))
@@ -228,6 +262,24 @@ class ReleaseEngine:
         else:
             out.chosen = str(result.value)
         return out
+
+
+def _guarded(opened: list[bool], run: Callable[[], R]) -> R:
+    """`run()`, with its data-independent refusals as InvalidRequestError and any error
+    after the data was opened as ReleaseAfterReadError (fixed message: charged)."""
+    try:
+        return run()
+    except (rel.ReleaseError, ServiceError, LedgerError):
+        raise
+    except (ValueError, TypeError, ArithmeticError) as exc:
+        if opened[0]:
+            raise ReleaseAfterReadError(
+                "the release failed after the data was opened; its budget is spent and "
+                "nothing was released"
+            ) from None
+        if isinstance(exc, SqlRefusedError):
+            raise InvalidRequestError(f"SQL refused: {exc}") from None
+        raise InvalidRequestError(str(exc)) from None
 
 
 def _add(out: pb.ReleaseResponse, label: str, value: Decimal, bar: errorbars.ErrorBar) -> None:
