@@ -170,3 +170,27 @@ def test_ungrouped_count_over_parquet_uses_the_engine(
         count=pb.CountQuery(),
     )
     assert abs(Decimal(reply.values[0].value) - 3000) < 100
+
+
+def test_release_sql_command_embedded_then_verify(tmp_path: Path) -> None:
+    """`fedldp release sql "..." --epsilon 1 --delta 1e-6 --embedded`, then `verify release`."""
+    from tests.aggregator.service.test_release_client import _invoke, _operator_files
+
+    files = _operator_files(tmp_path)
+    receipt = tmp_path / "sql.json"
+    sql = "SELECT city, COUNT(*), AVG(amount) FROM visits WHERE amount >= 20 GROUP BY city"
+    args = ["release", "sql", sql, "--purpose", "study", "--epsilon", "0.5", "--delta", "0"]
+    result = _invoke([*args, "--embedded", *files, "--analyst", "alice", "--receipt", str(receipt)])
+    assert result.exit_code == 0, result.output
+    reply = json.loads(result.stdout)
+    assert reply["kind"] == "grouped" and len(reply["values"]) == 6
+    ledger = f"sqlite:///{tmp_path / 'ledger.db'}"
+    pub = str(tmp_path / "receipts.pub")
+    verified = _invoke(
+        ["verify", "release", str(receipt), "--ledger", ledger, "--trusted-key", pub]
+    )
+    assert verified.exit_code == 0, verified.output
+    again = _invoke([*args, "--embedded", *files, "--analyst", "alice"])  # same derived key
+    assert json.loads(again.stdout)["reservationId"] == reply["reservationId"]
+    refused = _invoke([*args[:2], "SELECT * FROM visits", *args[3:], "--embedded", *files])
+    assert refused.exit_code != 0 and "SQL refused" in refused.output
