@@ -32,7 +32,7 @@ the smallest τ with L0·p^(τ−1)/(1 + p) ≤ δ makes the selection (ε_ps, �
 from __future__ import annotations
 
 import json
-import math
+import random
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from decimal import ROUND_DOWN, Decimal, localcontext
@@ -122,7 +122,7 @@ def label_of(key: GroupKey) -> str:
 
 
 def _select(
-    stats: Mapping[GroupKey, GroupStats], eps: Decimal, delta: Decimal, l0: int, rng: object
+    stats: Mapping[GroupKey, GroupStats], eps: Decimal, delta: Decimal, l0: int, rng: random.Random
 ) -> tuple[list[GroupKey], dict[str, object]]:
     """Partition selection: the groups whose noisy unit count reaches τ, and its event."""
     scale = Fraction(l0) / Fraction(eps)
@@ -131,7 +131,7 @@ def _select(
         g
         for g, s in sorted(stats.items())
         if s.units > 0 and s.units + discrete_laplace(scale, rng) >= tau
-    ]  # type: ignore[arg-type]
+    ]
     event: dict[str, object] = {
         "kind": "threshold",
         "query": "partition_selection",
@@ -152,10 +152,10 @@ def _additive(
     stats: Mapping[GroupKey, GroupStats],
     l0: int,
     linf: int,
-    rng: object,
+    rng: random.Random,
 ) -> list[dict[str, object]]:
     """The events of a count, sum or mean over every released group."""
-    bound = max(abs(agg.lower or 0), abs(agg.upper or 0))
+    bound = max(abs(agg.lower or Decimal(0)), abs(agg.upper or Decimal(0)))
     parts = [("count", eps)] if agg.kind == "count" else [("sum", eps)]
     if agg.kind == "mean":
         half = exact_half(eps, "epsilon")
@@ -180,7 +180,7 @@ def _additive(
                 true = Decimal(s.counts.get(agg.column or "", 0))
             else:
                 true = s.sums.get(agg.column or "", Decimal(0))
-            out[label_of(g)] = str(plan.noised(true, rng))  # type: ignore[arg-type]
+            out[label_of(g)] = str(plan.noised(true, rng))
         event = plan.event(f"{agg.label}.{part}" if agg.kind == "mean" else agg.label)
         event["bins"] = len(groups)
         event["output"] = json.dumps(out, sort_keys=True, separators=(",", ":"))
@@ -195,7 +195,7 @@ def _quantiles(
     stats: Mapping[GroupKey, GroupStats],
     l0: int,
     linf: int,
-    rng: object,
+    rng: random.Random,
 ) -> dict[str, object]:
     """One exponential mechanism per released group at ε/L0 (module docstring)."""
     assert agg.lower is not None and agg.upper is not None and agg.quantile is not None
@@ -213,7 +213,7 @@ def _quantiles(
             Decimal(per_group.numerator) / Decimal(per_group.denominator),
             rng,
             sensitivity=sens,
-        )  # type: ignore[arg-type]
+        )
         out[label_of(g)] = str(grid[chosen])
     return {
         "kind": "exponential",
@@ -345,6 +345,3 @@ def aggregates_of(metadata: Mapping[str, str]) -> list[Aggregate]:
             )
         )
     return out
-
-
-del math

@@ -106,7 +106,10 @@ def _kept(q: BoundedQuery, row: Row) -> tuple[dict[str, Value], tuple[str | int 
     for col in q.fields():
         spec = q.numeric.get(col)
         v = values[col]
-        out.append(_clamp(v, spec) if spec is not None and not isinstance(v, str) else v)
+        if isinstance(v, Decimal) and spec is not None:
+            out.append(_clamp(v, spec))
+        else:
+            out.append(None if v is None else str(v))
     return values, tuple(out)
 
 

@@ -15,6 +15,7 @@ kept per cluster for the life of the process.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import uuid
 from typing import Any
@@ -67,8 +68,6 @@ def run(q: BoundedQuery, source: Source, cluster: str) -> Result:
     except Exception:  # a Py4J/Spark error's text may quote a value of the data
         raise EngineError("spark") from None
     finally:
-        try:
+        with contextlib.suppress(Exception):  # best effort: the view dies with the session
             spark.catalog.dropTempView(view)
-        except Exception:  # noqa: S110 - best effort: the view dies with the session
-            pass
     return to_result(rows, q)

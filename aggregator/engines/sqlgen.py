@@ -76,8 +76,9 @@ def _literal(q: BoundedQuery, col: str, value: Decimal | str) -> str:
     spec = q.numeric.get(col)
     if spec is not None:
         assert isinstance(value, Decimal)
-        places = -value.as_tuple().exponent if isinstance(value.as_tuple().exponent, int) else 0
-        return decimal(value, max(spec.scale, int(places)))
+        exponent = value.as_tuple().exponent
+        places = -exponent if isinstance(exponent, int) else 0
+        return decimal(value, max(spec.scale, places))
     return text(str(value))
 
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
-from typing import Any
+from typing import Any, Literal
 
 from fedldp.aggregator.engines.plan import BoolOp, Cmp, Cond, InList, IsNull, Not
 
@@ -104,7 +104,7 @@ def _condition(node: Any, columns: Mapping[str, str]) -> Cond:
     if isinstance(node, exp.Paren):
         return _condition(node.this, columns)
     if isinstance(node, exp.And | exp.Or):
-        op = "and" if isinstance(node, exp.And) else "or"
+        op: Literal["and", "or"] = "and" if isinstance(node, exp.And) else "or"
         return BoolOp(op, (_condition(node.this, columns), _condition(node.expression, columns)))
     if isinstance(node, exp.Not):
         inner = node.this
@@ -116,10 +116,10 @@ def _condition(node: Any, columns: Mapping[str, str]) -> Cond:
             raise SqlRefusedError("IS compares with NULL only")
         return IsNull(_column(node.this, columns, "IS NULL's operand"))
     ops = {exp.EQ: "=", exp.NEQ: "!=", exp.LT: "<", exp.LTE: "<=", exp.GT: ">", exp.GTE: ">="}
-    for cls, op in ops.items():
+    for cls, sign in ops.items():
         if isinstance(node, cls):
             col = _column(node.this, columns, "a comparison's left side")
-            return Cmp(col, op, _literal(node.expression, columns[col]))
+            return Cmp(col, sign, _literal(node.expression, columns[col]))
     if isinstance(node, exp.In):
         col = _column(node.this, columns, "IN's operand")
         if node.args.get("query") is not None:

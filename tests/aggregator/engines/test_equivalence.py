@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import csv
 import tempfile
+from collections.abc import Sequence
 from decimal import Decimal
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -54,30 +56,28 @@ wheres = st.sampled_from(
 )
 
 
-def _queries(where: object, c: int, l0: int) -> list[BoundedQuery]:
-    base = {"unit": "user", "numeric": {"minutes": SPEC}, "where": where, "rows_per_unit": c}
+def _queries(where: Any, c: int, l0: int) -> list[BoundedQuery]:
+    def q(key: bytes, **kw: Any) -> BoundedQuery:
+        base = {"unit": "user", "numeric": {"minutes": SPEC}, "where": where, "rows_per_unit": c}
+        return BoundedQuery(key=key, **base, **kw)
+
     return [
-        BoundedQuery(**base, key=b"k1"),  # type: ignore[arg-type]
-        BoundedQuery(**base, sums=("minutes",), key=b"k2"),  # type: ignore[arg-type]
-        BoundedQuery(**base, split=Split("minutes", "cells"), key=b"k3"),  # type: ignore[arg-type]
-        BoundedQuery(  # type: ignore[arg-type]
-            **base, split=Split("region", "values"), domains={"region": ("eu", "us")}, key=b"k4"
-        ),
-        BoundedQuery(  # type: ignore[arg-type]
-            **base, group_by=("region",), sums=("minutes",), groups_per_unit=l0, key=b"k5"
-        ),
-        BoundedQuery(  # type: ignore[arg-type]
-            **base,
+        q(b"k1"),
+        q(b"k2", sums=("minutes",)),
+        q(b"k3", split=Split("minutes", "cells")),
+        q(b"k4", split=Split("region", "values"), domains={"region": ("eu", "us")}),
+        q(b"k5", group_by=("region",), sums=("minutes",), groups_per_unit=l0),
+        q(
+            b"k6",
             group_by=("region",),
             split=Split("minutes", "cells"),
             groups_per_unit=l0,
             domains={"region": ("eu", "us", "never")},
-            key=b"k6",
         ),
     ]
 
 
-def _write(table: list[tuple[str, str | None, str | None]], folder: Path) -> tuple[Path, Path]:
+def _write(table: Sequence[tuple[str, str | None, str | None]], folder: Path) -> tuple[Path, Path]:
     path = folder / "t.csv"
     with path.open("w", newline="", encoding="utf-8") as fh:
         w = csv.writer(fh)
@@ -110,7 +110,7 @@ def _reference(q: BoundedQuery, path: Path) -> Result:
 )
 @given(rows, wheres, st.integers(1, 3), st.integers(1, 2))
 def test_duckdb_matches_the_reference(
-    table: list[tuple[str, str | None, str | None]], where: object, c: int, l0: int
+    table: list[tuple[str, str | None, str | None]], where: Any, c: int, l0: int
 ) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         path, parquet = _write(table, Path(tmp))

@@ -11,6 +11,7 @@ import random
 import shutil
 from decimal import Decimal
 from pathlib import Path
+from typing import Any
 
 import pytest
 from fedldp.aggregator.engines import duck, reference
@@ -21,7 +22,7 @@ pytestmark = pytest.mark.spark
 SPEC = NumericSpec(Decimal("-5"), Decimal("20"), 1)
 
 
-def _spark_or_skip() -> object:
+def _spark_or_skip() -> Any:
     pytest.importorskip("pyspark", reason="pyspark is not installed (pip install fedldp[spark])")
     if shutil.which("java") is None:
         pytest.skip("no Java runtime (java) on PATH: Spark local mode needs a JVM 17+")
@@ -51,18 +52,20 @@ def test_spark_local_matches_the_reference(tmp_path: Path) -> None:
     _table(path)
     parquet = tmp_path / "t.parquet"
     duck._connection().execute(
-        f"COPY (SELECT * FROM read_csv('{path}', all_varchar = true)) TO '{parquet}' (FORMAT parquet)"
+        f"COPY (SELECT * FROM read_csv('{path}', all_varchar = true)) "
+        f"TO '{parquet}' (FORMAT parquet)"
     )
     where = BoolOp("or", (Cmp("minutes", ">=", Decimal("2.5")), IsNull("minutes")))
-    base = {"unit": "user", "numeric": {"minutes": SPEC}, "rows_per_unit": 2}
-    grouped = BoundedQuery(  # type: ignore[arg-type]
-        **base, group_by=("region",), sums=("minutes",), groups_per_unit=2, key=b"c"
-    )
-    cells = BoundedQuery(**base, split=Split("minutes", "cells"), where=where, key=b"b")  # type: ignore[arg-type]
+
+    def make(key: bytes, **kw: Any) -> BoundedQuery:
+        return BoundedQuery(unit="user", numeric={"minutes": SPEC}, rows_per_unit=2, key=key, **kw)
+
+    grouped = make(b"c", group_by=("region",), sums=("minutes",), groups_per_unit=2)
+    cells = make(b"b", split=Split("minutes", "cells"), where=where)
     for q, source in (
         (grouped, duck.FileSource(path, "csv")),
         (cells, duck.FileSource(parquet, "parquet")),
     ):
         with path.open(newline="", encoding="utf-8") as fh:
             expected = reference.run(q, csv.DictReader(fh))
-        assert spark.run(q, source, "local[1]") == expected  # type: ignore[attr-defined]
+        assert spark.run(q, source, "local[1]") == expected

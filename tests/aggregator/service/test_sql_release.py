@@ -14,11 +14,11 @@ import grpc
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from fedldp.aggregator.central.receipts import verify_release_receipt
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from fedldp.aggregator.central.receipts import verify_release_receipt
 from fedldp.aggregator.central.signing import trusted_keys
-from fedldp.aggregator.service.server import RunningReleaseService
 from fedldp.aggregator.service.policy import ledger_subject
+from fedldp.aggregator.service.server import RunningReleaseService
 from fedldp.v1 import release_pb2 as pb
 
 from tests.aggregator.service.conftest import Client
