@@ -153,7 +153,7 @@ def response(release: gr.GroupedRelease, receipt: bytes, policy_sha256: str) -> 
         reservation_id=release.reservation_id,
         receipt=receipt,
         policy_sha256=policy_sha256,
-        budget_split=json.dumps(release.split, sort_keys=True, separators=(",", ":")),
+        epsilon_split=json.dumps(release.split, sort_keys=True, separators=(",", ":")),
     )
     for group in sorted(release.table):
         for label, value in release.table[group].items():

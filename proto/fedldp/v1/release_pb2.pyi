@@ -501,7 +501,7 @@ class ReleaseResponse(_message.Message):
     RESERVATION_ID_FIELD_NUMBER: _builtins.int
     RECEIPT_FIELD_NUMBER: _builtins.int
     POLICY_SHA256_FIELD_NUMBER: _builtins.int
-    BUDGET_SPLIT_FIELD_NUMBER: _builtins.int
+    EPSILON_SPLIT_FIELD_NUMBER: _builtins.int
     kind: _builtins.str
     """Query kind: "count", "sum", "mean", "histogram", "choice" or "quantile"."""
     chosen: _builtins.str
@@ -515,7 +515,7 @@ class ReleaseResponse(_message.Message):
     """
     policy_sha256: _builtins.str
     """Lowercase hex SHA-256 of the release policy file whose cap was applied."""
-    budget_split: _builtins.str
+    epsilon_split: _builtins.str
     """A SQL release: how epsilon was split, the canonical JSON object {part: epsilon}
     (each aggregate's label, and "partition_selection"); the receipt states it too.
     """
@@ -534,11 +534,11 @@ class ReleaseResponse(_message.Message):
         reservation_id: _builtins.str = ...,
         receipt: _builtins.bytes = ...,
         policy_sha256: _builtins.str = ...,
-        budget_split: _builtins.str = ...,
+        epsilon_split: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["budget_split", b"budget_split", "chosen", b"chosen", "kind", b"kind", "policy_sha256", b"policy_sha256", "receipt", b"receipt", "reservation_id", b"reservation_id", "values", b"values"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["chosen", b"chosen", "epsilon_split", b"epsilon_split", "kind", b"kind", "policy_sha256", b"policy_sha256", "receipt", b"receipt", "reservation_id", b"reservation_id", "values", b"values"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -103,7 +103,7 @@ def test_grouped_sql_with_a_public_domain_releases_every_group(
     groups = {v.group for v in reply.values}
     assert groups == {'["paris"]', '["lyon"]', '["nice"]'}
     assert {v.label for v in reply.values} == {"n", "avg(amount)", "median(amount)"}
-    assert json.loads(reply.budget_split) == {
+    assert json.loads(reply.epsilon_split) == {
         "n": "0.333333333333333333333333333",
         "avg(amount)": "0.333333333333333333333333333",
         "median(amount)": "0.333333333333333333333333334",
@@ -125,7 +125,7 @@ def test_partition_selection_drops_rare_groups_and_charges_delta(
         alice, "SELECT region, COUNT(*) FROM visits GROUP BY region", "p1", "1", "0.000001"
     )
     assert {v.group for v in reply.values} == {'["eu"]'}  # 600 one-unit groups are not released
-    assert set(json.loads(reply.budget_split)) == {"count(*)", "partition_selection"}
+    assert set(json.loads(reply.epsilon_split)) == {"count(*)", "partition_selection"}
     (res,) = svc.ledger.reservations(ledger_subject("release-service", "visits"))
     assert res.delta_spent == Decimal("0.000001")
     (tmp_path / "r.json").write_bytes(reply.receipt)
