@@ -202,7 +202,9 @@ class Totals:
     """Additive statistics of one fine group's bounded rows.
 
     `rows`: COUNT(*); `units`: distinct privacy units (each unit's first kept row
-    in the group counts 1); `sums[c]`: Σ value·10^scale of the non-NULL clamped
+    in the group counts 1), for grouped queries only (the partition selection's
+    input; 0 for ungrouped ones, so engines may skip ranking units with at most
+    c rows); `sums[c]`: Σ value·10^scale of the non-NULL clamped
     values of column c (an exact integer); `counts[c]`: how many there are.
     """
 

@@ -175,7 +175,7 @@ def run(q: BoundedQuery, rows: Iterable[Row]) -> Result:
                 key = (*key, v if v is None else str(v))
         t = result.setdefault(key, Totals())
         t.rows += 1
-        if (unit, kept[:depth]) not in seen:
+        if (q.group_by or q.groups_per_unit is not None) and (unit, kept[:depth]) not in seen:
             seen.add((unit, kept[:depth]))
             t.units += 1
         for c in q.sums:

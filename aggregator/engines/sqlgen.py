@@ -139,12 +139,61 @@ def _src(q: BoundedQuery, source: str, d: Dialect) -> str:
     return f"SELECT {', '.join(cols)} FROM {source}{clause}"
 
 
+def _count_only(q: BoundedQuery, source: str, dialect: Dialect) -> str:
+    """An ungrouped COUNT(*): Σ_u min(n_u, c) is the same whichever c rows are kept, so no
+    row is hashed (the fast path of the most common release)."""
+    c = int(q.rows_per_unit)
+    return (
+        f"WITH src AS ({_src(q, source, dialect)}) "
+        f"SELECT coalesce(sum(CASE WHEN n > {c} THEN {c} ELSE n END), 0) AS n_rows, 0 AS n_units "
+        "FROM (SELECT u, count(*) AS n FROM src GROUP BY u) AS per_unit"
+    )
+
+
+def _ungrouped(q: BoundedQuery, source: str, dialect: Dialect) -> str:
+    """Ungrouped: a unit with at most c rows keeps them all; only the rows of larger units
+    are ranked by the keyed hash (plan.py step 4), which is where the time goes."""
+    n = _Names(dialect)
+    fields = q.fields()
+    fcols = [n.col(i) for i in range(len(fields))]
+    texts = ["u", *(f"CAST({c} AS STRING)" for c in fcols)]
+    c = int(q.rows_per_unit)
+    row_h = n.sha(f"{text(q.key_hex)} || '|' || {_content(texts, n)} || '|' || CAST(dup AS STRING)")
+    cols = ", ".join(["u", *fcols])
+    keys, group_cols = [], []
+    if q.split is not None:
+        keys.append(f"{_split(q, fields.index(q.split.column), n)} AS split")
+        group_cols.append("split")
+    stats = ["count(*) AS n_rows", "0 AS n_units"]
+    for j, col in enumerate(q.sums):
+        i = fields.index(col)
+        stats.append(f"coalesce(sum(CAST(f{i} AS DECIMAL(38, 0))), 0) AS s{j}")
+        stats.append(f"count(f{i}) AS c{j}")
+    by = f" GROUP BY {', '.join(group_cols)}" if group_cols else ""
+    return (
+        f"WITH src AS ({_src(q, source, dialect)}), "
+        "cnt AS (SELECT *, count(*) OVER (PARTITION BY u) AS n_u FROM src), "
+        f"dup AS (SELECT {cols}, row_number() OVER (PARTITION BY {cols} ORDER BY u) AS dup "
+        f"FROM cnt WHERE n_u > {c}), "
+        f"rk AS (SELECT {cols}, row_number() OVER (PARTITION BY u ORDER BY {row_h}) AS rn "
+        "FROM dup), "
+        f"both_kept AS (SELECT {cols} FROM rk WHERE rn <= {c} "
+        f"UNION ALL SELECT {cols} FROM cnt WHERE n_u <= {c}), "
+        f"kept AS (SELECT *, {', '.join(keys) or '1 AS one'} FROM both_kept) "
+        f"SELECT {', '.join([*group_cols, *stats])} FROM kept{by}"
+    )
+
+
 def compile_query(q: BoundedQuery, source: str, dialect: Dialect) -> str:
     """The one statement: filter, bound (plan.py), aggregate per fine group.
 
     Output columns: g0.. (group values), [split], n_rows, n_units, then s<i>, c<i> for
     each sum column (Σ value·10^scale and the non-NULL count).
     """
+    if not q.group_by and q.groups_per_unit is None:
+        if q.split is None and not q.sums:
+            return _count_only(q, source, dialect)
+        return _ungrouped(q, source, dialect)
     n = _Names(dialect)
     fields = q.fields()
     fcols = [n.col(i) for i in range(len(fields))]
