@@ -23,13 +23,13 @@ Peers (tmlt-analytics, pipeline-dp) are not run here (not installed).
 from __future__ import annotations
 
 import argparse
+import functools
 import shutil
 import statistics
 import tempfile
 import time
 from collections.abc import Callable
 from decimal import Decimal
-from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
@@ -138,13 +138,13 @@ def run_size(rows: int, folder: Path, spark: bool) -> list[list[str]]:
     sample = _python_rows(path, 100_000)
     out = []
     for kind, q in _queries().items():
-        t_duck, result = _time(lambda q=q: duck.run(q, source), 3)
-        t_py, _ = _time(lambda q=q: reference.run(q, sample), 1)
+        t_duck, result = _time(functools.partial(duck.run, q, source), 3)
+        t_py, _ = _time(functools.partial(reference.run, q, sample), 1)
         t_spark = "-"
         if spark:
             from fedldp.aggregator.engines import spark as sp
 
-            seconds, _ = _time(lambda q=q: sp.run(q, source, "local[2]"), 1)
+            seconds, _ = _time(functools.partial(sp.run, q, source, "local[2]"), 1)
             t_spark = f"{seconds:.2f}"
         out.append(
             [
@@ -256,8 +256,6 @@ def main(argv: list[str] | None = None) -> int:
         )
     return 0
 
-
-del Fraction
 
 if __name__ == "__main__":
     raise SystemExit(main())
