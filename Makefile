@@ -8,7 +8,7 @@ BIN := $(VENV)/bin
 PIP := $(BIN)/python -m pip install --quiet --disable-pip-version-check -c constraints.txt
 DEPS := pyproject.toml setup.py constraints.txt
 
-.PHONY: demo test lint docs proto bench-quick clean
+.PHONY: demo test test-js lint docs proto bench-quick clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -32,6 +32,11 @@ demo: $(VENV)/.demo-installed
 # at the end so a regression shows in CI's output. ARGS='-n 0' runs it in one process.
 test: $(VENV)/.test-installed
 	$(BIN)/python -m pytest -n auto --dist worksteal --durations=25 $(ARGS)
+
+# The TypeScript SDK (sdk/js): dependencies from the lock file, then tsc and node --test
+# (its collector test drives this checkout's .venv/bin/fedldp).
+test-js: $(VENV)/.test-installed
+	cd sdk/js && npm ci --no-audit --no-fund && npm test
 
 lint: $(VENV)/.test-installed
 	$(BIN)/ruff check .

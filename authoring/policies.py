@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from fedldp.client.mechanisms.auto import choose_frequency_oracle
+from fedldp.client.mechanisms.auto import choose_frequency_oracle, choose_longitudinal
 from fedldp.client.mechanisms.base import MAX_OPEN_DOMAIN_BYTES, AttributeSpec, MultiMetric
 from fedldp.client.mechanisms.multi import (
     MAX_ATTRIBUTES,
@@ -389,19 +389,28 @@ def resolve_auto_mechanism(policy: policy_pb2.Policy) -> None:
     "auto" is resolved when a policy is authored and never signed (DESIGN.md):
     for a categorical metric of k values and a valid per-report ε it becomes
     `fedldp.client.mechanisms.auto.choose_frequency_oracle(k, ε)` with that
-    oracle's default parameters. Anything else (numeric metric, bad ε, explicit
-    parameters) is left as "auto", which validation then reports as a problem.
+    oracle's default parameters; with the single param "epsilon_permanent" ε∞,
+    `choose_longitudinal(k, ε, ε∞)` (memoized, kept with its ε∞). Anything else
+    (numeric metric, bad ε, other parameters) is left as "auto", which validation
+    then reports as a problem.
     """
     spec = policy.mechanism
     values = policy.metric.categorical.values
     if policy.metric.WhichOneof("kind") == "multi":
         _resolve_multi(policy)
         return
-    if spec.id != "auto" or spec.params or policy.metric.WhichOneof("kind") != "categorical":
+    longitudinal = set(spec.params) == {EPSILON_PERMANENT}
+    if spec.id != "auto" or (spec.params and not longitudinal):
+        return
+    if policy.metric.WhichOneof("kind") != "categorical":
         return
     try:
         epsilon = parse_decimal(spec.epsilon)
-        spec.id = choose_frequency_oracle(len(values), epsilon)
+        if longitudinal:  # memoized: least variance per unit of lifetime loss
+            permanent = parse_decimal(spec.params[EPSILON_PERMANENT])
+            spec.id = choose_longitudinal(len(values), epsilon, permanent)
+        else:
+            spec.id = choose_frequency_oracle(len(values), epsilon)
     except ValueError:
         return
 

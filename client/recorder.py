@@ -140,28 +140,48 @@ class Recorder:
         conn: sqlite3.Connection,
         policy: VerifiedPolicy,
         memo: Memoized,
-        index: int,
+        value: Any,
     ) -> Output:
-        """RAPPOR-style report: the stored permanent response, randomized again.
+        """A memoized report: the stored permanent responses, randomized again.
 
-        Erlingsson et al., CCS 2014, Section 3. The permanent response of (metric,
-        mechanism parameters, value) is drawn once, saved in this same transaction
-        (with the report and its charge), and reused by every later report of the
-        same value, under any policy version with the same parameters.
+        Erlingsson et al., CCS 2014, Section 3. The slots the mechanism names
+        (`Memoized.memo_slots`: the value's permanent response; for loloha and
+        dbitflip first their seed) are loaded for (metric, mechanism parameters);
+        whatever the mechanism draws for the first time is saved in this same
+        transaction (with the report and its charge) and reused by every later
+        report, under any policy version with the same parameters.
         """
-        value_key = self._store.memo_key(conn, policy.metric_name, index.to_bytes(4, "big"))
-        stored = DeviceStore.load_memo(conn, policy.metric_name, memo.memo_key, value_key)
         state = memo.new_memo()
-        if stored is not None:
-            state.responses[index] = stored
+        loaded: set[int] = set()
+        while True:
+            wanted = [s for s in memo.memo_slots(value, state) if s not in loaded]
+            if not wanted:
+                break
+            for slot in wanted:
+                loaded.add(slot)
+                stored = DeviceStore.load_memo(
+                    conn, policy.metric_name, memo.memo_key, self._slot_key(conn, policy, slot)
+                )
+                if stored is not None:
+                    state.responses[slot] = stored
+        before = set(state.responses)
         # Every concrete Memoized mechanism takes memo= (memo.py); the base type does not.
         memoized: Any = memo
-        output: Output = memoized.perturb(index, rng=self._rng, memo=state)
-        if stored is None:
+        output: Output = memoized.perturb(value, rng=self._rng, memo=state)
+        for slot in sorted(set(state.responses) - before):
             DeviceStore.save_memo(
-                conn, policy.metric_name, memo.memo_key, value_key, state.responses[index]
+                conn,
+                policy.metric_name,
+                memo.memo_key,
+                self._slot_key(conn, policy, slot),
+                state.responses[slot],
             )
         return output
+
+    def _slot_key(self, conn: sqlite3.Connection, policy: VerifiedPolicy, slot: int) -> bytes:
+        """The stored key of a memo slot: the keyed hash of its 4-byte big-endian number
+        (a value index, as before; negative slots, e.g. a seed, in two's complement)."""
+        return self._store.memo_key(conn, policy.metric_name, slot.to_bytes(4, "big", signed=True))
 
     def refused(self, exc: RecordRefusedError, now: int, metric: str) -> None:
         """Count a refusal of `record()` for `metric` and emit its event (never the value)."""

@@ -21,6 +21,7 @@ from fedldp.client.mechanisms.base import (
     GroupHashedOutput,
     HashedOutput,
     IndexBitOutput,
+    IndexBitsOutput,
     MultiOutput,
     NumericOutput,
     Output,
@@ -165,6 +166,18 @@ def _multi_from_json(j: dict[str, Any]) -> MultiOutput:
     return MultiOutput(tuple(parts))
 
 
+def _fill_index_bits(report: collector_pb2.Report, o: IndexBitsOutput) -> None:
+    payload = report.index_bits
+    payload.SetInParent()  # no indices is still an index-bits payload (refused by the check)
+    payload.indices.extend(o.indices)
+    payload.bits = o.bits
+
+
+def _encode_index_bits(o: IndexBitsOutput) -> bytes:
+    """Digest encoding: the index count, each index, then the packed bits."""
+    return struct.pack(f"<Q{len(o.indices)}Q", len(o.indices), *o.indices) + o.bits
+
+
 def _read_numeric(m: collector_pb2.NumericPayload) -> NumericOutput:
     if not math.isfinite(m.value):
         raise OutputDomainError("NON_FINITE", "numeric payload must be finite")
@@ -262,6 +275,19 @@ KINDS: dict[type[Any], OutputKind] = {
             "group_hashed",
             lambda o: {"group": o.group, "key": o.key.hex(), "value": o.value},
             lambda j: GroupHashedOutput(int(j["group"]), bytes.fromhex(j["key"]), int(j["value"])),
+        ),
+        OutputKind(
+            IndexBitsOutput,
+            "index_bits",
+            _fill_index_bits,
+            lambda m: IndexBitsOutput(tuple(m.indices), m.bits),
+            b"D",
+            _encode_index_bits,
+            "index_bits",
+            lambda o: {"indices": list(o.indices), "bits": o.bits.hex()},
+            lambda j: IndexBitsOutput(
+                tuple(int(i) for i in j["indices"]), bytes.fromhex(j["bits"])
+            ),
         ),
         OutputKind(
             MultiOutput,

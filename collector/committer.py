@@ -32,12 +32,50 @@ import sqlalchemy as sa
 from fedldp.collector.errors import LedgerUnavailableError, ShuttingDownError
 from fedldp.collector.ledger import Ledger, SubmitBatch
 from fedldp.collector.ledger.store import OutcomeValue
+from fedldp.collector.logbudget import LogBudget
 from fedldp.collector.metrics import CollectorMetrics
 
 log = logging.getLogger(__name__)
 
 #: The committer's linger step (see the module docstring).
 LINGER_STEP_SECONDS = 0.0005
+
+
+class FailureLog:
+    """ERROR lines for failed ledger transactions, at most `lines` per `interval` s.
+
+    A ledger (or shard) outage fails every group transaction, hundreds a second:
+    each is counted (`fedldp_collector_ledger_errors_total`), but only `lines`
+    lines per interval are written, each naming the shard (its index and its
+    database, password hidden) and the error class; the failures past that are
+    reported by one `ledger failures not logged` line, with their count, when
+    the next interval starts (the refusals' rule, collector/server.py RefusalLog).
+    One log per ledger: shared by the committers of a sharded ledger.
+    """
+
+    def __init__(
+        self, *, lines: int = 10, interval: float = 10.0, clock: Any = time.monotonic
+    ) -> None:
+        self.budget = LogBudget(lines=lines, interval=interval, clock=clock)
+
+    def failed(self, message: str, fields: dict[str, Any]) -> None:
+        """Log one failure (`fields`: shard, database, error), within the budget."""
+        allowed, suppressed = self.budget.admit()
+        if suppressed:
+            log.error(
+                "ledger failures not logged",
+                extra={"fields": {"count": suppressed, "seconds": self.budget.interval}},
+            )
+        if allowed:
+            log.error(message, extra={"fields": fields})
+
+
+def ledger_name(ledger: Ledger) -> str:
+    """The ledger's database URL with the password hidden (for log lines)."""
+    try:
+        return sa.make_url(ledger.url).render_as_string(hide_password=True)
+    except sa.exc.ArgumentError:
+        return "?"
 
 
 class _Pending:
@@ -87,8 +125,14 @@ class GroupCommitter:
         max_reports: int = 20_000,
         delay_seconds: float = 0.0,
         linger_step_seconds: float = LINGER_STEP_SECONDS,
+        shard_index: int | None = None,
+        failure_log: FailureLog | None = None,
     ) -> None:
         self.ledger = ledger
+        #: This committer's shard of a sharded ledger (None: the one ledger).
+        self.shard_index = shard_index
+        self.failure_log = failure_log or FailureLog()
+        self._failure_fields = {"shard": shard_index, "database": ledger_name(ledger)}
         self.metrics = metrics
         self.max_reports = max_reports
         #: The longest the committer lingers for more requests before a commit.
@@ -187,7 +231,10 @@ class GroupCommitter:
             results = ledger.submit_many([p.batch for p in taken])
         except sa.exc.SQLAlchemyError as exc:
             self.metrics.ledger_errors.inc()
-            log.error("ledger transaction failed: %s", type(exc).__name__)
+            self.failure_log.failed(
+                "ledger transaction failed",
+                {**self._failure_fields, "error": type(exc).__name__},
+            )
             error = LedgerUnavailableError(
                 "the ledger is unavailable; nothing was stored or charged, retry later"
             )

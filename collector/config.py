@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import math
 import os
 import sys
 from collections.abc import Mapping
@@ -108,6 +109,24 @@ class CollectorConfig:
         default=16 * 1024 * 1024,
         metadata={"help": "request bytes in flight at most on one connection (as above)"},
     )
+    max_subject_inflight_bytes: int = field(
+        default=0,
+        metadata={
+            "help": "request bytes one subject (device) may hold in flight at most, per "
+            "process, counted as above; a request past it is refused at once "
+            "(RESOURCE_EXHAUSTED with retry-after-ms), so one device, even one that "
+            "withholds its bodies, holds only this share. 0: an eighth of "
+            "max_inflight_bytes, at least max_message_bytes (4 MiB at the defaults)"
+        },
+    )
+    body_timeout_ms: float = field(
+        default=5000.0,
+        metadata={
+            "help": "how long an admitted request may take to send its body; then its "
+            "reservation is released and it is refused (RESOURCE_EXHAUSTED with "
+            "retry-after-ms)"
+        },
+    )
     admission_wait_ms: float = field(
         default=100.0,
         metadata={
@@ -151,8 +170,7 @@ class CollectorConfig:
         metadata={
             "help": "server processes sharing the listen port (SO_REUSEPORT) and the ledger, "
             "under one supervising process; more than 1 uses more cores "
-            "(docs/collector.md, 'Processes'). Unset in the file and environment: the "
-            "cores this process may run on (os.sched_getaffinity), at most 64"
+            "(docs/collector.md, 'Processes'); 1 runs one collector process, no supervisor"
         },
     )
     reuse_port: bool = field(
@@ -192,6 +210,15 @@ class CollectorConfig:
     )
     log_level: str = field(default="INFO", metadata={"help": "DEBUG, INFO, WARNING, ERROR"})
     log_format: str = field(default="json", metadata={"help": "json or text"})
+
+    def subject_inflight_bytes(self) -> int:
+        """One subject's share of the request bytes in flight, per process:
+        `max_subject_inflight_bytes`, or when 0 an eighth of `max_inflight_bytes`
+        (at least `max_message_bytes`, at most `max_inflight_bytes`)."""
+        if self.max_subject_inflight_bytes:
+            return self.max_subject_inflight_bytes
+        eighth = max(self.max_message_bytes, self.max_inflight_bytes // 8)
+        return min(self.max_inflight_bytes, eighth)
 
     def token_secret_bytes(self) -> bytes | None:
         """The token secret, from `token_secret` or `token_secret_file` (None: tokens off)."""
@@ -233,6 +260,15 @@ class CollectorConfig:
             problems.append(
                 "max_message_bytes <= max_connection_inflight_bytes <= max_inflight_bytes"
             )
+        if self.max_subject_inflight_bytes and not (
+            self.max_message_bytes <= self.max_subject_inflight_bytes <= self.max_inflight_bytes
+        ):
+            problems.append(
+                "max_message_bytes <= max_subject_inflight_bytes <= max_inflight_bytes "
+                "(or 0: an eighth of max_inflight_bytes)"
+            )
+        if not 1 <= self.body_timeout_ms <= 600_000:
+            problems.append("body_timeout_ms is between 1 and 600000")
         if not 0 <= self.admission_wait_ms <= 60_000:
             problems.append("admission_wait_ms is between 0 and 60000")
         if self.max_concurrent_rpcs < 1 or self.max_streams_per_connection < 1:
@@ -247,8 +283,46 @@ class CollectorConfig:
             problems.append("server is sync or asyncio")
         if self.log_format not in ("json", "text"):
             problems.append("log_format is json or text")
+        if self.log_level.upper() not in LOG_LEVELS:
+            problems.append(f"log_level is one of {', '.join(LOG_LEVELS)}")
+        if not (self.rate_limit_per_second > 0 and math.isfinite(self.rate_limit_per_second)):
+            problems.append("rate_limit_per_second is a positive number")
+        if not (self.rate_limit_burst >= 1 and math.isfinite(self.rate_limit_burst)):
+            problems.append("rate_limit_burst is at least 1")
+        problems += [
+            problem
+            for name in ("listen", "health_listen", "metrics_listen")
+            if (problem := address_problem(name, getattr(self, name), required=name == "listen"))
+        ]
         if problems:
             raise ConfigError("; ".join(problems))
+
+
+#: The accepted `log_level` values (any case).
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+
+
+def split_address(text: str) -> tuple[str, int]:
+    """HOST:PORT (IPv6 in brackets) as (host, port); ValueError unless the port is a
+    decimal number from 0 to 65535 (a larger one would wrap around in the transport)."""
+    host, sep, port = text.rpartition(":")
+    if not sep or not port.isascii() or not port.isdigit():
+        raise ValueError(f"{text!r} is not HOST:PORT")
+    number = int(port)
+    if number > 65535:
+        raise ValueError(f"port {number} of {text!r} is above 65535")
+    return host.strip("[]"), number
+
+
+def address_problem(name: str, text: str, *, required: bool) -> str | None:
+    """What is wrong with the address setting `name` (None: fine, or empty and optional)."""
+    if not text and not required:
+        return None
+    try:
+        split_address(text)
+    except ValueError as exc:
+        return f"{name}: {exc} (use HOST:PORT, PORT from 0 to 65535)"
+    return None
 
 
 def env_name(name: str) -> str:
@@ -336,6 +410,8 @@ def describe() -> str:
     """One line per setting: name, environment variable, default, help."""
     lines = []
     for f in fields(CollectorConfig):
-        default = f.default if f.default is not dataclasses.MISSING else ""
-        lines.append(f"  {f.name} ({env_name(f.name)}, default {default!r}): {f.metadata['help']}")
+        default = repr(f.default) if f.default is not dataclasses.MISSING else "''"
+        if f.name == "processes":  # load_config's default, not the dataclass's
+            default = f"the cores this process may run on, at most 64 ({default_processes()} here)"
+        lines.append(f"  {f.name} ({env_name(f.name)}, default {default}): {f.metadata['help']}")
     return "\n".join(lines)

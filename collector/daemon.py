@@ -27,7 +27,7 @@ from typing import Any
 
 from fedldp.client.policy import PolicyError
 from fedldp.collector.config import CollectorConfig
-from fedldp.collector.server import start_collector
+from fedldp.collector.server import preflight, start_collector
 from fedldp.collector.supervisor import watch_supervisor
 
 
@@ -137,6 +137,14 @@ def bound_heap(stop: threading.Event) -> None:
     threading.Thread(target=_run, name="heap-trim", daemon=True).start()
 
 
+#: The one ERROR line of a collector whose policy folders do not load.
+POLICY_FOLDER_FAILED = "collector not started: the policy folder does not load"
+
+
+class _SupervisorGoneError(Exception):
+    """A supervised process found its supervisor gone before binding its port."""
+
+
 def serve(
     config: CollectorConfig,
     *,
@@ -147,23 +155,38 @@ def serve(
 
     With `config.processes` > 1 this process supervises that many collector
     processes instead (collector/supervisor.py), started with `config_path` and
-    this process's environment.
+    this process's environment, after checking here everything they would read
+    (`server.preflight`): a bad input is one error line, not one per process.
+    A supervised process whose supervisor is gone before it binds its port
+    (it died while this one started) exits 0 without serving.
     """
     configure_logging(config.log_level, config.log_format)
+    log = logging.getLogger("fedldp.collector")
     if config.processes > 1:
         from fedldp.collector.supervisor import supervise
 
+        try:
+            preflight(config, now=int(time.time()))
+        except PolicyError as exc:
+            log.error(POLICY_FOLDER_FAILED, extra={"fields": {"error": str(exc)}})
+            return 1
         return supervise(config, config_path=config_path, port_file=port_file)
     stop = threading.Event()
     watch_supervisor(stop.set)  # a supervised process drains when its supervisor dies
+
+    def _supervisor_alive() -> None:
+        if stop.is_set():
+            raise _SupervisorGoneError
+
     try:
-        running = start_collector(config)
+        _supervisor_alive()
+        running = start_collector(config, before_bind=_supervisor_alive)
     except PolicyError as exc:  # the operator's folders: one line saying which file and why
-        logging.getLogger("fedldp.collector").error(
-            "collector not started: the policy folder does not load",
-            extra={"fields": {"error": str(exc)}},
-        )
+        log.error(POLICY_FOLDER_FAILED, extra={"fields": {"error": str(exc)}})
         return 1
+    except _SupervisorGoneError:
+        log.warning("the supervisor is gone; not serving")
+        return 0
     settle_heap()
     bound_heap(stop)
     if port_file is not None:

@@ -43,6 +43,16 @@ class OverloadedError(CollectorError):
     retry after the hint (nothing of the request was read)."""
 
 
+class BodyTimeoutError(OverloadedError):
+    """An admitted request did not send its body within the body deadline
+    (`body_timeout_ms`): its reservation was released; retry after the hint."""
+
+
+class SubjectShareError(OverloadedError):
+    """The caller's subject already holds its share of the request bytes in flight
+    (`max_subject_inflight_bytes`); retry after the hint."""
+
+
 class BatchTooLargeError(CollectorError):
     """More reports in one request than the collector accepts."""
 

@@ -20,7 +20,7 @@ import logging
 from typing import Any
 
 import sqlalchemy as sa
-from fedldp.collector.committer import GroupCommitter
+from fedldp.collector.committer import FailureLog, GroupCommitter
 from fedldp.collector.config import CollectorConfig
 from fedldp.collector.errors import LedgerUnavailableError, SubjectSplitRefusedError
 from fedldp.collector.ledger import Ledger, SubmitBatch, open_ledger
@@ -64,7 +64,11 @@ class ShardedCommitter:
 
     def __init__(self, ledger: ShardedLedger, metrics: CollectorMetrics, **options: Any) -> None:
         self.ledger = ledger
-        self.committers = [GroupCommitter(s, metrics, **options) for s in ledger.shards]
+        self.failure_log = FailureLog()  # one line budget for every shard
+        self.committers = [
+            GroupCommitter(s, metrics, shard_index=i, failure_log=self.failure_log, **options)
+            for i, s in enumerate(ledger.shards)
+        ]
         self._children = {
             (i, r): metrics.shard_requests.labels(str(i), r)
             for i in range(len(self.committers))
@@ -78,7 +82,10 @@ class ShardedCommitter:
             log.error("subject split over shards: refused")
             raise SubjectSplitRefusedError(str(exc)) from None
         except sa.exc.SQLAlchemyError as exc:
-            log.error("ledger shard unreachable while routing: %s", type(exc).__name__)
+            self.failure_log.failed(
+                "ledger shard unreachable while routing",
+                {"error": type(exc).__name__},
+            )
             raise LedgerUnavailableError(
                 "a ledger shard is unavailable; nothing was stored or charged, retry later"
             ) from None

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import sys
 import threading
 import time
 from collections.abc import Awaitable, Callable, Iterator
@@ -42,15 +43,18 @@ from fedldp.collector.auth import Authenticator, TokenAuthority
 from fedldp.collector.committer import GroupCommitter
 from fedldp.collector.config import CollectorConfig, ConfigError
 from fedldp.collector.errors import (
+    BodyTimeoutError,
     CollectorError,
     MalformedRequestError,
     OverloadedError,
     RateLimitedError,
+    SubjectShareError,
     UnauthenticatedError,
     status_of,
 )
 from fedldp.collector.ledger import Ledger
 from fedldp.collector.ledger.shards import ShardedLedger
+from fedldp.collector.logbudget import LogBudget
 from fedldp.collector.metrics import CollectorMetrics
 from fedldp.collector.policies import PolicyRegistry
 from fedldp.collector.ratelimit import RateLimiter
@@ -95,31 +99,15 @@ class RefusalLog:
         interval: float = 10.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self.lines = lines
-        self.interval = interval
-        self._clock = clock
-        self._lock = threading.Lock()
-        self._window_start = -float("inf")
-        self._logged = 0
-        self._suppressed = 0
+        self.budget = LogBudget(lines=lines, interval=interval, clock=clock)
 
     def refused(self, level: int, fields: dict[str, Any]) -> None:
         """Log one refusal (`fields`: its structured data), within the budget."""
-        now = self._clock()
-        with self._lock:
-            suppressed = 0
-            if now - self._window_start >= self.interval:
-                suppressed, self._suppressed = self._suppressed, 0
-                self._window_start, self._logged = now, 0
-            allowed = self._logged < self.lines
-            if allowed:
-                self._logged += 1
-            else:
-                self._suppressed += 1
+        allowed, suppressed = self.budget.admit()
         if suppressed:
             log.warning(
                 "refusals not logged",
-                extra={"fields": {"count": suppressed, "seconds": self.interval}},
+                extra={"fields": {"count": suppressed, "seconds": self.budget.interval}},
             )
         if allowed:
             log.log(level, "request refused", extra={"fields": fields})
@@ -130,7 +118,68 @@ _REFUSAL_LEVEL: dict[type[CollectorError], int] = {
     UnauthenticatedError: logging.INFO,
     RateLimitedError: logging.INFO,
     OverloadedError: logging.INFO,
+    BodyTimeoutError: logging.INFO,
+    SubjectShareError: logging.INFO,
 }
+
+#: The asyncio server answers a refusal for a subject's full share after its retry
+#: hint, for at most this many calls at a time per process (beyond: at once).
+TARPIT_MAX_CALLS = 256
+
+#: What the sync server's timed read uses of grpcio's request iterator
+#: (`grpc._server._RequestIterator`, grpcio pinned in constraints.txt):
+#: tests/collector/test_stalled_bodies.py fails if grpcio changes them.
+_SYNC_ITERATOR_PARTS = ("_state", "_raise_or_start_receive_message", "_look_for_request")
+
+
+def next_within(requests: Iterator[bytes], timeout: float) -> bytes | None:
+    """The next message of a sync-server request stream, waiting at most `timeout` s
+    for it; None at the end of the stream; TimeoutError when it did not come in time.
+
+    grpcio's request iterator has no timed read, and a handler thread blocked in
+    `next()` holds its admission reservation for as long as the client withholds
+    the body. This runs the iterator's own read (start one receive, wait on the
+    call's condition until the message or the end of the stream is there) with a
+    deadline. After a timeout the receive stays pending until the call ends (the
+    refusal's status ends it) and nothing of the call is read any more. Any other
+    iterator (one without grpcio's parts) is read with plain `next`.
+    """
+    if not all(hasattr(requests, part) for part in _SYNC_ITERATOR_PARTS):
+        return next(requests, None)
+    it: Any = requests
+    deadline = time.monotonic() + timeout
+    with it._state.condition:
+        try:
+            it._raise_or_start_receive_message()
+            while True:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise TimeoutError("the request body did not arrive in time")
+                it._state.condition.wait(remaining)
+                request: bytes | None = it._look_for_request()
+                if request is not None:
+                    return request
+        except StopIteration:
+            return None
+
+
+if sys.version_info >= (3, 11):
+
+    async def read_within(context: Any, timeout: float) -> Any:
+        """`await context.read()` on the asyncio server, at most `timeout` s
+        (TimeoutError after it; the read is cancelled)."""
+        async with asyncio.timeout(timeout):
+            return await context.read()
+
+else:  # pragma: no cover - Python 3.10
+
+    async def read_within(context: Any, timeout: float) -> Any:
+        """`await context.read()` on the asyncio server, at most `timeout` s
+        (TimeoutError after it; the read is cancelled)."""
+        try:
+            return await asyncio.wait_for(context.read(), timeout)
+        except asyncio.TimeoutError:
+            raise TimeoutError("the request body did not arrive in time") from None
 
 
 class CollectorServicer:
@@ -140,7 +189,12 @@ class CollectorServicer:
     RPC slot, then room for the largest message under the byte budgets,
     collector/admission.py) -> read the one request message as raw bytes -> parse
     -> service call -> serialize. A request refused before the read was never
-    buffered by the server beyond the transport's flow-control window. Refusals
+    buffered by the server beyond the transport's flow-control window. The read
+    has a deadline (`body_timeout`): a request whose body does not come in time
+    gives its reservation back and is refused (BodyTimeoutError:
+    RESOURCE_EXHAUSTED with `retry-after-ms`), so a client that sends headers and
+    withholds the body holds its subject's share of the byte budget for at most
+    that long. Refusals
     are counted (`fedldp_collector_refusals_total{error}`) and logged within
     `RefusalLog`'s budget; the status is sent after leaving the `except` block, so
     no exception keeps the request's frames (and bytes) alive in a cycle.
@@ -157,6 +211,7 @@ class CollectorServicer:
         admission: Admission,
         reserve_bytes: int,
         admission_wait: float,
+        body_timeout: float = 5.0,
         refusal_log: RefusalLog | None = None,
     ) -> None:
         self.service = service
@@ -167,6 +222,8 @@ class CollectorServicer:
         self.admission = admission
         self.reserve_bytes = reserve_bytes
         self.admission_wait = admission_wait
+        self.body_timeout = body_timeout
+        self._tarpitted = 0  # asyncio server: share refusals waiting to be answered
         self.refusal_log = refusal_log or RefusalLog()
         self._request_children: dict[tuple[str, grpc.StatusCode], Any] = {}
         self._refusal_children: dict[str, Any] = {}
@@ -196,9 +253,31 @@ class CollectorServicer:
         return subject
 
     def _overloaded(self, what: str) -> OverloadedError:
+        """The refusal of a request the `what` limit sheds (counted by `what`)."""
         self.metrics.shed.labels(what).inc()
         return OverloadedError(
             f"the collector is at its limit of {what} in flight; retry after the hint",
+            metadata=(("retry-after-ms", str(retry_after_ms())),),
+        )
+
+    def _no_room(self, subject: str) -> OverloadedError:
+        """The refusal of a request that found no room under the byte budgets: its
+        subject's share (refused at once) or the server's or connection's budget."""
+        if not self.admission.only_subject_full(subject, self.reserve_bytes):
+            return self._overloaded("request bytes")
+        self.metrics.shed.labels("subject bytes").inc()
+        return SubjectShareError(
+            "this device already has its share of request bytes in flight "
+            "(max_subject_inflight_bytes); retry after the hint",
+            metadata=(("retry-after-ms", str(retry_after_ms())),),
+        )
+
+    def _body_timed_out(self) -> BodyTimeoutError:
+        """The refusal of an admitted request whose body did not come in time."""
+        self.metrics.shed.labels("body deadline").inc()
+        return BodyTimeoutError(
+            f"the request body did not arrive within {self.body_timeout:g} s "
+            "(body_timeout_ms); retry after the hint",
             metadata=(("retry-after-ms", str(retry_after_ms())),),
         )
 
@@ -216,13 +295,19 @@ class CollectorServicer:
     def _read(self, request_type: type[Message], requests: Iterator[bytes]) -> tuple[Message, int]:
         """The request message, parsed, and its size in bytes. The raw bytes live only
         in this frame: dropped as soon as it returns or raises."""
-        request_bytes = next(requests, None)
+        try:
+            request_bytes = next_within(requests, self.body_timeout)
+        except TimeoutError:
+            raise self._body_timed_out() from None
         size = len(request_bytes) if request_bytes is not None else 0
         return self._parse(request_type, request_bytes), size
 
     async def _aread(self, request_type: type[Message], context: Any) -> tuple[Message, int]:
         """`_read` on the asyncio server."""
-        message = await context.read()
+        try:
+            message = await read_within(context, self.body_timeout)
+        except TimeoutError:
+            raise self._body_timed_out() from None
         request_bytes = None if message is grpc.aio.EOF else message  # type: ignore[attr-defined]
         size = len(request_bytes) if request_bytes is not None else 0
         return self._parse(request_type, request_bytes), size
@@ -269,17 +354,19 @@ class CollectorServicer:
             if not admission.enter():
                 raise self._overloaded("requests")
             entered = True
-            if not admission.reserve(peer, self.reserve_bytes, timeout=self.admission_wait):
-                raise self._overloaded("request bytes")
+            if not admission.reserve(
+                peer, self.reserve_bytes, timeout=self.admission_wait, subject=subject
+            ):
+                raise self._no_room(subject)
             held = self.reserve_bytes
             request, size = self._read(request_type, requests)
-            admission.resize(peer, held, size)
+            admission.resize(peer, held, size, subject=subject)
             held = size
             return body(subject, request).SerializeToString()
         except CollectorError as exc:
             code, detail, trailers = self._refused(method, exc, subject)
         finally:
-            admission.release(peer, held)
+            admission.release(peer, held, subject=subject)
             if entered:
                 admission.leave()
             self._count(method, code)
@@ -302,30 +389,51 @@ class CollectorServicer:
         admission = self.admission
         entered = False
         held = 0
+        slow = False
         try:
             subject = self._authenticate(context)
             if not admission.enter():
                 raise self._overloaded("requests")
             entered = True
             if not await admission.reserve_async(
-                peer, self.reserve_bytes, timeout=self.admission_wait
+                peer, self.reserve_bytes, timeout=self.admission_wait, subject=subject
             ):
-                raise self._overloaded("request bytes")
+                raise self._no_room(subject)
             held = self.reserve_bytes
             request, size = await self._aread(request_type, context)
-            admission.resize(peer, held, size)
+            admission.resize(peer, held, size, subject=subject)
             held = size
             return (await body(subject, request)).SerializeToString()
         except CollectorError as exc:
             code, detail, trailers = self._refused(method, exc, subject)
+            slow = isinstance(exc, SubjectShareError)
         finally:
-            admission.release(peer, held)
+            admission.release(peer, held, subject=subject)
             if entered:
                 admission.leave()
             self._count(method, code)
         # Outside the except block: the exception and its frames are gone already.
+        if slow:
+            await self._tarpit(trailers)
         await context.abort(code, detail, trailing_metadata=trailers)
         raise AssertionError("unreachable: abort raises")
+
+    async def _tarpit(self, trailers: tuple[tuple[str, str], ...]) -> None:
+        """Hold a share refusal's answer for its retry hint (asyncio server), so that
+        a device that reopens its refused calls at once, with its share held by
+        calls withholding their bodies, makes a few refusals per call and second
+        rather than as many as it can send (each costs a gRPC call's CPU). The call
+        holds no RPC slot and no byte reservation meanwhile; its stream holds at
+        most the transport's look-ahead window. At most `TARPIT_MAX_CALLS` at a
+        time; beyond, refused at once."""
+        if self._tarpitted >= TARPIT_MAX_CALLS:
+            return
+        hint = next((int(v) for k, v in trailers if k == "retry-after-ms"), 0)
+        self._tarpitted += 1
+        try:
+            await asyncio.sleep(hint / 1000)
+        finally:
+            self._tarpitted -= 1
 
     def async_handler(self) -> grpc.GenericRpcHandler[Any, Any]:
         """The asyncio-server flavour of `handler`: validation runs on the event loop,
@@ -727,11 +835,35 @@ def _log_serving(
     )
 
 
+def preflight(config: CollectorConfig, *, now: int) -> None:
+    """Check everything `start_collector` reads before it binds, and bind nothing:
+    the settings, the policy folders, the token secret, the TLS files, and the
+    ledger — opened as a collector opens it (a new one created and migrated, a
+    shard map checked or written) — with the policies' activation against it.
+
+    A supervisor (`processes` > 1) calls it before it starts any process, so a
+    bad input is one error from one process, the same as with one process,
+    rather than every process failing on it in turn. Raises what
+    `start_collector` would (ConfigError, PolicyError, LedgerOpenError, OSError,
+    SQLAlchemy errors).
+    """
+    config.validate()
+    registry = _load_registry(config, now)
+    config.token_secret_bytes()
+    _server_credentials(config)
+    ledger = open_collector_ledger(config)
+    try:
+        activate(registry, ledger, CollectorMetrics(), now=now)
+    finally:
+        ledger.close()
+
+
 def start_collector(
     config: CollectorConfig,
     *,
     registry: PolicyRegistry | None = None,
     clock: Callable[[], int] | None = None,
+    before_bind: Callable[[], None] | None = None,
 ) -> RunningCollector:
     """Open the ledger, load policies, start serving; returns once the port is bound.
 
@@ -739,7 +871,9 @@ def start_collector(
     the demo build one with `PolicyRegistry.from_envelopes`); either way its
     versions are checked against their lineage in the ledger (`activate`, in
     place) before anything is served. `clock` (Unix seconds) defaults to the
-    system clock. `config.server` picks grpcio's sync (default) or asyncio server.
+    system clock. `config.server` picks grpcio's sync or asyncio (default) server.
+    `before_bind` runs just before the port is bound (a supervised process checks
+    there that its supervisor is alive; what it raises is raised, nothing bound).
     """
     config.validate()
     now_fn: Callable[[], int] = clock or (lambda: int(time.time()))
@@ -768,6 +902,7 @@ def start_collector(
         max_rpcs=config.max_concurrent_rpcs,
         max_bytes=config.max_inflight_bytes,
         max_connection_bytes=config.max_connection_inflight_bytes,
+        max_subject_bytes=config.subject_inflight_bytes(),
     )
     servicer = CollectorServicer(
         service,
@@ -778,12 +913,15 @@ def start_collector(
         admission=admission,
         reserve_bytes=config.max_message_bytes,
         admission_wait=config.admission_wait_ms / 1000,
+        body_timeout=config.body_timeout_ms / 1000,
     )
-    creds = _server_credentials(config)
     kind = _AsyncTransport if config.server == "asyncio" else _SyncTransport
     try:
+        creds = _server_credentials(config)
+        if before_bind is not None:
+            before_bind()
         transport = kind(config, servicer, _grpc_options(config), creds)
-    except Exception:
+    except BaseException:
         committer.close()
         ledger.close()
         raise

@@ -62,7 +62,7 @@ from pathlib import Path
 from types import FrameType
 from wsgiref.simple_server import WSGIServer
 
-from fedldp.collector.config import CollectorConfig, env_name
+from fedldp.collector.config import CollectorConfig, ConfigError, env_name
 
 log = logging.getLogger("fedldp.collector")
 
@@ -199,6 +199,22 @@ def _reserve_port(host: str) -> socket.socket:
     return sock
 
 
+def _check_bindable(host: str, port: int, listen: str) -> None:
+    """ConfigError unless `host`:`port` can be bound with SO_REUSEPORT (as the
+    processes will bind it): a port another program holds, or an address that is
+    not this machine's, is one error here rather than one per process."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    try:
+        with socket.socket(family, socket.SOCK_STREAM) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+            sock.bind((host, port))
+    except OSError as exc:
+        raise ConfigError(
+            f"cannot listen on {listen!r} ({exc.strerror or exc}): set `listen` to HOST:PORT "
+            "with an address of this machine and a free port"
+        ) from None
+
+
 class _Worker:
     """One collector process: its index, command and current `Popen`; it inherits
     `keep_fds` (the liveness pipe's read end, the generation locks)."""
@@ -233,6 +249,8 @@ def supervise(
     reserved = _reserve_port(host) if port == 0 else None
     if reserved is not None:
         port = reserved.getsockname()[1]
+    else:
+        _check_bindable(host, port, config.listen)
     try:
         locks = take_generation_locks(
             generation_lock_paths(config, port),

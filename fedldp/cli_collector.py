@@ -11,7 +11,7 @@ import sys
 import time
 from decimal import Decimal
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -24,6 +24,9 @@ from fedldp.cli_common import (
     resolve_ledger_url,
 )
 from fedldp.cli_shards import open_cli_shards, reconcile_shards, shard_urls, shards
+
+if TYPE_CHECKING:
+    from fedldp.collector.ledger.charge_audit import ChargeGroup
 
 
 def _collector_epilog() -> str:
@@ -63,6 +66,12 @@ def serve_cmd(config_path: str | None, port_file: str | None) -> None:
     from fedldp.collector.config import ConfigError, load_config
     from fedldp.collector.daemon import serve
 
+    if port_file is not None and not Path(port_file).parent.is_dir():
+        raise click.BadParameter(
+            f"folder {Path(port_file).parent} does not exist: create it first, or name a "
+            "file in an existing folder",
+            param_hint="--port-file",
+        )
     try:
         config = load_config(config_path)
     except ConfigError as exc:
@@ -192,20 +201,77 @@ def _shown(url: str) -> str:
 @ledger.command("reconcile")
 @_ledger_option
 @_config_option
-def reconcile_cmd(ledger_url: str | None, config_path: str | None) -> None:
-    """Recompute every spend from the raw rows; exit 1 on any mismatch (read-only)."""
+@click.option(
+    "--policies",
+    "policy_dir",
+    type=click.Path(exists=True, file_okay=False),
+    help="Folder of signed *.policy envelopes (default: the policy_dir of --config): "
+    "list every subject window charged below the sound rule (RETIRED-RULE lines).",
+)
+def reconcile_cmd(ledger_url: str | None, config_path: str | None, policy_dir: str | None) -> None:
+    """Recompute every spend from the raw rows; exit 1 on any mismatch (read-only).
+
+    With the policies (--policies, or --config's policy_dir) it also reports each
+    subject window whose reports were charged under the retired r* rule of a
+    memoized mechanism below the sound rule's figure (docs/mechanisms.md): a
+    report of what the ledger under-states, never a rewrite and not a mismatch.
+    """
     if not ledger_url and (urls := shard_urls(config_path)):
         reconcile_shards(urls)  # every shard, then the placement checks (cli_shards.py)
         return
     url = resolve_ledger_url(ledger_url, config_path)
+    folder = policy_dir or _config_policy_dir(config_path)
     with open_cli_ledger(url, "read", scope="whole") as led:
         mismatches = led.reconcile()
+        groups = led.charge_groups() if folder else []
     for m in mismatches:
         click.echo(f"MISMATCH {m}")
+    if folder:
+        _report_retired_rule(groups, folder)
     if mismatches:
         click.echo(f"{len(mismatches)} mismatch(es)", err=True)
         sys.exit(1)
     click.echo("ledger consistent: every running total matches the raw rows")
+
+
+def _config_policy_dir(config_path: str | None) -> str | None:
+    """The policy_dir of --config, if it names one."""
+    if config_path is None:
+        return None
+    from fedldp.collector.config import load_config
+
+    return load_config(config_path).policy_dir or None
+
+
+def _report_retired_rule(groups: list[ChargeGroup], folder: str) -> None:
+    """Print a RETIRED-RULE line per subject window charged below the sound rule."""
+    from fedldp.client.policy import PolicyError, read_envelope
+    from fedldp.collector.ledger.charge_audit import sound_charges, undercharged, unjudged
+
+    payloads = []
+    paths = [*Path(folder).glob("*.policy"), *Path(folder).glob("*.policy.retired")]
+    for path in sorted(paths):
+        try:
+            payloads.append(read_envelope(path).payload)
+        except (OSError, PolicyError) as exc:
+            raise click.ClickException(f"--policies: cannot read {path}: {exc}") from None
+    charges = sound_charges(payloads)
+    findings = undercharged(groups, charges)
+    for finding in findings:
+        click.echo(f"RETIRED-RULE {finding}")
+    for (policy_id, version), count in unjudged(groups, charges).items():
+        click.echo(
+            f"UNJUDGED policy={policy_id} version={version}: {count} report(s) charged under "
+            f"a policy not in {folder} (add its envelope, or its .policy.retired file, to "
+            "judge them against the sound rule)"
+        )
+    if findings:
+        click.echo(
+            f"{len(findings)} subject window(s) were charged under the retired r* rule "
+            "below the sound figure; their reports stay as charged (docs/mechanisms.md, "
+            "'Migration')",
+            err=True,
+        )
 
 
 @ledger.command("show")

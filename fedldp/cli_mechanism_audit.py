@@ -10,6 +10,7 @@ mismatch), 0 otherwise; bad input is a one-line `Error: ...` with exit status 2
 from __future__ import annotations
 
 import json
+import time
 from decimal import Decimal, InvalidOperation
 from typing import TYPE_CHECKING, Any
 
@@ -128,18 +129,21 @@ def _params_text(spec: MechanismSpec) -> str:
     return ",".join(f"{k}={v}" for k, v in sorted(spec.params.items()))
 
 
-def _bound(report: AuditReport, path: str, paths: tuple[str, ...]) -> str:
-    if path not in paths or not any(e.path == path for e in report.events):
+def _bound(report: AuditReport, path: str, paths: tuple[str, ...], sequences: bool = False) -> str:
+    if path not in paths or not any(
+        e.path == path and e.sequences == sequences for e in report.events
+    ):
         return "-"
-    return f"{report.epsilon_lb(path):.3f}"
+    return f"{report.epsilon_lb(path, sequences):.3f}"
 
 
 def _table(rows: list[tuple[MechanismSpec, AuditReport]], paths: tuple[str, ...]) -> str:
     header = (
         "| mechanism | domain | params | ε | T | claimed (charge for T) | "
-        "lower bound, device | lower bound, batch | law | verdict |"
+        "lower bound, device | lower bound, batch | sequences, device | sequences, batch | "
+        "law | time (s) | verdict |"
     )
-    lines = [header, "|" + "---|" * 10]
+    lines = [header, "|" + "---|" * 13]
     for spec, report in rows:
         law = "ok" if report.law_passed else "MISMATCH"
         if not report.laws:
@@ -147,7 +151,9 @@ def _table(rows: list[tuple[MechanismSpec, AuditReport]], paths: tuple[str, ...]
         lines.append(
             f"| {spec.wire_id} | {_domain(spec)} | {_params_text(spec) or '-'} | {spec.epsilon} "
             f"| {report.reports} | {report.claim} | {_bound(report, 'device', paths)} "
-            f"| {_bound(report, 'batch', paths)} | {law} | {'PASS' if report.passed else 'FAIL'} |"
+            f"| {_bound(report, 'batch', paths)} | {_bound(report, 'device', paths, True)} "
+            f"| {_bound(report, 'batch', paths, True)} | {law} | {report.wall_s:.1f} "
+            f"| {'PASS' if report.passed else 'FAIL'} |"
         )
     return "\n".join(lines)
 
@@ -161,7 +167,12 @@ def _as_json(spec: MechanismSpec, report: AuditReport, settings: AuditSettings) 
         "epsilon": str(spec.epsilon),
         "reports": report.reports,
         "claim": str(report.claim),
-        "epsilon_lb": {p: report.epsilon_lb(p) for p in settings.paths},
+        "epsilon_lb": {p: report.epsilon_lb(p, sequences=False) for p in settings.paths},
+        "sequences_epsilon_lb": {
+            p: report.epsilon_lb(p, sequences=True)
+            for p in settings.paths
+            if report.has_sequences(p)
+        },
         "best_event": None
         if best is None
         else {
@@ -172,6 +183,7 @@ def _as_json(spec: MechanismSpec, report: AuditReport, settings: AuditSettings) 
             "misses": best.misses,
             "n": best.n,
             "epsilon_lb": best.epsilon_lb,
+            "sequences": best.sequences,
         },
         "law_checks": len(report.laws),
         "law_mismatches": [
@@ -182,6 +194,7 @@ def _as_json(spec: MechanismSpec, report: AuditReport, settings: AuditSettings) 
         "alpha": report.alpha,
         "tests": report.tests,
         "notes": list(report.notes),
+        "wall_s": round(report.wall_s, 3),
         "passed": report.passed,
     }
 
@@ -267,7 +280,15 @@ def _json_domain(spec: MechanismSpec) -> Any:
     type=click.IntRange(1, 8),
     default=2,
     show_default=True,
-    help="T: reports of one value per user, for memoized mechanisms",
+    help="T: reports per user for memoized mechanisms (of one value, and the sequences "
+    "of the longitudinal test)",
+)
+@click.option(
+    "--sequences/--no-sequences",
+    default=True,
+    show_default=True,
+    help="run the longitudinal test on memoized mechanisms: two sequences of T values, "
+    "changed or not, against the charge for T reports",
 )
 @click.option(
     "--path",
@@ -299,13 +320,16 @@ def verify_mechanism(
     device_samples: int | None,
     confidence: float,
     reports: int,
+    sequences: bool,
     path_choice: str,
     seed: int | None,
     output_format: str,
 ) -> None:
     """Audit mechanisms black-box: Clopper–Pearson lower bounds on ε from the shipped
     randomizer (device path with the OS CSPRNG, and batch path) on neighbouring inputs,
-    and checks of its output law. Exit status 1 when any audit fails.
+    and checks of its output law. Memoized mechanisms are also audited on two
+    sequences of T values, changed or not (the longitudinal test). Exit status 1 when
+    any audit fails.
     """
     from fedldp.aggregator.audit_ldp import (
         DEFAULT_DEVICE_SAMPLES,
@@ -329,6 +353,7 @@ def verify_mechanism(
             reports=reports,
             paths=paths,
             seed=seed,
+            sequences=sequences,
         )
     except ValueError as exc:
         raise InputError(str(exc)) from None
@@ -342,6 +367,7 @@ def verify_mechanism(
         max_bytes,
     )
     rows = []
+    started = time.perf_counter()
     for spec in specs:
         try:
             rows.append((spec, audit_spec(spec, settings)))
@@ -353,7 +379,8 @@ def verify_mechanism(
         click.echo(_table(rows, paths))
         click.echo(
             f"confidence {confidence} per audit (Bonferroni over its tests); reports per input: "
-            f"batch {settings.samples}, device {settings.device_samples}"
+            f"batch {settings.samples}, device {settings.device_samples}; "
+            f"total {time.perf_counter() - started:.1f} s"
         )
         notes = {f"{s.wire_id}: {note}" for s, r in rows for note in r.notes}
         for note in sorted(notes):

@@ -155,6 +155,12 @@ def health_cmd(
     HEALTHCHECK serves plaintext and TLS deployments."""
     if timeout <= 0:
         raise click.UsageError("--timeout must be positive")
+    _, _, port = addr.rpartition(":")
+    if port.isascii() and port.isdigit() and int(port) > 65535:  # it would wrap around
+        raise click.BadParameter(
+            f"port {int(port)} of {addr!r} is above 65535: use HOST:PORT, PORT from 1 to 65535",
+            param_hint="--addr",
+        )
     files = _tls_files(tls, ca, cert, key, server_name)
     try:
         status = check_health(addr, service=service, timeout=timeout, tls=files)
@@ -199,24 +205,36 @@ def migrate_cmd(url: str | None, config_path: str | None) -> None:
 
     Run it once before collectors of a new version serve (the compose file's and the
     Kubernetes manifests' migration job). Collectors also migrate on start; several
-    at once are serialized (an advisory lock on PostgreSQL, BEGIN IMMEDIATE on SQLite).
+    migrations and collectors at once, on a new ledger too, are serialized (an
+    advisory lock on PostgreSQL; on SQLite the file's writer lock file
+    `<ledger>-ingest.lock`, taken before the first schema statement).
     """
     import sqlalchemy as sa
 
     from fedldp.collector.ledger import create_private_sqlite_file, parse_ledger_url, restore
-    from fedldp.collector.ledger.migrate import current_revision, head_revision, upgrade
+    from fedldp.collector.ledger.engine import refuse_if_not_sqlite
+    from fedldp.collector.ledger.migrate import (
+        current_revision,
+        head_revision,
+        schema_lock,
+        upgrade,
+    )
 
     ledger_url = _ledger_url(url, config_path)
-    if parse_ledger_url(ledger_url).get_backend_name() == "sqlite":
+    sqlite = parse_ledger_url(ledger_url).get_backend_name() == "sqlite"
+    if sqlite:
+        refuse_if_not_sqlite(_sqlite_path(ledger_url))  # before making a lock file beside it
         create_private_sqlite_file(_sqlite_path(ledger_url))  # 0600, as `ledger init`
-    engine = sa.create_engine(ledger_url)
+    # SQLite: wait up to 30 s for another process's lock, as a collector does.
+    engine = sa.create_engine(ledger_url, connect_args={"timeout": 30} if sqlite else {})
     try:
-        with engine.connect() as connection:
-            before = current_revision(connection)
-            restore.check_complete(connection)  # a half-done restore stays as it is
-        upgrade(engine)
-        with engine.connect() as connection:
-            after = current_revision(connection)
+        with schema_lock(engine):
+            with engine.connect() as connection:
+                before = current_revision(connection)
+                restore.check_complete(connection)  # a half-done restore stays as it is
+            upgrade(engine, locked=True)
+            with engine.connect() as connection:
+                after = current_revision(connection)
     except sa.exc.SQLAlchemyError as exc:
         cause = exc.orig if isinstance(exc, sa.exc.DBAPIError) else exc
         from fedldp.cli_errors import mask_password
@@ -373,7 +391,8 @@ def backup_cmd(url: str | None, config_path: str | None, pg_bin: str | None, out
             _sqlite_copy(source, tmp)
             engine = sa.create_engine(f"sqlite:///{tmp}")
             try:
-                migrate.upgrade(engine)
+                # The .partial copy is this command's alone: no lock file beside it.
+                migrate.upgrade(engine, locked=True)
                 with engine.begin() as connection:
                     restore.check_complete(connection)  # no backup of a half-done restore
                     restore.mark_backup(
@@ -528,7 +547,9 @@ def restore_cmd(url: str | None, config_path: str | None, pg_bin: str | None, ba
     try:
         engine = sa.create_engine(work_url)
         try:
-            migrate.upgrade(engine)  # a backup from an older version
+            # A backup from an older version. A SQLite restore works on its own staged
+            # copy (no lock file beside it); PostgreSQL's advisory lock is taken anyway.
+            migrate.upgrade(engine, locked=True)
             with engine.begin() as connection:
                 gap = restore.record_restore(
                     connection,

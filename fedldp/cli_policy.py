@@ -90,6 +90,47 @@ def sign(
     click.echo(f"wrote {out}: policy {message.policy_id} v{message.version}")
     click.echo(f"digest: {policy_digest(envelope.payload).hex()}")
     click.echo(f"key id: {key_id_of(private_key.public_key())}")
+    for line in privacy_figures(message):
+        click.echo(line)
+
+
+def privacy_figures(message: policy_pb2.Policy) -> list[str]:
+    """What the signed policy lets a subject lose, for the author to read before shipping.
+
+    The per-report charge (the ledger's and the device guard's), how many reports
+    one window admits and the worst-case loss per window over ANY values (changed
+    or not): floor(cap / charge) · charge <= cap. For a memoized mechanism also the
+    loss while one value never changes (at most ε∞) and the retired r* rule's
+    charge, so the author sees what changing values cost (docs/mechanisms.md).
+    """
+    from fedldp.client.mechanisms.memo import Memoized
+    from fedldp.client.mechanisms.memo_loss import JointLossTooCostlyError
+    from fedldp.client.policy import policy_problems
+
+    _, mechanism = policy_problems(message)
+    if mechanism is None:
+        return []
+    charge = mechanism.report_charge
+    cap = Decimal(message.budget.epsilon_cap)
+    fits = int(cap // charge)
+    lines = [
+        f"charge: {charge} per report (epsilon {mechanism.epsilon}); a window of "
+        f"{message.budget.window_seconds} s with cap {cap} admits {fits} report(s): "
+        f"worst-case loss per window {fits * charge} over any values, changed or not"
+    ]
+    if isinstance(mechanism, Memoized):
+        try:
+            retired = str(mechanism.retired_report_charge)
+        except JointLossTooCostlyError:
+            retired = "too costly to compute"
+        lines.append(
+            f"memoized: while one value never changes its reports lose at most "
+            f"epsilon_permanent {mechanism.epsilon_permanent} (RAPPOR's guarantee); each "
+            f"report of a changing value can add "
+            f"{mechanism.instantaneous_epsilon}, so every report is charged {charge} "
+            f"(the retired r* rule charged {retired}); there is no lifetime cap"
+        )
+    return lines
 
 
 def _previous_policy(path: str) -> policy_pb2.Policy:

@@ -339,7 +339,27 @@ def _refuse(options: dict[str, Any], names: tuple[str, ...], mode: str) -> None:
             raise click.UsageError(f"{flag(name)} is not used with {mode}")
 
 
-def run_mode(kind: str, options: dict[str, Any]) -> bool:
+def run_sql(sql: str, options: dict[str, Any]) -> None:
+    """`fedldp release sql`: send the SQL to --service, or to an --embedded service."""
+    from fedldp.v1 import release_pb2 as pb
+
+    if not options.get("service") and not options.get("embedded"):
+        raise click.UsageError(
+            "release sql runs on a release service: give --service ADDR or --embedded"
+        )
+    request = pb.ReleaseRequest(
+        dataset=options.get("dataset") or "",
+        purpose=options["purpose"],
+        epsilon=options["epsilon_text"],
+        delta=options["delta_text"],
+        idempotency_key=options["idempotency_key"],
+        sql=pb.SqlQuery(sql=sql),
+    )
+    options["dataset"] = options.get("dataset") or "(from the SQL)"
+    run_mode("sql", options, request=request)
+
+
+def run_mode(kind: str, options: dict[str, Any], *, request: Any = None) -> bool:
     """Run the query through --service or --embedded when asked; False for the local mode.
 
     Pops the mode options from `options` in every case.
@@ -360,7 +380,7 @@ def run_mode(kind: str, options: dict[str, Any]) -> bool:
         _refuse(options, ("ledger_url", "signing_key", "passphrase_env"), name)
     if mode["dataset"] is None:
         raise click.UsageError(f"{name} needs --dataset")
-    request = build_request(
+    request = request or build_request(
         kind,
         dataset=mode["dataset"],
         purpose=options["purpose"],

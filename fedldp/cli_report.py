@@ -734,6 +734,81 @@ def quantile_cmd(**options: Any) -> None:
     _dispatch("quantile", "private_quantile", options, "quantile_text", "lower_text", "upper_text")
 
 
+def _with_mode_options(fn: F) -> F:
+    """Add the --service / --embedded options (fedldp.cli_release_client.MODE_OPTIONS)."""
+    from fedldp.cli_release_client import MODE_OPTIONS
+
+    return _apply(MODE_OPTIONS)(fn)
+
+
+def _plain(text: str, name: str) -> str:
+    """A decimal option as the plain string the service takes ("1e-6" -> "0.000001")."""
+    from decimal import Decimal, InvalidOperation
+
+    try:
+        value = Decimal(text)
+    except InvalidOperation:
+        raise click.BadParameter("must be a decimal number", param_hint=name) from None
+    if not value.is_finite():
+        raise click.BadParameter("must be finite", param_hint=name)
+    return format(value, "f")
+
+
+@release.command("sql")
+@click.argument("query")
+@click.option("--purpose", required=True, help="the purpose the budget is set for")
+@click.option(
+    "--epsilon", "epsilon_text", required=True, help="epsilon, split across the aggregates"
+)
+@click.option(
+    "--delta",
+    "delta_text",
+    default="0",
+    show_default=True,
+    help="delta of the partition selection (needed when a GROUP BY column has no public domain)",
+)
+@click.option(
+    "--key",
+    "idempotency_key",
+    help="idempotency key (default: derived from the query, purpose, epsilon and delta, so a "
+    "retried command is never charged twice)",
+)
+@click.option(
+    "--receipt",
+    "receipt_path",
+    type=click.Path(dir_okay=False),
+    help="write the signed receipt here",
+)
+@ledger_option()
+@click.option(
+    "--signing-key",
+    "signing_key",
+    type=click.Path(exists=True, dir_okay=False),
+    help="the service's Ed25519 receipt key (--embedded)",
+)
+@click.option("--passphrase-env", metavar="VAR", help="passphrase of an encrypted --signing-key")
+@_with_mode_options
+def sql_cmd(**options: Any) -> None:
+    """A DP SQL release over the release service (--service ADDR or --embedded).
+
+    One SELECT over one dataset: GROUP BY columns, COUNT(*), SUM, AVG, MEDIAN,
+    QUANTILE_CONT(column, q), WHERE on declared columns; anything else is refused
+    with a named reason before any budget is reserved. Laplace noise; epsilon is
+    split equally across the aggregates (and the partition selection).
+    """
+    from fedldp.cli_release_client import run_sql
+
+    query = options.pop("query")
+    options["epsilon_text"] = _plain(options["epsilon_text"], "--epsilon")
+    options["delta_text"] = _plain(options["delta_text"], "--delta")
+    if not options.get("idempotency_key"):
+        seed = "\0".join(
+            [query, options["purpose"], options["epsilon_text"], options["delta_text"]]
+        )
+        options["idempotency_key"] = "sql-" + hashlib.sha256(seed.encode()).hexdigest()[:40]
+    run_sql(query, options)
+
+
 def _target_delta(value: float | None) -> float | None:
     """--delta of `release spend`: a finite 0 < δ < 1 (a usage error, exit 2, otherwise)."""
     if value is not None and not 0 < value < 1:  # NaN fails both comparisons

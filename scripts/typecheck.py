@@ -1,5 +1,5 @@
-"""Run mypy (strict, config in pyproject.toml) over the fedldp packages, bench/, scripts/
-and tests/ (all of it, strictly: no module is exempt).
+"""Run mypy (strict, config in pyproject.toml) over the fedldp packages, bench/, scripts/,
+conformance/ and tests/ (all of it, strictly: no module is exempt).
 
 The source folders map onto `fedldp.*` through setuptools' editable-install import
 hook, which mypy cannot follow. This script lays out a shadow tree of symlinks,
@@ -47,11 +47,12 @@ def main() -> int:
     command = [sys.executable, "-m", "mypy", "--config-file", str(REPO_ROOT / "pyproject.toml")]
     # Files mode from inside the shadow tree: mypy walks the symlinked folders.
     status = subprocess.call([*command, "fedldp"], cwd=shadow, env=env)
-    others = [str(REPO_ROOT / name) for name in ("bench", "scripts") if (REPO_ROOT / name).is_dir()]
+    folders = ("bench", "scripts", "conformance")
+    others = [str(REPO_ROOT / name) for name in folders if (REPO_ROOT / name).is_dir()]
     status = status or subprocess.call([*command, *others], cwd=REPO_ROOT, env=env)
     # tests/: as pytest imports them (a folder's *_testkit helpers are top-level modules).
     kits = sorted({str(p.parent) for p in (REPO_ROOT / "tests").rglob("*_testkit.py")})
-    tests_env = dict(env, MYPYPATH=os.pathsep.join([str(shadow), *kits]))
+    tests_env = dict(env, MYPYPATH=os.pathsep.join([str(shadow), str(REPO_ROOT), *kits]))
     return status or subprocess.call(
         [*command, "--explicit-package-bases", "tests"], cwd=REPO_ROOT, env=tests_env
     )

@@ -22,27 +22,32 @@ Error control (Bonferroni): with m = the number of CP bounds plus law tests
 planned, each is run at level α/m, so a correct mechanism FAILS with probability
 at most α = 1 - confidence (default α = 1e-6) whatever its parameters.
 
-Claim. A memoized mechanism is audited on T reports of one value sharing one
-permanent response (the SDK's memo path), as one joint output, against what the
-ledger charges for them: T · report_charge. Other mechanisms: one report
-against ε (T independent reports compose sequentially and are not audited).
+Claim. A memoized mechanism (one with `new_memo()`, `sampling.is_memoized`) is
+audited on T reports of one value sharing one permanent response (the SDK's memo
+path), as one joint output, and, for T >= 2, on pairs of SEQUENCES of T values
+that change (`longitudinal.py`: same against changed once, alternating and all
+distinct), both against what the ledger charges for T reports: T ·
+report_charge. Other mechanisms: one report against ε (T independent reports
+compose sequentially and are not audited). The sequence tests count in m.
 """
 
 from __future__ import annotations
 
 import math
 import random
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from fedldp.aggregator.audit_ldp import stats
+from fedldp.aggregator.audit_ldp import longitudinal, stats
 from fedldp.aggregator.audit_ldp.features import Feature, features_for
 from fedldp.aggregator.audit_ldp.laws import LawTest, law_tests
 from fedldp.aggregator.audit_ldp.sampling import (
     Reports,
+    is_memoized,
     output_kind,
     sample_batch,
     sample_device,
@@ -54,7 +59,6 @@ from fedldp.client.mechanisms.base import (
     MultiMetric,
     OpenDomain,
 )
-from fedldp.client.mechanisms.memo import Memoized
 from fedldp.client.mechanisms.multi import MULTI_IDS
 from fedldp.client.mechanisms.registry import UnknownMechanismError, create
 from fedldp.client.mechanisms.sketch import SKETCH_MECHANISMS, Sketch
@@ -133,6 +137,9 @@ def resolve_spec(
         MechanismSpec(wire_id, epsilon, k, dict(params)),
         MechanismSpec(wire_id, epsilon, k, with_permanent),
         MechanismSpec(wire_id, epsilon, numeric_range, dict(params)),
+        MechanismSpec(wire_id, epsilon, numeric_range, with_permanent),
+        # a bucketed numeric memoized mechanism (dbitflip): k buckets unless given
+        MechanismSpec(wire_id, epsilon, numeric_range, {"buckets": str(k), **with_permanent}),
         MechanismSpec(
             wire_id,
             epsilon,
@@ -181,6 +188,9 @@ class AuditSettings:
     #: The device path's randomness: None is the OS CSPRNG (what devices run);
     #: tests pass a seeded random.Random to be reproducible.
     device_rng: random.Random | None = None
+    #: Run the longitudinal test (two sequences of T values, `longitudinal.py`) on
+    #: memoized mechanisms when T >= 2.
+    sequences: bool = True
 
     def __post_init__(self) -> None:
         if self.samples < 2 or self.device_samples < 2:
@@ -204,6 +214,8 @@ class EventResult:
     misses: int
     n: int
     epsilon_lb: float
+    #: True for the longitudinal test: `pair` names two sequences of values.
+    sequences: bool = False
 
 
 @dataclass(frozen=True)
@@ -230,11 +242,22 @@ class AuditReport:
     events: tuple[EventResult, ...]
     laws: tuple[LawResult, ...]
     notes: tuple[str, ...]
+    #: Seconds the audit took (sampling, bounds and law checks).
+    wall_s: float = 0.0
 
-    def epsilon_lb(self, path: str | None = None) -> float:
-        """Largest lower bound (over events of `path`, or all), at least 0."""
-        bounds = [e.epsilon_lb for e in self.events if path is None or e.path == path]
+    def epsilon_lb(self, path: str | None = None, sequences: bool | None = None) -> float:
+        """Largest lower bound, at least 0, over the events of `path` (None: all) and
+        of the longitudinal test (`sequences` True), of one value (False) or both (None)."""
+        bounds = [
+            e.epsilon_lb
+            for e in self.events
+            if (path is None or e.path == path) and (sequences is None or e.sequences == sequences)
+        ]
         return max([0.0, *bounds])
+
+    def has_sequences(self, path: str | None = None) -> bool:
+        """Whether the longitudinal test ran (on `path`, or on any path)."""
+        return any(e.sequences and (path is None or e.path == path) for e in self.events)
 
     def best_event(self) -> EventResult | None:
         """The event with the largest lower bound."""
@@ -262,11 +285,49 @@ class _Plan:
     #: Per input, the tests of its reports against the declared law.
     law_tests: list[list[LawTest]]
     notes: tuple[str, ...]
+    #: The longitudinal test (memoized mechanisms, T >= 2; else empty).
+    sequences: _SequencePlan | None = None
 
     @property
     def tests(self) -> int:
         events = len(self.pairs) * len(self.features) * 2
-        return len(self.paths) * (events + sum(len(t) for t in self.law_tests))
+        total = len(self.paths) * (events + sum(len(t) for t in self.law_tests))
+        return total + (self.sequences.tests if self.sequences else 0)
+
+
+@dataclass(frozen=True)
+class _SequencePlan:
+    """The longitudinal test: sequences, pairs of them, their features, paths."""
+
+    sequences: list[longitudinal.Sequence]
+    pairs: list[tuple[int, int]]
+    #: Per pair, its features.
+    features: list[tuple[longitudinal.SequenceFeature, ...]]
+    paths: tuple[str, ...]
+
+    @property
+    def tests(self) -> int:
+        return len(self.paths) * 2 * sum(len(f) for f in self.features)
+
+
+def _sequence_plan(
+    mech: Any, domain: Any, kind: str, settings: AuditSettings, notes: list[str]
+) -> _SequencePlan | None:
+    """The longitudinal test of a memoized mechanism (None when T < 2 or not asked)."""
+    if not settings.sequences or settings.reports < 2:
+        return None
+    try:
+        seqs, pairs = longitudinal.sequence_pairs(domain, settings.reports)
+    except ValueError as exc:
+        notes.append(f"no sequence test: {exc}")
+        return None
+    paths = tuple(p for p in settings.paths if p == "device" or longitudinal.has_batch_path(mech))
+    if "batch" in settings.paths and "batch" not in paths:
+        notes.append("sequence test on the device path only (no batch path for sequences)")
+    if not paths:
+        return None
+    features = [longitudinal.sequence_features(kind, mech, seqs[i], seqs[j]) for i, j in pairs]
+    return _SequencePlan(seqs, pairs, features, paths)
 
 
 def open_inputs(mech: Any) -> list[tuple[str, Any]]:
@@ -325,7 +386,7 @@ def _inputs(
 def _plan(mech: Mechanism, domain: Any, settings: AuditSettings) -> _Plan:  # type: ignore[type-arg]
     inputs, pairs = _inputs(domain, mech)
     kind = output_kind(mech, inputs[0][1])
-    memoized = isinstance(mech, Memoized)
+    memoized = is_memoized(mech)
     reports = settings.reports if memoized else 1
     notes: list[str] = []
     laws = [law_tests(mech, kind, inputs, x) for _, x in inputs]
@@ -336,6 +397,7 @@ def _plan(mech: Mechanism, domain: Any, settings: AuditSettings) -> _Plan:  # ty
         )
     elif not any(laws):
         notes.append("no law check: the mechanism declares no law the auditor can test")
+    sequences = _sequence_plan(mech, domain, kind, settings, notes) if memoized else None
     return _Plan(
         kind=kind,
         inputs=inputs,
@@ -345,6 +407,7 @@ def _plan(mech: Mechanism, domain: Any, settings: AuditSettings) -> _Plan:  # ty
         paths=settings.paths,
         law_tests=laws,
         notes=tuple(notes),
+        sequences=sequences,
     )
 
 
@@ -412,6 +475,50 @@ def _events(
     return results
 
 
+def _sequence_events(
+    mech: Any, plan: _SequencePlan, path: str, settings: AuditSettings, level: float
+) -> list[EventResult]:
+    """Sample every sequence on `path`, then choose and bound each pair's events."""
+    kind = output_kind(mech, plan.sequences[0].values[0])
+    if path == "device":
+        samples = [
+            longitudinal.sample_device(
+                mech, kind, seq, settings.device_samples, settings.device_rng
+            )
+            for seq in plan.sequences
+        ]
+    else:
+        generator = np.random.default_rng(settings.seed)
+        samples = [
+            longitudinal.sample_batch(mech, kind, seq, settings.samples, generator)
+            for seq in plan.sequences
+        ]
+    half = samples[0].n // 2
+    results = []
+    for (i, j), features in zip(plan.pairs, plan.features, strict=True):
+        x_sel, y_sel = samples[i].rows(0, half), samples[j].rows(0, half)
+        x_est, y_est = samples[i].rows(half, 2 * half), samples[j].rows(half, 2 * half)
+        for feature in features:
+            keys = feature.fitted(x_sel, y_sel)  # learnt on the selection half only
+            event = stats.select_event(
+                stats.histogram(keys(x_sel)), stats.histogram(keys(y_sel)), level
+            )
+            bound = stats.bound_event(event, keys(x_est), keys(y_est), level)
+            results.append(
+                EventResult(
+                    path=path,
+                    pair=(plan.sequences[i].label, plan.sequences[j].label),
+                    feature=feature.name,
+                    hits=bound.hits,
+                    misses=bound.misses,
+                    n=bound.n,
+                    epsilon_lb=bound.epsilon_lb,
+                    sequences=True,
+                )
+            )
+    return results
+
+
 def _laws(plan: _Plan, path: str, samples: list[Reports], level: float) -> list[LawResult]:
     results = []
     for (label, _), tests, reports in zip(plan.inputs, plan.law_tests, samples, strict=True):
@@ -421,6 +528,16 @@ def _laws(plan: _Plan, path: str, samples: list[Reports], level: float) -> list[
     return results
 
 
+def claim_for(mech: Any, reports: int) -> Decimal:
+    """What the ledger charges for `reports` reports of one subject: a memoized
+    mechanism's `lifetime_epsilon(T)` when it has one (a mechanism whose charge stops
+    at a proven lifetime bound says so there), else T · report_charge."""
+    lifetime = getattr(mech, "lifetime_epsilon", None)
+    if reports > 1 and callable(lifetime):
+        return Decimal(lifetime(reports))
+    return Decimal(mech.report_charge) * reports
+
+
 def audit_mechanism(
     mech: Mechanism,  # type: ignore[type-arg]
     domain: int | tuple[Decimal, Decimal] | MultiMetric | OpenDomain,
@@ -428,6 +545,7 @@ def audit_mechanism(
 ) -> AuditReport:
     """Audit `mech` (built for `domain`: k, the numeric range (lo, hi) or an open domain)."""
     settings = settings or AuditSettings()
+    start = time.perf_counter()
     plan = _plan(mech, domain, settings)
     level = settings.alpha / plan.tests
     events: list[EventResult] = []
@@ -436,16 +554,20 @@ def audit_mechanism(
         samples = _sample(mech, plan, path, settings)
         events.extend(_events(mech, plan, path, samples, level))
         laws.extend(_laws(plan, path, samples, level))
+        del samples
+        if plan.sequences is not None and path in plan.sequences.paths:
+            events.extend(_sequence_events(mech, plan.sequences, path, settings, level))
     return AuditReport(
         wire_id=mech.wire_id,
         epsilon=mech.epsilon,
         reports=plan.reports,
-        claim=mech.report_charge * plan.reports,
+        claim=claim_for(mech, plan.reports),
         alpha=settings.alpha,
         tests=plan.tests,
         events=tuple(events),
         laws=tuple(laws),
         notes=plan.notes,
+        wall_s=time.perf_counter() - start,
     )
 
 

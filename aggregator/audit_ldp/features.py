@@ -18,6 +18,8 @@ key space small enough that a few hundred thousand samples find the worst set:
 * group-hashed reports (PEM) — the group and whether the report supports the
   prefix of x, and of x', at the group's length (`PEM.supports_batch`, the
   hash family of the wire contract);
+* index-bits reports (dBitFlipPM) — per report, whether the buckets of x and of x'
+  are among its sampled indices and its bits there, joint over T;
 * numeric reports — the RAW BITS of the binary64 wire value: (sign, exponent)
   with the last 1, 4 or 8 mantissa bits; (sign, exponent, first 4 mantissa bits),
   an interval; and each of the 8 bytes. A mechanism whose output set depends on
@@ -146,6 +148,24 @@ def _group_support(reports: Reports, x: Any, y: Any, mech: Any) -> IntArray:
     return _as_keys(4 * np.asarray(column[0], dtype=np.int64) + sx + 2 * sy)
 
 
+def index_support(column: Any, value: Any, mech: Any) -> IntArray:
+    """Per index-bits report (dBitFlipPM): 2·[the value's bucket is among its indices]
+    + its bit there (0 when absent)."""
+    indices, packed = column
+    bucket = mech.bucket(value) if callable(getattr(mech, "bucket", None)) else int(value)
+    hit = np.asarray(indices) == bucket
+    present = hit.any(axis=1)
+    position = hit.argmax(axis=1)
+    rows = np.arange(position.shape[0])
+    bit = (packed[rows, position >> 3] >> (position & 7)) & 1
+    return _as_keys(2 * present + (present & (bit == 1)))
+
+
+def _index_support(reports: Reports, x: Any, y: Any, mech: Any) -> IntArray:
+    parts = [index_support(c, x, mech) + 4 * index_support(c, y, mech) for c in reports.columns]
+    return _joint(parts, 16)
+
+
 def _numeric_bits(reports: Reports) -> npt.NDArray[np.uint64]:
     return np.asarray(reports.columns[0], dtype=np.uint64)
 
@@ -192,6 +212,11 @@ def features_for(kind: str, reports: int) -> tuple[Feature, ...]:
         return (Feature("row, supports x, supports x'", _sketch_support, True),)
     if kind == "group_hashed":
         return (Feature("group, supports x, supports x'", _group_support, True),)
+    if kind == "index_bits":
+        name = "buckets of x, x' sampled, their bits" + (
+            f" ({reports} reports)" if reports > 1 else ""
+        )
+        return (Feature(name, _index_support, True),)
     if kind == "bits":
         if reports == 1:
             return (Feature("bits x, x' and weight", _bits_pair_weight, True),)

@@ -56,6 +56,12 @@ class LawTest:
     p_value: Callable[[Reports], float]
 
 
+def _cell(mech: FrequencyOracle, value: Any) -> int:
+    """The support-count cell of a value: its bucket for a bucketed numeric oracle."""
+    bucket = getattr(mech, "bucket", None)
+    return int(bucket(value)) if callable(bucket) else int(value)
+
+
 def _support_p_value(mech: FrequencyOracle, v: int, rate: float, reports: Reports) -> float:
     statistic = mech.new_statistic()
     mech.accumulate_batch(statistic, reports.columns[0])
@@ -125,8 +131,10 @@ def law_tests(
     if isinstance(mech, FrequencyOracle):
         tests = []
         for label, v in inputs:
-            rate = mech.support_p if v == x else mech.support_q
-            test = partial(_support_p_value, mech, v, rate)
+            # A bucketed numeric oracle (dbitflip) counts support per bucket.
+            cell, x_cell = _cell(mech, v), _cell(mech, x)
+            rate = mech.support_p if cell == x_cell else mech.support_q
+            test = partial(_support_p_value, mech, cell, rate)
             tests.append(LawTest(f"supports {label}: rate = {rate:.6g}", test))
         if kind == "category" and mech.statistic_size() <= MAX_CHI_SQUARE_CELLS:
             tests.append(LawTest("output law (chi-square)", partial(_category_p_value, mech, x)))

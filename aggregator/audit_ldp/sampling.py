@@ -23,6 +23,7 @@ for HCMS sketch reports).
 
 from __future__ import annotations
 
+import inspect
 import random
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -33,6 +34,7 @@ from fedldp.client.mechanisms.base import (
     CategoryOutput,
     GroupHashedOutput,
     HashedOutput,
+    IndexBitsOutput,
     Mechanism,
     MultiOutput,
     NumericOutput,
@@ -40,7 +42,6 @@ from fedldp.client.mechanisms.base import (
     SketchBitOutput,
     SketchRowOutput,
 )
-from fedldp.client.mechanisms.memo import Memoized
 from fedldp.client.wire import fill_payload
 from fedldp.v1 import collector_pb2
 
@@ -57,9 +58,11 @@ KINDS: dict[type, str] = {
     GroupHashedOutput: "group_hashed",
     SketchRowOutput: "sketch_row",
     SketchBitOutput: "sketch_bit",
+    IndexBitsOutput: "index_bits",
 }
 #: Kinds whose batch column is a tuple of arrays over the users.
-_TUPLE_KINDS = ("hashed", "group_hashed", "sketch_row", "sketch_bit")
+TUPLE_KINDS = ("hashed", "group_hashed", "sketch_row", "sketch_bit", "index_bits")
+_TUPLE_KINDS = TUPLE_KINDS
 #: NumericPayload's only field, `double value = 1`: wire type 1 (64-bit), tag byte 0x09.
 _DOUBLE_TAG = 0x09
 
@@ -94,14 +97,22 @@ def output_kind(mech: Mechanism, value: Any) -> str:  # type: ignore[type-arg]
         raise ValueError(f"{mech.wire_id}: cannot audit {type(probe).__name__} reports") from None
 
 
+def is_memoized(mech: Any) -> bool:
+    """Whether `mech` keeps device state between reports (duck typing): it has
+    `new_memo()` and takes `perturb(value, memo=...)`, like the RAPPOR family of
+    memo.py and any longitudinal mechanism built the same way."""
+    return callable(getattr(mech, "new_memo", None))
+
+
 def _new_memo(mech: Mechanism) -> Any:  # type: ignore[type-arg]
-    return mech.new_memo() if isinstance(mech, Memoized) else None
+    memoized: Any = mech
+    return memoized.new_memo() if is_memoized(mech) else None
 
 
 def _perturb(mech: Mechanism, value: Any, rng: random.Random | None, memo: Any) -> Output:  # type: ignore[type-arg]
     if memo is None:
         return mech.perturb(value, rng=rng)
-    memoized: Any = mech  # every concrete Memoized takes memo= (memo.py)
+    memoized: Any = mech  # a memoized mechanism takes memo= (is_memoized)
     out: Output = memoized.perturb(value, rng=rng, memo=memo)
     return out
 
@@ -155,6 +166,12 @@ def device_column(kind: str, outputs: list[Output]) -> Any:
         return seeds, values
     if kind == "group_hashed":
         return _group_hashed_column(outputs)  # type: ignore[arg-type]
+    if kind == "index_bits":
+        indices = np.array([o.indices for o in outputs], dtype=np.int64)  # type: ignore[union-attr]
+        packed = b"".join(o.bits for o in outputs)  # type: ignore[union-attr]
+        return indices.reshape(len(outputs), -1), np.frombuffer(packed, dtype=np.uint8).reshape(
+            len(outputs), -1
+        )
     return np.fromiter((wire_bits(o) for o in outputs), dtype=np.uint64, count=len(outputs))  # type: ignore[arg-type]
 
 
@@ -208,15 +225,39 @@ def sample_batch(
         columns = [np.full(users, v) for v in value]
         outputs = mech.batch_outputs(mech.perturb_batch(columns, generator))  # type: ignore[attr-defined]
         return Reports(kind, [device_column(kind, outputs)])
-    dtype = np.float64 if kind == "numeric" else np.int64
+    dtype = np.float64 if kind == "numeric" or isinstance(value, float) else np.int64
     values: Any = [value] * users if isinstance(value, str) else np.full(users, value, dtype=dtype)
     if reports == 1:
         return Reports(kind, [batch_column(kind, mech.perturb_batch(values, generator))])
     longitudinal = getattr(mech, "perturb_batch_longitudinal", None)
     if longitudinal is None:
         raise ValueError(f"{mech.wire_id} has no batch path for {reports} reports per user")
-    out = longitudinal(values, reports, generator)
+    if takes_report_count(longitudinal):  # (values, T, rng): T reports of one value
+        out = longitudinal(values, reports, generator)
+    else:  # (values (n, T), rng): one value per user and round
+        out = longitudinal(np.repeat(values[:, None], reports, axis=1), generator)
+    return Reports(kind, split_rounds(kind, out, reports))
+
+
+def takes_report_count(longitudinal: Any) -> bool:
+    """Whether a `perturb_batch_longitudinal` is the (values, reports, rng) form (one
+    value per user, memo.py's RAPPOR family) rather than (values (n, T), rng), which
+    takes a value per user and round (loloha, dbitflip)."""
+    return len(inspect.signature(longitudinal).parameters) == 3
+
+
+def split_rounds(kind: str, out: Any, rounds: int) -> list[Any]:
+    """The per-round report columns of a longitudinal batch result.
+
+    Layouts: (n, T) indices or (n, T, bytes) packed rows; hashed (seeds (n,) shared
+    or (n, T), values (n, T)); index_bits (indices (n, d) shared, bits (n, T, bytes)).
+    """
     if kind == "hashed":
         seeds, hashed = out
-        return Reports(kind, [(seeds[:, t], hashed[:, t]) for t in range(reports)])
-    return Reports(kind, [batch_column(kind, out[:, t]) for t in range(reports)])
+        return [(seeds if seeds.ndim == 1 else seeds[:, t], hashed[:, t]) for t in range(rounds)]
+    if kind == "index_bits":
+        indices, bits = out
+        return [(indices, bits[:, t]) for t in range(rounds)]
+    if kind in TUPLE_KINDS:
+        return [tuple(part[:, t] for part in out) for t in range(rounds)]
+    return [batch_column(kind, out[:, t]) for t in range(rounds)]

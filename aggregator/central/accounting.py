@@ -27,6 +27,8 @@ Every event kind the ledger stores is composed by both (`EVENT_KINDS`):
 - ``exponential`` (epsilon ε; McSherry and Talwar 2007): RDP as ½ε²-zCDP (pure
   ε-DP; Bun and Steinke 2016, Prop. 3.3); PLD `from_privacy_parameters(ε, 0)`,
   the dominating pair of every ε-DP mechanism.
+- ``threshold`` (epsilon ε, delta δ: DP partition selection, grouped.py): PLD
+  `from_privacy_parameters(ε, δ)`; RDP refuses it (no Rényi curve for δ > 0).
 
 Parameters are rounded toward more privacy loss when converted to floats.
 An event of any other kind, or one missing a parameter, raises
@@ -187,6 +189,11 @@ def _rdp_event(event: Mapping[str, object]) -> Any:
     if kind == "exponential":
         eps = _positive(event, "epsilon")
         return dp_accounting.ZCDpEvent(_up(eps * eps / 2))
+    if kind == "threshold":
+        raise CompositionError(
+            "a partition selection (threshold) is (epsilon, delta)-DP with no Renyi "
+            "curve: compose this ledger with 'pld' or 'basic'"
+        )
     raise _unknown(kind)
 
 
@@ -224,6 +231,13 @@ def _pld(event: Mapping[str, object]) -> Any:
             common.DifferentialPrivacyParameters(_up(_positive(event, "epsilon")), 0.0),
             value_discretization_interval=PLD_INTERVAL,
         )
+    if kind == "threshold":  # partition selection: (ε, δ)-DP (aggregator/central/grouped.py)
+        return pld.from_privacy_parameters(
+            common.DifferentialPrivacyParameters(
+                _up(_positive(event, "epsilon")), _up(_positive(event, "delta"))
+            ),
+            value_discretization_interval=PLD_INTERVAL,
+        )
     raise _unknown(kind)
 
 
@@ -235,6 +249,7 @@ EVENT_KINDS = (
     "gaussian",
     "poisson_subsampled_gaussian",
     "exponential",
+    "threshold",
 )
 
 

@@ -40,7 +40,7 @@ around it (data-dependent, not released).
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from decimal import Decimal
 from fractions import Fraction
 
@@ -76,17 +76,22 @@ def utility_sensitivity(q: Fraction, contribution_bound: int) -> int:
     return contribution_bound * max(q.numerator, q.denominator - q.numerator)
 
 
-def scores(values: Iterable[Decimal], lower: Decimal, upper: Decimal, q: Fraction) -> list[int]:
-    """u_j = −|(D − Q)·lt_j − Q·gt_j| for every grid candidate (values clipped to [L, U])."""
+def cells(values: Iterable[Decimal], lower: Decimal, upper: Decimal) -> tuple[list[int], list[int]]:
+    """(on, between): records equal to each c_j, and strictly inside (c_j, c_{j+1}),
+    of `values` clipped to [L, U] (an engine returns them: aggregator/engines/plan.py)."""
     step = grid_step(lower, upper)
-    on = [0] * (STEPS + 1)  # records equal to c_j
-    between = [0] * (STEPS + 1)  # records strictly inside (c_j, c_{j+1})
-    n = 0
+    on = [0] * (STEPS + 1)
+    between = [0] * (STEPS + 1)
     for value in values:
         x = min(max(value, lower), upper)
         cell, rest = divmod(x - lower, step)
         (on if rest == 0 else between)[int(cell)] += 1
-        n += 1
+    return on, between
+
+
+def scores_from_cells(on: Sequence[int], between: Sequence[int], q: Fraction) -> list[int]:
+    """u_j = −|(D − Q)·lt_j − Q·gt_j| from the grid cells' record counts (`cells`)."""
+    n = sum(on) + sum(between)
     qn, qd = q.numerator, q.denominator
     out: list[int] = []
     below = 0  # #{x < c_j}
@@ -95,6 +100,12 @@ def scores(values: Iterable[Decimal], lower: Decimal, upper: Decimal, q: Fractio
         out.append(-abs((qd - qn) * below - qn * above))
         below += on[j] + between[j]
     return out
+
+
+def scores(values: Iterable[Decimal], lower: Decimal, upper: Decimal, q: Fraction) -> list[int]:
+    """u_j = −|(D − Q)·lt_j − Q·gt_j| for every grid candidate (values clipped to [L, U])."""
+    on, between = cells(values, lower, upper)
+    return scores_from_cells(on, between, q)
 
 
 def rank_error(epsilon: Decimal, sensitivity: int, q: Fraction, alpha: float) -> Fraction:

@@ -371,7 +371,14 @@ def _check_value(out: Verification, receipt: dict[str, Any]) -> None:
     events = {str(e.get("query")): e for e in receipt.get("events", [])}
     kind, value = receipt.get("kind"), receipt.get("value")
     try:
-        if kind == "mean":
+        if kind == "grouped":
+            from fedldp.aggregator.central.grouped import aggregates_of, table_of
+            from fedldp.aggregator.central.signing import canonical_json
+
+            meta = receipt["ledger"]["metadata"]
+            table = table_of(receipt.get("events", []), aggregates_of(meta))
+            ok = canonical_json(table).decode() == str(value)
+        elif kind == "mean":
             meta = receipt["ledger"]["metadata"]
             lower, upper = Decimal(meta["lower"]), Decimal(meta["upper"])
             noisy_sum = Decimal(str(events["sum"]["output"]))
@@ -404,6 +411,8 @@ def _event_epsilon(event: Mapping[str, Any]) -> Fraction:
         return Fraction(int(event["lattice_sensitivity"])) / Fraction(str(event["scale"]))
     if kind == "exponential":
         return Fraction(str(event["epsilon"]))
+    if kind == "threshold":
+        return Fraction(int(event["lattice_sensitivity"])) / Fraction(str(event["scale"]))
     eps = events_epsilon([event], "pld", float(Decimal(str(event["delta"]))))
     return Fraction(eps) - Fraction(PLD_SLACK)
 

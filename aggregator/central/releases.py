@@ -197,6 +197,38 @@ class CentralRelease:
         }
 
 
+@dataclass(frozen=True)
+class Bounded:
+    """The bounded true aggregate an engine computed (aggregator/engines), which `load()`
+    may return instead of the records: the engine already kept at most k records per
+    unit and clipped every value, so only these few numbers leave it.
+
+    `count`: records (a count) or non-NULL values (a sum, a mean); `total`: the sum
+    of the clipped values; `counts`: records per categorical value (histogram,
+    choice); `cells`: the quantile grid's (on, between) record counts
+    (quantile.cells). The release function's `compute` alone sees it.
+    """
+
+    count: int = 0
+    total: Decimal = Decimal(0)
+    counts: Mapping[str, int] | None = None
+    cells: tuple[Sequence[int], Sequence[int]] | None = None
+
+
+def _records(loaded: Iterable[object] | Bounded) -> int:
+    """How many records `load()` gave (an engine's bounded count, or by counting)."""
+    if isinstance(loaded, Bounded):
+        return loaded.count
+    return sum(1 for _ in loaded)
+
+
+def _value_counts(loaded: Iterable[object] | Bounded) -> Iterable[tuple[str, int]]:
+    """(value, records) pairs of categorical records (repeated pairs add up)."""
+    if isinstance(loaded, Bounded):
+        return (loaded.counts or {}).items()
+    return ((str(record), 1) for record in loaded)
+
+
 # --- exact helpers ---
 
 
@@ -462,7 +494,11 @@ def _output(events: Sequence[Mapping[str, object]], query: str) -> Decimal:
     raise ReleaseError(f"the ledger holds no output for part {query!r} of this release")
 
 
-def _clipped_sum(values: Iterable[object], lower: Decimal, upper: Decimal) -> tuple[Decimal, int]:
+def _clipped_sum(
+    values: Iterable[object] | Bounded, lower: Decimal, upper: Decimal
+) -> tuple[Decimal, int]:
+    if isinstance(values, Bounded):
+        return values.total, values.count
     total = Decimal(0)
     count = 0
     for v in values:
@@ -578,7 +614,7 @@ def private_count(
     ledger: CentralLedger,
     *,
     epsilon: Decimal,
-    load: Callable[[], Iterable[object]],
+    load: Callable[[], Iterable[object] | Bounded],
     mechanism: NoiseMechanism | str = NoiseMechanism.LAPLACE,
     delta: Decimal = Decimal(0),
     calibration: GaussianCalibration | str = GaussianCalibration.ANALYTIC,
@@ -601,7 +637,7 @@ def private_count(
         ledger,
         plan,
         "count",
-        lambda: Decimal(sum(1 for _ in load())),
+        lambda: Decimal(_records(load())),
         request,
         _meta("count", plan.mechanism.value, calibration=plan.calibration),
     )
@@ -611,7 +647,7 @@ def private_sum(
     ledger: CentralLedger,
     *,
     epsilon: Decimal,
-    load: Callable[[], Iterable[object]],
+    load: Callable[[], Iterable[object] | Bounded],
     lower: Decimal,
     upper: Decimal,
     mechanism: NoiseMechanism | str = NoiseMechanism.LAPLACE,
@@ -648,7 +684,7 @@ def private_mean(
     ledger: CentralLedger,
     *,
     epsilon: Decimal,
-    load: Callable[[], Iterable[object]],
+    load: Callable[[], Iterable[object] | Bounded],
     lower: Decimal,
     upper: Decimal,
     mechanism: NoiseMechanism | str = NoiseMechanism.LAPLACE,
@@ -767,7 +803,7 @@ def private_choice(
     *,
     epsilon: Decimal,
     candidates: Sequence[str],
-    load: Callable[[], Iterable[str]],
+    load: Callable[[], Iterable[str] | Bounded],
     **fields: Unpack[RequestFields],
 ) -> CentralRelease:
     """Choose the (approximately) most frequent candidate with the exponential mechanism.
@@ -787,10 +823,10 @@ def private_choice(
 
     def compute() -> list[dict[str, object]]:
         counts = [0] * len(names)
-        for record in load():
-            i = index.get(str(record))
+        for record, n in _value_counts(load()):
+            i = index.get(record)
             if i is not None:
-                counts[i] += 1
+                counts[i] += n
         chosen = exponential_choice(counts, epsilon, r, sensitivity=k)
         return [
             {
@@ -840,7 +876,7 @@ def private_histogram(
     *,
     epsilon: Decimal,
     domain: Sequence[str],
-    load: Callable[[], Iterable[str]],
+    load: Callable[[], Iterable[str] | Bounded],
     **fields: Unpack[RequestFields],
 ) -> CentralRelease:
     """Noised counts of every value of a declared `domain` (records outside it count nowhere).
@@ -869,10 +905,9 @@ def private_histogram(
 
     def compute() -> list[dict[str, object]]:
         counts = dict.fromkeys(names, 0)
-        for record in load():
-            key = str(record)
+        for key, n in _value_counts(load()):
             if key in counts:
-                counts[key] += 1
+                counts[key] += n
         noised = {name: str(plan.noised(Decimal(n), r)) for name, n in counts.items()}
         event = plan.event("histogram")
         event["bins"] = len(names)
@@ -915,7 +950,7 @@ def private_quantile(
     quantile: Decimal,
     lower: Decimal,
     upper: Decimal,
-    load: Callable[[], Iterable[object]],
+    load: Callable[[], Iterable[object] | Bounded],
     **fields: Unpack[RequestFields],
 ) -> CentralRelease:
     """The q-quantile of values clipped to [lower, upper], by the exponential mechanism.
@@ -938,7 +973,12 @@ def private_quantile(
     r = request.generator()
 
     def compute() -> list[dict[str, object]]:
-        utilities = qm.scores((_to_decimal(v) for v in load()), lower, upper, q)
+        loaded = load()
+        if isinstance(loaded, Bounded) and loaded.cells is not None:
+            utilities = qm.scores_from_cells(*loaded.cells, q)
+        else:
+            values = (_to_decimal(v) for v in loaded)  # type: ignore[union-attr]
+            utilities = qm.scores(values, lower, upper, q)
         chosen = exponential_choice(utilities, epsilon, r, sensitivity=sensitivity)
         return [
             {

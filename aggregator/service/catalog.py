@@ -49,7 +49,7 @@ from decimal import Decimal, InvalidOperation
 from pathlib import Path
 from typing import Any
 
-from fedldp.aggregator.central.receipts import HashingReader
+from fedldp.aggregator.central.receipts import HashingReader, file_sha256
 from fedldp.aggregator.service.zoo import TrainingCatalog, parse_training
 from fedldp.collector.auth import check_subject
 
@@ -57,6 +57,10 @@ _ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
 _DECIMAL_RE = re.compile(r"-?[0-9]+(\.[0-9]+)?")
 #: Largest categorical domain (one histogram bin each).
 MAX_DOMAIN = 10_000
+#: Decimal places of a numeric column when the catalog sets no `scale`.
+DEFAULT_SCALE = 6
+#: Release engines a dataset may name (`engine`); DuckDB is the default.
+ENGINES = ("duckdb", "spark", "python")
 
 
 def toml_loads(text: str) -> dict[str, Any]:
@@ -83,15 +87,18 @@ def plain_decimal(text: object, name: str) -> Decimal:
 
 @dataclass(frozen=True)
 class NumericColumn:
-    """A numeric column with its declared bounds [lower, upper]."""
+    """A numeric column with its declared bounds [lower, upper] and fixed-point `scale`
+    (decimal places the engines compute with: aggregator/engines/plan.py)."""
 
     lower: Decimal
     upper: Decimal
+    scale: int = DEFAULT_SCALE
 
 
 @dataclass(frozen=True)
 class CategoricalColumn:
-    """A categorical column with its declared domain."""
+    """A categorical column with its declared public domain; an empty domain means none
+    is public (grouping by it then selects the released groups privately)."""
 
     domain: tuple[str, ...]
 
@@ -120,6 +127,15 @@ class Dataset:
     csv_path: Path | None = None
     sql_url: str | None = None
     sql_table: str | None = None
+    parquet_path: Path | None = None
+    #: The release engine (ENGINES) and, for Spark, its master URL or Spark Connect
+    #: endpoint ("local[2]", "spark://host:7077", "sc://host:15002").
+    engine: str = "duckdb"
+    spark: str | None = None
+    #: Grouped queries: L0 (groups one unit may contribute to) and L∞ (rows per group
+    #: per unit; default: the contribution bound).
+    max_groups_per_unit: int = 1
+    max_rows_per_group: int | None = None
     #: The declared (public) population size DP-SGD samples from (q = batch / rows);
     #: None: the dataset cannot be trained on (docs/release-service.md, Training jobs).
     training_rows: int | None = None
@@ -127,6 +143,7 @@ class Dataset:
     #: SHA-256 of the CSV bytes last read (registration or query).
     sha256: str | None = None
     _digest: str | None = field(default=None, repr=False)
+    _digest_stamp: tuple[int, ...] | None = field(default=None, repr=False)
 
     def purposes_for(self, analyst: str, groups: Mapping[str, frozenset[str]]) -> set[str]:
         """The purposes `analyst` may query this dataset for (empty: no access)."""
@@ -151,6 +168,8 @@ class Dataset:
         """Every row as a tuple of texts in `fields()` order; a CSV is hashed while read."""
         if self.csv_path is not None:
             yield from self._csv_rows(self.csv_path)
+        elif self.parquet_path is not None:
+            yield from self._parquet_rows(self.parquet_path)
         else:
             yield from self._sql_rows()
 
@@ -180,6 +199,67 @@ class Dataset:
             text.read()
         self._digest = digest.hexdigest()
 
+    def _parquet_rows(self, path: Path) -> Iterator[tuple[str, ...]]:
+        import pyarrow.parquet as pq
+
+        fh = pq.ParquetFile(path)
+        self._missing(fh.schema_arrow.names)
+        for batch in fh.iter_batches(columns=list(self.fields())):
+            for row in zip(*(batch.column(n).to_pylist() for n in self.fields()), strict=True):
+                yield tuple("" if v is None else str(v) for v in row)
+        self._digest = self._file_digest(path)
+
+    def _file_digest(self, path: Path) -> str:
+        """SHA-256 of the file's bytes, cached while its (inode, size, mtime, ctime) stay."""
+        st = path.stat()
+        stamp = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+        if self._digest_stamp != stamp or self._digest is None:
+            self._digest = file_sha256(path)
+            self._digest_stamp = stamp
+        return self._digest
+
+    def source(self) -> Any:
+        """Where the engines read the data (aggregator/engines/duck.py sources)."""
+        from fedldp.aggregator.engines.duck import FileSource, SqlSource
+
+        if self.csv_path is not None:
+            return FileSource(self.csv_path, "csv")
+        if self.parquet_path is not None:
+            return FileSource(self.parquet_path, "parquet")
+        assert self.sql_url is not None and self.sql_table is not None
+        return SqlSource(self.sql_url, self.sql_table)
+
+    def aggregate(self, query: Any) -> Any:
+        """The bounded aggregation `query` (an engines.plan.BoundedQuery) computed by this
+        dataset's engine; only fine-group totals (plan.Result) come back.
+
+        The data digest of a file is its bytes' SHA-256 (cached on the file's stat,
+        ctime included, which no user can set back); a SQL table records its name
+        (`data_digest`).
+        """
+        if self.engine == "python":
+            from fedldp.aggregator.engines import reference
+
+            result = reference.run(query, self._dict_rows())
+        elif self.engine == "spark":
+            from fedldp.aggregator.engines import spark
+
+            result = spark.run(query, self.source(), self.spark or "local[2]")
+        else:
+            from fedldp.aggregator.engines import duck
+
+            result = duck.run(query, self.source())
+        for path in (self.csv_path, self.parquet_path):
+            if path is not None:
+                self._file_digest(path)
+        return result
+
+    def _dict_rows(self) -> Iterator[dict[str, str | None]]:
+        """Rows as {column: text or None} (the reference engine's input)."""
+        names = self.fields()
+        for row in self._raw_rows():
+            yield {n: (v if v != "" else None) for n, v in zip(names, row, strict=True)}
+
     def _sql_rows(self) -> Iterator[tuple[str, ...]]:
         import sqlalchemy as sa
 
@@ -200,7 +280,7 @@ class Dataset:
 
     def data_digest(self) -> str:
         """SHA-256 of the CSV as last read ("sql-table:<table>" for SQL)."""
-        if self.csv_path is None:
+        if self.csv_path is None and self.parquet_path is None:
             return f"sql-table:{self.sql_table}"
         assert self._digest is not None, "the data was not read to its end"
         return self._digest
@@ -256,6 +336,8 @@ class Dataset:
 def _check_value(column: Column, text: str | None) -> str | None:
     """Why `text` violates `column`'s declaration, or None (never quotes the value)."""
     if isinstance(column, CategoricalColumn):
+        if not column.domain:
+            return None
         return None if text in column.domain else "value outside the declared domain"
     try:
         value = Decimal(text or "")
@@ -265,6 +347,9 @@ def _check_value(column: Column, text: str | None) -> str | None:
         return "value is not finite"
     if not column.lower <= value <= column.upper:
         return "value outside the declared bounds"
+    exponent = value.as_tuple().exponent
+    if isinstance(exponent, int) and -exponent > column.scale:
+        return f"value has more than the column's {column.scale} decimal places (scale)"
     return None
 
 
@@ -370,6 +455,11 @@ def _dataset(name: str, spec: dict[str, Any], base: Path) -> Dataset:
         "columns",
         "grants",
         "training_rows",
+        "parquet",
+        "engine",
+        "spark",
+        "max_groups_per_unit",
+        "max_rows_per_group",
     }
     if set(spec) - allowed:
         raise ValueError(f"dataset {name}: unknown key(s) {sorted(set(spec) - allowed)}")
@@ -384,9 +474,18 @@ def _dataset(name: str, spec: dict[str, Any], base: Path) -> Dataset:
         raise ValueError(f"dataset {name}: declare at least one column, not the unit column")
     grants = [_grant(name, dict(g)) for g in spec.get("grants", [])]
     has_csv, has_sql = "csv" in spec, "sql_url" in spec or "sql_table" in spec
-    if has_csv == has_sql:
-        raise ValueError(f"dataset {name}: give either csv or sql_url + sql_table")
+    if has_csv + has_sql + ("parquet" in spec) != 1:
+        raise ValueError(f"dataset {name}: give exactly one of csv, parquet or sql_url + sql_table")
     csv_path = (base / str(spec["csv"])) if has_csv else None
+    engine = str(spec.get("engine", "duckdb"))
+    if engine not in ENGINES:
+        raise ValueError(f"dataset {name}: engine must be one of {', '.join(ENGINES)}")
+    limits = {k: spec.get(k) for k in ("max_groups_per_unit", "max_rows_per_group")}
+    for key, value in limits.items():
+        if value is not None and (
+            isinstance(value, bool) or not isinstance(value, int) or value < 1
+        ):
+            raise ValueError(f"dataset {name}: {key} must be a positive integer")
     rows = spec.get("training_rows")
     if rows is not None and (isinstance(rows, bool) or not isinstance(rows, int) or rows < 1):
         raise ValueError(f"dataset {name}: training_rows must be a positive integer")
@@ -400,6 +499,11 @@ def _dataset(name: str, spec: dict[str, Any], base: Path) -> Dataset:
         sql_url=str(spec["sql_url"]) if has_sql else None,
         sql_table=str(spec["sql_table"]) if has_sql else None,
         training_rows=rows,
+        parquet_path=(base / str(spec["parquet"])) if "parquet" in spec else None,
+        engine=engine,
+        spark=str(spec["spark"]) if "spark" in spec else None,
+        max_groups_per_unit=limits["max_groups_per_unit"] or 1,
+        max_rows_per_group=limits["max_rows_per_group"],
     )
 
 
@@ -411,9 +515,17 @@ def _column(dataset: str, name: str, spec: dict[str, Any]) -> Column:
         upper = plain_decimal(spec.get("upper"), f"{where}: upper")
         if not lower < upper:
             raise ValueError(f"{where}: lower must be below upper")
-        return NumericColumn(lower, upper)
+        scale = spec.get("scale", DEFAULT_SCALE)
+        if isinstance(scale, bool) or not isinstance(scale, int) or not 0 <= scale <= 12:
+            raise ValueError(f"{where}: scale must be an integer 0-12 (decimal places)")
+        places = max(-int(b.as_tuple().exponent) for b in (lower, upper))
+        if places > scale:
+            raise ValueError(f"{where}: the bounds have more decimal places than scale {scale}")
+        return NumericColumn(lower, upper, scale)
     if kind == "categorical":
         domain = tuple(str(v) for v in spec.get("domain", ()))
+        if "domain" not in spec:
+            return CategoricalColumn(())  # no public domain
         if not domain or len(set(domain)) != len(domain) or len(domain) > MAX_DOMAIN:
             raise ValueError(f"{where}: domain must be 1-{MAX_DOMAIN} distinct values")
         return CategoricalColumn(domain)

@@ -25,10 +25,10 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from decimal import Decimal
-from typing import Any
+from typing import Any, TypeVar
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from fedldp.aggregator.central import quantile as qm
@@ -36,6 +36,18 @@ from fedldp.aggregator.central import releases as rel
 from fedldp.aggregator.central.datakey import DataKey, KeyedDigest
 from fedldp.aggregator.central.receipts import release_receipt
 from fedldp.aggregator.central.signing import RELEASE_RECEIPT_TYPE, canonical_json, sign
+from fedldp.aggregator.engines.plan import (
+    GRID,
+    BoundedQuery,
+    NumericSpec,
+    Result,
+    Split,
+    Totals,
+    cells,
+    fresh_key,
+    merge,
+)
+from fedldp.aggregator.engines.sqlparse import SqlRefusedError
 from fedldp.aggregator.service import errorbars
 from fedldp.aggregator.service.catalog import (
     Catalog,
@@ -46,9 +58,12 @@ from fedldp.aggregator.service.catalog import (
 )
 from fedldp.aggregator.service.holds import AnalystCapLedger
 from fedldp.aggregator.service.policy import ReleasePolicy, analyst_subject, ledger_subject
+from fedldp.aggregator.service.sqlrelease import plan_sql, run_sql
+from fedldp.aggregator.service.sqlrelease import response as sql_response
 from fedldp.collector.ledger import LedgerError
 from fedldp.v1 import release_pb2 as pb
 
+R = TypeVar("R")
 _KEY_RE = re.compile(r"[\x21-\x7e]{1,128}")  # always used with fullmatch
 #: Smallest ε a request may ask for: below it the noise scale and error bars
 #: leave floating point (and no release at that ε is useful).
@@ -156,17 +171,27 @@ class ReleaseEngine:
 
     def release(self, analyst: str, request: pb.ReleaseRequest) -> pb.ReleaseResponse:
         """Run one release (module docstring); raises ServiceError or a ledger/release error."""
+        if request.WhichOneof("query") == "sql":
+            return self._release_sql(analyst, request)
         ds = self.authorize(analyst, request)
         query = _query_of(request, ds)
         epsilon, delta = _budget(request)
-        if not _KEY_RE.fullmatch(request.idempotency_key):
-            raise InvalidRequestError("idempotency_key must be 1-128 printable ASCII characters")
+        ledger, common = self._charging(analyst, ds, request, epsilon)
         opened = [False]
 
-        def rows() -> Iterator[Any]:
+        def rows() -> None:
             opened[0] = True
-            return ds.bounded_rows()
 
+        result = _guarded(opened, lambda: _run(ledger, query, request, ds, common, delta, rows))
+        return self._response(result)
+
+    def _charging(
+        self, analyst: str, ds: Dataset, request: pb.ReleaseRequest, epsilon: Decimal
+    ) -> tuple[Any, dict[str, Any]]:
+        """The ledger to charge (with the analyst's own cap when the policy sets one) and
+        the release functions' request fields."""
+        if not _KEY_RE.fullmatch(request.idempotency_key):
+            raise InvalidRequestError("idempotency_key must be 1-128 printable ASCII characters")
         ledger = self.ledger
         if (ds.id, request.purpose, analyst) in self.policy.analyst_caps:
             subject = analyst_subject(self.service_id, ds.id, analyst)
@@ -180,18 +205,37 @@ class ReleaseEngine:
             "data_digest": _keyed(self.data_key, ds.data_digest),
             "contribution_bound": ds.contribution_bound,
         }
+        return ledger, common
+
+    def _release_sql(self, analyst: str, request: pb.ReleaseRequest) -> pb.ReleaseResponse:
+        """A DP SQL release (sqlrelease.py): parsed and planned before any reservation."""
+        open_ds = {
+            d.id: d
+            for d in self.catalog.datasets.values()
+            if d.registered and request.purpose in d.purposes_for(analyst, self.catalog.groups)
+        }
         try:
-            result = _run(ledger, query, request, ds, common, delta, rows)
-        except (rel.ReleaseError, ServiceError, LedgerError):
-            raise
-        except (ValueError, TypeError, ArithmeticError) as exc:
-            if opened[0]:
-                raise ReleaseAfterReadError(
-                    "the release failed after the data was opened; its budget is spent and "
-                    "nothing was released"
-                ) from None
-            raise InvalidRequestError(str(exc)) from None
-        return self._response(result)
+            plan = plan_sql(request.sql.sql, open_ds)
+        except SqlRefusedError as exc:
+            raise InvalidRequestError(f"SQL refused: {exc}") from None
+        if request.dataset and request.dataset != plan.table:
+            raise InvalidRequestError("the request's dataset differs from the SQL's FROM")
+        ds = self.authorize(analyst, pb.ReleaseRequest(dataset=plan.table, purpose=request.purpose))
+        if request.mechanism not in (pb.NOISE_MECHANISM_UNSPECIFIED, pb.NOISE_MECHANISM_LAPLACE):
+            raise InvalidRequestError("SQL releases use the Laplace mechanism: leave it unset")
+        epsilon, delta = _budget(request)
+        ledger, common = self._charging(analyst, ds, request, epsilon)
+        common["query"] = {"sql": request.sql.sql}
+        opened = [False]
+
+        def mark() -> None:
+            opened[0] = True
+
+        result = _guarded(opened, lambda: run_sql(ledger, ds, plan, delta, common, mark))
+        table = canonical_json(result.table).decode()
+        receipt = release_receipt(self.ledger, result.reservation_id, value=table)
+        envelope = canonical_json(sign(RELEASE_RECEIPT_TYPE, receipt, self.key))
+        return sql_response(result, envelope, self.policy.sha256)
 
     def _response(self, result: rel.CentralRelease) -> pb.ReleaseResponse:
         receipt = release_receipt(self.ledger, result.reservation_id, value=str(result.value))
@@ -218,6 +262,24 @@ class ReleaseEngine:
         else:
             out.chosen = str(result.value)
         return out
+
+
+def _guarded(opened: list[bool], run: Callable[[], R]) -> R:
+    """`run()`, with its data-independent refusals as InvalidRequestError and any error
+    after the data was opened as ReleaseAfterReadError (fixed message: charged)."""
+    try:
+        return run()
+    except (rel.ReleaseError, ServiceError, LedgerError):
+        raise
+    except (ValueError, TypeError, ArithmeticError) as exc:
+        if opened[0]:
+            raise ReleaseAfterReadError(
+                "the release failed after the data was opened; its budget is spent and "
+                "nothing was released"
+            ) from None
+        if isinstance(exc, SqlRefusedError):
+            raise InvalidRequestError(f"SQL refused: {exc}") from None
+        raise InvalidRequestError(str(exc)) from None
 
 
 def _add(out: pb.ReleaseResponse, label: str, value: Decimal, bar: errorbars.ErrorBar) -> None:
@@ -335,22 +397,19 @@ def _run(
     ds: Dataset,
     common: dict[str, Any],
     delta: Decimal,
-    rows: Callable[[], Iterator[Any]],
+    rows: Callable[[], object],
 ) -> rel.CentralRelease:
     """Dispatch to the release function of `query` (bounds and domain from the catalog)."""
     mechanism = _mechanism(request, query)
     if query.kind in ("choice", "histogram", "quantile") and delta != 0:
         raise InvalidRequestError(f'a {query.kind} is pure epsilon-DP: delta must be "0"')
     col = query.column or ""
-    position = ds.index(col) if col else 0
     common = {**common, "query": _query_params(query)}
-
-    def values() -> Iterator[str]:
-        return (row[position] for row in rows())
+    values = _bounded_load(ds, query, rows)
 
     if query.kind == "count":
         return rel.private_count(
-            ledger, load=rows, mechanism=mechanism or "", delta=delta, **common
+            ledger, load=values, mechanism=mechanism or "", delta=delta, **common
         )
     declared = ds.columns[col]
     if isinstance(declared, NumericColumn) and query.quantile is not None:
@@ -376,6 +435,65 @@ def _run(
     if query.kind == "histogram":
         return rel.private_histogram(ledger, domain=declared.domain, load=values, **common)
     return rel.private_choice(ledger, candidates=declared.domain, load=values, **common)
+
+
+def bounded_query(ds: Dataset, query: _Query) -> BoundedQuery:
+    """The engine's bounded aggregation for an ungrouped query (aggregator/engines/plan.py):
+    at most k rows per unit chosen by a fresh keyed hash, values clamped to the bounds."""
+    col = query.column
+    declared = ds.columns.get(col) if col else None
+    numeric: dict[str, NumericSpec] = {}
+    split: Split | None = None
+    sums: tuple[str, ...] = ()
+    domains: dict[str, tuple[str, ...]] = {}
+    if col is not None and isinstance(declared, NumericColumn):
+        numeric[col] = NumericSpec(declared.lower, declared.upper, declared.scale)
+        numeric[col].check(col)
+        if query.kind == "quantile":
+            split = Split(col, "cells")
+        else:
+            sums = (col,)
+    elif col is not None and isinstance(declared, CategoricalColumn):
+        split = Split(col, "values")
+        domains[col] = declared.domain
+    return BoundedQuery(
+        unit=ds.unit,
+        numeric=numeric,
+        sums=sums,
+        split=split,
+        rows_per_unit=ds.contribution_bound,
+        domains=domains,
+        key=fresh_key(),
+    )
+
+
+def _bounded_load(
+    ds: Dataset, query: _Query, opened: Callable[[], object]
+) -> Callable[[], rel.Bounded]:
+    """`load` of the release functions: the dataset's engine computes the bounded
+    aggregate (after `opened()` marked the data read); only a `Bounded` comes back."""
+    plan = bounded_query(ds, query)
+
+    def load() -> rel.Bounded:
+        opened()
+        result: Result = ds.aggregate(plan)
+        col = query.column
+        if plan.split is not None and plan.split.kind == "cells":
+            on, between = cells(result, 0).get((), ([0] * (GRID + 1), [0] * (GRID + 1)))
+            return rel.Bounded(cells=(on, between))
+        if plan.split is not None:
+            counts = {str(k[0]): t.rows for k, t in result.items() if k[0] is not None}
+            return rel.Bounded(counts=counts)
+        total = merge(result, 0).get((), Totals())
+        if col is None:
+            return rel.Bounded(count=total.rows)
+        scale = plan.numeric[col].scale
+        return rel.Bounded(
+            count=total.counts.get(col, 0),
+            total=Decimal(total.sums.get(col, 0)).scaleb(-scale),
+        )
+
+    return load
 
 
 def _query_params(query: _Query) -> dict[str, str]:

@@ -16,6 +16,22 @@ Table 1), computed from each mechanism's exact (p*, q*):
                                                    (Ye and Barg, IEEE T-IT 2018, Sec. III)
 
 Ties go to the earlier entry of `AUTO_CANDIDATES` (the one with the shorter report).
+
+Longitudinal `auto` (a policy whose mechanism is "auto" with the param
+"epsilon_permanent" ε∞): the memoized oracles of `LONGITUDINAL_CANDIDATES`
+(rappor-grr, loloha, rappor-oue, rappor-sue) are built at (k, ε1, ε∞) and
+compared on
+
+    score = n·Var[f̂_v] at f_v = 0  ×  report_charge,
+
+the variance of one window's estimate at equal lifetime loss: a user whose
+budget B buys B / charge reports, averaged over those reports' windows, has
+its variance divided by their number, so variance × charge is the variance
+per unit of ε spent (memo_loss.py: each report costs `report_charge`,
+max(ε1, ε_I), for any sequence of values). One report of each candidate has
+its base oracle's law at ε1 (memo.py, loloha.py), so the variance is the
+formula above for grr, olh (with loloha's g), oue and sue. Ties go to the
+earlier candidate.
 """
 
 from __future__ import annotations
@@ -61,7 +77,44 @@ def choose_frequency_oracle(k: int, epsilon: Decimal) -> str:
     return best_id
 
 
-def resolve(wire_id: str, epsilon: Decimal, metric: MetricArg) -> str:
+#: Longitudinal candidates (memoized; see `choose_longitudinal`), tie-break order.
+LONGITUDINAL_CANDIDATES: tuple[str, ...] = ("rappor-grr", "loloha", "rappor-oue", "rappor-sue")
+
+
+def longitudinal_score(mechanism: FrequencyOracle) -> float:
+    """n·Var[f̂_v] at f_v = 0 times the per-report charge (module docstring)."""
+    return f0_variance(mechanism) * float(mechanism.report_charge)
+
+
+def choose_longitudinal(k: int, epsilon: Decimal, epsilon_permanent: Decimal) -> str:
+    """The memoized oracle with the least variance per unit of lifetime loss at (k, ε1, ε∞)."""
+    from fedldp.client.mechanisms.registry import create
+
+    best_id, best = "", float("inf")
+    for wire_id in LONGITUDINAL_CANDIDATES:
+        try:
+            candidate = create(wire_id, epsilon, k, {"epsilon_permanent": str(epsilon_permanent)})
+        except ValueError:
+            continue  # e.g. ε1 = ε∞ (no finite charge) or olh's seed space too large
+        assert isinstance(candidate, FrequencyOracle)
+        score = longitudinal_score(candidate)
+        if score < best * (1.0 - 1e-12):
+            best_id, best = wire_id, score
+    if not best_id:
+        raise ValueError(
+            f"no longitudinal oracle accepts k={k}, epsilon={epsilon}, "
+            f"epsilon_permanent={epsilon_permanent}"
+        )
+    return best_id
+
+
+def resolve(
+    wire_id: str,
+    epsilon: Decimal,
+    metric: MetricArg,
+    *,
+    epsilon_permanent: Decimal | None = None,
+) -> str:
     """`wire_id`, or for "auto" the concrete id to sign into the policy: the
     least-variance oracle of a categorical metric, or for a multi-attribute
     metric "multi-split" or "multi-sample" (`multi.choose_mode`)."""
@@ -73,7 +126,17 @@ def resolve(wire_id: str, epsilon: Decimal, metric: MetricArg) -> str:
         return choose_mode(metric, epsilon)
     if isinstance(metric, bool) or not isinstance(metric, int):
         raise ValueError("auto is defined for categorical metrics only; name a numeric mechanism")
+    if epsilon_permanent is not None:
+        return choose_longitudinal(metric, epsilon, epsilon_permanent)
     return choose_frequency_oracle(metric, epsilon)
 
 
-__all__ = ["AUTO_CANDIDATES", "choose_frequency_oracle", "f0_variance", "resolve"]
+__all__ = [
+    "AUTO_CANDIDATES",
+    "LONGITUDINAL_CANDIDATES",
+    "choose_frequency_oracle",
+    "choose_longitudinal",
+    "f0_variance",
+    "longitudinal_score",
+    "resolve",
+]

@@ -103,6 +103,15 @@ class GroupHashedOutput:
     value: int
 
 
+@dataclass(frozen=True, slots=True)
+class IndexBitsOutput:
+    """Distinct increasing indices and one bit per index, bit p of `bits` (packed
+    little-endian) for indices[p] (wire: IndexBitsPayload, dBitFlipPM)."""
+
+    indices: tuple[int, ...]
+    bits: bytes
+
+
 #: The outputs an attribute of a multi-attribute metric may emit (wire: AttributePayload).
 AttributeOutput = Union[  # noqa: UP007
     CategoryOutput, BitVectorOutput, HashedOutput, NumericOutput, IndexBitOutput
@@ -126,6 +135,7 @@ Output = Union[  # noqa: UP007
     SketchBitOutput,
     GroupHashedOutput,
     MultiOutput,
+    IndexBitsOutput,
 ]
 
 

@@ -12,33 +12,31 @@ epsilon) up to one part in 2^53, on the safe side (one report leaks at most
 mechanism at ε1 unchanged (one report per user and window).
 
 Privacy (proofs and closed forms in `fedldp.client.mechanisms.memo_loss`).
-Neighbouring inputs change the value behind the reports of one value, keeping
-which reports share a value (RAPPOR's per-value relation, Section 3):
+The neighbouring inputs of a user's reports are two sequences of values of
+one length, changed or not (DESIGN.md: a memoized charge must bound any two
+sequences):
 
-* L(T), the exact worst-case loss of T reports of one unchanged value (max
-  over output sequences and value pairs of the log likelihood ratio), computed
-  from the probabilities the samplers realize (`value_loss`). L(1) <= ε1 and
-  L(T) <= E∞, the realized permanent response's own loss (= ε∞ up to the
-  permanent sampler's rounding), however many reports are sent. For
-  rappor-grr, L(T) exceeds T ε1: the reports share the permanent response and
-  are not independent given the value (k = 64, ε1 = 0.5, ε∞ = 2: L(2) = 1.4776,
-  L(3) = 1.9196). For rappor-oue / rappor-sue L is concave in T and
-  L(T) <= T L(1).
-* The ledger cannot see values, so it charges every report the same
-  value-blind rate `report_charge` = r* = max over m >= 1 of L(m)/m, rounded up
-  (at `memo_loss.CHARGE_PLACES` decimals; ε1 itself when r* <= ε1, as for
-  rappor-oue and rappor-sue). For ANY set of a subject's reports (any windows,
-  any grouping into values with T_v reports of value v):
-  Σ_v L(T_v) <= Σ_v T_v r* = Σ of their charges. The ledger keeps charging
-  after one value's loss saturates at E∞ because it cannot tell a repeated
-  value from a new one, and a per-value counter on the wire would itself leak.
-* `lifetime_epsilon(counts)` = Σ_v L(T_v): the true loss of a subject's
-  reports with `counts[v]` reports of value v (per value, at most E∞).
-
-Not covered: the repetition pattern. Reports of one value are correlated, so
-a sequence of reports reveals, beyond any per-report ε, whether a user's
-value stayed the same between reports; RAPPOR's guarantee, and this one, is
-about the values, not about whether they changed.
+* The charge. Every report is charged `report_charge` = max(ε1, ε_I), ε_I the
+  instantaneous step's own loss on the permanent responses (ln p_r/q_r for
+  rappor-grr, k ln (1-f)/f for rappor-oue / rappor-sue), rounded up at
+  `memo_loss.CHARGE_PLACES` decimals. For every T and every two sequences of T
+  values, the T reports' exact joint loss is at most ε1 + (T - 1) ε_I, so the
+  sum of their charges covers it (proof in memo_loss, "Sequences of values").
+  The rule is value-blind: the device guard, the collector's ledger, reconcile
+  and `lifetime_epsilon` all use it. No lifetime cap holds once values may
+  change: the loss of reports of one value against reports of changing values
+  grows linearly in T (memo_loss), so the ledger never stops charging.
+* What memoization still buys: while the value does not change, T reports of
+  it lose at most L(T) <= E∞ (the permanent response's own loss, = ε∞ up to
+  its sampler's rounding) however many are sent (`value_loss`; RAPPOR's
+  guarantee, Erlingsson et al. 2014 Section 3). That figure is about one
+  unchanged value, not about sequences, and is never charged.
+* The retired rule. Until this release the ledger charged r* = max over m of
+  L(m)/m (`retired_report_charge`), which bounds only sequences in which the
+  two inputs keep the same pattern of repeats; the collector's reconcile
+  reports every subject whose spend under r* is below the sound figure.
+* The charge makes the unary encodings costly at large k: rappor-oue, k = 64,
+  ε1 = 1, ε∞ = 2 is charged 90.10 per report (docs/mechanisms.md has the table).
 
 Calibration (closed forms; ε1 <= ε∞ is required). The instantaneous step is
 drawn with a probability on the 2^-53 grid that `random()` and the bit-sliced
@@ -107,7 +105,10 @@ from fedldp.client.mechanisms.memo_loss import (
     UnaryChain,
     charge_from_rate,
     exp_lower,
+    instantaneous_rate_grr,
+    instantaneous_rate_unary,
     joint_rate,
+    sequence_charge,
 )
 from fedldp.client.mechanisms.oracle import FrequencyOracle
 from fedldp.client.mechanisms.unary import OUE, SUE, UnaryEncoding
@@ -270,22 +271,61 @@ class Memoized(FrequencyOracle):
         """An empty memo for one (user, metric)."""
         return MemoState(key=self.memo_key)
 
+    def memo_slots(self, value: Any, memo: MemoState) -> tuple[int, ...]:
+        """The slots of `memo.responses` that `perturb(value, memo=memo)` reads or writes.
+
+        The SDK loads them from its store before perturbing, asking again after each
+        load until no new slot is named (a mechanism whose slot depends on a stored
+        seed, loloha and dbitflip, names the seed first). Here: the value's own slot.
+        """
+        return (value,)
+
     @abstractmethod
     def _loss(self, reports: int) -> Decimal:
         """Upper bound on L(reports), from the subclass's exact chain."""
 
     @abstractmethod
     def _rate(self) -> Decimal:
-        """Upper bound on r* = max over m >= 1 of L(m)/m."""
+        """Upper bound on r* = max over m >= 1 of L(m)/m (the retired charge's rate)."""
+
+    @abstractmethod
+    def _instantaneous_rate(self) -> Decimal:
+        """Upper bound on ε_I, the instantaneous step's own loss on permanent responses."""
 
     def _finish(self) -> None:
-        """Compute the charge once the exact laws are set (refuses too costly parameters)."""
-        self._report_charge = charge_from_rate(self._rate(), self.epsilon)
+        """Compute the charge once the exact laws are set.
+
+        Raises InfiniteSequenceLossError (a ValueError) when the instantaneous step
+        is deterministic: no finite charge covers a change of value then.
+        """
+        self._report_charge = sequence_charge(self._instantaneous_rate(), self.epsilon)
 
     @property
     def report_charge(self) -> Decimal:
-        """The value-blind per-report charge: r* rounded up, or ε1 when r* <= ε1."""
+        """The sound value-blind per-report charge: max(ε1, ε_I), ε_I rounded up.
+
+        For every T and any two sequences of T values (unchanged, changed once,
+        changed every time) the sum of T charges is at least the T reports' exact
+        joint loss (memo_loss, "Sequences of values").
+        """
         return self._report_charge
+
+    @property
+    def instantaneous_epsilon(self) -> Decimal:
+        """ε_I rounded up at CHARGE_PLACES: what each report can add to a sequence's loss."""
+        return self._instantaneous_rate().quantize(
+            Decimal(1).scaleb(-CHARGE_PLACES), rounding=ROUND_CEILING
+        )
+
+    @functools.cached_property
+    def retired_report_charge(self) -> Decimal:
+        """The charge of the retired rule, r* = max over m of L(m)/m rounded up (or ε1).
+
+        Kept only to explain past spend (`fedldp ledger reconcile`) and as the broken
+        variant of the tests: it bounds only pairs of sequences with one pattern of
+        repeats, not a change of value. May raise JointLossTooCostlyError.
+        """
+        return charge_from_rate(self._rate(), self.epsilon)
 
     def value_loss(self, reports: int) -> Decimal:
         """L(reports): the exact loss of that many reports of one value, rounded up.
@@ -299,13 +339,27 @@ class Memoized(FrequencyOracle):
             Decimal(1).scaleb(-CHARGE_PLACES), rounding=ROUND_CEILING
         )
 
-    def lifetime_epsilon(self, reports_per_value: Iterable[int]) -> Decimal:
-        """Σ_v L(T_v): the loss of a subject's reports with T_v reports of value v.
+    def lifetime_epsilon(self, reports: int | Iterable[int]) -> Decimal:
+        """The proven bound on the loss of a subject's reports: T · report_charge.
 
-        Per value it never exceeds E∞ however many reports are sent; it is at
-        most the sum of the reports' charges (T r*) for any grouping.
+        `reports` is their number T, or the counts of reports per value (summed:
+        the bound is value-blind, so how the reports group into values does not
+        change it). It holds for any two sequences of values, changed or not
+        (memo_loss, "Sequences of values"); there is no lifetime cap.
         """
-        return sum((self.value_loss(t) for t in reports_per_value), Decimal(0))
+        counts = [reports] if isinstance(reports, int) else list(reports)
+        for count in counts:
+            if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+                raise ValueError("report counts must be integers >= 0")
+        return self.report_charge * sum(counts)
+
+    def unchanged_value_loss(self, reports: int) -> Decimal:
+        """L(reports) for a value that never changes: at most E∞ (RAPPOR's guarantee).
+
+        Not a charge: it says what memoization protects (averaging out one value),
+        not what a sequence of changing values loses.
+        """
+        return self.value_loss(reports)
 
     def _memo(self, memo: MemoState | None) -> MemoState:
         if memo is None:
@@ -362,6 +416,9 @@ class MemoizedUnary(Memoized):
 
     def _rate(self) -> Decimal:
         return _unary_rate(self.p_exact, self.q_exact, self.flip_exact)
+
+    def _instantaneous_rate(self) -> Decimal:
+        return instantaneous_rate_unary(self.k, self.flip_exact)
 
     def output_probability(self, value: int, output: Output) -> float:
         """Marginal P[report | value], summing over the permanent response per bit."""
@@ -446,7 +503,7 @@ class RapporGRR(Memoized):
         #: so `random() < p_r` realizes it exactly), else one of the k - 1 others.
         self.p_r = float(self.p_r_exact)
         self.q_r = float((1 - self.p_r_exact) / (k - 1))
-        #: ε_r of the instantaneous GRR (float, for information; the charge is `report_charge`).
+        #: ε_I of the instantaneous GRR (float, for information; the charge is `report_charge`).
         self.epsilon_instantaneous = math.inf if self.q_r == 0.0 else math.log(self.p_r / self.q_r)
         self.support_p = self.base.support_p
         self.support_q = self.base.support_q
@@ -460,6 +517,9 @@ class RapporGRR(Memoized):
 
     def _rate(self) -> Decimal:
         return _grr_rate(self.k, self.p_exact, self.p_r_exact)
+
+    def _instantaneous_rate(self) -> Decimal:
+        return instantaneous_rate_grr(self.k, self.p_r_exact)
 
     def output_probability(self, value: int, output: Output) -> float:
         """Marginal P[report | value], summing over the permanent index."""

@@ -58,6 +58,38 @@ Bounds used by the scan for r*:
   |x|, so both brackets are <= 0 for x >= 0. L is concave with L(0) = 0, so
   L(m)/m is non-increasing and r* = L(1): one report's loss.
 
+Sequences of values (the ledger's charge). The neighbouring inputs of a
+user's reports are two *sequences* of values x, x' of one length T, changed
+or not; L(T) above covers only x = (v, ..., v) against x' = (v', ..., v'),
+and its rate r* is not a sound charge: reports that share a permanent
+response carry its fingerprint, which tells whether two reports share a
+value (rappor-oue, k = 64, ε1 = 1, ε∞ = 2, x = (0, 0), x' = (0, 1): loss
+27.9 against 2 r* = 2). The sound value-blind bound:
+
+    Draw the permanent responses B_u ~ P∞(. | u) for every value u at once
+    (drawing them lazily, as the device does, gives the same law), and let
+    report t be Y_t ~ I(. | B_{x_t}), independent given B. Write
+    e^{ε_I} = max over y, b, b' of I(y | b) / I(y | b'), the instantaneous
+    step's own loss on the permanent responses. By the chain rule
+    P[y | x] = Π_t P[y_t | y_<t, x] and P[y_t | y_<t, x] = Σ_b π_t(b) I(y_t | b),
+    π_t the posterior of B_{x_t} given y_<t under x. Any two mixtures of
+    I(y_t | .) lie within a factor max_b I(y_t | b) / min_b I(y_t | b) <= e^{ε_I}
+    of each other, and the first term is one report's law (loss ε1). So for
+    every T, every x, x' and every output sequence y,
+
+        ln P[y | x] / P[y | x'] <= ε1 + (T - 1) ε_I <= T max(ε1, ε_I).
+
+  rappor-grr: ε_I = ln p_r / q_r (`instantaneous_rate_grr`); rappor-oue and
+  rappor-sue: ε_I = k ln (1 - f)/f (`instantaneous_rate_unary`: two permanent
+  vectors may differ in every bit). The charge is max(ε1, ε_I) per report
+  (`sequence_charge`). It is of the right order, not a loose bound: reports
+  whose values all differ against reports of one value give a loss that
+  grows linearly in T at a rate close to ε_I (x = (u_1, ..., u_T) distinct,
+  x' = (v, ..., v), y = (v, ..., v): ln p∞ + T ln p_r / q1, q1 the one-report
+  probability of v given another value), so no cap on the lifetime loss of
+  a memoized mechanism holds when values may change, however few memo
+  entries it keeps (test_memo_sequences.py enumerates this exactly).
+
 Everything is computed in `decimal` at `PRECISION` digits with ROUND_CEILING
 for quantities bounded from above and ROUND_FLOOR for those bounded from below;
 ln and exp are correctly rounded by the decimal module and then moved one unit
@@ -111,7 +143,7 @@ def charge_from_rate(rate: Decimal, epsilon: Decimal) -> Decimal:
     """
     if rate <= epsilon:
         return epsilon
-    return rate.quantize(Decimal(1).scaleb(-CHARGE_PLACES), rounding=ROUND_CEILING)
+    return _rounded_charge(rate)
 
 
 def _power(context: Context, x: Decimal, m: int) -> Decimal:
@@ -123,6 +155,67 @@ def _power(context: Context, x: Decimal, m: int) -> Decimal:
         x = context.multiply(x, x)
         m >>= 1
     return result
+
+
+def _rounded_charge(rate: Decimal) -> Decimal:
+    """`rate` rounded up at CHARGE_PLACES decimals (a ledger charge: an exact decimal string)."""
+    return rate.quantize(Decimal(1).scaleb(-CHARGE_PLACES), rounding=ROUND_CEILING)
+
+
+class InfiniteSequenceLossError(ValueError):
+    """The instantaneous step is deterministic: changing values are linkable with certainty."""
+
+
+def instantaneous_rate_grr(k: int, p_r: Fraction) -> Decimal:
+    """Upper bound on ε_I = ln p_r / q_r, q_r = (1 - p_r)/(k - 1): the instantaneous GRR's loss.
+
+    ε_I is the most one report can move the likelihood of any output between two
+    permanent responses b, b' (max over y, b, b' of ln I(y | b) / I(y | b')); it
+    bounds each report's term of the sequence loss (module docstring, "Sequences
+    of values"). Raises InfiniteSequenceLossError when q_r = 0.
+    """
+    if k < 2 or not 0 < p_r <= 1:
+        raise ValueError("need k >= 2 and 0 < p_r <= 1")
+    q_r = (1 - p_r) / (k - 1)
+    if q_r == 0:
+        raise InfiniteSequenceLossError(
+            "the instantaneous response repeats the permanent one (epsilon = "
+            "epsilon_permanent): two reports of one value are always equal and two of "
+            "different values may differ, so a change of value is revealed with certainty "
+            "(unbounded loss); lower epsilon below epsilon_permanent"
+        )
+    return ln_upper(_dec_up(max(p_r, q_r) / min(p_r, q_r)))
+
+
+def instantaneous_rate_unary(k: int, flip: Fraction) -> Decimal:
+    """Upper bound on ε_I = k ln (1 - f)/f: independent flips of k permanent bits w.p. f.
+
+    Two permanent vectors may differ in all k bits, so one report's likelihood moves
+    by ((1 - f)/f)^k at most. Raises InfiniteSequenceLossError when f = 0.
+    """
+    if k < 1 or not 0 <= flip <= Fraction(1, 2):
+        raise ValueError("need k >= 1 and 0 <= flip <= 1/2")
+    if flip == Fraction(1, 2):
+        return Decimal(0)  # every bit is a fair coin: reports carry nothing
+    if flip == 0:
+        raise InfiniteSequenceLossError(
+            "the instantaneous step flips no bit (epsilon = epsilon_permanent): a change "
+            "of value is revealed with certainty (unbounded loss); lower epsilon below "
+            "epsilon_permanent"
+        )
+    return _UP.multiply(k, ln_upper(_dec_up((1 - flip) / flip)))
+
+
+def sequence_charge(rate: Decimal, epsilon: Decimal) -> Decimal:
+    """The sound per-report ledger charge of a memoized mechanism: max(ε1, ε_I), ε_I rounded up.
+
+    For every T and every two sequences of T values (changed or not), the T
+    reports' exact joint loss is at most ε1 + (T - 1) ε_I <= T max(ε1, ε_I)
+    (module docstring), so T charges cover them. ε_I >= ε1 always holds for the
+    exact quantities (one report is a post-processing of the instantaneous step);
+    the max only guards the rounding.
+    """
+    return max(epsilon, _rounded_charge(rate))
 
 
 class JointLossTooCostlyError(ValueError):
@@ -302,10 +395,14 @@ def joint_rate(
 __all__ = [
     "CHARGE_PLACES",
     "GRRChain",
+    "InfiniteSequenceLossError",
     "JointLossTooCostlyError",
     "UnaryChain",
     "charge_from_rate",
     "exp_lower",
+    "instantaneous_rate_grr",
+    "instantaneous_rate_unary",
     "joint_rate",
     "ln_upper",
+    "sequence_charge",
 ]

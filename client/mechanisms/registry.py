@@ -11,6 +11,10 @@ Registered ids and their policy params (strings, plain notation):
     ss                              categorical, optional "d" (subset size)
     rappor-grr, rappor-oue,         categorical, required "epsilon_permanent"
     rappor-sue                      (memoized; see memo.py)
+    loloha                          categorical, required "epsilon_permanent", optional
+                                    "g" (a prime; memoized per hash value, see loloha.py)
+    dbitflip                        numeric (lo, hi), required "epsilon_permanent" and
+                                    "buckets", optional "d" (memoized; see dbitflip.py)
     duchi                           numeric (lo, hi), no params
     piecewise, hybrid               numeric (lo, hi), optional "levels" and "cells"
                                     (grid size; see numeric.py)
@@ -146,6 +150,36 @@ def _memo_factory(wire_id: str) -> Factory:
     return factory
 
 
+def _required_permanent(wire_id: str, params: Mapping[str, str]) -> Decimal:
+    """The required "epsilon_permanent" of a memoized mechanism."""
+    permanent = decimal_param(wire_id, params, "epsilon_permanent")
+    if permanent is None:
+        raise ValueError(f"{wire_id} needs parameter 'epsilon_permanent' (lifetime epsilon)")
+    return permanent
+
+
+def _loloha_factory(epsilon: Decimal, metric: MetricArg, params: Mapping[str, str]) -> Mechanism:  # type: ignore[type-arg]
+    from fedldp.client.mechanisms.loloha import Loloha
+
+    k = categorical_metric("loloha", metric)
+    only_params("loloha", params, {"epsilon_permanent", "g"})
+    return Loloha(
+        epsilon, k, _required_permanent("loloha", params), int_param("loloha", params, "g")
+    )
+
+
+def _dbitflip_factory(epsilon: Decimal, metric: MetricArg, params: Mapping[str, str]) -> Mechanism:  # type: ignore[type-arg]
+    from fedldp.client.mechanisms.dbitflip import DBitFlip
+
+    lo, hi = numeric_metric("dbitflip", metric)
+    only_params("dbitflip", params, {"epsilon_permanent", "buckets", "d"})
+    buckets = int_param("dbitflip", params, "buckets")
+    if buckets is None:
+        raise ValueError("dbitflip needs parameter 'buckets' (the number of buckets of the range)")
+    permanent = _required_permanent("dbitflip", params)
+    return DBitFlip(epsilon, lo, hi, buckets, permanent, int_param("dbitflip", params, "d"))
+
+
 def _numeric_factory(wire_id: str) -> Factory:
     def factory(epsilon: Decimal, metric: MetricArg, params: Mapping[str, str]) -> Mechanism:  # type: ignore[type-arg]
         from fedldp.client.mechanisms.numeric import Duchi, Hybrid, Piecewise, parse_grid
@@ -201,6 +235,8 @@ register("hr", _categorical_factory("hr", "hadamard", "HadamardResponse"))
 register("ss", _categorical_factory("ss", "subset", "SubsetSelection", param="d"))
 for _memo_id in ("rappor-grr", "rappor-oue", "rappor-sue"):
     register(_memo_id, _memo_factory(_memo_id))
+register("loloha", _loloha_factory)
+register("dbitflip", _dbitflip_factory)
 for _numeric_id in ("duchi", "piecewise", "hybrid", "sw"):
     register(_numeric_id, _numeric_factory(_numeric_id))
 

@@ -164,6 +164,19 @@ def _metric_problems(metric: policy_pb2.Metric, problems: list[str]) -> MetricAr
     return None
 
 
+def metric_argument(policy: policy_pb2.Policy) -> MetricArg | None:
+    """The mechanism's metric argument of `policy` (k, (lo, hi), ...), None when invalid.
+
+    For readers that rebuild a policy's mechanism outside `policy_problems` (the
+    ledger's retired-rule audit).
+    """
+    if not policy.HasField("metric"):
+        return None
+    problems: list[str] = []
+    metric = _metric_problems(policy.metric, problems)
+    return None if problems else metric
+
+
 def _range_problems(
     numeric: policy_pb2.NumericRange, where: str, problems: list[str]
 ) -> tuple[Decimal, Decimal] | None:

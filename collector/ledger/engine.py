@@ -198,6 +198,29 @@ def create_private_sqlite_file(path: Path) -> bool:
     return True
 
 
+#: The first 16 bytes of every SQLite database file.
+SQLITE_HEADER = b"SQLite format 3\x00"
+
+
+def refuse_if_not_sqlite(path: Path) -> None:
+    """LedgerOpenError when `path` holds bytes that are not a SQLite database (an
+    empty file is a new one). Checked before anything is created beside it (the
+    writer lock file, SQLite's -wal and -shm), so a mistyped path to some other
+    file leaves nothing behind."""
+    try:
+        with path.open("rb") as f:
+            head = f.read(len(SQLITE_HEADER))
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        raise LedgerOpenError(f"cannot read the ledger file {path}: {exc.strerror}") from None
+    if head and head != SQLITE_HEADER:
+        raise LedgerOpenError(
+            f"{path} is not a SQLite database (it does not start with SQLite's header): "
+            "check the ledger URL"
+        )
+
+
 def _prepare_sqlite_file(parsed: sa.URL, access: Access) -> Path:
     """The SQLite ledger file of `parsed`, checked for `access`.
 
@@ -209,6 +232,7 @@ def _prepare_sqlite_file(parsed: sa.URL, access: Access) -> Path:
     path = Path(parsed.database or "")
     if path.is_dir():
         raise LedgerOpenError(f"{path} is a folder; the ledger URL must name a file")
+    refuse_if_not_sqlite(path)
     if access == "create":
         create_private_sqlite_file(path)
     elif not path.is_file():

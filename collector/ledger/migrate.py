@@ -1,13 +1,21 @@
 """Apply the Alembic migrations in collector/migrations to a ledger database.
 
-`upgrade(engine)` is what `open_ledger` calls: it is a no-op when the schema is
-at head, and safe when several collectors open one PostgreSQL ledger at once (a
-transaction-scoped advisory lock serializes them; SQLite's BEGIN IMMEDIATE does
-the same on a file).
+`upgrade(engine)` is what `open_ledger` and `fedldp ledger migrate` call: it is
+a no-op when the schema is at head, and safe when several collectors and
+migrations open one ledger at once, a new one included. On PostgreSQL a
+transaction-scoped advisory lock serializes them. On SQLite the file's writer
+lock file (`<database>-ingest.lock`, `flock`: collector/ledger/sqlite_ingest.py)
+is taken before the first statement that reads or writes the schema and held
+until the migration committed, so of N processes creating one new file, one
+creates and migrates it and the others wait, then find it at head. (SQLite's
+own locks are not enough on a new file: Python's sqlite3 runs DDL outside a
+transaction unless told otherwise, and changing a file to WAL needs it alone.)
 """
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from pathlib import Path
 
 import sqlalchemy as sa
@@ -15,6 +23,7 @@ from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
+from fedldp.collector.ledger.sqlite_ingest import WriterLock, writer_lock_path
 
 MIGRATIONS_DIR = Path(__file__).resolve().parent.parent / "migrations"
 #: Arbitrary, fixed key for pg_advisory_xact_lock while migrating.
@@ -40,8 +49,34 @@ def current_revision(connection: sa.Connection) -> str | None:
     return MigrationContext.configure(connection).get_current_revision()
 
 
-def upgrade(engine: sa.Engine) -> None:
-    """Bring the schema at `engine` to head (no-op when it is already there)."""
+@contextlib.contextmanager
+def schema_lock(engine: sa.Engine) -> Iterator[None]:
+    """Hold the SQLite file's writer lock (created beside it if missing) for the
+    block; a no-op on PostgreSQL (`upgrade` takes its advisory lock there)."""
+    database = engine.url.database if engine.dialect.name == "sqlite" else None
+    if not database:
+        yield
+        return
+    lock = WriterLock(writer_lock_path(database))
+    try:
+        with lock:
+            yield
+    finally:
+        lock.close()
+
+
+def upgrade(engine: sa.Engine, *, locked: bool = False) -> None:
+    """Bring the schema at `engine` to head (no-op when it is already there),
+    holding `schema_lock` unless the caller holds it already (`locked`)."""
+    if locked:
+        _upgrade(engine)
+        return
+    with schema_lock(engine):
+        _upgrade(engine)
+
+
+def _upgrade(engine: sa.Engine) -> None:
+    """`upgrade`, the lock held (on SQLite)."""
     head = head_revision()
     with engine.connect() as probe:
         at = current_revision(probe)

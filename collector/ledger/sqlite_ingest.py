@@ -39,6 +39,11 @@ WAL_AUTOCHECKPOINT_PAGES = 10_000
 BUSY_TIMEOUT_MS = 30_000
 
 
+def writer_lock_path(database: str | Path) -> Path:
+    """The writer lock file of the SQLite database `database` (beside it)."""
+    return Path(str(database) + "-ingest.lock")
+
+
 class IngestConnection:
     """One SQLite connection for ingestion transactions, opened on first use.
 
@@ -49,7 +54,7 @@ class IngestConnection:
 
     def __init__(self, database: str) -> None:
         self.path = Path(database)
-        self.lock = WriterLock(Path(str(self.path) + "-ingest.lock"))
+        self.lock = WriterLock(writer_lock_path(self.path))
         self._conn: sqlite3.Connection | None = None
 
     def connection(self) -> sqlite3.Connection:

@@ -54,6 +54,7 @@ durable throughput is not one fsync per report.
 from __future__ import annotations
 
 from fedldp.collector.ledger.central import STALE_REASON, CentralReservations
+from fedldp.collector.ledger.charge_audit import ChargeAudit
 from fedldp.collector.ledger.engine import (
     create_private_sqlite_file,
     default_shard,
@@ -140,7 +141,7 @@ __all__ = [
 ]
 
 
-class Ledger(CentralReservations, Reconcile, ReportQueries, Ingestion):
+class Ledger(CentralReservations, Reconcile, ChargeAudit, ReportQueries, Ingestion):
     """A privacy ledger on one database (open with `open_ledger`).
 
     One object composed of the ledger's parts (see the module docstring), all on

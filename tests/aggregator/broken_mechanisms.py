@@ -2,7 +2,8 @@
 
 Each claims what the shipped mechanism claims (its `epsilon`, its declared law)
 but randomizes differently, on both the device path (`perturb`) and the batch
-path (`perturb_batch`).
+path (`perturb_batch`) — or, for the memoized ones, randomizes as shipped and is
+charged less than its reports can lose.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from fedldp.client.mechanisms.base import (
     system_random,
 )
 from fedldp.client.mechanisms.grr import GRR
-from fedldp.client.mechanisms.memo import RapporGRR
+from fedldp.client.mechanisms.memo import RapporGRR, RapporOUE
 from fedldp.client.mechanisms.numeric import Piecewise
 from fedldp.client.mechanisms.square_wave import SquareWave
 from fedldp.client.mechanisms.unary import OUE
@@ -102,6 +103,26 @@ class SequentialChargeRapporGRR(RapporGRR):
     @property
     def report_charge(self) -> Decimal:
         return self.epsilon
+
+
+class RetiredChargeRapporOUE(RapporOUE):
+    """rappor-oue charged the retired rule r* per report (issue 28): r* bounds T reports
+    of one value, not a change of value, whose shared permanent response is a
+    fingerprint (k = 64, ε1 = 1, ε∞ = 2: r* = 1, exact loss of (0, 0) against (0, 1)
+    27.9)."""
+
+    @property
+    def report_charge(self) -> Decimal:
+        return self.retired_report_charge
+
+
+class RetiredChargeRapporGRR(RapporGRR):
+    """rappor-grr charged the retired rule r* per report (issue 28; k = 64, ε1 = 1,
+    ε∞ = 2: r* = 1, exact loss of (0, 0) against (1, 2) 3.72)."""
+
+    @property
+    def report_charge(self) -> Decimal:
+        return self.retired_report_charge
 
 
 class UniformIndexPiecewise(Piecewise):

@@ -29,6 +29,7 @@ from fedldp.aggregator.audit_ldp.features import olh_hash
 from fedldp.aggregator.audit_ldp.sampling import sample_device, wire_bits
 from fedldp.client.mechanisms import create, registered_ids
 from fedldp.client.mechanisms.base import NumericOutput
+from fedldp.client.mechanisms.memo import RapporGRR
 from fedldp.client.mechanisms.olh import OLH, hash_value
 
 from tests.aggregator.broken_mechanisms import (
@@ -229,7 +230,9 @@ def test_sequential_charging_of_rappor_grr_fails_the_longitudinal_audit() -> Non
     broken = SequentialChargeRapporGRR(Decimal("0.5"), 64, Decimal(2))
     report = audit_mechanism(broken, 64, LONGITUDINAL)
     assert report.claim == Decimal("1.0")
-    assert 1.0 < report.epsilon_lb() < 1.478
+    assert 1.0 < report.epsilon_lb(sequences=False) < 1.478
+    # The sequence test proves more: (0, 0) against (1, 2) loses 2.017 exactly.
+    assert 1.0 < report.epsilon_lb(sequences=True) < 2.017
     assert report.law_passed
     assert not report.passed
 
@@ -255,9 +258,19 @@ def _describe(report: AuditReport) -> str:
     return f"{report.wire_id}: claim {report.claim}, best {best}, law failures {bad}"
 
 
+class _PermanentOnlyGRR(RapporGRR):
+    """rappor-grr whose report IS its permanent response (ε1 = ε∞: refused when built
+    through the registry, whose charge would be unbounded); here only to see the
+    sharing."""
+
+    def _instantaneous_rate(self) -> Decimal:
+        return Decimal(0)
+
+
 def test_device_path_shares_one_permanent_response_per_user() -> None:
     """With ε1 = ε∞ the instantaneous response is the permanent one: T equal reports."""
-    mech = create("rappor-grr", Decimal(1), 8, {"epsilon_permanent": "1"})
+    mech = _PermanentOnlyGRR(Decimal(1), 8, Decimal(1))
+    assert mech.p_r_exact == 1
     reports = sample_device(mech, "category", 3, 500, 3, random.Random(2))
     first, *others = reports.columns
     assert all(np.array_equal(first, other) for other in others)

@@ -12,7 +12,7 @@ from fedldp.client.mechanisms import registry
 from fedldp.client.mechanisms.base import Mechanism
 
 from fedldp.cli import main
-from tests.aggregator.broken_mechanisms import DoubledGRR
+from tests.aggregator.broken_mechanisms import DoubledGRR, RetiredChargeRapporOUE
 
 SMALL = ["--samples", "100000", "--device-samples", "2000", "--seed", "5"]
 
@@ -60,6 +60,50 @@ def test_a_lower_bound_above_the_claim_exits_1(broken_registered: str) -> None:
     code, out = run("-m", broken_registered, "-m", "grr", *SMALL)
     assert code == 1, out
     assert "| FAIL |" in out and "| PASS |" in out
+
+
+@pytest.fixture
+def retired_charge_registered(monkeypatch: pytest.MonkeyPatch) -> str:
+    """rappor-oue charged the retired r* per report, under a test-only wire id."""
+
+    def factory(
+        epsilon: Decimal, metric: int | tuple[Decimal, Decimal], params: Mapping[str, str]
+    ) -> Mechanism:  # type: ignore[type-arg]
+        assert isinstance(metric, int)
+        if "epsilon_permanent" not in params:  # as the registry says it
+            raise ValueError("test-retired-oue needs parameter 'epsilon_permanent'")
+        return RetiredChargeRapporOUE(epsilon, metric, Decimal(params["epsilon_permanent"]))
+
+    monkeypatch.setitem(registry._REGISTRY, "test-retired-oue", factory)
+    return "test-retired-oue"
+
+
+OUE_64 = ["-e", "1", "--k", "64", "--epsilon-permanent", "2", "--path", "batch"]
+
+
+def test_the_sequence_test_fails_the_retired_charge_and_exits_1(
+    retired_charge_registered: str,
+) -> None:
+    code, out = run("-m", retired_charge_registered, "-m", "rappor-oue", *OUE_64, *SMALL)
+    assert code == 1, out
+    rows = {line.split(" | ")[0].lstrip("| "): line.split(" | ") for line in out.splitlines()}
+    retired, sound = rows[retired_charge_registered], rows["rappor-oue"]
+    # claimed 2.0 (r* = 1 per report); the sequence bound, batch path, is far above it
+    assert retired[5] == "2" and float(retired[9]) > 2.0 and retired[-1] == "FAIL |"
+    assert sound[5] == "180.173564" and float(sound[9]) > 2.0 and sound[-1] == "PASS |"
+    assert retired[6] == "-" and float(retired[7]) <= 2.0  # one unchanged value: no leak
+
+
+def test_json_carries_the_sequence_bounds_and_no_sequences_turns_them_off() -> None:
+    code, out = run("-m", "rappor-grr", "--format", "json", "--path", "batch", *SMALL)
+    assert code == 0, out
+    (audit,) = json.loads(out)
+    assert set(audit["sequences_epsilon_lb"]) == {"batch"} and audit["wall_s"] > 0
+    code, out = run(
+        "-m", "rappor-grr", "--format", "json", "--path", "batch", "--no-sequences", *SMALL
+    )
+    assert code == 0, out
+    assert json.loads(out)[0]["sequences_epsilon_lb"] == {}
 
 
 @pytest.mark.parametrize(

@@ -64,7 +64,9 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
     )
     url = f"sqlite:///{base / 'ledger.db'}"
     open_ledger(url).close()
-    config = write_config(deployment, base, url, "good")
+    # `processes` unset, as an operator's file leaves it: the default (the cores), so
+    # `collector serve` rows go through the supervisor where the machine has 2+ cores.
+    config = write_config(deployment, base, url, "good", processes=None)
     (base / "junk.db").write_bytes(b"this is not a database\n" * 20)
     (base / "bad.toml").write_text("[collector\nlisten = \n", encoding="utf-8")
     (base / "empty.policy").write_bytes(b"")
@@ -93,6 +95,12 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
     variant("mysql.toml", "ledger_url", "mysql://u@localhost/db")
     variant("unknown.toml", "no_such_setting", "1")
     variant("both.toml", "ledger_shards", url)  # ledger_url and ledger_shards
+    variant("junkledger.toml", "ledger_url", f"sqlite:///{base / 'junk.db'}")
+    variant("closedpg.toml", "ledger_url", "postgresql+psycopg://fedldp@127.0.0.1:1/fedldp")
+    variant("negrate.toml", "rate_limit_per_second", "-1.0")
+    variant("loud.toml", "log_level", "LOUD")
+    variant("port70000.toml", "listen", "127.0.0.1:70000")
+    variant("nosecret.toml", "token_secret_file", str(base / "no-such.secret"))
     # A ledger whose restore never recorded its epoch (RestoreIncompleteError).
     incomplete = f"sqlite:///{base / 'incomplete.db'}"
     open_ledger(incomplete).close()
@@ -292,7 +300,15 @@ def cases(env: Env) -> list[tuple[str, list[str]]]:
         ),
     ]
     configs = {**bad_configs(env)}
-    for extra in ("nonhex", "notrust", "badlisten", "incomplete", "charged-shards"):
+    collector_configs = ("junkledger", "closedpg", "negrate", "loud", "port70000", "nosecret")
+    for extra in (
+        "nonhex",
+        "notrust",
+        "badlisten",
+        "incomplete",
+        "charged-shards",
+        *collector_configs,
+    ):
         configs[extra] = str(env.base / f"{extra}.toml")
     for bad, path in configs.items():
         out.append((f"collector serve --config {bad}", ["collector", "serve", "--config", path]))
@@ -381,6 +397,18 @@ def cases(env: Env) -> list[tuple[str, list[str]]]:
             ],
         ),
         ("collector serve --config both", ["collector", "serve", "--config", str(b / "both.toml")]),
+        (
+            "collector serve --port-file in a missing folder",
+            [
+                "collector",
+                "serve",
+                "--config",
+                str(env.config),
+                "--port-file",
+                str(b / "nope" / "p"),
+            ],
+        ),
+        ("collector health port above 65535", ["collector", "health", "--addr", "127.0.0.1:99999"]),
         (
             "ledger restore a backup that is not a database",
             ["ledger", "restore", "--ledger", f"sqlite:///{b / 'r.db'}", str(b / "junk.db")],
@@ -814,6 +842,14 @@ EXPECTED: dict[str, tuple[int, str]] = {
     "client events negative limit": (2, "--limit"),
     "client budget negative now": (2, "--now"),
     "release-service query exponent epsilon": (2, "plain notation"),
+    "collector serve --config junkledger": (1, "is not a SQLite database"),
+    "collector serve --config closedpg": (1, "ledger"),
+    "collector serve --config negrate": (1, "rate_limit_per_second"),
+    "collector serve --config loud": (1, "log_level"),
+    "collector serve --config port70000": (1, "above 65535"),
+    "collector serve --config nosecret": (1, "token_secret_file"),
+    "collector serve --port-file in a missing folder": (2, "--port-file"),
+    "collector health port above 65535": (2, "above 65535"),
 }
 
 
@@ -888,6 +924,8 @@ def _nothing_created(env: Env) -> None:
     assert not (env.base / "demo-out").exists()
     assert not (env.base / "never.bak").exists()  # a refused backup leaves nothing
     assert not (env.base / "r.db").exists()
+    # Nothing beside a file that is not a database (no writer or generation lock).
+    assert sorted(p.name for p in env.base.glob("junk.db*")) == ["junk.db"]
     assert sorted(p.name for p in env.base.glob("*.partial")) == []
 
 
@@ -938,6 +976,10 @@ CLI_ONLY_BLOCKED = [
     "grpc_health",
     "matplotlib",
     "dp_accounting",
+    "duckdb",
+    "pyarrow",
+    "sqlglot",
+    "pyspark",
     "starlette",
     "uvicorn",
     "torch",

@@ -79,6 +79,8 @@ NOT_FROM_THE_CLI = {
     "fedldp.collector.errors.CollectorError": "gRPC status table",
     # Retried inside the ledger's transaction loop; never leave the ledger.
     "fedldp.collector.ledger.engine._ConcurrentUpdateError": "ledger retry loop",
+    # A supervised collector process whose supervisor is gone: caught by daemon.serve.
+    "fedldp.collector.daemon._SupervisorGoneError": "caught by daemon.serve (exit 0)",
     # A program that uses a closed SDK Client has a bug: exit 70 is right.
     "fedldp.client.results.ClientClosedError": "SDK misuse (a bug)",
     # `fedldp report` turns a bad --candidates file into its own one-line error.

@@ -80,7 +80,7 @@ def test_exact_decimals_reach_the_cap_exactly(
 
 @pytest.fixture(scope="module")
 def memo_policies(deployment: Deployment) -> tuple[VerifiedPolicy, VerifiedPolicy]:
-    """rappor-grr, k = 64, ε1 = 0.5, ε∞ = 2, cap 3: signed JOINT, and the older INSTANTANEOUS."""
+    """rappor-grr, k = 64, ε1 = 0.5, ε∞ = 2, cap 9: signed JOINT, and the older INSTANTANEOUS."""
     labels = [f"v{i}" for i in range(64)]
     out = []
     for policy_id, memo in (
@@ -91,7 +91,7 @@ def memo_policies(deployment: Deployment) -> tuple[VerifiedPolicy, VerifiedPolic
             policy_id,
             labels=labels,
             epsilon="0.5",
-            epsilon_cap="3",
+            epsilon_cap="9",
             mechanism="rappor-grr",
             params={"epsilon_permanent": "2"},
             memo_charging=memo,
@@ -103,16 +103,17 @@ def memo_policies(deployment: Deployment) -> tuple[VerifiedPolicy, VerifiedPolic
 def test_memoized_policy_charges_the_joint_rate(
     ledger: Ledger, memo_policies: tuple[VerifiedPolicy, VerifiedPolicy], now: int
 ) -> None:
-    # r* = L(2)/2 = 0.738803 per report (memo.py), not ε1 = 0.5: a cap of 3 holds
-    # floor(3 / 0.738803) = 4 reports, not 6. The older label is charged the same.
+    # ε_I = ln p_r/q_r = 2.192184 per report (memo.py: any two value sequences), not
+    # ε1 = 0.5: a cap of 9 holds floor(9 / 2.192184) = 4 reports, not 18. The older
+    # label is charged the same.
     for pol in memo_policies:
-        assert (pol.epsilon, pol.charge) == (Decimal("0.5"), Decimal("0.738803"))
+        assert (pol.epsilon, pol.charge) == (Decimal("0.5"), Decimal("2.192184"))
         fits = int(pol.epsilon_cap // pol.charge)
         assert fits == 4
         outcomes = ledger.submit("dora", [_report(pol, i) for i in range(fits + 1)], now=now)
         assert outcomes == [ACCEPTED] * fits + [BUDGET_EXHAUSTED]
         window = pol.window_start(now)
-        assert ledger.spent("dora", pol.policy_id, window) == Decimal("2.955212")
+        assert ledger.spent("dora", pol.policy_id, window) == Decimal("8.768736")
     assert ledger.reconcile() == []
 
 

@@ -16,6 +16,7 @@ import pytest
 from collector_testkit import Deployment, coarse, make_report
 from fedldp.client.mechanisms import (
     BitVectorOutput,
+    IndexBitsOutput,
     MultiOutput,
     NumericOutput,
     SketchBitOutput,
@@ -27,7 +28,8 @@ from fedldp.collector.server import RunningCollector, start_collector
 from fedldp.v1 import collector_pb2 as pb
 from fedldp.v1 import collector_pb2_grpc, policy_pb2
 
-NUMERIC = {"duchi", "hybrid", "piecewise", "sw"}
+NUMERIC = {"duchi", "hybrid", "piecewise", "sw", "dbitflip"}
+MEMOIZED = {"rappor-grr", "rappor-oue", "rappor-sue", "loloha", "dbitflip"}
 SKETCHES = {"cms", "hcms"}
 OPEN = {"pem", *SKETCHES}
 LABELS = [f"v{i}" for i in range(8)]
@@ -50,7 +52,10 @@ def _value(mechanism: str, rng: random.Random) -> Any:
 def every_mechanism(now: int) -> Deployment:
     d = Deployment.create(now=now)
     for m in registered_ids():
-        if m in NUMERIC:
+        if m == "dbitflip":
+            params = {"epsilon_permanent": "2", "buckets": "8", "d": "3"}
+            d.add_numeric(f"p-{m}", mechanism=m, lo="-1", hi="1", epsilon_cap="20", params=params)
+        elif m in NUMERIC:
             d.add_numeric(f"p-{m}", mechanism=m, lo="-1", hi="1")
         elif m in OPEN:
             d.add_open(
@@ -63,13 +68,14 @@ def every_mechanism(now: int) -> Deployment:
             )
         elif m in MULTI:
             d.add_multi(f"p-{m}", mechanism=m, attributes=ATTRIBUTES)
-        elif m.startswith("rappor-"):
+        elif m.startswith("rappor-") or m == "loloha":
             d.add_categorical(
                 f"p-{m}",
                 mechanism=m,
                 labels=LABELS,
                 params={"epsilon_permanent": "2"},
                 memo_charging=policy_pb2.MEMO_CHARGING_INSTANTANEOUS,
+                epsilon_cap="1000",  # three reports at the sound memoized charge
             )
         else:
             d.add_categorical(f"p-{m}", mechanism=m, labels=LABELS)
@@ -98,7 +104,7 @@ def test_outputs_are_charged_and_aggregated(
     values = [_value(mechanism, rng) for _ in range(3)]
     outputs = []
     for v in values:
-        if mechanism.startswith("rappor-"):
+        if mechanism in MEMOIZED:
             memoized: Any = policy.mechanism
             outputs.append(memoized.perturb(v, rng=rng, memo=memoized.new_memo()))
         else:
@@ -132,6 +138,10 @@ def _bad_output(mechanism: str, output: object) -> tuple[object, int]:
     if isinstance(output, MultiOutput):  # split without its last part; sample with two
         parts = output.parts[:-1] if mechanism == "multi-split" else output.parts * 2
         return MultiOutput(parts), pb.REJECT_REASON_WRONG_LENGTH
+    if isinstance(output, IndexBitsOutput):  # one index too many
+        return dataclasses.replace(
+            output, indices=(*output.indices, 7)
+        ), pb.REJECT_REASON_WRONG_LENGTH
     if isinstance(output, BitVectorOutput):
         return dataclasses.replace(output, length=output.length + 1), pb.REJECT_REASON_WRONG_LENGTH
     if isinstance(output, NumericOutput):
@@ -152,7 +162,7 @@ def test_out_of_domain_outputs_are_refused(
     policy = every_mechanism.verified(envelope)
     rng = random.Random(3)
     value = _value(mechanism, rng)
-    if mechanism.startswith("rappor-"):
+    if mechanism in MEMOIZED:
         memoized: Any = policy.mechanism
         good = memoized.perturb(value, rng=rng, memo=memoized.new_memo())
     else:

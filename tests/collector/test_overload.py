@@ -76,6 +76,7 @@ def small(
         max_message_bytes=256 * 1024,
         max_connection_inflight_bytes=512 * 1024,
         max_inflight_bytes=MiB,
+        max_subject_inflight_bytes=MiB,  # one subject may take it all: these test the others
         admission_wait_ms=5.0,
         health_listen=f"127.0.0.1:{free_port()}",
     )
@@ -140,7 +141,8 @@ def test_health_answers_while_submit_sheds_at_twice_saturation(
     for name, results in probes.items():
         assert results, name
         assert set(results) == {health_pb2.HealthCheckResponse.SERVING}, name
-    assert _shed(small, "requests") + _shed(small, "request bytes") == codes["RESOURCE_EXHAUSTED"]
+    shed = sum(_shed(small, limit) for limit in ("requests", "request bytes", "subject bytes"))
+    assert shed == codes["RESOURCE_EXHAUSTED"]
     ledger = small.committer.ledger
     assert isinstance(ledger, Ledger)  # one SQLite file here, not shards
     assert ledger.reconcile() == []
@@ -170,6 +172,7 @@ def test_the_rpc_limit_and_the_byte_budget_each_shed_with_a_hint(
         max_concurrent_rpcs=256,
         max_inflight_bytes=256 * 1024,
         max_connection_inflight_bytes=256 * 1024,
+        max_subject_inflight_bytes=0,
         admission_wait_ms=0.0,
     )
     roomy = start_collector(config, registry=deployment.registry())
@@ -266,9 +269,10 @@ def test_memory_stays_bounded_under_a_flood_and_returns_to_idle(
     flood_target: Any, now: int, case: str
 ) -> None:
     """300 concurrent ~1 MB requests over 30 connections for 3 s (bench.collector_memory
-    runs 1,000 for 60 s): peak RSS under MEMORY_BOUND_BYTES, back within 32 MiB of the
-    idle size once the load stops (waited for up to 10 s; the valid case may also keep
-    SQLite's filled page cache), overload refusals hinted."""
+    runs 1,000 for 60 s), from 64 subjects (so the server's budget, not one subject's
+    share, is what sheds): peak RSS under MEMORY_BOUND_BYTES, back within 32 MiB of
+    the idle size once the load stops (waited for up to 10 s; the valid case may also
+    keep SQLite's filled page cache), overload refusals hinted."""
     d, proc = flood_target
     pid = proc.proc.pid
     token = bearer_metadata(d.token("flooder"))
@@ -290,7 +294,16 @@ def test_memory_stays_bounded_under_a_flood_and_returns_to_idle(
     idle = rss_bytes(pid)
     sampler = RssSampler(pid)
     try:
-        load = run_load(proc.address, make, metadata, concurrency=300, connections=30, seconds=3.0)
+        fleet = [bearer_metadata(d.token(f"flooder-{i}")) for i in range(64)]
+        load = run_load(
+            proc.address,
+            make,
+            metadata,
+            concurrency=300,
+            connections=30,
+            seconds=3.0,
+            metadata_for=None if case == "unauthenticated" else lambda i: fleet[i % 64],
+        )
     finally:
         sampler.stop()
     assert sampler.peak < MEMORY_BOUND_BYTES, (sampler.peak, load.codes)
@@ -342,7 +355,7 @@ def test_refusals_are_counted_and_their_log_lines_bounded(
     assert sample("fedldp_collector_refusals_total", {"error": "UnauthenticatedError"}) == 100
     assert sample("fedldp_collector_rate_limited_total") == 99
     refused = [r for r in caplog.records if r.getMessage() == "request refused"]
-    assert len(refused) == RefusalLog().lines  # 10 lines per 10 s, not 199
+    assert len(refused) == RefusalLog().budget.lines  # 10 lines per 10 s, not 199
     tagged = [r for r in refused if r.fields["error"] == "RateLimitedError"]  # type: ignore[attr-defined]
     assert tagged and all(r.fields["subject_tag"] for r in tagged)  # type: ignore[attr-defined]
 

@@ -122,15 +122,15 @@ def test_next_window_reopens_the_budget(deployment: Deployment, tmp_path: Path) 
 def test_memoized_policy_guard_and_collector_refuse_at_the_same_report(
     deployment: Deployment, tmp_path: Path
 ) -> None:
-    # rappor-grr, k = 64, ε1 = 0.5, ε∞ = 2: every report costs r* = 0.738803 on the
-    # device and in the collector's ledger, so a cap of 3 holds floor(3 / r*) = 4.
+    # rappor-grr, k = 64, ε1 = 0.5, ε∞ = 2: every report costs ε_I = 2.192184 on the
+    # device and in the collector's ledger, so a cap of 9 holds floor(9 / ε_I) = 4.
     labels = [f"site{i}.example" for i in range(64)]
     policy = deployment.authority.categorical_policy(
         policy_id="memo",
         metric="browser.homepage",
         labels=labels,
         epsilon="0.5",
-        epsilon_cap="3",
+        epsilon_cap="9",
         window_seconds=86400,
         now=deployment.now - 60,
         min_reports=1,
@@ -141,11 +141,11 @@ def test_memoized_policy_guard_and_collector_refuse_at_the_same_report(
     envelope = deployment.authority.sign(policy)
     deployment.envelopes.append(envelope)
     collector = deployment.start()
-    charge, spent = Decimal("0.738803"), Decimal("2.955212")
+    charge, spent = Decimal("2.192184"), Decimal("8.768736")
     with deployment.client(collector.address, tmp_path / "d") as c:
         results = [c.record("browser.homepage", labels[i % 2]) for i in range(4)]
         assert [r.epsilon_charged for r in results] == [charge] * 4
-        with pytest.raises(BudgetGuardError, match=r"one more report costs 0\.738803"):
+        with pytest.raises(BudgetGuardError, match=r"one more report costs 2\.192184"):
             c.record("browser.homepage", labels[0])
         (status,) = c.budget()
         assert (status.epsilon_per_report, status.epsilon_spent) == (charge, spent)
@@ -159,7 +159,7 @@ def test_memoized_policy_guard_and_collector_refuse_at_the_same_report(
     transport = Transport(collector.address, Credentials.insecure_bearer(deployment.token()))
     try:
         (budget,) = transport.get_budget("memo").budgets
-        assert (budget.epsilon_spent, budget.epsilon_remaining) == (str(spent), "0.044788")
+        assert (budget.epsilon_spent, budget.epsilon_remaining) == (str(spent), "0.231264")
         assert budget.charge_per_report == str(charge)
         now = int(time.time())
         probe = collector_pb2.Report(

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from fedldp.client.device_store import DeviceStore
+from fedldp.client.mechanisms import create
 from fedldp.client.outbox import Outbox
 from fedldp.client.sdk import BadValueError
 from fedldp.v1 import collector_pb2, policy_pb2
@@ -65,13 +66,14 @@ def _memo_rows(state: Path) -> list[tuple[str, str, bytes, bytes]]:
 
 
 def test_memoized_permanent_response_is_drawn_once(deployment: Deployment, tmp_path: Path) -> None:
-    # epsilon == epsilon_permanent: the instantaneous step keeps the permanent response
-    # (memo.py, rappor-grr: lambda_r = 1), so every report of a value must equal it.
+    # One value recorded over three app runs: one permanent response, drawn on the
+    # first record and stored (as a keyed hash of the value, never the value), then
+    # reused byte for byte; a second value draws a second one.
     policy = deployment.authority.categorical_policy(
         policy_id="memo",
         metric="browser.homepage",
         labels=list(LABELS),
-        epsilon="2",
+        epsilon="1",
         epsilon_cap="100",
         window_seconds=86400,
         now=deployment.now - 60,
@@ -84,27 +86,24 @@ def test_memoized_permanent_response_is_drawn_once(deployment: Deployment, tmp_p
     deployment.envelopes.append(deployment.authority.sign(policy))
     collector = deployment.start()
     state = tmp_path / "d"
-    indices: list[int] = []
+    seen: list[list[tuple[str, str, bytes, bytes]]] = []
     for _ in range(3):  # three app runs
         with deployment.client(collector.address, state) as c:
             for _ in range(4):
                 c.record("browser.homepage", LABELS[1])
-            indices += [
-                collector_pb2.Report.FromString(e.report).category.index
-                for e in Outbox(c._store).entries()
-            ]
             assert c.flush(timeout=10).acknowledged == 4
-    assert len(set(indices)) == 1  # one permanent response, reused across restarts
-    rows = _memo_rows(state)
-    assert len(rows) == 1
-    metric, scope, value_key, permanent = rows[0]
+        seen.append(_memo_rows(state))
+    assert len(seen[0]) == 1 and seen[0] == seen[1] == seen[2]  # reused across restarts
+    metric, scope, value_key, permanent = seen[0][0]
     assert metric == "browser.homepage" and "rappor-grr" in scope
-    assert int.from_bytes(permanent, "little") == indices[0]
+    assert 0 <= int.from_bytes(permanent, "little") < len(LABELS)
     assert LABELS[1].encode() not in value_key and len(value_key) == 32  # keyed hash only
 
+    charge = create("rappor-grr", Decimal(1), len(LABELS), {"epsilon_permanent": "2"}).report_charge
+    assert charge > Decimal(1)  # max(ε1, ε_I): any two value sequences (memo.py)
     with deployment.client(collector.address, state) as c:
         c.record("browser.homepage", LABELS[2])
-        assert c.budget()[0].epsilon_spent == Decimal(26)  # charged per report, exactly
+        assert c.budget()[0].epsilon_spent == 13 * charge  # charged per report, exactly
     assert len(_memo_rows(state)) == 2
     window = int(time.time()) - int(time.time()) % 86400
-    assert collector.ledger.spent("device-1", "memo", window) == Decimal(24)
+    assert collector.ledger.spent("device-1", "memo", window) == 12 * charge

@@ -115,9 +115,11 @@ class Deployment:
         epsilon_cap: str = "4",
         mechanism: str = "piecewise",
         window_seconds: int = 86400,
+        params: dict[str, str] | None = None,
     ) -> policy_pb2.SignedEnvelope:
         """Sign and keep a numeric policy; returns its envelope."""
         policy = self.authority.numeric_policy(
+            params=params or {},
             policy_id=policy_id,
             metric=_metric_name(policy_id),
             lo=lo,
@@ -317,6 +319,7 @@ def write_config(
         "processes": 1,  # tests choose their process count (the default follows the cores)
     }
     values.update(settings)
+    values = {k: v for k, v in values.items() if v is not None}  # None: the default
     lines = ["[collector]"]
     for key, value in values.items():
         if isinstance(value, bool):
@@ -641,6 +644,7 @@ async def _load(
     seconds: float,
     timeout: float,
     method: str,
+    metadata_for: Callable[[int], Sequence[tuple[str, str]]] | None = None,
 ) -> LoadResult:
     import grpc
     import grpc.aio
@@ -660,9 +664,10 @@ async def _load(
 
     async def caller(i: int) -> None:
         call_fn = channels[i % len(channels)].unary_unary(method, None, None)
+        mine = tuple(metadata_for(i) if metadata_for is not None else metadata)
         while time.monotonic() < deadline:
             try:
-                await call_fn(make_request(), metadata=tuple(metadata), timeout=timeout)
+                await call_fn(make_request(), metadata=mine, timeout=timeout)
                 result.count("OK", None)
             except grpc.aio.AioRpcError as exc:
                 code = exc.code()
@@ -692,9 +697,12 @@ def run_load(
     seconds: float,
     timeout: float = 30.0,
     method: str = SUBMIT_METHOD,
+    metadata_for: Callable[[int], Sequence[tuple[str, str]]] | None = None,
 ) -> LoadResult:
     """Keep `concurrency` calls of raw request bytes in flight over `connections`
-    connections for `seconds` (grpc.aio, on a fresh event loop in this thread)."""
+    connections for `seconds` (grpc.aio, on a fresh event loop in this thread).
+    `metadata_for(i)`, when given, is caller i's metadata instead of `metadata`
+    (a fleet of subjects rather than one)."""
     return asyncio.run(
         _load(
             address,
@@ -705,5 +713,6 @@ def run_load(
             seconds=seconds,
             timeout=timeout,
             method=method,
+            metadata_for=metadata_for,
         )
     )

@@ -25,17 +25,17 @@ _sym_db = _symbol_database.Default()
 from fedldp.v1 import policy_pb2 as fedldp_dot_v1_dot_policy__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19\x66\x65\x64ldp/v1/collector.proto\x12\tfedldp.v1\x1a\x16\x66\x65\x64ldp/v1/policy.proto\"@\n\x12GetPoliciesRequest\x12\x0e\n\x06metric\x18\x01 \x01(\t\x12\x1a\n\x12known_root_version\x18\x02 \x01(\x04\"l\n\x13GetPoliciesResponse\x12(\n\x05roots\x18\x01 \x03(\x0b\x32\x19.fedldp.v1.SignedEnvelope\x12+\n\x08policies\x18\x02 \x03(\x0b\x32\x19.fedldp.v1.SignedEnvelope\" \n\x0f\x43\x61tegoryPayload\x12\r\n\x05index\x18\x01 \x01(\r\"0\n\x10\x42itVectorPayload\x12\x0c\n\x04\x62its\x18\x01 \x01(\x0c\x12\x0e\n\x06length\x18\x02 \x01(\r\",\n\rHashedPayload\x12\x0c\n\x04seed\x18\x01 \x01(\x04\x12\r\n\x05value\x18\x02 \x01(\r\"\x1f\n\x0eNumericPayload\x12\r\n\x05value\x18\x01 \x01(\x01\"-\n\x0fIndexBitPayload\x12\r\n\x05index\x18\x01 \x01(\r\x12\x0b\n\x03\x62it\x18\x02 \x01(\x08\"=\n\x10SketchRowPayload\x12\x0b\n\x03row\x18\x01 \x01(\r\x12\x0c\n\x04\x62its\x18\x02 \x01(\x0c\x12\x0e\n\x06length\x18\x03 \x01(\r\"<\n\x10SketchBitPayload\x12\x0b\n\x03row\x18\x01 \x01(\r\x12\x0e\n\x06\x63olumn\x18\x02 \x01(\r\x12\x0b\n\x03\x62it\x18\x03 \x01(\x08\"?\n\x12GroupHashedPayload\x12\r\n\x05group\x18\x01 \x01(\r\x12\x0b\n\x03key\x18\x02 \x01(\x0c\x12\r\n\x05value\x18\x03 \x01(\r\"\x98\x02\n\x10\x41ttributePayload\x12\x11\n\tattribute\x18\x01 \x01(\r\x12.\n\x08\x63\x61tegory\x18\n \x01(\x0b\x32\x1a.fedldp.v1.CategoryPayloadH\x00\x12+\n\x04\x62its\x18\x0b \x01(\x0b\x32\x1b.fedldp.v1.BitVectorPayloadH\x00\x12*\n\x06hashed\x18\x0c \x01(\x0b\x32\x18.fedldp.v1.HashedPayloadH\x00\x12,\n\x07numeric\x18\r \x01(\x0b\x32\x19.fedldp.v1.NumericPayloadH\x00\x12/\n\tindex_bit\x18\x0e \x01(\x0b\x32\x1a.fedldp.v1.IndexBitPayloadH\x00\x42\t\n\x07payload\":\n\x0cMultiPayload\x12*\n\x05parts\x18\x01 \x03(\x0b\x32\x1b.fedldp.v1.AttributePayload\"\xac\x04\n\x06Report\x12\x11\n\treport_id\x18\x01 \x01(\x0c\x12\x11\n\tpolicy_id\x18\x02 \x01(\t\x12\x16\n\x0epolicy_version\x18\x03 \x01(\x04\x12\x15\n\rpolicy_digest\x18\x04 \x01(\x0c\x12\x13\n\x0b\x63oarse_time\x18\x05 \x01(\x03\x12.\n\x08\x63\x61tegory\x18\n \x01(\x0b\x32\x1a.fedldp.v1.CategoryPayloadH\x00\x12+\n\x04\x62its\x18\x0b \x01(\x0b\x32\x1b.fedldp.v1.BitVectorPayloadH\x00\x12*\n\x06hashed\x18\x0c \x01(\x0b\x32\x18.fedldp.v1.HashedPayloadH\x00\x12,\n\x07numeric\x18\r \x01(\x0b\x32\x19.fedldp.v1.NumericPayloadH\x00\x12/\n\tindex_bit\x18\x0e \x01(\x0b\x32\x1a.fedldp.v1.IndexBitPayloadH\x00\x12(\n\x05multi\x18\x0f \x01(\x0b\x32\x17.fedldp.v1.MultiPayloadH\x00\x12\x31\n\nsketch_row\x18\x10 \x01(\x0b\x32\x1b.fedldp.v1.SketchRowPayloadH\x00\x12\x31\n\nsketch_bit\x18\x11 \x01(\x0b\x32\x1b.fedldp.v1.SketchBitPayloadH\x00\x12\x35\n\x0cgroup_hashed\x18\x12 \x01(\x0b\x32\x1d.fedldp.v1.GroupHashedPayloadH\x00\x42\t\n\x07payload\"3\n\rSubmitRequest\x12\"\n\x07reports\x18\x01 \x03(\x0b\x32\x11.fedldp.v1.Report\"\x80\x01\n\rReportOutcome\x12\x11\n\treport_id\x18\x01 \x01(\x0c\x12#\n\x07outcome\x18\x02 \x01(\x0e\x32\x12.fedldp.v1.Outcome\x12\'\n\x06reason\x18\x03 \x01(\x0e\x32\x17.fedldp.v1.RejectReason\x12\x0e\n\x06\x64\x65tail\x18\x04 \x01(\t\"<\n\x0eSubmitResponse\x12*\n\x08outcomes\x18\x01 \x03(\x0b\x32\x18.fedldp.v1.ReportOutcome\"%\n\x10GetBudgetRequest\x12\x11\n\tpolicy_id\x18\x01 \x01(\t\"\xc5\x01\n\x0c\x42udgetStatus\x12\x11\n\tpolicy_id\x18\x01 \x01(\t\x12\x16\n\x0epolicy_version\x18\x02 \x01(\x04\x12\x14\n\x0cwindow_start\x18\x03 \x01(\x03\x12\x12\n\nwindow_end\x18\x04 \x01(\x03\x12\x13\n\x0b\x65psilon_cap\x18\x05 \x01(\t\x12\x15\n\repsilon_spent\x18\x06 \x01(\t\x12\x19\n\x11\x65psilon_remaining\x18\x07 \x01(\t\x12\x19\n\x11\x63harge_per_report\x18\x08 \x01(\t\"=\n\x11GetBudgetResponse\x12(\n\x07\x62udgets\x18\x01 \x03(\x0b\x32\x17.fedldp.v1.BudgetStatus*\xd0\x01\n\x07Outcome\x12\x17\n\x13OUTCOME_UNSPECIFIED\x10\x00\x12\x14\n\x10OUTCOME_ACCEPTED\x10\x01\x12\x15\n\x11OUTCOME_DUPLICATE\x10\x02\x12\x1c\n\x18OUTCOME_BUDGET_EXHAUSTED\x10\x03\x12\x13\n\x0fOUTCOME_INVALID\x10\x04\x12\x1a\n\x16OUTCOME_UNKNOWN_POLICY\x10\x05\x12\x1a\n\x16OUTCOME_EXPIRED_POLICY\x10\x06\x12\x14\n\x10OUTCOME_CONFLICT\x10\x07*\xe8\x02\n\x0cRejectReason\x12\x1d\n\x19REJECT_REASON_UNSPECIFIED\x10\x00\x12%\n!REJECT_REASON_MALFORMED_REPORT_ID\x10\x01\x12!\n\x1dREJECT_REASON_DIGEST_MISMATCH\x10\x02\x12$\n REJECT_REASON_WRONG_PAYLOAD_TYPE\x10\x03\x12\x1f\n\x1bREJECT_REASON_OUT_OF_DOMAIN\x10\x04\x12\x1e\n\x1aREJECT_REASON_WRONG_LENGTH\x10\x05\x12\x1c\n\x18REJECT_REASON_NON_FINITE\x10\x06\x12$\n REJECT_REASON_DUPLICATE_IN_BATCH\x10\x07\x12!\n\x1dREJECT_REASON_MISSING_PAYLOAD\x10\x08\x12!\n\x1dREJECT_REASON_BAD_COARSE_TIME\x10\t2\xe0\x01\n\tCollector\x12L\n\x0bGetPolicies\x12\x1d.fedldp.v1.GetPoliciesRequest\x1a\x1e.fedldp.v1.GetPoliciesResponse\x12=\n\x06Submit\x12\x18.fedldp.v1.SubmitRequest\x1a\x19.fedldp.v1.SubmitResponse\x12\x46\n\tGetBudget\x12\x1b.fedldp.v1.GetBudgetRequest\x1a\x1c.fedldp.v1.GetBudgetResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19\x66\x65\x64ldp/v1/collector.proto\x12\tfedldp.v1\x1a\x16\x66\x65\x64ldp/v1/policy.proto\"@\n\x12GetPoliciesRequest\x12\x0e\n\x06metric\x18\x01 \x01(\t\x12\x1a\n\x12known_root_version\x18\x02 \x01(\x04\"l\n\x13GetPoliciesResponse\x12(\n\x05roots\x18\x01 \x03(\x0b\x32\x19.fedldp.v1.SignedEnvelope\x12+\n\x08policies\x18\x02 \x03(\x0b\x32\x19.fedldp.v1.SignedEnvelope\" \n\x0f\x43\x61tegoryPayload\x12\r\n\x05index\x18\x01 \x01(\r\"0\n\x10\x42itVectorPayload\x12\x0c\n\x04\x62its\x18\x01 \x01(\x0c\x12\x0e\n\x06length\x18\x02 \x01(\r\",\n\rHashedPayload\x12\x0c\n\x04seed\x18\x01 \x01(\x04\x12\r\n\x05value\x18\x02 \x01(\r\"\x1f\n\x0eNumericPayload\x12\r\n\x05value\x18\x01 \x01(\x01\"-\n\x0fIndexBitPayload\x12\r\n\x05index\x18\x01 \x01(\r\x12\x0b\n\x03\x62it\x18\x02 \x01(\x08\"=\n\x10SketchRowPayload\x12\x0b\n\x03row\x18\x01 \x01(\r\x12\x0c\n\x04\x62its\x18\x02 \x01(\x0c\x12\x0e\n\x06length\x18\x03 \x01(\r\"<\n\x10SketchBitPayload\x12\x0b\n\x03row\x18\x01 \x01(\r\x12\x0e\n\x06\x63olumn\x18\x02 \x01(\r\x12\x0b\n\x03\x62it\x18\x03 \x01(\x08\"?\n\x12GroupHashedPayload\x12\r\n\x05group\x18\x01 \x01(\r\x12\x0b\n\x03key\x18\x02 \x01(\x0c\x12\r\n\x05value\x18\x03 \x01(\r\"1\n\x10IndexBitsPayload\x12\x0f\n\x07indices\x18\x01 \x03(\r\x12\x0c\n\x04\x62its\x18\x02 \x01(\x0c\"\x98\x02\n\x10\x41ttributePayload\x12\x11\n\tattribute\x18\x01 \x01(\r\x12.\n\x08\x63\x61tegory\x18\n \x01(\x0b\x32\x1a.fedldp.v1.CategoryPayloadH\x00\x12+\n\x04\x62its\x18\x0b \x01(\x0b\x32\x1b.fedldp.v1.BitVectorPayloadH\x00\x12*\n\x06hashed\x18\x0c \x01(\x0b\x32\x18.fedldp.v1.HashedPayloadH\x00\x12,\n\x07numeric\x18\r \x01(\x0b\x32\x19.fedldp.v1.NumericPayloadH\x00\x12/\n\tindex_bit\x18\x0e \x01(\x0b\x32\x1a.fedldp.v1.IndexBitPayloadH\x00\x42\t\n\x07payload\":\n\x0cMultiPayload\x12*\n\x05parts\x18\x01 \x03(\x0b\x32\x1b.fedldp.v1.AttributePayload\"\xdf\x04\n\x06Report\x12\x11\n\treport_id\x18\x01 \x01(\x0c\x12\x11\n\tpolicy_id\x18\x02 \x01(\t\x12\x16\n\x0epolicy_version\x18\x03 \x01(\x04\x12\x15\n\rpolicy_digest\x18\x04 \x01(\x0c\x12\x13\n\x0b\x63oarse_time\x18\x05 \x01(\x03\x12.\n\x08\x63\x61tegory\x18\n \x01(\x0b\x32\x1a.fedldp.v1.CategoryPayloadH\x00\x12+\n\x04\x62its\x18\x0b \x01(\x0b\x32\x1b.fedldp.v1.BitVectorPayloadH\x00\x12*\n\x06hashed\x18\x0c \x01(\x0b\x32\x18.fedldp.v1.HashedPayloadH\x00\x12,\n\x07numeric\x18\r \x01(\x0b\x32\x19.fedldp.v1.NumericPayloadH\x00\x12/\n\tindex_bit\x18\x0e \x01(\x0b\x32\x1a.fedldp.v1.IndexBitPayloadH\x00\x12(\n\x05multi\x18\x0f \x01(\x0b\x32\x17.fedldp.v1.MultiPayloadH\x00\x12\x31\n\nsketch_row\x18\x10 \x01(\x0b\x32\x1b.fedldp.v1.SketchRowPayloadH\x00\x12\x31\n\nsketch_bit\x18\x11 \x01(\x0b\x32\x1b.fedldp.v1.SketchBitPayloadH\x00\x12\x35\n\x0cgroup_hashed\x18\x12 \x01(\x0b\x32\x1d.fedldp.v1.GroupHashedPayloadH\x00\x12\x31\n\nindex_bits\x18\x13 \x01(\x0b\x32\x1b.fedldp.v1.IndexBitsPayloadH\x00\x42\t\n\x07payload\"3\n\rSubmitRequest\x12\"\n\x07reports\x18\x01 \x03(\x0b\x32\x11.fedldp.v1.Report\"\x80\x01\n\rReportOutcome\x12\x11\n\treport_id\x18\x01 \x01(\x0c\x12#\n\x07outcome\x18\x02 \x01(\x0e\x32\x12.fedldp.v1.Outcome\x12\'\n\x06reason\x18\x03 \x01(\x0e\x32\x17.fedldp.v1.RejectReason\x12\x0e\n\x06\x64\x65tail\x18\x04 \x01(\t\"<\n\x0eSubmitResponse\x12*\n\x08outcomes\x18\x01 \x03(\x0b\x32\x18.fedldp.v1.ReportOutcome\"%\n\x10GetBudgetRequest\x12\x11\n\tpolicy_id\x18\x01 \x01(\t\"\xc5\x01\n\x0c\x42udgetStatus\x12\x11\n\tpolicy_id\x18\x01 \x01(\t\x12\x16\n\x0epolicy_version\x18\x02 \x01(\x04\x12\x14\n\x0cwindow_start\x18\x03 \x01(\x03\x12\x12\n\nwindow_end\x18\x04 \x01(\x03\x12\x13\n\x0b\x65psilon_cap\x18\x05 \x01(\t\x12\x15\n\repsilon_spent\x18\x06 \x01(\t\x12\x19\n\x11\x65psilon_remaining\x18\x07 \x01(\t\x12\x19\n\x11\x63harge_per_report\x18\x08 \x01(\t\"=\n\x11GetBudgetResponse\x12(\n\x07\x62udgets\x18\x01 \x03(\x0b\x32\x17.fedldp.v1.BudgetStatus*\xd0\x01\n\x07Outcome\x12\x17\n\x13OUTCOME_UNSPECIFIED\x10\x00\x12\x14\n\x10OUTCOME_ACCEPTED\x10\x01\x12\x15\n\x11OUTCOME_DUPLICATE\x10\x02\x12\x1c\n\x18OUTCOME_BUDGET_EXHAUSTED\x10\x03\x12\x13\n\x0fOUTCOME_INVALID\x10\x04\x12\x1a\n\x16OUTCOME_UNKNOWN_POLICY\x10\x05\x12\x1a\n\x16OUTCOME_EXPIRED_POLICY\x10\x06\x12\x14\n\x10OUTCOME_CONFLICT\x10\x07*\xe8\x02\n\x0cRejectReason\x12\x1d\n\x19REJECT_REASON_UNSPECIFIED\x10\x00\x12%\n!REJECT_REASON_MALFORMED_REPORT_ID\x10\x01\x12!\n\x1dREJECT_REASON_DIGEST_MISMATCH\x10\x02\x12$\n REJECT_REASON_WRONG_PAYLOAD_TYPE\x10\x03\x12\x1f\n\x1bREJECT_REASON_OUT_OF_DOMAIN\x10\x04\x12\x1e\n\x1aREJECT_REASON_WRONG_LENGTH\x10\x05\x12\x1c\n\x18REJECT_REASON_NON_FINITE\x10\x06\x12$\n REJECT_REASON_DUPLICATE_IN_BATCH\x10\x07\x12!\n\x1dREJECT_REASON_MISSING_PAYLOAD\x10\x08\x12!\n\x1dREJECT_REASON_BAD_COARSE_TIME\x10\t2\xe0\x01\n\tCollector\x12L\n\x0bGetPolicies\x12\x1d.fedldp.v1.GetPoliciesRequest\x1a\x1e.fedldp.v1.GetPoliciesResponse\x12=\n\x06Submit\x12\x18.fedldp.v1.SubmitRequest\x1a\x19.fedldp.v1.SubmitResponse\x12\x46\n\tGetBudget\x12\x1b.fedldp.v1.GetBudgetRequest\x1a\x1c.fedldp.v1.GetBudgetResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'fedldp.v1.collector_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_OUTCOME']._serialized_start=2091
-  _globals['_OUTCOME']._serialized_end=2299
-  _globals['_REJECTREASON']._serialized_start=2302
-  _globals['_REJECTREASON']._serialized_end=2662
+  _globals['_OUTCOME']._serialized_start=2193
+  _globals['_OUTCOME']._serialized_end=2401
+  _globals['_REJECTREASON']._serialized_start=2404
+  _globals['_REJECTREASON']._serialized_end=2764
   _globals['_GETPOLICIESREQUEST']._serialized_start=64
   _globals['_GETPOLICIESREQUEST']._serialized_end=128
   _globals['_GETPOLICIESRESPONSE']._serialized_start=130
@@ -56,24 +56,26 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_SKETCHBITPAYLOAD']._serialized_end=573
   _globals['_GROUPHASHEDPAYLOAD']._serialized_start=575
   _globals['_GROUPHASHEDPAYLOAD']._serialized_end=638
-  _globals['_ATTRIBUTEPAYLOAD']._serialized_start=641
-  _globals['_ATTRIBUTEPAYLOAD']._serialized_end=921
-  _globals['_MULTIPAYLOAD']._serialized_start=923
-  _globals['_MULTIPAYLOAD']._serialized_end=981
-  _globals['_REPORT']._serialized_start=984
-  _globals['_REPORT']._serialized_end=1540
-  _globals['_SUBMITREQUEST']._serialized_start=1542
-  _globals['_SUBMITREQUEST']._serialized_end=1593
-  _globals['_REPORTOUTCOME']._serialized_start=1596
-  _globals['_REPORTOUTCOME']._serialized_end=1724
-  _globals['_SUBMITRESPONSE']._serialized_start=1726
-  _globals['_SUBMITRESPONSE']._serialized_end=1786
-  _globals['_GETBUDGETREQUEST']._serialized_start=1788
-  _globals['_GETBUDGETREQUEST']._serialized_end=1825
-  _globals['_BUDGETSTATUS']._serialized_start=1828
-  _globals['_BUDGETSTATUS']._serialized_end=2025
-  _globals['_GETBUDGETRESPONSE']._serialized_start=2027
-  _globals['_GETBUDGETRESPONSE']._serialized_end=2088
-  _globals['_COLLECTOR']._serialized_start=2665
-  _globals['_COLLECTOR']._serialized_end=2889
+  _globals['_INDEXBITSPAYLOAD']._serialized_start=640
+  _globals['_INDEXBITSPAYLOAD']._serialized_end=689
+  _globals['_ATTRIBUTEPAYLOAD']._serialized_start=692
+  _globals['_ATTRIBUTEPAYLOAD']._serialized_end=972
+  _globals['_MULTIPAYLOAD']._serialized_start=974
+  _globals['_MULTIPAYLOAD']._serialized_end=1032
+  _globals['_REPORT']._serialized_start=1035
+  _globals['_REPORT']._serialized_end=1642
+  _globals['_SUBMITREQUEST']._serialized_start=1644
+  _globals['_SUBMITREQUEST']._serialized_end=1695
+  _globals['_REPORTOUTCOME']._serialized_start=1698
+  _globals['_REPORTOUTCOME']._serialized_end=1826
+  _globals['_SUBMITRESPONSE']._serialized_start=1828
+  _globals['_SUBMITRESPONSE']._serialized_end=1888
+  _globals['_GETBUDGETREQUEST']._serialized_start=1890
+  _globals['_GETBUDGETREQUEST']._serialized_end=1927
+  _globals['_BUDGETSTATUS']._serialized_start=1930
+  _globals['_BUDGETSTATUS']._serialized_end=2127
+  _globals['_GETBUDGETRESPONSE']._serialized_start=2129
+  _globals['_GETBUDGETRESPONSE']._serialized_end=2190
+  _globals['_COLLECTOR']._serialized_start=2767
+  _globals['_COLLECTOR']._serialized_end=2991
 # @@protoc_insertion_point(module_scope)

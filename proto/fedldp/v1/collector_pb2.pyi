@@ -410,6 +410,40 @@ class GroupHashedPayload(_message.Message):
 Global___GroupHashedPayload: _TypeAlias = GroupHashedPayload  # noqa: Y015
 
 @_typing.final
+class IndexBitsPayload(_message.Message):
+    """dBitFlipPM (mechanism "dbitflip"; Ding, Kulkarni, Yekhanin, "Collecting
+    Telemetry Data Privately", NeurIPS 2017, Section 3): the d bucket indices
+    the device drew once (distinct, strictly increasing, each < the policy's
+    "buckets") and one perturbed bit per index, bit p of the vector packed
+    little-endian like BitVectorPayload (ceil(d/8) bytes, padding zero). The
+    collector accepts exactly d indices (WRONG_LENGTH otherwise), strictly
+    increasing and in range (OUT_OF_DOMAIN), exactly ceil(d/8) bytes
+    (WRONG_LENGTH) and zero padding (OUT_OF_DOMAIN). Details:
+    fedldp.client.mechanisms.dbitflip.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    INDICES_FIELD_NUMBER: _builtins.int
+    BITS_FIELD_NUMBER: _builtins.int
+    bits: _builtins.bytes
+    @_builtins.property
+    def indices(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
+    def __init__(
+        self,
+        *,
+        indices: _abc.Iterable[_builtins.int] | None = ...,
+        bits: _builtins.bytes = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["bits", b"bits", "indices", b"indices"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___IndexBitsPayload: _TypeAlias = IndexBitsPayload  # noqa: Y015
+
+@_typing.final
 class AttributePayload(_message.Message):
     """One attribute's part of a multi-attribute report: the attribute's index in
     the policy's Metric.multi.attributes and that attribute mechanism's payload.
@@ -496,6 +530,7 @@ class Report(_message.Message):
     SKETCH_ROW_FIELD_NUMBER: _builtins.int
     SKETCH_BIT_FIELD_NUMBER: _builtins.int
     GROUP_HASHED_FIELD_NUMBER: _builtins.int
+    INDEX_BITS_FIELD_NUMBER: _builtins.int
     report_id: _builtins.bytes
     """16 bytes made by the device, unique and unpredictable; the idempotency key.
     Opaque to the collector. The fedldp SDK gives a device's consecutive reports
@@ -527,6 +562,8 @@ class Report(_message.Message):
     def sketch_bit(self) -> Global___SketchBitPayload: ...
     @_builtins.property
     def group_hashed(self) -> Global___GroupHashedPayload: ...
+    @_builtins.property
+    def index_bits(self) -> Global___IndexBitsPayload: ...
     def __init__(
         self,
         *,
@@ -544,12 +581,13 @@ class Report(_message.Message):
         sketch_row: Global___SketchRowPayload | None = ...,
         sketch_bit: Global___SketchBitPayload | None = ...,
         group_hashed: Global___GroupHashedPayload | None = ...,
+        index_bits: Global___IndexBitsPayload | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["bits", b"bits", "category", b"category", "group_hashed", b"group_hashed", "hashed", b"hashed", "index_bit", b"index_bit", "multi", b"multi", "numeric", b"numeric", "payload", b"payload", "sketch_bit", b"sketch_bit", "sketch_row", b"sketch_row"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["bits", b"bits", "category", b"category", "group_hashed", b"group_hashed", "hashed", b"hashed", "index_bit", b"index_bit", "index_bits", b"index_bits", "multi", b"multi", "numeric", b"numeric", "payload", b"payload", "sketch_bit", b"sketch_bit", "sketch_row", b"sketch_row"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["bits", b"bits", "category", b"category", "coarse_time", b"coarse_time", "group_hashed", b"group_hashed", "hashed", b"hashed", "index_bit", b"index_bit", "multi", b"multi", "numeric", b"numeric", "payload", b"payload", "policy_digest", b"policy_digest", "policy_id", b"policy_id", "policy_version", b"policy_version", "report_id", b"report_id", "sketch_bit", b"sketch_bit", "sketch_row", b"sketch_row"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["bits", b"bits", "category", b"category", "coarse_time", b"coarse_time", "group_hashed", b"group_hashed", "hashed", b"hashed", "index_bit", b"index_bit", "index_bits", b"index_bits", "multi", b"multi", "numeric", b"numeric", "payload", b"payload", "policy_digest", b"policy_digest", "policy_id", b"policy_id", "policy_version", b"policy_version", "report_id", b"report_id", "sketch_bit", b"sketch_bit", "sketch_row", b"sketch_row"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_payload: _TypeAlias = _typing.Literal["category", "bits", "hashed", "numeric", "index_bit", "multi", "sketch_row", "sketch_bit", "group_hashed"]  # noqa: Y015
+    _WhichOneofReturnType_payload: _TypeAlias = _typing.Literal["category", "bits", "hashed", "numeric", "index_bit", "multi", "sketch_row", "sketch_bit", "group_hashed", "index_bits"]  # noqa: Y015
     _WhichOneofArgType_payload: _TypeAlias = _typing.Literal["payload", b"payload"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_payload) -> _WhichOneofReturnType_payload | None: ...
 

@@ -24,21 +24,21 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17\x66\x65\x64ldp/v1/release.proto\x12\tfedldp.v1\"\x0c\n\nCountQuery\"\x1a\n\x08SumQuery\x12\x0e\n\x06\x63olumn\x18\x01 \x01(\t\"\x1b\n\tMeanQuery\x12\x0e\n\x06\x63olumn\x18\x01 \x01(\t\" \n\x0eHistogramQuery\x12\x0e\n\x06\x63olumn\x18\x01 \x01(\t\"\x1d\n\x0b\x43hoiceQuery\x12\x0e\n\x06\x63olumn\x18\x01 \x01(\t\"1\n\rQuantileQuery\x12\x0e\n\x06\x63olumn\x18\x01 \x01(\t\x12\x10\n\x08quantile\x18\x02 \x01(\t\"\x9c\x03\n\x0eReleaseRequest\x12\x0f\n\x07\x64\x61taset\x18\x01 \x01(\t\x12\x0f\n\x07purpose\x18\x02 \x01(\t\x12\x0f\n\x07\x65psilon\x18\x03 \x01(\t\x12\r\n\x05\x64\x65lta\x18\x04 \x01(\t\x12,\n\tmechanism\x18\x05 \x01(\x0e\x32\x19.fedldp.v1.NoiseMechanism\x12\x17\n\x0fidempotency_key\x18\x06 \x01(\t\x12&\n\x05\x63ount\x18\n \x01(\x0b\x32\x15.fedldp.v1.CountQueryH\x00\x12\"\n\x03sum\x18\x0b \x01(\x0b\x32\x13.fedldp.v1.SumQueryH\x00\x12$\n\x04mean\x18\x0c \x01(\x0b\x32\x14.fedldp.v1.MeanQueryH\x00\x12.\n\thistogram\x18\r \x01(\x0b\x32\x19.fedldp.v1.HistogramQueryH\x00\x12(\n\x06\x63hoice\x18\x0e \x01(\x0b\x32\x16.fedldp.v1.ChoiceQueryH\x00\x12,\n\x08quantile\x18\x0f \x01(\x0b\x32\x18.fedldp.v1.QuantileQueryH\x00\x42\x07\n\x05query\"R\n\x08\x45rrorBar\x12\x14\n\x0cnoise_stddev\x18\x01 \x01(\x01\x12\x12\n\nconfidence\x18\x02 \x01(\t\x12\r\n\x05lower\x18\x03 \x01(\t\x12\r\n\x05upper\x18\x04 \x01(\t\"F\n\x0cRankErrorBar\x12\x12\n\nconfidence\x18\x01 \x01(\t\x12\x0f\n\x07records\x18\x02 \x01(\t\x12\x11\n\tgrid_step\x18\x03 \x01(\t\"y\n\x08Released\x12\r\n\x05label\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t\x12\"\n\x05\x65rror\x18\x03 \x01(\x0b\x32\x13.fedldp.v1.ErrorBar\x12+\n\nrank_error\x18\x04 \x01(\x0b\x32\x17.fedldp.v1.RankErrorBar\"\x94\x01\n\x0fReleaseResponse\x12\x0c\n\x04kind\x18\x01 \x01(\t\x12#\n\x06values\x18\x02 \x03(\x0b\x32\x13.fedldp.v1.Released\x12\x0e\n\x06\x63hosen\x18\x03 \x01(\t\x12\x16\n\x0ereservation_id\x18\x04 \x01(\t\x12\x0f\n\x07receipt\x18\x05 \x01(\x0c\x12\x15\n\rpolicy_sha256\x18\x06 \x01(\t\"\x15\n\x13ListDatasetsRequest\"Y\n\rDatasetColumn\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04type\x18\x02 \x01(\t\x12\r\n\x05lower\x18\x03 \x01(\t\x12\r\n\x05upper\x18\x04 \x01(\t\x12\x0e\n\x06\x64omain\x18\x05 \x03(\t\"w\n\x0b\x44\x61tasetInfo\x12\x0f\n\x07\x64\x61taset\x18\x01 \x01(\t\x12\x10\n\x08purposes\x18\x02 \x03(\t\x12\x1a\n\x12\x63ontribution_bound\x18\x03 \x01(\r\x12)\n\x07\x63olumns\x18\x04 \x03(\x0b\x32\x18.fedldp.v1.DatasetColumn\"@\n\x14ListDatasetsResponse\x12(\n\x08\x64\x61tasets\x18\x01 \x03(\x0b\x32\x16.fedldp.v1.DatasetInfo\"\x8f\x02\n\x17TrainingHyperparameters\x12\x0e\n\x06\x65pochs\x18\x01 \x01(\r\x12\x1d\n\x13\x65xpected_batch_size\x18\x02 \x01(\rH\x00\x12\x15\n\x0bsample_rate\x18\x03 \x01(\tH\x00\x12\x15\n\rlearning_rate\x18\x04 \x01(\t\x12\x15\n\rmax_grad_norm\x18\x05 \x01(\t\x12/\n\toptimizer\x18\x06 \x01(\x0e\x32\x1c.fedldp.v1.TrainingOptimizer\x12\x10\n\x08momentum\x18\x07 \x01(\t\x12\x31\n\naccountant\x18\x08 \x01(\x0e\x32\x1d.fedldp.v1.TrainingAccountantB\n\n\x08sampling\"\xdf\x01\n\x15SubmitTrainingRequest\x12\x0f\n\x07\x64\x61taset\x18\x01 \x01(\t\x12\x0f\n\x07purpose\x18\x02 \x01(\t\x12\x0f\n\x07\x65psilon\x18\x03 \x01(\t\x12\r\n\x05\x64\x65lta\x18\x04 \x01(\t\x12\x17\n\x0fidempotency_key\x18\x05 \x01(\t\x12\r\n\x05model\x18\x06 \x01(\t\x12\r\n\x05label\x18\x07 \x01(\t\x12\x10\n\x08\x66\x65\x61tures\x18\x08 \x03(\t\x12;\n\x0fhyperparameters\x18\t \x01(\x0b\x32\".fedldp.v1.TrainingHyperparameters\"\x9b\x03\n\x0bTrainingJob\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12*\n\x05state\x18\x02 \x01(\x0e\x32\x1b.fedldp.v1.TrainingJobState\x12\x0f\n\x07\x64\x61taset\x18\x03 \x01(\t\x12\x0f\n\x07purpose\x18\x04 \x01(\t\x12\r\n\x05model\x18\x05 \x01(\t\x12\x16\n\x0ereservation_id\x18\x06 \x01(\t\x12\x0f\n\x07\x63harged\x18\x07 \x01(\x08\x12\x12\n\nerror_code\x18\x08 \x01(\t\x12\x15\n\rerror_message\x18\t \x01(\t\x12\x15\n\repsilon_spent\x18\n \x01(\t\x12\x13\n\x0b\x64\x65lta_spent\x18\x0b \x01(\t\x12\r\n\x05steps\x18\x0c \x01(\r\x12\x13\n\x0bstop_reason\x18\r \x01(\t\x12\x0f\n\x07receipt\x18\x0e \x01(\x0c\x12\x14\n\x0cmodel_sha256\x18\x0f \x01(\t\x12\x12\n\nmodel_size\x18\x10 \x01(\x04\x12\x15\n\rpolicy_sha256\x18\x11 \x01(\t\x12\x14\n\x0csubmitted_at\x18\x12 \x01(\x03\x12\x13\n\x0b\x66inished_at\x18\x13 \x01(\x03\"=\n\x15GetTrainingJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x14\n\x0cwait_seconds\x18\x02 \x01(\r\"#\n\x11\x46\x65tchModelRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"*\n\nModelChunk\x12\x0e\n\x06offset\x18\x01 \x01(\x04\x12\x0c\n\x04\x64\x61ta\x18\x02 \x01(\x0c*l\n\x0eNoiseMechanism\x12\x1f\n\x1bNOISE_MECHANISM_UNSPECIFIED\x10\x00\x12\x1b\n\x17NOISE_MECHANISM_LAPLACE\x10\x01\x12\x1c\n\x18NOISE_MECHANISM_GAUSSIAN\x10\x02*\xb6\x01\n\x10TrainingJobState\x12\"\n\x1eTRAINING_JOB_STATE_UNSPECIFIED\x10\x00\x12\x1d\n\x19TRAINING_JOB_STATE_QUEUED\x10\x01\x12\x1e\n\x1aTRAINING_JOB_STATE_RUNNING\x10\x02\x12 \n\x1cTRAINING_JOB_STATE_SUCCEEDED\x10\x03\x12\x1d\n\x19TRAINING_JOB_STATE_FAILED\x10\x04*p\n\x11TrainingOptimizer\x12\"\n\x1eTRAINING_OPTIMIZER_UNSPECIFIED\x10\x00\x12\x1a\n\x16TRAINING_OPTIMIZER_SGD\x10\x01\x12\x1b\n\x17TRAINING_OPTIMIZER_ADAM\x10\x02*s\n\x12TrainingAccountant\x12#\n\x1fTRAINING_ACCOUNTANT_UNSPECIFIED\x10\x00\x12\x1b\n\x17TRAINING_ACCOUNTANT_PRV\x10\x01\x12\x1b\n\x17TRAINING_ACCOUNTANT_RDP\x10\x02\x32\x80\x03\n\x0eReleaseService\x12@\n\x07Release\x12\x19.fedldp.v1.ReleaseRequest\x1a\x1a.fedldp.v1.ReleaseResponse\x12O\n\x0cListDatasets\x12\x1e.fedldp.v1.ListDatasetsRequest\x1a\x1f.fedldp.v1.ListDatasetsResponse\x12J\n\x0eSubmitTraining\x12 .fedldp.v1.SubmitTrainingRequest\x1a\x16.fedldp.v1.TrainingJob\x12J\n\x0eGetTrainingJob\x12 .fedldp.v1.GetTrainingJobRequest\x1a\x16.fedldp.v1.TrainingJob\x12\x43\n\nFetchModel\x12\x1c.fedldp.v1.FetchModelRequest\x1a\x15.fedldp.v1.ModelChunk0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17\x66\x65\x64ldp/v1/release.proto\x12\tfedldp.v1\"\x0c\n\nCountQuery\"\x1a\n\x08SumQuery\x12\x0e\n\x06\x63olumn\x18\x01 \x01(\t\"\x1b\n\tMeanQuery\x12\x0e\n\x06\x63olumn\x18\x01 \x01(\t\" \n\x0eHistogramQuery\x12\x0e\n\x06\x63olumn\x18\x01 \x01(\t\"\x1d\n\x0b\x43hoiceQuery\x12\x0e\n\x06\x63olumn\x18\x01 \x01(\t\"1\n\rQuantileQuery\x12\x0e\n\x06\x63olumn\x18\x01 \x01(\t\x12\x10\n\x08quantile\x18\x02 \x01(\t\"\x17\n\x08SqlQuery\x12\x0b\n\x03sql\x18\x01 \x01(\t\"\xc0\x03\n\x0eReleaseRequest\x12\x0f\n\x07\x64\x61taset\x18\x01 \x01(\t\x12\x0f\n\x07purpose\x18\x02 \x01(\t\x12\x0f\n\x07\x65psilon\x18\x03 \x01(\t\x12\r\n\x05\x64\x65lta\x18\x04 \x01(\t\x12,\n\tmechanism\x18\x05 \x01(\x0e\x32\x19.fedldp.v1.NoiseMechanism\x12\x17\n\x0fidempotency_key\x18\x06 \x01(\t\x12&\n\x05\x63ount\x18\n \x01(\x0b\x32\x15.fedldp.v1.CountQueryH\x00\x12\"\n\x03sum\x18\x0b \x01(\x0b\x32\x13.fedldp.v1.SumQueryH\x00\x12$\n\x04mean\x18\x0c \x01(\x0b\x32\x14.fedldp.v1.MeanQueryH\x00\x12.\n\thistogram\x18\r \x01(\x0b\x32\x19.fedldp.v1.HistogramQueryH\x00\x12(\n\x06\x63hoice\x18\x0e \x01(\x0b\x32\x16.fedldp.v1.ChoiceQueryH\x00\x12,\n\x08quantile\x18\x0f \x01(\x0b\x32\x18.fedldp.v1.QuantileQueryH\x00\x12\"\n\x03sql\x18\x10 \x01(\x0b\x32\x13.fedldp.v1.SqlQueryH\x00\x42\x07\n\x05query\"R\n\x08\x45rrorBar\x12\x14\n\x0cnoise_stddev\x18\x01 \x01(\x01\x12\x12\n\nconfidence\x18\x02 \x01(\t\x12\r\n\x05lower\x18\x03 \x01(\t\x12\r\n\x05upper\x18\x04 \x01(\t\"F\n\x0cRankErrorBar\x12\x12\n\nconfidence\x18\x01 \x01(\t\x12\x0f\n\x07records\x18\x02 \x01(\t\x12\x11\n\tgrid_step\x18\x03 \x01(\t\"\x88\x01\n\x08Released\x12\r\n\x05label\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t\x12\"\n\x05\x65rror\x18\x03 \x01(\x0b\x32\x13.fedldp.v1.ErrorBar\x12+\n\nrank_error\x18\x04 \x01(\x0b\x32\x17.fedldp.v1.RankErrorBar\x12\r\n\x05group\x18\x05 \x01(\t\"\xab\x01\n\x0fReleaseResponse\x12\x0c\n\x04kind\x18\x01 \x01(\t\x12#\n\x06values\x18\x02 \x03(\x0b\x32\x13.fedldp.v1.Released\x12\x0e\n\x06\x63hosen\x18\x03 \x01(\t\x12\x16\n\x0ereservation_id\x18\x04 \x01(\t\x12\x0f\n\x07receipt\x18\x05 \x01(\x0c\x12\x15\n\rpolicy_sha256\x18\x06 \x01(\t\x12\x15\n\repsilon_split\x18\x07 \x01(\t\"\x15\n\x13ListDatasetsRequest\"Y\n\rDatasetColumn\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04type\x18\x02 \x01(\t\x12\r\n\x05lower\x18\x03 \x01(\t\x12\r\n\x05upper\x18\x04 \x01(\t\x12\x0e\n\x06\x64omain\x18\x05 \x03(\t\"w\n\x0b\x44\x61tasetInfo\x12\x0f\n\x07\x64\x61taset\x18\x01 \x01(\t\x12\x10\n\x08purposes\x18\x02 \x03(\t\x12\x1a\n\x12\x63ontribution_bound\x18\x03 \x01(\r\x12)\n\x07\x63olumns\x18\x04 \x03(\x0b\x32\x18.fedldp.v1.DatasetColumn\"@\n\x14ListDatasetsResponse\x12(\n\x08\x64\x61tasets\x18\x01 \x03(\x0b\x32\x16.fedldp.v1.DatasetInfo\"\x8f\x02\n\x17TrainingHyperparameters\x12\x0e\n\x06\x65pochs\x18\x01 \x01(\r\x12\x1d\n\x13\x65xpected_batch_size\x18\x02 \x01(\rH\x00\x12\x15\n\x0bsample_rate\x18\x03 \x01(\tH\x00\x12\x15\n\rlearning_rate\x18\x04 \x01(\t\x12\x15\n\rmax_grad_norm\x18\x05 \x01(\t\x12/\n\toptimizer\x18\x06 \x01(\x0e\x32\x1c.fedldp.v1.TrainingOptimizer\x12\x10\n\x08momentum\x18\x07 \x01(\t\x12\x31\n\naccountant\x18\x08 \x01(\x0e\x32\x1d.fedldp.v1.TrainingAccountantB\n\n\x08sampling\"\xdf\x01\n\x15SubmitTrainingRequest\x12\x0f\n\x07\x64\x61taset\x18\x01 \x01(\t\x12\x0f\n\x07purpose\x18\x02 \x01(\t\x12\x0f\n\x07\x65psilon\x18\x03 \x01(\t\x12\r\n\x05\x64\x65lta\x18\x04 \x01(\t\x12\x17\n\x0fidempotency_key\x18\x05 \x01(\t\x12\r\n\x05model\x18\x06 \x01(\t\x12\r\n\x05label\x18\x07 \x01(\t\x12\x10\n\x08\x66\x65\x61tures\x18\x08 \x03(\t\x12;\n\x0fhyperparameters\x18\t \x01(\x0b\x32\".fedldp.v1.TrainingHyperparameters\"\x9b\x03\n\x0bTrainingJob\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12*\n\x05state\x18\x02 \x01(\x0e\x32\x1b.fedldp.v1.TrainingJobState\x12\x0f\n\x07\x64\x61taset\x18\x03 \x01(\t\x12\x0f\n\x07purpose\x18\x04 \x01(\t\x12\r\n\x05model\x18\x05 \x01(\t\x12\x16\n\x0ereservation_id\x18\x06 \x01(\t\x12\x0f\n\x07\x63harged\x18\x07 \x01(\x08\x12\x12\n\nerror_code\x18\x08 \x01(\t\x12\x15\n\rerror_message\x18\t \x01(\t\x12\x15\n\repsilon_spent\x18\n \x01(\t\x12\x13\n\x0b\x64\x65lta_spent\x18\x0b \x01(\t\x12\r\n\x05steps\x18\x0c \x01(\r\x12\x13\n\x0bstop_reason\x18\r \x01(\t\x12\x0f\n\x07receipt\x18\x0e \x01(\x0c\x12\x14\n\x0cmodel_sha256\x18\x0f \x01(\t\x12\x12\n\nmodel_size\x18\x10 \x01(\x04\x12\x15\n\rpolicy_sha256\x18\x11 \x01(\t\x12\x14\n\x0csubmitted_at\x18\x12 \x01(\x03\x12\x13\n\x0b\x66inished_at\x18\x13 \x01(\x03\"=\n\x15GetTrainingJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x14\n\x0cwait_seconds\x18\x02 \x01(\r\"#\n\x11\x46\x65tchModelRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"*\n\nModelChunk\x12\x0e\n\x06offset\x18\x01 \x01(\x04\x12\x0c\n\x04\x64\x61ta\x18\x02 \x01(\x0c*l\n\x0eNoiseMechanism\x12\x1f\n\x1bNOISE_MECHANISM_UNSPECIFIED\x10\x00\x12\x1b\n\x17NOISE_MECHANISM_LAPLACE\x10\x01\x12\x1c\n\x18NOISE_MECHANISM_GAUSSIAN\x10\x02*\xb6\x01\n\x10TrainingJobState\x12\"\n\x1eTRAINING_JOB_STATE_UNSPECIFIED\x10\x00\x12\x1d\n\x19TRAINING_JOB_STATE_QUEUED\x10\x01\x12\x1e\n\x1aTRAINING_JOB_STATE_RUNNING\x10\x02\x12 \n\x1cTRAINING_JOB_STATE_SUCCEEDED\x10\x03\x12\x1d\n\x19TRAINING_JOB_STATE_FAILED\x10\x04*p\n\x11TrainingOptimizer\x12\"\n\x1eTRAINING_OPTIMIZER_UNSPECIFIED\x10\x00\x12\x1a\n\x16TRAINING_OPTIMIZER_SGD\x10\x01\x12\x1b\n\x17TRAINING_OPTIMIZER_ADAM\x10\x02*s\n\x12TrainingAccountant\x12#\n\x1fTRAINING_ACCOUNTANT_UNSPECIFIED\x10\x00\x12\x1b\n\x17TRAINING_ACCOUNTANT_PRV\x10\x01\x12\x1b\n\x17TRAINING_ACCOUNTANT_RDP\x10\x02\x32\x80\x03\n\x0eReleaseService\x12@\n\x07Release\x12\x19.fedldp.v1.ReleaseRequest\x1a\x1a.fedldp.v1.ReleaseResponse\x12O\n\x0cListDatasets\x12\x1e.fedldp.v1.ListDatasetsRequest\x1a\x1f.fedldp.v1.ListDatasetsResponse\x12J\n\x0eSubmitTraining\x12 .fedldp.v1.SubmitTrainingRequest\x1a\x16.fedldp.v1.TrainingJob\x12J\n\x0eGetTrainingJob\x12 .fedldp.v1.GetTrainingJobRequest\x1a\x16.fedldp.v1.TrainingJob\x12\x43\n\nFetchModel\x12\x1c.fedldp.v1.FetchModelRequest\x1a\x15.fedldp.v1.ModelChunk0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'fedldp.v1.release_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_NOISEMECHANISM']._serialized_start=2429
-  _globals['_NOISEMECHANISM']._serialized_end=2537
-  _globals['_TRAININGJOBSTATE']._serialized_start=2540
-  _globals['_TRAININGJOBSTATE']._serialized_end=2722
-  _globals['_TRAININGOPTIMIZER']._serialized_start=2724
-  _globals['_TRAININGOPTIMIZER']._serialized_end=2836
-  _globals['_TRAININGACCOUNTANT']._serialized_start=2838
-  _globals['_TRAININGACCOUNTANT']._serialized_end=2953
+  _globals['_NOISEMECHANISM']._serialized_start=2529
+  _globals['_NOISEMECHANISM']._serialized_end=2637
+  _globals['_TRAININGJOBSTATE']._serialized_start=2640
+  _globals['_TRAININGJOBSTATE']._serialized_end=2822
+  _globals['_TRAININGOPTIMIZER']._serialized_start=2824
+  _globals['_TRAININGOPTIMIZER']._serialized_end=2936
+  _globals['_TRAININGACCOUNTANT']._serialized_start=2938
+  _globals['_TRAININGACCOUNTANT']._serialized_end=3053
   _globals['_COUNTQUERY']._serialized_start=38
   _globals['_COUNTQUERY']._serialized_end=50
   _globals['_SUMQUERY']._serialized_start=52
@@ -51,36 +51,38 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_CHOICEQUERY']._serialized_end=172
   _globals['_QUANTILEQUERY']._serialized_start=174
   _globals['_QUANTILEQUERY']._serialized_end=223
-  _globals['_RELEASEREQUEST']._serialized_start=226
-  _globals['_RELEASEREQUEST']._serialized_end=638
-  _globals['_ERRORBAR']._serialized_start=640
-  _globals['_ERRORBAR']._serialized_end=722
-  _globals['_RANKERRORBAR']._serialized_start=724
-  _globals['_RANKERRORBAR']._serialized_end=794
-  _globals['_RELEASED']._serialized_start=796
-  _globals['_RELEASED']._serialized_end=917
-  _globals['_RELEASERESPONSE']._serialized_start=920
-  _globals['_RELEASERESPONSE']._serialized_end=1068
-  _globals['_LISTDATASETSREQUEST']._serialized_start=1070
-  _globals['_LISTDATASETSREQUEST']._serialized_end=1091
-  _globals['_DATASETCOLUMN']._serialized_start=1093
-  _globals['_DATASETCOLUMN']._serialized_end=1182
-  _globals['_DATASETINFO']._serialized_start=1184
-  _globals['_DATASETINFO']._serialized_end=1303
-  _globals['_LISTDATASETSRESPONSE']._serialized_start=1305
-  _globals['_LISTDATASETSRESPONSE']._serialized_end=1369
-  _globals['_TRAININGHYPERPARAMETERS']._serialized_start=1372
-  _globals['_TRAININGHYPERPARAMETERS']._serialized_end=1643
-  _globals['_SUBMITTRAININGREQUEST']._serialized_start=1646
-  _globals['_SUBMITTRAININGREQUEST']._serialized_end=1869
-  _globals['_TRAININGJOB']._serialized_start=1872
-  _globals['_TRAININGJOB']._serialized_end=2283
-  _globals['_GETTRAININGJOBREQUEST']._serialized_start=2285
-  _globals['_GETTRAININGJOBREQUEST']._serialized_end=2346
-  _globals['_FETCHMODELREQUEST']._serialized_start=2348
-  _globals['_FETCHMODELREQUEST']._serialized_end=2383
-  _globals['_MODELCHUNK']._serialized_start=2385
-  _globals['_MODELCHUNK']._serialized_end=2427
-  _globals['_RELEASESERVICE']._serialized_start=2956
-  _globals['_RELEASESERVICE']._serialized_end=3340
+  _globals['_SQLQUERY']._serialized_start=225
+  _globals['_SQLQUERY']._serialized_end=248
+  _globals['_RELEASEREQUEST']._serialized_start=251
+  _globals['_RELEASEREQUEST']._serialized_end=699
+  _globals['_ERRORBAR']._serialized_start=701
+  _globals['_ERRORBAR']._serialized_end=783
+  _globals['_RANKERRORBAR']._serialized_start=785
+  _globals['_RANKERRORBAR']._serialized_end=855
+  _globals['_RELEASED']._serialized_start=858
+  _globals['_RELEASED']._serialized_end=994
+  _globals['_RELEASERESPONSE']._serialized_start=997
+  _globals['_RELEASERESPONSE']._serialized_end=1168
+  _globals['_LISTDATASETSREQUEST']._serialized_start=1170
+  _globals['_LISTDATASETSREQUEST']._serialized_end=1191
+  _globals['_DATASETCOLUMN']._serialized_start=1193
+  _globals['_DATASETCOLUMN']._serialized_end=1282
+  _globals['_DATASETINFO']._serialized_start=1284
+  _globals['_DATASETINFO']._serialized_end=1403
+  _globals['_LISTDATASETSRESPONSE']._serialized_start=1405
+  _globals['_LISTDATASETSRESPONSE']._serialized_end=1469
+  _globals['_TRAININGHYPERPARAMETERS']._serialized_start=1472
+  _globals['_TRAININGHYPERPARAMETERS']._serialized_end=1743
+  _globals['_SUBMITTRAININGREQUEST']._serialized_start=1746
+  _globals['_SUBMITTRAININGREQUEST']._serialized_end=1969
+  _globals['_TRAININGJOB']._serialized_start=1972
+  _globals['_TRAININGJOB']._serialized_end=2383
+  _globals['_GETTRAININGJOBREQUEST']._serialized_start=2385
+  _globals['_GETTRAININGJOBREQUEST']._serialized_end=2446
+  _globals['_FETCHMODELREQUEST']._serialized_start=2448
+  _globals['_FETCHMODELREQUEST']._serialized_end=2483
+  _globals['_MODELCHUNK']._serialized_start=2485
+  _globals['_MODELCHUNK']._serialized_end=2527
+  _globals['_RELEASESERVICE']._serialized_start=3056
+  _globals['_RELEASESERVICE']._serialized_end=3440
 # @@protoc_insertion_point(module_scope)

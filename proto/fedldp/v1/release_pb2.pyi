@@ -269,6 +269,34 @@ class QuantileQuery(_message.Message):
 Global___QuantileQuery: _TypeAlias = QuantileQuery  # noqa: Y015
 
 @_typing.final
+class SqlQuery(_message.Message):
+    """DP SQL: one SELECT over one dataset (FROM names it): group columns, COUNT(*),
+    SUM, AVG, MEDIAN, QUANTILE_CONT(column, q); WHERE over declared columns;
+    GROUP BY declared categorical columns. Unsupported constructs are refused
+    (INVALID_ARGUMENT, naming the construct) before any budget is reserved.
+    Laplace noise (mechanism unset or LAPLACE); epsilon is split equally across
+    the aggregates (and the partition selection); delta, needed only when the
+    groups have no public domain, goes to the partition selection.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SQL_FIELD_NUMBER: _builtins.int
+    sql: _builtins.str
+    def __init__(
+        self,
+        *,
+        sql: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["sql", b"sql"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SqlQuery: _TypeAlias = SqlQuery  # noqa: Y015
+
+@_typing.final
 class ReleaseRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -284,6 +312,7 @@ class ReleaseRequest(_message.Message):
     HISTOGRAM_FIELD_NUMBER: _builtins.int
     CHOICE_FIELD_NUMBER: _builtins.int
     QUANTILE_FIELD_NUMBER: _builtins.int
+    SQL_FIELD_NUMBER: _builtins.int
     dataset: _builtins.str
     """A dataset id of the operator's catalog."""
     purpose: _builtins.str
@@ -316,6 +345,8 @@ class ReleaseRequest(_message.Message):
     def choice(self) -> Global___ChoiceQuery: ...
     @_builtins.property
     def quantile(self) -> Global___QuantileQuery: ...
+    @_builtins.property
+    def sql(self) -> Global___SqlQuery: ...
     def __init__(
         self,
         *,
@@ -331,12 +362,13 @@ class ReleaseRequest(_message.Message):
         histogram: Global___HistogramQuery | None = ...,
         choice: Global___ChoiceQuery | None = ...,
         quantile: Global___QuantileQuery | None = ...,
+        sql: Global___SqlQuery | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["choice", b"choice", "count", b"count", "histogram", b"histogram", "mean", b"mean", "quantile", b"quantile", "query", b"query", "sum", b"sum"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["choice", b"choice", "count", b"count", "histogram", b"histogram", "mean", b"mean", "quantile", b"quantile", "query", b"query", "sql", b"sql", "sum", b"sum"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["choice", b"choice", "count", b"count", "dataset", b"dataset", "delta", b"delta", "epsilon", b"epsilon", "histogram", b"histogram", "idempotency_key", b"idempotency_key", "mean", b"mean", "mechanism", b"mechanism", "purpose", b"purpose", "quantile", b"quantile", "query", b"query", "sum", b"sum"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["choice", b"choice", "count", b"count", "dataset", b"dataset", "delta", b"delta", "epsilon", b"epsilon", "histogram", b"histogram", "idempotency_key", b"idempotency_key", "mean", b"mean", "mechanism", b"mechanism", "purpose", b"purpose", "quantile", b"quantile", "query", b"query", "sql", b"sql", "sum", b"sum"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_query: _TypeAlias = _typing.Literal["count", "sum", "mean", "histogram", "choice", "quantile"]  # noqa: Y015
+    _WhichOneofReturnType_query: _TypeAlias = _typing.Literal["count", "sum", "mean", "histogram", "choice", "quantile", "sql"]  # noqa: Y015
     _WhichOneofArgType_query: _TypeAlias = _typing.Literal["query", b"query"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_query) -> _WhichOneofReturnType_query | None: ...
 
@@ -425,10 +457,15 @@ class Released(_message.Message):
     VALUE_FIELD_NUMBER: _builtins.int
     ERROR_FIELD_NUMBER: _builtins.int
     RANK_ERROR_FIELD_NUMBER: _builtins.int
+    GROUP_FIELD_NUMBER: _builtins.int
     label: _builtins.str
     """The domain value (histogram) or the query kind."""
     value: _builtins.str
     """The noised value, a decimal string."""
+    group: _builtins.str
+    """A SQL release's group: the canonical JSON list of the GROUP BY values ("[]"
+    without GROUP BY); the label is then the aggregate's (its alias or its text).
+    """
     @_builtins.property
     def error(self) -> Global___ErrorBar:
         """Additive noise (count, sum, mean, histogram): unset for a quantile."""
@@ -444,10 +481,11 @@ class Released(_message.Message):
         value: _builtins.str = ...,
         error: Global___ErrorBar | None = ...,
         rank_error: Global___RankErrorBar | None = ...,
+        group: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "rank_error", b"rank_error"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "label", b"label", "rank_error", b"rank_error", "value", b"value"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "group", b"group", "label", b"label", "rank_error", b"rank_error", "value", b"value"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -463,6 +501,7 @@ class ReleaseResponse(_message.Message):
     RESERVATION_ID_FIELD_NUMBER: _builtins.int
     RECEIPT_FIELD_NUMBER: _builtins.int
     POLICY_SHA256_FIELD_NUMBER: _builtins.int
+    EPSILON_SPLIT_FIELD_NUMBER: _builtins.int
     kind: _builtins.str
     """Query kind: "count", "sum", "mean", "histogram", "choice" or "quantile"."""
     chosen: _builtins.str
@@ -476,6 +515,10 @@ class ReleaseResponse(_message.Message):
     """
     policy_sha256: _builtins.str
     """Lowercase hex SHA-256 of the release policy file whose cap was applied."""
+    epsilon_split: _builtins.str
+    """A SQL release: how epsilon was split, the canonical JSON object {part: epsilon}
+    (each aggregate's label, and "partition_selection"); the receipt states it too.
+    """
     @_builtins.property
     def values(self) -> _containers.RepeatedCompositeFieldContainer[Global___Released]:
         """The noised values (one for count, sum, mean, quantile; one per domain
@@ -491,10 +534,11 @@ class ReleaseResponse(_message.Message):
         reservation_id: _builtins.str = ...,
         receipt: _builtins.bytes = ...,
         policy_sha256: _builtins.str = ...,
+        epsilon_split: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["chosen", b"chosen", "kind", b"kind", "policy_sha256", b"policy_sha256", "receipt", b"receipt", "reservation_id", b"reservation_id", "values", b"values"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["chosen", b"chosen", "epsilon_split", b"epsilon_split", "kind", b"kind", "policy_sha256", b"policy_sha256", "receipt", b"receipt", "reservation_id", b"reservation_id", "values", b"values"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

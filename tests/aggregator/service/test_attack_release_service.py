@@ -566,8 +566,9 @@ def test_attack_readme_release_service_command_is_the_one_that_runs() -> None:
     demo flag" although docs/release-service.md documents all but Parquet as built.
     An operator following the README either cannot start the service or believes
     there are no per-analyst caps or policy signatures. Informational (docs)."""
-    text = (Path(__file__).resolve().parents[3] / "README.md").read_text(encoding="utf-8")
+    # The paragraph moved with the privacy engineers' section to docs/privacy.md.
+    text = (Path(__file__).resolve().parents[3] / "docs" / "privacy.md").read_text(encoding="utf-8")
     start = text.index("**The trusted release service.**")
-    paragraph = text[start : text.index("### Threat model", start)]
+    paragraph = text[start : text.index("## Threat model", start)]
     assert "--policy-key" in paragraph, "the README's serve command lacks --policy-key"
     assert "signed release policies" not in paragraph.split("Not built yet")[-1]

@@ -24,7 +24,7 @@ from fedldp.client.mechanisms.base import (
     NumericOutput,
     Output,
 )
-from fedldp.client.mechanisms.memo import MemoizedUnary, RapporGRR
+from fedldp.client.mechanisms.memo import Memoized
 from fedldp.client.mechanisms.numeric import NumericMechanism
 from fedldp.client.mechanisms.oracle import FrequencyOracle
 
@@ -59,9 +59,15 @@ CATEGORICAL_CASES = [
     Case("rappor-oue", Decimal("1"), 3, (("epsilon_permanent", "2.5"),)),
     Case("rappor-sue", Decimal("1"), 3, (("epsilon_permanent", "2"),)),
     Case("rappor-grr", Decimal("1"), 4, (("epsilon_permanent", "3"),)),
+    Case("loloha", Decimal("1"), 4, (("epsilon_permanent", "2"), ("g", "3"))),
 ]
 #: The memoized ones (their exact laws and charges are memo.py's own contract).
 MEMO_CASES = [c for c in CATEGORICAL_CASES if c.wire_id.startswith("rappor-")]
+#: Memoized longitudinal mechanisms with their own contract suite (test_longitudinal.py,
+#: test_longitudinal_claims.py): dbitflip's input is a number, its estimate the mean.
+LONGITUDINAL_CASES = [
+    Case("dbitflip", Decimal("1"), (LO, HI), (("epsilon_permanent", "2"), ("buckets", "4"))),
+]
 NUMERIC_CASES = [
     Case("duchi", Decimal("1"), (LO, HI)),
     Case("piecewise", Decimal("1"), (LO, HI)),
@@ -124,8 +130,9 @@ EXACT_CASES = [
 
 def perturb_one(mech: Mechanism[Any, Any], value: Any, rng: Any, memo: Any = None) -> Output:
     """perturb, with a fresh memo for memoized mechanisms unless one is given."""
-    if isinstance(mech, (MemoizedUnary, RapporGRR)):
-        return mech.perturb(value, rng=rng, memo=memo if memo is not None else mech.new_memo())
+    if isinstance(mech, Memoized):
+        memoized: Any = mech
+        return memoized.perturb(value, rng=rng, memo=memo if memo is not None else mech.new_memo())  # type: ignore[no-any-return]
     return mech.perturb(value, rng=rng)
 
 

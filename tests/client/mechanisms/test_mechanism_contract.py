@@ -44,6 +44,7 @@ from mech_cases import (  # type: ignore[import-not-found]
     CATEGORICAL_CASES,
     EXACT_CASES,
     EXACT_EPSILONS,
+    LONGITUDINAL_CASES,
     MEMO_CASES,
     MULTI_CASES,
     NUMERIC_CASES,
@@ -67,7 +68,8 @@ ALPHA = 1e-6
 
 
 def test_every_registered_mechanism_has_a_contract_case() -> None:
-    assert {c.wire_id for c in ALL_CASES + MULTI_CASES + OPEN_CASES} == set(registered_ids())
+    cases = ALL_CASES + MULTI_CASES + OPEN_CASES + LONGITUDINAL_CASES
+    assert {c.wire_id for c in cases} == set(registered_ids())
 
 
 @pytest.mark.parametrize("case", OPEN_CASES, ids=str)

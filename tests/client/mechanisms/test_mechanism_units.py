@@ -40,17 +40,25 @@ from fedldp.client.mechanisms.base import BitVectorOutput, CategoryOutput, Hashe
 from fedldp.client.mechanisms.grr import GRR
 from fedldp.client.mechanisms.hadamard import fwht
 from fedldp.client.mechanisms.memo import RapporGRR, RapporOUE
+from fedldp.client.mechanisms.memo_loss import InfiniteSequenceLossError
 from fedldp.client.mechanisms.numeric import Hybrid, NumericMechanism, Piecewise
 from fedldp.client.mechanisms.olh import OLH, default_g, hash_value
 from fedldp.client.mechanisms.oracle import FrequencyOracle
 from fedldp.client.mechanisms.subset import SubsetSelection
-from mech_cases import ALL_CASES, HI, LO, MULTI_CASES, OPEN_CASES  # type: ignore[import-not-found]
+from mech_cases import (  # type: ignore[import-not-found]
+    ALL_CASES,
+    HI,
+    LO,
+    LONGITUDINAL_CASES,
+    MULTI_CASES,
+    OPEN_CASES,
+)
 
 # --- registry -------------------------------------------------------------------------
 
 
 def test_unknown_id_raises_with_the_known_ids() -> None:
-    with pytest.raises(UnknownMechanismError, match="known: cms, duchi, grr"):
+    with pytest.raises(UnknownMechanismError, match="known: cms, dbitflip, duchi, grr"):
         create("nope", Decimal(1), 4)
     with pytest.raises(UnknownMechanismError, match="resolve"):
         create("auto", Decimal(1), 4)
@@ -70,14 +78,18 @@ def test_duplicate_registration_raises_and_changes_nothing() -> None:
 @pytest.mark.parametrize("epsilon", [Decimal("NaN"), Decimal("Infinity"), Decimal(0), Decimal(-1)])
 @pytest.mark.parametrize("wire_id", registered_ids())
 def test_bad_epsilon_raises(wire_id: str, epsilon: Decimal) -> None:
-    case = next(c for c in ALL_CASES + MULTI_CASES + OPEN_CASES if c.wire_id == wire_id)
+    case = next(
+        c for c in ALL_CASES + LONGITUDINAL_CASES + MULTI_CASES + OPEN_CASES if c.wire_id == wire_id
+    )
     with pytest.raises(ValueError, match="epsilon"):
         create(wire_id, epsilon, case.metric, dict(case.params))
 
 
 @pytest.mark.parametrize("wire_id", registered_ids())
 def test_float_epsilon_and_wrong_metric_kind_raise(wire_id: str) -> None:
-    case = next(c for c in ALL_CASES + MULTI_CASES + OPEN_CASES if c.wire_id == wire_id)
+    case = next(
+        c for c in ALL_CASES + LONGITUDINAL_CASES + MULTI_CASES + OPEN_CASES if c.wire_id == wire_id
+    )
     with pytest.raises(TypeError, match="Decimal"):
         create(wire_id, 1.0, case.metric, dict(case.params))  # type: ignore[arg-type]
     other = 4 if isinstance(case.metric, tuple) else (LO, HI)
@@ -342,14 +354,17 @@ def test_memo_grr_and_lifetime_bound() -> None:
     out = mech.perturb(4, rng=random.Random(1), memo=memo)
     assert isinstance(out, CategoryOutput)
     assert len(memo.responses[4]) == 4
-    # One report of each of two values costs ε1 each; ten of one value stay under ε∞.
-    assert mech.lifetime_epsilon([1, 1]) == Decimal(2)
-    assert Decimal(2) < mech.lifetime_epsilon([10]) <= Decimal(3) + Decimal("0.000001")
-    equal = RapporGRR(Decimal(2), 6, Decimal(2))
-    # ε1 = ε∞: the report repeats the permanent response, up to the grid step that
-    # keeps one report's exact loss within ε1 despite the permanent sampler's rounding.
-    assert equal.p_r > 1.0 - 1e-12
-    assert equal.value_loss(1) == Decimal(2)
+    # The proven bound is value-blind: T reports cost T · max(ε1, ε_I) however they
+    # group into values; ten reports of one unchanged value lose at most ε∞.
+    charge = mech.report_charge
+    assert charge > Decimal(1)
+    assert mech.lifetime_epsilon([1, 1]) == mech.lifetime_epsilon(2) == 2 * charge
+    assert mech.lifetime_epsilon([10]) == 10 * charge
+    assert Decimal(2) < mech.unchanged_value_loss(10) <= Decimal(3) + Decimal("0.000001")
+    # ε1 = ε∞: the report repeats the permanent response, so a change of value is
+    # revealed with certainty: no finite charge covers it, and it is refused.
+    with pytest.raises(InfiniteSequenceLossError, match="unbounded loss"):
+        RapporGRR(Decimal(2), 6, Decimal(2))
 
 
 # --- samplers and transforms -------------------------------------------------------------

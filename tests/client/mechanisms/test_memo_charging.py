@@ -2,9 +2,11 @@
 
 The reference here is brute force: for small k and T, every output sequence,
 every true value and every permanent response, in exact rationals from the
-probabilities the samplers realize. The closed forms, the per-report charge and
-the calibration are checked against it; the broken variants (today's ε1 per
-report for rappor-grr, an instantaneous step that flips too little) must fail.
+probabilities the samplers realize. The closed forms of L(T) (T reports of one
+UNCHANGED value), the retired rate r* and the calibration are checked against
+it; the broken variants (ε1 per report for rappor-grr, an instantaneous step
+that flips too little) must fail. Sequences of values that change, and the
+sound charge that covers them, are test_memo_sequences.py's.
 """
 
 from __future__ import annotations
@@ -116,7 +118,8 @@ def test_rappor_grr_charge_covers_the_exact_loss(
     k: int, eps: str, eps_perm: str, reports: int
 ) -> None:
     mech = RapporGRR(Decimal(eps), k, Decimal(eps_perm))
-    check_contract(mech, reports, mech.report_charge)
+    check_contract(mech, reports, mech.retired_report_charge)
+    assert mech.report_charge >= mech.retired_report_charge
 
 
 @pytest.mark.parametrize(("wire_id", "k", "eps", "eps_perm", "reports"), UNARY_CASES)
@@ -125,9 +128,10 @@ def test_rappor_unary_charge_covers_the_exact_loss(
 ) -> None:
     mech = create(wire_id, Decimal(eps), k, {"epsilon_permanent": eps_perm})
     assert isinstance(mech, MemoizedUnary)
-    check_contract(mech, reports, mech.report_charge)
-    # L is concave in T for p∞ >= 1/2 >= q∞ (memo_loss.py): the charge is ε1 itself.
-    assert mech.report_charge == mech.epsilon
+    check_contract(mech, reports, mech.retired_report_charge)
+    # L is concave in T for p∞ >= 1/2 >= q∞ (memo_loss.py): r* is ε1 itself.
+    assert mech.retired_report_charge == mech.epsilon
+    assert mech.report_charge > mech.epsilon  # changing values cost more (k ln (1-f)/f)
 
 
 def test_broken_todays_charge_of_epsilon_per_report_fails_for_rappor_grr() -> None:
@@ -135,8 +139,8 @@ def test_broken_todays_charge_of_epsilon_per_report_fails_for_rappor_grr() -> No
     mech = RapporGRR(Decimal("0.1"), 4, Decimal(1))
     with pytest.raises(AssertionError):
         check_contract(mech, 2, mech.epsilon)
-    assert mech.report_charge == Decimal("0.106349")
-    check_contract(mech, 2, mech.report_charge)
+    assert mech.retired_report_charge == Decimal("0.106349")
+    check_contract(mech, 2, mech.retired_report_charge)
 
 
 def test_broken_instantaneous_step_that_flips_too_little_fails() -> None:
@@ -156,10 +160,16 @@ def test_the_issue_figures() -> None:
     assert mech.value_loss(1) == Decimal("0.500000")
     assert mech.value_loss(2) == Decimal("1.477605")  # charged 1.0 before
     assert mech.value_loss(3) == Decimal("1.919559")  # charged 1.5 before
-    assert mech.report_charge == Decimal("0.738803")  # r* = L(2)/2
+    assert mech.retired_report_charge == Decimal("0.738803")  # r* = L(2)/2
+    assert mech.report_charge == Decimal("2.192184")  # ε_I = ln p_r/q_r (sequences)
     wide = RapporGRR(Decimal("0.1"), 256, Decimal(3))
     assert wide.value_loss(8) == Decimal("2.853862")  # charged 0.8 before
-    assert 8 * wide.report_charge >= wide.value_loss(8)
+    assert 8 * wide.retired_report_charge >= wide.value_loss(8)
+    # issue 28: rappor-oue k = 64, ε1 = 1, ε∞ = 2 is charged ε_I = 64 ln (1-f)/f.
+    oue = create("rappor-oue", Decimal(1), 64, {"epsilon_permanent": "2"})
+    assert isinstance(oue, Memoized)
+    assert oue.report_charge == Decimal("90.086782")
+    assert oue.retired_report_charge == Decimal(1)
 
 
 @pytest.mark.parametrize(
@@ -185,26 +195,31 @@ def test_rate_is_the_max_over_every_number_of_reports(
     assert best <= rate < _LN.add(best, Decimal("1e-40"))
     # Per value the loss never exceeds the permanent response's (ε∞ up to rounding).
     assert max(losses) <= mech.epsilon_permanent + Decimal("1e-12")
-    assert mech.report_charge >= rate and mech.report_charge >= mech.epsilon
+    assert mech.retired_report_charge >= rate and mech.report_charge >= mech.epsilon
+    assert mech.report_charge >= mech.retired_report_charge
     exponent = mech.report_charge.as_tuple().exponent
     assert isinstance(exponent, int) and exponent >= -6  # an exact decimal string
 
 
-def test_lifetime_epsilon_sums_values_and_stays_within_the_charges() -> None:
+def test_lifetime_epsilon_is_the_value_blind_sum_of_charges() -> None:
     mech = RapporGRR(Decimal("0.5"), 64, Decimal(2))
     counts = [1, 2, 3, 40]
     total = mech.lifetime_epsilon(counts)
-    assert total == sum((mech.value_loss(t) for t in counts), Decimal(0))
-    assert total <= sum(counts) * mech.report_charge
-    assert mech.value_loss(40) <= Decimal("2.000001")  # saturates at ε∞ (rounded up)
+    assert total == sum(counts) * mech.report_charge == mech.lifetime_epsilon(46)
+    # One unchanged value saturates at ε∞ (rounded up): RAPPOR's guarantee, not a charge.
+    assert mech.unchanged_value_loss(40) <= Decimal("2.000001")
     assert mech.lifetime_epsilon([]) == 0
     with pytest.raises(ValueError, match="reports"):
         mech.value_loss(-1)
+    with pytest.raises(ValueError, match="integers"):
+        mech.lifetime_epsilon([-1])
 
 
-def test_parameters_too_costly_to_charge_exactly_are_refused() -> None:
+def test_the_retired_rate_is_refused_when_too_costly_but_the_charge_is_not() -> None:
+    mech = RapporGRR(Decimal("0.001"), 3, Decimal(8))
+    assert mech.report_charge > mech.epsilon  # ε_I: a closed form, never too costly
     with pytest.raises(JointLossTooCostlyError, match="epsilon_permanent"):
-        RapporGRR(Decimal("0.001"), 3, Decimal(8))
+        _ = mech.retired_report_charge
 
 
 def test_one_report_is_the_base_mechanism_up_to_the_grid() -> None:
@@ -326,8 +341,10 @@ def test_a_change_of_epsilon1_draws_new_permanent_responses() -> None:
     high = create("rappor-grr", Decimal("0.5"), 256, {"epsilon_permanent": "1"})
     assert isinstance(low, RapporGRR) and isinstance(high, RapporGRR)
     shared = _mixed_grr_ratio(256, low.p_exact, [low.p_r_exact, high.p_r_exact])
-    charged = low.report_charge + high.report_charge
-    assert math.log(shared) > float(charged)  # sharing would under-charge
+    retired = low.retired_report_charge + high.retired_report_charge
+    assert math.log(shared) > float(retired)  # sharing under-charged the retired rule
+    # The sound charge covers it even when shared (each term is within its own ε_I).
+    assert math.log(shared) <= float(low.report_charge + high.report_charge)
     assert low.memo_key != high.memo_key
     with pytest.raises(ValueError, match="other parameters"):
         high.perturb(3, memo=low.new_memo())

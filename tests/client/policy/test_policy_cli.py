@@ -298,7 +298,7 @@ def test_show_and_verify_print_epsilon_and_charge_per_report(
     source = tmp_path / "memo.toml"
     source.write_text(text)
     envelope_path = tmp_path / "memo.policy"
-    _ok(
+    signed = _ok(
         runner.invoke(
             policy,
             [
@@ -311,8 +311,13 @@ def test_show_and_verify_print_epsilon_and_charge_per_report(
             ],
         )
     )
+    # The author sees what a window can lose over any values, and what memoization costs.
+    assert "charge: 2.192184 per report (epsilon 0.5)" in signed
+    assert "admits 1 report(s): worst-case loss per window 2.192184 over any values" in signed
+    assert "the retired r* rule charged 0.738803" in signed
+    assert "there is no lifetime cap" in signed
     shown = json.loads(_ok(runner.invoke(policy, ["show", str(envelope_path)])))
-    assert (shown["epsilon_per_report"], shown["charge_per_report"]) == ("0.5", "0.738803")
+    assert (shown["epsilon_per_report"], shown["charge_per_report"]) == ("0.5", "2.192184")
     verified = _ok(
         runner.invoke(
             policy,
@@ -328,4 +333,4 @@ def test_show_and_verify_print_epsilon_and_charge_per_report(
             ],
         )
     )
-    assert "epsilon 0.5 per report, charge 0.738803 per report" in verified
+    assert "epsilon 0.5 per report, charge 2.192184 per report" in verified

@@ -275,7 +275,8 @@ def test_memoized_permanent_epsilon_is_under_the_device_maximum(
 def test_memoized_charge_not_epsilon_is_held_to_the_device_maximum(
     authority: Authority, trust: TrustStore, now: int
 ) -> None:
-    # rappor-grr, k = 64, ε1 = 0.5, ε∞ = 2: a report really costs r* = 0.738803.
+    # rappor-grr, k = 64, ε1 = 0.5, ε∞ = 2: a report really costs ε_I = 2.192184
+    # (any two value sequences; memo_loss.py), not ε1.
     # Signed with the older INSTANTANEOUS label it is accepted and charged the same.
     for memo in (policy_pb2.MEMO_CHARGING_JOINT, policy_pb2.MEMO_CHARGING_INSTANTANEOUS):
         policy = authority.categorical_policy(
@@ -283,7 +284,7 @@ def test_memoized_charge_not_epsilon_is_held_to_the_device_maximum(
             metric="m",
             labels=[f"v{i}" for i in range(64)],
             epsilon="0.5",
-            epsilon_cap="2",
+            epsilon_cap="3",
             window_seconds=DAY,
             now=now,
             mechanism="rappor-grr",
@@ -291,16 +292,16 @@ def test_memoized_charge_not_epsilon_is_held_to_the_device_maximum(
             memo_charging=memo,
         )
         envelope = authority.sign(policy)
-        verified = verify_policy(envelope, trust, now=now, max_epsilon=Decimal("2"))
-        assert (verified.epsilon, verified.charge) == (Decimal("0.5"), Decimal("0.738803"))
-        with pytest.raises(EpsilonAboveMaximumError, match=r"costs epsilon 0\.738803 per report"):
-            verify_policy(envelope, trust, now=now, max_epsilon=Decimal("0.7"))
+        verified = verify_policy(envelope, trust, now=now, max_epsilon=Decimal("3"))
+        assert (verified.epsilon, verified.charge) == (Decimal("0.5"), Decimal("2.192184"))
+        with pytest.raises(EpsilonAboveMaximumError, match=r"costs epsilon 2\.192184 per report"):
+            verify_policy(envelope, trust, now=now, max_epsilon=Decimal("2"))
 
 
 def test_cap_below_the_memoized_charge_is_refused_when_authoring(
     authority: Authority, now: int
 ) -> None:
-    with pytest.raises(InvalidPolicyError, match=r"below the per-report cost \(0.738803\)"):
+    with pytest.raises(InvalidPolicyError, match=r"below the per-report cost \(2.192184\)"):
         authority.categorical_policy(
             policy_id="memo",
             metric="m",
@@ -322,7 +323,7 @@ def test_authoring_writes_joint_charging_for_memoized_mechanisms(
         metric="m",
         labels=["a", "b", "c"],
         epsilon="0.5",
-        epsilon_cap="2",
+        epsilon_cap="3",
         window_seconds=DAY,
         now=now,
         mechanism="rappor-oue",

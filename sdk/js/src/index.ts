@@ -1,0 +1,9 @@
+/** fedldp device SDK for Node: see README.md and docs/sdk.md ("TypeScript SDK"). */
+export { FedldpClient, BudgetExhaustedError, NoPolicyError } from "./client.js";
+export type { ClientOptions, FlushResult } from "./client.js";
+export { PolicyError, TrustStore, verifyPolicy, pae, keyIdOf, verifyEd25519 } from "./policy.js";
+export type { VerifiedPolicy, VerifyOptions } from "./policy.js";
+export { createMechanism, GRR, OUE, SUE, OLH, HadamardResponse, SubsetSelection, SUPPORTED, olhHash } from "./mechanisms.js";
+export type { Mechanism, Output } from "./mechanisms.js";
+export { ReportIds, reportBytes, submitRequestBytes } from "./wire.js";
+export * as exact from "./exact.js";
