@@ -13,6 +13,8 @@ at module import.
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -75,6 +77,19 @@ def to_result(rows: Sequence[Sequence[Any]], q: BoundedQuery) -> Result:
 
 
 _local = threading.local()
+#: Every connection `_connection` made, closed at interpreter exit (`_close_all`): a
+#: DuckDB database destroyed during finalization, from whichever thread drops it
+#: last, can abort the process ("terminate called ... exception not rethrown").
+_opened: list[Any] = []
+_opened_lock = threading.Lock()
+
+
+def _close_all() -> None:
+    """Close every cached connection (atexit), while the interpreter is whole."""
+    with _opened_lock:
+        while _opened:
+            with contextlib.suppress(Exception):  # closing at exit must not raise
+                _opened.pop().close()
 
 
 def _connection() -> Any:
@@ -85,6 +100,10 @@ def _connection() -> Any:
     if con is None:
         con = duckdb.connect(":memory:")
         _local.con = con
+        with _opened_lock:
+            if not _opened:
+                atexit.register(_close_all)
+            _opened.append(con)
     return con
 
 
