@@ -74,6 +74,11 @@ def _compare(address: str, deployment: Deployment, now: int, held: Callable[[], 
         while not held() and time.monotonic() < deadline:
             time.sleep(0.05)
         attacked = honest_devices(address, tokens, make, calls=CALLS_EACH)
+        # The asyncio server answers a share refusal only after its hint, so the
+        # attacker's first reopen may come after the honest phase: wait for it.
+        deadline = time.monotonic() + 30
+        while attack.opened <= attack.calls and time.monotonic() < deadline:
+            time.sleep(0.05)
     finally:
         attack.stop()
     assert unloaded.tally.ok == HONEST_DEVICES * CALLS_EACH, unloaded.tally
