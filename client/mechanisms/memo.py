@@ -254,13 +254,11 @@ class Memoized(FrequencyOracle):
     def memo_key(self) -> str:
         """Binds a MemoState to this mechanism and ALL its parameters, ε1 included.
 
-        The charge r* bounds the joint loss of reports that share one permanent
-        response only when they all use one instantaneous step (one ε1): reports of
-        one value at two ε1 (a rollout that changes only `epsilon`) sharing a
-        permanent response can lose more than their two charges (rappor-grr, k=256,
-        ε∞=1, one report at ε1=0.05 and one at 0.5: 0.897 against 0.772 charged).
-        Keying the memo by ε1 too gives each parameter set its own permanent
-        response; independent permanents add their losses, which the charges cover.
+        A rollout that changes only `epsilon` therefore draws new permanent
+        responses. (Under the retired r* rule, two ε1 sharing one permanent response
+        under-charged: rappor-grr, k=256, ε∞=1, one report at ε1=0.05 and one at
+        0.5 lost 0.897 against 0.772. The sound charge covers even a shared one,
+        each report's term being within its own ε_I; the key keeps existing memos.)
         """
         return (
             f"{self.wire_id}|k={self.k}|epsilon={self.epsilon}"

@@ -331,7 +331,7 @@ def _memo_problems(
     (epsilon_permanent), and one report leaks epsilon_1 <= epsilon_permanent, so
     the per-report epsilon may not exceed the permanent one. Both memoized
     values (MEMO_CHARGING_JOINT, and the older MEMO_CHARGING_INSTANTANEOUS) are
-    charged the mechanism's `report_charge` (the joint-loss rate, memo.py).
+    charged the mechanism's `report_charge` (max(ε1, ε_I), memo.py).
     """
     memoized = spec.memo_charging in MEMOIZED_CHARGING
     has_permanent = EPSILON_PERMANENT in spec.params

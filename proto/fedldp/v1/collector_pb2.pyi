@@ -707,7 +707,7 @@ class BudgetStatus(_message.Message):
     epsilon_remaining: _builtins.str
     charge_per_report: _builtins.str
     """What one report under this policy costs in the ledger (decimal string): the
-    mechanism's epsilon, or a memoized mechanism's exact joint-loss rate
+    mechanism's epsilon, or a memoized mechanism's sound charge max(epsilon, eps_I)
     (policy.proto, MEMO_CHARGING_JOINT). Empty from collectors older than this field.
     """
     def __init__(

@@ -52,11 +52,11 @@ class _MemoChargingEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_MemoChar
     MEMO_CHARGING_JOINT.
     """
     MEMO_CHARGING_JOINT: _MemoCharging.ValueType  # 3
-    """Memoized: every report costs the mechanism's exact joint-loss rate
-    r* = max over m >= 1 of L(m)/m, rounded up (L(m): the exact worst-case loss
-    of m reports of one value), or epsilon when r* <= epsilon; so the charges of
-    any set of a subject's reports bound their joint loss whatever values they
-    carry. See docs/mechanisms.md, "Longitudinal collection".
+    """Memoized: every report costs max(epsilon, eps_I), eps_I the instantaneous
+    step's own loss on the permanent responses, rounded up at 6 decimals; so the
+    charges of T reports bound the exact joint loss of any two sequences of T
+    values, changed or not. There is no lifetime cap. See docs/mechanisms.md,
+    "What a report of a memoized mechanism costs".
     """
 
 class MemoCharging(_MemoCharging, metaclass=_MemoChargingEnumTypeWrapper):
@@ -73,11 +73,11 @@ charged exactly like MEMO_CHARGING_JOINT (the sound rule); authoring writes
 MEMO_CHARGING_JOINT.
 """
 MEMO_CHARGING_JOINT: MemoCharging.ValueType  # 3
-"""Memoized: every report costs the mechanism's exact joint-loss rate
-r* = max over m >= 1 of L(m)/m, rounded up (L(m): the exact worst-case loss
-of m reports of one value), or epsilon when r* <= epsilon; so the charges of
-any set of a subject's reports bound their joint loss whatever values they
-carry. See docs/mechanisms.md, "Longitudinal collection".
+"""Memoized: every report costs max(epsilon, eps_I), eps_I the instantaneous
+step's own loss on the permanent responses, rounded up at 6 decimals; so the
+charges of T reports bound the exact joint loss of any two sequences of T
+values, changed or not. There is no lifetime cap. See docs/mechanisms.md,
+"What a report of a memoized mechanism costs".
 """
 Global___MemoCharging: _TypeAlias = MemoCharging  # noqa: Y015
 

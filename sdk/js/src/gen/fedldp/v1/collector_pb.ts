@@ -681,7 +681,7 @@ export type BudgetStatus = Message<"fedldp.v1.BudgetStatus"> & {
 
   /**
    * What one report under this policy costs in the ledger (decimal string): the
-   * mechanism's epsilon, or a memoized mechanism's exact joint-loss rate
+   * mechanism's epsilon, or a memoized mechanism's sound charge max(epsilon, eps_I)
    * (policy.proto, MEMO_CHARGING_JOINT). Empty from collectors older than this field.
    *
    * @generated from field: string charge_per_report = 8;

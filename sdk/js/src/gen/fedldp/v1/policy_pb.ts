@@ -550,11 +550,11 @@ export enum MemoCharging {
   INSTANTANEOUS = 2,
 
   /**
-   * Memoized: every report costs the mechanism's exact joint-loss rate
-   * r* = max over m >= 1 of L(m)/m, rounded up (L(m): the exact worst-case loss
-   * of m reports of one value), or epsilon when r* <= epsilon; so the charges of
-   * any set of a subject's reports bound their joint loss whatever values they
-   * carry. See docs/mechanisms.md, "Longitudinal collection".
+   * Memoized: every report costs max(epsilon, eps_I), eps_I the instantaneous
+   * step's own loss on the permanent responses, rounded up at 6 decimals; so the
+   * charges of T reports bound the exact joint loss of any two sequences of T
+   * values, changed or not. There is no lifetime cap. See docs/mechanisms.md,
+   * "What a report of a memoized mechanism costs".
    *
    * @generated from enum value: MEMO_CHARGING_JOINT = 3;
    */
