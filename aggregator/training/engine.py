@@ -205,6 +205,12 @@ def _reserved_run(request: TrainingRequest, ledger: CentralLedger) -> TrainingRe
     """Reserve, then train and write under the claim; settle and publish, or close the
     claim by the refund rule on any failure."""
     config, log = request.config, request.log
+    # The plan depends on the configuration alone: an impossible one (PRV out of
+    # memory, not one step within the budget) is refused before anything is reserved.
+    schedule = _Schedule.of(config)
+    t0 = time.perf_counter()
+    plan = _make_plan(request, schedule)
+    plan_seconds = time.perf_counter() - t0
     t0 = time.perf_counter()
     claim = claim_run(config, ledger, request.clock)
     reserve_seconds = time.perf_counter() - t0
@@ -218,7 +224,9 @@ def _reserved_run(request: TrainingRequest, ledger: CentralLedger) -> TrainingRe
     settled = False
     try:
         with _ranks(request.nproc) as group:
-            result = _train_and_write(request, claim, group, tmp_model, tmp_receipt)
+            result = _train_and_write(
+                request, claim, group, tmp_model, tmp_receipt, (schedule, plan, plan_seconds)
+            )
         t0 = time.perf_counter()
         claim.settle(
             result.epsilon_spent,
@@ -476,8 +484,10 @@ def _train_and_write(
     group: ProcessGroup | None,
     tmp_model: Path,
     tmp_receipt: Path,
+    planned: tuple[_Schedule, Plan, float],
 ) -> TrainingResult:
-    """Read, plan, train and write the model and receipt to their temporary names."""
+    """Read, train and write the model and receipt to their temporary names, on the
+    plan made before reserving (`planned`: schedule, plan, seconds it took)."""
     config = request.config
     rand = StepRandomness(config.randomness.seed if config.randomness.source == "seeded" else None)
     if rand.seeded:
@@ -487,10 +497,7 @@ def _train_and_write(
     t0 = time.perf_counter()
     dataset = _read(request, claim)
     timings["load"] = time.perf_counter() - t0
-    schedule = _Schedule.of(config)
-    t0 = time.perf_counter()
-    plan = _make_plan(request, schedule)
-    timings["plan"] = time.perf_counter() - t0
+    schedule, plan, timings["plan"] = planned
     model, mode, mode_reason = _model_and_mode(request, dataset, timings)
     outcome, history = _train(request, claim, group, plan, schedule, model, mode, dataset, rand)
     timings["checks"] = outcome.check_seconds

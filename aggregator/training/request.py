@@ -9,9 +9,11 @@ of processes). Nothing is reserved, read or written by it.
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
@@ -24,7 +26,7 @@ from fedldp.aggregator.training.config import (
     TrainConfig,
     TrainingConfigError,
 )
-from fedldp.aggregator.training.data import Dataset
+from fedldp.aggregator.training.data import Dataset, load_dataset
 from fedldp.aggregator.training.errors import DistributedError, OutputExistsError
 from fedldp.aggregator.training.models import build_mlp, choose_grad_sample_mode, validate_model
 from fedldp.aggregator.training.publish import MODEL_FILE, RECEIPT_FILE
@@ -133,6 +135,7 @@ class TrainingRequest:
         """
         started = time.perf_counter()
         check_nproc(nproc)
+        _check_paths(config, files=load is load_dataset)
         for p in (config.output_dir / MODEL_FILE, config.output_dir / RECEIPT_FILE):
             if p.exists():
                 raise OutputExistsError(f"{p} exists; a released model is never overwritten")
@@ -166,6 +169,39 @@ class TrainingRequest:
             log=log,
             nproc=nproc,
             started=started,
+        )
+
+
+def _check_paths(config: TrainConfig, *, files: bool) -> None:
+    """What the configuration already shows, checked before anything is reserved.
+
+    A file source (`csv`, `parquet`) must name an existing regular file; the output
+    folder must be a writable folder or creatable in one (nothing is created here).
+    Raises TrainingConfigError naming the option; nothing of the data is read (only
+    its path is looked at). `files`: the data is read by the file loader (a caller's
+    own loader, e.g. the release service's catalog, names its data otherwise).
+    """
+    data = config.data
+    if files and data.source in ("csv", "parquet") and data.path is not None:
+        path = Path(data.path)
+        if not path.is_file():
+            raise TrainingConfigError(
+                f"[data] path {path} is not a file (missing or a folder); fix the path: "
+                "nothing was reserved or read"
+            )
+    out = config.output_dir
+    existing = out
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent  # the folder the run would create `out` in
+    if not existing.is_dir():
+        raise TrainingConfigError(
+            f"[output] folder {out} cannot be created ({existing} is not a folder); choose "
+            "a writable folder: nothing was reserved or read"
+        )
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise TrainingConfigError(
+            f"[output] folder {out} cannot be created or written ({existing} is not "
+            "writable); choose a writable folder: nothing was reserved or read"
         )
 
 

@@ -20,6 +20,7 @@ pytest.importorskip("opacus", reason="needs the train extra: pip install 'fedldp
 
 import torch
 from fedldp.aggregator.training import (
+    AccountantError,
     BudgetRefusedError,
     PoissonSamplingError,
     TrainingAbortedError,
@@ -30,7 +31,7 @@ from fedldp.aggregator.training import (
     require_poisson_loader,
     train_private,
 )
-from fedldp.aggregator.training.config import DataConfig
+from fedldp.aggregator.training.config import DataConfig, TrainingConfigError
 from fedldp.aggregator.training.data import DataError, Dataset
 from fedldp.aggregator.training.receipt import load_receipt
 from fedldp.collector.ledger import Ledger
@@ -63,10 +64,30 @@ def _outputs(cfg: Any) -> list[Path]:
     return sorted(cfg.output_dir.glob("*")) if cfg.output_dir.exists() else []
 
 
+def test_what_the_configuration_shows_is_refused_before_reserving(
+    make_config: ConfigFactory, ledger: Ledger, tmp_path: Path
+) -> None:
+    """A missing data file and an output folder that cannot be created are named
+    before anything is reserved (issue 29.7): nothing is charged, nothing written."""
+    counter = CountingLoader()
+    missing = make_config(data={"path": str(tmp_path / "no-such.csv")})
+    with pytest.raises(TrainingConfigError, match=r"\[data\] path .* is not a file"):
+        train_private(missing, ledger=ledger)  # the file loader: its path is checked first
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x")
+    unwritable = make_config(output={"dir": str(blocker / "out")})
+    with pytest.raises(TrainingConfigError, match=r"\[output\] folder .* cannot be created"):
+        train_private(unwritable, ledger=ledger, load=counter)
+    assert counter.calls == 0
+    assert ledger.central_spend(SUBJECT, PURPOSE) == (Decimal(0), Decimal(0))
+    assert ledger.reservations(SUBJECT) == []
+
+
 def test_refused_reservation_reads_nothing_and_writes_nothing(
     make_config: ConfigFactory, ledger: Ledger, tmp_path: Path
 ) -> None:
-    never = tmp_path / "not-created-yet.csv"  # opening it would raise FileNotFoundError
+    never = tmp_path / "table.csv"  # exists (its path is checked first), never read
+    never.write_text("not read\n")
     counter = CountingLoader()
     cfg = make_config(budget={"epsilon": "11"}, data={"path": str(never)})  # cap is 10
     with pytest.raises(BudgetRefusedError, match="exceed the cap"):
@@ -78,7 +99,7 @@ def test_refused_reservation_reads_nothing_and_writes_nothing(
     no_cap = make_config(budget={"purpose": "no-cap-set"}, data={"path": str(never)})
     with pytest.raises(BudgetRefusedError, match="no central cap"):
         train_private(no_cap, ledger=ledger, load=counter)
-    assert counter.calls == 0 and not never.exists()
+    assert counter.calls == 0 and never.read_text() == "not read\n"
 
     unreachable = make_config(budget={"ledger": f"sqlite:///{tmp_path}/missing/dir/ledger.db"})
     with pytest.raises(BudgetRefusedError, match="cannot open the ledger"):
@@ -187,7 +208,7 @@ def test_batchnorm_rejected_and_fixed_only_when_asked(
     assert not any(isinstance(m, torch.nn.BatchNorm1d) for m in result.model.modules())
 
 
-def test_injected_accountant_failure_after_reading_is_charged(
+def test_injected_accountant_failure_in_the_plan_is_refused_before_reserving(
     make_config: ConfigFactory,
     ledger: Ledger,
     monkeypatch: pytest.MonkeyPatch,
@@ -201,13 +222,13 @@ def test_injected_accountant_failure_after_reading_is_charged(
 
     monkeypatch.setattr(DiscretePRV, "compute_epsilon", broken)
     cfg = make_config(accountant={"kind": "prv"})
-    with pytest.raises(TrainingAbortedError, match=r"settled as spent .*no model written"):
+    # The plan depends on the configuration alone and is made before reserving
+    # (issue 29.7): an accountant that cannot plan costs nothing.
+    with pytest.raises(AccountantError):
         train_private(cfg, ledger=ledger)
-    (res,) = ledger.reservations(SUBJECT, PURPOSE)
-    # the accountant failed after the data was read: charged in full, never refunded
-    assert res.status == "settled" and res.epsilon_spent == cfg.budget.epsilon
+    assert ledger.reservations(SUBJECT, PURPOSE) == []
     assert _outputs(cfg) == []
-    assert ledger.central_spend(SUBJECT, PURPOSE) == (cfg.budget.epsilon, cfg.budget.delta)
+    assert ledger.central_spend(SUBJECT, PURPOSE) == (Decimal(0), Decimal(0))
 
     # only when configured, RDP stands in, and the receipt says so
     fallback = make_config(accountant={"kind": "prv", "fallback_to_rdp": True})
