@@ -326,10 +326,12 @@ class Memoized(FrequencyOracle):
         return charge_from_rate(self._rate(), self.epsilon)
 
     def value_loss(self, reports: int) -> Decimal:
-        """L(reports): the exact loss of that many reports of one value, rounded up.
+        """L(reports): the exact loss of that many reports of one value that never
+        changes, rounded up at CHARGE_PLACES decimals; at most E∞ (the realized
+        permanent response's loss) for every number of reports (RAPPOR's guarantee).
 
-        Rounded up at CHARGE_PLACES decimals; at most E∞ (the realized permanent
-        response's loss) for every number of reports.
+        Not a charge: it says what memoization protects, not what a sequence of
+        changing values loses (`report_charge`, `lifetime_epsilon`).
         """
         if isinstance(reports, bool) or not isinstance(reports, int) or reports < 0:
             raise ValueError("reports must be an integer >= 0")
@@ -350,14 +352,6 @@ class Memoized(FrequencyOracle):
             if isinstance(count, bool) or not isinstance(count, int) or count < 0:
                 raise ValueError("report counts must be integers >= 0")
         return self.report_charge * sum(counts)
-
-    def unchanged_value_loss(self, reports: int) -> Decimal:
-        """L(reports) for a value that never changes: at most E∞ (RAPPOR's guarantee).
-
-        Not a charge: it says what memoization protects (averaging out one value),
-        not what a sequence of changing values loses.
-        """
-        return self.value_loss(reports)
 
     def _memo(self, memo: MemoState | None) -> MemoState:
         if memo is None:

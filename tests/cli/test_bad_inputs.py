@@ -31,6 +31,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from fedldp.authoring import write_private_key, write_public_key
 from fedldp.collector.ledger import SubmitBatch, open_ledger, restore
 from fedldp.collector.ledger.shards import open_sharded, read_map
+from server_extras import SERVER_MODULES
 
 from fedldp.cli import main
 
@@ -965,28 +966,6 @@ def test_the_matrix_runs_start_up_paths_as_processes() -> None:
     assert 0 < len(spawned) < len(matrix) // 4
 
 
-#: The server-side extras' modules: blocked to stand for an install of `[cli]` only.
-CLI_ONLY_BLOCKED = [
-    "numpy",
-    "scipy",
-    "sqlalchemy",
-    "alembic",
-    "prometheus_client",
-    "psycopg",
-    "grpc_health",
-    "matplotlib",
-    "dp_accounting",
-    "duckdb",
-    "pyarrow",
-    "sqlglot",
-    "pyspark",
-    "starlette",
-    "uvicorn",
-    "torch",
-    "opacus",
-    "sklearn",
-]
-
 _CLI_ONLY_CHILD = """
 import json, sys
 for name in {blocked!r}:
@@ -1010,7 +989,7 @@ def test_the_matrix_with_only_the_cli_extra(env: Env) -> None:
     matrix = cases(env)
     environment = {k: v for k, v in os.environ.items() if not k.startswith("FEDLDP_")}
     done = subprocess.run(
-        [sys.executable, "-c", _CLI_ONLY_CHILD.format(blocked=CLI_ONLY_BLOCKED)],
+        [sys.executable, "-c", _CLI_ONLY_CHILD.format(blocked=SERVER_MODULES)],
         input=json.dumps([args for _, args in matrix]),
         capture_output=True,
         text=True,

@@ -11,6 +11,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+from server_extras import SERVER_MODULES
+
 # tomllib from Python 3.11; the collector extra's backport, tomli, on 3.10.
 tomllib = importlib.import_module("tomllib" if sys.version_info >= (3, 11) else "tomli")
 
@@ -132,27 +134,6 @@ def test_the_signing_scan_catches_a_planted_signer() -> None:
 
 # --- the `fedldp` script on light installs (issue 29, item 5) ---
 
-#: Modules of the server-side extras: blocked to stand for an install of `[cli]` only.
-SERVER_MODULES = [
-    "numpy",
-    "scipy",
-    "sqlalchemy",
-    "alembic",
-    "prometheus_client",
-    "psycopg",
-    "grpc_health",
-    "matplotlib",
-    "dp_accounting",
-    "duckdb",
-    "pyarrow",
-    "sqlglot",
-    "pyspark",
-    "starlette",
-    "uvicorn",
-    "torch",
-    "opacus",
-    "sklearn",
-]
 
 _POLICIES = ("--policies", "{tmp}", "--trust", "{tmp}")
 #: Commands of the issue's light-install review, each past its argument checks.

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner
-from collector_testkit import Deployment
+from collector_testkit import ChargedUnderRetiredRule, Deployment
 from fedldp.authoring import write_envelope
 from fedldp.authoring.signing import sign_envelope
 from fedldp.client.mechanisms import (
@@ -173,7 +173,7 @@ def test_reconcile_reads_retired_files_and_never_rewrites(
     try:
         for env, count in ((v1, 2), (v2, 1)):
             policy = deployment.verified(env)
-            old: Any = _RetiredRule(policy)
+            old: Any = ChargedUnderRetiredRule(policy)
             batch = [
                 CheckedReport(
                     secrets.token_bytes(16),
@@ -211,18 +211,3 @@ def test_reconcile_reads_retired_files_and_never_rewrites(
         assert led.spent("ada", "memo-split", window) == before
     finally:
         led.close()
-
-
-class _RetiredRule:
-    """A verified memoized policy as the old collector charged it: r* per report."""
-
-    def __init__(self, policy: Any) -> None:
-        self._policy = policy
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._policy, name)
-
-    @property
-    def charge(self) -> Decimal:
-        """The retired rule's charge."""
-        return Decimal(self._policy.mechanism.retired_report_charge)

@@ -17,32 +17,14 @@ from pathlib import Path
 from typing import Any
 
 from click.testing import CliRunner
-from collector_testkit import Deployment
+from collector_testkit import ChargedUnderRetiredRule, Deployment
 from fedldp.authoring import write_envelope
 from fedldp.client.mechanisms import CategoryOutput
-from fedldp.client.mechanisms.memo import Memoized
-from fedldp.client.policy import VerifiedPolicy
 from fedldp.collector.ledger import ACCEPTED, CheckedReport, Ledger
 from fedldp.collector.ledger.charge_audit import sound_charges, undercharged
 from fedldp.v1 import policy_pb2
 
 from fedldp.cli import main
-
-
-class _ChargedUnderRetiredRule:
-    """A verified policy as the old collector charged it: r* per report."""
-
-    def __init__(self, policy: VerifiedPolicy) -> None:
-        self._policy = policy
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._policy, name)
-
-    @property
-    def charge(self) -> Decimal:
-        mechanism = self._policy.mechanism
-        assert isinstance(mechanism, Memoized)
-        return mechanism.retired_report_charge
 
 
 def _report(policy: Any, index: int) -> CheckedReport:
@@ -63,7 +45,7 @@ def test_reconcile_reports_subjects_charged_below_the_sound_rule(
         memo_charging=policy_pb2.MEMO_CHARGING_INSTANTANEOUS,  # signed by an old authoring
     )
     policy = deployment.verified(env)
-    old = _ChargedUnderRetiredRule(policy)
+    old = ChargedUnderRetiredRule(policy)
     assert (old.charge, policy.charge) == (Decimal("0.738803"), Decimal("2.192184"))
     # Before the upgrade: three reports at r*. After it: one at the sound charge.
     assert ledger.submit("ada", [_report(old, i) for i in range(3)], now=now) == [ACCEPTED] * 3

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import signal
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -89,21 +89,10 @@ def _compare(address: str, deployment: Deployment, now: int, held: Callable[[], 
     assert attack.tally.with_hint == attack.tally.codes.get("RESOURCE_EXHAUSTED", 0) > 0
 
 
-@pytest.fixture(params=["asyncio", "sync"])
-def defaults(
-    request: pytest.FixtureRequest, deployment: Deployment, sqlite_url: str
-) -> Iterator[RunningCollector]:
-    """A collector with the default limits (byte budgets, body deadline, RPC slots)."""
-    config = deployment.config(sqlite_url, server=request.param)
-    running = start_collector(config, registry=deployment.registry())
-    yield running
-    running.stop(1.0)
-
-
 def test_withheld_bodies_from_one_token_leave_honest_devices_served(
-    deployment: Deployment, defaults: RunningCollector, now: int
+    deployment: Deployment, collector: RunningCollector, now: int
 ) -> None:
-    admission = defaults.admission
+    admission = collector.admission
     assert admission is not None
     share = admission.max_subject_bytes
     assert share == 4 * MiB and admission.max_bytes == 32 * MiB  # the defaults
@@ -111,7 +100,7 @@ def test_withheld_bodies_from_one_token_leave_honest_devices_served(
     def held() -> bool:
         return admission.bytes >= share
 
-    _compare(defaults.address, deployment, now, held)
+    _compare(collector.address, deployment, now, held)
     assert admission.bytes <= share  # the attack never held more than its share
 
 

@@ -31,6 +31,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -716,3 +717,20 @@ def run_load(
             metadata_for=metadata_for,
         )
     )
+
+
+class ChargedUnderRetiredRule:
+    """A verified memoized policy as a collector before the sound charge charged it:
+    the retired r* per report (`retired_report_charge`); everything else the policy's."""
+
+    def __init__(self, policy: VerifiedPolicy) -> None:
+        self._policy = policy
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._policy, name)
+
+    @property
+    def charge(self) -> Decimal:
+        """The retired rule's per-report charge."""
+        mechanism: Any = self._policy.mechanism
+        return Decimal(mechanism.retired_report_charge)

@@ -360,7 +360,7 @@ def test_memo_grr_and_lifetime_bound() -> None:
     assert charge > Decimal(1)
     assert mech.lifetime_epsilon([1, 1]) == mech.lifetime_epsilon(2) == 2 * charge
     assert mech.lifetime_epsilon([10]) == 10 * charge
-    assert Decimal(2) < mech.unchanged_value_loss(10) <= Decimal(3) + Decimal("0.000001")
+    assert Decimal(2) < mech.value_loss(10) <= Decimal(3) + Decimal("0.000001")
     # ε1 = ε∞: the report repeats the permanent response, so a change of value is
     # revealed with certainty: no finite charge covers it, and it is refused.
     with pytest.raises(InfiniteSequenceLossError, match="unbounded loss"):

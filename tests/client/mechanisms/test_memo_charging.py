@@ -207,7 +207,7 @@ def test_lifetime_epsilon_is_the_value_blind_sum_of_charges() -> None:
     total = mech.lifetime_epsilon(counts)
     assert total == sum(counts) * mech.report_charge == mech.lifetime_epsilon(46)
     # One unchanged value saturates at ε∞ (rounded up): RAPPOR's guarantee, not a charge.
-    assert mech.unchanged_value_loss(40) <= Decimal("2.000001")
+    assert mech.value_loss(40) <= Decimal("2.000001")
     assert mech.lifetime_epsilon([]) == 0
     with pytest.raises(ValueError, match="reports"):
         mech.value_loss(-1)
