@@ -80,7 +80,9 @@ def generate_analyzer_key(folder: Path) -> tuple[Path, bytes]:
     fd = os.open(key_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "wb") as f:
         f.write(pem)
-    public = key.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+    public = key.public_key().public_bytes(
+        serialization.Encoding.Raw, serialization.PublicFormat.Raw
+    )
     (folder / "analyzer.pub").write_text(public.hex() + "\n")
     return key_path, public
 

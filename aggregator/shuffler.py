@@ -16,7 +16,9 @@ released), or the renamed file without its record (the record is completed; the 
 the release, is not rewritten), or both (nothing to do). So no ciphertext is lost and no batch is
 released twice. The release first claims the batch (one transaction, after the size check), so
 `add` refuses ciphertexts for a batch being or already released: the rows a restart reads are
-the rows the killed run read.
+the rows the killed run read. Releases from one spool are serialized by an exclusive flock on
+SPOOL.lock (released by the kernel when its holder dies), so two shuffler processes never both
+permute and write one batch.
 
 Batch file format: the line b"fedldp-shuffled-batch v1\\n", a JSON header line
 {"batch": key, "count": n}, then n records of a 4-byte big-endian length and the ciphertext.
@@ -24,6 +26,7 @@ Batch file format: the line b"fedldp-shuffled-batch v1\\n", a JSON header line
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
@@ -32,7 +35,7 @@ import re
 import sqlite3
 import struct
 from collections.abc import Callable, Iterable, Iterator
-from contextlib import closing
+from contextlib import closing, contextmanager
 from pathlib import Path
 
 from fedldp.client.sealed import MAX_CIPHERTEXT_BYTES
@@ -215,6 +218,17 @@ def permute(items: list[bytes], rng: random.Random | None = None) -> None:
     (rng or random.SystemRandom()).shuffle(items)
 
 
+@contextmanager
+def _exclusive(spool: ShuffleSpool) -> Iterator[None]:
+    """Hold an exclusive lock (flock on SPOOL.lock): one release at a time per spool."""
+    with open(spool.path.with_name(spool.path.name + ".lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
 def release(
     spool: ShuffleSpool,
     batch: str,
@@ -233,6 +247,19 @@ def release(
     """
     if min_batch < 1:
         raise ValueError("min_batch must be at least 1")
+    with _exclusive(spool):
+        return _release_locked(spool, batch, Path(out_dir), min_batch, rng, on_stage)
+
+
+def _release_locked(
+    spool: ShuffleSpool,
+    batch: str,
+    out_dir: Path,
+    min_batch: int,
+    rng: random.Random | None,
+    on_stage: Callable[[str], None] | None,
+) -> Path:
+    """`release`'s body, under the spool's lock (so two shufflers never both write a batch)."""
     path = batch_path(out_dir, batch)
     stage = on_stage or (lambda _name: None)
     if spool.released(batch) is not None:

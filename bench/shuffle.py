@@ -1,4 +1,4 @@
-"""Privacy amplification by shuffling: the central (ε, δ) of n shuffled ε0-LDP reports and what it buys.
+"""Amplification by shuffling: the central (ε, δ) of n shuffled ε0-LDP reports, and its gain.
 
     python -m bench.shuffle            # n in {1e4, 1e5, 1e6} x eps0 in {1, 2, 4, 8}, delta = 1e-8
     python -m bench.shuffle --quick    # n in {1e4, 1e5} x eps0 in {1, 4} (< 1 minute)
@@ -161,7 +161,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         params = {"quick": args.quick, "n": ns, "epsilon0": eps0s, "delta": DELTA, "k": K}
         params |= {"runs": max(args.runs, 5), "seed": args.seed}
-        write_json(args.json, benchmark="shuffle", params=params, figures=figures, packages=PACKAGES)
+        write_json(
+            args.json, benchmark="shuffle", params=params, figures=figures, packages=PACKAGES
+        )
     return 0
 
 

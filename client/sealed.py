@@ -6,7 +6,8 @@ dependency `cryptography`; the module exists from cryptography 46 on, and this r
 error on an older one). The plaintext is a `Report` holding only its payload oneof; the HPKE
 `info` binds the policy (id, version, digest), so the analyzer opens a ciphertext only for the
 policy it is estimating, and a shuffler or collector that moves a ciphertext to another policy
-makes it fail to open. No time is bound: the shuffled batch carries none. Nothing here logs or keeps the output.
+makes it fail to open. No time is bound: the shuffled batch carries none. Nothing here logs or
+keeps the output.
 
 `seal_output` is the device's one call; `open_sealed` (the analyzer's) is here too because both
 sides must agree byte for byte on the plaintext and `info`.

@@ -14,6 +14,7 @@ Deterministic numerics (no randomness, no α to state):
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections import defaultdict
 
@@ -95,13 +96,13 @@ def test_tail_truncation_only_adds() -> None:
 def test_monotone_in_n() -> None:
     """More reports hide each one better: ε strictly decreases in n at fixed ε0, δ."""
     eps = [amplified_epsilon(n, 2.0, 1e-8).epsilon for n in (100, 1000, 10**4, 10**5)]
-    assert all(a > b for a, b in zip(eps, eps[1:]))
+    assert all(a > b for a, b in itertools.pairwise(eps))
 
 
 def test_monotone_in_eps0() -> None:
     """A weaker local guarantee gives a weaker central one: ε increases in ε0."""
     eps = [amplified_epsilon(10**4, e0, 1e-8).epsilon for e0 in (0.5, 1.0, 2.0, 4.0, 8.0)]
-    assert all(a < b for a, b in zip(eps, eps[1:]))
+    assert all(a < b for a, b in itertools.pairwise(eps))
 
 
 CONSERVATIVE_CASES = [(100, 1.0), (1000, 2.0), (10**4, 1.0), (10**4, 4.0), (10**4, 8.0)]

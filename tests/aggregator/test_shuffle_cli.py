@@ -17,9 +17,10 @@ from click.testing import CliRunner
 from fedldp.aggregator.shuffle_analyzer import load_public_key
 from fedldp.aggregator.shuffler import ShuffleSpool
 from fedldp.authoring import write_envelope, write_public_key
-from fedldp.cli import main
 from fedldp.client.mechanisms.base import CategoryOutput
 from fedldp.client.sealed import seal_info, seal_output
+
+from fedldp.cli import main
 
 FEDLDP = [str(Path(sys.executable).with_name("fedldp"))]
 

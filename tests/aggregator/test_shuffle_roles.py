@@ -217,3 +217,58 @@ def test_kill_9_loses_nothing_and_releases_once(tmp_path: Path, stage: str) -> N
     assert before is None or path.read_bytes() == before  # not re-permuted: released once
     assert spool.pending("w1") == 0 and spool.released("w1") == (50, spool.released("w1")[1])
     assert release(spool, "w1", tmp_path / "out", min_batch=1).read_bytes() == path.read_bytes()
+
+
+def test_bad_spool_input_is_refused_and_changes_nothing(tmp_path: Path) -> None:
+    """Empty or oversized ciphertexts, or a batch key that is a path: ValueError, nothing added."""
+    spool = ShuffleSpool(tmp_path / "spool.sqlite")
+    with pytest.raises(ValueError, match="ciphertext must be"):
+        spool.add("w1", [b"ok" * 20, b""])
+    with pytest.raises(ValueError, match="ciphertext must be"):
+        spool.add("w1", [b"x" * (64 * 1024 + 1)])
+    for key in ("../escape", "a/b", "", "x" * 201):
+        with pytest.raises(ValueError, match="batch key"):
+            spool.add(key, [b"ok" * 20])
+    assert spool.pending("w1") == 0
+    with pytest.raises(ValueError, match="min_batch"):
+        release(spool, "w1", tmp_path, min_batch=0)
+
+
+def test_truncated_or_foreign_batch_file_is_refused(tmp_path: Path) -> None:
+    """read_batch refuses a file that is not a batch, or is cut short."""
+    spool = ShuffleSpool(tmp_path / "spool.sqlite")
+    spool.add("w1", [bytes([i]) * 40 for i in range(5)])
+    data = release(spool, "w1", tmp_path, min_batch=1).read_bytes()
+    (tmp_path / "cut").write_bytes(data[:-3])
+    (tmp_path / "foreign").write_bytes(b"hello\n" + data)
+    with pytest.raises(ValueError, match="truncated"):
+        read_batch(tmp_path / "cut")
+    with pytest.raises(ValueError, match="not a fedldp shuffled batch"):
+        read_batch(tmp_path / "foreign")
+
+
+def test_plaintext_with_more_than_a_payload_is_refused() -> None:
+    """A sealed Report that also names a report id (linkable) is MALFORMED_SEALED."""
+    from fedldp.client.sealed import _suite
+    from fedldp.v1 import collector_pb2
+
+    key, public = _keypair()
+    inner = collector_pb2.Report(report_id=b"\x01" * 16)
+    inner.category.index = 1
+    ciphertext = _suite().encrypt(inner.SerializeToString(), key.public_key(), info=INFO)
+    with pytest.raises(OutputDomainError) as err:
+        open_sealed(ciphertext, key, info=INFO)
+    assert err.value.reason == "MALFORMED_SEALED"
+    assert len(public) == 32
+
+
+def test_batch_of_only_invalid_payloads_has_no_central_guarantee(tmp_path: Path) -> None:
+    """No valid report: accepted 0, central None, and the line says so."""
+    key, _ = _keypair()
+    spool = ShuffleSpool(tmp_path / "spool.sqlite")
+    spool.add("w1", [b"junk" * 12] * 3)
+    result = analyze_batch(
+        release(spool, "w1", tmp_path, min_batch=1), GRR(Decimal(1), 4), key, info=INFO
+    )
+    assert (result.accepted, result.central, result.invalid) == (0, None, {"MALFORMED_SEALED": 3})
+    assert "no central guarantee" in result.guarantee_line()
