@@ -113,11 +113,15 @@ def analyze_batch(
     *,
     info: bytes,
     delta: float = DEFAULT_DELTA,
+    collector_count: int | None = None,
 ) -> ShuffledRelease:
     """Open, check and accumulate every ciphertext of the shuffled batch at `path`.
 
     `mechanism` is the policy's mechanism (its `check_output`, `new_statistic`, `accumulate`
     and `epsilon` are used); `info` is `fedldp.client.sealed.seal_info` of the policy.
+    `collector_count`, the number of reports the collector accepted (authenticated, charged)
+    for the batch, caps the n of the central guarantee: reports a shuffler added on its own
+    hide nobody (docs/shuffle.md).
     """
     batch, ciphertexts = read_batch(path)
     statistic = mechanism.new_statistic()
@@ -133,5 +137,6 @@ def analyze_batch(
         mechanism.accumulate(statistic, output)
         accepted += 1
     epsilon0 = float(mechanism.epsilon)
-    central = amplified_epsilon(accepted, epsilon0, delta) if accepted else None
+    n = accepted if collector_count is None else min(accepted, collector_count)
+    central = amplified_epsilon(n, epsilon0, delta) if n > 0 else None
     return ShuffledRelease(batch, statistic, accepted, epsilon0, central, dict(invalid))

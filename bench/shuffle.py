@@ -40,8 +40,8 @@ from fedldp.aggregator.shuffle_amplification import (
     closed_form_epsilon,
     hockey_stick_delta,
 )
+from fedldp.client.mechanisms.base import CountStatistic
 from fedldp.client.mechanisms.grr import GRR
-from fedldp.client.mechanisms.oracle import CountStatistic
 
 from bench._common import fmt_float, format_table, time_runs, write_json
 
@@ -53,7 +53,7 @@ PACKAGES = ["numpy", "scipy", "fedldp"]
 def zipf_frequencies(k: int) -> np.ndarray:
     """Zipf(1.1) over [0, k): f_i ∝ (i + 1)^-1.1."""
     weights = 1.0 / np.arange(1, k + 1) ** 1.1
-    return weights / weights.sum()
+    return np.asarray(weights / weights.sum(), dtype=np.float64)
 
 
 def grr_std_error(epsilon: float, n: int, freq: np.ndarray) -> float:

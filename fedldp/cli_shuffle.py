@@ -72,6 +72,11 @@ def release_cmd(spool: str, batch: str, out_dir: str, min_batch: int) -> None:
 @trust_option(required=True)
 @click.option("--audience")
 @click.option("--delta", type=click.FloatRange(min=0, max=1, min_open=True, max_open=True))
+@click.option(
+    "--collector-count",
+    type=click.IntRange(min=0),
+    help="reports the collector accepted for this batch: caps n of the central guarantee",
+)
 def analyze(
     batch_file: str,
     analyzer_key: str,
@@ -81,6 +86,7 @@ def analyze(
     trust_dir: str,
     audience: str | None,
     delta: float | None,
+    collector_count: int | None,
 ) -> None:
     """Decrypt a shuffled batch, drop and count invalid payloads, print estimates and guarantees."""
     from fedldp.aggregator.shuffle_analyzer import DEFAULT_DELTA, analyze_batch, load_analyzer_key
@@ -97,6 +103,7 @@ def analyze(
         load_analyzer_key(Path(analyzer_key)),
         info=info,
         delta=delta or DEFAULT_DELTA,
+        collector_count=collector_count,
     )
     if result.accepted < policy.min_reports_for_release:
         raise click.ClickException(

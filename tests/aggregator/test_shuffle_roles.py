@@ -16,6 +16,7 @@
 
 from __future__ import annotations
 
+import json
 import random
 import signal
 import subprocess
@@ -116,6 +117,9 @@ def test_shuffled_estimate_equals_unshuffled_and_invalid_are_counted(tmp_path: P
     spool = ShuffleSpool(tmp_path / "spool.sqlite")
     spool.add("w1", sealed)
     path = release(spool, "w1", tmp_path, min_batch=100)
+    header = json.loads(path.read_bytes().split(b"\n")[1])
+    assert header == {"batch": "w1", "count": 603}  # no subject, no time: ciphertexts only
+    assert sorted(read_batch(path)[1]) == sorted(sealed)
     result = analyze_batch(path, grr, key, info=INFO)
     assert result.accepted == 600
     assert result.invalid == {"MALFORMED_SEALED": 2, "OUT_OF_DOMAIN": 1}
@@ -215,7 +219,8 @@ def test_kill_9_loses_nothing_and_releases_once(tmp_path: Path, stage: str) -> N
     _, out = read_batch(path)
     assert sorted(out) == sorted(items)
     assert before is None or path.read_bytes() == before  # not re-permuted: released once
-    assert spool.pending("w1") == 0 and spool.released("w1") == (50, spool.released("w1")[1])
+    record = spool.released("w1")
+    assert spool.pending("w1") == 0 and record is not None and record[0] == 50
     assert release(spool, "w1", tmp_path / "out", min_batch=1).read_bytes() == path.read_bytes()
 
 
@@ -272,3 +277,17 @@ def test_batch_of_only_invalid_payloads_has_no_central_guarantee(tmp_path: Path)
     )
     assert (result.accepted, result.central, result.invalid) == (0, None, {"MALFORMED_SEALED": 3})
     assert "no central guarantee" in result.guarantee_line()
+
+
+def test_collector_count_caps_n(tmp_path: Path) -> None:
+    """n for the central ε is min(valid reports, the collector's accepted count)."""
+    key, public = _keypair()
+    grr, outputs = _grr_reports(300, seed=3)
+    spool = ShuffleSpool(tmp_path / "spool.sqlite")
+    spool.add("w1", [seal_output(o, public, info=INFO).ciphertext for o in outputs])
+    path = release(spool, "w1", tmp_path, min_batch=1)
+    capped = analyze_batch(path, grr, key, info=INFO, collector_count=200)
+    full = analyze_batch(path, grr, key, info=INFO)
+    assert capped.central is not None and full.central is not None
+    assert (capped.central.n, full.central.n) == (200, 300)
+    assert capped.central.epsilon > full.central.epsilon
