@@ -27,7 +27,13 @@ def shuffler() -> None:
 
 
 @shuffler.command("keygen")
-@click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False))
+@click.option(
+    "--out",
+    "out_dir",
+    required=True,
+    type=click.Path(file_okay=False),
+    help="folder for analyzer.key and analyzer.pub",
+)
 def keygen(out_dir: str) -> None:
     """Write the analyzer's X25519 key: analyzer.key (0600, never overwritten), analyzer.pub."""
     from fedldp.aggregator.shuffle_analyzer import generate_analyzer_key
@@ -41,9 +47,20 @@ def keygen(out_dir: str) -> None:
 
 
 @shuffler.command("release")
-@click.option("--spool", required=True, type=click.Path(dir_okay=False), help="spool SQLite file")
+@click.option(
+    "--spool",
+    required=True,
+    type=click.Path(exists=True, dir_okay=False),
+    help="the spool SQLite file the collector appends (batch, ciphertext) rows to",
+)
 @click.option("--batch", required=True, help="batch key (e.g. policy-v1-2026-12-01)")
-@click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False))
+@click.option(
+    "--out",
+    "out_dir",
+    required=True,
+    type=click.Path(file_okay=False),
+    help="folder the shuffled batch file is written to (for the analyzer)",
+)
 @click.option("--min-batch", type=click.IntRange(min=1), required=True, help="refuse below this")
 def release_cmd(spool: str, batch: str, out_dir: str, min_batch: int) -> None:
     """Shuffle one batch with the OS CSPRNG and write it for the analyzer, once.
@@ -65,13 +82,30 @@ def release_cmd(spool: str, batch: str, out_dir: str, min_batch: int) -> None:
 
 @shuffler.command("analyze")
 @click.argument("batch_file", type=click.Path(exists=True, dir_okay=False))
-@click.option("--analyzer-key", required=True, type=click.Path(exists=True, dir_okay=False))
-@click.option("--policy", "policy_id", required=True)
-@click.option("--version", type=click.IntRange(min=1))
-@click.option("--policies", "policy_dir", required=True, type=click.Path(file_okay=False))
+@click.option(
+    "--analyzer-key",
+    required=True,
+    type=click.Path(exists=True, dir_okay=False),
+    help="the analyzer's private key (analyzer.key from `fedldp shuffler keygen`)",
+)
+@click.option("--policy", "policy_id", required=True, help="policy id")
+@click.option(
+    "--version", type=click.IntRange(min=1), help="policy version (default: the highest found)"
+)
+@click.option(
+    "--policies",
+    "policy_dir",
+    required=True,
+    type=click.Path(exists=True, file_okay=False),
+    help="folder of signed *.policy envelopes",
+)
 @trust_option(required=True)
-@click.option("--audience")
-@click.option("--delta", type=click.FloatRange(min=0, max=1, min_open=True, max_open=True))
+@click.option("--audience", help="deployment name the policy must list (default: 'default')")
+@click.option(
+    "--delta",
+    type=click.FloatRange(min=0, max=1, min_open=True, max_open=True),
+    help="δ of the central guarantee (default 1e-8)",
+)
 @click.option(
     "--collector-count",
     type=click.IntRange(min=0),
@@ -97,14 +131,17 @@ def analyze(
         policy_dir, trust_dir, policy_id, version=version, at=int(time.time()), audience=audience
     )
     info = seal_info(policy.policy_id, policy.version, policy.digest)
-    result = analyze_batch(
-        Path(batch_file),
-        policy.mechanism,
-        load_analyzer_key(Path(analyzer_key)),
-        info=info,
-        delta=delta or DEFAULT_DELTA,
-        collector_count=collector_count,
-    )
+    try:
+        result = analyze_batch(
+            Path(batch_file),
+            policy.mechanism,
+            load_analyzer_key(Path(analyzer_key)),
+            info=info,
+            delta=delta or DEFAULT_DELTA,
+            collector_count=collector_count,
+        )
+    except ValueError as exc:  # not a batch file, not an X25519 key
+        raise click.ClickException(f"{exc}") from None
     if result.accepted < policy.min_reports_for_release:
         raise click.ClickException(
             f"{result.accepted} valid reports, fewer than the policy's minimum "

@@ -80,3 +80,15 @@ def test_keygen_release_analyze(tmp_path: Path, authority: Any, make_policy: Any
     assert "valid reports: 300; invalid dropped: MALFORMED_SEALED: 1" in analyze.output
     assert "local ε0 = 2 per report; shuffled central (ε, δ) = (" in analyze.output
     assert "red" in analyze.output
+
+
+def test_bad_inputs_get_one_error_line(tmp_path: Path) -> None:
+    """A missing spool is a usage error (nothing created); keygen never overwrites a key."""
+    runner = CliRunner()
+    args = ["shuffler", "release", "--spool", str(tmp_path / "absent.sqlite"), "--batch", "b"]
+    missing = runner.invoke(main, [*args, "--out", str(tmp_path / "o"), "--min-batch", "1"])
+    assert missing.exit_code == 2 and not (tmp_path / "absent.sqlite").exists()
+    assert runner.invoke(main, ["shuffler", "keygen", "--out", str(tmp_path / "k")]).exit_code == 0
+    again = runner.invoke(main, ["shuffler", "keygen", "--out", str(tmp_path / "k")])
+    assert again.exit_code == 1 and "not overwritten" in again.output
+    assert again.exception is None or isinstance(again.exception, SystemExit)
