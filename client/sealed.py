@@ -9,8 +9,9 @@ policy it is estimating, and a shuffler or collector that moves a ciphertext to 
 makes it fail to open. No time is bound: the shuffled batch carries none. Nothing here logs or
 keeps the output.
 
-`seal_output` is the device's one call; `open_sealed` (the analyzer's) is here too because both
-sides must agree byte for byte on the plaintext and `info`.
+`seal_output` (or `seal_report`, on a built wire report) is the device's one call;
+`open_sealed` (the analyzer's) is here too because both sides must agree byte for byte on the
+plaintext and `info`.
 """
 
 from __future__ import annotations
@@ -79,6 +80,17 @@ def seal_output(
     public_key = X25519PublicKey.from_public_bytes(public_key_raw)
     ciphertext = _suite().encrypt(inner.SerializeToString(), public_key, info=info)
     return collector_pb2.SealedPayload(ciphertext=ciphertext, key_id=key_id(public_key_raw))
+
+
+def seal_report(report: collector_pb2.Report, public_key_raw: bytes) -> None:
+    """Replace `report`'s plain payload, in place, by the same payload sealed to the analyzer.
+
+    `info` is the report's own policy (id, version, digest). Setting the `sealed` member of
+    the payload oneof clears the plain one, so the plain output leaves nothing on the wire.
+    """
+    output = output_from_report(report)
+    info = seal_info(report.policy_id, report.policy_version, report.policy_digest)
+    report.sealed.CopyFrom(seal_output(output, public_key_raw, info=info))
 
 
 def open_sealed(ciphertext: bytes, private_key: Any, *, info: bytes) -> Output:

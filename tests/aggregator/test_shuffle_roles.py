@@ -46,7 +46,7 @@ from fedldp.client.mechanisms.base import (
     OutputDomainError,
 )
 from fedldp.client.mechanisms.grr import GRR
-from fedldp.client.sealed import key_id, open_sealed, seal_info, seal_output
+from fedldp.client.sealed import key_id, open_sealed, seal_info, seal_output, seal_report
 
 INFO = seal_info("shuffled-metric", 3, b"\x01" * 32)
 OTHER_INFO = seal_info("another-metric", 3, b"\x01" * 32)
@@ -291,3 +291,21 @@ def test_collector_count_caps_n(tmp_path: Path) -> None:
     assert capped.central is not None and full.central is not None
     assert (capped.central.n, full.central.n) == (200, 300)
     assert capped.central.epsilon > full.central.epsilon
+
+
+def test_seal_report_leaves_no_plain_payload() -> None:
+    """A built report sealed in place: only `sealed` is set, and it opens to the same output."""
+    from fedldp.v1 import collector_pb2
+
+    key, public = _keypair()
+    report = collector_pb2.Report(
+        report_id=b"\x07" * 16,
+        policy_id="shuffled-metric",
+        policy_version=3,
+        policy_digest=b"\x01" * 32,
+        coarse_time=3600,
+    )
+    report.numeric.value = 0.625
+    seal_report(report, public)
+    assert report.WhichOneof("payload") == "sealed" and not report.HasField("numeric")
+    assert open_sealed(report.sealed.ciphertext, key, info=INFO) == NumericOutput(0.625)

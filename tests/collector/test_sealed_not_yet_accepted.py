@@ -11,7 +11,7 @@ from __future__ import annotations
 from collector_testkit import Deployment, coarse, make_report
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 from fedldp.client.mechanisms.base import CategoryOutput
-from fedldp.client.sealed import seal_info, seal_output
+from fedldp.client.sealed import seal_report
 from fedldp.collector.auth import bearer_metadata
 from fedldp.collector.server import RunningCollector
 from fedldp.v1 import collector_pb2 as pb
@@ -27,9 +27,8 @@ def test_sealed_report_is_refused_and_charges_nothing(
     """Sealed: INVALID / MISSING_PAYLOAD, not stored, not charged; the plain one is accepted."""
     policy = deployment.verified(deployment.envelopes[0])  # "color", ε = 0.5
     public = X25519PrivateKey.generate().public_key().public_bytes_raw()
-    sealed = make_report(policy, CategoryOutput(0), coarse_time=coarse(now))
-    info = seal_info(policy.policy_id, policy.version, policy.digest)
-    sealed.sealed.CopyFrom(seal_output(CategoryOutput(2), public, info=info))
+    sealed = make_report(policy, CategoryOutput(2), coarse_time=coarse(now))
+    seal_report(sealed, public)
     assert sealed.WhichOneof("payload") == "sealed"
     plain = make_report(policy, CategoryOutput(1), coarse_time=coarse(now))
     response = stub.Submit(
