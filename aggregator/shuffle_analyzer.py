@@ -13,7 +13,8 @@ own, and the amplified central (ε, δ) of the n valid reports after the shuffle
 (fedldp.aggregator.shuffle_amplification, FMT21 Theorem 3.2). n counts valid reports only: a
 payload that fails the check is no honest randomizer's output and hides nobody. The central
 guarantee assumes the shuffler and the analyzer do not collude and that the n reports come from
-distinct devices running the ε0 randomizer (docs/shuffle.md).
+distinct devices running the ε0 randomizer (docs/shuffle.md); it is per report, so a device with
+m reports in the batch has (m·ε, m·δ) by basic composition.
 """
 
 from __future__ import annotations
