@@ -43,6 +43,7 @@ def test_keygen_release_analyze(tmp_path: Path, authority: Any, make_policy: Any
     runner = CliRunner()
     keygen = runner.invoke(main, ["shuffler", "keygen", "--out", str(tmp_path / "keys")])
     assert keygen.exit_code == 0, keygen.output
+    assert (tmp_path / "keys" / "analyzer.key").stat().st_mode & 0o777 == 0o600
     public = load_public_key(tmp_path / "keys" / "analyzer.pub")
     info = seal_info(policy.policy_id, policy.version, policy.digest)
     rng = np.random.default_rng(5)
