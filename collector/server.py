@@ -38,7 +38,7 @@ from typing import Any
 import grpc
 import sqlalchemy as sa
 from fedldp.client.policy import PolicyError
-from fedldp.collector.admission import Admission, retry_after_ms
+from fedldp.collector.admission import Admission, RefusalHints, retry_after_ms
 from fedldp.collector.auth import Authenticator, TokenAuthority
 from fedldp.collector.committer import GroupCommitter
 from fedldp.collector.config import CollectorConfig, ConfigError
@@ -213,6 +213,7 @@ class CollectorServicer:
         admission_wait: float,
         body_timeout: float = 5.0,
         refusal_log: RefusalLog | None = None,
+        hints: RefusalHints | None = None,
     ) -> None:
         self.service = service
         self.authenticator = authenticator
@@ -225,6 +226,8 @@ class CollectorServicer:
         self.body_timeout = body_timeout
         self._tarpitted = 0  # asyncio server: share refusals waiting to be answered
         self.refusal_log = refusal_log or RefusalLog()
+        #: growing retry hints for subjects refused for their own calls
+        self.hints = hints or RefusalHints()
         self._request_children: dict[tuple[str, grpc.StatusCode], Any] = {}
         self._refusal_children: dict[str, Any] = {}
 
@@ -269,16 +272,17 @@ class CollectorServicer:
         return SubjectShareError(
             "this device already has its share of request bytes in flight "
             "(max_subject_inflight_bytes); retry after the hint",
-            metadata=(("retry-after-ms", str(retry_after_ms())),),
+            metadata=(("retry-after-ms", str(self.hints.refused(subject))),),
         )
 
-    def _body_timed_out(self) -> BodyTimeoutError:
-        """The refusal of an admitted request whose body did not come in time."""
+    def _body_timed_out(self, subject: str) -> BodyTimeoutError:
+        """The refusal of an admitted request whose body did not come in time (its
+        hint grows with the subject's streak of such refusals: `RefusalHints`)."""
         self.metrics.shed.labels("body deadline").inc()
         return BodyTimeoutError(
             f"the request body did not arrive within {self.body_timeout:g} s "
             "(body_timeout_ms); retry after the hint",
-            metadata=(("retry-after-ms", str(retry_after_ms())),),
+            metadata=(("retry-after-ms", str(self.hints.refused(subject))),),
         )
 
     @staticmethod
@@ -292,22 +296,26 @@ class CollectorServicer:
                 f"the request is not a valid {request_type.DESCRIPTOR.full_name}"
             ) from None
 
-    def _read(self, request_type: type[Message], requests: Iterator[bytes]) -> tuple[Message, int]:
+    def _read(
+        self, request_type: type[Message], requests: Iterator[bytes], subject: str
+    ) -> tuple[Message, int]:
         """The request message, parsed, and its size in bytes. The raw bytes live only
         in this frame: dropped as soon as it returns or raises."""
         try:
             request_bytes = next_within(requests, self.body_timeout)
         except TimeoutError:
-            raise self._body_timed_out() from None
+            raise self._body_timed_out(subject) from None
         size = len(request_bytes) if request_bytes is not None else 0
         return self._parse(request_type, request_bytes), size
 
-    async def _aread(self, request_type: type[Message], context: Any) -> tuple[Message, int]:
+    async def _aread(
+        self, request_type: type[Message], context: Any, subject: str
+    ) -> tuple[Message, int]:
         """`_read` on the asyncio server."""
         try:
             message = await read_within(context, self.body_timeout)
         except TimeoutError:
-            raise self._body_timed_out() from None
+            raise self._body_timed_out(subject) from None
         request_bytes = None if message is grpc.aio.EOF else message  # type: ignore[attr-defined]
         size = len(request_bytes) if request_bytes is not None else 0
         return self._parse(request_type, request_bytes), size
@@ -359,7 +367,7 @@ class CollectorServicer:
             ):
                 raise self._no_room(subject)
             held = self.reserve_bytes
-            request, size = self._read(request_type, requests)
+            request, size = self._read(request_type, requests, subject)
             admission.resize(peer, held, size, subject=subject)
             held = size
             return body(subject, request).SerializeToString()
@@ -400,7 +408,7 @@ class CollectorServicer:
             ):
                 raise self._no_room(subject)
             held = self.reserve_bytes
-            request, size = await self._aread(request_type, context)
+            request, size = await self._aread(request_type, context, subject)
             admission.resize(peer, held, size, subject=subject)
             held = size
             return (await body(subject, request)).SerializeToString()

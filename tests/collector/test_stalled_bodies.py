@@ -228,3 +228,73 @@ def test_admission_caps_what_one_subject_holds() -> None:
     adm.release("b", 30, subject="s")
     adm.release("a", 30, subject="t")
     assert adm.bytes == 0
+
+
+@pytest.mark.parametrize("server", ["asyncio", "sync"])
+def test_a_subject_refused_again_and_again_is_told_to_wait_longer(
+    deployment: Deployment, sqlite_url: str, now: int, server: str, monkeypatch: Any
+) -> None:
+    """With its share held by withheld bodies, each further call of the subject is
+    refused with a hint that doubles per refusal of its streak (`RefusalHints`;
+    the base scaled down to 20 ms here so the asyncio server, which answers after
+    the hint, keeps the test short). Without the growth every hint would stay in
+    [10, 30) ms; the sixth refusal's is at least 10 * 2^5 ms."""
+    from fedldp.collector import admission as adm
+
+    monkeypatch.setattr(adm, "RETRY_AFTER_MS", 20)
+    monkeypatch.setattr(adm, "MAX_RETRY_AFTER_MS", 5_000)
+    config = deployment.config(
+        sqlite_url.replace("ledger.db", f"{server}.db"), server=server, body_timeout_ms=60_000
+    )
+    running = start_collector(config, registry=deployment.registry())
+    staller = bearer_metadata(deployment.token("staller"))
+    attack = StalledBodies(running.address, staller, calls=4).start()
+    try:
+        assert running.admission is not None
+        deadline = time.monotonic() + 30
+        while running.admission.bytes < running.admission.max_subject_bytes:  # the share held
+            assert time.monotonic() < deadline, attack.tally
+            time.sleep(0.02)
+        request = _valid(deployment, now)()
+        hints: list[int] = []
+        waited: list[float] = []
+        with grpc.insecure_channel(running.address) as channel:
+            call = channel.unary_unary("/fedldp.v1.Collector/Submit", None, None)
+            for _ in range(6):
+                started = time.monotonic()
+                with pytest.raises(grpc.RpcError) as refused:
+                    call(request, metadata=staller, timeout=30)
+                waited.append(time.monotonic() - started)
+                assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+                trailers = dict(refused.value.trailing_metadata() or ())
+                hints.append(int(trailers["retry-after-ms"]))
+    finally:
+        attack.stop()
+        running.stop(1.0)
+    assert hints[0] < 30, hints  # the first refusal: the base hint
+    assert hints[5] >= 10 * 2**5, hints  # doubled per refusal of the streak
+    assert all(h <= 5_000 for h in hints), hints
+    if server == "asyncio":  # the answer comes after the (grown) hint
+        assert waited[5] >= 0.9 * hints[5] / 1000, (waited, hints)
+
+
+def test_refusal_hints_grow_per_subject_and_are_forgotten() -> None:
+    """The streak is per subject, capped, forgotten after `forget_after` quiet
+    seconds, and at most `max_subjects` streaks are kept."""
+    from fedldp.collector.admission import RefusalHints
+
+    clock = [0.0]
+    hints = RefusalHints(
+        base_ms=100, max_ms=1_000, forget_after=10, max_subjects=2, clock=lambda: clock[0]
+    )
+    grown = [hints.refused("a") for _ in range(8)]
+    assert grown[0] < 150 and 50 <= grown[0]  # base, jittered by [0.5, 1.5)
+    assert grown[3] >= 400 and all(h <= 1_000 for h in grown)  # 100 * 2^3 jittered; capped
+    assert hints.streak("a") == 8
+    assert hints.refused("b") < 150  # another subject starts at the base
+    clock[0] = 10.5  # quiet for longer than forget_after
+    assert hints.streak("a") == 0 and hints.refused("a") < 150
+    few = RefusalHints(max_subjects=2, clock=lambda: clock[0])
+    for subject in ("x", "y", "x", "z"):  # a third subject: the least recently refused goes
+        few.refused(subject)
+    assert (few.streak("x"), few.streak("y"), few.streak("z")) == (2, 0, 1)
