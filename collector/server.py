@@ -122,8 +122,9 @@ _REFUSAL_LEVEL: dict[type[CollectorError], int] = {
     SubjectShareError: logging.INFO,
 }
 
-#: The asyncio server answers a refusal for a subject's full share after its retry
-#: hint, for at most this many calls at a time per process (beyond: at once).
+#: Both servers answer a refusal for a subject's full share after its retry hint,
+#: for at most this many calls at a time per process (beyond: at once). The sync
+#: server has this many threads more than its `workers` for them.
 TARPIT_MAX_CALLS = 256
 
 #: What the sync server's timed read uses of grpcio's request iterator
@@ -224,7 +225,10 @@ class CollectorServicer:
         self.reserve_bytes = reserve_bytes
         self.admission_wait = admission_wait
         self.body_timeout = body_timeout
-        self._tarpitted = 0  # asyncio server: share refusals waiting to be answered
+        self._tarpitted = 0  # share refusals waiting to be answered (`_tarpit_for`)
+        self._tarpit_lock = threading.Lock()
+        #: set when the server drains: held share refusals are answered at once
+        self.draining = threading.Event()
         self.refusal_log = refusal_log or RefusalLog()
         #: growing retry hints for subjects refused for their own calls
         self.hints = hints or RefusalHints()
@@ -357,6 +361,7 @@ class CollectorServicer:
         admission = self.admission
         entered = False
         held = 0
+        slow = False
         try:
             subject = self._authenticate(context)
             if not admission.enter():
@@ -373,12 +378,20 @@ class CollectorServicer:
             return body(subject, request).SerializeToString()
         except CollectorError as exc:
             code, detail, trailers = self._refused(method, exc, subject)
+            slow = isinstance(exc, SubjectShareError)
         finally:
             admission.release(peer, held, subject=subject)
             if entered:
                 admission.leave()
             self._count(method, code)
         # Outside the except block: the exception and its frames are gone already.
+        if slow:
+            wait = self._tarpit_for(trailers)
+            if wait is not None:
+                try:  # one of the TARPIT_MAX_CALLS threads beyond `workers`; a drain ends it
+                    self.draining.wait(wait)
+                finally:
+                    self._tarpit_done()
         if trailers:
             context.set_trailing_metadata(trailers)
         context.abort(code, detail)
@@ -426,22 +439,45 @@ class CollectorServicer:
         await context.abort(code, detail, trailing_metadata=trailers)
         raise AssertionError("unreachable: abort raises")
 
-    async def _tarpit(self, trailers: tuple[tuple[str, str], ...]) -> None:
-        """Hold a share refusal's answer for its retry hint (asyncio server), so that
-        a device that reopens its refused calls at once, with its share held by
-        calls withholding their bodies, makes a few refusals per call and second
-        rather than as many as it can send (each costs a gRPC call's CPU). The call
-        holds no RPC slot and no byte reservation meanwhile; its stream holds at
-        most the transport's look-ahead window. At most `TARPIT_MAX_CALLS` at a
-        time; beyond, refused at once."""
-        if self._tarpitted >= TARPIT_MAX_CALLS:
-            return
-        hint = next((int(v) for k, v in trailers if k == "retry-after-ms"), 0)
-        self._tarpitted += 1
-        try:
-            await asyncio.sleep(hint / 1000)
-        finally:
+    def _tarpit_for(self, trailers: tuple[tuple[str, str], ...]) -> float | None:
+        """Seconds to hold a share refusal's answer — its retry hint — or None (answer
+        at once) when `TARPIT_MAX_CALLS` are held already; a held one ends with
+        `_tarpit_done`.
+
+        Why hold it: a device that reopens its refused calls at once, its share
+        held by calls withholding their bodies, would make its refusals a request
+        flood (each costs a gRPC call's CPU); held for the hint (which grows with
+        its streak: `RefusalHints`), it makes a few refusals per call and minute.
+        The call holds no RPC slot and no byte reservation meanwhile, and its
+        stream at most the transport's look-ahead window; on the sync server it
+        holds one of the `TARPIT_MAX_CALLS` threads the pool has beyond `workers`
+        (an idle thread: no CPU), on the asyncio server a sleeping coroutine."""
+        with self._tarpit_lock:
+            if self._tarpitted >= TARPIT_MAX_CALLS:
+                return None
+            self._tarpitted += 1
+        return next((int(v) for k, v in trailers if k == "retry-after-ms"), 0) / 1000
+
+    @property
+    def held_refusals(self) -> int:
+        """Share refusals being held for their hint now (`_tarpit_for`)."""
+        with self._tarpit_lock:
+            return self._tarpitted
+
+    def _tarpit_done(self) -> None:
+        """A held share refusal is answered (`_tarpit_for`)."""
+        with self._tarpit_lock:
             self._tarpitted -= 1
+
+    async def _tarpit(self, trailers: tuple[tuple[str, str], ...]) -> None:
+        """`_tarpit_for` on the asyncio server: sleep for the hint, then answer."""
+        wait = self._tarpit_for(trailers)
+        if wait is None:
+            return
+        try:
+            await asyncio.sleep(wait)
+        finally:
+            self._tarpit_done()
 
     def async_handler(self) -> grpc.GenericRpcHandler[Any, Any]:
         """The asyncio-server flavour of `handler`: validation runs on the event loop,
@@ -518,12 +554,18 @@ class _SyncTransport:
         # No grpcio concurrency limit (its refusals carry no retry hint): the
         # handlers' admission bounds Collector RPCs; calls waiting for a thread are
         # bounded by connections x max_streams_per_connection and hold no more
-        # than the transport's flow-control window each.
+        # than the transport's flow-control window each. The pool has
+        # TARPIT_MAX_CALLS threads more than `workers`: at most that many sleep
+        # holding a share refusal (CollectorServicer._tarpit_for), so `workers`
+        # threads are always left for the other calls.
         self.server = grpc.server(
-            ThreadPoolExecutor(max_workers=config.workers, thread_name_prefix="rpc"),
+            ThreadPoolExecutor(
+                max_workers=config.workers + TARPIT_MAX_CALLS, thread_name_prefix="rpc"
+            ),
             options=options,
         )
         self.server.add_generic_rpc_handlers((servicer.handler(),))
+        self.servicer = servicer
         self.health = health.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         self.port = (
@@ -539,6 +581,7 @@ class _SyncTransport:
 
     def stop(self, grace: float | None) -> None:
         self.health.enter_graceful_shutdown()
+        self.servicer.draining.set()
         self.server.stop(grace).wait()
 
 
