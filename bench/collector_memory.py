@@ -24,10 +24,11 @@ unset (the default: one process per core the collector may use) — a fresh
 collector at the default limits (rate limit off, so the attacker reopens
 refused calls as fast as it can); 16 honest devices, each on its own
 connection, send 1-report Submits one after another (`--honest-calls` each),
-in `--rounds` interleaved pairs (5; `--quick`: 1 pair of 50 calls each): first
+in `--rounds` interleaved pairs (5 of 500 calls each, so that the attacked
+run outlasts the 5 s body deadline; `--quick`: 1 pair of 50 calls each): first
 without the attack, then with it running in a process of its own (40 calls
 from one token over 4 connections that send headers and no body, each reopened
-when it ends), the attacker either reopening a refused call after its
+when it ends; a fresh token per pair), the attacker either reopening a refused call after its
 `retry-after-ms` (as the SDK would) or at once.
 
 CPU pinning (unless --no-pin): where this process may use 2 or more CPUs, the
@@ -329,14 +330,15 @@ def stalled(
     try:
         honest_devices(proc.address, tokens, make, calls=max(1, calls // 4))  # warm up
         processes = _processes(proc.proc.pid)
-        for _ in range(rounds):
+        for pair in range(rounds):
             run, per_call = _measured(proc.proc.pid, honest)
             cpu["unloaded"].append(per_call)
             rates["unloaded"].append(run.calls_per_second)
             not_ok += sum(run.tally.codes.values()) - run.tally.ok
-            attack = _Attacker(
-                proc.address, bearer_metadata(d.token("staller")), hint, cpus[2] if cpus else None
-            )
+            # A token of its own per pair: each pair meets an attacker that starts afresh
+            # (its refusal streak, and so its hints, grow from the base).
+            staller = bearer_metadata(d.token(f"staller-{pair}"))
+            attack = _Attacker(proc.address, staller, hint, cpus[2] if cpus else None)
             before = attack.cpu()
             run, per_call = _measured(proc.proc.pid, honest)
             attacker_cores.append((attack.cpu() - before) / run.seconds)
@@ -391,7 +393,7 @@ def _print_stalled(rows: list[dict[str, Any]]) -> None:
                 "honest calls/s unloaded",
                 "under attack",
                 "attacked / unloaded: median of pairs (min–max)",
-                "collector CPU µs per honest call: unloaded / attacked",
+                "collector CPU µs per honest call: unloaded / attacked (ratio)",
                 "attacker's CPU (cores)",
                 "honest not OK",
                 "attacker's calls: refused hinted / not",
@@ -404,7 +406,7 @@ def _print_stalled(rows: list[dict[str, Any]]) -> None:
                     spread(r["honest_calls_per_s_attacked"], ",.0f"),
                     spread(r["ratio"], ".3f"),
                     f"{r['cpu_us_per_honest_call']['unloaded']:,.0f} / "
-                    f"{r['cpu_us_per_honest_call']['attacked']:,.0f}",
+                    f"{r['cpu_us_per_honest_call']['attacked']:,.0f} ({r['cpu_ratio']:.3f})",
                     spread(r["attacker_cpu_cores"], ".3f"),
                     str(r["honest_not_ok"]),
                     f"{r['attacker_calls']:,}: {r['attacker_refused_hinted']:,} / "
@@ -421,7 +423,7 @@ def _print_stalled(rows: list[dict[str, Any]]) -> None:
 def _run_stalled(args: argparse.Namespace) -> list[dict[str, Any]]:
     """Every server and attacker of the `stalled` case, this process on the honest
     devices' CPUs meanwhile (restored after)."""
-    calls = args.honest_calls or (50 if args.quick else 200)
+    calls = args.honest_calls or (50 if args.quick else 500)
     rounds = args.rounds or (1 if args.quick else 5)
     cpus = None if args.no_pin else cpu_sets()
     mine = os.sched_getaffinity(0) if cpus else None

@@ -126,6 +126,9 @@ _REFUSAL_LEVEL: dict[type[CollectorError], int] = {
 #: for at most this many calls at a time per process (beyond: at once). The sync
 #: server has this many threads more than its `workers` for them.
 TARPIT_MAX_CALLS = 256
+#: ... and for at most this many seconds (the hint may be longer: the device is
+#: told to wait the rest) and half the time left to the call's own deadline.
+TARPIT_MAX_SECONDS = 2.0
 
 #: What the sync server's timed read uses of grpcio's request iterator
 #: (`grpc._server._RequestIterator`, grpcio pinned in constraints.txt):
@@ -386,7 +389,7 @@ class CollectorServicer:
             self._count(method, code)
         # Outside the except block: the exception and its frames are gone already.
         if slow:
-            wait = self._tarpit_for(trailers)
+            wait = self._tarpit_for(trailers, context.time_remaining())
             if wait is not None:
                 try:  # one of the TARPIT_MAX_CALLS threads beyond `workers`; a drain ends it
                     self.draining.wait(wait)
@@ -435,19 +438,24 @@ class CollectorServicer:
             self._count(method, code)
         # Outside the except block: the exception and its frames are gone already.
         if slow:
-            await self._tarpit(trailers)
+            await self._tarpit(trailers, context)
         await context.abort(code, detail, trailing_metadata=trailers)
         raise AssertionError("unreachable: abort raises")
 
-    def _tarpit_for(self, trailers: tuple[tuple[str, str], ...]) -> float | None:
-        """Seconds to hold a share refusal's answer — its retry hint — or None (answer
-        at once) when `TARPIT_MAX_CALLS` are held already; a held one ends with
-        `_tarpit_done`.
+    def _tarpit_for(
+        self, trailers: tuple[tuple[str, str], ...], remaining: float | None
+    ) -> float | None:
+        """Seconds to hold a share refusal's answer — its retry hint, at most
+        `TARPIT_MAX_SECONDS` and half the time left to the call's deadline
+        (`remaining` s; None: no deadline), so the device gets the hint, not
+        DEADLINE_EXCEEDED — or None (answer at once) when `TARPIT_MAX_CALLS` are held already;
+        a held one ends with `_tarpit_done`.
 
         Why hold it: a device that reopens its refused calls at once, its share
         held by calls withholding their bodies, would make its refusals a request
         flood (each costs a gRPC call's CPU); held for the hint (which grows with
-        its streak: `RefusalHints`), it makes a few refusals per call and minute.
+        its streak: `RefusalHints`), each of its calls makes at most one refusal
+        per `TARPIT_MAX_SECONDS` rather than as many as it can send.
         The call holds no RPC slot and no byte reservation meanwhile, and its
         stream at most the transport's look-ahead window; on the sync server it
         holds one of the `TARPIT_MAX_CALLS` threads the pool has beyond `workers`
@@ -456,7 +464,10 @@ class CollectorServicer:
             if self._tarpitted >= TARPIT_MAX_CALLS:
                 return None
             self._tarpitted += 1
-        return next((int(v) for k, v in trailers if k == "retry-after-ms"), 0) / 1000
+        hint = next((int(v) for k, v in trailers if k == "retry-after-ms"), 0) / 1000
+        if remaining is not None:
+            hint = min(hint, remaining / 2)
+        return max(0.0, min(hint, TARPIT_MAX_SECONDS))
 
     @property
     def held_refusals(self) -> int:
@@ -469,9 +480,9 @@ class CollectorServicer:
         with self._tarpit_lock:
             self._tarpitted -= 1
 
-    async def _tarpit(self, trailers: tuple[tuple[str, str], ...]) -> None:
+    async def _tarpit(self, trailers: tuple[tuple[str, str], ...], context: Any) -> None:
         """`_tarpit_for` on the asyncio server: sleep for the hint, then answer."""
-        wait = self._tarpit_for(trailers)
+        wait = self._tarpit_for(trailers, context.time_remaining())
         if wait is None:
             return
         try:

@@ -282,13 +282,17 @@ def test_a_subject_refused_again_and_again_is_told_to_wait_longer(
 def test_a_draining_sync_server_answers_held_refusals_at_once(
     deployment: Deployment, sqlite_url: str, now: int, monkeypatch: Any
 ) -> None:
-    """A share refusal held for a 10-20 s hint on the sync server's thread does not
-    hold up `stop`: draining wakes it (else the process would wait for it at exit)."""
+    """A share refusal held for its 10-30 s hint (at most 5 s here) on the sync
+    server's thread does not hold up `stop`: draining wakes it (else the process
+    would wait for it at exit)."""
     import threading
 
     from fedldp.collector import admission as adm
 
+    from fedldp.collector import server as srv
+
     monkeypatch.setattr(adm, "RETRY_AFTER_MS", 20_000)
+    monkeypatch.setattr(srv, "TARPIT_MAX_SECONDS", 5.0)
     config = deployment.config(sqlite_url, server="sync", body_timeout_ms=60_000)
     running = start_collector(config, registry=deployment.registry())
     staller = bearer_metadata(deployment.token("staller"))
@@ -322,8 +326,9 @@ def test_a_draining_sync_server_answers_held_refusals_at_once(
     caller.join(30)
     assert stopped < 5, stopped
     assert ended and ended[0] - started < 5
-    # The held thread itself has finished: nothing waits for it at exit.
-    while servicer.held_refusals and time.monotonic() - started < 5:
+    # The held thread itself has finished (its hold, TARPIT_MAX_SECONDS = 5 s
+    # here, would end ~4 s after `started`): nothing waits for it at exit.
+    while servicer.held_refusals and time.monotonic() - started < 2:
         time.sleep(0.02)
     assert servicer.held_refusals == 0
 
@@ -348,3 +353,46 @@ def test_refusal_hints_grow_per_subject_and_are_forgotten() -> None:
     for subject in ("x", "y", "x", "z"):  # a third subject: the least recently refused goes
         few.refused(subject)
     assert (few.streak("x"), few.streak("y"), few.streak("z")) == (2, 0, 1)
+
+
+@pytest.mark.parametrize("server", ["asyncio", "sync"])
+def test_a_held_refusal_ends_before_the_calls_deadline_and_the_hold_limit(
+    deployment: Deployment, sqlite_url: str, now: int, server: str, monkeypatch: Any
+) -> None:
+    """A share refusal with a 10-30 s hint is held at most `TARPIT_MAX_SECONDS`
+    (0.5 s here) and half the time left to the call's own deadline: the device
+    gets RESOURCE_EXHAUSTED with the whole hint, not DEADLINE_EXCEEDED."""
+    from fedldp.collector import admission as adm
+    from fedldp.collector import server as srv
+
+    monkeypatch.setattr(adm, "RETRY_AFTER_MS", 20_000)
+    config = deployment.config(
+        sqlite_url.replace("ledger.db", f"{server}.db"), server=server, body_timeout_ms=60_000
+    )
+    running = start_collector(config, registry=deployment.registry())
+    staller = bearer_metadata(deployment.token("staller"))
+    attack = StalledBodies(running.address, staller, calls=4).start()
+    answers: list[tuple[grpc.StatusCode, int, float]] = []
+    try:
+        assert running.admission is not None
+        deadline = time.monotonic() + 30
+        while running.admission.bytes < running.admission.max_subject_bytes:
+            assert time.monotonic() < deadline, attack.tally
+            time.sleep(0.02)
+        request = _valid(deployment, now)()
+        with grpc.insecure_channel(running.address) as channel:
+            call = channel.unary_unary("/fedldp.v1.Collector/Submit", None, None)
+            for timeout, hold in ((30.0, 0.5), (1.5, 30.0)):  # the hold limit, the deadline
+                monkeypatch.setattr(srv, "TARPIT_MAX_SECONDS", hold)
+                started = time.monotonic()
+                with pytest.raises(grpc.RpcError) as refused:
+                    call(request, metadata=staller, timeout=timeout)
+                trailers = dict(refused.value.trailing_metadata() or ())
+                hint = int(trailers.get("retry-after-ms", 0))
+                answers.append((refused.value.code(), hint, time.monotonic() - started))
+    finally:
+        attack.stop()
+        running.stop(1.0)
+    for code, hint, took in answers:
+        assert code == grpc.StatusCode.RESOURCE_EXHAUSTED, answers
+        assert hint >= 10_000 and took < 1.5, answers
