@@ -357,7 +357,7 @@ def stalled(
         "case": "stalled",
         "server": server,
         "processes": processes,
-        "pinned": {k: sorted(v) for k, v in zip(("collector", "honest", "attacker"), cpus)}
+        "pinned": dict(zip(("collector", "honest", "attacker"), map(sorted, cpus), strict=True))
         if cpus
         else None,
         "attacker_reopens": "after the hint" if hint else "at once",
@@ -433,9 +433,7 @@ def _run_stalled(args: argparse.Namespace) -> list[dict[str, Any]]:
             os.sched_setaffinity(0, cpus[1])
         for (server, settings), hint in itertools.product(STALLED_SERVERS, (True, False)):
             print(f"stalled: {server}, {rounds} pairs x 16 devices x {calls} calls", flush=True)
-            rows.append(
-                stalled(server, settings, calls=calls, rounds=rounds, hint=hint, cpus=cpus)
-            )
+            rows.append(stalled(server, settings, calls=calls, rounds=rounds, hint=hint, cpus=cpus))
     finally:
         if mine:
             os.sched_setaffinity(0, mine)

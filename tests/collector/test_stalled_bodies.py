@@ -288,7 +288,6 @@ def test_a_draining_sync_server_answers_held_refusals_at_once(
     import threading
 
     from fedldp.collector import admission as adm
-
     from fedldp.collector import server as srv
 
     monkeypatch.setattr(adm, "RETRY_AFTER_MS", 20_000)
@@ -343,7 +342,7 @@ def test_refusal_hints_grow_per_subject_and_are_forgotten() -> None:
         base_ms=100, max_ms=1_000, forget_after=10, max_subjects=2, clock=lambda: clock[0]
     )
     grown = [hints.refused("a") for _ in range(8)]
-    assert grown[0] < 150 and 50 <= grown[0]  # base, jittered by [0.5, 1.5)
+    assert 50 <= grown[0] < 150  # base, jittered by [0.5, 1.5)
     assert grown[3] >= 400 and all(h <= 1_000 for h in grown)  # 100 * 2^3 jittered; capped
     assert hints.streak("a") == 8
     assert hints.refused("b") < 150  # another subject starts at the base
