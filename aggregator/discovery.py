@@ -185,9 +185,19 @@ def estimate_level(
 
 
 def discover(
-    mech: PEM, statistic: GroupReports, *, alpha: float = DEFAULT_ALPHA, top: int = DEFAULT_TOP
+    mech: PEM,
+    statistic: GroupReports,
+    *,
+    alpha: float = DEFAULT_ALPHA,
+    top: int = DEFAULT_TOP,
+    reference: bool = False,
 ) -> Discovery:
-    """Run the fixed discovery procedure of the module docstring on a merged statistic."""
+    """Run the fixed discovery procedure of the module docstring on a merged statistic.
+
+    Each level's candidates are estimated by `estimate_level`; with `reference`,
+    by `mech.estimate_prefixes` over the same candidates instead (every hash
+    evaluated in full: the reference the fast path is tested and benchmarked
+    against; the result is identical)."""
     if not 0.0 < alpha < 1.0:
         raise ValueError(f"alpha must be in (0, 1), got {alpha}")
     if top < 1:
@@ -205,7 +215,13 @@ def discover(
             levels.append(Level(j, mech.prefix_bits(j), n_j, candidates, float("inf"), 0))
             parents = prefixes = []
             continue
-        prefixes, est = estimate_level(mech, statistic, j, sorted(parents))
+        if reference:
+            prefixes = sorted(
+                (x << mech.step_bits) | e for x in parents for e in range(1 << mech.step_bits)
+            )
+            est = mech.estimate_prefixes(statistic, j, prefixes, population=statistic.n)
+        else:
+            prefixes, est = estimate_level(mech, statistic, j, sorted(parents))
         cut = threshold(mech, n_j, len(prefixes), alpha)
         keep = _select(est.values, cut, top)
         levels.append(Level(j, mech.prefix_bits(j), n_j, len(prefixes), cut, int(keep.size)))

@@ -158,32 +158,12 @@ def test_a_discovered_string_cannot_drive_the_analysts_terminal() -> None:
     assert "\x1b" not in table and "\\x1b[2Jok" in table
 
 
-def _reference_discover(mech: PEM, stat: Any, *, alpha: float, top: int) -> Any:
-    """Discovery as it was written first: every candidate through
-    `mech.estimate_prefixes` (one multiply-add per chunk and candidate)."""
-    prefixes: list[int] = list(range(1 << mech.prefix_bits(0)))
-    kept: list[tuple[int, list[int], np.ndarray, np.ndarray]] = []
-    for j in range(mech.groups):
-        if j:
-            prefixes = sorted(
-                (x << mech.step_bits) | e for x in prefixes for e in range(1 << mech.step_bits)
-            )
-        n_j = stat.group_size(j)
-        if n_j == 0 or not prefixes:
-            break
-        est = mech.estimate_prefixes(stat, j, prefixes, population=stat.n)
-        cut = discovery.threshold(mech, n_j, len(prefixes), alpha)
-        keep = discovery._select(est.values, cut, top)
-        prefixes = [prefixes[i] for i in keep]
-        kept.append((j, prefixes, est.values[keep], est.variances[keep]))
-    return kept
-
-
 @pytest.mark.parametrize(("epsilon", "n", "seed"), [("8", 60_000, 3), ("2", 30_000, 4)])
 def test_level_counts_equal_the_mechanisms_support_counts(epsilon: str, n: int, seed: int) -> None:
     """`level_counts` (each hash as a parent's part plus a suffix's part) gives exactly
-    `mech.support_counts` of the candidates, at every level, and discovery keeps
-    exactly the prefixes, estimates and variances of the reference procedure."""
+    `mech.support_counts` of the candidates, at three levels, and discovery finds
+    exactly the strings, levels, estimates and variances of the reference
+    procedure (`reference=True`: every candidate through `estimate_prefixes`)."""
     mech = pem(PEM, epsilon)
     words, weights = vocabulary(seed)
     rng = np.random.default_rng(seed + 1)
@@ -197,13 +177,8 @@ def test_level_counts_equal_the_mechanisms_support_counts(epsilon: str, n: int, 
         expected = mech.support_counts(keys, values, x)
         assert np.array_equal(discovery.level_counts(mech, stat, j, parents), expected), j
     found = discover(mech, stat)
-    reference = _reference_discover(mech, stat, alpha=found.alpha, top=found.top)
-    assert [level.kept for level in found.levels[: len(reference)]] == [
-        len(p) for _, p, _, _ in reference
-    ]
-    _, last, values, variances = reference[-1]
-    assert len(reference) == mech.groups or not last
-    if len(reference) == mech.groups:
-        decoded = [i for i, p in enumerate(last) if discovery._decode(mech, p) is not None]
-        assert np.array_equal(found.estimate.values, values[decoded])
-        assert np.array_equal(found.estimate.variances, variances[decoded])
+    reference = discover(mech, stat, reference=True)
+    assert found.levels == reference.levels and len(found.levels) == mech.groups
+    assert found.strings == reference.strings and found.strings
+    assert np.array_equal(found.estimate.values, reference.estimate.values)
+    assert np.array_equal(found.estimate.variances, reference.estimate.variances)
