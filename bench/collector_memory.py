@@ -228,29 +228,31 @@ def _attack(
     out.put((attack.opened, attack.tally.with_hint, attack.tally.without_hint))
 
 
-def _tree_cpu(pid: int) -> float:
-    """CPU seconds (user + system) used so far by process `pid` and its children."""
-    ticks = 0
+def _proc_stats() -> list[tuple[int, list[str]]]:
+    """(pid, the fields of /proc/PID/stat after the command name) of every process."""
+    stats = []
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
             fields = stat.read_text(encoding="ascii").rsplit(")", 1)[1].split()
         except (OSError, IndexError):
             continue  # exited meanwhile
-        if int(stat.parent.name) == pid or int(fields[1]) == pid:
-            ticks += int(fields[11]) + int(fields[12])  # utime, stime
+        stats.append((int(stat.parent.name), fields))
+    return stats
+
+
+def _tree_cpu(pid: int) -> float:
+    """CPU seconds (user + system) used so far by process `pid` and its children."""
+    ticks = sum(
+        int(fields[11]) + int(fields[12])  # utime, stime
+        for other, fields in _proc_stats()
+        if other == pid or int(fields[1]) == pid
+    )
     return ticks / os.sysconf("SC_CLK_TCK")
 
 
 def _processes(pid: int) -> int:
     """Collector processes serving under `pid`: its children (a supervisor's), or 1."""
-    children = 0
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text(encoding="ascii").rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        children += int(fields[1]) == pid
-    return children or 1
+    return sum(int(fields[1]) == pid for _, fields in _proc_stats()) or 1
 
 
 def _measured(pid: int, run: Callable[[], Any]) -> tuple[Any, float]:
