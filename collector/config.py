@@ -164,7 +164,13 @@ class CollectorConfig:
         default="asyncio",
         metadata={"help": "grpcio server flavour: sync (thread pool) or asyncio"},
     )
-    workers: int = field(default=64, metadata={"help": "gRPC handler threads (per process)"})
+    workers: int = field(
+        default=64,
+        metadata={
+            "help": "gRPC handler threads (per process; the sync server has 256 more, "
+            "used only to hold share refusals for their retry hint)"
+        },
+    )
     processes: int = field(
         default=1,
         metadata={
