@@ -34,8 +34,9 @@ import random
 import re
 import sqlite3
 import struct
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import closing, contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 from fedldp.client.sealed import MAX_CIPHERTEXT_BYTES
@@ -47,6 +48,9 @@ _SCHEMA = """
 CREATE TABLE IF NOT EXISTS inbox (batch TEXT NOT NULL, ciphertext BLOB NOT NULL);
 CREATE INDEX IF NOT EXISTS inbox_batch ON inbox (batch);
 CREATE TABLE IF NOT EXISTS claimed (batch TEXT PRIMARY KEY);
+CREATE TABLE IF NOT EXISTS pulled (
+    batch TEXT NOT NULL, sha256 BLOB NOT NULL, PRIMARY KEY (batch, sha256)
+);
 CREATE TABLE IF NOT EXISTS released (
     batch TEXT PRIMARY KEY, count INTEGER NOT NULL, sha256 TEXT NOT NULL
 );
@@ -104,6 +108,38 @@ class ShuffleSpool:
                 db.execute("ROLLBACK")
                 raise
         return len(rows)
+
+    def add_once(self, batch: str, ciphertexts: Iterable[bytes]) -> int:
+        """Like `add`, but a ciphertext already added to `batch` through `add_once` (its
+        SHA-256 is remembered, in the same transaction) is skipped: pulling a window from
+        the collector's ledger twice adds nothing twice. How many were added.
+
+        Raises BatchReleasedError when the batch was claimed or released (nothing added).
+        """
+        _check_key(batch)
+        items = [bytes(c) for c in ciphertexts]
+        if any(not 0 < len(c) <= MAX_CIPHERTEXT_BYTES for c in items):
+            raise ValueError(f"a ciphertext must be 1 to {MAX_CIPHERTEXT_BYTES} bytes")
+        added = 0
+        with closing(self._connect()) as db:
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                if db.execute("SELECT 1 FROM claimed WHERE batch = ?", (batch,)).fetchone():
+                    raise BatchReleasedError(f"batch {batch} is being or was released")
+                for c in items:
+                    digest = hashlib.sha256(c).digest()
+                    cur = db.execute(
+                        "INSERT OR IGNORE INTO pulled (batch, sha256) VALUES (?, ?)",
+                        (batch, digest),
+                    )
+                    if cur.rowcount == 1:
+                        db.execute("INSERT INTO inbox (batch, ciphertext) VALUES (?, ?)", (batch, c))
+                        added += 1
+                db.execute("COMMIT")
+            except BaseException:
+                db.execute("ROLLBACK")
+                raise
+        return added
 
     def pending(self, batch: str) -> int:
         """Ciphertexts waiting in `batch`."""
@@ -277,3 +313,45 @@ def _release_locked(
     spool._record(batch, len(ciphertexts), sha256)
     stage("recorded")
     return path
+
+
+def window_batch(policy_id: str, version: int, window_start: int) -> str:
+    """The batch key of one policy version's window: ``<policy id>.v<version>.<window start>``.
+
+    One batch is one policy window, so the ledger's per-window cap bounds how many reports
+    of one device a batch holds (docs/shuffle.md, "Who must not collude with whom").
+    """
+    key = f"{policy_id}.v{version}.{window_start}"
+    _check_key(key)
+    return key
+
+
+@dataclass(frozen=True)
+class Pulled:
+    """What `pull_window` did for one policy version's batch."""
+
+    batch: str
+    added: int  # ciphertexts new to the spool now
+    stored: int  # sealed reports the ledger holds for it
+    released: bool  # the batch was claimed or released already: nothing added
+
+
+def pull_window(
+    by_version: Mapping[int, list[bytes]], spool: ShuffleSpool, policy_id: str, window_start: int
+) -> list[Pulled]:
+    """Add a window's ciphertexts (`Ledger.sealed_ciphertexts`: policy version -> sorted
+    ciphertexts, nothing else) to `spool`, one batch per version (`window_batch`).
+
+    Idempotent (`ShuffleSpool.add_once`): pulling again adds only ciphertexts stored since;
+    a batch released already takes nothing (`released` is then True).
+    """
+    out: list[Pulled] = []
+    for version, ciphertexts in sorted(by_version.items()):
+        batch = window_batch(policy_id, version, window_start)
+        try:
+            added = spool.add_once(batch, ciphertexts)
+        except BatchReleasedError:
+            out.append(Pulled(batch, 0, len(ciphertexts), True))
+            continue
+        out.append(Pulled(batch, added, len(ciphertexts), False))
+    return out

@@ -58,7 +58,10 @@ _TOP_KEYS = {
     "metric",
     "mechanism",
     "budget",
+    "shuffle",
 }
+#: Keys of the optional [shuffle] table (a shuffle-model policy, docs/shuffle.md).
+_SHUFFLE_KEYS = {"analyzer_public_key", "min_batch"}
 _METRIC_KEYS = {"name", "values", "lo", "hi", "max_bytes", "attributes"}
 #: Keys of one [[metric.attributes]] table (a multi-attribute metric).
 _ATTRIBUTE_KEYS = {"name", "values", "lo", "hi", "mechanism", "params"}
@@ -299,6 +302,21 @@ def _fill_budget(policy: policy_pb2.Policy, budget: Mapping[str, Any], problems:
         )
 
 
+def _fill_shuffle(
+    policy: policy_pb2.Policy, shuffle: Mapping[str, Any], problems: list[str]
+) -> None:
+    """Set `policy.shuffle` from the [shuffle] table: the analyzer's raw X25519 public key
+    in hex (the content of analyzer.pub from `fedldp shuffler keygen`) and min_batch."""
+    text = _str(shuffle.get("analyzer_public_key", ""), "shuffle.analyzer_public_key", problems)
+    try:
+        key = bytes.fromhex(text.strip())
+    except ValueError:
+        problems.append("shuffle.analyzer_public_key is not hex (the content of analyzer.pub)")
+        key = b""
+    policy.shuffle.analyzer_public_key = key
+    policy.shuffle.min_batch = _int(shuffle.get("min_batch"), "shuffle.min_batch", problems)
+
+
 def policy_from_dict(data: Mapping[str, Any]) -> policy_pb2.Policy:
     """Build a Policy from the TOML schema (a parsed mapping), validated.
 
@@ -341,6 +359,9 @@ def policy_from_dict(data: Mapping[str, Any]) -> policy_pb2.Policy:
     budget = _table(data, "budget", _BUDGET_KEYS, problems)
     if budget:
         _fill_budget(policy, budget, problems)
+
+    if "shuffle" in data:
+        _fill_shuffle(policy, _table(data, "shuffle", _SHUFFLE_KEYS, problems), problems)
 
     resolve_auto_mechanism(policy)
     state_numeric_grid(policy)

@@ -110,6 +110,11 @@ class Recorder:
                 coarse_time=now - now % COARSE_TIME_SECONDS,
             )
             fill_payload(report, output)
+            analyzer_key = policy.analyzer_public_key
+            if analyzer_key is not None:  # a shuffle-model policy: only the analyzer reads it
+                from fedldp.client.sealed import seal_report
+
+                seal_report(report, analyzer_key)
             Outbox.add(
                 conn,
                 report_id=report_id,

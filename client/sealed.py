@@ -20,7 +20,7 @@ import hashlib
 import struct
 from typing import Any
 
-from fedldp.client.mechanisms.base import Output, OutputDomainError
+from fedldp.client.mechanisms.base import Output, OutputDomainError, SealedOutput
 from fedldp.client.wire import fill_payload, output_from_report
 from fedldp.v1 import collector_pb2
 
@@ -29,6 +29,8 @@ _INFO_DOMAIN = b"fedldp.sealed.v1\x00"
 PUBLIC_KEY_BYTES = 32
 #: Largest sealed ciphertext accepted anywhere (enc + payload + tag); a report payload is small.
 MAX_CIPHERTEXT_BYTES = 64 * 1024
+#: Smallest possible one: HPKE's 32-byte enc, a 1-byte plaintext, the 16-byte AEAD tag.
+MIN_CIPHERTEXT_BYTES = 32 + 1 + 16
 
 
 class SealingUnavailableError(RuntimeError):
@@ -75,6 +77,8 @@ def seal_output(
     """
     from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PublicKey
 
+    if isinstance(output, SealedOutput):
+        raise TypeError("the output is sealed already")
     inner = collector_pb2.Report()
     fill_payload(inner, output)
     public_key = X25519PublicKey.from_public_bytes(public_key_raw)
@@ -93,6 +97,15 @@ def seal_report(report: collector_pb2.Report, public_key_raw: bytes) -> None:
     report.sealed.CopyFrom(seal_output(output, public_key_raw, info=info))
 
 
+def check_sealed_shape(ciphertext: bytes) -> None:
+    """Raise OutputDomainError("MALFORMED_SEALED") unless the length is a possible one.
+
+    All that anyone without the analyzer's key can check (the collector runs it).
+    """
+    if not MIN_CIPHERTEXT_BYTES <= len(ciphertext) <= MAX_CIPHERTEXT_BYTES:
+        raise OutputDomainError("MALFORMED_SEALED", "sealed payload has an invalid length")
+
+
 def open_sealed(ciphertext: bytes, private_key: Any, *, info: bytes) -> Output:
     """The output inside `ciphertext` (the analyzer's side).
 
@@ -103,8 +116,7 @@ def open_sealed(ciphertext: bytes, private_key: Any, *, info: bytes) -> Output:
     from cryptography.exceptions import InvalidTag
     from google.protobuf.message import DecodeError
 
-    if not 0 < len(ciphertext) <= MAX_CIPHERTEXT_BYTES:
-        raise OutputDomainError("MALFORMED_SEALED", "sealed payload has an invalid length")
+    check_sealed_shape(ciphertext)
     try:
         plaintext = _suite().decrypt(ciphertext, private_key, info=info)
     except (InvalidTag, ValueError) as exc:

@@ -8,6 +8,7 @@ own output-domain check. Neither ever sees or carries the raw value.
 
 from __future__ import annotations
 
+import base64
 import math
 import struct
 from collections.abc import Callable
@@ -26,6 +27,7 @@ from fedldp.client.mechanisms.base import (
     NumericOutput,
     Output,
     OutputDomainError,
+    SealedOutput,
     SketchBitOutput,
     SketchRowOutput,
 )
@@ -99,6 +101,16 @@ def _fill_group_hashed(report: collector_pb2.Report, o: GroupHashedOutput) -> No
     report.group_hashed.group = o.group
     report.group_hashed.key = o.key
     report.group_hashed.value = o.value
+
+
+def _fill_sealed(report: collector_pb2.Report, o: SealedOutput) -> None:
+    report.sealed.ciphertext = o.ciphertext
+    report.sealed.key_id = o.key_id
+
+
+def _encode_sealed(o: SealedOutput) -> bytes:
+    key = o.key_id.encode("utf-8")
+    return struct.pack("<QI", len(o.ciphertext), len(key)) + o.ciphertext + key
 
 
 def _fill_multi(report: collector_pb2.Report, o: MultiOutput) -> None:
@@ -299,6 +311,17 @@ KINDS: dict[type[Any], OutputKind] = {
             "multi",
             _multi_to_json,
             _multi_from_json,
+        ),
+        OutputKind(
+            SealedOutput,
+            "sealed",
+            _fill_sealed,
+            lambda m: SealedOutput(bytes(m.ciphertext), str(m.key_id)),
+            b"E",
+            _encode_sealed,
+            "sealed",
+            lambda o: {"ciphertext": base64.b64encode(o.ciphertext).decode(), "key_id": o.key_id},
+            lambda j: SealedOutput(base64.b64decode(j["ciphertext"]), str(j["key_id"])),
         ),
     )
 }

@@ -8,7 +8,9 @@ Validation order per report (the first failure is the one reported):
 report id (16 bytes) -> duplicate id within the request -> policy (id, version,
 digest) active -> coarse time (on the hour, not in the future beyond the clock
 skew, not older than the maximum age) -> payload kind, finiteness and output
-domain (the mechanism's own `check_output`). Only reports passing all of them
+domain (the mechanism's own `check_output`; for a shuffle-model policy, a sealed
+payload of a possible length sealed to its analyzer key, which is all the
+collector can check: docs/shuffle.md). Only reports passing all of them
 reach the ledger, which decides ACCEPTED / DUPLICATE / BUDGET_EXHAUSTED /
 CONFLICT in one transaction.
 """
@@ -23,7 +25,12 @@ from dataclasses import dataclass
 from operator import itemgetter
 from typing import Any, NamedTuple
 
-from fedldp.client.mechanisms.base import CategoryOutput, Output, OutputDomainError
+from fedldp.client.mechanisms.base import (
+    CategoryOutput,
+    Output,
+    OutputDomainError,
+    SealedOutput,
+)
 from fedldp.client.policy import VerifiedPolicy
 from fedldp.collector.committer import GroupCommitter
 from fedldp.collector.errors import BatchTooLargeError
@@ -97,6 +104,30 @@ class _Active(NamedTuple):
     # (coarse time, category index) -> that report content's digest, at most
     # _MAX_DIGESTS of them (see `prepare`).
     digests: dict[tuple[int, int], bytes]
+    sealed: bool  # a shuffle-model policy: it takes sealed payloads only (docs/shuffle.md)
+
+
+def _sealed_check(policy: VerifiedPolicy) -> Callable[[Output], None]:
+    """The output check of a shuffle-model policy: a sealed payload of a possible length,
+    sealed to this policy's analyzer key. The collector cannot read more than that."""
+    from fedldp.client.sealed import check_sealed_shape, key_id
+
+    assert policy.analyzer_public_key is not None
+    expected = key_id(policy.analyzer_public_key)
+
+    def check(output: Output) -> None:
+        if type(output) is not SealedOutput:
+            raise OutputDomainError(
+                "SEALED_REQUIRED",
+                "this is a shuffle-model policy: seal the payload to its analyzer key",
+            )
+        check_sealed_shape(output.ciphertext)
+        if output.key_id != expected:
+            raise OutputDomainError(
+                "MALFORMED_SEALED", "the payload is sealed to another key than the policy's"
+            )
+
+    return check
 
 
 def _repeated(ids: list[bytes]) -> Set[bytes]:
@@ -238,7 +269,7 @@ class CollectorService:
             if not isinstance(found, _Active):
                 outcomes[i] = _unusable_policy(rid, found)
                 continue
-            policy, state, check_output, categories, digests = found
+            policy, state, check_output, categories, digests, sealed = found
             ct = report.coarse_time
             if ct % COARSE_TIME_UNIT != 0 or not oldest <= ct <= newest:
                 outcomes[i] = _invalid(
@@ -259,6 +290,11 @@ class CollectorService:
             if output is None:
                 try:
                     output = output_from_report(report)
+                    if type(output) is SealedOutput and not sealed:
+                        raise OutputDomainError(
+                            "SEALED_NOT_EXPECTED",
+                            "a sealed payload for a policy that is not a shuffle-model one",
+                        )
                     check_output(output)
                 except OutputDomainError as exc:
                     reason = pb.RejectReason.Value(f"REJECT_REASON_{exc.reason}")
@@ -341,8 +377,10 @@ class CollectorService:
         if active is None or active.policy is not verified:
             if len(self._active) >= _MAX_ACTIVE:  # policies come and go with reloads
                 self._active.clear()
+            sealed = verified.analyzer_public_key is not None
+            check = _sealed_check(verified) if sealed else verified.mechanism.check_output
             active = self._active[key] = _Active(
-                verified, digest_state(*key), verified.mechanism.check_output, {}, {}
+                verified, digest_state(*key), check, {}, {}, sealed
             )
         return active
 

@@ -1,6 +1,7 @@
 """`fedldp shuffler`: the shuffle model's roles (docs/shuffle.md).
 
     fedldp shuffler keygen --out DIR                      # the analyzer's key pair
+    fedldp shuffler pull --config collector.toml --policy ID --window W --spool S
     fedldp shuffler release --spool S --batch B --out DIR --min-batch N
     fedldp shuffler analyze BATCH_FILE --analyzer-key K --policy ID --policies P --trust T
 
@@ -18,7 +19,7 @@ from typing import Any
 
 import click
 
-from fedldp.cli_common import trust_option
+from fedldp.cli_common import config_option, ledger_option, trust_option
 
 
 @click.group("shuffler")
@@ -78,6 +79,56 @@ def release_cmd(spool: str, batch: str, out_dir: str, min_batch: int) -> None:
     released = store.released(batch)
     count = released[0] if released else 0
     click.echo(f"released {count} shuffled ciphertexts to {path}")
+
+
+@shuffler.command("pull")
+@config_option("collector.toml whose ledger_url holds the sealed reports")
+@ledger_option()
+@click.option("--policy", "policy_id", required=True, help="a shuffle-model policy id")
+@click.option(
+    "--window",
+    "window_start",
+    required=True,
+    type=click.IntRange(min=0),
+    help="the window's start, Unix seconds (as `fedldp ledger` and GetBudget show it)",
+)
+@click.option(
+    "--spool",
+    required=True,
+    type=click.Path(dir_okay=False),
+    help="the shuffler's spool SQLite file (created if absent)",
+)
+def pull_cmd(
+    config_path: str | None,
+    ledger_url: str | None,
+    policy_id: str,
+    window_start: int,
+    spool: str,
+) -> None:
+    """Copy a window's sealed payloads from the collector's ledger (read-only) into the spool.
+
+    Only ciphertexts travel: no subject, report id, time or arrival order. One batch per
+    policy version, named POLICY.vVERSION.WINDOW; pulling again adds only what is new.
+    """
+    from fedldp.aggregator.shuffler import ShuffleSpool, pull_window
+    from fedldp.cli_common import open_cli_ledger, resolve_ledger_url
+
+    url = resolve_ledger_url(ledger_url, config_path)
+    with open_cli_ledger(url, "read", scope="whole") as ledger:
+        by_version = ledger.sealed_ciphertexts(policy_id, window_start)
+    if not by_version:
+        raise click.ClickException(
+            f"no sealed reports of policy {policy_id!r} in the window starting {window_start}"
+        )
+    store = ShuffleSpool(Path(spool))
+    for pulled in pull_window(by_version, store, policy_id, window_start):
+        if pulled.released:
+            click.echo(f"batch {pulled.batch}: released already; nothing added")
+        else:
+            click.echo(
+                f"batch {pulled.batch}: {pulled.added} added, {store.pending(pulled.batch)} "
+                f"waiting ({pulled.stored} stored in the ledger)"
+            )
 
 
 @shuffler.command("analyze")

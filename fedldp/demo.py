@@ -80,6 +80,8 @@ NEW_WORDS = (
 )  # fmt: skip
 OPEN_TAIL_WORDS = 300
 #: Default ε per report of each scenario.
+#: The shuffle demo's policy: no batch below this many reports is released.
+SHUFFLE_MIN_BATCH = 2
 DEFAULT_EPSILON = {"homepage": "2", "open-domain": "8"}
 
 
@@ -156,7 +158,10 @@ def _write_deployment(
     epsilon_cap: Decimal,
     now: int,
     open_domain: bool = False,
+    analyzer_key: bytes | None = None,
 ) -> Deployment:
+    """Keys, trust folder, the signed policy (a shuffle-model one when `analyzer_key` is
+    given: docs/shuffle.md), the token secret and collector.toml under `out`."""
     import secrets
 
     from fedldp.authoring import Authority, write_envelope, write_private_key, write_public_key
@@ -196,6 +201,9 @@ def _write_deployment(
             audience=(AUDIENCE,),
             purpose="demo: which home page do people use?",
         )
+    if analyzer_key is not None:
+        policy.shuffle.analyzer_public_key = analyzer_key
+        policy.shuffle.min_batch = SHUFFLE_MIN_BATCH
     write_envelope(authority.sign(policy), out / "policies" / f"{policy.policy_id}.policy")
     secret = secrets.token_bytes(32)
     secret_file = out / "keys" / "token-secret.hex"
@@ -530,6 +538,14 @@ def _report(deployment: Deployment, now: int, confidence: float) -> Any:
     help="also run the trusted release service on a generated consolidated table: one count "
     "and one mean, with error bars and verified receipts in the HTML report",
 )
+@click.option(
+    "--shuffle",
+    "with_shuffle",
+    is_flag=True,
+    help="shuffle model (homepage only): devices seal their reports to an analyzer key; the "
+    "collector, a shuffler and the analyzer run as three roles; prints the local ε0 and the "
+    "amplified central (ε, δ) (docs/shuffle.md)",
+)
 def demo(
     scenario: str,
     devices: int,
@@ -544,6 +560,7 @@ def demo(
     confidence: float,
     with_dashboard: bool,
     with_release_service: bool,
+    with_shuffle: bool,
 ) -> None:
     """Run the whole pipeline: signed policy, collector, simulated devices, report."""
     from fedldp.aggregator.render import render_html, render_table
@@ -551,12 +568,9 @@ def demo(
     open_domain = scenario == "open-domain"
     eps = _parse_decimal(epsilon or DEFAULT_EPSILON[scenario], "--epsilon")
     cap = _parse_decimal(epsilon_cap, "--cap") if epsilon_cap is not None else eps
-    if devices < 1 or domain_size < 2 or threads < 1 or processes < 1:
-        raise click.BadParameter(
-            "--devices, --processes, --threads must be >= 1; --domain-size >= 2"
-        )
-    if not 0.0 <= reinstall_fraction <= 1.0 or not 0.0 < confidence < 1.0:
-        raise click.BadParameter("--reinstall-fraction in [0, 1], --confidence in (0, 1)")
+    _check_options(devices, domain_size, threads, processes, reinstall_fraction, confidence)
+    if with_shuffle and (open_domain or with_dashboard or with_release_service):
+        raise click.BadParameter("--shuffle runs the homepage scenario alone")
     logging.basicConfig(level=logging.ERROR, format="%(levelname)s %(name)s: %(message)s")
     if out.exists():
         shutil.rmtree(out)
@@ -568,8 +582,15 @@ def demo(
     reinstalls = set(population.sample(range(devices), round(devices * reinstall_fraction)))
 
     started = time.perf_counter()
+    analyzer_key = _analyzer_key(out) if with_shuffle else None
     deployment = _write_deployment(
-        out, labels=labels, epsilon=eps, epsilon_cap=cap, now=now, open_domain=open_domain
+        out,
+        labels=labels,
+        epsilon=eps,
+        epsilon_cap=cap,
+        now=now,
+        open_domain=open_domain,
+        analyzer_key=analyzer_key,
     )
     if open_domain:
         click.echo(
@@ -607,6 +628,11 @@ def demo(
     elapsed = time.perf_counter() - started
     counts = Counter(values)
     truth = {labels[i]: counts[i] / devices for i in range(len(labels))}
+    if with_shuffle:
+        from fedldp.demo_shuffle import shuffle_roles
+
+        shuffle_roles(deployment.out, deployment.collector_config, now, truth, tally.accepted)
+        return
     report = _report(deployment, now, confidence)
     click.echo("")
     click.echo(render_table(report, truth=truth))
@@ -628,6 +654,31 @@ def demo(
         raise SystemExit(1)
     if with_dashboard:
         _serve_dashboard(deployment)
+
+
+def _check_options(
+    devices: int,
+    domain_size: int,
+    threads: int,
+    processes: int,
+    reinstall_fraction: float,
+    confidence: float,
+) -> None:
+    """A usage error for a count or fraction out of its range."""
+    if devices < 1 or domain_size < 2 or threads < 1 or processes < 1:
+        raise click.BadParameter(
+            "--devices, --processes, --threads must be >= 1; --domain-size >= 2"
+        )
+    if not 0.0 <= reinstall_fraction <= 1.0 or not 0.0 < confidence < 1.0:
+        raise click.BadParameter("--reinstall-fraction in [0, 1], --confidence in (0, 1)")
+
+
+def _analyzer_key(out: Path) -> bytes:
+    """A new analyzer key pair under out/analyzer (`fedldp shuffler keygen`); its public key."""
+    from fedldp.aggregator.shuffle_analyzer import generate_analyzer_key
+
+    _, public = generate_analyzer_key(out / "analyzer")
+    return public
 
 
 def _release_service_demo(out: Path, seed: int | None, report: Path) -> None:

@@ -125,6 +125,18 @@ class MultiOutput:
     parts: tuple[tuple[int, AttributeOutput], ...]
 
 
+@dataclass(frozen=True, slots=True)
+class SealedOutput:
+    """A payload sealed to the analyzer of a shuffle-model policy (wire: SealedPayload).
+
+    Not a mechanism's output: the collector charges and stores it without reading it;
+    only the analyzer opens it (`fedldp.client.sealed.open_sealed`, docs/shuffle.md).
+    """
+
+    ciphertext: bytes
+    key_id: str
+
+
 Output = Union[  # noqa: UP007
     CategoryOutput,
     BitVectorOutput,
@@ -136,6 +148,7 @@ Output = Union[  # noqa: UP007
     GroupHashedOutput,
     MultiOutput,
     IndexBitsOutput,
+    SealedOutput,
 ]
 
 

@@ -368,7 +368,7 @@ def policy_problems(
     ValueError becomes a problem), memo charging; budget cap (positive, >= the
     per-report cost) and window (0 < window <= MAX_WINDOW_SECONDS); validity
     interval (0 <= not_before < expires_at, at most MAX_VALIDITY_SECONDS long);
-    min_reports_for_release >= 1.
+    min_reports_for_release >= 1; a shuffle section's key (32 bytes) and min_batch (>= 2).
     """
     problems: list[str] = []
     _check_name(policy.policy_id, "policy_id", _POLICY_ID, problems)
@@ -449,7 +449,17 @@ def policy_problems(
         )
     if policy.min_reports_for_release < 1:
         problems.append("min_reports_for_release must be at least 1")
+    if policy.HasField("shuffle"):
+        _shuffle_problems(policy.shuffle, problems)
     return problems, mechanism
+
+
+def _shuffle_problems(shuffle: policy_pb2.ShuffleSpec, problems: list[str]) -> None:
+    """A shuffle section's problems: a 32-byte X25519 key, a minimum batch of at least 2."""
+    if len(shuffle.analyzer_public_key) != 32:
+        problems.append("shuffle.analyzer_public_key must be a raw 32-byte X25519 public key")
+    if shuffle.min_batch < 2:
+        problems.append("shuffle.min_batch must be at least 2 (one report is not shuffled)")
 
 
 def root_problems(root: policy_pb2.Root) -> list[str]:

@@ -110,6 +110,17 @@ class VerifiedPolicy:
         return tuple(self.message.audience)
 
     @property
+    def analyzer_public_key(self) -> bytes | None:
+        """The analyzer's raw X25519 key of a shuffle-model policy (docs/shuffle.md), or None.
+
+        Set: every report's payload is sealed to this key (`fedldp.client.sealed`), and the
+        collector accepts only sealed payloads for the policy.
+        """
+        if not self.message.HasField("shuffle"):
+            return None
+        return bytes(self.message.shuffle.analyzer_public_key)
+
+    @property
     def mechanism_id(self) -> str:
         """The mechanism's stable wire id."""
         return str(self.message.mechanism.id)

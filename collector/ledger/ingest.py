@@ -52,6 +52,7 @@ from fedldp.collector.ledger.versions import (
     PolicyVersions,
     _Versions,
 )
+from fedldp.client.mechanisms.base import SealedOutput
 from fedldp.collector.wire import output_to_json
 
 if TYPE_CHECKING:
@@ -399,6 +400,10 @@ class Ingestion(PolicyVersions):
             for run in runs:
                 by_key[run.stat_key].extend(run.outputs)
         for key, outputs in by_key.items():
+            if outputs and type(outputs[0]) is SealedOutput:
+                # A shuffle-model policy: its payloads are ciphertexts, stored for the
+                # shuffler only, never accumulated (docs/shuffle.md); no statistics row.
+                continue
             mech = plan.policies[key].mechanism
             stat = mech.new_statistic()
             accumulate = mech.accumulate
@@ -439,7 +444,9 @@ class Ingestion(PolicyVersions):
             db.executemany(self._sql["insert_conflicts"], decided.new_conflicts)
         self._write_spend(db, state, plan.latest_now)
         # (A run may have accepted nothing: its statistics row stays as it is.)
-        accepted = {key: outputs for key, outputs in decided.accepted.items() if outputs}
+        # (Sealed outputs have no statistics: `_plan_group` made no entry for them.)
+        stats = plan.statistics
+        accepted = {k: outs for k, outs in decided.accepted.items() if outs and k in stats}
         if accepted:
             self._merge_statistics(db, plan, accepted, plan.latest_now, written)
         return decided.outcomes

@@ -112,6 +112,29 @@ class ReportQueries(LedgerCore):
 
         return self.transaction(tx, write=False)
 
+    def sealed_ciphertexts(self, policy_id: str, window_start: int) -> dict[int, list[bytes]]:
+        """Policy version -> the ciphertexts of the sealed reports stored for that version
+        in the window starting at `window_start` (the shuffler's pull, docs/shuffle.md).
+
+        Only the ciphertexts: no subject, report id, time or arrival order. Each version's
+        list is sorted by the ciphertexts' bytes (HPKE output: independent of who sent
+        what, when). Plain reports are left out.
+        """
+        from fedldp.client.mechanisms.base import SealedOutput
+
+        def tx(conn: sa.Connection) -> dict[int, list[bytes]]:
+            q = sa.select(reports.c.policy_version, reports.c.payload).where(
+                reports.c.policy_id == policy_id, reports.c.window_start == window_start
+            )
+            out: dict[int, list[bytes]] = {}
+            for version, text in conn.execute(q):
+                output = output_from_json(text)
+                if type(output) is SealedOutput:
+                    out.setdefault(int(version), []).append(output.ciphertext)
+            return {v: sorted(cs) for v, cs in sorted(out.items())}
+
+        return self.transaction(tx, write=False)
+
     def recompute_statistics(self, policy: LedgerPolicy, window_start: int | None = None) -> Any:
         """The statistic recomputed from the raw report rows (audit of `statistics`)."""
         mech = policy.mechanism

@@ -109,12 +109,16 @@ class Reconcile(LedgerCore):
         return out
 
 
+#: A stored sealed payload (`output_to_json` of a SealedOutput), as a LIKE pattern.
+_SEALED_PAYLOAD = '{"k":"sealed",%'
+
+
 def _report_sums(
     conn: sa.Connection,
 ) -> tuple[dict[tuple[str, str, int], list[Any]], dict[tuple[str, int, int], int]]:
     """One streamed pass over the reports: per (subject, policy, window) the exact sum of
     charges, the count and the smallest cap charged under; per (policy, version,
-    window) the count."""
+    window) the count of plain (not sealed) reports, those a statistics row counts."""
     raw: dict[tuple[str, str, int], list[Any]] = defaultdict(lambda: [Decimal(0), 0, None])
     count_by_policy: dict[tuple[str, int, int], int] = defaultdict(int)
     rows = conn.execution_options(stream_results=True, yield_per=5000).execute(
@@ -125,15 +129,17 @@ def _report_sums(
             reports.c.window_start,
             reports.c.charge,
             reports.c.epsilon_cap,
+            reports.c.payload.like(_SEALED_PAYLOAD),
         )
     )
-    for subj, pid, ver, win, charge, cap in rows:
+    for subj, pid, ver, win, charge, cap, sealed in rows:
         acc = raw[(subj, pid, int(win))]
         acc[0] = EXACT.add(acc[0], _dec(charge))
         acc[1] += 1
         capd = _dec(cap)
         acc[2] = capd if acc[2] is None else min(acc[2], capd)
-        count_by_policy[(pid, int(ver), int(win))] += 1
+        if not sealed:  # a sealed payload (shuffle model) has no statistics row
+            count_by_policy[(pid, int(ver), int(win))] += 1
     return raw, count_by_policy
 
 

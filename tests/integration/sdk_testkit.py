@@ -69,7 +69,10 @@ class Deployment:
         window_seconds: int = 86400,
         version: int = 1,
         labels: Sequence[str] = LABELS,
+        analyzer_key: bytes | None = None,
     ) -> policy_pb2.SignedEnvelope:
+        """Sign and keep a categorical policy; `analyzer_key` (raw X25519) makes it a
+        shuffle-model one (min_batch 2)."""
         policy = self.authority.categorical_policy(
             policy_id=policy_id,
             metric=metric,
@@ -82,6 +85,9 @@ class Deployment:
             min_reports=1,
             audience=(AUDIENCE,),
         )
+        if analyzer_key is not None:
+            policy.shuffle.analyzer_public_key = analyzer_key
+            policy.shuffle.min_batch = 2
         envelope = self.authority.sign(policy)
         self.envelopes.append(envelope)
         return envelope

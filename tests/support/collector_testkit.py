@@ -83,9 +83,12 @@ class Deployment:
         params: dict[str, str] | None = None,
         memo_charging: int = policy_pb2.MEMO_CHARGING_NONE,
         metric: str | None = None,
+        analyzer_key: bytes | None = None,
+        min_batch: int = 2,
     ) -> policy_pb2.SignedEnvelope:
         """Sign and keep a categorical policy; returns its envelope. The metric name
-        is derived from `policy_id` unless `metric` is given."""
+        is derived from `policy_id` unless `metric` is given; `analyzer_key` (raw X25519)
+        makes it a shuffle-model policy with that `min_batch` (docs/shuffle.md)."""
         policy = self.authority.categorical_policy(
             policy_id=policy_id,
             metric=_metric_name(policy_id) if metric is None else metric,
@@ -102,6 +105,9 @@ class Deployment:
             params=params,
             memo_charging=memo_charging,  # type: ignore[arg-type]
         )
+        if analyzer_key is not None:
+            policy.shuffle.analyzer_public_key = analyzer_key
+            policy.shuffle.min_batch = min_batch
         env = self.authority.sign(policy)
         self.envelopes.append(env)
         return env

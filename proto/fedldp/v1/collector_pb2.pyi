@@ -86,6 +86,10 @@ class _RejectReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_RejectRe
     """A sealed payload that does not open with the analyzer's key, or whose
     plaintext is not a payload-only Report (counted by the analyzer).
     """
+    REJECT_REASON_SEALED_REQUIRED: _RejectReason.ValueType  # 11
+    """A plain payload for a shuffle-model policy: it must be sealed."""
+    REJECT_REASON_SEALED_NOT_EXPECTED: _RejectReason.ValueType  # 12
+    """A sealed payload for a policy that is not a shuffle-model one."""
 
 class RejectReason(_RejectReason, metaclass=_RejectReasonEnumTypeWrapper): ...
 
@@ -103,6 +107,10 @@ REJECT_REASON_MALFORMED_SEALED: RejectReason.ValueType  # 10
 """A sealed payload that does not open with the analyzer's key, or whose
 plaintext is not a payload-only Report (counted by the analyzer).
 """
+REJECT_REASON_SEALED_REQUIRED: RejectReason.ValueType  # 11
+"""A plain payload for a shuffle-model policy: it must be sealed."""
+REJECT_REASON_SEALED_NOT_EXPECTED: RejectReason.ValueType  # 12
+"""A sealed payload for a policy that is not a shuffle-model one."""
 Global___RejectReason: _TypeAlias = RejectReason  # noqa: Y015
 
 @_typing.final

@@ -445,6 +445,7 @@ class Policy(_message.Message):
     NOT_BEFORE_FIELD_NUMBER: _builtins.int
     EXPIRES_AT_FIELD_NUMBER: _builtins.int
     MIN_REPORTS_FOR_RELEASE_FIELD_NUMBER: _builtins.int
+    SHUFFLE_FIELD_NUMBER: _builtins.int
     policy_id: _builtins.str
     version: _builtins.int
     """Strictly increasing per policy_id; devices refuse a rollback."""
@@ -465,6 +466,12 @@ class Policy(_message.Message):
     def mechanism(self) -> Global___MechanismSpec: ...
     @_builtins.property
     def budget(self) -> Global___Budget: ...
+    @_builtins.property
+    def shuffle(self) -> Global___ShuffleSpec:
+        """Set: a shuffle-model policy (docs/shuffle.md). Devices seal every payload to
+        the analyzer's key; the collector charges and stores the ciphertext only.
+        """
+
     def __init__(
         self,
         *,
@@ -478,14 +485,43 @@ class Policy(_message.Message):
         not_before: _builtins.int = ...,
         expires_at: _builtins.int = ...,
         min_reports_for_release: _builtins.int = ...,
+        shuffle: Global___ShuffleSpec | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["budget", b"budget", "mechanism", b"mechanism", "metric", b"metric"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["budget", b"budget", "mechanism", b"mechanism", "metric", b"metric", "shuffle", b"shuffle"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["audience", b"audience", "budget", b"budget", "expires_at", b"expires_at", "mechanism", b"mechanism", "metric", b"metric", "min_reports_for_release", b"min_reports_for_release", "not_before", b"not_before", "policy_id", b"policy_id", "purpose", b"purpose", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["audience", b"audience", "budget", b"budget", "expires_at", b"expires_at", "mechanism", b"mechanism", "metric", b"metric", "min_reports_for_release", b"min_reports_for_release", "not_before", b"not_before", "policy_id", b"policy_id", "purpose", b"purpose", "shuffle", b"shuffle", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___Policy: _TypeAlias = Policy  # noqa: Y015
+
+@_typing.final
+class ShuffleSpec(_message.Message):
+    """The shuffle model of a policy: who can read its payloads, and the smallest
+    batch a shuffler may release.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ANALYZER_PUBLIC_KEY_FIELD_NUMBER: _builtins.int
+    MIN_BATCH_FIELD_NUMBER: _builtins.int
+    analyzer_public_key: _builtins.bytes
+    """Raw 32-byte X25519 public key of the analyzer (HPKE, RFC 9180)."""
+    min_batch: _builtins.int
+    """The shuffler releases no batch (one policy window) smaller than this (>= 2)."""
+    def __init__(
+        self,
+        *,
+        analyzer_public_key: _builtins.bytes = ...,
+        min_batch: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["analyzer_public_key", b"analyzer_public_key", "min_batch", b"min_batch"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ShuffleSpec: _TypeAlias = ShuffleSpec  # noqa: Y015
 
 @_typing.final
 class PublicKey(_message.Message):
