@@ -34,7 +34,7 @@ from fedldp.collector.server import RunningCollector
 from fedldp.v1 import collector_pb2
 from sdk_testkit import LABELS, Deployment, ledger_rows, running_deployment
 
-DEVICES = 24
+DEVICES = 16
 ALPHA = 1e-6
 
 
@@ -105,7 +105,10 @@ def test_devices_collector_shuffler_analyzer(deployment: Deployment, tmp_path: P
     for report in sent:
         mech.accumulate(unshuffled, open_sealed(report.sealed.ciphertext, private, info=info))
     assert result.accepted == DEVICES and result.invalid == {}
-    assert mech.estimate(result.statistic) == mech.estimate(unshuffled)
+    shuffled_est, plain_est = mech.estimate(result.statistic), mech.estimate(unshuffled)
+    assert shuffled_est.n == plain_est.n == DEVICES
+    assert shuffled_est.values.tolist() == plain_est.values.tolist()  # exactly
+    assert shuffled_est.variances.tolist() == plain_est.variances.tolist()
 
     # Nothing that names a device, a report or a time finer than the window.
     raw = path.read_bytes()
