@@ -24,7 +24,7 @@ from fedldp.demo import AUDIENCE, POLICY_ID, SHUFFLE_MIN_BATCH, WINDOW_SECONDS
 def _role(name: str, args: list[str]) -> str:
     """Run `fedldp ARGS` as its own process; its output (a ClickException on failure)."""
     done = subprocess.run(
-        [sys.executable, "-m", "fedldp", *args],
+        [sys.executable, "-c", "import sys; from fedldp.cli import main; sys.exit(main())", *args],
         capture_output=True,
         text=True,
         stdin=subprocess.DEVNULL,
