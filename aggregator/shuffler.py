@@ -133,7 +133,9 @@ class ShuffleSpool:
                         (batch, digest),
                     )
                     if cur.rowcount == 1:
-                        db.execute("INSERT INTO inbox (batch, ciphertext) VALUES (?, ?)", (batch, c))
+                        db.execute(
+                            "INSERT INTO inbox (batch, ciphertext) VALUES (?, ?)", (batch, c)
+                        )
                         added += 1
                 db.execute("COMMIT")
             except BaseException:

@@ -44,17 +44,63 @@ def shuffle_roles(
     spool, batches = out / "shuffler" / "spool.db", out / "shuffler" / "batches"
     batches.mkdir(parents=True, exist_ok=True)
     click.echo("")
-    click.echo("shuffler: " + _role("shuffler", ["shuffler", "pull", "--config",
-        str(collector_config), "--policy", POLICY_ID, "--window", str(window),
-        "--spool", str(spool)]).strip())
+    click.echo(
+        "shuffler: "
+        + _role(
+            "shuffler",
+            [
+                "shuffler",
+                "pull",
+                "--config",
+                str(collector_config),
+                "--policy",
+                POLICY_ID,
+                "--window",
+                str(window),
+                "--spool",
+                str(spool),
+            ],
+        ).strip()
+    )
     batch = f"{POLICY_ID}.v1.{window}"
-    click.echo("shuffler: " + _role("shuffler", ["shuffler", "release", "--spool", str(spool),
-        "--batch", batch, "--out", str(batches),
-        "--min-batch", str(SHUFFLE_MIN_BATCH)]).strip())
-    analysis = _role("analyzer", ["shuffler", "analyze", str(batch_path(batches, batch)),
-        "--analyzer-key", str(out / "analyzer" / "analyzer.key"), "--policy", POLICY_ID,
-        "--policies", str(out / "policies"), "--trust", str(out / "trust"),
-        "--audience", AUDIENCE, "--collector-count", str(accepted)])
+    click.echo(
+        "shuffler: "
+        + _role(
+            "shuffler",
+            [
+                "shuffler",
+                "release",
+                "--spool",
+                str(spool),
+                "--batch",
+                batch,
+                "--out",
+                str(batches),
+                "--min-batch",
+                str(SHUFFLE_MIN_BATCH),
+            ],
+        ).strip()
+    )
+    analysis = _role(
+        "analyzer",
+        [
+            "shuffler",
+            "analyze",
+            str(batch_path(batches, batch)),
+            "--analyzer-key",
+            str(out / "analyzer" / "analyzer.key"),
+            "--policy",
+            POLICY_ID,
+            "--policies",
+            str(out / "policies"),
+            "--trust",
+            str(out / "trust"),
+            "--audience",
+            AUDIENCE,
+            "--collector-count",
+            str(accepted),
+        ],
+    )
     click.echo("analyzer:")
     click.echo(analysis.rstrip())
     click.echo("true shares: " + ", ".join(f"{k} {v:.4f}" for k, v in truth.items()))

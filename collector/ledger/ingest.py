@@ -18,6 +18,7 @@ from typing import (
 )
 
 import sqlalchemy as sa
+from fedldp.client.mechanisms.base import SealedOutput
 from fedldp.collector.ledger import restore
 from fedldp.collector.ledger.engine import (
     _ConcurrentUpdateError,
@@ -52,7 +53,6 @@ from fedldp.collector.ledger.versions import (
     PolicyVersions,
     _Versions,
 )
-from fedldp.client.mechanisms.base import SealedOutput
 from fedldp.collector.wire import output_to_json
 
 if TYPE_CHECKING:

@@ -28,7 +28,7 @@ _PUBLIC = _PRIVATE.public_key().public_bytes_raw()
 
 @pytest.fixture(scope="module")
 def deployment(now: int) -> Deployment:
-    """"color" (plain, ε = 0.5, cap 2) and "mood" (shuffle model, ε = 0.5, cap 1)."""
+    """ "color" (plain, ε = 0.5, cap 2) and "mood" (shuffle model, ε = 0.5, cap 1)."""
     d = Deployment.create(now=now)
     d.add_categorical("color", labels=("red", "green", "blue", "other"), epsilon="0.5")
     d.add_categorical("mood", epsilon="0.5", epsilon_cap="1", analyzer_key=_PUBLIC, min_batch=5)
@@ -42,7 +42,10 @@ def _sealed(policy: VerifiedPolicy, index: int, now: int, key: bytes = _PUBLIC) 
 
 
 def _submit(
-    stub: collector_pb2_grpc.CollectorStub, deployment: Deployment, subject: str, *reports: pb.Report
+    stub: collector_pb2_grpc.CollectorStub,
+    deployment: Deployment,
+    subject: str,
+    *reports: pb.Report,
 ) -> list[tuple[int, int]]:
     response = stub.Submit(
         pb.SubmitRequest(reports=list(reports)),

@@ -26,13 +26,14 @@ from click.testing import CliRunner
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 from fedldp.aggregator.shuffle_analyzer import analyze_batch
 from fedldp.aggregator.shuffler import ShuffleSpool, read_batch, release, window_batch
-from fedldp.cli import main
 from fedldp.client.outbox import Outbox
 from fedldp.client.policy import verify_policy
 from fedldp.client.sealed import open_sealed, seal_info
 from fedldp.collector.server import RunningCollector
 from fedldp.v1 import collector_pb2
 from sdk_testkit import LABELS, Deployment, ledger_rows, running_deployment
+
+from fedldp.cli import main
 
 DEVICES = 16
 ALPHA = 1e-6
@@ -51,9 +52,7 @@ def _spearman_p(order: list[int]) -> float:
     return float(spearmanr(range(len(order)), order).pvalue)
 
 
-def _record_all(
-    deployment: Deployment, collector: RunningCollector, tmp_path: Path
-) -> list[bytes]:
+def _record_all(deployment: Deployment, collector: RunningCollector, tmp_path: Path) -> list[bytes]:
     """Each device records one value and flushes, in turn; the sealed reports in
     submission order (as each device's outbox held them)."""
     sent: list[bytes] = []
@@ -77,7 +76,9 @@ def test_devices_collector_shuffler_analyzer(deployment: Deployment, tmp_path: P
         epsilon="1", analyzer_key=private.public_key().public_bytes_raw()
     )
     collector = deployment.start()
-    sent = [collector_pb2.Report.FromString(b) for b in _record_all(deployment, collector, tmp_path)]
+    sent = [
+        collector_pb2.Report.FromString(b) for b in _record_all(deployment, collector, tmp_path)
+    ]
     assert all(r.WhichOneof("payload") == "sealed" for r in sent)  # sealed by the SDK itself
     policy = verify_policy(
         envelope, deployment.authority.trust_store(now=deployment.now), now=deployment.now
