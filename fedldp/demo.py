@@ -629,14 +629,40 @@ def demo(
     counts = Counter(values)
     truth = {labels[i]: counts[i] / devices for i in range(len(labels))}
     if with_shuffle:
-        from fedldp.demo_shuffle import shuffle_roles
-
-        shuffle_roles(deployment.out, deployment.collector_config, now, truth, tally.accepted)
-        return
+        _shuffle_demo(deployment, now, truth, tally, (devices, elapsed))  # exits
     report = _report(deployment, now, confidence)
     click.echo("")
     click.echo(render_table(report, truth=truth))
     click.echo("")
+    _print_tally(tally, devices, elapsed)
+    html_path = render_html(report, out / "report.html", truth=truth)
+    if with_release_service:
+        _release_service_demo(out, seed, html_path)
+    click.echo(f"HTML report: {html_path.resolve()}")
+    if tally.failed_devices:
+        raise SystemExit(1)
+    if with_dashboard:
+        _serve_dashboard(deployment)
+
+
+def _shuffle_demo(
+    deployment: Deployment,
+    now: int,
+    truth: dict[str, float],
+    tally: Tally,
+    run: tuple[int, float],
+) -> None:
+    """The rest of `demo --shuffle`: the tally, then the shuffler and the analyzer
+    (fedldp.demo_shuffle); exits with status 1 when a device failed, else 0."""
+    from fedldp.demo_shuffle import shuffle_roles
+
+    _print_tally(tally, *run)
+    shuffle_roles(deployment.out, deployment.collector_config, now, truth, tally.accepted)
+    raise SystemExit(1 if tally.failed_devices else 0)
+
+
+def _print_tally(tally: Tally, devices: int, elapsed: float) -> None:
+    """What happened to the simulated devices' reports."""
     click.echo(f"devices simulated:                   {devices} in {elapsed:.1f} s")
     click.echo(f"reports accepted:                    {tally.accepted}")
     click.echo(f"refused by the collector for budget: {tally.refused_by_collector_budget}")
@@ -646,14 +672,6 @@ def demo(
             f"other refusals: {tally.refused_other}, still pending: {tally.pending}, "
             f"duplicates: {tally.duplicates}, failed devices: {tally.failed_devices}"
         )
-    html_path = render_html(report, out / "report.html", truth=truth)
-    if with_release_service:
-        _release_service_demo(out, seed, html_path)
-    click.echo(f"HTML report: {html_path.resolve()}")
-    if tally.failed_devices:
-        raise SystemExit(1)
-    if with_dashboard:
-        _serve_dashboard(deployment)
 
 
 def _check_options(
