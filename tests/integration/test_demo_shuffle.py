@@ -10,7 +10,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 
+
+@pytest.mark.slow  # five processes and 100 SDK devices: ~5 s idle, ~20 s on a loaded machine
 def test_demo_shuffle_runs_the_three_roles(tmp_path: Path) -> None:
     """Every report reaches the analyzer, which prints both guarantees."""
     done = subprocess.run(
