@@ -69,6 +69,10 @@ class InsufficientReportsError(ReportError):
         self.minimum = minimum
 
 
+class ShuffleModelError(ReportError):
+    """The policy is a shuffle-model one: only the analyzer can estimate it."""
+
+
 class CandidatesRequiredError(ReportError):
     """A sketch policy (open domain) was asked for a report without candidate strings."""
 
@@ -337,8 +341,14 @@ def report_from_ledgers(
     """Merge the partial statistics of one or more (source name, ledger) pairs and report.
 
     `extra_partials` adds statistics loaded from export files (other regions);
-    `candidates` are the strings a sketch policy's report estimates.
+    `candidates` are the strings a sketch policy's report estimates. A shuffle-model
+    policy has no statistics in a ledger (its reports are sealed): ShuffleModelError.
     """
+    if policy.analyzer_public_key is not None:
+        raise ShuffleModelError(
+            f"policy {policy.policy_id} is a shuffle-model one: its reports are sealed to the "
+            "analyzer; use fedldp shuffler pull / release / analyze (docs/shuffle.md)"
+        )
     partials: list[Partial] = []
     for name, ledger in ledgers:
         partials.extend(partials_from_ledger(ledger, policy, window_start, source=name))

@@ -121,3 +121,14 @@ def test_wrong_payload_kind_each_refused_with_its_reason(
     assert ledger.sealed_ciphertexts("mood", mood.window_start(now)) == {
         1: [good.sealed.ciphertext]
     }
+
+
+def test_ledger_report_refuses_a_shuffle_policy(
+    deployment: Deployment, collector: RunningCollector
+) -> None:
+    """`fedldp report`'s path has no statistic to read for a shuffle policy: a clear refusal."""
+    from fedldp.aggregator.reports import ShuffleModelError, report_from_ledgers
+
+    mood = deployment.verified(deployment.envelopes[1])
+    with pytest.raises(ShuffleModelError, match="fedldp shuffler"):
+        report_from_ledgers([("here", collector.ledger)], mood)
