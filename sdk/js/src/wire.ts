@@ -60,7 +60,9 @@ export function makeReport(header: ReportHeader, output: Output): Report {
       ? { case: "category", value: { $typeName: "fedldp.v1.CategoryPayload", index: output.index } }
       : output.kind === "bits"
         ? { case: "bits", value: { $typeName: "fedldp.v1.BitVectorPayload", bits: output.bits, length: output.length } }
-        : { case: "hashed", value: { $typeName: "fedldp.v1.HashedPayload", seed: output.seed, value: output.value } };
+        : output.kind === "hashed"
+          ? { case: "hashed", value: { $typeName: "fedldp.v1.HashedPayload", seed: output.seed, value: output.value } }
+          : { case: "numeric", value: { $typeName: "fedldp.v1.NumericPayload", value: output.value } };
   return create(ReportSchema, { ...header, payload });
 }
 

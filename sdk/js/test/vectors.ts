@@ -1,0 +1,45 @@
+// Shared by the mechanism tests: conformance/v1/mechanisms.json and its decoding.
+import { readFileSync } from "node:fs";
+import { fileURLToPath } from "node:url";
+import * as path from "node:path";
+import { type Rational, parseDecimal, parseSignedDecimal } from "../src/exact.js";
+import { type MetricDomain, type Output, createMechanism } from "../src/mechanisms.js";
+import type { Mechanism } from "../src/mechanisms/types.js";
+
+const here = path.dirname(fileURLToPath(import.meta.url));
+export const vectorsDir = path.resolve(here, "../../../../conformance/v1");
+
+// eslint-disable-next-line @typescript-eslint/no-explicit-any
+export type Json = any;
+
+export const load = (name: string): Json => JSON.parse(readFileSync(path.join(vectorsDir, name), "utf8"));
+
+export function fromHex(text: string): Uint8Array {
+  return Uint8Array.from(text.match(/../g) ?? [], (x) => parseInt(x, 16));
+}
+
+/** The double whose big-endian bits are these 16 hex digits. */
+export function doubleOf(hexBits: string): number {
+  const view = new DataView(new ArrayBuffer(8));
+  view.setBigUint64(0, BigInt(`0x${hexBits}`));
+  return view.getFloat64(0);
+}
+
+export function outputOf(json: Json): Output {
+  if (json.kind === "category") return { kind: "category", index: json.index };
+  if (json.kind === "bits") return { kind: "bits", bits: fromHex(json.bits), length: json.length };
+  if (json.kind === "numeric") return { kind: "numeric", value: doubleOf(json.double) };
+  return { kind: "hashed", seed: BigInt(json.seed), value: json.value };
+}
+
+export function domainOf(metric: Json): MetricDomain {
+  if (metric.k !== undefined) return metric.k as number;
+  return { lo: parseSignedDecimal(metric.lo), hi: parseSignedDecimal(metric.hi) };
+}
+
+/** The case's mechanism built by this SDK (a policy with that id, ε, metric and params). */
+export function build(c: Json): Mechanism {
+  return createMechanism(c.mechanism, parseDecimal(c.epsilon), domainOf(c.metric), c.params);
+}
+
+export const str = (x: Rational): string => `${x.num}/${x.den}`;
