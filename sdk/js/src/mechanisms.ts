@@ -86,3 +86,20 @@ export function createMechanism(
     default: return new SquareWave(epsilon, numeric(id, domain), params);
   }
 }
+
+/**
+ * The randomizer input of a recorded value: a categorical label's index in `labels`,
+ * or a finite number for a numeric metric (clipped by the mechanism). Errors name the
+ * expected type and the domain's size, never the value.
+ */
+export function encodeValue(mechanism: Mechanism, labels: readonly string[], value: unknown): number {
+  if (mechanism.input === "index") {
+    if (typeof value !== "string") throw new ValueError(`this metric is categorical: pass a label (string), not a ${typeof value}`);
+    const index = labels.indexOf(value);
+    if (index < 0) throw new ValueError(`value is not in the metric's domain (${labels.length} labels)`);
+    return index;
+  }
+  if (typeof value !== "number") throw new ValueError(`this metric is numeric: pass a number, not a ${typeof value}`);
+  if (!Number.isFinite(value)) throw new ValueError("value must be a finite number");
+  return value;
+}

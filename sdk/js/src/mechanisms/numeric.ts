@@ -19,7 +19,7 @@ import {
   type Rational, ZERO, add, compare, div, expFloor, fromDouble, int, mul, parseDecimal,
   roundExp, sub, toDouble,
 } from "../exact.js";
-import { type RandomSource, below, systemRandom } from "../random.js";
+import { type RandomSource, bernoulliRatio, drawIndex, systemRandom } from "../random.js";
 import { type Mechanism, type Output, ValueError } from "./types.js";
 
 const ROUNDING_BITS = 64n;
@@ -137,8 +137,8 @@ export abstract class NumericMechanism implements Mechanism {
   perturb(value: number, rng: RandomSource = systemRandom): Output {
     const u = this.gridPosition(this.clip(value)[0]);
     const rest = u & ((1n << ROUNDING_BITS) - 1n);
-    const draw = below(1n << ROUNDING_BITS, rng); // always one 64-bit draw
-    const level = Number(u >> ROUNDING_BITS) + (draw < rest ? 1 : 0);
+    const up = bernoulliRatio(rest, 1n << ROUNDING_BITS, rng); // always one 64-bit draw
+    const level = Number(u >> ROUNDING_BITS) + (up ? 1 : 0);
     return { kind: "numeric", value: this.table[this.sampleIndex(level, rng)] as number };
   }
   /** P[the report is this double, bit for bit | value], exactly (0 off the table). */
@@ -186,7 +186,7 @@ export class Duchi extends NumericMechanism {
   }
   protected sampleIndex(level: number, rng: RandomSource): number {
     const [minus, plus] = duchiWeights(this.weights, 1, level);
-    return below(minus + plus, rng) < plus ? 1 : 0;
+    return bernoulliRatio(plus, minus + plus, rng) ? 1 : 0;
   }
   override thresholds() {
     return { levels: 1, B_exact: ratio(this.B) };
@@ -213,13 +213,16 @@ export class PiecewiseGrid {
   weightsAt(level: number): bigint[] {
     return Array.from({ length: this.cells }, (_, i) => (level <= i && i < level + this.band ? this.weights.high : this.weights.low));
   }
-  sample(level: number, rng: RandomSource): number {
+  /** The cell of a uniform r below the total: the band's w cells of weight a first, then the others. */
+  pick(level: number, r: bigint): number {
     const { high: a, low: b } = this.weights;
     const w = BigInt(this.band);
-    const r = below(this.total, rng);
     if (r < w * a) return level + Number(r / a);
     const rest = Number((r - w * a) / b);
     return rest < level ? rest : rest + this.band;
+  }
+  sample(level: number, rng: RandomSource): number {
+    return drawIndex(this.total, () => this.weightsAt(level), (r) => this.pick(level, r), rng);
   }
 }
 
@@ -283,9 +286,9 @@ export class Hybrid extends NumericMechanism {
     return [...this.grid.weightsAt(level).map((w) => this.alphaWeight * zDuchi * w), ...duchi.map((w) => rest * this.grid.total * w)];
   }
   protected sampleIndex(level: number, rng: RandomSource): number {
-    if (below(1n << BigInt(WEIGHT_BITS), rng) < this.alphaWeight) return this.grid.sample(level, rng);
+    if (bernoulliRatio(this.alphaWeight, 1n << BigInt(WEIGHT_BITS), rng)) return this.grid.sample(level, rng);
     const [minus, plus] = duchiWeights(this.duchiWeights, this.levels, level);
-    return (this.alphaWeight ? this.grid.cells : 0) + (below(minus + plus, rng) < plus ? 1 : 0);
+    return (this.alphaWeight ? this.grid.cells : 0) + (bernoulliRatio(plus, minus + plus, rng) ? 1 : 0);
   }
   override thresholds(): Record<string, unknown> {
     return { levels: this.levels, B_exact: ratio(this.B), alpha_weight: this.alphaWeight };
