@@ -155,11 +155,11 @@ export class FedldpClient {
    * metric's policy and store the report durably (not sent yet), with the memo state of a
    * memoized mechanism in the same atomic write.
    */
-  record(metric: string, value: string | number): Promise<void> {
+  record(metric: string, value: string | number | readonly unknown[] | Record<string, unknown>): Promise<void> {
     return this.serial(async () => {
       const policy = this.policies.get(metric);
       if (policy === undefined) throw new NoPolicyError(`no verified policy collects metric ${metric}`);
-      let input: number;
+      let input: number | number[];
       try {
         input = encodeValue(policy.mechanism, policy.labels, value);
       } catch (error) {

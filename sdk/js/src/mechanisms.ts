@@ -9,24 +9,36 @@ import { type Rational, parseDecimal } from "./exact.js";
 import { GRR, HadamardResponse, OLH, OUE, SUE, SubsetSelection } from "./mechanisms/categorical.js";
 import { RapporGRR, RapporOUE, RapporSUE } from "./mechanisms/memo.js";
 import { Duchi, Hybrid, type NumericRange, Piecewise, SquareWave } from "./mechanisms/numeric.js";
+import { type Attribute, MultiSample, MultiSplit, attributeEpsilon } from "./mechanisms/multi.js";
 import { type Mechanism, ValueError } from "./mechanisms/types.js";
 
 export * from "./mechanisms/categorical.js";
 export * from "./mechanisms/memo.js";
+export * from "./mechanisms/multi.js";
 export * from "./mechanisms/numeric.js";
 export * from "./mechanisms/types.js";
 
 /** The mechanism ids this SDK randomizes. */
 export const SUPPORTED = [
   "grr", "oue", "sue", "olh", "hr", "ss", "rappor-grr", "rappor-oue", "rappor-sue",
-  "duchi", "piecewise", "hybrid", "sw",
+  "duchi", "piecewise", "hybrid", "sw", "multi-split", "multi-sample",
 ] as const;
 
 /** Registered by the Python SDK but not randomized here yet (a policy naming one is refused). */
-export const NOT_YET = ["loloha", "dbitflip", "cms", "hcms", "pem", "multi-split", "multi-sample"] as const;
+export const NOT_YET = ["loloha", "dbitflip", "cms", "hcms", "pem"] as const;
 
-/** A metric's domain: a categorical domain size k, or a numeric range. */
-export type MetricDomain = number | NumericRange;
+/** One attribute of a multi-attribute metric: its domain and its own mechanism id and params. */
+export interface AttributeDomain {
+  name: string;
+  /** Categorical labels (k = labels.length), or a numeric range. */
+  labels?: readonly string[];
+  range?: NumericRange;
+  mechanism: string;
+  params?: Record<string, string>;
+}
+
+/** A metric's domain: a categorical domain size k, a numeric range, or attributes. */
+export type MetricDomain = number | NumericRange | { attributes: readonly AttributeDomain[] };
 
 function intParam(params: Record<string, string>, name: string): number | undefined {
   const text = params[name];
@@ -39,6 +51,7 @@ const ALLOWED: Record<string, string[]> = {
   grr: [], oue: [], sue: [], hr: [], olh: ["g"], ss: ["d"],
   "rappor-grr": ["epsilon_permanent"], "rappor-oue": ["epsilon_permanent"], "rappor-sue": ["epsilon_permanent"],
   duchi: [], piecewise: ["levels", "cells"], hybrid: ["levels", "cells"], sw: ["levels", "cells"],
+  "multi-split": [], "multi-sample": [],
 };
 
 function categorical(id: string, domain: MetricDomain): number {
@@ -47,8 +60,22 @@ function categorical(id: string, domain: MetricDomain): number {
 }
 
 function numeric(id: string, domain: MetricDomain): NumericRange {
-  if (typeof domain === "number") throw new ValueError(`${id} needs a numeric metric (lo, hi)`);
+  if (typeof domain === "number" || !("lo" in domain)) throw new ValueError(`${id} needs a numeric metric (lo, hi)`);
   return domain;
+}
+
+/** The attribute mechanisms of a multi-attribute metric, each at the mode's ε (multi.build_attribute). */
+function attributesOf(id: string, epsilon: Rational, domain: MetricDomain): Attribute[] {
+  if (typeof domain === "number" || !("attributes" in domain)) throw new ValueError(`${id} needs a multi-attribute metric`);
+  const share = attributeEpsilon(id, epsilon, domain.attributes.length);
+  return domain.attributes.map((a) => {
+    if (a.mechanism === "multi-split" || a.mechanism === "multi-sample") {
+      throw new ValueError(`attribute ${a.name}: a multi-attribute mechanism cannot be nested`);
+    }
+    const sub = a.labels !== undefined ? a.labels.length : a.range;
+    if (sub === undefined) throw new ValueError(`attribute ${a.name} has no domain`);
+    return { name: a.name, ...(a.labels ? { labels: a.labels } : {}), mechanism: createMechanism(a.mechanism, share, sub, a.params ?? {}) };
+  });
 }
 
 function permanent(id: string, params: Record<string, string>): Rational {
@@ -83,16 +110,38 @@ export function createMechanism(
     case "duchi": return new Duchi(epsilon, numeric(id, domain));
     case "piecewise": return new Piecewise(epsilon, numeric(id, domain), params);
     case "hybrid": return new Hybrid(epsilon, numeric(id, domain), params);
-    default: return new SquareWave(epsilon, numeric(id, domain), params);
+    case "sw": return new SquareWave(epsilon, numeric(id, domain), params);
+    case "multi-split": {
+      const attributes = attributesOf(id, epsilon, domain);
+      return new MultiSplit(epsilon, attributeEpsilon(id, epsilon, attributes.length), attributes);
+    }
+    default: return new MultiSample(epsilon, epsilon, attributesOf(id, epsilon, domain));
   }
 }
 
 /**
- * The randomizer input of a recorded value: a categorical label's index in `labels`,
- * or a finite number for a numeric metric (clipped by the mechanism). Errors name the
- * expected type and the domain's size, never the value.
+ * The randomizer input of a recorded value: a categorical label's index in `labels`, a
+ * finite number for a numeric metric (clipped by the mechanism), or for a multi-attribute
+ * metric an array (attribute order) or object (by attribute name) of those. Errors name
+ * the expected type and the domain's size, never the value.
  */
-export function encodeValue(mechanism: Mechanism, labels: readonly string[], value: unknown): number {
+export function encodeValue(mechanism: Mechanism, labels: readonly string[], value: unknown): number | number[] {
+  if (mechanism.input === "multi") {
+    const attributes = (mechanism as MultiSplit | MultiSample).attributes;
+    const items = Array.isArray(value) ? value
+      : typeof value === "object" && value !== null ? attributes.map((a) => (value as Record<string, unknown>)[a.name])
+        : undefined;
+    if (items === undefined || items.length !== attributes.length) {
+      throw new ValueError(`this metric has ${attributes.length} attributes: pass an array or an object of their values`);
+    }
+    return attributes.map((a, j) => {
+      try {
+        return encodeValue(a.mechanism, a.labels ?? [], items[j]) as number;
+      } catch (error) {
+        throw new ValueError(`attribute ${a.name}: ${(error as Error).message}`);
+      }
+    });
+  }
   if (mechanism.input === "index") {
     if (typeof value !== "string") throw new ValueError(`this metric is categorical: pass a label (string), not a ${typeof value}`);
     const index = labels.indexOf(value);

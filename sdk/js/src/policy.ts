@@ -12,7 +12,7 @@ import {
   MemoCharging, type Policy, type Root, type SignedEnvelope, PolicySchema, RootSchema, SignedEnvelopeSchema,
 } from "./gen/fedldp/v1/policy_pb.js";
 import { type Rational, compare, parseDecimal, parseSignedDecimal } from "./exact.js";
-import { type Mechanism, type MetricDomain, createMechanism } from "./mechanisms.js";
+import { type AttributeDomain, type Mechanism, type MetricDomain, createMechanism } from "./mechanisms.js";
 
 export const POLICY_PAYLOAD_TYPE = "application/vnd.fedldp.policy.v1+proto";
 export const ROOT_PAYLOAD_TYPE = "application/vnd.fedldp.root.v1+proto";
@@ -342,16 +342,42 @@ async function metricDomain(policy: Policy, problems: string[]): Promise<{ domai
     return { domain: labels.length, labels };
   }
   if (metric?.kind.case === "numeric") {
-    try {
-      const lo = parseSignedDecimal(metric.kind.value.lo);
-      const hi = parseSignedDecimal(metric.kind.value.hi);
-      if (compare(lo, hi) < 0) return { domain: { lo, hi }, labels: [] };
-    } catch { /* reported below */ }
+    const range = numericRange(metric.kind.value.lo, metric.kind.value.hi);
+    if (range !== undefined) return { domain: range, labels: [] };
     problems.push("metric.numeric needs plain decimals lo < hi");
     return { labels: [] };
   }
+  if (metric?.kind.case === "multi") {
+    const attributes: AttributeDomain[] = [];
+    for (const [i, a] of metric.kind.value.attributes.entries()) {
+      const where = `metric.multi.attributes[${i}]`;
+      const mechanism = { name: a.name, mechanism: a.mechanism?.id ?? "", params: { ...(a.mechanism?.params ?? {}) } };
+      if (a.kind.case === "categorical") {
+        const labels = a.kind.value.values;
+        if (labels.length < 2 || new Set(labels).size !== labels.length) problems.push(`${where} labels must be >= 2 and unique`);
+        if (!sameBytes(await domainDigest(labels), a.kind.value.digest)) problems.push(`${where} domain digest mismatch`);
+        attributes.push({ ...mechanism, labels });
+      } else if (a.kind.case === "numeric") {
+        const range = numericRange(a.kind.value.lo, a.kind.value.hi);
+        if (range === undefined) problems.push(`${where}.numeric needs plain decimals lo < hi`);
+        else attributes.push({ ...mechanism, range });
+      } else {
+        problems.push(`${where} has no domain`);
+      }
+    }
+    return { domain: { attributes }, labels: [] };
+  }
   if (metric?.kind.case === undefined) problems.push("metric has no domain");
   return { labels: [] };
+}
+
+function numericRange(loText: string, hiText: string): { lo: Rational; hi: Rational } | undefined {
+  try {
+    const lo = parseSignedDecimal(loText);
+    const hi = parseSignedDecimal(hiText);
+    if (compare(lo, hi) < 0) return { lo, hi };
+  } catch { /* undefined below */ }
+  return undefined;
 }
 
 /** Verify a serialized SignedEnvelope; resolves to the VerifiedPolicy or rejects with a PolicyError. */

@@ -3,7 +3,7 @@
 // grids the table, the index weights of every level, grid positions and sample laws.
 import { test } from "node:test";
 import assert from "node:assert/strict";
-import { equal, parseDecimal, parseRational, doubleHex } from "../src/exact.js";
+import { equal, parseDecimal, parseRational, parseSignedDecimal, doubleHex } from "../src/exact.js";
 import { NOT_YET, NumericMechanism, SUPPORTED } from "../src/mechanisms.js";
 import { type Json, build, doubleOf, load, outputOf } from "./vectors.js";
 
@@ -15,7 +15,8 @@ function sameThreshold(expected: Json, got: unknown, where: string): void {
     return;
   }
   if (typeof got === "string") {
-    assert.ok(equal(parseRational(got), parseRational(expected)), where);
+    const asRational = (text: string) => (text.includes("/") ? parseRational(text) : parseSignedDecimal(text));
+    assert.ok(equal(asRational(got), asRational(expected)), where);
     return;
   }
   assert.notEqual(expected, undefined, `${where}: not in the vector`);
@@ -37,7 +38,7 @@ test("thresholds and charges equal the vectors (report_charge: ε, or max(ε1, �
     assert.ok(equal(mechanism.charge, parseDecimal(c.report_charge)), `${where} charge`);
     checked += 1;
   }
-  assert.equal(checked, 45, `${checked} cases`);
+  assert.equal(checked, 47, `${checked} cases`);
 });
 
 test("categorical and memoized laws: every output's probability equals the vector's rational", () => {
@@ -81,4 +82,17 @@ test("numeric grids: table doubles, index weights, grid positions and wire laws 
       assert.ok([...listed].every((b) => distinct.has(b as string)));
     }
   }
+});
+
+test("sampled cases (multi-attribute): each sampled output's probability equals the vector's rational", () => {
+  let checked = 0;
+  for (const c of cases.filter((x) => x.samples !== undefined && (SUPPORTED as readonly string[]).includes(x.mechanism))) {
+    const mechanism = build(c);
+    for (const row of c.samples) {
+      const got = mechanism.probability(row.value, outputOf(row.output));
+      assert.ok(equal(got, parseRational(row.probability)), `${c.mechanism} ${JSON.stringify(row.output)}`);
+      checked += 1;
+    }
+  }
+  assert.ok(checked >= 24, `${checked} samples`);
 });

@@ -10,7 +10,7 @@ import { test } from "node:test";
 import assert from "node:assert/strict";
 import { type Rational, dyadic, equal, parseDecimal, parseRational, doubleHex, ONE, sub } from "../src/exact.js";
 import {
-  GRR, type Mechanism, MemoState, type Output, Piecewise, RapporGRR, SUPPORTED,
+  GRR, type Input, type Mechanism, MemoState, type Output, Piecewise, RapporGRR, SUPPORTED,
 } from "../src/mechanisms.js";
 import { type RandomSource, below, bernoulli, systemRandom } from "../src/random.js";
 import { chiSquare, enumerateLaw, seededSource } from "./law.js";
@@ -24,12 +24,14 @@ function keyOf(out: Output): string {
     case "category": return `c${out.index}`;
     case "bits": return `b${out.length}:${Array.from(out.bits, (b) => b.toString(16).padStart(2, "0")).join("")}`;
     case "hashed": return `h${out.seed}:${out.value}`;
-    default: return `n${doubleHex(out.value)}`;
+    case "numeric": return `n${doubleHex(out.value)}`;
+    case "index_bits": return `i${out.indices.join(",")}:${Array.from(out.bits).join(",")}`;
+    default: return `m[${out.parts.map((p) => `${p.attribute}=${keyOf(p.output)}`).join(";")}]`;
   }
 }
 
 /** One report of `value`; a memoized mechanism starts from an empty memo (the first report's law). */
-function once(mechanism: Mechanism, value: number, rng: RandomSource): Output {
+function once(mechanism: Mechanism, value: Input, rng: RandomSource): Output {
   return mechanism.perturb(value, rng, mechanism.newMemo?.());
 }
 
@@ -53,7 +55,7 @@ function vectorLaws(c: Json): Array<{ value: number; law: Map<string, Rational> 
 
 test("(a) every randomizer, run down every branch of its draws, realizes the vectors' law exactly", () => {
   let laws = 0;
-  for (const c of cases) {
+  for (const c of cases.filter((x) => x.samples === undefined)) {
     const mechanism = build(c);
     for (const { value, law } of vectorLaws(c)) {
       sameLaw(enumerateLaw((rng) => once(mechanism, value, rng), keyOf), law, `${c.mechanism} ε=${c.epsilon} v=${value}`);
@@ -61,6 +63,22 @@ test("(a) every randomizer, run down every branch of its draws, realizes the vec
     }
   }
   assert.ok(laws >= 150, `${laws} laws`);
+});
+
+test("(a) sampled cases: the enumerated law gives each vector sample its probability and sums to 1", () => {
+  for (const c of cases.filter((x) => x.samples !== undefined)) {
+    const mechanism = build(c);
+    const laws = new Map<string, Map<string, Rational>>();
+    for (const row of c.samples) {
+      const name = JSON.stringify(row.value);
+      if (!laws.has(name)) laws.set(name, enumerateLaw((rng) => once(mechanism, row.value, rng), keyOf));
+      const law = laws.get(name) as Map<string, Rational>;
+      assert.ok(equal(law.get(keyOf(outputOf(row.output))) as Rational, parseRational(row.probability)), c.mechanism);
+      let total: Rational = { num: 0n, den: 1n };
+      for (const p of law.values()) total = { num: total.num * p.den + p.num * total.den, den: total.den * p.den };
+      assert.ok(equal(total, ONE), `${c.mechanism}: the law sums to 1`);
+    }
+  }
 });
 
 /** GRR whose truth probability is one threshold step (2^-53) too high. */
@@ -169,7 +187,7 @@ test("(a) the piecewise cell picker maps exactly W(i | j) uniform values to cell
 });
 
 /** n reports of `value` from `rng`, counted by output. */
-function sample(mechanism: Mechanism, value: number, n: number, rng: RandomSource): Map<string, number> {
+function sample(mechanism: Mechanism, value: Input, n: number, rng: RandomSource): Map<string, number> {
   const counts = new Map<string, number>();
   for (let i = 0; i < n; i += 1) {
     const key = keyOf(once(mechanism, value, rng));
@@ -185,7 +203,8 @@ test(`(b) CSPRNG samples of every mechanism pass chi-square against the exact la
   for (const id of SUPPORTED) {
     const c = cases.find((x) => x.mechanism === id);
     const mechanism = build(c);
-    const value = c.law !== undefined ? c.metric.k - 1 : doubleOf(c.numeric.inputs[3].input_double);
+    const value = c.law !== undefined ? c.metric.k - 1
+      : c.numeric !== undefined ? doubleOf(c.numeric.inputs[3].input_double) : c.samples[0].value;
     const law = enumerateLaw((rng) => once(mechanism, value, rng), keyOf);
     const result = chiSquare(sample(mechanism, value, SAMPLES, systemRandom), law, SAMPLES);
     assert.ok(result.p >= each, `${id}: χ² = ${result.stat.toFixed(1)} on ${result.df} d.o.f., p = ${result.p}`);

@@ -28,12 +28,26 @@ export function doubleOf(hexBits: string): number {
 export function outputOf(json: Json): Output {
   if (json.kind === "category") return { kind: "category", index: json.index };
   if (json.kind === "bits") return { kind: "bits", bits: fromHex(json.bits), length: json.length };
-  if (json.kind === "numeric") return { kind: "numeric", value: doubleOf(json.double) };
+  if (json.kind === "numeric") return { kind: "numeric", value: json.double !== undefined ? doubleOf(json.double) : json.value };
+  if (json.kind === "multi") {
+    return { kind: "multi", parts: json.parts.map((p: Json) => ({ attribute: p.attribute, output: outputOf({ ...p, kind: p.k }) })) };
+  }
+  if (json.kind === "index_bits") return { kind: "index_bits", indices: json.indices, bits: fromHex(json.bits) };
   return { kind: "hashed", seed: BigInt(json.seed), value: json.value };
 }
 
 export function domainOf(metric: Json): MetricDomain {
   if (metric.k !== undefined) return metric.k as number;
+  if (metric.attributes !== undefined) {
+    return {
+      attributes: metric.attributes.map((a: Json) => ({
+        name: a.name, mechanism: a.mechanism,
+        ...(a.k !== undefined
+          ? { labels: Array.from({ length: a.k }, (_, i) => `label${i}`) }
+          : { range: { lo: parseSignedDecimal(a.lo), hi: parseSignedDecimal(a.hi) } }),
+      })),
+    };
+  }
   return { lo: parseSignedDecimal(metric.lo), hi: parseSignedDecimal(metric.hi) };
 }
 

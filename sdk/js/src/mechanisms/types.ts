@@ -7,7 +7,12 @@ export type Output =
   | { kind: "category"; index: number }
   | { kind: "bits"; bits: Uint8Array; length: number }
   | { kind: "hashed"; seed: bigint; value: number }
-  | { kind: "numeric"; value: number };
+  | { kind: "numeric"; value: number }
+  | { kind: "index_bits"; indices: number[]; bits: Uint8Array }
+  | { kind: "multi"; parts: Array<{ attribute: number; output: Output }> };
+
+/** What a randomizer takes: a categorical index, a real number, or one of those per attribute. */
+export type Input = number | readonly number[];
 
 /** Error for a value or parameter outside the domain; the message never carries the value. */
 export class ValueError extends Error {}
@@ -60,16 +65,19 @@ export interface Mechanism {
   readonly epsilon: Rational;
   /** What the ledger and the device guard charge per report: ε, or max(ε1, ε_I) memoized. */
   readonly charge: Rational;
-  /** "index": a categorical index in [0, k); "number": a real value (clipped to the range). */
-  readonly input: "index" | "number";
+  /**
+   * "index": a categorical index in [0, k); "number": a real value (clipped to the range);
+   * "multi": one of those per attribute (`attributes` says which).
+   */
+  readonly input: "index" | "number" | "multi";
   /** Whether perturb needs a MemoState (newMemo) persisted with the report. */
   readonly memoized: boolean;
   /** The exact integers and rationals the sampler uses, named as in the conformance vectors. */
   thresholds(): Record<string, unknown>;
   /** One randomized report of `value` (memoized mechanisms read and fill `memo`). */
-  perturb(value: number, rng?: RandomSource, memo?: MemoState): Output;
+  perturb(value: Input, rng?: RandomSource, memo?: MemoState): Output;
   /** P[output | value] exactly (memoized: the first report, from an empty memo). */
-  probability(value: number, output: Output): Rational;
+  probability(value: Input, output: Output): Rational;
   /** An empty memo bound to this mechanism's parameters (memoized mechanisms only). */
   newMemo?(): MemoState;
 }
