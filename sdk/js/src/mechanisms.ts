@@ -7,12 +7,14 @@
  */
 import { type Rational, parseDecimal } from "./exact.js";
 import { GRR, HadamardResponse, OLH, OUE, SUE, SubsetSelection } from "./mechanisms/categorical.js";
+import { Loloha } from "./mechanisms/loloha.js";
 import { RapporGRR, RapporOUE, RapporSUE } from "./mechanisms/memo.js";
 import { Duchi, Hybrid, type NumericRange, Piecewise, SquareWave } from "./mechanisms/numeric.js";
 import { type Attribute, MultiSample, MultiSplit, attributeEpsilon } from "./mechanisms/multi.js";
 import { type Mechanism, ValueError } from "./mechanisms/types.js";
 
 export * from "./mechanisms/categorical.js";
+export * from "./mechanisms/loloha.js";
 export * from "./mechanisms/memo.js";
 export * from "./mechanisms/multi.js";
 export * from "./mechanisms/numeric.js";
@@ -21,11 +23,11 @@ export * from "./mechanisms/types.js";
 /** The mechanism ids this SDK randomizes. */
 export const SUPPORTED = [
   "grr", "oue", "sue", "olh", "hr", "ss", "rappor-grr", "rappor-oue", "rappor-sue",
-  "duchi", "piecewise", "hybrid", "sw", "multi-split", "multi-sample",
+  "loloha", "duchi", "piecewise", "hybrid", "sw", "multi-split", "multi-sample",
 ] as const;
 
 /** Registered by the Python SDK but not randomized here yet (a policy naming one is refused). */
-export const NOT_YET = ["loloha", "dbitflip", "cms", "hcms", "pem"] as const;
+export const NOT_YET = ["dbitflip", "cms", "hcms", "pem"] as const;
 
 /** One attribute of a multi-attribute metric: its domain and its own mechanism id and params. */
 export interface AttributeDomain {
@@ -50,6 +52,7 @@ function intParam(params: Record<string, string>, name: string): number | undefi
 const ALLOWED: Record<string, string[]> = {
   grr: [], oue: [], sue: [], hr: [], olh: ["g"], ss: ["d"],
   "rappor-grr": ["epsilon_permanent"], "rappor-oue": ["epsilon_permanent"], "rappor-sue": ["epsilon_permanent"],
+  loloha: ["epsilon_permanent", "g"],
   duchi: [], piecewise: ["levels", "cells"], hybrid: ["levels", "cells"], sw: ["levels", "cells"],
   "multi-split": [], "multi-sample": [],
 };
@@ -107,6 +110,7 @@ export function createMechanism(
     case "rappor-grr": return new RapporGRR(epsilon, categorical(id, domain), permanent(id, params));
     case "rappor-oue": return new RapporOUE(epsilon, categorical(id, domain), permanent(id, params));
     case "rappor-sue": return new RapporSUE(epsilon, categorical(id, domain), permanent(id, params));
+    case "loloha": return new Loloha(epsilon, categorical(id, domain), permanent(id, params), intParam(params, "g"));
     case "duchi": return new Duchi(epsilon, numeric(id, domain));
     case "piecewise": return new Piecewise(epsilon, numeric(id, domain), params);
     case "hybrid": return new Hybrid(epsilon, numeric(id, domain), params);

@@ -38,7 +38,7 @@ test("thresholds and charges equal the vectors (report_charge: ε, or max(ε1, �
     assert.ok(equal(mechanism.charge, parseDecimal(c.report_charge)), `${where} charge`);
     checked += 1;
   }
-  assert.equal(checked, 47, `${checked} cases`);
+  assert.equal(checked, 49, `${checked} cases`);
 });
 
 test("categorical and memoized laws: every output's probability equals the vector's rational", () => {

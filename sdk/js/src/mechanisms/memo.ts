@@ -92,7 +92,7 @@ export function sequenceCharge(rate: Rational, epsilon: Rational): Rational {
   return max(epsilon, roundPlaces(rate, CHARGE_PLACES, "ceil"));
 }
 
-abstract class Memoized implements Mechanism {
+export abstract class Memoized implements Mechanism {
   abstract readonly id: string;
   readonly input = "index" as const;
   readonly memoized = true;
@@ -114,7 +114,7 @@ abstract class Memoized implements Mechanism {
     return new MemoState(this.memoKey);
   }
   /** The memo slots perturb(value) reads or writes: the value's own. */
-  memoSlots(value: number): number[] {
+  memoSlots(value: number, _memo?: MemoState): number[] {
     return [value];
   }
   protected memo(memo: MemoState | undefined): MemoState {

@@ -43,7 +43,7 @@ export class MemoState {
       }
       const responses = new Map<number, Uint8Array>();
       for (const [v, h] of Object.entries(data.responses as Record<string, unknown>)) {
-        if (!/^(0|[1-9][0-9]{0,9})$/.test(v) || typeof h !== "string" || !/^([0-9a-f]{2})*$/.test(h)) {
+        if (!/^(-1|0|[1-9][0-9]{0,9})$/.test(v) || typeof h !== "string" || !/^([0-9a-f]{2})*$/.test(h)) {
           throw new Error("entry");
         }
         responses.set(Number(v), Uint8Array.from(h.match(/../g) ?? [], (x) => parseInt(x, 16)));
