@@ -14,7 +14,7 @@ import {
 } from "../src/mechanisms.js";
 import { type RandomSource, below, bernoulli, systemRandom } from "../src/random.js";
 import { chiSquare, enumerateLaw, seededSource } from "./law.js";
-import { type Json, build, doubleOf, load, outputOf } from "./vectors.js";
+import { type Json, build, doubleOf, lawInput, load, outputOf } from "./vectors.js";
 
 const ALPHA = 1e-6;
 const cases: Json[] = load("mechanisms.json").cases.filter((c: Json) => (SUPPORTED as readonly string[]).includes(c.mechanism));
@@ -43,7 +43,7 @@ function sameLaw(got: Map<string, Rational>, want: Map<string, Rational>, where:
 function vectorLaws(c: Json): Array<{ value: number; law: Map<string, Rational> }> {
   if (c.law !== undefined) {
     return c.law.map((entry: Json) => ({
-      value: entry.value,
+      value: lawInput(c, entry.value),
       law: new Map(entry.outputs.map(([out, p]: [Json, string]) => [keyOf(outputOf(out)), parseRational(p)])),
     }));
   }
@@ -203,7 +203,7 @@ test(`(b) CSPRNG samples of every mechanism pass chi-square against the exact la
   for (const id of SUPPORTED) {
     const c = cases.find((x) => x.mechanism === id);
     const mechanism = build(c);
-    const value = c.law !== undefined ? c.metric.k - 1
+    const value = c.law !== undefined ? lawInput(c, c.law[c.law.length - 1].value)
       : c.numeric !== undefined ? doubleOf(c.numeric.inputs[3].input_double) : c.samples[0].value;
     const law = enumerateLaw((rng) => once(mechanism, value, rng), keyOf);
     const result = chiSquare(sample(mechanism, value, SAMPLES, systemRandom), law, SAMPLES);

@@ -2,7 +2,7 @@
 import { readFileSync } from "node:fs";
 import { fileURLToPath } from "node:url";
 import * as path from "node:path";
-import { type Rational, parseDecimal, parseSignedDecimal } from "../src/exact.js";
+import { type Rational, parseDecimal, parseSignedDecimal, toDouble } from "../src/exact.js";
 import { type MetricDomain, type Output, createMechanism } from "../src/mechanisms.js";
 import type { Mechanism } from "../src/mechanisms/types.js";
 
@@ -57,3 +57,14 @@ export function build(c: Json): Mechanism {
 }
 
 export const str = (x: Rational): string => `${x.num}/${x.den}`;
+
+/** The randomizer input of a law entry's value: dbitflip's laws are by bucket (its midpoint here). */
+export function lawInput(c: Json, value: number): number {
+  if (c.mechanism !== "dbitflip") return value;
+  const lo = parseSignedDecimal(c.metric.lo);
+  const hi = parseSignedDecimal(c.metric.hi);
+  const k = BigInt(c.params.buckets);
+  const width = { num: (hi.num * lo.den - lo.num * hi.den), den: hi.den * lo.den * k };
+  const mid = { num: lo.num * width.den * 2n + (2n * BigInt(value) + 1n) * width.num * lo.den, den: lo.den * width.den * 2n };
+  return toDouble(mid);
+}

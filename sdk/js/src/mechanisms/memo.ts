@@ -94,7 +94,7 @@ export function sequenceCharge(rate: Rational, epsilon: Rational): Rational {
 
 export abstract class Memoized implements Mechanism {
   abstract readonly id: string;
-  readonly input = "index" as const;
+  readonly input: "index" | "number" = "index";
   readonly memoized = true;
   abstract readonly charge: Rational;
   readonly epsilonText: string;
