@@ -159,7 +159,7 @@ export class FedldpClient {
     return this.serial(async () => {
       const policy = this.policies.get(metric);
       if (policy === undefined) throw new NoPolicyError(`no verified policy collects metric ${metric}`);
-      let input: number | number[];
+      let input: ReturnType<typeof encodeValue>;
       try {
         input = encodeValue(policy.mechanism, policy.labels, value);
       } catch (error) {

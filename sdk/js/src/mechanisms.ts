@@ -12,7 +12,8 @@ import { Loloha } from "./mechanisms/loloha.js";
 import { RapporGRR, RapporOUE, RapporSUE } from "./mechanisms/memo.js";
 import { Duchi, Hybrid, type NumericRange, Piecewise, SquareWave } from "./mechanisms/numeric.js";
 import { type Attribute, MultiSample, MultiSplit, attributeEpsilon } from "./mechanisms/multi.js";
-import { type Mechanism, ValueError } from "./mechanisms/types.js";
+import { CMS, HCMS, MAX_OPEN_DOMAIN_BYTES, type OpenDomain, encodeOpen } from "./mechanisms/sketch.js";
+import { type Input, type Mechanism, ValueError } from "./mechanisms/types.js";
 
 export * from "./mechanisms/categorical.js";
 export * from "./mechanisms/dbitflip.js";
@@ -20,16 +21,18 @@ export * from "./mechanisms/loloha.js";
 export * from "./mechanisms/memo.js";
 export * from "./mechanisms/multi.js";
 export * from "./mechanisms/numeric.js";
+export * from "./mechanisms/sketch.js";
 export * from "./mechanisms/types.js";
 
 /** The mechanism ids this SDK randomizes. */
 export const SUPPORTED = [
   "grr", "oue", "sue", "olh", "hr", "ss", "rappor-grr", "rappor-oue", "rappor-sue",
   "loloha", "dbitflip", "duchi", "piecewise", "hybrid", "sw", "multi-split", "multi-sample",
+  "cms", "hcms",
 ] as const;
 
 /** Registered by the Python SDK but not randomized here yet (a policy naming one is refused). */
-export const NOT_YET = [ "cms", "hcms", "pem"] as const;
+export const NOT_YET = ["pem"] as const;
 
 /** One attribute of a multi-attribute metric: its domain and its own mechanism id and params. */
 export interface AttributeDomain {
@@ -42,7 +45,7 @@ export interface AttributeDomain {
 }
 
 /** A metric's domain: a categorical domain size k, a numeric range, or attributes. */
-export type MetricDomain = number | NumericRange | { attributes: readonly AttributeDomain[] };
+export type MetricDomain = number | NumericRange | OpenDomain | { attributes: readonly AttributeDomain[] };
 
 function intParam(params: Record<string, string>, name: string): number | undefined {
   const text = params[name];
@@ -56,8 +59,16 @@ const ALLOWED: Record<string, string[]> = {
   "rappor-grr": ["epsilon_permanent"], "rappor-oue": ["epsilon_permanent"], "rappor-sue": ["epsilon_permanent"],
   loloha: ["epsilon_permanent", "g"], dbitflip: ["epsilon_permanent", "buckets", "d"],
   duchi: [], piecewise: ["levels", "cells"], hybrid: ["levels", "cells"], sw: ["levels", "cells"],
-  "multi-split": [], "multi-sample": [],
+  "multi-split": [], "multi-sample": [], cms: ["rows", "columns"], hcms: ["rows", "columns"],
 };
+
+function open(id: string, domain: MetricDomain): OpenDomain {
+  if (typeof domain === "number" || !("maxBytes" in domain)) throw new ValueError(`${id} needs an open-domain metric (max_bytes)`);
+  if (!Number.isInteger(domain.maxBytes) || domain.maxBytes < 1 || domain.maxBytes > MAX_OPEN_DOMAIN_BYTES) {
+    throw new ValueError(`an open domain's max_bytes must be in [1, ${MAX_OPEN_DOMAIN_BYTES}]`);
+  }
+  return domain;
+}
 
 function categorical(id: string, domain: MetricDomain): number {
   if (typeof domain !== "number") throw new ValueError(`${id} needs a categorical metric (a domain size k)`);
@@ -122,6 +133,8 @@ export function createMechanism(
     case "piecewise": return new Piecewise(epsilon, numeric(id, domain), params);
     case "hybrid": return new Hybrid(epsilon, numeric(id, domain), params);
     case "sw": return new SquareWave(epsilon, numeric(id, domain), params);
+    case "cms": return new CMS(epsilon, open(id, domain), params);
+    case "hcms": return new HCMS(epsilon, open(id, domain), params);
     case "multi-split": {
       const attributes = attributesOf(id, epsilon, domain);
       return new MultiSplit(epsilon, attributeEpsilon(id, epsilon, attributes.length), attributes);
@@ -132,11 +145,12 @@ export function createMechanism(
 
 /**
  * The randomizer input of a recorded value: a categorical label's index in `labels`, a
- * finite number for a numeric metric (clipped by the mechanism), or for a multi-attribute
+ * finite number for a numeric metric (clipped by the mechanism), an open-domain string
+ * (validated: 1..max_bytes UTF-8 bytes, no NUL, no lone surrogate), or for a multi-attribute
  * metric an array (attribute order) or object (by attribute name) of those. Errors name
  * the expected type and the domain's size, never the value.
  */
-export function encodeValue(mechanism: Mechanism, labels: readonly string[], value: unknown): number | number[] {
+export function encodeValue(mechanism: Mechanism, labels: readonly string[], value: unknown): Input {
   if (mechanism.input === "multi") {
     const attributes = (mechanism as MultiSplit | MultiSample).attributes;
     const items = Array.isArray(value) ? value
@@ -152,6 +166,10 @@ export function encodeValue(mechanism: Mechanism, labels: readonly string[], val
         throw new ValueError(`attribute ${a.name}: ${(error as Error).message}`);
       }
     });
+  }
+  if (mechanism.input === "string") {
+    encodeOpen((mechanism as CMS | HCMS).domain, value); // validated here, hashed by the randomizer
+    return value as string;
   }
   if (mechanism.input === "index") {
     if (typeof value !== "string") throw new ValueError(`this metric is categorical: pass a label (string), not a ${typeof value}`);

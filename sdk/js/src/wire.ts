@@ -62,6 +62,9 @@ function payloadOf(output: Output): any {
     case "hashed": return { case: "hashed", value: { seed: output.seed, value: output.value } };
     case "numeric": return { case: "numeric", value: { value: output.value } };
     case "index_bits": return { case: "indexBits", value: { indices: output.indices, bits: output.bits } };
+    case "sketch_row": return { case: "sketchRow", value: { row: output.row, bits: output.bits, length: output.length } };
+    case "sketch_bit": return { case: "sketchBit", value: { row: output.row, column: output.column, bit: output.bit } };
+    case "group_hashed": return { case: "groupHashed", value: { group: output.group, key: output.key, value: output.value } };
     default: return {
       case: "multi",
       value: { parts: output.parts.map((p) => ({ attribute: p.attribute, payload: payloadOf(p.output) })) },

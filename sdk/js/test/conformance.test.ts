@@ -7,7 +7,9 @@ import * as path from "node:path";
 import { create, toBinary } from "@bufbuild/protobuf";
 import { ReportSchema, SubmitRequestSchema } from "../src/gen/fedldp/v1/collector_pb.js";
 import { equal, parseDecimal } from "../src/exact.js";
-import { olhHash } from "../src/mechanisms.js";
+import { olhHash, sketchHash } from "../src/mechanisms.js";
+import { sha256Sync } from "../src/sha256.js";
+import { createHash, randomBytes } from "node:crypto";
 import { outputOf } from "./vectors.js";
 import { PolicyError, TrustStore, fromHex, hex, verifyPolicy } from "../src/policy.js";
 import { ReportIds, makeReport, submitRequestBytes } from "../src/wire.js";
@@ -28,11 +30,22 @@ test("OLH hash family on the fixed inputs", () => {
   }
 });
 
+test("sketch hash family on the fixed inputs; sha256Sync equals node:crypto", () => {
+  for (const row of load("hashes.json").sketch) {
+    const data = fromHex(row.utf8);
+    assert.deepEqual(row.cells.map((_: number, j: number) => sketchHash(j, data, row.columns)), row.cells);
+  }
+  for (let n = 0; n < 200; n += 1) {
+    const data = randomBytes(n);
+    assert.equal(hex(sha256Sync(data)), createHash("sha256").update(data).digest("hex"), `${n} bytes`);
+  }
+});
+
 test("SubmitRequest bytes equal the vectors for the payload kinds this SDK emits", () => {
   let checked = 0;
   for (const c of load("wire.json").cases) {
     // eslint-disable-next-line @typescript-eslint/no-explicit-any
-    if (!c.reports.every((r: any) => ["category", "bits", "hashed", "numeric", "multi", "index_bits"].includes(r.output.kind))) continue;
+    if (!c.reports.every((r: any) => ["category", "bits", "hashed", "numeric", "multi", "index_bits", "sketch_row", "sketch_bit", "group_hashed"].includes(r.output.kind))) continue;
     // eslint-disable-next-line @typescript-eslint/no-explicit-any
     const reports = c.reports.map((r: any) => makeReport({
       reportId: fromHex(r.report_id), policyId: r.policy_id, policyVersion: BigInt(r.policy_version),
@@ -44,7 +57,7 @@ test("SubmitRequest bytes equal the vectors for the payload kinds this SDK emits
     assert.equal(hex(raw), c.submit_request);
     checked += 1;
   }
-  assert.ok(checked >= 7, `${checked} cases`);
+  assert.ok(checked >= 10, `${checked} cases`);
 });
 
 test("report ids follow the vectors' layout", () => {

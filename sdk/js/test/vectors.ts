@@ -32,12 +32,16 @@ export function outputOf(json: Json): Output {
   if (json.kind === "multi") {
     return { kind: "multi", parts: json.parts.map((p: Json) => ({ attribute: p.attribute, output: outputOf({ ...p, kind: p.k }) })) };
   }
+  if (json.kind === "sketch_row") return { kind: "sketch_row", row: json.row, bits: fromHex(json.bits), length: json.length };
+  if (json.kind === "sketch_bit") return { kind: "sketch_bit", row: json.row, column: json.column, bit: json.bit };
+  if (json.kind === "group_hashed") return { kind: "group_hashed", group: json.group, key: fromHex(json.key), value: json.value };
   if (json.kind === "index_bits") return { kind: "index_bits", indices: json.indices, bits: fromHex(json.bits) };
   return { kind: "hashed", seed: BigInt(json.seed), value: json.value };
 }
 
 export function domainOf(metric: Json): MetricDomain {
   if (metric.k !== undefined) return metric.k as number;
+  if (metric.max_bytes !== undefined) return { maxBytes: metric.max_bytes as number };
   if (metric.attributes !== undefined) {
     return {
       attributes: metric.attributes.map((a: Json) => ({

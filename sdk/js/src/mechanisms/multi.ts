@@ -55,7 +55,7 @@ export abstract class MultiAttribute implements Mechanism {
     return this.attributes.length;
   }
   protected values(value: Input): readonly number[] {
-    if (typeof value === "number" || value.length !== this.d) throw new ValueError(`takes exactly ${this.d} attribute values`);
+    if (typeof value === "number" || typeof value === "string" || value.length !== this.d) throw new ValueError(`takes exactly ${this.d} attribute values`);
     return value;
   }
   thresholds(): Record<string, unknown> {

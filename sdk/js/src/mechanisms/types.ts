@@ -9,10 +9,13 @@ export type Output =
   | { kind: "hashed"; seed: bigint; value: number }
   | { kind: "numeric"; value: number }
   | { kind: "index_bits"; indices: number[]; bits: Uint8Array }
+  | { kind: "sketch_row"; row: number; bits: Uint8Array; length: number }
+  | { kind: "sketch_bit"; row: number; column: number; bit: boolean }
+  | { kind: "group_hashed"; group: number; key: Uint8Array; value: number }
   | { kind: "multi"; parts: Array<{ attribute: number; output: Output }> };
 
 /** What a randomizer takes: a categorical index, a real number, or one of those per attribute. */
-export type Input = number | readonly number[];
+export type Input = number | string | readonly number[];
 
 /** Error for a value or parameter outside the domain; the message never carries the value. */
 export class ValueError extends Error {}
@@ -67,9 +70,9 @@ export interface Mechanism {
   readonly charge: Rational;
   /**
    * "index": a categorical index in [0, k); "number": a real value (clipped to the range);
-   * "multi": one of those per attribute (`attributes` says which).
+   * "string": an open-domain string; "multi": one of index or number per attribute.
    */
-  readonly input: "index" | "number" | "multi";
+  readonly input: "index" | "number" | "string" | "multi";
   /** Whether perturb needs a MemoState (newMemo) persisted with the report. */
   readonly memoized: boolean;
   /** The exact integers and rationals the sampler uses, named as in the conformance vectors. */
