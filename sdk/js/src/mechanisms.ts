@@ -12,6 +12,7 @@ import { Loloha } from "./mechanisms/loloha.js";
 import { RapporGRR, RapporOUE, RapporSUE } from "./mechanisms/memo.js";
 import { Duchi, Hybrid, type NumericRange, Piecewise, SquareWave } from "./mechanisms/numeric.js";
 import { type Attribute, MultiSample, MultiSplit, attributeEpsilon } from "./mechanisms/multi.js";
+import { PEM } from "./mechanisms/pem.js";
 import { CMS, HCMS, MAX_OPEN_DOMAIN_BYTES, type OpenDomain, encodeOpen } from "./mechanisms/sketch.js";
 import { type Input, type Mechanism, ValueError } from "./mechanisms/types.js";
 
@@ -21,6 +22,7 @@ export * from "./mechanisms/loloha.js";
 export * from "./mechanisms/memo.js";
 export * from "./mechanisms/multi.js";
 export * from "./mechanisms/numeric.js";
+export * from "./mechanisms/pem.js";
 export * from "./mechanisms/sketch.js";
 export * from "./mechanisms/types.js";
 
@@ -28,11 +30,11 @@ export * from "./mechanisms/types.js";
 export const SUPPORTED = [
   "grr", "oue", "sue", "olh", "hr", "ss", "rappor-grr", "rappor-oue", "rappor-sue",
   "loloha", "dbitflip", "duchi", "piecewise", "hybrid", "sw", "multi-split", "multi-sample",
-  "cms", "hcms",
+  "cms", "hcms", "pem",
 ] as const;
 
 /** Registered by the Python SDK but not randomized here yet (a policy naming one is refused). */
-export const NOT_YET = ["pem"] as const;
+export const NOT_YET = [] as const;
 
 /** One attribute of a multi-attribute metric: its domain and its own mechanism id and params. */
 export interface AttributeDomain {
@@ -60,6 +62,7 @@ const ALLOWED: Record<string, string[]> = {
   loloha: ["epsilon_permanent", "g"], dbitflip: ["epsilon_permanent", "buckets", "d"],
   duchi: [], piecewise: ["levels", "cells"], hybrid: ["levels", "cells"], sw: ["levels", "cells"],
   "multi-split": [], "multi-sample": [], cms: ["rows", "columns"], hcms: ["rows", "columns"],
+  pem: ["step_bits", "start_bits", "groups", "g"],
 };
 
 function open(id: string, domain: MetricDomain): OpenDomain {
@@ -133,6 +136,7 @@ export function createMechanism(
     case "piecewise": return new Piecewise(epsilon, numeric(id, domain), params);
     case "hybrid": return new Hybrid(epsilon, numeric(id, domain), params);
     case "sw": return new SquareWave(epsilon, numeric(id, domain), params);
+    case "pem": return new PEM(epsilon, open(id, domain), params);
     case "cms": return new CMS(epsilon, open(id, domain), params);
     case "hcms": return new HCMS(epsilon, open(id, domain), params);
     case "multi-split": {
@@ -168,7 +172,7 @@ export function encodeValue(mechanism: Mechanism, labels: readonly string[], val
     });
   }
   if (mechanism.input === "string") {
-    encodeOpen((mechanism as CMS | HCMS).domain, value); // validated here, hashed by the randomizer
+    encodeOpen((mechanism as CMS | HCMS | PEM).domain, value); // validated here, hashed by the randomizer
     return value as string;
   }
   if (mechanism.input === "index") {

@@ -21,6 +21,8 @@ export interface Decider {
   below(n: bigint): bigint;
   /** i with probability weights()[i] / total; `pick` is the sampler's map from a uniform r. */
   index(total: bigint, weights: () => bigint[], pick: (r: bigint) => number): number;
+  /** `n` uniform bytes (a key drawn independently of every value). */
+  bytes(n: number): Uint8Array;
 }
 
 export interface RandomSource {
@@ -104,4 +106,15 @@ export function drawIndex(
 ): number {
   if (rng.decider) return rng.decider.index(total, weights, pick);
   return pick(below(total, rng));
+}
+
+/** `n` uniform random bytes (whole words drawn, the extra bytes discarded). */
+export function randomBytes(n: number, rng: RandomSource = systemRandom): Uint8Array {
+  if (rng.decider) return rng.decider.bytes(n);
+  const words = new Uint32Array(Math.ceil(n / 4));
+  rng.fill(words);
+  const out = new Uint8Array(n);
+  const view = new DataView(words.buffer);
+  for (let i = 0; i < n; i += 1) out[i] = view.getUint8(i);
+  return out;
 }

@@ -7,7 +7,7 @@ import * as path from "node:path";
 import { create, toBinary } from "@bufbuild/protobuf";
 import { ReportSchema, SubmitRequestSchema } from "../src/gen/fedldp/v1/collector_pb.js";
 import { equal, parseDecimal } from "../src/exact.js";
-import { olhHash, sketchHash } from "../src/mechanisms.js";
+import { olhHash, pemHash, prefixChunks, sketchHash } from "../src/mechanisms.js";
 import { sha256Sync } from "../src/sha256.js";
 import { createHash, randomBytes } from "node:crypto";
 import { outputOf } from "./vectors.js";
@@ -39,6 +39,21 @@ test("sketch hash family on the fixed inputs; sha256Sync equals node:crypto", ()
     const data = randomBytes(n);
     assert.equal(hex(sha256Sync(data)), createHash("sha256").update(data).digest("hex"), `${n} bytes`);
   }
+});
+
+test("PEM hash family (prefix chunks, multiply-add-shift) on the fixed inputs", () => {
+  let checked = 0;
+  for (const row of load("hashes.json").pem) {
+    const padded = new Uint8Array(row.max_bytes);
+    padded.set(fromHex(row.utf8));
+    const chunks = prefixChunks(padded, row.prefix_bits);
+    assert.deepEqual(chunks.map(Number), row.chunks);
+    for (const [bits, hash] of Object.entries(row.hashes)) {
+      assert.equal(pemHash(fromHex(row.key), chunks, Number(bits)), hash);
+      checked += 1;
+    }
+  }
+  assert.ok(checked >= 12);
 });
 
 test("SubmitRequest bytes equal the vectors for the payload kinds this SDK emits", () => {

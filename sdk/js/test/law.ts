@@ -4,6 +4,15 @@
 import { type Rational, ONE, ZERO, add, mul } from "../src/exact.js";
 import type { Decider, RandomSource } from "../src/random.js";
 
+/** The key the enumerator hands out for `randomBytes(n)` (a value-independent uniform draw:
+ * the law is enumerated conditionally on it, times its probability 2^-8n). */
+export let fixedBytes = (n: number): Uint8Array => Uint8Array.from({ length: n }, (_, i) => (i * 37 + 11) & 0xff);
+
+/** Use another fixed key (tests vary it). */
+export function setFixedBytes(make: (n: number) => Uint8Array): void {
+  fixedBytes = make;
+}
+
 /** Largest `below(n)` bound the enumerator branches over (each value is a branch). */
 const MAX_BRANCHES = 1n << 16n;
 
@@ -37,6 +46,10 @@ export function enumerateLaw<T>(run: (rng: RandomSource) => T, key: (out: T) => 
       },
       index(total, weights) {
         return choose(weights().map((w) => ({ num: w, den: total })));
+      },
+      bytes(n) { // one branch: the fixed key `keyOf(n)`, with its probability 2^-8n
+        weight = mul(weight, { num: 1n, den: 1n << BigInt(8 * n) });
+        return fixedBytes(n);
       },
     };
     const out = run({ fill() { throw new Error("enumerator: raw words drawn"); }, decider });
