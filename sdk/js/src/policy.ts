@@ -12,7 +12,7 @@ import {
   MemoCharging, type Policy, type Root, type SignedEnvelope, PolicySchema, RootSchema, SignedEnvelopeSchema,
 } from "./gen/fedldp/v1/policy_pb.js";
 import { type Rational, compare, parseDecimal, parseSignedDecimal } from "./exact.js";
-import { type AttributeDomain, type Mechanism, type MetricDomain, createMechanism } from "./mechanisms.js";
+import { type AttributeDomain, MAX_OPEN_DOMAIN_BYTES, type Mechanism, type MetricDomain, createMechanism } from "./mechanisms.js";
 
 export const POLICY_PAYLOAD_TYPE = "application/vnd.fedldp.policy.v1+proto";
 export const ROOT_PAYLOAD_TYPE = "application/vnd.fedldp.root.v1+proto";
@@ -345,6 +345,12 @@ async function metricDomain(policy: Policy, problems: string[]): Promise<{ domai
     const range = numericRange(metric.kind.value.lo, metric.kind.value.hi);
     if (range !== undefined) return { domain: range, labels: [] };
     problems.push("metric.numeric needs plain decimals lo < hi");
+    return { labels: [] };
+  }
+  if (metric?.kind.case === "open") {
+    const maxBytes = metric.kind.value.maxBytes;
+    if (maxBytes >= 1 && maxBytes <= MAX_OPEN_DOMAIN_BYTES) return { domain: { maxBytes }, labels: [] };
+    problems.push(`metric.open.max_bytes must be in [1, ${MAX_OPEN_DOMAIN_BYTES}]`);
     return { labels: [] };
   }
   if (metric?.kind.case === "multi") {
