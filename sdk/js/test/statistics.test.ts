@@ -153,6 +153,27 @@ test("(a) memo slots: a second report reuses the value's stored permanent respon
   }
 });
 
+test("(a) memo state from the vectors: same key and layout; the next report's law, enumerated, equals the file's", () => {
+  let checked = 0;
+  for (const c of cases.filter((x) => x.memo !== undefined)) {
+    const mechanism = build(c) as RapporGRR;
+    assert.equal(mechanism.memoKey, c.memo.key, c.mechanism);
+    assert.equal(MemoState.fromJSON(c.memo.state).toJSON(), c.memo.state);
+    for (const entry of c.memo.instant) {
+      const want = new Map<string, Rational>(entry.law.map(([out, p]: [Json, string]) => [keyOf(outputOf(out)), parseRational(p)]));
+      const got = enumerateLaw((rng) => {
+        const memo = MemoState.fromJSON(c.memo.state);
+        const out = mechanism.perturb(entry.value, rng, memo);
+        assert.equal(memo.toJSON(), c.memo.state, "a stored slot was redrawn");
+        return out;
+      }, keyOf);
+      sameLaw(got, want, `${c.mechanism} memo v=${entry.value}`);
+      checked += 1;
+    }
+  }
+  assert.equal(checked, 30);
+});
+
 function memoWith(mechanism: Mechanism, value: number, response: Uint8Array): MemoState {
   const memo = mechanism.newMemo!();
   memo.responses.set(value, response);
