@@ -74,7 +74,7 @@ test("(a) sampled cases: the enumerated law gives each vector sample its probabi
   for (const c of cases.filter((x) => x.samples !== undefined && x.mechanism !== "cms")) {
     const mechanism = build(c);
     const laws = new Map<string, Map<string, Rational>>();
-    for (const row of c.samples) {
+    for (const row of c.mechanism === "pem" ? c.samples.slice(0, 4) : c.samples) { // pem: one enumeration per key
       let name = JSON.stringify(row.value);
       if (c.mechanism === "pem") { // the key is drawn uniformly: enumerate given the sample's key
         setFixedBytes(() => fromHex(row.output.key));
@@ -125,31 +125,30 @@ test("(a) memo slots: a second report reuses the value's stored permanent respon
   for (const id of ["rappor-grr", "rappor-oue", "rappor-sue"]) {
     const c = cases.find((x) => x.mechanism === id && x.metric.k === 3);
     const mechanism = build(c) as RapporGRR;
+    const bytesKey = (b: Uint8Array) => Array.from(b).join(",");
     const twice = enumerateLaw((rng) => {
       const memo = mechanism.newMemo();
       const first = mechanism.perturb(1, rng, memo);
       const second = mechanism.perturb(1, rng, memo);
       assert.deepEqual([...memo.responses.keys()], [1]);
       return [first, second, memo.responses.get(1) as Uint8Array] as const;
-    }, ([a, b, z]) => `${keyOf(a)}|${keyOf(b)}|${Array.from(z).join(",")}`);
-    const joint = new Map<string, Rational>();
-    for (const [k, p] of twice) { // P[y1, y2, z] = perm(z) inst(y1|z) inst(y2|z)
-      const [ya, yb] = k.split("|");
-      const key = `${ya}|${yb}`;
-      const prev = joint.get(key);
-      joint.set(key, prev === undefined ? p : { num: prev.num * p.den + p.num * prev.den, den: prev.den * p.den });
-    }
+    }, ([a, b, z]) => `${keyOf(a)}|${keyOf(b)}|${bytesKey(z)}`);
+    // P[y1, y2, z] = perm(z) inst(y1 | z) inst(y2 | z): the permanent law and each z's
+    // instantaneous law enumerated on their own.
+    const permanent = enumerateLaw((rng) => {
+      const memo = mechanism.newMemo();
+      mechanism.perturb(1, rng, memo);
+      return memo.responses.get(1) as Uint8Array;
+    }, bytesKey);
+    const instant = new Map([...permanent.keys()].map((z) => [z, enumerateLaw(
+      (rng) => mechanism.perturb(1, rng, memoWith(mechanism, 1, Uint8Array.from(z.split(",").map(Number)))), keyOf)]));
     for (const [k, p] of twice) {
-      const z = Uint8Array.from(k.split("|")[2]!.split(",").map(Number));
-      const outputs = enumerateLaw((rng) => mechanism.perturb(1, rng, memoWith(mechanism, 1, z)), keyOf);
-      const [ya, yb] = k.split("|");
-      const inst = (y: string) => outputs.get(y as string) as Rational;
-      const permZ = enumerateLaw((rng) => { const m = mechanism.newMemo(); mechanism.perturb(1, rng, m); return m.responses.get(1)!; },
-        (b) => Array.from(b).join(",")).get(Array.from(z).join(",")) as Rational;
-      const want = { num: permZ.num * inst(ya!).num * inst(yb!).num, den: permZ.den * inst(ya!).den * inst(yb!).den };
-      assert.ok(equal(p, want), `${id}: P[${k}]`);
+      const [ya, yb, z] = k.split("|") as [string, string, string];
+      const inst = instant.get(z) as Map<string, Rational>;
+      const [pz, pa, pb] = [permanent.get(z), inst.get(ya), inst.get(yb)] as Rational[];
+      assert.ok(equal(p, { num: pz!.num * pa!.num * pb!.num, den: pz!.den * pa!.den * pb!.den }), `${id}: P[${k}]`);
     }
-    assert.ok(joint.size > 1);
+    assert.ok(twice.size > permanent.size);
   }
 });
 
