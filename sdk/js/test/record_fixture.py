@@ -32,19 +32,43 @@ def main() -> None:
     memo = policy_pb2.MEMO_CHARGING_JOINT
     for name, mechanism in (("rec.rappor", "rappor-grr"), ("rec.loloha", "loloha")):
         d.add_categorical(
-            name, labels=LABELS, epsilon="1", epsilon_cap="10", mechanism=mechanism,
-            params={"epsilon_permanent": "2"}, memo_charging=memo,
+            name,
+            labels=LABELS,
+            epsilon="1",
+            epsilon_cap="10",
+            mechanism=mechanism,
+            params={"epsilon_permanent": "2"},
+            memo_charging=memo,
         )
-    d.add_numeric("rec.hybrid", lo="-5", hi="5", epsilon="1", epsilon_cap="4", mechanism="hybrid",
-                  params={"levels": "16"})
+    d.add_numeric(
+        "rec.hybrid",
+        lo="-5",
+        hi="5",
+        epsilon="1",
+        epsilon_cap="4",
+        mechanism="hybrid",
+        params={"levels": "16"},
+    )
     d.add_open("rec.pem", max_bytes=4, epsilon="4", epsilon_cap="8", mechanism="pem")
     for mechanism in ("cms", "hcms"):
-        d.add_open(f"rec.{mechanism}", max_bytes=4, epsilon="2", epsilon_cap="8", mechanism=mechanism,
-                   params={"rows": "4", "columns": "16"})
-    d.add_multi("rec.multi", mechanism="multi-split", epsilon="2", epsilon_cap="8", attributes=[
-        {"name": "kind", "values": list(LABELS), "mechanism": "grr"},
-        {"name": "level", "lo": "-1", "hi": "1", "mechanism": "duchi"},
-    ])
+        d.add_open(
+            f"rec.{mechanism}",
+            max_bytes=4,
+            epsilon="2",
+            epsilon_cap="8",
+            mechanism=mechanism,
+            params={"rows": "4", "columns": "16"},
+        )
+    d.add_multi(
+        "rec.multi",
+        mechanism="multi-split",
+        epsilon="2",
+        epsilon_cap="8",
+        attributes=[
+            {"name": "kind", "values": list(LABELS), "mechanism": "grr"},
+            {"name": "level", "lo": "-1", "hi": "1", "mechanism": "duchi"},
+        ],
+    )
     config = write_config(d, base, f"sqlite:///{base / 'ledger.db'}", "rec")
     fixture = {
         "config": str(config),
