@@ -142,6 +142,11 @@ export function int(n: bigint | number): Rational {
   return { num: BigInt(n), den: 1n };
 }
 
+/** "num/den" (the vectors' rational form). */
+export function ratioText(x: Rational): string {
+  return `${x.num}/${x.den}`;
+}
+
 /** A plain decimal string of a Rational whose denominator is a power of ten. */
 export function decimalString(x: Rational): string {
   let scale = 0;

@@ -241,7 +241,8 @@ export class HadamardResponse extends Base {
   }
 }
 
-function comb(n: number, r: number): bigint {
+/** The binomial coefficient C(n, r), exactly. */
+export function comb(n: number, r: number): bigint {
   let out = 1n;
   for (let i = 0; i < r; i += 1) out = (out * BigInt(n - i)) / BigInt(i + 1);
   return out;

@@ -13,9 +13,10 @@
  */
 import {
   type Rational, ONE, PROB_ONE, ZERO, add, compare, decimalString, div, dyadic, floorOf, fromDouble, int, mul, sub,
+  ratioText,
 } from "../exact.js";
 import { type RandomSource, bernoulli, belowNumber, systemRandom } from "../random.js";
-import { SUE, bitsOf, bytesOf } from "./categorical.js";
+import { SUE, bitsOf, bytesOf, comb } from "./categorical.js";
 import { Memoized, instantFlip, instantaneousRateUnary, sequenceCharge } from "./memo.js";
 import type { NumericRange } from "./numeric.js";
 import { type MemoState, type Output, ValueError } from "./types.js";
@@ -23,14 +24,8 @@ import { type MemoState, type Output, ValueError } from "./types.js";
 export const INDEX_SLOT = -1;
 const MAX_BUCKETS = 4096;
 
-const ratio = (x: Rational) => `${x.num}/${x.den}`;
 const signedDecimal = (x: Rational) => (x.num < 0n ? `-${decimalString({ num: -x.num, den: x.den })}` : decimalString(x));
 
-function comb(n: number, r: number): bigint {
-  let out = 1n;
-  for (let i = 0; i < r; i += 1) out = (out * BigInt(n - i)) / BigInt(i + 1);
-  return out;
-}
 
 export class DBitFlip extends Memoized {
   readonly id = "dbitflip";
@@ -57,7 +52,7 @@ export class DBitFlip extends Memoized {
     return `${super.memoKey}|lo=${signedDecimal(this.range.lo)}|hi=${signedDecimal(this.range.hi)}|d=${this.d}`;
   }
   thresholds() {
-    return { k: this.k, d: this.d, permanent_flip: this.permanentFlip, flip_exact: ratio(this.flip), p1_exact: ratio(this.p1) };
+    return { k: this.k, d: this.d, permanent_flip: this.permanentFlip, flip_exact: ratioText(this.flip), p1_exact: ratioText(this.p1) };
   }
   /** The bucket of a finite value, clipped into [lo, hi] (exact rationals). */
   bucket(value: number): number {

@@ -9,16 +9,14 @@
  * memo._instant_keep over [g]. One report has OLH's law with keep probability
  * p1 = p∞ p_r + (g - 1) q∞ q_r. Charge: max(ε1, ε_I), ε_I = ln p_r/q_r over [g].
  */
-import { type Rational, ONE, PROB_ONE, ZERO, add, div, dyadic, int, mul, sub } from "../exact.js";
+import { type Rational, ONE, PROB_ONE, ZERO, add, div, dyadic, int, mul, ratioText, sub } from "../exact.js";
 import { type RandomSource, bernoulli, below, systemRandom } from "../random.js";
 import { GRR, OLH, checkIndex, otherThan, olhHash } from "./categorical.js";
-import { Memoized, instantKeep, instantaneousRateGrr, sequenceCharge } from "./memo.js";
+import { Memoized, indexBytes, instantKeep, instantaneousRateGrr, readIndex, sequenceCharge } from "./memo.js";
 import { type MemoState, type Output, ValueError } from "./types.js";
 
 /** The memo slot of the hash seed (hash values use slots 0..g-1). */
 export const SEED_SLOT = -1;
-
-const ratio = (x: Rational) => `${x.num}/${x.den}`;
 
 export class Loloha extends Memoized {
   readonly id = "loloha";
@@ -55,7 +53,7 @@ export class Loloha extends Memoized {
   thresholds() {
     return {
       k: this.k, g: this.g, m: this.base.m, seed_space: this.base.seedSpace, keep_r: this.keepR,
-      p_r_exact: ratio(this.pR), p1_exact: ratio(this.p1), permanent: this.permanent.thresholds(),
+      p_r_exact: ratioText(this.pR), p1_exact: ratioText(this.p1), permanent: this.permanent.thresholds(),
     };
   }
   private seedOf(stored: Uint8Array): bigint {
@@ -79,20 +77,17 @@ export class Loloha extends Memoized {
     const hashed = this.hash(seed, value);
     let stored = state.responses.get(hashed);
     if (stored === undefined) {
-      const index = (this.permanent.perturb(hashed, rng) as { index: number }).index;
-      stored = new Uint8Array(4);
-      new DataView(stored.buffer).setUint32(0, index, true);
+      stored = indexBytes((this.permanent.perturb(hashed, rng) as { index: number }).index);
       state.responses.set(hashed, stored);
     }
-    const permanent = stored.length === 4 ? new DataView(stored.buffer, stored.byteOffset, 4).getUint32(0, true) : -1;
-    if (permanent < 0 || permanent >= this.g) throw new ValueError("memo state holds a corrupt permanent response");
+    const permanent = readIndex(stored, this.g);
     const kept = bernoulli(this.keepR, rng);
     const other = otherThan(permanent, this.g, rng);
     return { kind: "hashed", seed, value: kept ? permanent : other };
   }
   instantProbability(permanent: Uint8Array, output: Output): Rational {
     if (output.kind !== "hashed") return ZERO;
-    const z = new DataView(permanent.buffer, permanent.byteOffset, 4).getUint32(0, true);
+    const z = readIndex(permanent, this.g);
     return output.value === z ? this.pR : div(sub(ONE, this.pR), int(this.g - 1));
   }
   /** P[(s, y) | v] of the first report: p1/|S| if y = h_s(v), else q1/|S|. */

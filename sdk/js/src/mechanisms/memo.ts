@@ -15,6 +15,7 @@
 import {
   type Rational, ONE, PROB_ONE, ZERO, add, compare, decimalString, div, dyadic, expLower, int,
   lnUpper, mul, roundPlaces, roundSignificant, sub,
+  ratioText,
 } from "../exact.js";
 import { type RandomSource, bernoulli, systemRandom } from "../random.js";
 import { GRR, OUE, SUE, type Unary, bitsOf, bytesOf, checkIndex, checkK, otherThan } from "./categorical.js";
@@ -24,6 +25,20 @@ import { type Mechanism, MemoState, type Output, ValueError } from "./types.js";
 export const CHARGE_PLACES = 6;
 const DIGITS = 50; // memo_loss.PRECISION
 const GRID: Rational = { num: 1n, den: PROB_ONE };
+
+/** A stored index (a permanent GRR response): 4 bytes little-endian. */
+export function indexBytes(index: number): Uint8Array {
+  const bytes = new Uint8Array(4);
+  new DataView(bytes.buffer).setUint32(0, index, true);
+  return bytes;
+}
+
+/** A stored index in [0, size), or a ValueError when the memo bytes are corrupt. */
+export function readIndex(stored: Uint8Array, size: number): number {
+  const index = stored.length === 4 ? new DataView(stored.buffer, stored.byteOffset, 4).getUint32(0, true) : -1;
+  if (index < 0 || index >= size) throw new ValueError("memo state holds a corrupt permanent response");
+  return index;
+}
 
 const less = (a: Rational, b: Rational) => compare(a, b) < 0;
 const max = (a: Rational, b: Rational) => (compare(a, b) >= 0 ? a : b);
@@ -129,8 +144,6 @@ export abstract class Memoized implements Mechanism {
   abstract instantProbability(permanent: Uint8Array, output: Output): Rational;
 }
 
-const ratio = (x: Rational) => `${x.num}/${x.den}`;
-
 /** rappor-grr: permanent GRR at ε∞, instantaneous GRR keeping it with p_r (memo.py). */
 export class RapporGRR extends Memoized {
   readonly id = "rappor-grr";
@@ -146,16 +159,14 @@ export class RapporGRR extends Memoized {
     this.charge = sequenceCharge(instantaneousRateGrr(k, this.pR), epsilon);
   }
   thresholds() {
-    return { k: this.k, p_r_exact: ratio(this.pR), permanent: this.permanent.thresholds() };
+    return { k: this.k, p_r_exact: ratioText(this.pR), permanent: this.permanent.thresholds() };
   }
   perturb(value: number, rng: RandomSource = systemRandom, memo?: MemoState): Output {
     checkIndex(value, this.k);
     const state = this.memo(memo);
     let stored = state.responses.get(value);
     if (stored === undefined) {
-      const index = (this.permanent.perturb(value, rng) as { index: number }).index;
-      stored = new Uint8Array(4);
-      new DataView(stored.buffer).setUint32(0, index, true);
+      stored = indexBytes((this.permanent.perturb(value, rng) as { index: number }).index);
       state.responses.set(value, stored);
     }
     const permanent = this.permanentIndex(stored);
@@ -164,9 +175,7 @@ export class RapporGRR extends Memoized {
     return { kind: "category", index: kept ? permanent : other };
   }
   private permanentIndex(stored: Uint8Array): number {
-    const index = stored.length === 4 ? new DataView(stored.buffer, stored.byteOffset, 4).getUint32(0, true) : -1;
-    if (index < 0 || index >= this.k) throw new ValueError("memo state holds a corrupt permanent response");
-    return index;
+    return readIndex(stored, this.k);
   }
   instantProbability(permanent: Uint8Array, output: Output): Rational {
     if (output.kind !== "category") return ZERO;
@@ -177,9 +186,7 @@ export class RapporGRR extends Memoized {
     let total = ZERO;
     for (let z = 0; z < this.k; z += 1) {
       const perm = this.permanent.probability(value, { kind: "category", index: z });
-      const bytes = new Uint8Array(4);
-      new DataView(bytes.buffer).setUint32(0, z, true);
-      total = add(total, mul(perm, this.instantProbability(bytes, output)));
+      total = add(total, mul(perm, this.instantProbability(indexBytes(z), output)));
     }
     return total;
   }
@@ -199,7 +206,7 @@ abstract class MemoizedUnary extends Memoized {
     return this.chargeCache;
   }
   thresholds() {
-    return { k: this.k, flip_exact: ratio(this.flip), permanent: this.permanent.thresholds() };
+    return { k: this.k, flip_exact: ratioText(this.flip), permanent: this.permanent.thresholds() };
   }
   perturb(value: number, rng: RandomSource = systemRandom, memo?: MemoState): Output {
     checkIndex(value, this.k);

@@ -8,7 +8,7 @@
  * reported at the full ε. Either way a report is charged ε once; memoized attribute
  * mechanisms are refused (their charge would differ from their ε).
  */
-import { type Rational, ONE, ZERO, compare, div, equal, int, mul, roundSignificant } from "../exact.js";
+import { type Rational, ONE, ZERO, compare, div, equal, int, mul, ratioText, roundSignificant } from "../exact.js";
 import { type RandomSource, belowNumber, systemRandom } from "../random.js";
 import { type Input, type Mechanism, type Output, ValueError } from "./types.js";
 
@@ -59,7 +59,7 @@ export abstract class MultiAttribute implements Mechanism {
     return value;
   }
   thresholds(): Record<string, unknown> {
-    return { d: this.d, attribute_epsilon: `${this.attributeEps.num}/${this.attributeEps.den}` };
+    return { d: this.d, attribute_epsilon: ratioText(this.attributeEps) };
   }
   abstract perturb(value: Input, rng?: RandomSource): Output;
   protected abstract choice(): Rational;

@@ -18,6 +18,7 @@
 import {
   type Rational, ZERO, add, compare, div, expFloor, fromDouble, int, mul, parseDecimal,
   roundExp, sub, toDouble,
+  ratioText,
 } from "../exact.js";
 import { type RandomSource, bernoulliRatio, drawIndex, systemRandom } from "../random.js";
 import { type Mechanism, type Output, ValueError } from "./types.js";
@@ -79,8 +80,6 @@ export function gridSize(id: string, epsilon: Rational, params: Record<string, s
 
 /** The numeric range of a metric, as exact rationals of its decimal bounds. */
 export interface NumericRange { lo: Rational; hi: Rational }
-
-const ratio = (x: Rational) => `${x.num}/${x.den}`;
 
 export abstract class NumericMechanism implements Mechanism {
   abstract readonly id: string;
@@ -189,7 +188,7 @@ export class Duchi extends NumericMechanism {
     return bernoulliRatio(plus, minus + plus, rng) ? 1 : 0;
   }
   override thresholds() {
-    return { levels: 1, B_exact: ratio(this.B) };
+    return { levels: 1, B_exact: ratioText(this.B) };
   }
 }
 
@@ -256,7 +255,7 @@ export class SquareWave extends Piecewise {
     this.setTable(Array.from({ length: cells }, (_, i) => ({ num: BigInt(2 * i - (cells - 1)), den: BigInt(levels) })));
   }
   override thresholds(): Record<string, unknown> {
-    return { levels: this.levels, step: ratio(this.grid.step()) };
+    return { levels: this.levels, step: ratioText(this.grid.step()) };
   }
 }
 
@@ -291,7 +290,7 @@ export class Hybrid extends NumericMechanism {
     return (this.alphaWeight ? this.grid.cells : 0) + (bernoulliRatio(plus, minus + plus, rng) ? 1 : 0);
   }
   override thresholds(): Record<string, unknown> {
-    return { levels: this.levels, B_exact: ratio(this.B), alpha_weight: this.alphaWeight };
+    return { levels: this.levels, B_exact: ratioText(this.B), alpha_weight: this.alphaWeight };
   }
 }
 
