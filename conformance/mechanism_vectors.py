@@ -11,6 +11,8 @@ Every case names a registered mechanism, its ε, metric and params, and gives
   (`MemoState.to_json`) after reports of `values` from a seeded generator, and
   for each of those values the exact law of the next report given that state
   (`instant`: no slot is drawn any more), which pins the slot layout and bytes,
+* (top level, `charges`) memoized mechanisms over a wider grid of (k, ε1, ε∞):
+  `report_charge`, `memo_key` and `thresholds` only,
 * either `law` (every wire output of every input with its exact probability,
   summing to 1 per input) or `samples` (outputs with their exact probabilities,
   where the output space is too large to list), and for the numeric mechanisms
@@ -383,6 +385,36 @@ def mechanism_case(
     return case
 
 
+def _charge_grid() -> Iterator[tuple[str, str, MetricArg, dict[str, str]]]:
+    """Memoized mechanisms over a wider grid of (k, ε1, ε∞): charges and thresholds only."""
+    pairs = (("0.05", "0.5"), ("0.1", "1"), ("1", "2"), ("1.5", "1.6"), ("2", "8"), ("3", "3.5"))
+    for wire_id in ("rappor-grr", "rappor-oue", "rappor-sue"):
+        for k in (2, 5, 16, 64):
+            for eps, permanent in pairs:
+                yield wire_id, eps, k, {"epsilon_permanent": permanent}
+    for eps, permanent in pairs:
+        yield "loloha", eps, 10, {"epsilon_permanent": permanent}
+        for d in ("1", "3"):
+            params = {"epsilon_permanent": permanent, "buckets": "8", "d": d}
+            yield "dbitflip", eps, (Decimal(-1), Decimal(1)), params
+
+
+def charge_case(
+    wire_id: str, eps: str, metric: MetricArg, params: Mapping[str, str]
+) -> dict[str, Any]:
+    """One entry of mechanisms.json's `charges`: a memoized mechanism's charge and thresholds."""
+    mechanism: Any = registry.create(wire_id, Decimal(eps), metric, params)
+    return {
+        "mechanism": wire_id,
+        "epsilon": eps,
+        "metric": _metric_json(metric),
+        "params": dict(params),
+        "report_charge": str(mechanism.report_charge),
+        "memo_key": mechanism.memo_key,
+        "thresholds": thresholds(mechanism),
+    }
+
+
 def mechanism_vectors() -> dict[str, Any]:
     """The whole of mechanisms.json."""
     cases = [
@@ -393,4 +425,5 @@ def mechanism_vectors() -> dict[str, Any]:
     missing = sorted(set(registry.registered_ids()) - covered)
     if missing:
         raise AssertionError(f"mechanisms without conformance vectors: {missing}")
-    return {"format": "fedldp.conformance.mechanisms.v1", "cases": cases}
+    charges = [charge_case(*case) for case in _charge_grid()]
+    return {"format": "fedldp.conformance.mechanisms.v1", "cases": cases, "charges": charges}

@@ -261,6 +261,17 @@ def test_memo_slots(case: dict[str, Any]) -> None:
         assert memo.to_json() == section["state"]
 
 
+@pytest.mark.parametrize("case", vectors("mechanisms.json")["charges"], ids=case_id)
+def test_memo_charges(case: dict[str, Any]) -> None:
+    """The wider grid of memoized charges: the file's charge is max(ε1, ε_I) of the built
+    mechanism, and at least ε1; its memo key and thresholds are the mechanism's."""
+    mechanism = build(case)
+    assert str(mechanism.report_charge) == case["report_charge"]
+    assert Decimal(case["report_charge"]) >= Decimal(case["epsilon"])
+    assert mechanism.memo_key == case["memo_key"]
+    assert thresholds(mechanism) == case["thresholds"]
+
+
 def test_hash_families() -> None:
     data = vectors("hashes.json")
     for row in data["olh"]:

@@ -334,6 +334,7 @@ export function toDouble(x: Rational): number {
   const r2 = 2n * (scaledNum % scaledDen);
   if (r2 > scaledDen || (r2 === scaledDen && (q & 1n) === 1n)) q += 1n;
   const value = Number(q) * 2 ** -Number(shift); // q < 2^54 is exact; the power of two is exact
+  if (!Number.isFinite(value)) throw new Error("rational out of the double range");
   return negative ? -value : value;
 }
 

@@ -3,7 +3,7 @@
 // grids the table, the index weights of every level, grid positions and sample laws.
 import { test } from "node:test";
 import assert from "node:assert/strict";
-import { equal, parseDecimal, parseRational, parseSignedDecimal, doubleHex } from "../src/exact.js";
+import { type Rational, equal, parseDecimal, parseRational, parseSignedDecimal, doubleHex } from "../src/exact.js";
 import { NOT_YET, NumericMechanism, SUPPORTED } from "../src/mechanisms.js";
 import { type Json, build, doubleOf, lawInput, load, outputOf } from "./vectors.js";
 
@@ -95,4 +95,16 @@ test("sampled cases (multi-attribute): each sampled output's probability equals 
     }
   }
   assert.ok(checked >= 60, `${checked} samples`);
+});
+
+test("memoized charges over the wider grid: max(ε1, ε_I), memo key and thresholds equal the vectors", () => {
+  const charges: Json[] = load("mechanisms.json").charges;
+  assert.equal(charges.length, 90);
+  for (const c of charges) {
+    const mechanism = build(c) as unknown as { charge: Rational; memoKey: string; thresholds(): Record<string, unknown> };
+    const where = `${c.mechanism} ε1=${c.epsilon} ${JSON.stringify(c.params)} ${JSON.stringify(c.metric)}`;
+    assert.ok(equal(mechanism.charge, parseDecimal(c.report_charge)), `${where}: ${c.report_charge}`);
+    assert.equal(mechanism.memoKey, c.memo_key, where);
+    sameThreshold(c.thresholds, mechanism.thresholds(), where);
+  }
 });
