@@ -151,9 +151,10 @@ export class FedldpClient {
   }
 
   /**
-   * Randomize `value` (a label of a categorical metric, a number of a numeric one) under the
-   * metric's policy and store the report durably (not sent yet), with the memo state of a
-   * memoized mechanism in the same atomic write.
+   * Randomize `value` under the metric's policy (a label of a categorical metric, a number
+   * of a numeric one, a string of an open-domain one, an array or object of attribute
+   * values of a multi-attribute one: `encodeValue`) and store the report durably (not sent
+   * yet), with the memo state of a memoized mechanism in the same atomic write.
    */
   record(metric: string, value: string | number | readonly unknown[] | Record<string, unknown>): Promise<void> {
     return this.serial(async () => {
