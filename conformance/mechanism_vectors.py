@@ -13,6 +13,9 @@ Every case names a registered mechanism, its ε, metric and params, and gives
   (`instant`: no slot is drawn any more), which pins the slot layout and bytes,
 * (top level, `charges`) memoized mechanisms over a wider grid of (k, ε1, ε∞):
   `report_charge`, `memo_key` and `thresholds` only,
+* (top level, `grids`) the numeric mechanisms on [0, 1] with grids derived from ε
+  (default levels, derived cells): levels, table size, the distinct index weights
+  of level 0 and their total, thresholds,
 * either `law` (every wire output of every input with its exact probability,
   summing to 1 per input) or `samples` (outputs with their exact probabilities,
   where the output space is too large to list), and for the numeric mechanisms
@@ -415,6 +418,31 @@ def charge_case(
     }
 
 
+def _default_grids() -> Iterator[tuple[str, str, dict[str, str]]]:
+    """Numeric grids derived from ε alone (default levels, derived cells) over a range of ε."""
+    for wire_id in ("duchi", "piecewise", "hybrid", "sw"):
+        for eps in ("0.3", "0.61", "0.62", "1", "2.5", "5", "10"):
+            yield wire_id, eps, {}
+            if wire_id != "duchi":
+                yield wire_id, eps, {"levels": "1000"}
+
+
+def grid_case(wire_id: str, eps: str, params: Mapping[str, str]) -> dict[str, Any]:
+    """One entry of mechanisms.json's `grids`: the derived grid and weights of a numeric id."""
+    mechanism: Any = registry.create(wire_id, Decimal(eps), (Decimal(0), Decimal(1)), params)
+    first = mechanism.index_weights(0)
+    return {
+        "mechanism": wire_id,
+        "epsilon": eps,
+        "params": dict(params),
+        "levels": mechanism.levels,
+        "cells": len(mechanism.table),
+        "weight_values": [str(w) for w in sorted(set(first))],
+        "weight_total": str(sum(first)),
+        "thresholds": thresholds(mechanism),
+    }
+
+
 def mechanism_vectors() -> dict[str, Any]:
     """The whole of mechanisms.json."""
     cases = [
@@ -426,4 +454,10 @@ def mechanism_vectors() -> dict[str, Any]:
     if missing:
         raise AssertionError(f"mechanisms without conformance vectors: {missing}")
     charges = [charge_case(*case) for case in _charge_grid()]
-    return {"format": "fedldp.conformance.mechanisms.v1", "cases": cases, "charges": charges}
+    grids = [grid_case(*case) for case in _default_grids()]
+    return {
+        "format": "fedldp.conformance.mechanisms.v1",
+        "cases": cases,
+        "charges": charges,
+        "grids": grids,
+    }

@@ -272,6 +272,22 @@ def test_memo_charges(case: dict[str, Any]) -> None:
     assert thresholds(mechanism) == case["thresholds"]
 
 
+@pytest.mark.parametrize(
+    "case",
+    vectors("mechanisms.json")["grids"],
+    ids=lambda c: f"{c['mechanism']}-{c['epsilon']}-{c['params'].get('levels', 'default')}",
+)
+def test_default_grids(case: dict[str, Any]) -> None:
+    """Grids derived from ε alone: levels, table size, level-0 weights and thresholds."""
+    mechanism = build({**case, "metric": {"lo": "0", "hi": "1"}})
+    assert mechanism.levels == case["levels"]
+    assert len(mechanism.table) == case["cells"]
+    first = mechanism.index_weights(0)
+    assert [str(w) for w in sorted(set(first))] == case["weight_values"]
+    assert str(sum(first)) == case["weight_total"]
+    assert thresholds(mechanism) == case["thresholds"]
+
+
 def test_hash_families() -> None:
     data = vectors("hashes.json")
     for row in data["olh"]:

@@ -108,3 +108,18 @@ test("memoized charges over the wider grid: max(ε1, ε_I), memo key and thresho
     sameThreshold(c.thresholds, mechanism.thresholds(), where);
   }
 });
+
+test("numeric grids derived from ε alone (default levels and cells) equal the vectors", () => {
+  const grids: Json[] = load("mechanisms.json").grids;
+  assert.equal(grids.length, 49);
+  for (const c of grids) {
+    const mechanism = build({ ...c, metric: { lo: "0", hi: "1" } }) as NumericMechanism;
+    const where = `${c.mechanism} ε=${c.epsilon} ${JSON.stringify(c.params)}`;
+    assert.equal(mechanism.levels, c.levels, where);
+    assert.equal(mechanism.table.length, c.cells, where);
+    const first = mechanism.indexWeights(0);
+    assert.deepEqual([...new Set(first)].sort((a, b) => (a < b ? -1 : a > b ? 1 : 0)).map(String), c.weight_values, where);
+    assert.equal(first.reduce((a, b) => a + b, 0n).toString(), c.weight_total, where);
+    sameThreshold(c.thresholds, mechanism.thresholds(), where);
+  }
+});
