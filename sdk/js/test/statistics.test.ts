@@ -8,9 +8,9 @@
 //     broken variants, sampled from a fixed-seed source, must be rejected.
 import { test } from "node:test";
 import assert from "node:assert/strict";
-import { type Rational, dyadic, equal, parseDecimal, parseRational, doubleHex, ONE, sub } from "../src/exact.js";
+import { type Rational, dyadic, equal, parseDecimal, parseRational, parseSignedDecimal, doubleHex, ONE, sub } from "../src/exact.js";
 import {
-  CMS, GRR, type Input, PEM, pemHash, prefixChunks, type Mechanism, MemoState, type Output, Piecewise, RapporGRR, SUPPORTED,
+  CMS, Duchi, GRR, type Input, PEM, pemHash, prefixChunks, type Mechanism, MemoState, type Output, Piecewise, RapporGRR, SUPPORTED,
 } from "../src/mechanisms.js";
 import { type RandomSource, below, bernoulli, systemRandom } from "../src/random.js";
 import { chiSquare, enumerateLaw, seededSource, setFixedBytes } from "./law.js";
@@ -98,6 +98,34 @@ class OneStepGRR extends GRR {
     (this as { keep: bigint }).keep = this.keep + 1n;
   }
 }
+
+/** rappor-grr whose instantaneous keep is one threshold step (2^-53) too high. */
+class OneStepRappor extends RapporGRR {
+  constructor() {
+    super(parseDecimal("1"), 3, parseDecimal("2"));
+    (this as { keepR: bigint }).keepR = this.keepR + 1n;
+  }
+}
+
+/** duchi whose grid position is one 2^-64 step off. */
+class OneStepDuchi extends Duchi {
+  override gridPosition(clipped: number): bigint {
+    return super.gridPosition(clipped) + 1n;
+  }
+}
+
+test("(a) one-step variants of a memoized and a numeric randomizer are rejected by the exact-law comparison", () => {
+  const rappor = cases.find((x) => x.mechanism === "rappor-grr" && x.metric.k === 3);
+  const [first] = vectorLaws(rappor);
+  const memoBroken = new OneStepRappor();
+  const got = enumerateLaw((rng) => once(memoBroken, first!.value, rng), keyOf);
+  assert.throws(() => sameLaw(got, first!.law, "one-step rappor-grr"), assert.AssertionError);
+  const duchi = cases.find((x) => x.mechanism === "duchi" && x.epsilon === "1");
+  const [atLo] = vectorLaws(duchi); // input lo: grid position 0
+  const numericBroken = new OneStepDuchi(parseDecimal("1"), { lo: parseSignedDecimal("-1"), hi: parseDecimal("1") });
+  const law = enumerateLaw((rng) => numericBroken.perturb(atLo!.value as number, rng), keyOf);
+  assert.throws(() => sameLaw(law, atLo!.law, "one-step duchi"), assert.AssertionError);
+});
 
 test("(a) a small cms, run down every branch, realizes `probability` for every output", () => {
   const cms = new CMS(parseDecimal("2"), { maxBytes: 4 }, { rows: "2", columns: "4" });
