@@ -503,12 +503,15 @@ class DeviceStore:
             return True
 
     @contextlib.contextmanager
-    def transaction(self, *, durable: bool = True) -> Iterator[sqlite3.Connection]:
+    def transaction(
+        self, *, durable: bool = True, write: bool = True
+    ) -> Iterator[sqlite3.Connection]:
         """An exclusive write transaction (``BEGIN IMMEDIATE``), committed on success.
 
         Any exception rolls everything back: a failed operation changes nothing.
-        On a read-only store: a read transaction (``BEGIN``; one snapshot), and
-        any write in it fails.
+        On a read-only store, or with `write=False`: a read transaction
+        (``BEGIN``; one snapshot, no write lock taken until a write, which a
+        read-only store refuses).
         `durable=False` commits without an fsync (``synchronous=NORMAL`` for this
         transaction: atomic and consistent, and on disk with the next durable
         commit or checkpoint); only for state whose loss in a power cut is
@@ -520,7 +523,7 @@ class DeviceStore:
             if not durable:
                 self._conn.execute("PRAGMA synchronous=NORMAL")
             try:
-                self._conn.execute("BEGIN" if self.read_only else "BEGIN IMMEDIATE")
+                self._conn.execute("BEGIN" if self.read_only or not write else "BEGIN IMMEDIATE")
                 try:
                     yield self._conn
                 except BaseException:
