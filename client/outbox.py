@@ -415,6 +415,8 @@ class SendGate:
         self._loaded_at = 0.0
         #: When `acquire` last found the OS lock taken by another sender (None: it did not).
         self._busy_at: float | None = None
+        #: The last `load` found a stored row with no failure and no stored claim.
+        self._loaded_clean = False
 
     @property
     def failures(self) -> int:
@@ -471,6 +473,7 @@ class SendGate:
         text = DeviceStore.read_meta(conn, self.key)
         if text is None:
             self.state = GateState()
+            self._loaded_clean = True  # no row: the same as an open gate's row
             return
         try:
             raw = json.loads(text)
@@ -488,6 +491,7 @@ class SendGate:
         state.hint_until = min(state.hint_until, longest)
         state.held_until = min(state.held_until, now + self.lease_seconds)
         self.state = state
+        self._loaded_clean = state.failures == 0 and not state.holder
 
     def claim(self, conn: sqlite3.Connection, *, now: float) -> bool:
         """Take the send slot if the gate is open and no other call is in flight.
@@ -534,7 +538,15 @@ class SendGate:
         return resume_at - now
 
     def succeeded(self, conn: sqlite3.Connection, *, now: float) -> None:
-        """A call was answered: leave backoff, free the slot (inside the caller's transaction)."""
+        """A call was answered: leave backoff, free the slot (inside the caller's transaction).
+
+        With the OS lock held since the gate was read open with no failure (the
+        ordinary case), the stored row already says what this would write (only
+        `open_now` can have changed it meanwhile, and only to open it sooner), so
+        nothing is read or written.
+        """
+        if self.slot is not None and self.slot.held and self._loaded_clean:
+            return
         self.load(conn, now=now)
         self.state = GateState(hint_until=self.state.hint_until)
         self._save(conn)
