@@ -135,11 +135,11 @@ class BudgetStatus:
 
 
 __all__ = [
+    "FLUSH_STOPPED",
     "BadValueError",
     "BudgetGuardError",
     "BudgetStatus",
     "ClientClosedError",
-    "FLUSH_STOPPED",
     "FlushResult",
     "NoPolicyError",
     "PolicyRefresh",

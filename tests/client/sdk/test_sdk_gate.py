@@ -13,8 +13,8 @@ import grpc
 import pytest
 from fedldp.client import send_slot
 from fedldp.client.device_store import STATE_FILE_NAME, DeviceStore
-from fedldp.client.send_slot import SendSlot
 from fedldp.client.outbox import GateState, Outbox, SendGate
+from fedldp.client.send_slot import SendSlot
 from fedldp.client.transport import Backoff, Credentials, Transport, channel_options
 
 BACKOFF = Backoff(base_seconds=1.0, max_seconds=60.0, max_hint_seconds=600.0)
