@@ -461,7 +461,8 @@ def measure_device_cpu(runs: int, devices: int, records: int) -> dict[str, Timin
     * **Fresh install** (`fedldp demo`'s simulated device): `Client()` on a new
       state folder (on /dev/shm when there is one, as the demo does), one
       `record()`, `flush()`, `close()`, removing the folder; every device on
-      one shared channel. `time.process_time()` of this process, so gRPC's own
+      one shared channel and given the same verified `TrustStore` (each
+      Client copies it), as in the demo. `time.process_time()` of this process, so gRPC's own
       threads count; the collector's do not. Median over `runs` runs of the
       mean per device, and per phase.
     * **Steady state**: one long-lived `Client` (state on disk, its own
@@ -486,10 +487,11 @@ def measure_device_cpu(runs: int, devices: int, records: int) -> dict[str, Timin
     server = context.Process(target=_serve_world, args=(child, runs * devices + 2))
     server.start()
     address, root, keys, tokens, trust_dir = parent.recv()
+    # As the demo does: the pinned root verified once, each Client copies the store.
     trust_root = TrustRoot(
         policy_pb2.SignedEnvelope.FromString(root),
         [Ed25519PublicKey.from_public_bytes(k) for k in keys],
-    )
+    ).trust_store(now=int(time.time()))
     channel = grpc.insecure_channel(address)
     shm = Path("/dev/shm")
     out: dict[str, list[float]] = {}
