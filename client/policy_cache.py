@@ -159,11 +159,15 @@ class PolicyCache:
         configured = trust_from(trust_root, now=now)
         events: list[Event] = []
         with self._store.transaction(write=False) as conn:
-            stored = DeviceStore.read_trust(conn)
-            trust = configured if stored is None else _stored_trust(stored, configured, now, [])
+            stored_trust = DeviceStore.read_trust(conn)
+            trust = (
+                configured
+                if stored_trust is None
+                else _stored_trust(stored_trust, configured, now, [])
+            )
             if trust is not None:
                 highest, cached, fetched_at = _read_start(conn, gate)
-        self._trust_unsaved = stored is None
+        self._trust_unsaved = stored_trust is None
         if trust is None:  # replace the stored trust (and forget policies verified under it)
             with self._store.transaction() as conn:
                 trust = _load_trust(conn, configured, now, events)

@@ -120,6 +120,18 @@ def _check_arguments(
         raise ValueError("send_interval_seconds and policy_refresh_seconds must be positive")
 
 
+def _open_slot(store: DeviceStore) -> SendSlot | None:
+    """The send slot's OS lock on `store`'s folder (None without ``flock``: the gate
+    then uses the stored claim); closes `store` and re-raises if it cannot be opened."""
+    if not send_slot.available():
+        return None
+    try:
+        return SendSlot(store.path.parent)
+    except BaseException:
+        store.close()
+        raise
+
+
 class Client:
     """The device SDK. See the module docstring for the lifecycle of a value.
 
@@ -208,18 +220,9 @@ class Client:
         self._thread: threading.Thread | None = None
 
         self._store = DeviceStore(state_dir)
-        try:
-            slot = SendSlot(self._store.path.parent) if send_slot.available() else None
-        except BaseException:
-            self._store.close()
-            raise
-        self._gate = SendGate(
-            collector,
-            backoff,
-            jitter,
-            lease_seconds=timeout_seconds + SLOT_MARGIN_SECONDS,
-            slot=slot,
-        )
+        lease = timeout_seconds + SLOT_MARGIN_SECONDS
+        slot = _open_slot(self._store)
+        self._gate = SendGate(collector, backoff, jitter, lease_seconds=lease, slot=slot)
         self._events = EventSink(self._store, on_event)
         self._cache = PolicyCache(
             self._store,
