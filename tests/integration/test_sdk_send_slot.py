@@ -138,3 +138,24 @@ def test_flush_waits_for_a_pause_and_says_until_when(
     # would have made 200.
     assert calls <= 8, [r.stopped for r in results]
     assert all(r.stopped == "PAUSED" for r in results[:-1])
+
+
+def test_flush_waits_for_another_senders_call_and_says_so(
+    deployment: Deployment, tmp_path: Path
+) -> None:
+    """Another descriptor holds the lock (another process mid-call): wait, then SENDER_BUSY."""
+    deployment.categorical(epsilon="0.01", epsilon_cap="100")
+    collector = deployment.start()
+    state = tmp_path / "d"
+    with deployment.client(collector.address, state) as c:
+        c.record("browser.homepage", LABELS[0])
+        other = send_slot.SendSlot(state)
+        assert other.try_acquire()
+        started = time.monotonic()
+        busy = c.flush(timeout=0.3)
+        waited = time.monotonic() - started
+        other.close()  # the other sender is done (or died)
+        done = c.flush(timeout=FLUSH_S)
+    assert (busy.stopped, busy.acknowledged, busy.pending) == ("SENDER_BUSY", 0, 1)
+    assert waited >= 0.3  # it waited out its timeout instead of returning at once
+    assert (done.stopped, done.acknowledged) == ("DONE", 1)
