@@ -151,8 +151,7 @@ def secret_from_file(path: str, option: str = "--secret-file") -> bytes:
         return bytes.fromhex(Path(path).read_text(encoding="ascii").strip())
     except (ValueError, UnicodeDecodeError):
         raise ConfigError(
-            f"{option} {path} must hold hex digits (make one with "
-            "`fedldp collector gen-secret`)"
+            f"{option} {path} must hold hex digits (make one with `fedldp collector gen-secret`)"
         ) from None
 
 

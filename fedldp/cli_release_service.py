@@ -167,9 +167,7 @@ def serve_cmd(**options: Any) -> None:
         signal.signal(sig, lambda *_: stop.set())
     try:
         secret_file = options["token_secret_file"]
-        secret = (
-            secret_from_file(str(secret_file), "--token-secret-file") if secret_file else None
-        )
+        secret = secret_from_file(str(secret_file), "--token-secret-file") if secret_file else None
         config = ServiceConfig(
             catalog=load_catalog(options["catalog_path"]),
             policy=load_release_policy(
