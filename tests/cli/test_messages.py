@@ -225,3 +225,28 @@ def test_a_collector_opening_a_newer_ledger_names_it(tmp_path: Path) -> None:
     url, _ = _future_ledger(tmp_path)
     with pytest.raises(LedgerOpenError, match="is at migration '9999_future', which this"):
         open_ledger(url)
+
+
+def test_a_token_secret_that_is_not_hex_names_the_option_and_the_fix(image: Path) -> None:
+    """`release-service serve --token-secret-file` (before: `non-hexadecimal number found
+    in fromhex() arg at position 0`, naming neither)."""
+    from fedldp.collector.config import ConfigError
+
+    from fedldp.cli_collector import secret_from_file
+
+    with pytest.raises(ConfigError) as caught:
+        secret_from_file(str(image), "--token-secret-file")
+    assert str(caught.value) == (
+        f"--token-secret-file {image} must hold hex digits (make one with "
+        "`fedldp collector gen-secret`)"
+    )
+
+
+def test_a_dashboard_token_file_that_is_not_text_names_it(image: Path) -> None:
+    from fedldp.cli_dashboard import _token
+
+    with pytest.raises(click.ClickException) as caught:
+        _token(str(image))
+    assert caught.value.message.startswith(
+        f"{image} is not UTF-8 text (byte 0x89); --token-file holds the bearer token"
+    )
