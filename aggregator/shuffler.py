@@ -1,11 +1,12 @@
 """The shuffler role: a window's sealed payloads out in a uniformly random order, once.
 
 Trust split (docs/shuffle.md): the collector authenticates devices, charges the ledger and
-appends only (batch key, ciphertext) to a spool (`ShuffleSpool.add`); it cannot read a payload
-(each is sealed to the analyzer's key: fedldp.client.sealed). The shuffler (`release`) takes one
-batch's ciphertexts, refuses to release fewer than `min_batch`, orders them by a uniform random
-permutation drawn from the OS CSPRNG (`random.SystemRandom().shuffle`, Fisher-Yates), and writes
-the shuffled batch file for the analyzer: ciphertexts only, no subject, time or arrival order
+stores each sealed payload (it cannot read one: each is sealed to the analyzer's key,
+fedldp.client.sealed); `pull_window` copies a window's ciphertexts alone, from the ledger
+read-only, into the spool as (batch key, ciphertext) rows (`ShuffleSpool.add_once`). The
+shuffler (`release`) takes one batch's ciphertexts, refuses to release fewer than
+`min_batch`, orders them by a uniform random permutation drawn from the OS CSPRNG
+(`random.SystemRandom().shuffle`, Fisher-Yates), and writes the shuffled batch file for the analyzer: ciphertexts only, no subject, time or arrival order
 (the spool keeps no subject at all; its row order is discarded by the permutation).
 
 Durability and idempotency across a kill -9 at any instant: the batch file is written to a
