@@ -6,8 +6,9 @@ fedldp.client.sealed); `pull_window` copies a window's ciphertexts alone, from t
 read-only, into the spool as (batch key, ciphertext) rows (`ShuffleSpool.add_once`). The
 shuffler (`release`) takes one batch's ciphertexts, refuses to release fewer than
 `min_batch`, orders them by a uniform random permutation drawn from the OS CSPRNG
-(`random.SystemRandom().shuffle`, Fisher-Yates), and writes the shuffled batch file for the analyzer: ciphertexts only, no subject, time or arrival order
-(the spool keeps no subject at all; its row order is discarded by the permutation).
+(`random.SystemRandom().shuffle`, Fisher-Yates), and writes the shuffled batch file for the
+analyzer: ciphertexts only, no subject, time or arrival order (the spool keeps no subject at
+all; its row order is discarded by the permutation).
 
 Durability and idempotency across a kill -9 at any instant: the batch file is written to a
 temporary name, fsynced, renamed into place (atomic) and its folder fsynced; only then does one
