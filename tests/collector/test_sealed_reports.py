@@ -132,3 +132,27 @@ def test_ledger_report_refuses_a_shuffle_policy(
     mood = deployment.verified(deployment.envelopes[1])
     with pytest.raises(ShuffleModelError, match="fedldp shuffler"):
         report_from_ledgers([("here", collector.ledger)], mood)
+
+
+def test_same_id_other_ciphertext_is_a_conflict(
+    deployment: Deployment,
+    collector: RunningCollector,
+    stub: collector_pb2_grpc.CollectorStub,
+    now: int,
+) -> None:
+    """The report id is the idempotency key as for plain reports: the same id resealed (another
+    ciphertext, even of the same output) is a CONFLICT, charged once, stored once."""
+    mood = deployment.verified(deployment.envelopes[1])
+    first = _sealed(mood, 2, now)
+    again = make_report(mood, CategoryOutput(2), coarse_time=coarse(now), report_id=first.report_id)
+    seal_report(again, _PUBLIC)
+    assert again.sealed.ciphertext != first.sealed.ciphertext  # a fresh HPKE encapsulation
+    assert _submit(stub, deployment, "fay", first) == [
+        (pb.OUTCOME_ACCEPTED, pb.REJECT_REASON_UNSPECIFIED)
+    ]
+    assert _submit(stub, deployment, "fay", again) == [
+        (pb.OUTCOME_CONFLICT, pb.REJECT_REASON_UNSPECIFIED)
+    ]
+    spent = [(r.policy_id, str(r.epsilon_spent)) for r in collector.ledger.subject_spend("fay")]
+    assert spent == [("mood", "0.5")]
+    assert collector.ledger.conflict_count("fay") == 1
