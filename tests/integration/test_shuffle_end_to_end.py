@@ -85,6 +85,7 @@ def test_devices_collector_shuffler_analyzer(deployment: Deployment, tmp_path: P
     )
     info = seal_info(policy.policy_id, policy.version, policy.digest)
     window = policy.window_start(sent[0].coarse_time)
+    assert collector.config is not None
     url = collector.config.ledger_url
     spool = tmp_path / "spool.db"
     args = ["shuffler", "pull", "--ledger", url, "--policy", "homepage"]
