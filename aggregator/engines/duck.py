@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from fedldp.aggregator.engines.plan import BoundedQuery, EngineError, Result, Totals
-from fedldp.aggregator.engines.sqlgen import compile_query, text
+from fedldp.aggregator.engines.sqlgen import compile_query, compile_rows, text
 
 #: Rows per Arrow batch streamed from a SQL database.
 SQL_BATCH_ROWS = 65_536
@@ -74,6 +74,24 @@ def to_result(rows: Sequence[Sequence[Any]], q: BoundedQuery) -> Result:
             t.counts[col] = int(row[depth + 3 + 2 * j])
         out[key] = t
     return out
+
+
+def rows_table(q: BoundedQuery, kept: Sequence[Sequence[Any]]) -> Any:
+    """Bounded rows (tuples of `q.fields()` values) as `rows` returns them: a pyarrow
+    Table, numeric columns BIGINT value·10^scale, the others text."""
+    import pyarrow as pa
+
+    names = q.fields()
+    columns = list(zip(*kept, strict=True)) if kept else [() for _ in names]
+    return pa.table(
+        {
+            name: pa.array(
+                [None if v is None else (int(v) if name in q.numeric else str(v)) for v in col],
+                pa.int64() if name in q.numeric else pa.string(),
+            )
+            for name, col in zip(names, columns, strict=True)
+        }
+    )
 
 
 _local = threading.local()
@@ -137,21 +155,37 @@ def _sql_batches(source: SqlSource, columns: Sequence[str]) -> Any:
     return pa.RecordBatchReader.from_batches(schema, batches())
 
 
-def run(q: BoundedQuery, source: Source) -> Result:
-    """Execute the bounded aggregation of `q` over `source` in DuckDB."""
+def _execute(q: BoundedQuery, source: Source, compile_: Any, arrow: bool) -> Any:
+    """Run `compile_(q, relation, "duckdb")` over `source`: its rows, or an Arrow table."""
     import duckdb
 
+    relation = "fedldp_sql_source" if isinstance(source, SqlSource) else source.relation()
+    sql = compile_(q, relation, "duckdb")  # a PlanError is said as it is
     con = _connection().cursor()
     try:
         if isinstance(source, SqlSource):
             columns = sorted({q.unit, *q.fields(), *q.where_columns()})
-            con.register("fedldp_sql_source", _sql_batches(source, columns))
-            relation = "fedldp_sql_source"
-        else:
-            relation = source.relation()
-        rows = con.execute(compile_query(q, relation, "duckdb")).fetchall()
+            con.register(relation, _sql_batches(source, columns))
+        if not arrow:
+            return con.execute(sql).fetchall()
+        found = con.sql(sql)  # a relation's Arrow output makes no extra copy
+        # to_arrow_table: DuckDB 1.4+; fetch_arrow_table: the older name
+        to_table = getattr(found, "to_arrow_table", None) or found.fetch_arrow_table
+        return to_table()
     except (duckdb.Error, OSError, ValueError):
         raise EngineError("duckdb") from None  # its text may quote a value
     finally:
         con.close()
-    return to_result(rows, q)
+
+
+def run(q: BoundedQuery, source: Source) -> Result:
+    """Execute the bounded aggregation of `q` over `source` in DuckDB."""
+    return to_result(_execute(q, source, compile_query, arrow=False), q)
+
+
+def rows(q: BoundedQuery, source: Source) -> Any:
+    """The bounded rows of `q` (sqlgen.compile_rows) as a pyarrow Table whose columns are
+    named by `q.fields()`: a categorical column as text, a numeric one as the BIGINT
+    value·10^scale of its clamped value (NULL stays NULL). In any order."""
+    table = _execute(q, source, compile_rows, arrow=True)
+    return table.rename_columns(list(q.fields()))

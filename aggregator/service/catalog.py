@@ -161,7 +161,7 @@ class Dataset:
         return (self.unit, *sorted(self.columns))
 
     def index(self, column: str) -> int:
-        """Position of `column` in a row read by `bounded_rows`."""
+        """Position of `column` in a row read by `_raw_rows`."""
         return self.fields().index(column)
 
     def _raw_rows(self) -> Iterator[tuple[str, ...]]:
@@ -237,18 +237,34 @@ class Dataset:
         ctime included, which no user can set back); a SQL table records its name
         (`data_digest`).
         """
-        if self.engine == "python":
-            from fedldp.aggregator.engines import reference
+        return self._on_engine(query, rows=False)
 
-            result = reference.run(query, self._dict_rows())
+    def bounded_table(self, query: Any) -> Any:
+        """The bounded rows of `query` (an ungrouped engines.plan.BoundedQuery carrying
+        the columns wanted) read by this dataset's engine into a pyarrow Table
+        (engines.duck.rows: numeric columns as value·10^scale of the clamped value).
+        For DP-SGD jobs, inside the service: the rows never leave it."""
+        return self._on_engine(query, rows=True)
+
+    def _on_engine(self, query: Any, rows: bool) -> Any:
+        """`query`'s aggregate (or its bounded rows) from this dataset's engine."""
+        if self.engine == "python":
+            from fedldp.aggregator.engines import duck, reference
+
+            if rows:
+                kept = [k for _, k in reference.bounded(query, self._dict_rows())]
+                result = duck.rows_table(query, kept)
+            else:
+                result = reference.run(query, self._dict_rows())
         elif self.engine == "spark":
             from fedldp.aggregator.engines import spark
 
-            result = spark.run(query, self.source(), self.spark or "local[2]")
+            run = spark.rows if rows else spark.run
+            result = run(query, self.source(), self.spark or "local[2]")
         else:
             from fedldp.aggregator.engines import duck
 
-            result = duck.run(query, self.source())
+            result = (duck.rows if rows else duck.run)(query, self.source())
         for path in (self.csv_path, self.parquet_path):
             if path is not None:
                 self._file_digest(path)
@@ -284,22 +300,6 @@ class Dataset:
             return f"sql-table:{self.sql_table}"
         assert self._digest is not None, "the data was not read to its end"
         return self._digest
-
-    def bounded_rows(self, per_unit: int | None = None) -> Iterator[tuple[str, ...]]:
-        """Rows (`fields()` order), keeping at most `per_unit` (default `contribution_bound`)
-        per unit: the first ones read.
-
-        Removing a unit then removes at most k rows: the sensitivity the
-        release functions are calibrated to (releases.py, contribution_bound);
-        DP-SGD, whose guarantee is per row, reads with per_unit = 1.
-        """
-        seen: dict[str, int] = {}
-        k = self.contribution_bound if per_unit is None else per_unit
-        for row in self._raw_rows():
-            n = seen.get(row[0], 0)
-            if n < k:
-                seen[row[0]] = n + 1
-                yield row
 
     # --- registration ---
 
