@@ -37,6 +37,7 @@ sign the receipt), median of 20 after one warm-up, and its registration time.
 from __future__ import annotations
 
 import argparse
+import functools
 import shutil
 import statistics
 import tempfile
@@ -240,7 +241,7 @@ def run_size(rows: int, folder: Path, args: argparse.Namespace) -> tuple[list[li
     for engine, (calls, to_value) in engines_for(rows, path, args).items():
         for kind, fn in calls.items():
             timing, errors, _ = measure(
-                fn, args.repeat, lambda r, k=kind: to_value(k, r), truth[kind]
+                fn, args.repeat, functools.partial(to_value, kind), truth[kind]
             )
             table.append([f"{rows:,}", kind, engine, *_cell(timing, errors, None)])
     _ratios(table)

@@ -76,8 +76,6 @@ def pipeline_dp_queries(
         "sum": lambda: run([m.SUM], False, None).sum,
         "mean": lambda: run([m.MEAN], False, None).mean,
         "median": lambda: run([m.PERCENTILE(50)], False, None).percentile_50,
-        "grouped count (100)": lambda: {
-            k: v.count for k, v in run([m.COUNT], True, None).items()
-        },
+        "grouped count (100)": lambda: {k: v.count for k, v in run([m.COUNT], True, None).items()},
         "sql": lambda: {k: v.mean for k, v in run([m.COUNT, m.MEAN], True, late).items()},
     }

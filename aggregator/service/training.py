@@ -45,12 +45,11 @@ import base64
 import hashlib
 import importlib
 import logging
-import math
 import re
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from decimal import Decimal
 from pathlib import Path
@@ -903,8 +902,7 @@ def training_table(
         table = ds.bounded_table(query)
     except EngineError:
         raise DataError(
-            "the dataset's engine could not read the training table (a value that is not "
-            "a number?)"
+            "the dataset's engine could not read the training table (a value that is not a number?)"
         ) from None
     y = _positions(table.column(label), label, _domain(ds, label))
     parts = [_encode(table.column(c), c, ds.columns[c]) for c in columns]
