@@ -303,12 +303,46 @@ class Dataset:
 
     # --- registration ---
 
+    def _clean_in_duckdb(self) -> bool:
+        """True when DuckDB finds, in one scan of the file, no unit with an empty name or
+        more than `contribution_bound` rows and no value `_flagged`; False when it flags
+        one or cannot read the file (the Python check then says which row and why)."""
+        import duckdb
+        from fedldp.aggregator.engines import duck
+        from fedldp.aggregator.engines.sqlgen import ident
+
+        unit = f"CAST({ident(self.unit, 'duckdb')} AS VARCHAR)"
+        flags = [f for name, c in sorted(self.columns.items()) if (f := _flagged(name, c))]
+        bad = " OR ".join([f"{unit} IS NULL", f"{unit} = ''", *flags])
+        relation = self.source().relation()
+        statement = (
+            f"SELECT (SELECT count(*) FROM {relation} WHERE {bad}), "
+            f"(SELECT coalesce(max(n), 0) FROM (SELECT count(*) AS n FROM {relation} "
+            f"GROUP BY {unit}) AS per_unit)"
+        )
+        con = duck._connection().cursor()
+        try:
+            found = con.execute(statement).fetchone()
+        except (duckdb.Error, OSError, ValueError):
+            return False
+        finally:
+            con.close()
+        return found is not None and found[0] == 0 and found[1] <= self.contribution_bound
+
     def register(self) -> None:
         """Validate every row against the declaration; mark the dataset queryable.
 
         Raises RegistrationError naming the first violation (row number and
-        column, never the value).
+        column, never the value). A file is first checked by DuckDB in one scan
+        (`_clean_in_duckdb`); only when that check flags something, or cannot run,
+        are the rows read in Python, which names the first violation or, DuckDB's
+        checks being the stricter, finds none.
         """
+        path = self.csv_path or self.parquet_path
+        if path is not None and self._clean_in_duckdb():
+            self.sha256 = self._file_digest(path)
+            self.registered = True
+            return
         per_unit: dict[str, int] = {}
         checks = [(i, name, self.columns[name]) for i, name in enumerate(self.fields()) if i]
         for number, row in enumerate(self._raw_rows(), start=2):
@@ -331,6 +365,25 @@ class Dataset:
                     )
         self.sha256 = self._digest
         self.registered = True
+
+
+def _flagged(name: str, column: Column) -> str | None:
+    """A DuckDB condition true for every value of `name` that `_check_value` would refuse
+    (it may flag more: a flagged dataset is then checked row by row in Python)."""
+    from fedldp.aggregator.engines.sqlgen import decimal, ident, text
+
+    col = f"CAST({ident(name, 'duckdb')} AS VARCHAR)"
+    if isinstance(column, CategoricalColumn):
+        if not column.domain:
+            return None
+        return f"({col} IS NULL OR {col} NOT IN ({', '.join(text(v) for v in column.domain)}))"
+    places = f"(\\.[0-9]{{1,{column.scale}}})?" if column.scale else ""
+    value = f"TRY_CAST({col} AS DECIMAL(38, {column.scale}))"
+    low, high = decimal(column.lower, column.scale), decimal(column.upper, column.scale)
+    return (
+        f"({col} IS NULL OR NOT regexp_full_match({col}, '-?[0-9]+{places}') "
+        f"OR coalesce({value} NOT BETWEEN {low} AND {high}, TRUE))"
+    )
 
 
 def _check_value(column: Column, text: str | None) -> str | None:
