@@ -485,6 +485,10 @@ class TrainingJobs:
                 f"{sorted(zoo_catalog.models)}"
             )
         label, columns = _columns(ds, request)
+        try:  # the engines' integer arithmetic must hold the declared bounds
+            training_query(ds, label, columns, b"")
+        except ValueError as exc:
+            raise InvalidRequestError(str(exc)) from None
         names = _feature_names(ds, columns)
         budget = _budget(request)
         params = _params(request.hyperparameters, zoo_catalog, ds.training_rows)
