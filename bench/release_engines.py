@@ -89,9 +89,10 @@ def exact(path: Path) -> dict[str, Any]:
 
     with duckdb.connect() as con:
         src = f"read_parquet('{path}')"
-        n, s, m, med = con.execute(
+        first: Any = con.execute(
             f"SELECT count(*), sum(minutes), avg(minutes), median(minutes) FROM {src}"
         ).fetchone()
+        n, s, m, med = first
         grouped = dict(con.execute(f"SELECT region, count(*) FROM {src} GROUP BY 1").fetchall())
         late = con.execute(
             f"SELECT region, avg(minutes) FROM {src} WHERE day >= '{LATE}' GROUP BY 1"
@@ -167,7 +168,7 @@ def error(value: Any, truth: Any) -> float | None:
         return None
     if isinstance(truth, dict):
         return statistics.fmean(abs(float(value.get(g, 0.0)) - t) for g, t in truth.items())
-    return abs(float(value) - truth)
+    return abs(float(value) - float(truth))
 
 
 def _cell(timing: Timing, errors: list[float | None], ref: Timing) -> list[str]:
