@@ -97,6 +97,7 @@ def run_fedldp(
     recalls, precisions, analysis, found_counts = [], [], [], []
     cpu: dict[str, list[float]] = {"discover": [], "reference": []}
     import scipy.stats  # noqa: F401  # discover's threshold imports it once (≈ 1 s): not timed
+
     for r in range(runs):
         rng = np.random.default_rng([seed, r])
         reports = mech.perturb_batch(table[rng.choice(VOCABULARY, size=n, p=weights)], rng)
