@@ -227,6 +227,7 @@ class CollectorServicer:
         self.refusal_log = refusal_log or RefusalLog()
         self._request_children: dict[tuple[str, grpc.StatusCode], Any] = {}
         self._refusal_children: dict[str, Any] = {}
+        self._methods: dict[str, Any] | None = None
 
     def _count(self, method: str, code: grpc.StatusCode) -> None:
         """Count one RPC by method and status (the labelled child is bound once)."""
@@ -435,10 +436,10 @@ class CollectorServicer:
         finally:
             self._tarpitted -= 1
 
-    def async_handler(self) -> grpc.GenericRpcHandler[Any, Any]:
-        """The asyncio-server flavour of `handler`: validation runs on the event loop,
-        the ledger commit is awaited (group committer future), GetBudget's reads run
-        in the default executor."""
+    def _async_methods(self) -> dict[str, tuple[type[Message], Callable[[str, Any], Awaitable[Message]]]]:
+        """Each RPC's request type and body on the asyncio server: validation runs on
+        the event loop, the ledger commit is awaited (group committer future),
+        GetBudget's reads run in the default executor."""
         svc = self.service
 
         async def submit(subject: str, request: pb.SubmitRequest) -> Message:
@@ -455,21 +456,33 @@ class CollectorServicer:
             loop = asyncio.get_running_loop()
             return await loop.run_in_executor(None, svc.get_budget, subject, request)
 
-        def method(
-            name: str, req: type[Message], body: Callable[[str, Any], Awaitable[Message]]
-        ) -> Any:
+        return {
+            "Submit": (pb.SubmitRequest, submit),
+            "GetPolicies": (pb.GetPoliciesRequest, get_policies),
+            "GetBudget": (pb.GetBudgetRequest, get_budget),
+        }
+
+    async def handle_async(self, name: str, context: Any) -> bytes:
+        """RPC `name` on the asyncio server's loop for any context with the
+        grpc.aio ServicerContext calls `_acall` makes (the web endpoint's,
+        collector/web.py): the same authentication, rate limit, admission, body
+        deadline, service, metrics and refusals as over gRPC."""
+        if self._methods is None:
+            self._methods = self._async_methods()
+        request_type, body = self._methods[name]
+        return await self._acall(name, request_type, body, context)
+
+    def async_handler(self) -> grpc.GenericRpcHandler[Any, Any]:
+        """The asyncio-server flavour of `handler` (`_async_methods`' bodies)."""
+
+        def method(name: str) -> Any:
             async def behavior(_requests: Any, context: Any) -> bytes:
-                return await self._acall(name, req, body, context)
+                return await self.handle_async(name, context)
 
             return grpc.stream_unary_rpc_method_handler(behavior)
 
         return grpc.method_handlers_generic_handler(
-            SERVICE_NAME,
-            {
-                "Submit": method("Submit", pb.SubmitRequest, submit),
-                "GetPolicies": method("GetPolicies", pb.GetPoliciesRequest, get_policies),
-                "GetBudget": method("GetBudget", pb.GetBudgetRequest, get_budget),
-            },
+            SERVICE_NAME, {name: method(name) for name in ("Submit", "GetPolicies", "GetBudget")}
         )
 
     def handler(self) -> grpc.GenericRpcHandler[Any, Any]:
@@ -630,6 +643,12 @@ class RunningCollector:
     admission: Admission | None = None
     _stopped: threading.Event = field(default_factory=threading.Event)
     shards: ShardedLedger | None = None  # the sharded ledger (routing.py), if sharded
+    web: Any = None  # the web endpoint (collector/web.py), when `web_listen` is set
+
+    @property
+    def web_port(self) -> int | None:
+        """The web endpoint's port (Connect / gRPC-Web), None when it is off."""
+        return self.web.port if self.web is not None else None
 
     @property
     def whole_ledger(self) -> AnyLedger:
@@ -697,6 +716,8 @@ class RunningCollector:
             return
         if self.health_port is not None:
             self.health_port.drain()
+        if self.web is not None:
+            self.web.stop()
         self.transport.stop(grace)
         if self.health_port is not None:
             self.health_port.stop()
@@ -925,15 +946,21 @@ def start_collector(
         committer.close()
         ledger.close()
         raise
-    health_port = None
-    if config.health_listen:
-        try:
+    health_port = web = None
+    try:
+        if config.health_listen:
             health_port = _HealthPort(config.health_listen)
-        except Exception:
-            transport.stop(0)
-            committer.close()
-            ledger.close()
-            raise
+        if config.web_listen and isinstance(transport, _AsyncTransport):
+            from fedldp.collector.web import WebEndpoint
+
+            web = WebEndpoint(config, servicer, transport.loop)
+    except Exception:
+        if health_port is not None:
+            health_port.stop()
+        transport.stop(0)
+        committer.close()
+        ledger.close()
+        raise
     metrics_server = _start_metrics_server(config, metrics)
     _log_serving(config, transport.port, health_port, len(registry.policies), ledger)
     return RunningCollector(
@@ -950,4 +977,5 @@ def start_collector(
         health_port=health_port,
         admission=admission,
         shards=ledger if isinstance(ledger, ShardedLedger) else None,
+        web=web,
     )

@@ -8,7 +8,8 @@ import { existsSync, mkdtempSync, readFileSync, copyFileSync, rmSync } from "nod
 import { tmpdir } from "node:os";
 import * as path from "node:path";
 import { fileURLToPath } from "node:url";
-import { BudgetExhaustedError, FedldpClient, type ClientOptions } from "../src/client.js";
+import { BudgetExhaustedError } from "../src/client.js";
+import { type ClientOptions, openClient } from "../src/node.js";
 import { equal, parseDecimal } from "../src/exact.js";
 import { fromHex } from "../src/policy.js";
 
@@ -43,7 +44,7 @@ test("records, flushes and retries against a real collector; the ledger is charg
         pinnedRootKeys: fixture.pinned_root_keys.map(fromHex), rootEnvelope: fromHex(fixture.root_envelope),
         stateFile: path.join(dir, "device.json"), maxEpsilon: "2",
       };
-      let client = await FedldpClient.open(options);
+      let client = await openClient(options);
       for (const label of ["a", "b", "c"]) await client.record(fixture.metrics.grr, label);
       await client.record(fixture.metrics.olh, "d");
       await client.record(fixture.metrics.oue, "a");
@@ -54,7 +55,7 @@ test("records, flushes and retries against a real collector; the ledger is charg
 
       // A restarted app resends exactly the stored bytes.
       copyFileSync(options.stateFile, path.join(dir, "device.before-flush.json"));
-      client = await FedldpClient.open(options);
+      client = await openClient(options);
       assert.deepEqual(client.pendingReports(), before);
       const first = await client.flush();
       assert.deepEqual([first.accepted, first.duplicate, first.pending], [5, 0, 0]);
@@ -62,7 +63,7 @@ test("records, flushes and retries against a real collector; the ledger is charg
 
       // The collector committed but the answer was lost: the same bytes again are DUPLICATE.
       copyFileSync(path.join(dir, "device.before-flush.json"), options.stateFile);
-      client = await FedldpClient.open(options);
+      client = await openClient(options);
       const retry = await client.flush();
       assert.deepEqual([retry.accepted, retry.duplicate, retry.pending], [0, 5, 0]);
 
