@@ -54,7 +54,7 @@ for (const [bundle, protocol] of [["fedldp.grr-olh.min.js", "connect"], ["fedldp
         }
         for (const label of fixture.web_labels) assert.ok(!contains(s.body, label), `${s.url} carried a raw value`);
       }
-      const submitted = toCollector.filter((s) => s.url.endsWith("/Submit"));
+      const submitted = toCollector.filter((s) => s.method === "POST" && s.url.endsWith("/Submit"));
       assert.ok(submitted.length >= 1 && submitted.every((s) => s.body.length > 0), "Submit bodies were logged");
       const state = String(flushed.state);
       for (const label of fixture.web_labels) assert.ok(!state.includes(label), "the stored state holds a raw value");
@@ -79,6 +79,10 @@ test("chromium: a page from an origin not allowed is refused (CORS)", { skip }, 
       metric: fixture.metrics.web, database: "fedldp-test", mode: "record", labels: [],
     });
     assert.equal(result.ok, false);
+    assert.match(String(result.error), /unavailable|fetch/i);
+    const rpcs = chromium.sent.filter((s) => s.method === "POST" && s.url.includes("/fedldp.v1.Collector/"));
+    assert.ok(rpcs.length > 0 && rpcs.every((s) => s.corsError !== undefined),
+      `every RPC was blocked by CORS: ${JSON.stringify(rpcs.map((s) => [s.url, s.corsError]))}`);
     assert.deepEqual(ledgerWindows(fixture, "device-web"), {});
   } finally {
     await chromium.close();

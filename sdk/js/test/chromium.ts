@@ -41,7 +41,13 @@ export async function servePage(): Promise<{ origin: string; server: Server }> {
   return { origin: `http://127.0.0.1:${address.port}`, server };
 }
 
-export interface Sent { url: string; method: string; body: Uint8Array }
+export interface Sent {
+  url: string;
+  method: string;
+  body: Uint8Array;
+  /** Chromium's CORS error when the request was blocked (then it never left the page). */
+  corsError?: string;
+}
 
 /** A fresh headless Chromium (its own --user-data-dir), a page, and the log of every
  * request that page sends with its body's exact bytes. */
@@ -54,6 +60,7 @@ export async function launch(): Promise<{ browser: Browser; page: Page; sent: Se
   const cdp = await page.createCDPSession();
   await cdp.send("Network.enable", { maxPostDataSize: 1 << 20 });
   const sent: Sent[] = [];
+  const byId = new Map<string, Sent>();
   cdp.on("Network.requestWillBeSent", (event) => {
     const entries = event.request.postDataEntries ?? [];
     const parts = entries.map((e) => Buffer.from(e.bytes ?? "", "base64"));
@@ -61,7 +68,13 @@ export async function launch(): Promise<{ browser: Browser; page: Page; sent: Se
     if (event.request.hasPostData && parts.length === 0) {
       throw new Error(`a request body was not logged: ${event.request.url}`);
     }
-    sent.push({ url: event.request.url, method: event.request.method, body: new Uint8Array(Buffer.concat(parts)) });
+    const entry: Sent = { url: event.request.url, method: event.request.method, body: new Uint8Array(Buffer.concat(parts)) };
+    byId.set(event.requestId, entry);
+    sent.push(entry);
+  });
+  cdp.on("Network.loadingFailed", (event) => {
+    const entry = byId.get(event.requestId);
+    if (entry !== undefined && event.corsErrorStatus !== undefined) entry.corsError = event.corsErrorStatus.corsError;
   });
   return {
     browser, page, sent,
@@ -72,9 +85,13 @@ export async function launch(): Promise<{ browser: Browser; page: Page; sent: Se
   };
 }
 
-/** Load the test page with `params` and wait for its result (window.__result). */
+let loads = 0;
+
+/** Load the test page afresh (a new document: the query changes each time) with `params`
+ * and wait for its result (window.__result). */
 export async function runPage(page: Page, origin: string, params: object, timeoutMs = 60_000): Promise<Record<string, unknown>> {
-  await page.goto(`${origin}/index.html#${encodeURIComponent(JSON.stringify(params))}`);
+  loads += 1;
+  await page.goto(`${origin}/index.html?load=${loads}#${encodeURIComponent(JSON.stringify(params))}`);
   await page.waitForFunction("window.__result !== undefined", { timeout: timeoutMs });
   return (await page.evaluate("window.__result")) as Record<string, unknown>;
 }
