@@ -3,6 +3,7 @@
 //   mode "record": record `labels` (each once) and close without flushing
 //   mode "flush":  flush what the outbox holds; dump the IndexedDB state
 //   mode "bench":  time `n` record() calls (randomize + persist to IndexedDB)
+//   mode "leak":   the broken variant: POST a raw value to the page's origin
 const params = JSON.parse(decodeURIComponent(location.hash.slice(1)));
 const sdk = await import(`./${params.bundle}`);
 const status = document.getElementById("status");
@@ -25,6 +26,11 @@ async function dumpState() {
 }
 
 async function run() {
+  if (params.mode === "leak") {
+    // The broken variant: a page that sends a raw value (the network check must catch it).
+    await fetch("./leak", { method: "POST", body: params.label });
+    return {};
+  }
   const client = await open();
   if (params.mode === "record") {
     for (const label of params.labels) await client.record(params.metric, label);
