@@ -530,6 +530,20 @@ def _report(deployment: Deployment, now: int, confidence: float) -> Any:
     help="also run the trusted release service on a generated consolidated table: one count "
     "and one mean, with error bars and verified receipts in the HTML report",
 )
+@click.option(
+    "--web",
+    "with_web",
+    is_flag=True,
+    help="no simulated devices: start the collector with its web endpoint and serve a page "
+    "that records into it from a browser; prints the page's URL (docs/sdk.md, 'Browsers')",
+)
+@click.option(
+    "--web-for",
+    "web_seconds",
+    type=float,
+    default=None,
+    help="with --web: stop after this many seconds (default: at Ctrl-C)",
+)
 def demo(
     scenario: str,
     devices: int,
@@ -544,6 +558,8 @@ def demo(
     confidence: float,
     with_dashboard: bool,
     with_release_service: bool,
+    with_web: bool = False,
+    web_seconds: float | None = None,
 ) -> None:
     """Run the whole pipeline: signed policy, collector, simulated devices, report."""
     from fedldp.aggregator.render import render_html, render_table
@@ -562,6 +578,15 @@ def demo(
         shutil.rmtree(out)
     out.mkdir(parents=True)
     now = int(time.time())
+    if with_web:
+        from fedldp.demo_web import run_web_demo
+
+        if epsilon_cap is None:  # a person clicks more than once a day: 50 reports' worth
+            cap = eps * 50
+        run_web_demo(
+            out, labels=_labels(domain_size), epsilon=eps, epsilon_cap=cap, now=now, seconds=web_seconds
+        )
+        return
     population = random.Random(seed) if seed is not None else random.SystemRandom()
     labels = _new_words(population) if open_domain else _labels(domain_size)
     values = _zipf_values(population, len(labels), devices)

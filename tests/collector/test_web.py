@@ -334,6 +334,7 @@ def test_config_checks(overrides: dict[str, Any], problem: str) -> None:
         CollectorConfig(**{**values, **overrides}).validate()
 
 
+@pytest.mark.slow  # two collector processes start (about 10 s unloaded); the process model needs it
 def test_two_processes_share_the_web_port(
     deployment: Deployment, tmp_path: Path, now: int
 ) -> None:
