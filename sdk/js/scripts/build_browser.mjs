@@ -29,16 +29,26 @@ export async function buildBrowser() {
   const sizes = {};
   for (const [name, file] of Object.entries(BUNDLES)) {
     const outfile = path.join(outdir, file);
-    await build({
+    const parts = await build({
       entryPoints: [path.join(root, "src/browser.ts")],
       bundle: true, format: "esm", platform: "browser", target: "es2022",
       minify: true, legalComments: "none", outfile, logLevel: "warning",
       // ts sources import "./x.js": let esbuild find x.ts
       resolveExtensions: [".ts", ".js"],
       plugins: name === "grr-olh" ? [grrOlhOnly] : [],
+      metafile: true,
+    }).then((result) => {
+      // Minified bytes in the bundle by origin: this SDK's code and each package.
+      const parts = {};
+      for (const [input, info] of Object.entries(Object.values(result.metafile.outputs)[0].inputs)) {
+        const match = /node_modules\/((?:@[^/]+\/)?[^/]+)/.exec(input);
+        const key = match ? match[1] : input.includes("src/gen/") ? "generated descriptors" : "sdk code";
+        parts[key] = (parts[key] ?? 0) + info.bytesInOutput;
+      }
+      return parts;
     });
     const bytes = readFileSync(outfile);
-    sizes[name] = { file: path.relative(root, outfile), minified: bytes.length, gzip: gzipSync(bytes, { level: 9 }).length };
+    sizes[name] = { file: path.relative(root, outfile), minified: bytes.length, gzip: gzipSync(bytes, { level: 9 }).length, parts };
   }
   return sizes;
 }
