@@ -53,15 +53,25 @@ def measure(runs: int, reports: int) -> dict[str, Any]:
     subprocess.run(["npx", "tsc", "-p", "tsconfig.json"], cwd=JS, check=True)
     sizes = json.loads(
         subprocess.run(
-            ["node", "-e", "import('./scripts/build_browser.mjs').then(async m => "
-             "console.log(JSON.stringify(await m.buildBrowser())))"],
-            cwd=JS, check=True, capture_output=True, text=True,
+            [
+                "node",
+                "-e",
+                "import('./scripts/build_browser.mjs').then(async m => "
+                "console.log(JSON.stringify(await m.buildBrowser())))",
+            ],
+            cwd=JS,
+            check=True,
+            capture_output=True,
+            text=True,
         ).stdout
     )
     raw = json.loads(
         subprocess.run(
             ["node", "dist/bench/sdk_bench.js", "--runs", str(runs), "--n", str(reports)],
-            cwd=JS, check=True, capture_output=True, text=True,
+            cwd=JS,
+            check=True,
+            capture_output=True,
+            text=True,
         ).stdout
     )
     node, chromium = raw["node"], raw["chromium"]
@@ -85,7 +95,9 @@ def _row(name: str, t: Timing, unit: str) -> list[str]:
 def main(argv: list[str] | None = None) -> None:
     """Command line entry point."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="5 runs of 20 reports (about a minute)")
+    parser.add_argument(
+        "--quick", action="store_true", help="5 runs of 20 reports (about a minute)"
+    )
     parser.add_argument("--runs", type=int, default=None, help="runs (default 7; quick 5)")
     parser.add_argument("--reports", type=int, default=None, help="record() calls per run")
     parser.add_argument("--json", type=Path, default=None, help="write the figures here")
@@ -94,18 +106,26 @@ def main(argv: list[str] | None = None) -> None:
     reports = args.reports or (20 if args.quick else 200)
     figures = measure(runs, reports)
     sizes = figures["bundle_bytes"]
-    print(format_table(
-        ["bundle", "minified", "gzip"],
-        [[k, f"{v['minified']:,} B", f"{v['gzip']:,} B"] for k, v in sizes.items()],
-    ))
+    print(
+        format_table(
+            ["bundle", "minified", "gzip"],
+            [[k, f"{v['minified']:,} B", f"{v['gzip']:,} B"] for k, v in sizes.items()],
+        )
+    )
     print()
     timings = [
         _row("Node record() (file outbox)", figures["node_record_ms"], "ms"),
-        _row("Node record() (memory store, reference)", figures["node_record_memory_store_ms"], "ms"),
+        _row(
+            "Node record() (memory store, reference)", figures["node_record_memory_store_ms"], "ms"
+        ),
         _row("Node perturb() alone (reference)", figures["node_perturb_ms"], "ms"),
         _row("Chromium record() (IndexedDB outbox)", figures["chromium_record_ms"], "ms"),
         _row("Chromium perturb() alone (reference)", figures["chromium_perturb_ms"], "ms"),
-        _row("Chromium page: reports/s randomized + persisted", figures["chromium_reports_per_s"], "/s"),
+        _row(
+            "Chromium page: reports/s randomized + persisted",
+            figures["chromium_reports_per_s"],
+            "/s",
+        ),
         _row("Node: reports/s randomized + persisted", figures["node_reports_per_s"], "/s"),
     ]
     print(format_table(["figure", "median", "min – max"], timings))

@@ -436,7 +436,9 @@ class CollectorServicer:
         finally:
             self._tarpitted -= 1
 
-    def _async_methods(self) -> dict[str, tuple[type[Message], Callable[[str, Any], Awaitable[Message]]]]:
+    def _async_methods(
+        self,
+    ) -> dict[str, tuple[type[Message], Callable[[str, Any], Awaitable[Message]]]]:
         """Each RPC's request type and body on the asyncio server: validation runs on
         the event loop, the ledger commit is awaited (group committer future),
         GetBudget's reads run in the default executor."""
@@ -856,6 +858,28 @@ def _log_serving(
     )
 
 
+def _side_ports(
+    config: CollectorConfig,
+    servicer: CollectorServicer,
+    transport: _SyncTransport | _AsyncTransport,
+) -> tuple[_HealthPort | None, Any]:
+    """The health port (`health_listen`) and the web endpoint (`web_listen`,
+    collector/web.py, on the asyncio server's loop), each when configured; on an
+    error neither is left running."""
+    health_port = _HealthPort(config.health_listen) if config.health_listen else None
+    try:
+        web = None
+        if config.web_listen and isinstance(transport, _AsyncTransport):
+            from fedldp.collector.web import WebEndpoint
+
+            web = WebEndpoint(config, servicer, transport.loop)
+    except BaseException:
+        if health_port is not None:
+            health_port.stop()
+        raise
+    return health_port, web
+
+
 def preflight(config: CollectorConfig, *, now: int) -> None:
     """Check everything `start_collector` reads before it binds, and bind nothing:
     the settings, the policy folders, the token secret, the TLS files, and the
@@ -946,17 +970,9 @@ def start_collector(
         committer.close()
         ledger.close()
         raise
-    health_port = web = None
     try:
-        if config.health_listen:
-            health_port = _HealthPort(config.health_listen)
-        if config.web_listen and isinstance(transport, _AsyncTransport):
-            from fedldp.collector.web import WebEndpoint
-
-            web = WebEndpoint(config, servicer, transport.loop)
+        health_port, web = _side_ports(config, servicer, transport)
     except Exception:
-        if health_port is not None:
-            health_port.stop()
         transport.stop(0)
         committer.close()
         ledger.close()

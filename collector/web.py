@@ -34,7 +34,6 @@ from dataclasses import dataclass
 from typing import Any, NoReturn
 
 import grpc
-
 from fedldp.collector.config import CollectorConfig, split_address
 
 #: The RPC paths' prefix (the same service name as over gRPC).
@@ -267,7 +266,9 @@ class WebApp:
         async def gate(scope: Scope, receive: Receive, send: Send) -> None:
             if scope["type"] != "http":
                 return await inner(scope, receive, send)
-            headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+            headers = {
+                k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]
+            }
             origin = headers.get("origin")
             if origin is not None and origin not in self.allowed_origins:
                 return await _plain(send, 403, b"origin not allowed\n")
@@ -302,7 +303,10 @@ async def _plain(send: Send, status: int, body: bytes) -> None:
         {
             "type": "http.response.start",
             "status": status,
-            "headers": [(b"content-type", b"text/plain"), (b"content-length", str(len(body)).encode())],
+            "headers": [
+                (b"content-type", b"text/plain"),
+                (b"content-length", str(len(body)).encode()),
+            ],
         }
     )
     await send({"type": "http.response.body", "body": body})

@@ -578,15 +578,10 @@ def demo(
         shutil.rmtree(out)
     out.mkdir(parents=True)
     now = int(time.time())
-    if with_web:
-        from fedldp.demo_web import run_web_demo
-
-        if epsilon_cap is None:  # a person clicks more than once a day: 50 reports' worth
-            cap = eps * 50
-        run_web_demo(
-            out, labels=_labels(domain_size), epsilon=eps, epsilon_cap=cap, now=now, seconds=web_seconds
+    if with_web:  # a person clicks more than once a day: the cap defaults to 50 reports' worth
+        return _web_demo(
+            out, _labels(domain_size), eps, cap if epsilon_cap else eps * 50, now, web_seconds
         )
-        return
     population = random.Random(seed) if seed is not None else random.SystemRandom()
     labels = _new_words(population) if open_domain else _labels(domain_size)
     values = _zipf_values(population, len(labels), devices)
@@ -636,6 +631,28 @@ def demo(
     click.echo("")
     click.echo(render_table(report, truth=truth))
     click.echo("")
+    _echo_tally(tally, devices, elapsed)
+    html_path = render_html(report, out / "report.html", truth=truth)
+    if with_release_service:
+        _release_service_demo(out, seed, html_path)
+    click.echo(f"HTML report: {html_path.resolve()}")
+    if tally.failed_devices:
+        raise SystemExit(1)
+    if with_dashboard:
+        _serve_dashboard(deployment)
+
+
+def _web_demo(
+    out: Path, labels: list[str], eps: Decimal, cap: Decimal, now: int, seconds: float | None
+) -> None:
+    """`--web`: fedldp.demo_web.run_web_demo."""
+    from fedldp.demo_web import run_web_demo
+
+    run_web_demo(out, labels=labels, epsilon=eps, epsilon_cap=cap, now=now, seconds=seconds)
+
+
+def _echo_tally(tally: Any, devices: int, elapsed: float) -> None:
+    """The fleet's outcome lines (devices, accepted, refused, anything else)."""
     click.echo(f"devices simulated:                   {devices} in {elapsed:.1f} s")
     click.echo(f"reports accepted:                    {tally.accepted}")
     click.echo(f"refused by the collector for budget: {tally.refused_by_collector_budget}")
@@ -645,14 +662,6 @@ def demo(
             f"other refusals: {tally.refused_other}, still pending: {tally.pending}, "
             f"duplicates: {tally.duplicates}, failed devices: {tally.failed_devices}"
         )
-    html_path = render_html(report, out / "report.html", truth=truth)
-    if with_release_service:
-        _release_service_demo(out, seed, html_path)
-    click.echo(f"HTML report: {html_path.resolve()}")
-    if tally.failed_devices:
-        raise SystemExit(1)
-    if with_dashboard:
-        _serve_dashboard(deployment)
 
 
 def _release_service_demo(out: Path, seed: int | None, report: Path) -> None:

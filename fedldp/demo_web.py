@@ -39,7 +39,7 @@ class _PageHandler(SimpleHTTPRequestHandler):
         """No listings."""
         self.send_error(404)
 
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base's name
+    def log_message(self, format: str, *args: Any) -> None:
         """Quiet."""
 
 

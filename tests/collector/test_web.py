@@ -311,12 +311,18 @@ def test_cors_and_gates(web: RunningCollector, deployment: Deployment) -> None:
     assert "authorization" in (preflight.getheader("access-control-allow-headers") or "")
     token = deployment.token("device-1")
     headers = {"content-type": "application/proto", **_auth(token)}
-    status, answer_headers, _ = _post(web.web_port, "GetPolicies", b"", {**headers, "origin": ORIGIN})
+    status, answer_headers, _ = _post(
+        web.web_port, "GetPolicies", b"", {**headers, "origin": ORIGIN}
+    )
     assert status == 200 and answer_headers["access-control-allow-origin"] == ORIGIN
     assert "retry-after-ms" in answer_headers["access-control-expose-headers"]
-    status, _, _ = _post(web.web_port, "GetPolicies", b"", {**headers, "origin": "https://evil.example"})
+    status, _, _ = _post(
+        web.web_port, "GetPolicies", b"", {**headers, "origin": "https://evil.example"}
+    )
     assert status == 403
-    status, _, _ = _post(web.web_port, "GetPolicies", b"{}", {**headers, "content-type": "application/json"})
+    status, _, _ = _post(
+        web.web_port, "GetPolicies", b"{}", {**headers, "content-type": "application/json"}
+    )
     assert status == 415
 
 
@@ -335,9 +341,7 @@ def test_config_checks(overrides: dict[str, Any], problem: str) -> None:
 
 
 @pytest.mark.slow  # two collector processes start (about 10 s unloaded); the process model needs it
-def test_two_processes_share_the_web_port(
-    deployment: Deployment, tmp_path: Path, now: int
-) -> None:
+def test_two_processes_share_the_web_port(deployment: Deployment, tmp_path: Path, now: int) -> None:
     """`fedldp collector serve` with 2 processes: the supervisor reserves one web
     port for both, writes it to PORT_FILE.web, and web calls are served."""
     config = write_config(

@@ -22,7 +22,6 @@ sys.path.insert(0, str(REPO_ROOT / "tests" / "support"))
 from collector_testkit import Deployment, write_config  # noqa: E402
 from fedldp.client.policy.envelope import raw_public_bytes  # noqa: E402
 
-
 #: Labels no request body may contain (each is distinctive, longer than any id).
 WEB_LABELS = ("raw-value-apple-7f3a", "raw-value-banana-91c2", "raw-value-cherry-44d0")
 
@@ -50,8 +49,12 @@ def main() -> None:
         "web_labels": list(WEB_LABELS),
         "pinned_root_keys": [raw_public_bytes(k).hex() for k in authority.root_public_keys],
         "root_envelope": deployment.authority.root_envelope.SerializeToString().hex(),
-        "metrics": {"grr": "metric.js_grr", "olh": "metric.js_olh", "oue": "metric.js_oue",
-                    "web": "metric.js_web"},
+        "metrics": {
+            "grr": "metric.js_grr",
+            "olh": "metric.js_olh",
+            "oue": "metric.js_oue",
+            "web": "metric.js_web",
+        },
     }
     (base / "fixture.json").write_text(json.dumps(fixture), encoding="utf-8")
 
