@@ -277,14 +277,15 @@ def supervise(
     """Run `config.processes` collector processes until SIGTERM/SIGINT; exit status
     (1 when they could not all start, or an earlier generation still serves)."""
     host, port = _split_listen(config.listen)
-    reserved: socket.socket | _Both | None = _reserve_port(host) if port == 0 else None
-    if reserved is not None:
-        port = reserved.getsockname()[1]
+    grpc_reserved = _reserve_port(host) if port == 0 else None
+    if grpc_reserved is not None:
+        port = grpc_reserved.getsockname()[1]
     else:
         _check_bindable(host, port, config.listen)
     web_reserved, web_listen = _web_listen(config)
+    reserved: socket.socket | _Both | None = grpc_reserved
     if web_reserved is not None:
-        reserved = _Both(reserved, web_reserved)
+        reserved = _Both(grpc_reserved, web_reserved)
     try:
         locks = take_generation_locks(
             generation_lock_paths(config, port),

@@ -265,7 +265,8 @@ class WebApp:
     def _gate(self, inner: Any) -> Callable[[Scope, Receive, Send], Awaitable[None]]:
         async def gate(scope: Scope, receive: Receive, send: Send) -> None:
             if scope["type"] != "http":
-                return await inner(scope, receive, send)
+                await inner(scope, receive, send)
+                return
             headers = {
                 k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]
             }
@@ -286,7 +287,7 @@ class WebApp:
                     self.body_timeout,
                     framed=framed,
                 )
-                return await inner(scope, limited, send)
+                await inner(scope, limited, send)
             finally:
                 _BODY.reset(token)
 

@@ -88,7 +88,8 @@ async function main() {
   const webUrl = `http://127.0.0.1:${collector.webPort}`;
   try {
     const node = await nodeRuns(dir, fixture, webUrl);
-    const chromium: { record: number[][]; perturb: number[][]; reportsPerSecond: number[] } = { record: [], perturb: [], reportsPerSecond: [] };
+    const chromium: { record: number[][]; relaxed: number[][]; perturb: number[][]; reportsPerSecond: number[] } =
+      { record: [], relaxed: [], perturb: [], reportsPerSecond: [] };
     const browser = await launch();
     const chromiumVersion = await browser.browser.version();
     try {
@@ -102,6 +103,13 @@ async function main() {
         chromium.record.push(result.times as number[]);
         chromium.perturb.push(result.perturbTimes as number[]);
         chromium.reportsPerSecond.push(result.reportsPerSecond as number);
+        const relaxed = await runPage(browser.page, origin, {
+          bundle: "fedldp.grr-olh.min.js", protocol: "connect", collectorUrl: webUrl, token: fixture.web_token,
+          pinnedRootKeys: fixture.pinned_root_keys, rootEnvelope: fixture.root_envelope, durability: "relaxed",
+          metric: fixture.metrics.web, database: `bench-relaxed-${r}`, mode: "bench", n, labels: fixture.web_labels,
+        }, 300_000);
+        if (!relaxed.ok) throw new Error(String(relaxed.error));
+        chromium.relaxed.push(relaxed.times as number[]);
       }
     } finally {
       await browser.close();

@@ -17,11 +17,13 @@ export interface BrowserClientOptions extends CoreOptions {
   protocol?: "connect" | "grpc-web";
   /** IndexedDB database name (default "fedldp"). */
   database?: string;
+  /** IndexedDB durability of each save: "strict" (default, flushed to disk) or "relaxed". */
+  durability?: "strict" | "relaxed";
 }
 
 /** Open (or create) the IndexedDB outbox, trust the pinned root and fetch the policies. */
 export async function openBrowserClient(options: BrowserClientOptions): Promise<FedldpClient> {
-  const store = await IndexedDBStore.open(options.database ?? "fedldp");
+  const store = await IndexedDBStore.open(options.database ?? "fedldp", options.durability ?? "strict");
   const transport = new ConnectTransport({ baseUrl: options.collectorUrl, token: options.token, protocol: options.protocol ?? "connect" });
   return FedldpClient.open({ ...options, store, transport });
 }

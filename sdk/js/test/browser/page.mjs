@@ -12,7 +12,7 @@ async function open() {
   return sdk.openBrowserClient({
     collectorUrl: params.collectorUrl, protocol: params.protocol, token: params.token,
     pinnedRootKeys: params.pinnedRootKeys.map(sdk.fromHex), rootEnvelope: sdk.fromHex(params.rootEnvelope),
-    database: params.database,
+    database: params.database, durability: params.durability,
   });
 }
 
