@@ -338,10 +338,13 @@ class WebEndpoint:
         from hypercorn.asyncio import serve
         from hypercorn.config import Config
 
-        sock = bind_socket(config.web_listen, reuse_port=config.reuse_port)
-        self.port: int = sock.getsockname()[1]
+        app = WebApp(
+            servicer,
+            allowed_origins=config.web_allowed_origins,
+            max_message_bytes=config.max_message_bytes,
+            body_timeout=config.body_timeout_ms / 1000,
+        )
         hc = Config()
-        hc.bind = [f"fd://{sock.detach()}"]
         hc.accesslog = None
         hc.errorlog = None
         hc.h11_max_incomplete_size = 16 * 1024
@@ -349,12 +352,10 @@ class WebEndpoint:
         hc.graceful_timeout = max(1.0, config.drain_seconds)
         if config.tls_cert:
             hc.certfile, hc.keyfile = config.tls_cert, config.tls_key
-        app = WebApp(
-            servicer,
-            allowed_origins=config.web_allowed_origins,
-            max_message_bytes=config.max_message_bytes,
-            body_timeout=config.body_timeout_ms / 1000,
-        )
+            hc.create_ssl_context()  # unreadable or mismatched files: raised here, not later
+        sock = bind_socket(config.web_listen, reuse_port=config.reuse_port)
+        self.port: int = sock.getsockname()[1]
+        hc.bind = [f"fd://{sock.detach()}"]
         self.loop = loop
         self._stop = asyncio.Event()
 

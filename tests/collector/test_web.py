@@ -363,3 +363,12 @@ def test_two_processes_share_the_web_port(deployment: Deployment, tmp_path: Path
     finally:
         proc.proc.terminate()
         proc.proc.wait(timeout=60)
+
+
+def test_http2_grpc_on_the_web_port(web: RunningCollector, deployment: Deployment) -> None:
+    """The web port speaks HTTP/2 too (h2c here; ALPN with TLS): a plain gRPC client
+    (HTTP/2 with trailers) is served there, with the same refusals."""
+    address = f"127.0.0.1:{web.web_port}"
+    token = deployment.token("device-1")
+    assert _grpc(address, "GetPolicies", b"", token)[0] == "OK"
+    assert _grpc(address, "GetPolicies", b"", None) == _grpc(web.address, "GetPolicies", b"", None)
