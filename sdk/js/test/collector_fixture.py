@@ -3,7 +3,7 @@
 Usage: collector_fixture.py FOLDER [ORIGIN ...]  (run with the repository's .venv python).
 Writes FOLDER/collector.toml (SQLite ledger, loopback, port 0) with the trust and
 policy folders and FOLDER/fixture.json: the pinned root key, the root envelope,
-bearer tokens for subjects "device-js" and "device-web" and the metric names with
+bearer tokens for subjects "device-js", "device-web" and "device-other" and the metric names with
 their policies. With ORIGINs the web endpoint is on (web_listen port 0, those
 origins allowed); policy js.web's labels are distinctive strings the browser test
 looks for in every request body.
@@ -46,6 +46,7 @@ def main() -> None:
         "config": str(config),
         "token": deployment.token("device-js"),
         "web_token": deployment.token("device-web"),
+        "other_token": deployment.token("device-other"),
         "web_labels": list(WEB_LABELS),
         "pinned_root_keys": [raw_public_bytes(k).hex() for k in authority.root_public_keys],
         "root_envelope": deployment.authority.root_envelope.SerializeToString().hex(),

@@ -17,6 +17,7 @@ export interface Fixture {
   config: string;
   token: string;
   web_token: string;
+  other_token: string;
   web_labels: string[];
   pinned_root_keys: string[];
   root_envelope: string;

@@ -124,3 +124,35 @@ test("refusals: the same code and message over gRPC, Connect and gRPC-Web", { sk
     removeDeployment(dir);
   }
 });
+
+test("the collector's retry hint reaches the SDK over every transport (rate limit)", { skip: noCollector }, async () => {
+  const { dir, fixture } = makeDeployment(["http://page.invalid"]);
+  const collector = await startCollector(dir, fixture, {
+    FEDLDP_COLLECTOR_RATE_LIMIT_PER_SECOND: "0.001", FEDLDP_COLLECTOR_RATE_LIMIT_BURST: "1",
+  });
+  try {
+    const web = `http://127.0.0.1:${collector.webPort}`;
+    const policies = toBinary(GetPoliciesRequestSchema, create(GetPoliciesRequestSchema, {}));
+    // One subject per transport (each has its own bucket of one call).
+    const transports = [
+      new GrpcTransport({ address: `127.0.0.1:${collector.grpcPort}`, token: fixture.token, insecure: true }),
+      new ConnectTransport({ baseUrl: web, token: fixture.web_token, protocol: "connect" }),
+      new ConnectTransport({ baseUrl: web, token: fixture.other_token, protocol: "grpc-web" }),
+    ];
+    const answers: [string, string, number | undefined][] = [];
+    for (const t of transports) {
+      await t.call("GetPolicies", policies);
+      const e = await refusal(t.call("GetPolicies", policies));
+      answers.push([e.code, e.message, e.retryAfterMs]);
+      t.close();
+    }
+    for (const [code, message, hint] of answers) {
+      assert.equal(code, "RESOURCE_EXHAUSTED");
+      assert.equal(message, answers[0]![1]);
+      assert.ok(hint !== undefined && hint > 0, `retry hint ${hint}`);
+    }
+  } finally {
+    await collector.stop();
+    removeDeployment(dir);
+  }
+});
