@@ -27,6 +27,7 @@ import grpc
 import pytest
 from collector_testkit import Deployment, coarse, make_report, spawn, write_config
 from fedldp.client.mechanisms import CategoryOutput
+from fedldp.collector.admission import Admission
 from fedldp.collector.auth import bearer_metadata
 from fedldp.collector.config import CollectorConfig, ConfigError
 from fedldp.collector.server import RunningCollector, start_collector
@@ -43,13 +44,16 @@ Answer = tuple[str, str, bool]  # status code name, message, whether a retry-aft
 def _grpc(address: str, method: str, body: bytes, token: str | None) -> Answer:
     """One gRPC call of raw `body`; its status, message and hint presence."""
     with grpc.insecure_channel(address) as channel:
-        call = channel.unary_unary(f"/fedldp.v1.Collector/{method}")
+        call = channel.unary_unary(
+            f"/fedldp.v1.Collector/{method}", request_serializer=None, response_deserializer=None
+        )
         metadata = bearer_metadata(token) if token else ()
         try:
             call(body, metadata=metadata, timeout=20)
         except grpc.RpcError as exc:
-            trailers = dict(exc.trailing_metadata() or ())  # type: ignore[attr-defined]
-            return exc.code().name, exc.details(), "retry-after-ms" in trailers  # type: ignore[attr-defined]
+            error: Any = exc  # a grpc.Call as well
+            trailers = {key for key, _ in error.trailing_metadata() or ()}
+            return error.code().name, error.details() or "", "retry-after-ms" in trailers
     return "OK", "", False
 
 
@@ -191,7 +195,7 @@ def test_too_large_refused_on_every_transport(deployment: Deployment, sqlite_url
     try:
         answers = _all(running, "Submit", b"\x08\x01" * 1024, deployment.token("device-1"))
         assert {a[0] for a in answers} == {"RESOURCE_EXHAUSTED"}, answers
-        assert running.whole_ledger.subject_spend("device-1") == []
+        assert running.ledger.subject_spend("device-1") == []
     finally:
         running.stop(1.0)
 
@@ -233,12 +237,13 @@ def test_overload_and_share_refusals_share_admission(
     )
     staller = deployment.token("staller")
     body = _submit(deployment, now)
-    admission = running.admission
+    admission: Admission | None = running.admission
     assert admission is not None
+    slots = admission
     attack = StalledBodies(running.address, bearer_metadata(staller), calls=1, connections=1)
     try:
         attack.start()
-        _held(running, lambda: admission.rpcs == 1)
+        _held(running, lambda: slots.rpcs == 1)
         _same(_all(running, "Submit", body, deployment.token("honest")), "RESOURCE_EXHAUSTED", True)
     finally:
         attack.stop()
@@ -251,10 +256,11 @@ def test_overload_and_share_refusals_share_admission(
     )
     admission = running.admission
     assert admission is not None
+    shares = admission
     attack = StalledBodies(running.address, bearer_metadata(staller), calls=1, connections=1)
     try:
         attack.start()
-        _held(running, lambda: admission.held_by("staller") > 0)
+        _held(running, lambda: shares.held_by("staller") > 0)
         answers = _all(running, "Submit", body, staller)
         _same(answers, "RESOURCE_EXHAUSTED", True)
         assert "share of request bytes" in answers[0][1]
