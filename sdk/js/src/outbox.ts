@@ -16,6 +16,8 @@ export interface State {
   highestVersions: Record<string, string>;
   pausedUntilMs: number;
   failures: number;
+  /** Memo state (permanent responses) of memoized metrics, by metric name: MemoState JSON. */
+  memos?: Record<string, string>;
 }
 
 export interface StateStore {
