@@ -56,6 +56,7 @@ from fedldp.aggregator.estimation import (
     ReportContext,
     frequency_report_from_estimate,
 )
+from fedldp.client.mechanisms._common import support_variance
 from fedldp.client.mechanisms.base import Estimate
 from fedldp.client.mechanisms.pem import PEM, GroupReports
 
@@ -121,33 +122,110 @@ def _decode(mech: PEM, prefix: int) -> str | None:
         return None
 
 
+def level_counts(
+    mech: PEM, statistic: GroupReports, group: int, parents: list[int]
+) -> npt.NDArray[np.int64]:
+    """Support counts C(x) of group `group`'s candidates: every (ℓ_group - step)-bit
+    prefix of `parents` (increasing, distinct) extended by every `step_bits`-bit
+    suffix, in increasing prefix value (parent-major) — exactly
+    `mech.support_counts` of those candidates, computed with less work.
+
+    The hash of a candidate is top_bits(b + Σ_i a_i x_i mod 2^64), and a
+    candidate's chunks x are its parent's (suffix 0) plus its suffix's own
+    (the suffix bits are zero in the parent's), so the sum is the parent's part,
+    computed once per (report, parent), plus the suffix's part, once per
+    (report, suffix): one addition, `mech.top_bits` and a comparison per
+    (report, candidate) instead of a multiply-add per chunk.
+    """
+    keys, values = mech.group_arrays(statistic, group)
+    bits = mech.prefix_bits(group)
+    width = 1 << mech.step_bits
+    base = mech.prefix_words([p << mech.step_bits for p in parents], bits)  # [T, c]
+    suffix = mech.prefix_words(list(range(width)), bits)  # [2^step, c]
+    used_base = [i for i in range(mech.chunks) if bool(np.any(base[:, i]))]
+    used_suffix = [i for i in range(mech.chunks) if bool(np.any(suffix[:, i]))]
+    counts = np.zeros((len(parents), width), dtype=np.int64)
+    block = max(1, (1 << 22) // max(1, len(parents)))
+    for start in range(0, keys.shape[0], block):
+        k = keys[start : start + block].T  # [c + 1, nb]: each chunk's keys contiguous
+        v = values[start : start + block]
+        part = np.repeat(k[mech.chunks][None, :], len(parents), axis=0)  # [T, nb]
+        for i in used_base:
+            part += base[:, i][:, None] * k[i][None, :]  # uint64: mod 2^64
+        own = np.zeros((width, k.shape[1]), dtype=np.uint64)  # [2^step, nb]
+        for i in used_suffix:
+            own += suffix[:, i][:, None] * k[i][None, :]
+        acc = np.empty_like(part)
+        for e in range(width):
+            np.add(part, own[e][None, :], out=acc)
+            counts[:, e] += np.count_nonzero(mech.top_bits(acc) == v[None, :], axis=1)
+    return counts.reshape(-1)
+
+
+def estimate_level(
+    mech: PEM, statistic: GroupReports, group: int, parents: list[int]
+) -> tuple[list[int], Estimate]:
+    """Group `group`'s candidates (as `level_counts`) and their estimates, equal to
+    `mech.estimate_prefixes(statistic, group, candidates, population=statistic.n)`
+    (the same formula, on `level_counts`' counts)."""
+    step = mech.step_bits
+    candidates = [(x << step) | e for x in parents for e in range(1 << step)]
+    n_j = statistic.group_size(group)
+    counts = level_counts(mech, statistic, group, parents)
+    q = mech.support_q
+    f = (counts / n_j - q) / (mech.p - q)
+    clipped = np.clip(f, 0.0, 1.0)
+    variances = support_variance(n_j, clipped, mech.p, q)
+    population = statistic.n
+    if population > 1:
+        variances = variances + clipped * (1 - clipped) * (population - n_j) / (
+            n_j * (population - 1)
+        )
+    return candidates, Estimate(n=n_j, values=np.asarray(f, dtype=np.float64), variances=variances)
+
+
 def discover(
-    mech: PEM, statistic: GroupReports, *, alpha: float = DEFAULT_ALPHA, top: int = DEFAULT_TOP
+    mech: PEM,
+    statistic: GroupReports,
+    *,
+    alpha: float = DEFAULT_ALPHA,
+    top: int = DEFAULT_TOP,
+    reference: bool = False,
 ) -> Discovery:
-    """Run the fixed discovery procedure of the module docstring on a merged statistic."""
+    """Run the fixed discovery procedure of the module docstring on a merged statistic.
+
+    Each level's candidates are estimated by `estimate_level`; with `reference`,
+    by `mech.estimate_prefixes` over the same candidates instead (every hash
+    evaluated in full: the reference the fast path is tested and benchmarked
+    against; the result is identical)."""
     if not 0.0 < alpha < 1.0:
         raise ValueError(f"alpha must be in (0, 1), got {alpha}")
     if top < 1:
         raise ValueError(f"top must be at least 1, got {top}")
-    prefixes: list[int] = list(range(1 << mech.prefix_bits(0)))
+    # The parents of level 0's candidates: every (ℓ_0 - step)-bit prefix.
+    parents: list[int] = list(range(1 << (mech.prefix_bits(0) - mech.step_bits)))
+    prefixes: list[int] = []
     levels: list[Level] = []
     values = np.zeros(0)
     variances = np.zeros(0)
     for j in range(mech.groups):
         n_j = statistic.group_size(j)
-        if j:
-            prefixes = sorted(
-                (x << mech.step_bits) | e for x in prefixes for e in range(1 << mech.step_bits)
-            )
-        if n_j == 0 or not prefixes:
-            levels.append(Level(j, mech.prefix_bits(j), n_j, len(prefixes), float("inf"), 0))
-            prefixes = []
+        if n_j == 0 or not parents:
+            candidates = len(parents) << mech.step_bits
+            levels.append(Level(j, mech.prefix_bits(j), n_j, candidates, float("inf"), 0))
+            parents = prefixes = []
             continue
-        est = mech.estimate_prefixes(statistic, j, prefixes, population=statistic.n)
+        if reference:
+            prefixes = sorted(
+                (x << mech.step_bits) | e for x in parents for e in range(1 << mech.step_bits)
+            )
+            est = mech.estimate_prefixes(statistic, j, prefixes, population=statistic.n)
+        else:
+            prefixes, est = estimate_level(mech, statistic, j, sorted(parents))
         cut = threshold(mech, n_j, len(prefixes), alpha)
         keep = _select(est.values, cut, top)
         levels.append(Level(j, mech.prefix_bits(j), n_j, len(prefixes), cut, int(keep.size)))
-        prefixes = [prefixes[i] for i in keep]
+        prefixes = parents = [prefixes[i] for i in keep]
         values, variances = est.values[keep], est.variances[keep]
     strings: list[str] = []
     rows: list[int] = []
@@ -200,5 +278,7 @@ __all__ = [
     "Level",
     "discover",
     "discovery_report",
+    "estimate_level",
+    "level_counts",
     "threshold",
 ]

@@ -22,7 +22,14 @@ Per ε:
   hashing allocates 2^(8L) cells per group and cannot run L = 8);
 * analysis, s: `accumulate_batch` of the n simulated reports + `discover`
   (what `fedldp report` does after reading the statistic); the simulated
-  reports come from `perturb_batch` (not timed).
+  reports come from `perturb_batch` (not timed);
+* discover CPU s, and beside it the reference in the same run: the CPU
+  seconds (`time.process_time`) of `discover` alone and of
+  `discover(..., reference=True)` (every candidate's hash evaluated in full by
+  `PEM.estimate_prefixes`; the same result), on the same statistic. CPU time,
+  not wall time: on a shared machine the wall time also counts other work.
+  scipy.stats, which the threshold imports on first use (≈ 1 s of CPU once per
+  process), is imported before any timing.
 
 Medians over --runs runs (min and max in the JSON). The peer is pure-ldp's
 prefix-extending heavy hitters (`pure_ldp.heavy_hitters.prefix_extending`),
@@ -88,14 +95,22 @@ def run_fedldp(
     mech = PEM(Decimal(epsilon), OpenDomain(max_bytes))
     table = mech.encode_batch(words)
     recalls, precisions, analysis, found_counts = [], [], [], []
+    cpu: dict[str, list[float]] = {"discover": [], "reference": []}
+    import scipy.stats  # noqa: F401  # discover's threshold imports it once (≈ 1 s): not timed
+
     for r in range(runs):
         rng = np.random.default_rng([seed, r])
         reports = mech.perturb_batch(table[rng.choice(VOCABULARY, size=n, p=weights)], rng)
         start = time.perf_counter()
         stat = mech.new_statistic()
         mech.accumulate_batch(stat, reports)
+        started = time.process_time()
         found = discover(mech, stat)
+        cpu["discover"].append(time.process_time() - started)
         analysis.append(time.perf_counter() - start)
+        started = time.process_time()
+        discover(mech, stat, reference=True)  # the same result (tests/aggregator/test_discovery.py)
+        cpu["reference"].append(time.process_time() - started)
         recall, precision = scores(list(found.strings), words)
         recalls.append(recall)
         precisions.append(precision)
@@ -118,6 +133,8 @@ def run_fedldp(
         "found": summarize(found_counts),
         "device_us": summarize(device),
         "analysis_s": summarize(analysis),
+        "discover_cpu_s": summarize(cpu["discover"]),
+        "reference_discover_cpu_s": summarize(cpu["reference"]),
     }
 
 
@@ -224,9 +241,7 @@ def main(argv: list[str] | None = None) -> None:
         figures.append({"fedldp (peer setting)": side, "pure-ldp": peer})
         rows.append(_row(f"fedldp pem, L={args.peer_bytes}", eps, side))
         if "skipped" in peer:
-            rows.append(
-                [f"pure-ldp PEM, L={args.peer_bytes}", eps, "-", "-", "-", "-", peer["skipped"]]
-            )
+            rows.append([f"pure-ldp PEM, L={args.peer_bytes}", eps, *"----", peer["skipped"], "-"])
         else:
             rows.append(
                 [
@@ -237,10 +252,20 @@ def main(argv: list[str] | None = None) -> None:
                     f"{peer['precision']:.2f}",
                     f"{peer['device_us']:.0f}",
                     f"{peer['analysis_s']:.2f}",
+                    "-",
                 ]
             )
         print(rows[-3:], file=sys.stderr)
-    headers = ["library", "ε", "n", "recall@20", "precision@20", "device µs/report", "analysis s"]
+    headers = [
+        "library",
+        "ε",
+        "n",
+        "recall@20",
+        "precision@20",
+        "device µs/report",
+        "analysis s",
+        "discover CPU s (reference)",
+    ]
     print(format_table(headers, rows))
     print(f"runs {runs}; Zipf({ZIPF_S}) over {VOCABULARY:,} words; seed {args.seed}")
     if args.json is not None:
@@ -266,6 +291,9 @@ def _row(name: str, eps: str, ours: dict[str, Any]) -> list[str]:
         f"{ours['precision'].median:.2f}",
         f"{ours['device_us'].median:.0f}",
         f"{ours['analysis_s'].median:.2f}",
+        f"{ours['discover_cpu_s'].median:.2f} ({ours['reference_discover_cpu_s'].median:.2f})"
+        if "discover_cpu_s" in ours
+        else "-",
     ]
 
 

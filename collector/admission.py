@@ -26,16 +26,79 @@ from __future__ import annotations
 import asyncio
 import random
 import threading
-from collections import deque
+import time
+from collections import OrderedDict, deque
+from collections.abc import Callable
 
 #: The retry hint of an overload refusal: this many milliseconds, scaled by a
 #: random factor in [0.5, 1.5) so that refused devices do not come back together.
 RETRY_AFTER_MS = 500
 
 
-def retry_after_ms() -> int:
-    """A jittered retry hint for an overload refusal, in milliseconds."""
-    return max(1, int(RETRY_AFTER_MS * (0.5 + random.random())))  # jitter, not a secret
+#: The longest retry hint `RefusalHints` gives a subject that keeps being refused.
+MAX_RETRY_AFTER_MS = 30_000
+
+
+def retry_after_ms(base: float = RETRY_AFTER_MS) -> int:
+    """A jittered retry hint for an overload refusal, in milliseconds: `base`
+    scaled by a random factor in [0.5, 1.5)."""
+    return max(1, int(base * (0.5 + random.random())))  # jitter, not a secret
+
+
+class RefusalHints:
+    """Retry hints that grow for a subject that keeps being refused for its own calls.
+
+    A refusal the subject itself causes (its share of the byte budget full, its
+    body not sent within the deadline) counts in the subject's streak; its hint
+    is `RETRY_AFTER_MS` doubled once per refusal of the streak before it, at
+    most `max_ms` (the jitter of `retry_after_ms` on top). A streak is forgotten
+    once the subject has not been refused for `forget_after` seconds; so a
+    device that reopens every refused call (at once or after its hint) is told
+    to wait up to `max_ms` after a handful of refusals, while one refused once
+    now and then always gets the base hint. Overload refusals that the server's
+    load causes do not count. At most `max_subjects` streaks are kept (least
+    recently refused forgotten first), so the memory is bounded whatever the
+    subjects. `base_ms` and `max_ms` default to the module's `RETRY_AFTER_MS` and
+    `MAX_RETRY_AFTER_MS` as they are when the hints are made.
+    """
+
+    def __init__(
+        self,
+        *,
+        base_ms: float | None = None,
+        max_ms: float | None = None,
+        forget_after: float = 60.0,
+        max_subjects: int = 100_000,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.base_ms = RETRY_AFTER_MS if base_ms is None else base_ms
+        self.max_ms = MAX_RETRY_AFTER_MS if max_ms is None else max_ms
+        self.forget_after = forget_after
+        self.max_subjects = max_subjects
+        self._clock = clock
+        self._streaks: OrderedDict[str, tuple[int, float]] = OrderedDict()
+        self._lock = threading.Lock()
+        #: the streak length past which doubling `base_ms` reaches `max_ms`
+        self._top = int(max(1.0, self.max_ms / self.base_ms)).bit_length()
+
+    def refused(self, subject: str) -> int:
+        """Count one refusal of `subject` caused by its own calls; its hint in ms."""
+        now = self._clock()
+        with self._lock:
+            streak, last = self._streaks.pop(subject, (0, now))
+            if now - last > self.forget_after:
+                streak = 0
+            self._streaks[subject] = (streak + 1, now)
+            while len(self._streaks) > self.max_subjects:
+                self._streaks.popitem(last=False)
+        grown = min(self.max_ms, self.base_ms * 2 ** min(streak, self._top))
+        return min(int(self.max_ms), retry_after_ms(grown))
+
+    def streak(self, subject: str) -> int:
+        """Refusals in `subject`'s current streak (tests, metrics)."""
+        with self._lock:
+            streak, last = self._streaks.get(subject, (0, 0.0))
+            return streak if self._clock() - last <= self.forget_after else 0
 
 
 class Admission:

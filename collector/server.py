@@ -38,7 +38,7 @@ from typing import Any
 import grpc
 import sqlalchemy as sa
 from fedldp.client.policy import PolicyError
-from fedldp.collector.admission import Admission, retry_after_ms
+from fedldp.collector.admission import Admission, RefusalHints, retry_after_ms
 from fedldp.collector.auth import Authenticator, TokenAuthority
 from fedldp.collector.committer import GroupCommitter
 from fedldp.collector.config import CollectorConfig, ConfigError
@@ -122,9 +122,13 @@ _REFUSAL_LEVEL: dict[type[CollectorError], int] = {
     SubjectShareError: logging.INFO,
 }
 
-#: The asyncio server answers a refusal for a subject's full share after its retry
-#: hint, for at most this many calls at a time per process (beyond: at once).
+#: Both servers answer a refusal for a subject's full share after its retry hint,
+#: for at most this many calls at a time per process (beyond: at once). The sync
+#: server has this many threads more than its `workers` for them.
 TARPIT_MAX_CALLS = 256
+#: ... and for at most this many seconds (the hint may be longer: the device is
+#: told to wait the rest) and half the time left to the call's own deadline.
+TARPIT_MAX_SECONDS = 2.0
 
 #: What the sync server's timed read uses of grpcio's request iterator
 #: (`grpc._server._RequestIterator`, grpcio pinned in constraints.txt):
@@ -213,6 +217,7 @@ class CollectorServicer:
         admission_wait: float,
         body_timeout: float = 5.0,
         refusal_log: RefusalLog | None = None,
+        hints: RefusalHints | None = None,
     ) -> None:
         self.service = service
         self.authenticator = authenticator
@@ -223,10 +228,16 @@ class CollectorServicer:
         self.reserve_bytes = reserve_bytes
         self.admission_wait = admission_wait
         self.body_timeout = body_timeout
-        self._tarpitted = 0  # asyncio server: share refusals waiting to be answered
+        self._tarpitted = 0  # share refusals waiting to be answered (`_tarpit_for`)
+        self._tarpit_lock = threading.Lock()
+        #: set when the server drains: held share refusals are answered at once
+        self.draining = threading.Event()
         self.refusal_log = refusal_log or RefusalLog()
+        #: growing retry hints for subjects refused for their own calls
+        self.hints = hints or RefusalHints()
         self._request_children: dict[tuple[str, grpc.StatusCode], Any] = {}
         self._refusal_children: dict[str, Any] = {}
+        self._methods: dict[str, Any] | None = None
 
     def _count(self, method: str, code: grpc.StatusCode) -> None:
         """Count one RPC by method and status (the labelled child is bound once)."""
@@ -269,16 +280,17 @@ class CollectorServicer:
         return SubjectShareError(
             "this device already has its share of request bytes in flight "
             "(max_subject_inflight_bytes); retry after the hint",
-            metadata=(("retry-after-ms", str(retry_after_ms())),),
+            metadata=(("retry-after-ms", str(self.hints.refused(subject))),),
         )
 
-    def _body_timed_out(self) -> BodyTimeoutError:
-        """The refusal of an admitted request whose body did not come in time."""
+    def _body_timed_out(self, subject: str) -> BodyTimeoutError:
+        """The refusal of an admitted request whose body did not come in time (its
+        hint grows with the subject's streak of such refusals: `RefusalHints`)."""
         self.metrics.shed.labels("body deadline").inc()
         return BodyTimeoutError(
             f"the request body did not arrive within {self.body_timeout:g} s "
             "(body_timeout_ms); retry after the hint",
-            metadata=(("retry-after-ms", str(retry_after_ms())),),
+            metadata=(("retry-after-ms", str(self.hints.refused(subject))),),
         )
 
     @staticmethod
@@ -292,22 +304,26 @@ class CollectorServicer:
                 f"the request is not a valid {request_type.DESCRIPTOR.full_name}"
             ) from None
 
-    def _read(self, request_type: type[Message], requests: Iterator[bytes]) -> tuple[Message, int]:
+    def _read(
+        self, request_type: type[Message], requests: Iterator[bytes], subject: str
+    ) -> tuple[Message, int]:
         """The request message, parsed, and its size in bytes. The raw bytes live only
         in this frame: dropped as soon as it returns or raises."""
         try:
             request_bytes = next_within(requests, self.body_timeout)
         except TimeoutError:
-            raise self._body_timed_out() from None
+            raise self._body_timed_out(subject) from None
         size = len(request_bytes) if request_bytes is not None else 0
         return self._parse(request_type, request_bytes), size
 
-    async def _aread(self, request_type: type[Message], context: Any) -> tuple[Message, int]:
+    async def _aread(
+        self, request_type: type[Message], context: Any, subject: str
+    ) -> tuple[Message, int]:
         """`_read` on the asyncio server."""
         try:
             message = await read_within(context, self.body_timeout)
         except TimeoutError:
-            raise self._body_timed_out() from None
+            raise self._body_timed_out(subject) from None
         request_bytes = None if message is grpc.aio.EOF else message  # type: ignore[attr-defined]
         size = len(request_bytes) if request_bytes is not None else 0
         return self._parse(request_type, request_bytes), size
@@ -349,6 +365,7 @@ class CollectorServicer:
         admission = self.admission
         entered = False
         held = 0
+        slow = False
         try:
             subject = self._authenticate(context)
             if not admission.enter():
@@ -359,18 +376,26 @@ class CollectorServicer:
             ):
                 raise self._no_room(subject)
             held = self.reserve_bytes
-            request, size = self._read(request_type, requests)
+            request, size = self._read(request_type, requests, subject)
             admission.resize(peer, held, size, subject=subject)
             held = size
             return body(subject, request).SerializeToString()
         except CollectorError as exc:
             code, detail, trailers = self._refused(method, exc, subject)
+            slow = isinstance(exc, SubjectShareError)
         finally:
             admission.release(peer, held, subject=subject)
             if entered:
                 admission.leave()
             self._count(method, code)
         # Outside the except block: the exception and its frames are gone already.
+        if slow:
+            wait = self._tarpit_for(trailers, context.time_remaining())
+            if wait is not None:
+                try:  # one of the TARPIT_MAX_CALLS threads beyond `workers`; a drain ends it
+                    self.draining.wait(wait)
+                finally:
+                    self._tarpit_done()
         if trailers:
             context.set_trailing_metadata(trailers)
         context.abort(code, detail)
@@ -400,7 +425,7 @@ class CollectorServicer:
             ):
                 raise self._no_room(subject)
             held = self.reserve_bytes
-            request, size = await self._aread(request_type, context)
+            request, size = await self._aread(request_type, context, subject)
             admission.resize(peer, held, size, subject=subject)
             held = size
             return (await body(subject, request)).SerializeToString()
@@ -414,31 +439,64 @@ class CollectorServicer:
             self._count(method, code)
         # Outside the except block: the exception and its frames are gone already.
         if slow:
-            await self._tarpit(trailers)
+            await self._tarpit(trailers, context)
         await context.abort(code, detail, trailing_metadata=trailers)
         raise AssertionError("unreachable: abort raises")
 
-    async def _tarpit(self, trailers: tuple[tuple[str, str], ...]) -> None:
-        """Hold a share refusal's answer for its retry hint (asyncio server), so that
-        a device that reopens its refused calls at once, with its share held by
-        calls withholding their bodies, makes a few refusals per call and second
-        rather than as many as it can send (each costs a gRPC call's CPU). The call
-        holds no RPC slot and no byte reservation meanwhile; its stream holds at
-        most the transport's look-ahead window. At most `TARPIT_MAX_CALLS` at a
-        time; beyond, refused at once."""
-        if self._tarpitted >= TARPIT_MAX_CALLS:
-            return
-        hint = next((int(v) for k, v in trailers if k == "retry-after-ms"), 0)
-        self._tarpitted += 1
-        try:
-            await asyncio.sleep(hint / 1000)
-        finally:
+    def _tarpit_for(
+        self, trailers: tuple[tuple[str, str], ...], remaining: float | None
+    ) -> float | None:
+        """Seconds to hold a share refusal's answer — its retry hint, at most
+        `TARPIT_MAX_SECONDS` and half the time left to the call's deadline
+        (`remaining` s; None: no deadline), so the device gets the hint, not
+        DEADLINE_EXCEEDED — or None (answer at once) when `TARPIT_MAX_CALLS` are held already;
+        a held one ends with `_tarpit_done`.
+
+        Why hold it: a device that reopens its refused calls at once, its share
+        held by calls withholding their bodies, would make its refusals a request
+        flood (each costs a gRPC call's CPU); held for the hint (which grows with
+        its streak: `RefusalHints`), each of its calls makes at most one refusal
+        per `TARPIT_MAX_SECONDS` rather than as many as it can send.
+        The call holds no RPC slot and no byte reservation meanwhile, and its
+        stream at most the transport's look-ahead window; on the sync server it
+        holds one of the `TARPIT_MAX_CALLS` threads the pool has beyond `workers`
+        (an idle thread: no CPU), on the asyncio server a sleeping coroutine."""
+        with self._tarpit_lock:
+            if self._tarpitted >= TARPIT_MAX_CALLS:
+                return None
+            self._tarpitted += 1
+        hint = next((int(v) for k, v in trailers if k == "retry-after-ms"), 0) / 1000
+        if remaining is not None:
+            hint = min(hint, remaining / 2)
+        return max(0.0, min(hint, TARPIT_MAX_SECONDS))
+
+    @property
+    def held_refusals(self) -> int:
+        """Share refusals being held for their hint now (`_tarpit_for`)."""
+        with self._tarpit_lock:
+            return self._tarpitted
+
+    def _tarpit_done(self) -> None:
+        """A held share refusal is answered (`_tarpit_for`)."""
+        with self._tarpit_lock:
             self._tarpitted -= 1
 
-    def async_handler(self) -> grpc.GenericRpcHandler[Any, Any]:
-        """The asyncio-server flavour of `handler`: validation runs on the event loop,
-        the ledger commit is awaited (group committer future), GetBudget's reads run
-        in the default executor."""
+    async def _tarpit(self, trailers: tuple[tuple[str, str], ...], context: Any) -> None:
+        """`_tarpit_for` on the asyncio server: sleep for the hint, then answer."""
+        wait = self._tarpit_for(trailers, context.time_remaining())
+        if wait is None:
+            return
+        try:
+            await asyncio.sleep(wait)
+        finally:
+            self._tarpit_done()
+
+    def _async_methods(
+        self,
+    ) -> dict[str, tuple[type[Message], Callable[[str, Any], Awaitable[Message]]]]:
+        """Each RPC's request type and body on the asyncio server: validation runs on
+        the event loop, the ledger commit is awaited (group committer future),
+        GetBudget's reads run in the default executor."""
         svc = self.service
 
         async def submit(subject: str, request: pb.SubmitRequest) -> Message:
@@ -455,21 +513,33 @@ class CollectorServicer:
             loop = asyncio.get_running_loop()
             return await loop.run_in_executor(None, svc.get_budget, subject, request)
 
-        def method(
-            name: str, req: type[Message], body: Callable[[str, Any], Awaitable[Message]]
-        ) -> Any:
+        return {
+            "Submit": (pb.SubmitRequest, submit),
+            "GetPolicies": (pb.GetPoliciesRequest, get_policies),
+            "GetBudget": (pb.GetBudgetRequest, get_budget),
+        }
+
+    async def handle_async(self, name: str, context: Any) -> bytes:
+        """RPC `name` on the asyncio server's loop for any context with the
+        grpc.aio ServicerContext calls `_acall` makes (the web endpoint's,
+        collector/web.py): the same authentication, rate limit, admission, body
+        deadline, service, metrics and refusals as over gRPC."""
+        if self._methods is None:
+            self._methods = self._async_methods()
+        request_type, body = self._methods[name]
+        return await self._acall(name, request_type, body, context)
+
+    def async_handler(self) -> grpc.GenericRpcHandler[Any, Any]:
+        """The asyncio-server flavour of `handler` (`_async_methods`' bodies)."""
+
+        def method(name: str) -> Any:
             async def behavior(_requests: Any, context: Any) -> bytes:
-                return await self._acall(name, req, body, context)
+                return await self.handle_async(name, context)
 
             return grpc.stream_unary_rpc_method_handler(behavior)
 
         return grpc.method_handlers_generic_handler(
-            SERVICE_NAME,
-            {
-                "Submit": method("Submit", pb.SubmitRequest, submit),
-                "GetPolicies": method("GetPolicies", pb.GetPoliciesRequest, get_policies),
-                "GetBudget": method("GetBudget", pb.GetBudgetRequest, get_budget),
-            },
+            SERVICE_NAME, {name: method(name) for name in ("Submit", "GetPolicies", "GetBudget")}
         )
 
     def handler(self) -> grpc.GenericRpcHandler[Any, Any]:
@@ -510,12 +580,18 @@ class _SyncTransport:
         # No grpcio concurrency limit (its refusals carry no retry hint): the
         # handlers' admission bounds Collector RPCs; calls waiting for a thread are
         # bounded by connections x max_streams_per_connection and hold no more
-        # than the transport's flow-control window each.
+        # than the transport's flow-control window each. The pool has
+        # TARPIT_MAX_CALLS threads more than `workers`: at most that many sleep
+        # holding a share refusal (CollectorServicer._tarpit_for), so `workers`
+        # threads are always left for the other calls.
         self.server = grpc.server(
-            ThreadPoolExecutor(max_workers=config.workers, thread_name_prefix="rpc"),
+            ThreadPoolExecutor(
+                max_workers=config.workers + TARPIT_MAX_CALLS, thread_name_prefix="rpc"
+            ),
             options=options,
         )
         self.server.add_generic_rpc_handlers((servicer.handler(),))
+        self.servicer = servicer
         self.health = health.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         self.port = (
@@ -531,6 +607,7 @@ class _SyncTransport:
 
     def stop(self, grace: float | None) -> None:
         self.health.enter_graceful_shutdown()
+        self.servicer.draining.set()
         self.server.stop(grace).wait()
 
 
@@ -630,6 +707,12 @@ class RunningCollector:
     admission: Admission | None = None
     _stopped: threading.Event = field(default_factory=threading.Event)
     shards: ShardedLedger | None = None  # the sharded ledger (routing.py), if sharded
+    web: Any = None  # the web endpoint (collector/web.py), when `web_listen` is set
+
+    @property
+    def web_port(self) -> int | None:
+        """The web endpoint's port (Connect / gRPC-Web), None when it is off."""
+        return self.web.port if self.web is not None else None
 
     @property
     def whole_ledger(self) -> AnyLedger:
@@ -697,6 +780,8 @@ class RunningCollector:
             return
         if self.health_port is not None:
             self.health_port.drain()
+        if self.web is not None:
+            self.web.stop()
         self.transport.stop(grace)
         if self.health_port is not None:
             self.health_port.stop()
@@ -835,6 +920,28 @@ def _log_serving(
     )
 
 
+def _side_ports(
+    config: CollectorConfig,
+    servicer: CollectorServicer,
+    transport: _SyncTransport | _AsyncTransport,
+) -> tuple[_HealthPort | None, Any]:
+    """The health port (`health_listen`) and the web endpoint (`web_listen`,
+    collector/web.py, on the asyncio server's loop), each when configured; on an
+    error neither is left running."""
+    health_port = _HealthPort(config.health_listen) if config.health_listen else None
+    try:
+        web = None
+        if config.web_listen and isinstance(transport, _AsyncTransport):
+            from fedldp.collector.web import WebEndpoint
+
+            web = WebEndpoint(config, servicer, transport.loop)
+    except BaseException:
+        if health_port is not None:
+            health_port.stop()
+        raise
+    return health_port, web
+
+
 def preflight(config: CollectorConfig, *, now: int) -> None:
     """Check everything `start_collector` reads before it binds, and bind nothing:
     the settings, the policy folders, the token secret, the TLS files, and the
@@ -925,15 +1032,13 @@ def start_collector(
         committer.close()
         ledger.close()
         raise
-    health_port = None
-    if config.health_listen:
-        try:
-            health_port = _HealthPort(config.health_listen)
-        except Exception:
-            transport.stop(0)
-            committer.close()
-            ledger.close()
-            raise
+    try:
+        health_port, web = _side_ports(config, servicer, transport)
+    except Exception:
+        transport.stop(0)
+        committer.close()
+        ledger.close()
+        raise
     metrics_server = _start_metrics_server(config, metrics)
     _log_serving(config, transport.port, health_port, len(registry.policies), ledger)
     return RunningCollector(
@@ -950,4 +1055,5 @@ def start_collector(
         health_port=health_port,
         admission=admission,
         shards=ledger if isinstance(ledger, ShardedLedger) else None,
+        web=web,
     )

@@ -534,6 +534,20 @@ def _report(deployment: Deployment, now: int, confidence: float) -> Any:
     help="also run the trusted release service on a generated consolidated table: one count "
     "and one mean, with error bars and verified receipts in the HTML report",
 )
+@click.option(
+    "--web",
+    "with_web",
+    is_flag=True,
+    help="no simulated devices: start the collector with its web endpoint and serve a page "
+    "that records into it from a browser; prints the page's URL (docs/sdk.md, 'Browsers')",
+)
+@click.option(
+    "--web-for",
+    "web_seconds",
+    type=float,
+    default=None,
+    help="with --web: stop after this many seconds (default: at Ctrl-C)",
+)
 def demo(
     scenario: str,
     devices: int,
@@ -548,6 +562,8 @@ def demo(
     confidence: float,
     with_dashboard: bool,
     with_release_service: bool,
+    with_web: bool = False,
+    web_seconds: float | None = None,
 ) -> None:
     """Run the whole pipeline: signed policy, collector, simulated devices, report."""
     from fedldp.aggregator.render import render_html, render_table
@@ -566,6 +582,10 @@ def demo(
         shutil.rmtree(out)
     out.mkdir(parents=True)
     now = int(time.time())
+    if with_web:  # a person clicks more than once a day: the cap defaults to 50 reports' worth
+        return _web_demo(
+            out, _labels(domain_size), eps, cap if epsilon_cap else eps * 50, now, web_seconds
+        )
     population = random.Random(seed) if seed is not None else random.SystemRandom()
     labels = _new_words(population) if open_domain else _labels(domain_size)
     values = _zipf_values(population, len(labels), devices)
@@ -615,6 +635,28 @@ def demo(
     click.echo("")
     click.echo(render_table(report, truth=truth))
     click.echo("")
+    _echo_tally(tally, devices, elapsed)
+    html_path = render_html(report, out / "report.html", truth=truth)
+    if with_release_service:
+        _release_service_demo(out, seed, html_path)
+    click.echo(f"HTML report: {html_path.resolve()}")
+    if tally.failed_devices:
+        raise SystemExit(1)
+    if with_dashboard:
+        _serve_dashboard(deployment)
+
+
+def _web_demo(
+    out: Path, labels: list[str], eps: Decimal, cap: Decimal, now: int, seconds: float | None
+) -> None:
+    """`--web`: fedldp.demo_web.run_web_demo."""
+    from fedldp.demo_web import run_web_demo
+
+    run_web_demo(out, labels=labels, epsilon=eps, epsilon_cap=cap, now=now, seconds=seconds)
+
+
+def _echo_tally(tally: Any, devices: int, elapsed: float) -> None:
+    """The fleet's outcome lines (devices, accepted, refused, anything else)."""
     click.echo(f"devices simulated:                   {devices} in {elapsed:.1f} s")
     click.echo(f"reports accepted:                    {tally.accepted}")
     click.echo(f"refused by the collector for budget: {tally.refused_by_collector_budget}")
@@ -624,14 +666,6 @@ def demo(
             f"other refusals: {tally.refused_other}, still pending: {tally.pending}, "
             f"duplicates: {tally.duplicates}, failed devices: {tally.failed_devices}"
         )
-    html_path = render_html(report, out / "report.html", truth=truth)
-    if with_release_service:
-        _release_service_demo(out, seed, html_path)
-    click.echo(f"HTML report: {html_path.resolve()}")
-    if tally.failed_devices:
-        raise SystemExit(1)
-    if with_dashboard:
-        _serve_dashboard(deployment)
 
 
 def _release_service_demo(out: Path, seed: int | None, report: Path) -> None:

@@ -156,3 +156,29 @@ def test_a_discovered_string_cannot_drive_the_analysts_terminal() -> None:
     )
     table = render_table(report)
     assert "\x1b" not in table and "\\x1b[2Jok" in table
+
+
+@pytest.mark.parametrize(("epsilon", "n", "seed"), [("8", 60_000, 3), ("2", 30_000, 4)])
+def test_level_counts_equal_the_mechanisms_support_counts(epsilon: str, n: int, seed: int) -> None:
+    """`level_counts` (each hash as a parent's part plus a suffix's part) gives exactly
+    `mech.support_counts` of the candidates, at three levels, and discovery finds
+    exactly the strings, levels, estimates and variances of the reference
+    procedure (`reference=True`: every candidate through `estimate_prefixes`)."""
+    mech = pem(PEM, epsilon)
+    words, weights = vocabulary(seed)
+    rng = np.random.default_rng(seed + 1)
+    padded = mech.encode_batch(words)[rng.choice(VOCABULARY, size=n, p=weights)]
+    stat = mech.new_statistic()
+    mech.accumulate_batch(stat, mech.perturb_batch(padded, rng))
+    for j, parents in ((0, list(range(16))), (3, [5, 77, 1000, 4095]), (14, [1, 2**59 - 1])):
+        keys, values = mech.group_arrays(stat, j)
+        candidates = [(x << mech.step_bits) | e for x in parents for e in range(16)]
+        x = mech.prefix_words(candidates, mech.prefix_bits(j))
+        expected = mech.support_counts(keys, values, x)
+        assert np.array_equal(discovery.level_counts(mech, stat, j, parents), expected), j
+    found = discover(mech, stat)
+    reference = discover(mech, stat, reference=True)
+    assert found.levels == reference.levels and len(found.levels) == mech.groups
+    assert found.strings == reference.strings and found.strings
+    assert np.array_equal(found.estimate.values, reference.estimate.values)
+    assert np.array_equal(found.estimate.variances, reference.estimate.variances)

@@ -55,6 +55,39 @@ def _valid(deployment: Deployment, now: int) -> Callable[[], bytes]:
     return make
 
 
+def _hint_ms(error: Any) -> int:
+    """The `retry-after-ms` trailer of a refused call (0 without one)."""
+    trailers: Any = error.trailing_metadata() or ()
+    return next((int(value) for key, value in trailers if key == "retry-after-ms"), 0)
+
+
+def _share_held(
+    deployment: Deployment, sqlite_url: str, server: str
+) -> tuple[RunningCollector, tuple[tuple[str, str], ...], StalledBodies]:
+    """A collector on `server` (body deadline 60 s) whose subject "staller" holds its
+    share with 4 withheld bodies (waited for, up to 30 s): the collector, the
+    staller's metadata and the attack (the caller stops both; on a failure here
+    they are stopped)."""
+    config = deployment.config(
+        sqlite_url.replace("ledger.db", f"{server}.db"), server=server, body_timeout_ms=60_000
+    )
+    running = start_collector(config, registry=deployment.registry())
+    staller = bearer_metadata(deployment.token("staller"))
+    attack = StalledBodies(running.address, staller, calls=4).start()
+    try:
+        admission = running.admission
+        assert admission is not None
+        deadline = time.monotonic() + 30
+        while admission.bytes < admission.max_subject_bytes:
+            assert time.monotonic() < deadline, attack.tally
+            time.sleep(0.02)
+    except BaseException:
+        attack.stop()
+        running.stop(1.0)
+        raise
+    return running, staller, attack
+
+
 def _stop(proc: CollectorProcess) -> int:
     """SIGTERM a collector process; its exit status."""
     proc.proc.send_signal(signal.SIGTERM)
@@ -228,3 +261,140 @@ def test_admission_caps_what_one_subject_holds() -> None:
     adm.release("b", 30, subject="s")
     adm.release("a", 30, subject="t")
     assert adm.bytes == 0
+
+
+@pytest.mark.parametrize("server", ["asyncio", "sync"])
+def test_a_subject_refused_again_and_again_is_told_to_wait_longer(
+    deployment: Deployment, sqlite_url: str, now: int, server: str, monkeypatch: Any
+) -> None:
+    """With its share held by withheld bodies, each further call of the subject is
+    refused with a hint that doubles per refusal of its streak (`RefusalHints`;
+    the base scaled down to 20 ms here so the asyncio server, which answers after
+    the hint, keeps the test short). Without the growth every hint would stay in
+    [10, 30) ms; the sixth refusal's is at least 10 * 2^5 ms."""
+    from fedldp.collector import admission as adm
+
+    monkeypatch.setattr(adm, "RETRY_AFTER_MS", 20)
+    monkeypatch.setattr(adm, "MAX_RETRY_AFTER_MS", 5_000)
+    running, staller, attack = _share_held(deployment, sqlite_url, server)
+    try:
+        request = _valid(deployment, now)()
+        hints: list[int] = []
+        waited: list[float] = []
+        with grpc.insecure_channel(running.address) as channel:
+            call = channel.unary_unary("/fedldp.v1.Collector/Submit", None, None)
+            for _ in range(6):
+                started = time.monotonic()
+                with pytest.raises(grpc.RpcError) as refused:
+                    call(request, metadata=staller, timeout=30)
+                waited.append(time.monotonic() - started)
+                assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+                hints.append(_hint_ms(refused.value))
+    finally:
+        attack.stop()
+        running.stop(1.0)
+    assert hints[0] < 30, hints  # the first refusal: the base hint
+    assert hints[5] >= 10 * 2**5, hints  # doubled per refusal of the streak
+    assert all(h <= 5_000 for h in hints), hints
+    # Both servers answer after the (grown) hint: the sync server on one of the
+    # threads it has beyond `workers` for this (TARPIT_MAX_CALLS).
+    assert waited[5] >= 0.9 * hints[5] / 1000, (waited, hints)
+
+
+def test_a_draining_sync_server_answers_held_refusals_at_once(
+    deployment: Deployment, sqlite_url: str, now: int, monkeypatch: Any
+) -> None:
+    """A share refusal held for its 10-30 s hint (at most 5 s here) on the sync
+    server's thread does not hold up `stop`: draining wakes it (else the process
+    would wait for it at exit)."""
+    import threading
+
+    from fedldp.collector import admission as adm
+    from fedldp.collector import server as srv
+
+    monkeypatch.setattr(adm, "RETRY_AFTER_MS", 20_000)
+    monkeypatch.setattr(srv, "TARPIT_MAX_SECONDS", 5.0)
+    running, staller, attack = _share_held(deployment, sqlite_url, "sync")
+    ended: list[float] = []
+    try:
+        request = _valid(deployment, now)()
+
+        def refused_call() -> None:
+            with grpc.insecure_channel(running.address) as channel:
+                call = channel.unary_unary("/fedldp.v1.Collector/Submit", None, None)
+                with pytest.raises(grpc.RpcError):
+                    call(request, metadata=staller, timeout=60)
+            ended.append(time.monotonic())
+
+        caller = threading.Thread(target=refused_call)
+        caller.start()
+        time.sleep(1.0)
+        assert not ended  # held for its hint
+        started = time.monotonic()
+    finally:
+        attack.stop()
+        running.stop(0.5)
+    servicer = running.transport.servicer  # type: ignore[union-attr]
+    stopped = time.monotonic() - started
+    caller.join(30)
+    assert stopped < 5, stopped
+    assert ended and ended[0] - started < 5
+    # The held thread itself has finished (its hold, TARPIT_MAX_SECONDS = 5 s
+    # here, would end ~4 s after `started`): nothing waits for it at exit.
+    while servicer.held_refusals and time.monotonic() - started < 2:
+        time.sleep(0.02)
+    assert servicer.held_refusals == 0
+
+
+def test_refusal_hints_grow_per_subject_and_are_forgotten() -> None:
+    """The streak is per subject, capped, forgotten after `forget_after` quiet
+    seconds, and at most `max_subjects` streaks are kept."""
+    from fedldp.collector.admission import RefusalHints
+
+    clock = [0.0]
+    hints = RefusalHints(
+        base_ms=100, max_ms=1_000, forget_after=10, max_subjects=2, clock=lambda: clock[0]
+    )
+    grown = [hints.refused("a") for _ in range(8)]
+    assert 50 <= grown[0] < 150  # base, jittered by [0.5, 1.5)
+    assert grown[3] >= 400 and all(h <= 1_000 for h in grown)  # 100 * 2^3 jittered; capped
+    assert hints.streak("a") == 8
+    assert hints.refused("b") < 150  # another subject starts at the base
+    clock[0] = 10.5  # quiet for longer than forget_after
+    assert hints.streak("a") == 0 and hints.refused("a") < 150
+    few = RefusalHints(max_subjects=2, clock=lambda: clock[0])
+    for subject in ("x", "y", "x", "z"):  # a third subject: the least recently refused goes
+        few.refused(subject)
+    assert (few.streak("x"), few.streak("y"), few.streak("z")) == (2, 0, 1)
+
+
+@pytest.mark.parametrize("server", ["asyncio", "sync"])
+def test_a_held_refusal_ends_before_the_calls_deadline_and_the_hold_limit(
+    deployment: Deployment, sqlite_url: str, now: int, server: str, monkeypatch: Any
+) -> None:
+    """A share refusal with a 10-30 s hint is held at most `TARPIT_MAX_SECONDS`
+    (0.5 s here) and half the time left to the call's own deadline: the device
+    gets RESOURCE_EXHAUSTED with the whole hint, not DEADLINE_EXCEEDED."""
+    from fedldp.collector import admission as adm
+    from fedldp.collector import server as srv
+
+    monkeypatch.setattr(adm, "RETRY_AFTER_MS", 20_000)
+    running, staller, attack = _share_held(deployment, sqlite_url, server)
+    answers: list[tuple[grpc.StatusCode, int, float]] = []
+    try:
+        request = _valid(deployment, now)()
+        with grpc.insecure_channel(running.address) as channel:
+            call = channel.unary_unary("/fedldp.v1.Collector/Submit", None, None)
+            for timeout, hold in ((30.0, 0.5), (1.5, 30.0)):  # the hold limit, the deadline
+                monkeypatch.setattr(srv, "TARPIT_MAX_SECONDS", hold)
+                started = time.monotonic()
+                with pytest.raises(grpc.RpcError) as refused:
+                    call(request, metadata=staller, timeout=timeout)
+                hint = _hint_ms(refused.value)
+                answers.append((refused.value.code(), hint, time.monotonic() - started))
+    finally:
+        attack.stop()
+        running.stop(1.0)
+    for code, hint, took in answers:
+        assert code == grpc.StatusCode.RESOURCE_EXHAUSTED, answers
+        assert hint >= 10_000 and took < 1.5, answers

@@ -336,8 +336,12 @@ def write_config(
     return path
 
 
-def spawn(config: Path, name: str, *, timeout: float = 60.0) -> CollectorProcess:
-    """Start a collector process and wait until it has bound its port."""
+def spawn(
+    config: Path, name: str, *, timeout: float = 60.0, cpus: set[int] | None = None
+) -> CollectorProcess:
+    """Start a collector process and wait until it has bound its port; `cpus`: the
+    CPUs it (and every process it starts) may run on, set before it starts, so a
+    `processes` left unset follows them (default: this process's)."""
     port_file = config.parent / f"{name}.port"
     port_file.unlink(missing_ok=True)
     log = config.parent / f"{name}.log"
@@ -356,6 +360,7 @@ def spawn(config: Path, name: str, *, timeout: float = 60.0) -> CollectorProcess
         stdout=subprocess.DEVNULL,
         stderr=log.open("ab"),
         env=env,
+        preexec_fn=None if cpus is None else (lambda: os.sched_setaffinity(0, cpus)),
     )
     deadline = time.monotonic() + timeout
     while not port_file.exists():
