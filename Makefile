@@ -33,8 +33,9 @@ demo: $(VENV)/.demo-installed
 test: $(VENV)/.test-installed
 	$(BIN)/python -m pytest -n auto --dist worksteal --durations=25 $(ARGS)
 
-# The TypeScript SDK (sdk/js): dependencies from the lock file, then tsc and node --test
-# (its collector test drives this checkout's .venv/bin/fedldp).
+# The TypeScript SDK (sdk/js): dependencies from the lock file, then tsc, the browser
+# bundles and node --test (its collector tests drive this checkout's .venv/bin/fedldp;
+# its browser tests /usr/bin/chromium, skipped with a message when it is missing).
 test-js: $(VENV)/.test-installed
 	cd sdk/js && npm ci --no-audit --no-fund && npm test
 

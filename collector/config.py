@@ -216,6 +216,20 @@ class CollectorConfig:
         default=10.0,
         metadata={"help": "on SIGTERM, how long in-flight requests may take to finish"},
     )
+    web_listen: str = field(
+        default="",
+        metadata={
+            "help": "host:port of the browser-reachable endpoint (Connect protocol and "
+            "gRPC-Web over HTTP/1.1 and HTTP/2, docs/collector.md 'Web endpoint'; empty: off)"
+        },
+    )
+    web_allowed_origins: tuple[str, ...] = field(
+        default=(),
+        metadata={
+            "help": "origins whose pages may call the web endpoint (CORS), e.g. "
+            "https://app.example.com (TOML list; environment: separated by spaces)"
+        },
+    )
     log_level: str = field(default="INFO", metadata={"help": "DEBUG, INFO, WARNING, ERROR"})
     log_format: str = field(default="json", metadata={"help": "json or text"})
 
@@ -299,9 +313,11 @@ class CollectorConfig:
             problems.append("rate_limit_per_second is a positive number")
         if not (self.rate_limit_burst >= 1 and math.isfinite(self.rate_limit_burst)):
             problems.append("rate_limit_burst is at least 1")
+        if self.web_listen and (self.server != "asyncio" or self.mtls):
+            problems.append("web_listen needs server = asyncio and no mtls")
         problems += [
             problem
-            for name in ("listen", "health_listen", "metrics_listen")
+            for name in ("listen", "health_listen", "metrics_listen", "web_listen")
             if (problem := address_problem(name, getattr(self, name), required=name == "listen"))
         ]
         if problems:

@@ -191,6 +191,10 @@ def serve(
     bound_heap(stop)
     if port_file is not None:
         path = Path(port_file)
+        if running.web_port is not None:  # PATH.web first: PATH says both are there
+            from fedldp.collector.supervisor import write_port_file
+
+            write_port_file(Path(f"{path}.web"), running.web_port)
         tmp = path.with_name(path.name + ".tmp")
         tmp.write_text(str(running.port), encoding="ascii")
         os.replace(tmp, path)

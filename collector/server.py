@@ -237,6 +237,7 @@ class CollectorServicer:
         self.hints = hints or RefusalHints()
         self._request_children: dict[tuple[str, grpc.StatusCode], Any] = {}
         self._refusal_children: dict[str, Any] = {}
+        self._methods: dict[str, Any] | None = None
 
     def _count(self, method: str, code: grpc.StatusCode) -> None:
         """Count one RPC by method and status (the labelled child is bound once)."""
@@ -490,10 +491,12 @@ class CollectorServicer:
         finally:
             self._tarpit_done()
 
-    def async_handler(self) -> grpc.GenericRpcHandler[Any, Any]:
-        """The asyncio-server flavour of `handler`: validation runs on the event loop,
-        the ledger commit is awaited (group committer future), GetBudget's reads run
-        in the default executor."""
+    def _async_methods(
+        self,
+    ) -> dict[str, tuple[type[Message], Callable[[str, Any], Awaitable[Message]]]]:
+        """Each RPC's request type and body on the asyncio server: validation runs on
+        the event loop, the ledger commit is awaited (group committer future),
+        GetBudget's reads run in the default executor."""
         svc = self.service
 
         async def submit(subject: str, request: pb.SubmitRequest) -> Message:
@@ -510,21 +513,33 @@ class CollectorServicer:
             loop = asyncio.get_running_loop()
             return await loop.run_in_executor(None, svc.get_budget, subject, request)
 
-        def method(
-            name: str, req: type[Message], body: Callable[[str, Any], Awaitable[Message]]
-        ) -> Any:
+        return {
+            "Submit": (pb.SubmitRequest, submit),
+            "GetPolicies": (pb.GetPoliciesRequest, get_policies),
+            "GetBudget": (pb.GetBudgetRequest, get_budget),
+        }
+
+    async def handle_async(self, name: str, context: Any) -> bytes:
+        """RPC `name` on the asyncio server's loop for any context with the
+        grpc.aio ServicerContext calls `_acall` makes (the web endpoint's,
+        collector/web.py): the same authentication, rate limit, admission, body
+        deadline, service, metrics and refusals as over gRPC."""
+        if self._methods is None:
+            self._methods = self._async_methods()
+        request_type, body = self._methods[name]
+        return await self._acall(name, request_type, body, context)
+
+    def async_handler(self) -> grpc.GenericRpcHandler[Any, Any]:
+        """The asyncio-server flavour of `handler` (`_async_methods`' bodies)."""
+
+        def method(name: str) -> Any:
             async def behavior(_requests: Any, context: Any) -> bytes:
-                return await self._acall(name, req, body, context)
+                return await self.handle_async(name, context)
 
             return grpc.stream_unary_rpc_method_handler(behavior)
 
         return grpc.method_handlers_generic_handler(
-            SERVICE_NAME,
-            {
-                "Submit": method("Submit", pb.SubmitRequest, submit),
-                "GetPolicies": method("GetPolicies", pb.GetPoliciesRequest, get_policies),
-                "GetBudget": method("GetBudget", pb.GetBudgetRequest, get_budget),
-            },
+            SERVICE_NAME, {name: method(name) for name in ("Submit", "GetPolicies", "GetBudget")}
         )
 
     def handler(self) -> grpc.GenericRpcHandler[Any, Any]:
@@ -692,6 +707,12 @@ class RunningCollector:
     admission: Admission | None = None
     _stopped: threading.Event = field(default_factory=threading.Event)
     shards: ShardedLedger | None = None  # the sharded ledger (routing.py), if sharded
+    web: Any = None  # the web endpoint (collector/web.py), when `web_listen` is set
+
+    @property
+    def web_port(self) -> int | None:
+        """The web endpoint's port (Connect / gRPC-Web), None when it is off."""
+        return self.web.port if self.web is not None else None
 
     @property
     def whole_ledger(self) -> AnyLedger:
@@ -759,6 +780,8 @@ class RunningCollector:
             return
         if self.health_port is not None:
             self.health_port.drain()
+        if self.web is not None:
+            self.web.stop()
         self.transport.stop(grace)
         if self.health_port is not None:
             self.health_port.stop()
@@ -897,6 +920,28 @@ def _log_serving(
     )
 
 
+def _side_ports(
+    config: CollectorConfig,
+    servicer: CollectorServicer,
+    transport: _SyncTransport | _AsyncTransport,
+) -> tuple[_HealthPort | None, Any]:
+    """The health port (`health_listen`) and the web endpoint (`web_listen`,
+    collector/web.py, on the asyncio server's loop), each when configured; on an
+    error neither is left running."""
+    health_port = _HealthPort(config.health_listen) if config.health_listen else None
+    try:
+        web = None
+        if config.web_listen and isinstance(transport, _AsyncTransport):
+            from fedldp.collector.web import WebEndpoint
+
+            web = WebEndpoint(config, servicer, transport.loop)
+    except BaseException:
+        if health_port is not None:
+            health_port.stop()
+        raise
+    return health_port, web
+
+
 def preflight(config: CollectorConfig, *, now: int) -> None:
     """Check everything `start_collector` reads before it binds, and bind nothing:
     the settings, the policy folders, the token secret, the TLS files, and the
@@ -987,15 +1032,13 @@ def start_collector(
         committer.close()
         ledger.close()
         raise
-    health_port = None
-    if config.health_listen:
-        try:
-            health_port = _HealthPort(config.health_listen)
-        except Exception:
-            transport.stop(0)
-            committer.close()
-            ledger.close()
-            raise
+    try:
+        health_port, web = _side_ports(config, servicer, transport)
+    except Exception:
+        transport.stop(0)
+        committer.close()
+        ledger.close()
+        raise
     metrics_server = _start_metrics_server(config, metrics)
     _log_serving(config, transport.port, health_port, len(registry.policies), ledger)
     return RunningCollector(
@@ -1012,4 +1055,5 @@ def start_collector(
         health_port=health_port,
         admission=admission,
         shards=ledger if isinstance(ledger, ShardedLedger) else None,
+        web=web,
     )

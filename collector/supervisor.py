@@ -199,6 +199,37 @@ def _reserve_port(host: str) -> socket.socket:
     return sock
 
 
+def write_port_file(path: Path, port: int) -> None:
+    """Write `port` to `path` atomically (a temporary file renamed over it)."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(str(port), encoding="ascii")
+    os.replace(tmp, path)
+
+
+class _Both:
+    """Two reserved sockets closed together (the gRPC port's and the web port's)."""
+
+    def __init__(self, first: socket.socket | None, second: socket.socket) -> None:
+        self.sockets = [s for s in (first, second) if s is not None]
+
+    def close(self) -> None:
+        for sock in self.sockets:
+            sock.close()
+
+
+def _web_listen(config: CollectorConfig) -> tuple[socket.socket | None, str]:
+    """The web endpoint's address for every process (its port reserved here when
+    `web_listen` asks for port 0, like `listen`'s), and the reserved socket."""
+    if not config.web_listen:
+        return None, ""
+    host, port = _split_listen(config.web_listen)
+    if port != 0:
+        _check_bindable(host, port, config.web_listen)
+        return None, config.web_listen
+    sock = _reserve_port(host)
+    return sock, _join_listen(host, sock.getsockname()[1])
+
+
 def _check_bindable(host: str, port: int, listen: str) -> None:
     """ConfigError unless `host`:`port` can be bound with SO_REUSEPORT (as the
     processes will bind it): a port another program holds, or an address that is
@@ -246,11 +277,15 @@ def supervise(
     """Run `config.processes` collector processes until SIGTERM/SIGINT; exit status
     (1 when they could not all start, or an earlier generation still serves)."""
     host, port = _split_listen(config.listen)
-    reserved = _reserve_port(host) if port == 0 else None
-    if reserved is not None:
-        port = reserved.getsockname()[1]
+    grpc_reserved = _reserve_port(host) if port == 0 else None
+    if grpc_reserved is not None:
+        port = grpc_reserved.getsockname()[1]
     else:
         _check_bindable(host, port, config.listen)
+    web_reserved, web_listen = _web_listen(config)
+    reserved: socket.socket | _Both | None = grpc_reserved
+    if web_reserved is not None:
+        reserved = _Both(grpc_reserved, web_reserved)
     try:
         locks = take_generation_locks(
             generation_lock_paths(config, port),
@@ -270,6 +305,8 @@ def supervise(
     workers = []
     for i in range(config.processes):
         argv, env = _command(config, i, host, port, config_path, workdir, metrics_dir)
+        if web_listen:
+            env[env_name("web_listen")] = web_listen
         env[SUPERVISOR_PID_ENV] = str(os.getpid())
         env[LIVENESS_FD_ENV] = str(liveness_read)
         workers.append(_Worker(i, argv, env, keep_fds))
@@ -296,9 +333,9 @@ def supervise(
             metrics_server = _serve_metrics(config.metrics_listen, metrics_dir)
         if port_file is not None:
             path = Path(port_file)
-            tmp = path.with_name(path.name + ".tmp")
-            tmp.write_text(str(port), encoding="ascii")
-            os.replace(tmp, path)
+            if web_listen:  # PATH.web first: PATH says both are there
+                write_port_file(Path(f"{path}.web"), _split_listen(web_listen)[1])
+            write_port_file(path, port)
         log.info(
             "collector processes serving",
             extra={"fields": {"port": port, "processes": len(workers)}},

@@ -550,6 +550,20 @@ def _report(deployment: Deployment, now: int, confidence: float) -> Any:
     "collector, a shuffler and the analyzer run as three roles; prints the local ε0 and the "
     "amplified central (ε, δ) (docs/shuffle.md)",
 )
+@click.option(
+    "--web",
+    "with_web",
+    is_flag=True,
+    help="no simulated devices: start the collector with its web endpoint and serve a page "
+    "that records into it from a browser; prints the page's URL (docs/sdk.md, 'Browsers')",
+)
+@click.option(
+    "--web-for",
+    "web_seconds",
+    type=float,
+    default=None,
+    help="with --web: stop after this many seconds (default: at Ctrl-C)",
+)
 def demo(
     scenario: str,
     devices: int,
@@ -564,7 +578,9 @@ def demo(
     confidence: float,
     with_dashboard: bool,
     with_release_service: bool,
-    with_shuffle: bool,
+    with_shuffle: bool = False,
+    with_web: bool = False,
+    web_seconds: float | None = None,
 ) -> None:
     """Run the whole pipeline: signed policy, collector, simulated devices, report."""
     from fedldp.aggregator.render import render_html, render_table
@@ -573,29 +589,24 @@ def demo(
     eps = _parse_decimal(epsilon or DEFAULT_EPSILON[scenario], "--epsilon")
     cap = _parse_decimal(epsilon_cap, "--cap") if epsilon_cap is not None else eps
     _check_options(devices, domain_size, threads, processes, reinstall_fraction, confidence)
-    if with_shuffle and (open_domain or with_dashboard or with_release_service):
+    if with_shuffle and (open_domain or with_dashboard or with_release_service or with_web):
         raise click.BadParameter("--shuffle runs the homepage scenario alone")
     logging.basicConfig(level=logging.ERROR, format="%(levelname)s %(name)s: %(message)s")
     if out.exists():
         shutil.rmtree(out)
     out.mkdir(parents=True)
     now = int(time.time())
+    if with_web:  # a person clicks more than once a day: the cap defaults to 50 reports' worth
+        return _web_demo(
+            out, _labels(domain_size), eps, cap if epsilon_cap else eps * 50, now, web_seconds
+        )
     population = random.Random(seed) if seed is not None else random.SystemRandom()
     labels = _new_words(population) if open_domain else _labels(domain_size)
     values = _zipf_values(population, len(labels), devices)
     reinstalls = set(population.sample(range(devices), round(devices * reinstall_fraction)))
 
     started = time.perf_counter()
-    analyzer_key = _analyzer_key(out) if with_shuffle else None
-    deployment = _write_deployment(
-        out,
-        labels=labels,
-        epsilon=eps,
-        epsilon_cap=cap,
-        now=now,
-        open_domain=open_domain,
-        analyzer_key=analyzer_key,
-    )
+    deployment = _deploy(out, labels, (eps, cap), now, open_domain, shuffle=with_shuffle)
     if open_domain:
         click.echo(
             f"signed policy {OPEN_POLICY_ID}: PEM, strings of up to {OPEN_MAX_BYTES} bytes, "
@@ -638,7 +649,7 @@ def demo(
     click.echo("")
     click.echo(render_table(report, truth=truth))
     click.echo("")
-    _print_tally(tally, devices, elapsed)
+    _echo_tally(tally, devices, elapsed)
     html_path = render_html(report, out / "report.html", truth=truth)
     if with_release_service:
         _release_service_demo(out, seed, html_path)
@@ -660,13 +671,22 @@ def _shuffle_demo(
     (fedldp.demo_shuffle); exits with status 1 when a device failed, else 0."""
     from fedldp.demo_shuffle import shuffle_roles
 
-    _print_tally(tally, *run)
+    _echo_tally(tally, *run)
     shuffle_roles(deployment.out, deployment.collector_config, now, truth, tally.accepted)
     raise SystemExit(1 if tally.failed_devices else 0)
 
 
-def _print_tally(tally: Tally, devices: int, elapsed: float) -> None:
-    """What happened to the simulated devices' reports."""
+def _web_demo(
+    out: Path, labels: list[str], eps: Decimal, cap: Decimal, now: int, seconds: float | None
+) -> None:
+    """`--web`: fedldp.demo_web.run_web_demo."""
+    from fedldp.demo_web import run_web_demo
+
+    run_web_demo(out, labels=labels, epsilon=eps, epsilon_cap=cap, now=now, seconds=seconds)
+
+
+def _echo_tally(tally: Any, devices: int, elapsed: float) -> None:
+    """The fleet's outcome lines (devices, accepted, refused, anything else)."""
     click.echo(f"devices simulated:                   {devices} in {elapsed:.1f} s")
     click.echo(f"reports accepted:                    {tally.accepted}")
     click.echo(f"refused by the collector for budget: {tally.refused_by_collector_budget}")
@@ -693,6 +713,28 @@ def _check_options(
         )
     if not 0.0 <= reinstall_fraction <= 1.0 or not 0.0 < confidence < 1.0:
         raise click.BadParameter("--reinstall-fraction in [0, 1], --confidence in (0, 1)")
+
+
+def _deploy(
+    out: Path,
+    labels: Sequence[str],
+    budget: tuple[Decimal, Decimal],
+    now: int,
+    open_domain: bool,
+    *,
+    shuffle: bool,
+) -> Deployment:
+    """`_write_deployment` with (ε, cap) = `budget`; with `shuffle`, a new analyzer key first
+    and a shuffle-model policy sealed to it."""
+    return _write_deployment(
+        out,
+        labels=labels,
+        epsilon=budget[0],
+        epsilon_cap=budget[1],
+        now=now,
+        open_domain=open_domain,
+        analyzer_key=_analyzer_key(out) if shuffle else None,
+    )
 
 
 def _analyzer_key(out: Path) -> bytes:

@@ -53,10 +53,12 @@ def test_a_missing_or_stale_row_fails(tmp_path: Path) -> None:
         script.replaced("no markers here")
 
 
-def test_a_module_without_a_docstring_is_refused(tmp_path: Path) -> None:
+def test_a_module_without_a_docstring_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     script = _script()
     (tmp_path / "pkg").mkdir()
     (tmp_path / "pkg" / "bare.py").write_text("X = 1\n", encoding="utf-8")
-    script.REPO_ROOT = tmp_path
+    monkeypatch.setattr(script, "REPO_ROOT", tmp_path)
     with pytest.raises(script.ModuleTableError, match=r"pkg/bare\.py has no module docstring"):
         script.rows("pkg")

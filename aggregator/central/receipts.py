@@ -19,6 +19,7 @@ binding is reported as not checked).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import io
 import platform
@@ -101,14 +102,23 @@ CENTRAL_LIBRARIES = ("fedldp", "dp-accounting", "numpy", "scipy", "cryptography"
 
 def library_versions(names: tuple[str, ...] = CENTRAL_LIBRARIES) -> dict[str, str]:
     """Versions of Python and of `names` (what shapes a result, for its receipt);
-    "not installed" for a missing distribution."""
-    out = {"python": platform.python_version()}
+    "not installed" for a missing distribution. Read once per process and set of
+    names (reading distribution metadata costs tens of ms on every release
+    otherwise); each call returns a fresh dict."""
+    return dict(_library_versions(names))
+
+
+@functools.lru_cache(maxsize=16)
+def _library_versions(names: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
+    """`library_versions`' pairs, cached: the installed versions do not change
+    under a running process (an upgrade takes effect at its restart)."""
+    out = [("python", platform.python_version())]
     for name in names:
         try:
-            out[name] = metadata.version(name)
+            out.append((name, metadata.version(name)))
         except metadata.PackageNotFoundError:
-            out[name] = "not installed"
-    return out
+            out.append((name, "not installed"))
+    return tuple(out)
 
 
 def file_sha256(path: Path) -> str:

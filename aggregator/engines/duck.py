@@ -16,13 +16,14 @@ from __future__ import annotations
 import atexit
 import contextlib
 import threading
+from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from fedldp.aggregator.engines.plan import BoundedQuery, EngineError, Result, Totals
-from fedldp.aggregator.engines.sqlgen import compile_query, text
+from fedldp.aggregator.engines.sqlgen import compile_query, compile_rows, text
 
 #: Rows per Arrow batch streamed from a SQL database.
 SQL_BATCH_ROWS = 65_536
@@ -74,6 +75,24 @@ def to_result(rows: Sequence[Sequence[Any]], q: BoundedQuery) -> Result:
             t.counts[col] = int(row[depth + 3 + 2 * j])
         out[key] = t
     return out
+
+
+def rows_table(q: BoundedQuery, kept: Sequence[Sequence[Any]]) -> Any:
+    """Bounded rows (tuples of `q.fields()` values) as `rows` returns them: a pyarrow
+    Table, numeric columns BIGINT value·10^scale, the others text."""
+    import pyarrow as pa
+
+    names = q.fields()
+    columns = list(zip(*kept, strict=True)) if kept else [() for _ in names]
+    return pa.table(
+        {
+            name: pa.array(
+                [None if v is None else (int(v) if name in q.numeric else str(v)) for v in col],
+                pa.int64() if name in q.numeric else pa.string(),
+            )
+            for name, col in zip(names, columns, strict=True)
+        }
+    )
 
 
 _local = threading.local()
@@ -137,21 +156,75 @@ def _sql_batches(source: SqlSource, columns: Sequence[str]) -> Any:
     return pa.RecordBatchReader.from_batches(schema, batches())
 
 
-def run(q: BoundedQuery, source: Source) -> Result:
-    """Execute the bounded aggregation of `q` over `source` in DuckDB."""
+def _execute(q: BoundedQuery, source: Source, compile_: Any, arrow: bool) -> Any:
+    """Run `compile_(q, relation, "duckdb")` over `source`: its rows, or an Arrow table."""
     import duckdb
 
+    relation = "fedldp_sql_source" if isinstance(source, SqlSource) else source.relation()
+    sql = compile_(q, relation, "duckdb")  # a PlanError is said as it is
     con = _connection().cursor()
     try:
         if isinstance(source, SqlSource):
             columns = sorted({q.unit, *q.fields(), *q.where_columns()})
-            con.register("fedldp_sql_source", _sql_batches(source, columns))
-            relation = "fedldp_sql_source"
-        else:
-            relation = source.relation()
-        rows = con.execute(compile_query(q, relation, "duckdb")).fetchall()
+            con.register(relation, _sql_batches(source, columns))
+        if not arrow:
+            return con.execute(sql).fetchall()
+        found = con.sql(sql)  # a relation's Arrow output makes no extra copy
+        # to_arrow_table: DuckDB 1.4+; fetch_arrow_table: the older name
+        to_table = getattr(found, "to_arrow_table", None) or found.fetch_arrow_table
+        return to_table()
     except (duckdb.Error, OSError, ValueError):
         raise EngineError("duckdb") from None  # its text may quote a value
     finally:
         con.close()
-    return to_result(rows, q)
+
+
+#: Engine rows of keyless statements over files, by (path, file stamp, statement).
+_results: OrderedDict[tuple[str, tuple[int, ...], str], list[Any]] = OrderedDict()
+_results_lock = threading.Lock()
+#: Most statements whose rows are kept.
+RESULT_CACHE = 64
+
+
+def _stamp(path: Path) -> tuple[int, ...]:
+    """What changes when a file's bytes may have: device, inode, size, mtime and ctime
+    (ctime: no user can set it back)."""
+    st = path.stat()
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+def run(q: BoundedQuery, source: Source) -> Result:
+    """Execute the bounded aggregation of `q` over `source` in DuckDB.
+
+    A statement that does not use the bounding key (an ungrouped COUNT(*):
+    Σ_u min(n_u, c) whichever rows are kept) is a function of the file's bytes
+    alone, so its rows over a file are kept while the file's stamp stays
+    (`RESULT_CACHE` statements, least recently used dropped): a repeated count is
+    answered without a scan. Only those few engine numbers are kept, in the
+    service's memory; the noise of every release is fresh.
+    """
+    if not isinstance(source, FileSource):
+        return to_result(_execute(q, source, compile_query, arrow=False), q)
+    sql = compile_query(q, source.relation(), "duckdb")
+    if not q.key or q.key_hex in sql:  # the statement depends on the key: run it
+        return to_result(_execute(q, source, compile_query, arrow=False), q)
+    cache_key = (str(source.path), _stamp(source.path), sql)
+    with _results_lock:
+        found = _results.get(cache_key)
+        if found is not None:
+            _results.move_to_end(cache_key)
+            return to_result(found, q)
+    found = _execute(q, source, compile_query, arrow=False)
+    with _results_lock:
+        _results[cache_key] = found
+        while len(_results) > RESULT_CACHE:
+            _results.popitem(last=False)
+    return to_result(found, q)
+
+
+def rows(q: BoundedQuery, source: Source) -> Any:
+    """The bounded rows of `q` (sqlgen.compile_rows) as a pyarrow Table whose columns are
+    named by `q.fields()`: a categorical column as text, a numeric one as the BIGINT
+    value·10^scale of its clamped value (NULL stays NULL). In any order."""
+    table = _execute(q, source, compile_rows, arrow=True)
+    return table.rename_columns(list(q.fields()))

@@ -164,12 +164,17 @@ class BoundedQuery:
     #: Public domains of categorical GROUP BY / split columns (rows outside are dropped).
     domains: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     key: bytes = b""
+    #: Further columns the bounded rows carry (`bounded_rows`: a DP-SGD job's label and
+    #: features); they are hashed with the others, so they take part in the ranking.
+    carry: tuple[str, ...] = ()
 
     def fields(self) -> tuple[str, ...]:
-        """The columns the bounded rows carry (and are hashed on): group, sums, split."""
+        """The columns the bounded rows carry (and are hashed on): group, sums, split,
+        then `carry`."""
         names = [*self.group_by, *self.sums]
         if self.split is not None:
             names.append(self.split.column)
+        names.extend(self.carry)
         return tuple(dict.fromkeys(names))
 
     def where_columns(self) -> set[str]:

@@ -20,9 +20,9 @@ import threading
 import uuid
 from typing import Any
 
-from fedldp.aggregator.engines.duck import FileSource, Source, to_result
+from fedldp.aggregator.engines.duck import FileSource, Source, rows_table, to_result
 from fedldp.aggregator.engines.plan import BoundedQuery, EngineError, PlanError, Result
-from fedldp.aggregator.engines.sqlgen import compile_query
+from fedldp.aggregator.engines.sqlgen import compile_query, compile_rows
 
 _sessions: dict[str, Any] = {}
 _lock = threading.Lock()
@@ -49,12 +49,13 @@ def session(cluster: str) -> Any:
         return _sessions[cluster]
 
 
-def run(q: BoundedQuery, source: Source, cluster: str) -> Result:
-    """Execute the bounded aggregation of `q` over `source` on `cluster`."""
+def _execute(q: BoundedQuery, source: Source, cluster: str, compile_: Any) -> list[tuple[Any, ...]]:
+    """The rows of `compile_(q, view, "spark")` over `source`, collected to the service."""
     if not isinstance(source, FileSource):
         raise PlanError("the Spark engine reads CSV and Parquet files; SQL tables use DuckDB")
-    spark = session(cluster)
     view = f"fedldp_{uuid.uuid4().hex}"
+    sql = compile_(q, view, "spark")  # a PlanError is said as it is
+    spark = session(cluster)
     try:
         reader = spark.read
         if source.format == "parquet":
@@ -64,10 +65,20 @@ def run(q: BoundedQuery, source: Source, cluster: str) -> Result:
                 reader.option("header", "true").option("inferSchema", "false").csv(str(source.path))
             )
         frame.createOrReplaceTempView(view)
-        rows = [tuple(r) for r in spark.sql(compile_query(q, view, "spark")).collect()]
+        return [tuple(r) for r in spark.sql(sql).collect()]
     except Exception:  # a Py4J/Spark error's text may quote a value of the data
         raise EngineError("spark") from None
     finally:
         with contextlib.suppress(Exception):  # best effort: the view dies with the session
             spark.catalog.dropTempView(view)
-    return to_result(rows, q)
+
+
+def run(q: BoundedQuery, source: Source, cluster: str) -> Result:
+    """Execute the bounded aggregation of `q` over `source` on `cluster`."""
+    return to_result(_execute(q, source, cluster, compile_query), q)
+
+
+def rows(q: BoundedQuery, source: Source, cluster: str) -> Any:
+    """The bounded rows of `q` as duck.rows returns them (a pyarrow Table named by
+    `q.fields()`), computed on `cluster` and collected to the service."""
+    return rows_table(q, _execute(q, source, cluster, compile_rows))

@@ -23,6 +23,7 @@ from fedldp.aggregator.engines.plan import (
     IsNull,
     Not,
     NumericSpec,
+    PlanError,
 )
 
 Dialect = Literal["duckdb", "spark"]
@@ -150,16 +151,33 @@ def _count_only(q: BoundedQuery, source: str, dialect: Dialect) -> str:
     )
 
 
-def _ungrouped(q: BoundedQuery, source: str, dialect: Dialect) -> str:
-    """Ungrouped: a unit with at most c rows keeps them all; only the rows of larger units
-    are ranked by the keyed hash (plan.py step 4), which is where the time goes."""
+def _kept_ungrouped(q: BoundedQuery, source: str, dialect: Dialect) -> str:
+    """The WITH clause whose last table, `both_kept`, holds the bounded rows (u, f0..) of
+    an ungrouped query: a unit with at most c rows keeps them all; only the rows of
+    larger units are ranked by the keyed hash (plan.py step 4), which is where the time
+    goes."""
     n = _Names(dialect)
-    fields = q.fields()
-    fcols = [n.col(i) for i in range(len(fields))]
+    fcols = [n.col(i) for i in range(len(q.fields()))]
     texts = ["u", *(f"CAST({c} AS STRING)" for c in fcols)]
     c = int(q.rows_per_unit)
     row_h = n.sha(f"{text(q.key_hex)} || '|' || {_content(texts, n)} || '|' || CAST(dup AS STRING)")
     cols = ", ".join(["u", *fcols])
+    return (
+        f"WITH src AS ({_src(q, source, dialect)}), "
+        "cnt AS (SELECT *, count(*) OVER (PARTITION BY u) AS n_u FROM src), "
+        f"dup AS (SELECT {cols}, row_number() OVER (PARTITION BY {cols} ORDER BY u) AS dup "
+        f"FROM cnt WHERE n_u > {c}), "
+        f"rk AS (SELECT {cols}, row_number() OVER (PARTITION BY u ORDER BY {row_h}) AS rn "
+        "FROM dup), "
+        f"both_kept AS (SELECT {cols} FROM rk WHERE rn <= {c} "
+        f"UNION ALL SELECT {cols} FROM cnt WHERE n_u <= {c})"
+    )
+
+
+def _ungrouped(q: BoundedQuery, source: str, dialect: Dialect) -> str:
+    """Ungrouped: the aggregate of `_kept_ungrouped`'s rows, per split value."""
+    n = _Names(dialect)
+    fields = q.fields()
     keys, group_cols = [], []
     if q.split is not None:
         keys.append(f"{_split(q, fields.index(q.split.column), n)} AS split")
@@ -171,17 +189,20 @@ def _ungrouped(q: BoundedQuery, source: str, dialect: Dialect) -> str:
         stats.append(f"count(f{i}) AS c{j}")
     by = f" GROUP BY {', '.join(group_cols)}" if group_cols else ""
     return (
-        f"WITH src AS ({_src(q, source, dialect)}), "
-        "cnt AS (SELECT *, count(*) OVER (PARTITION BY u) AS n_u FROM src), "
-        f"dup AS (SELECT {cols}, row_number() OVER (PARTITION BY {cols} ORDER BY u) AS dup "
-        f"FROM cnt WHERE n_u > {c}), "
-        f"rk AS (SELECT {cols}, row_number() OVER (PARTITION BY u ORDER BY {row_h}) AS rn "
-        "FROM dup), "
-        f"both_kept AS (SELECT {cols} FROM rk WHERE rn <= {c} "
-        f"UNION ALL SELECT {cols} FROM cnt WHERE n_u <= {c}), "
+        f"{_kept_ungrouped(q, source, dialect)}, "
         f"kept AS (SELECT *, {', '.join(keys) or '1 AS one'} FROM both_kept) "
         f"SELECT {', '.join([*group_cols, *stats])} FROM kept{by}"
     )
+
+
+def compile_rows(q: BoundedQuery, source: str, dialect: Dialect) -> str:
+    """The bounded rows themselves (not their aggregate) of an ungrouped query: one row
+    per kept row, columns f0.. in `q.fields()` order (text, or value·10^scale of the
+    clamped value). For a DP-SGD job's table inside the service; never sent out."""
+    if q.group_by or q.groups_per_unit is not None or q.split is not None or q.sums:
+        raise PlanError("bounded rows are read for ungrouped queries that only carry columns")
+    fcols = [_Names(dialect).col(i) for i in range(len(q.fields()))]
+    return f"{_kept_ungrouped(q, source, dialect)} SELECT {', '.join(fcols) or '1'} FROM both_kept"
 
 
 def compile_query(q: BoundedQuery, source: str, dialect: Dialect) -> str:

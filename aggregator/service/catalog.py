@@ -162,7 +162,7 @@ class Dataset:
         return (self.unit, *sorted(self.columns))
 
     def index(self, column: str) -> int:
-        """Position of `column` in a row read by `bounded_rows`."""
+        """Position of `column` in a row read by `_raw_rows`."""
         return self.fields().index(column)
 
     def _raw_rows(self) -> Iterator[tuple[str, ...]]:
@@ -238,18 +238,34 @@ class Dataset:
         ctime included, which no user can set back); a SQL table records its name
         (`data_digest`).
         """
-        if self.engine == "python":
-            from fedldp.aggregator.engines import reference
+        return self._on_engine(query, rows=False)
 
-            result = reference.run(query, self._dict_rows())
+    def bounded_table(self, query: Any) -> Any:
+        """The bounded rows of `query` (an ungrouped engines.plan.BoundedQuery carrying
+        the columns wanted) read by this dataset's engine into a pyarrow Table
+        (engines.duck.rows: numeric columns as value·10^scale of the clamped value).
+        For DP-SGD jobs, inside the service: the rows never leave it."""
+        return self._on_engine(query, rows=True)
+
+    def _on_engine(self, query: Any, rows: bool) -> Any:
+        """`query`'s aggregate (or its bounded rows) from this dataset's engine."""
+        if self.engine == "python":
+            from fedldp.aggregator.engines import duck, reference
+
+            if rows:
+                kept = [k for _, k in reference.bounded(query, self._dict_rows())]
+                result = duck.rows_table(query, kept)
+            else:
+                result = reference.run(query, self._dict_rows())
         elif self.engine == "spark":
             from fedldp.aggregator.engines import spark
 
-            result = spark.run(query, self.source(), self.spark or "local[2]")
+            run = spark.rows if rows else spark.run
+            result = run(query, self.source(), self.spark or "local[2]")
         else:
             from fedldp.aggregator.engines import duck
 
-            result = duck.run(query, self.source())
+            result = (duck.rows if rows else duck.run)(query, self.source())
         for path in (self.csv_path, self.parquet_path):
             if path is not None:
                 self._file_digest(path)
@@ -286,30 +302,48 @@ class Dataset:
         assert self._digest is not None, "the data was not read to its end"
         return self._digest
 
-    def bounded_rows(self, per_unit: int | None = None) -> Iterator[tuple[str, ...]]:
-        """Rows (`fields()` order), keeping at most `per_unit` (default `contribution_bound`)
-        per unit: the first ones read.
-
-        Removing a unit then removes at most k rows: the sensitivity the
-        release functions are calibrated to (releases.py, contribution_bound);
-        DP-SGD, whose guarantee is per row, reads with per_unit = 1.
-        """
-        seen: dict[str, int] = {}
-        k = self.contribution_bound if per_unit is None else per_unit
-        for row in self._raw_rows():
-            n = seen.get(row[0], 0)
-            if n < k:
-                seen[row[0]] = n + 1
-                yield row
-
     # --- registration ---
+
+    def _clean_in_duckdb(self) -> bool:
+        """True when DuckDB finds, in one scan of the file, no unit with an empty name or
+        more than `contribution_bound` rows and no value `_flagged`; False when it flags
+        one or cannot read the file (the Python check then says which row and why)."""
+        import duckdb
+        from fedldp.aggregator.engines import duck
+        from fedldp.aggregator.engines.sqlgen import ident
+
+        unit = f"CAST({ident(self.unit, 'duckdb')} AS VARCHAR)"
+        flags = [f for name, c in sorted(self.columns.items()) if (f := _flagged(name, c))]
+        bad = " OR ".join([f"{unit} IS NULL", f"{unit} = ''", *flags])
+        relation = self.source().relation()
+        statement = (
+            f"SELECT (SELECT count(*) FROM {relation} WHERE {bad}), "
+            f"(SELECT coalesce(max(n), 0) FROM (SELECT count(*) AS n FROM {relation} "
+            f"GROUP BY {unit}) AS per_unit)"
+        )
+        con = duck._connection().cursor()
+        try:
+            found = con.execute(statement).fetchone()
+        except (duckdb.Error, OSError, ValueError):
+            return False
+        finally:
+            con.close()
+        return found is not None and found[0] == 0 and found[1] <= self.contribution_bound
 
     def register(self) -> None:
         """Validate every row against the declaration; mark the dataset queryable.
 
         Raises RegistrationError naming the first violation (row number and
-        column, never the value).
+        column, never the value). A file is first checked by DuckDB in one scan
+        (`_clean_in_duckdb`); only when that check flags something, or cannot run,
+        are the rows read in Python, which names the first violation or, DuckDB's
+        checks being the stricter, finds none.
         """
+        path = self.csv_path or self.parquet_path
+        if path is not None and self._clean_in_duckdb():
+            self.sha256 = self._file_digest(path)
+            self.registered = True
+            return
         per_unit: dict[str, int] = {}
         checks = [(i, name, self.columns[name]) for i, name in enumerate(self.fields()) if i]
         for number, row in enumerate(self._raw_rows(), start=2):
@@ -332,6 +366,25 @@ class Dataset:
                     )
         self.sha256 = self._digest
         self.registered = True
+
+
+def _flagged(name: str, column: Column) -> str | None:
+    """A DuckDB condition true for every value of `name` that `_check_value` would refuse
+    (it may flag more: a flagged dataset is then checked row by row in Python)."""
+    from fedldp.aggregator.engines.sqlgen import decimal, ident, text
+
+    col = f"CAST({ident(name, 'duckdb')} AS VARCHAR)"
+    if isinstance(column, CategoricalColumn):
+        if not column.domain:
+            return None
+        return f"({col} IS NULL OR {col} NOT IN ({', '.join(text(v) for v in column.domain)}))"
+    places = f"(\\.[0-9]{{1,{column.scale}}})?" if column.scale else ""
+    value = f"TRY_CAST({col} AS DECIMAL(38, {column.scale}))"
+    low, high = decimal(column.lower, column.scale), decimal(column.upper, column.scale)
+    return (
+        f"({col} IS NULL OR NOT regexp_full_match({col}, '-?[0-9]+{places}') "
+        f"OR coalesce({value} NOT BETWEEN {low} AND {high}, TRUE))"
+    )
 
 
 def _check_value(column: Column, text: str | None) -> str | None:

@@ -23,8 +23,12 @@ and marks the job charged once the data is opened, so a restarted service
 opened, settled AS SPENT (the whole reservation) otherwise — never refunded; the
 analyst's own-cap hold, if any, is closed the same way (`_close_hold`).
 
-Training data: the catalog dataset's rows, at most ONE record per unit (the first
-read: DP-SGD's guarantee is per row, so per unit once each unit has one row);
+Training data: the catalog dataset's rows, read by the dataset's release engine
+(DuckDB by default, Spark or the Python reference where the catalog says so) with
+the releases' contribution bounding (aggregator/engines/plan.py) at ONE record per
+unit, chosen uniformly at random per unit by a keyed hash under a fresh key
+(DP-SGD's guarantee is per row, so per unit once each unit has one row), into
+Arrow columns and then arrays without a Python row loop (`training_table`);
 numeric features clipped to their declared bounds and scaled to [-1, 1];
 categorical features one-hot over their declared domain; the label's class is its
 position in the declared domain. Every transformation is fixed by the
@@ -41,12 +45,11 @@ import base64
 import hashlib
 import importlib
 import logging
-import math
 import re
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from decimal import Decimal
 from pathlib import Path
@@ -482,6 +485,10 @@ class TrainingJobs:
                 f"{sorted(zoo_catalog.models)}"
             )
         label, columns = _columns(ds, request)
+        try:  # the engines' integer arithmetic must hold the declared bounds
+            training_query(ds, label, columns, b"")
+        except ValueError as exc:
+            raise InvalidRequestError(str(exc)) from None
         names = _feature_names(ds, columns)
         budget = _budget(request)
         params = _params(request.hyperparameters, zoo_catalog, ds.training_rows)
@@ -827,7 +834,7 @@ def _params(hp: pb.TrainingHyperparameters, catalog: TrainingCatalog, rows: int)
 def _data_config(ds: Dataset, label: str, names: tuple[str, ...]) -> DataConfig:
     """How the receipt describes the data: the catalog dataset, never a file path or URL
     of the operator's (the service reads the source itself)."""
-    unit = f"one {ds.unit} of catalog dataset {ds.id} (its first record read)"
+    unit = f"one {ds.unit} of catalog dataset {ds.id} (one record each, keyed-hash choice)"
     common: dict[str, Any] = {
         "label": label,
         "privacy_unit": unit,
@@ -859,67 +866,83 @@ def _zoo_module(plan: _Plan) -> Any:
 # --- the training table ---
 
 
-def training_table(ds: Dataset, label: str, columns: Sequence[str]) -> Any:
-    """The arrays DP-SGD trains on (module docstring): one record per unit, features
-    encoded from the declaration, labels as positions in the label's domain.
+def training_query(ds: Dataset, label: str, columns: Sequence[str], key: bytes) -> Any:
+    """The engines' bounded query of a job's table: ONE row per unit, chosen by the keyed
+    hash of `key` (aggregator/engines/plan.py), carrying the label and the features;
+    numeric features clamped to their declared bounds by the engine."""
+    from fedldp.aggregator.engines.plan import BoundedQuery, NumericSpec
+
+    numeric = {
+        c: NumericSpec(d.lower, d.upper, d.scale)
+        for c in columns
+        if isinstance(d := ds.columns[c], NumericColumn)
+    }
+    for name, spec in numeric.items():
+        spec.check(name)
+    return BoundedQuery(
+        unit=ds.unit, numeric=numeric, rows_per_unit=1, carry=(label, *columns), key=key
+    )
+
+
+def training_table(
+    ds: Dataset, label: str, columns: Sequence[str], key: bytes | None = None
+) -> Any:
+    """The arrays DP-SGD trains on (module docstring): one record per unit, read by the
+    dataset's engine (`training_query`; `key`: the bounding key, fresh from the OS CSPRNG
+    by default) into Arrow columns, encoded from the declaration without a row loop:
+    labels as positions in the label's domain, rows in a canonical order (sorted by
+    features, then label) so the digest does not depend on the engine's order.
 
     Raises fedldp.aggregator.training.DataError with a fixed message (no value,
     no row) when a value does not fit its declaration; called after the engine
     recorded that the data is opened, so such a failure is charged.
     """
     import numpy as np
+    from fedldp.aggregator.engines.plan import EngineError, fresh_key
     from fedldp.aggregator.training.data import DataError, dataset_from_arrays
 
-    classes = {value: i for i, value in enumerate(_domain(ds, label))}
-    label_at = ds.index(label)
-    encoders = [(ds.index(c), _encoder(c, ds.columns[c])) for c in columns]
-    features: list[list[float]] = []
-    labels: list[int] = []
-    for row in ds.bounded_rows(per_unit=1):
-        y = classes.get(row[label_at])
-        if y is None:
-            raise DataError(f"a value of column {label} lies outside its declared domain")
-        encoded: list[float] = []
-        for index, encode in encoders:
-            encoded.extend(encode(row[index]))
-        features.append(encoded)
-        labels.append(y)
+    query = training_query(ds, label, columns, fresh_key() if key is None else key)
+    try:
+        table = ds.bounded_table(query)
+    except EngineError:
+        raise DataError(
+            "the dataset's engine could not read the training table (a value that is not a number?)"
+        ) from None
+    y = _positions(table.column(label), label, _domain(ds, label))
+    parts = [_encode(table.column(c), c, ds.columns[c]) for c in columns]
+    x = np.hstack(parts) if parts else np.empty((len(y), 0))
+    order = np.lexsort((y, *x.T[::-1]))
     names = _feature_names(ds, columns)
-    x = np.asarray(features, dtype=np.float64).reshape(len(labels), len(names))
-    return dataset_from_arrays(
-        x, np.asarray(labels, dtype=np.int64), feature_names=names, label=label
-    )
+    return dataset_from_arrays(x[order], y[order], feature_names=names, label=label)
 
 
-def _encoder(
-    column: str, declared: NumericColumn | CategoricalColumn
-) -> Callable[[str], list[float]]:
-    """A value -> its model inputs (declaration only: bounds or domain)."""
+def _positions(values: Any, column: str, domain: Sequence[str]) -> Any:
+    """Each text's position in `domain` (int64); DataError when one is NULL or outside."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    from fedldp.aggregator.training.data import DataError
+
+    found = pc.index_in(values, value_set=pa.array(domain, pa.string()))
+    if found.null_count:
+        raise DataError(f"a value of column {column} lies outside its declared domain")
+    return np.asarray(found.to_numpy(zero_copy_only=False), dtype=np.int64)
+
+
+def _encode(values: Any, column: str, declared: NumericColumn | CategoricalColumn) -> Any:
+    """A column's model inputs (declaration only): one-hot over a categorical domain, or
+    the clamped value scaled to [-1, 1]; DataError when a value is missing."""
+    import numpy as np
     from fedldp.aggregator.training.data import DataError
 
     if isinstance(declared, CategoricalColumn):
-        positions: Mapping[str, int] = {v: i for i, v in enumerate(declared.domain)}
-        width = len(declared.domain)
-
-        def one_hot(text: str) -> list[float]:
-            at = positions.get(text)
-            if at is None:
-                raise DataError(f"a value of column {column} lies outside its declared domain")
-            out = [0.0] * width
-            out[at] = 1.0
-            return out
-
-        return one_hot
+        at = _positions(values, column, declared.domain)
+        return np.eye(len(declared.domain), dtype=np.float64)[at]
+    if values.null_count:
+        raise DataError(f"a value of column {column} is not a number")
+    # value·10^scale (exact integers below 2^53): one correctly rounded division gives
+    # the same double as float() of the value's decimal text
+    clamped = values.to_numpy(zero_copy_only=False).astype(np.float64) / 10.0**declared.scale
     lower, upper = float(declared.lower), float(declared.upper)
-
-    def scaled(text: str) -> list[float]:
-        try:
-            value = float(text)
-        except ValueError:
-            raise DataError(f"a value of column {column} is not a number") from None
-        if not math.isfinite(value):
-            raise DataError(f"a value of column {column} is not finite")
-        clipped = min(max(value, lower), upper)
-        return [2.0 * (clipped - lower) / (upper - lower) - 1.0]
-
-    return scaled
+    scaled: Any = 2.0 * (clamped - lower) / (upper - lower) - 1.0
+    return scaled.reshape(-1, 1)

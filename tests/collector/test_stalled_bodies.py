@@ -61,6 +61,33 @@ def _hint_ms(error: Any) -> int:
     return next((int(value) for key, value in trailers if key == "retry-after-ms"), 0)
 
 
+def _share_held(
+    deployment: Deployment, sqlite_url: str, server: str
+) -> tuple[RunningCollector, tuple[tuple[str, str], ...], StalledBodies]:
+    """A collector on `server` (body deadline 60 s) whose subject "staller" holds its
+    share with 4 withheld bodies (waited for, up to 30 s): the collector, the
+    staller's metadata and the attack (the caller stops both; on a failure here
+    they are stopped)."""
+    config = deployment.config(
+        sqlite_url.replace("ledger.db", f"{server}.db"), server=server, body_timeout_ms=60_000
+    )
+    running = start_collector(config, registry=deployment.registry())
+    staller = bearer_metadata(deployment.token("staller"))
+    attack = StalledBodies(running.address, staller, calls=4).start()
+    try:
+        admission = running.admission
+        assert admission is not None
+        deadline = time.monotonic() + 30
+        while admission.bytes < admission.max_subject_bytes:
+            assert time.monotonic() < deadline, attack.tally
+            time.sleep(0.02)
+    except BaseException:
+        attack.stop()
+        running.stop(1.0)
+        raise
+    return running, staller, attack
+
+
 def _stop(proc: CollectorProcess) -> int:
     """SIGTERM a collector process; its exit status."""
     proc.proc.send_signal(signal.SIGTERM)
@@ -249,18 +276,8 @@ def test_a_subject_refused_again_and_again_is_told_to_wait_longer(
 
     monkeypatch.setattr(adm, "RETRY_AFTER_MS", 20)
     monkeypatch.setattr(adm, "MAX_RETRY_AFTER_MS", 5_000)
-    config = deployment.config(
-        sqlite_url.replace("ledger.db", f"{server}.db"), server=server, body_timeout_ms=60_000
-    )
-    running = start_collector(config, registry=deployment.registry())
-    staller = bearer_metadata(deployment.token("staller"))
-    attack = StalledBodies(running.address, staller, calls=4).start()
+    running, staller, attack = _share_held(deployment, sqlite_url, server)
     try:
-        assert running.admission is not None
-        deadline = time.monotonic() + 30
-        while running.admission.bytes < running.admission.max_subject_bytes:  # the share held
-            assert time.monotonic() < deadline, attack.tally
-            time.sleep(0.02)
         request = _valid(deployment, now)()
         hints: list[int] = []
         waited: list[float] = []
@@ -297,17 +314,9 @@ def test_a_draining_sync_server_answers_held_refusals_at_once(
 
     monkeypatch.setattr(adm, "RETRY_AFTER_MS", 20_000)
     monkeypatch.setattr(srv, "TARPIT_MAX_SECONDS", 5.0)
-    config = deployment.config(sqlite_url, server="sync", body_timeout_ms=60_000)
-    running = start_collector(config, registry=deployment.registry())
-    staller = bearer_metadata(deployment.token("staller"))
-    attack = StalledBodies(running.address, staller, calls=4).start()
+    running, staller, attack = _share_held(deployment, sqlite_url, "sync")
     ended: list[float] = []
     try:
-        assert running.admission is not None
-        deadline = time.monotonic() + 30
-        while running.admission.bytes < running.admission.max_subject_bytes:
-            assert time.monotonic() < deadline, attack.tally
-            time.sleep(0.02)
         request = _valid(deployment, now)()
 
         def refused_call() -> None:
@@ -370,19 +379,9 @@ def test_a_held_refusal_ends_before_the_calls_deadline_and_the_hold_limit(
     from fedldp.collector import server as srv
 
     monkeypatch.setattr(adm, "RETRY_AFTER_MS", 20_000)
-    config = deployment.config(
-        sqlite_url.replace("ledger.db", f"{server}.db"), server=server, body_timeout_ms=60_000
-    )
-    running = start_collector(config, registry=deployment.registry())
-    staller = bearer_metadata(deployment.token("staller"))
-    attack = StalledBodies(running.address, staller, calls=4).start()
+    running, staller, attack = _share_held(deployment, sqlite_url, server)
     answers: list[tuple[grpc.StatusCode, int, float]] = []
     try:
-        assert running.admission is not None
-        deadline = time.monotonic() + 30
-        while running.admission.bytes < running.admission.max_subject_bytes:
-            assert time.monotonic() < deadline, attack.tally
-            time.sleep(0.02)
         request = _valid(deployment, now)()
         with grpc.insecure_channel(running.address) as channel:
             call = channel.unary_unary("/fedldp.v1.Collector/Submit", None, None)

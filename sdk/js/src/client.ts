@@ -1,18 +1,17 @@
 /**
- * The Node device client: verified policies, record() into a durable file outbox,
- * flush() over gRPC, the on-device budget guard and the collector's retry hint.
+ * The device client: verified policies, record() into a durable outbox, flush()
+ * to the collector, the on-device budget guard and the collector's retry hint.
+ * Platform-neutral: the outbox (a StateStore: a file in Node, IndexedDB in
+ * browsers) and the transport (gRPC in Node, Connect or gRPC-Web over fetch in
+ * browsers) are passed in; node.ts and browser.ts build them.
  *
- * record(metric, label) randomizes once and writes the report's exact bytes (and its
- * id) to the state file (write to a temporary file, fsync, rename, fsync the
- * folder) before it returns; flush() resends those same bytes until the collector
- * answers, so a retry after a crash or a lost answer carries the same report id
- * and is charged once (DUPLICATE). The state file holds report bytes (randomized
- * outputs), spend per (policy id, window start) and the highest policy versions;
- * never a raw value. Errors and logs never include the value either.
+ * record(metric, label) randomizes once and stores the report's exact bytes (and
+ * its id) durably before it returns; flush() resends those same bytes until the
+ * collector answers, so a retry after a crash or a lost answer carries the same
+ * report id and is charged once (DUPLICATE). The state holds report bytes
+ * (randomized outputs), spend per (policy id, window start) and the highest
+ * policy versions; never a raw value. Errors and logs never include the value.
  */
-import { promises as fs } from "node:fs";
-import * as path from "node:path";
-import * as grpc from "@grpc/grpc-js";
 import { create, fromBinary, toBinary } from "@bufbuild/protobuf";
 import {
   GetPoliciesRequestSchema, GetPoliciesResponseSchema, Outcome, SubmitResponseSchema,
@@ -20,40 +19,29 @@ import {
 } from "./gen/fedldp/v1/collector_pb.js";
 import { SignedEnvelopeSchema } from "./gen/fedldp/v1/policy_pb.js";
 import { type Rational, add, compare, decimalString, parseDecimal } from "./exact.js";
+import { type Pending, type State, type StateStore, emptyState } from "./outbox.js";
 import { PolicyError, TrustStore, type VerifiedPolicy, fromHex, hex, verifyPolicy } from "./policy.js";
+import { type CollectorTransport, TransportError } from "./transport.js";
 import { ReportIds, coarseTime, reportBytes, submitRequestBytes } from "./wire.js";
 import { MemoState, encodeValue } from "./mechanisms.js";
 
-export interface ClientOptions {
-  /** host:port of the collector's gRPC endpoint. */
-  collector: string;
-  /** Bearer token (sent as `authorization: Bearer <token>`). */
-  token: string;
+export interface CoreOptions {
   /** Raw 32-byte root public keys this device pins. */
   pinnedRootKeys: Uint8Array[];
   /** A serialized root SignedEnvelope signed by the pinned keys. */
   rootEnvelope: Uint8Array;
-  /** The device state file (outbox, spend, versions); created if missing. */
-  stateFile: string;
   /** The device's own ceiling on any one report's charge (decimal string). */
   maxEpsilon?: string;
-  /** Plaintext gRPC (loopback tests, a TLS-terminating sidecar); TLS otherwise. */
-  insecure?: boolean;
   batchSize?: number;
   /** Unix seconds (tests); the system clock by default. */
   now?: () => bigint;
 }
 
-interface Pending { id: string; report: string }
-interface State {
-  format: "fedldp.js.state.v1";
-  pending: Pending[];
-  spent: Record<string, string>;
-  highestVersions: Record<string, string>;
-  pausedUntilMs: number;
-  failures: number;
-  /** Memo state (permanent responses) of memoized metrics, by metric name: MemoState JSON. */
-  memos?: Record<string, string>;
+export interface ClientParts extends CoreOptions {
+  /** Where the outbox and budget state are kept. */
+  store: StateStore;
+  /** How the collector is reached. */
+  transport: CollectorTransport;
 }
 
 /** record() refused by the on-device budget guard: nothing randomized, nothing stored. */
@@ -63,37 +51,19 @@ export class NoPolicyError extends Error {}
 
 export interface FlushResult { accepted: number; duplicate: number; refused: number; pending: number; pausedMs: number }
 
-const SUBMIT = "/fedldp.v1.Collector/Submit";
-const GET_POLICIES = "/fedldp.v1.Collector/GetPolicies";
-
-function emptyState(): State {
-  return { format: "fedldp.js.state.v1", pending: [], spent: {}, highestVersions: {}, pausedUntilMs: 0, failures: 0 };
-}
-
-/** The device client (one per state file). */
+/** The device client (one per outbox). */
 export class FedldpClient {
   private policies = new Map<string, VerifiedPolicy>();
   private readonly ids = new ReportIds();
-  private readonly grpcClient: grpc.Client;
-  private readonly metadata = new grpc.Metadata();
   private queue: Promise<unknown> = Promise.resolve();
+  private lastFailure: TransportError | undefined;
 
-  private constructor(private readonly options: ClientOptions, private trust: TrustStore, private state: State) {
-    const credentials = options.insecure ? grpc.credentials.createInsecure() : grpc.credentials.createSsl();
-    this.grpcClient = new grpc.Client(options.collector, credentials);
-    this.metadata.set("authorization", `Bearer ${options.token}`);
-  }
+  private constructor(private readonly options: ClientParts, private trust: TrustStore, private state: State) {}
 
-  /** Open (or create) the state file, trust the pinned root and fetch the policies. */
-  static async open(options: ClientOptions): Promise<FedldpClient> {
+  /** Load the stored state, trust the pinned root and fetch the policies. */
+  static async open(options: ClientParts): Promise<FedldpClient> {
     const trust = await TrustStore.fromPinnedRoot(options.rootEnvelope, options.pinnedRootKeys);
-    let state = emptyState();
-    try {
-      state = JSON.parse(await fs.readFile(options.stateFile, "utf8")) as State;
-      if (state.format !== "fedldp.js.state.v1") throw new Error("unknown state file format");
-    } catch (error) {
-      if ((error as NodeJS.ErrnoException).code !== "ENOENT") throw error;
-    }
+    const state = (await options.store.load()) ?? emptyState();
     const client = new FedldpClient(options, trust, state);
     await client.refreshPolicies();
     return client;
@@ -103,21 +73,12 @@ export class FedldpClient {
     return this.options.now ? this.options.now() : BigInt(Math.floor(Date.now() / 1000));
   }
 
-  private call<T>(method: string, request: Uint8Array, decode: (b: Buffer) => T): Promise<T> {
-    return new Promise((resolve, reject) => {
-      this.grpcClient.makeUnaryRequest(
-        method, (x: Uint8Array) => Buffer.from(x), decode, request, this.metadata,
-        { deadline: Date.now() + 10_000 },
-        (error, response) => (error || response === undefined ? reject(error) : resolve(response)));
-    });
-  }
-
   /** GetPolicies: apply newer roots, verify every envelope, keep the highest version per metric. */
   async refreshPolicies(): Promise<void> {
     const request = toBinary(GetPoliciesRequestSchema, create(GetPoliciesRequestSchema, {
       knownRootVersion: this.trust.rootVersion,
     }));
-    const response = await this.call(GET_POLICIES, request, (b) => fromBinary(GetPoliciesResponseSchema, b));
+    const response = fromBinary(GetPoliciesResponseSchema, await this.options.transport.call("GetPolicies", request));
     await this.trust.updateRoots(response.roots.map((e) => toBinary(SignedEnvelopeSchema, e)));
     const highest: Record<string, bigint> = {};
     for (const [id, v] of Object.entries(this.state.highestVersions)) highest[id] = BigInt(v);
@@ -212,10 +173,11 @@ export class FedldpClient {
         const batch = this.state.pending.slice(0, batchSize);
         let response: SubmitResponse;
         try {
-          response = await this.call(SUBMIT, submitRequestBytes(batch.map((p) => fromHex(p.report))),
-            (b) => fromBinary(SubmitResponseSchema, b));
+          const bytes = await this.options.transport.call("Submit", submitRequestBytes(batch.map((p) => fromHex(p.report))));
+          response = fromBinary(SubmitResponseSchema, bytes);
         } catch (error) {
-          this.failed(error as grpc.ServiceError);
+          if (!(error instanceof TransportError)) throw error;
+          this.failed(error);
           await this.persist();
           continue;
         }
@@ -237,10 +199,10 @@ export class FedldpClient {
   }
 
   /** A failed call: pause for the server's retry-after-ms hint, else exponential backoff with jitter. */
-  private failed(error: grpc.ServiceError): void {
+  private failed(error: TransportError): void {
+    this.lastFailure = error;
     this.state.failures += 1;
-    const hint = error.metadata?.get("retry-after-ms")?.[0];
-    const hintMs = hint === undefined ? NaN : Number(hint.toString());
+    const hintMs = error.retryAfterMs ?? NaN;
     const backoff = Math.random() * Math.min(60_000, 500 * 2 ** Math.min(this.state.failures, 10));
     const pause = Number.isFinite(hintMs) ? Math.min(hintMs, 300_000) : backoff;
     this.state.pausedUntilMs = Date.now() + pause;
@@ -251,11 +213,17 @@ export class FedldpClient {
     if (this.state.failures > 0) this.state.pausedUntilMs = 0;
   }
 
-  /** Persist and close the channel (pending reports stay in the state file for the next open). */
+  /** The last failed call's status (code name and retry hint), for diagnostics. */
+  lastError(): TransportError | undefined {
+    return this.lastFailure;
+  }
+
+  /** Persist and close the transport and store (pending reports stay for the next open). */
   close(): Promise<void> {
     return this.serial(async () => {
       await this.persist();
-      this.grpcClient.close();
+      this.options.transport.close();
+      this.options.store.close();
     });
   }
 
@@ -264,23 +232,8 @@ export class FedldpClient {
     return this.state.pending.map((p) => ({ ...p }));
   }
 
-  private async persist(): Promise<void> {
-    const file = this.options.stateFile;
-    const temporary = `${file}.tmp`;
-    const handle = await fs.open(temporary, "w", 0o600);
-    try {
-      await handle.writeFile(JSON.stringify(this.state));
-      await handle.sync();
-    } finally {
-      await handle.close();
-    }
-    await fs.rename(temporary, file);
-    const folder = await fs.open(path.dirname(file), "r");
-    try {
-      await folder.sync();
-    } finally {
-      await folder.close();
-    }
+  private persist(): Promise<void> {
+    return this.options.store.save(this.state);
   }
 }
 

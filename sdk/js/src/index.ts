@@ -1,6 +1,13 @@
-/** fedldp device SDK for Node: see README.md and docs/sdk.md ("TypeScript SDK"). */
+/** fedldp device SDK, the Node entry (browser.ts is the browser's): see README.md and docs/sdk.md ("TypeScript SDK"). */
 export { FedldpClient, BudgetExhaustedError, NoPolicyError } from "./client.js";
-export type { ClientOptions, FlushResult } from "./client.js";
+export type { ClientParts, CoreOptions, FlushResult } from "./client.js";
+export { openClient, nodeTransport } from "./node.js";
+export type { ClientOptions } from "./node.js";
+export { FileStore } from "./outbox_file.js";
+export type { State, StateStore } from "./outbox.js";
+export { type CollectorTransport, TransportError } from "./transport.js";
+export { ConnectTransport } from "./transport_connect.js";
+export { GrpcTransport } from "./transport_grpc.js";
 export { PolicyError, TrustStore, verifyPolicy, pae, keyIdOf, verifyEd25519 } from "./policy.js";
 export type { VerifiedPolicy, VerifyOptions } from "./policy.js";
 export {

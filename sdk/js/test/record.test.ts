@@ -11,7 +11,7 @@ import { existsSync, mkdtempSync, readFileSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import * as path from "node:path";
 import { fileURLToPath } from "node:url";
-import { FedldpClient, type ClientOptions } from "../src/client.js";
+import { type ClientOptions, openClient } from "../src/node.js";
 import { doubleHex, equal, mul, int, parseDecimal } from "../src/exact.js";
 import { fromHex, hex } from "../src/policy.js";
 
@@ -69,7 +69,7 @@ test("record() takes every metric type, stores no raw value, and the ledger char
         pinnedRootKeys: fixture.pinned_root_keys.map(fromHex), rootEnvelope: fromHex(fixture.root_envelope),
         stateFile: path.join(dir, "device.json"), maxEpsilon: "5",
       };
-      let client = await FedldpClient.open(options);
+      let client = await openClient(options);
       const errors: string[] = [];
       const refused = async (metric: string, value: unknown) => {
         await assert.rejects(client.record(metric, value as string), (e: Error) => { errors.push(e.message); return true; });
@@ -102,7 +102,7 @@ test("record() takes every metric type, stores no raw value, and the ledger char
       await client.close();
 
       // A restarted app keeps its permanent responses: the memo only grows.
-      client = await FedldpClient.open(options);
+      client = await openClient(options);
       await client.record("metric.rec_rappor", "zebra-label");
       const after = JSON.parse(readFileSync(options.stateFile, "utf8")).memos as Record<string, string>;
       assert.equal(after["metric.rec_rappor"], memos["metric.rec_rappor"]);

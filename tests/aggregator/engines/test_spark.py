@@ -1,4 +1,4 @@
-"""Spark (local mode) returns the reference's bounded true aggregate, exactly.
+"""Spark (local mode) returns the reference's bounded true aggregate and bounded rows, exactly.
 
 Skipped, with the reason, only when pyspark is not installed or no Java runtime
 can be found. Few and small: starting a local Spark costs seconds.
@@ -69,3 +69,15 @@ def test_spark_local_matches_the_reference(tmp_path: Path) -> None:
         with path.open(newline="", encoding="utf-8") as fh:
             expected = reference.run(q, csv.DictReader(fh))
         assert spark.run(q, source, "local[1]") == expected
+    # a DP-SGD job's table (duck.rows' contract), in the same session: starting a JVM
+    # costs seconds, so every Spark check of the suite shares this one
+    rows_q = make(b"r", carry=("region", "minutes"))
+    with path.open(newline="", encoding="utf-8") as fh:
+        kept = sorted(
+            (str(k), -1 if m is None else m)
+            for _, (k, m) in reference.bounded(rows_q, csv.DictReader(fh))
+        )
+    table = spark.rows(rows_q, duck.FileSource(parquet, "parquet"), "local[1]")
+    assert table.column_names == ["region", "minutes"]
+    got = zip(table.column("region").to_pylist(), table.column("minutes").to_pylist(), strict=True)
+    assert sorted((str(k), -1 if m is None else m) for k, m in got) == kept

@@ -10,14 +10,12 @@ import sqlite3
 import subprocess
 import sys
 from collections.abc import Callable
-from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
 import pytest
 from click.testing import CliRunner
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-from fedldp.aggregator.service.catalog import Dataset, NumericColumn
 from fedldp.aggregator.service.server import RunningReleaseService
 from fedldp.authoring import write_private_key, write_public_key
 from fedldp.collector.auth import RELEASE_SERVICE_AUDIENCE, TokenAuthority
@@ -120,15 +118,6 @@ def test_sql_table_dataset_is_registered_and_queried(make_service: Make, tmp_pat
         "--key=s",
     )
     assert result.exit_code == 0, result.output
-
-
-def test_bounded_rows_keep_at_most_k_records_per_unit(tmp_path: Path) -> None:
-    path = tmp_path / "d.csv"
-    path.write_text("u,x\n" + "".join(f"a,{i}\n" for i in range(5)) + "b,1\n")
-    ds = Dataset("d", "u", 2, {"x": NumericColumn(Decimal(0), Decimal(9))}, [], csv_path=path)
-    assert [r[0] for r in ds.bounded_rows()] == ["a", "a", "b"]
-    loose = Dataset("d", "u", 5, {"x": NumericColumn(Decimal(0), Decimal(9))}, [], csv_path=path)
-    assert len(list(loose.bounded_rows())) == 6  # the broken variant (k too high) keeps all
 
 
 @pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")

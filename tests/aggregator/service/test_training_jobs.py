@@ -4,6 +4,7 @@ and PostgreSQL ledgers, the real Opacus engine (tiny tables, a few steps)."""
 from __future__ import annotations
 
 import base64
+import csv
 import json
 import logging
 import threading
@@ -543,9 +544,7 @@ def test_a_restart_runs_queued_jobs(make_trainer: Make, tmp_path: Path) -> None:
 # --- the training table and the keys ---
 
 
-def test_the_training_table_has_one_record_per_unit_encoded_from_the_declaration(
-    tmp_path: Path,
-) -> None:
+def _small_dataset(tmp_path: Path, engine: str = "duckdb") -> Dataset:
     path = tmp_path / "d.csv"
     path.write_text("u,x,k,c\na,0,s,p\na,10,s,q\nb,10,t,q\nc,-5,r,p\nd,99,t,q\n", encoding="utf-8")
     columns: dict[str, NumericColumn | CategoricalColumn] = {
@@ -553,20 +552,97 @@ def test_the_training_table_has_one_record_per_unit_encoded_from_the_declaration
         "k": CategoricalColumn(("r", "s", "t")),
         "c": CategoricalColumn(("p", "q")),
     }
-    ds = Dataset("d", "u", 2, columns, [], csv_path=path)
-    table = training_table(ds, "c", ["x", "k"])
-    assert table.n_rows == 4  # a, b, c, d: a's second record is not read
-    assert table.feature_names == ("x", "k=r", "k=s", "k=t")
-    assert table.features.tolist() == [
-        [-1.0, 0.0, 1.0, 0.0],  # x = 0 is the lower bound
-        [1.0, 0.0, 0.0, 1.0],
-        [-1.0, 1.0, 0.0, 0.0],  # -5 clipped to the lower bound
-        [1.0, 0.0, 0.0, 1.0],  # 99 clipped to the upper bound
-    ]
-    assert table.labels.tolist() == [0, 1, 0, 1]  # positions in the declared domain
-    # the broken variant: reading up to the contribution bound gives unit a two rows,
-    # which DP-SGD's per-row guarantee would not cover
-    assert len(list(ds.bounded_rows())) == 5 and len(list(ds.bounded_rows(per_unit=1))) == 4
+    return Dataset("d", "u", 2, columns, [], csv_path=path, engine=engine)
+
+
+def test_the_training_table_has_one_record_per_unit_encoded_from_the_declaration(
+    tmp_path: Path,
+) -> None:
+    ds = _small_dataset(tmp_path)
+    a_rows = {((-1.0, 0.0, 1.0, 0.0), 0), ((1.0, 0.0, 1.0, 0.0), 1)}  # unit a's two records
+    kept_for_a: set[tuple[tuple[float, ...], int]] = set()
+    for key in (b"k0", b"k1", b"k2", b"k3", b"k4", b"k5"):
+        table = training_table(ds, "c", ["x", "k"], key=key)
+        assert table.n_rows == 4  # a, b, c, d: ONE of a's two records
+        assert table.feature_names == ("x", "k=r", "k=s", "k=t")
+        got = list(zip(map(tuple, table.features.tolist()), table.labels.tolist(), strict=True))
+        from_a = [r for r in got if r in a_rows]
+        assert len(from_a) == 1
+        assert sorted(r for r in got if r not in a_rows) == [
+            ((-1.0, 1.0, 0.0, 0.0), 0),  # c: -5 clipped to the lower bound; label p = 0
+            ((1.0, 0.0, 0.0, 1.0), 1),  # b
+            ((1.0, 0.0, 0.0, 1.0), 1),  # d: 99 clipped to the upper bound
+        ]
+        kept_for_a |= set(from_a)
+        # rows come in a canonical order (features, then label), whatever the engine's
+        assert got == sorted(got)
+    # the key decides which of a's records is read, not the file order (fixed keys: the
+    # broken variant "the first record read" would keep a's first record every time)
+    assert kept_for_a == a_rows
+
+
+def test_the_rows_a_job_reads_are_the_reference_bounded_rows(tmp_path: Path) -> None:
+    """DuckDB (the default engine) and the Python reference read the same rows under the
+    same key: the same arrays, hence the same dataset digest in the receipt."""
+    duck_ds = _small_dataset(tmp_path)
+    assert duck_ds.engine == "duckdb"  # the default
+    python_ds = _small_dataset(tmp_path, engine="python")
+    for key in (b"k0", b"k1", b"k2", b"k3"):
+        via_duck = training_table(duck_ds, "c", ["x", "k"], key=key)
+        via_reference = training_table(python_ds, "c", ["x", "k"], key=key)
+        assert via_duck.features.tolist() == via_reference.features.tolist()
+        assert via_duck.labels.tolist() == via_reference.labels.tolist()
+        assert via_duck.digest == via_reference.digest
+
+
+def test_a_value_outside_the_declaration_fails_the_read_with_a_fixed_message(
+    tmp_path: Path,
+) -> None:
+    from fedldp.aggregator.training.data import DataError
+
+    ds = _small_dataset(tmp_path)
+    assert ds.csv_path is not None
+    ds.csv_path.write_text("u,x,k,c\na,0,s,p\nb,1,zzz,q\n", encoding="utf-8")
+    with pytest.raises(DataError, match="column k lies outside its declared domain") as info:
+        training_table(ds, "c", ["x", "k"], key=b"k")
+    assert "zzz" not in str(info.value)
+    ds.csv_path.write_text("u,x,k,c\na,0,s,p\nb,secret-text,s,q\n", encoding="utf-8")
+    with pytest.raises(DataError) as info:
+        training_table(ds, "c", ["x", "k"], key=b"k")
+    assert "secret" not in str(info.value)
+    ds.csv_path.write_text("u,x,k,c\na,0,s,p\nb,,s,q\n", encoding="utf-8")
+    with pytest.raises(DataError, match="column x is not a number"):
+        training_table(ds, "c", ["x", "k"], key=b"k")
+
+
+def test_a_job_trains_on_the_duckdb_bounded_rows_by_default(
+    make_trainer: Make, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A real job through the service reads its table with DuckDB (the default engine),
+    and the rows it gets are the reference's bounded rows for the job's own key."""
+    from fedldp.aggregator.engines import duck, reference
+
+    calls: list[tuple[Any, Any, Any]] = []
+    real_rows = duck.rows
+
+    def spy(q: Any, source: Any) -> Any:  # the real engine, recorded
+        table = real_rows(q, source)
+        calls.append((q, source, table))
+        return table
+
+    monkeypatch.setattr(duck, "rows", spy)
+    svc = make_trainer()
+    client = Client(svc.port, "alice")
+    job = finished(client, submit(client, job_request("via-duckdb")).job_id)
+    assert job.state == pb.TRAINING_JOB_STATE_SUCCEEDED, job.error_message
+    assert len(calls) == 1
+    q, source, table = calls[0]
+    assert q.rows_per_unit == 1 and len(q.key) == 32  # one row per unit, a fresh key
+    with source.path.open(newline="", encoding="utf-8") as fh:
+        expected = sorted(kept for _, kept in reference.bounded(q, csv.DictReader(fh)))
+    got = sorted(zip(*(table.column(n).to_pylist() for n in q.fields()), strict=True))
+    assert got == expected and len(got) == 397  # 397 units, 2 records each
+    client.close()
 
 
 def test_training_keys_are_scoped_to_the_analyst_and_apart_from_release_keys() -> None:

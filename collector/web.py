@@ -1,0 +1,377 @@
+"""The browser-reachable endpoint: the Connect protocol and gRPC-Web (and gRPC) over
+HTTP/1.1 and HTTP/2, beside the gRPC server, on `web_listen` (off by default).
+
+Library: connect-python (the connectrpc project's Python implementation, ASGI,
+verified against the Connect conformance suite, on Google's protobuf runtime like
+the rest of fedldp) served by Hypercorn (HTTP/1.1, h2c and HTTP/2 over TLS with
+ALPN). sonora (gRPC-Web only, last release 2023, pins urllib3 < 2) and connectrpc
+>= 0.10 (a protobuf runtime of its own, not Google's) were not taken.
+
+Nothing of the Collector RPCs is implemented here a second time: every call goes
+through `CollectorServicer.handle_async` — the same authentication (bearer token
+from the `authorization` header), rate limit, admission (RPC slot and byte
+budgets, the connection being the HTTP client's address), body deadline, parse,
+service, group committer, ledger, metrics and refusal log as a gRPC call, on the
+same event loop (so `server = "asyncio"` is required). A refusal has the same
+code and message as over gRPC and its `retry-after-ms` as a trailer (a
+`trailer-retry-after-ms` header in the Connect protocol), exposed to pages by CORS.
+
+One difference stays: the protocol library reads a request's body before the
+handler runs, so a body is buffered (at most `max_message_bytes`, within
+`body_timeout_ms`, else refused) before admission counts it; admission then
+holds its real size as for gRPC. Only protobuf bodies are accepted (no JSON).
+CORS: the origins in `web_allowed_origins` get the CORS headers; a request that
+carries any other `Origin` is refused with 403 before anything is read.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import socket
+from collections.abc import Awaitable, Callable, MutableMapping
+from dataclasses import dataclass
+from typing import Any, NoReturn
+
+import grpc
+from fedldp.collector.config import CollectorConfig, split_address
+
+#: The RPC paths' prefix (the same service name as over gRPC).
+SERVICE = "fedldp.v1.Collector"
+
+#: Content types accepted (protobuf only: the handler takes the raw message bytes).
+PROTO_CONTENT_TYPES = (
+    "application/proto",
+    "application/connect+proto",
+    "application/grpc-web+proto",
+    "application/grpc-web",
+    "application/grpc",
+    "application/grpc+proto",
+)
+
+#: Request headers a page may send (the Connect and gRPC-Web clients' own).
+ALLOWED_HEADERS = (
+    "authorization",
+    "content-type",
+    "connect-protocol-version",
+    "connect-timeout-ms",
+    "grpc-timeout",
+    "x-grpc-web",
+    "x-user-agent",
+)
+
+#: Response headers a page may read (the status and the retry hint).
+EXPOSED_HEADERS = (
+    "grpc-status",
+    "grpc-message",
+    "grpc-status-details-bin",
+    "retry-after-ms",
+    "trailer-retry-after-ms",
+)
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+
+
+@dataclass
+class _Body:
+    """What the body reader saw of one request (shared with its handler)."""
+
+    timed_out: bool = False
+    too_large: bool = False
+
+
+_BODY: contextvars.ContextVar[_Body] = contextvars.ContextVar("fedldp_web_body")
+
+
+class _RawMessage:
+    """The message type the protocol library parses into and serializes from: the
+    raw bytes, unparsed (the servicer parses them after admission)."""
+
+    __slots__ = ("data",)
+
+    def __init__(self, data: bytes = b"") -> None:
+        self.data = data
+
+    def ParseFromString(self, data: bytes | bytearray) -> None:  # noqa: N802 - protobuf's name
+        """Keep `data` as is."""
+        self.data = bytes(data)
+
+    def SerializeToString(self, **_options: Any) -> bytes:  # noqa: N802 - protobuf's name
+        """The bytes kept."""
+        return self.data
+
+
+def connect_code(code: grpc.StatusCode) -> Any:
+    """The Connect code of a gRPC status code (same name; CANCELLED is CANCELED)."""
+    from connectrpc.code import Code
+
+    return Code.CANCELED if code == grpc.StatusCode.CANCELLED else Code[code.name]
+
+
+class WebCall:
+    """The part of a grpc.aio ServicerContext that `CollectorServicer` uses, for one
+    web request: its headers as call metadata, its HTTP client as the peer, its
+    (already buffered) body as the one message; `abort` raises the ConnectError the
+    protocol library sends, with the trailers."""
+
+    def __init__(self, ctx: Any, body: bytes, state: _Body) -> None:
+        self.ctx = ctx
+        self.body = body
+        self.state = state
+
+    def peer(self) -> str:
+        """The connection, for its byte budget: the HTTP client's address."""
+        return f"web:{self.ctx.client_address() or 'unknown'}"
+
+    def invocation_metadata(self) -> tuple[tuple[str, str], ...]:
+        """The request headers (lower-case names), as gRPC call metadata."""
+        return tuple((k.lower(), v) for k, v in self.ctx.request_headers().allitems())
+
+    def auth_context(self) -> dict[str, Any]:
+        """No client certificates on the web endpoint."""
+        return {}
+
+    def time_remaining(self) -> float | None:
+        """Seconds left before the request's own timeout (Connect-Timeout-Ms or
+        grpc-timeout), None when it set none; a held share refusal is answered
+        within half of it (`CollectorServicer._tarpit_for`)."""
+        remaining_ms: float | None = self.ctx.timeout_ms()
+        return None if remaining_ms is None else max(0.0, remaining_ms / 1000)
+
+    async def read(self) -> bytes:
+        """The request message; TimeoutError when its body did not come in time."""
+        if self.state.timed_out:
+            raise TimeoutError("the request body did not arrive in time")
+        return self.body
+
+    async def abort(
+        self,
+        code: grpc.StatusCode,
+        details: str = "",
+        trailing_metadata: tuple[tuple[str, str], ...] = (),
+    ) -> NoReturn:
+        """End the call with `code` and `details`; `trailing_metadata` as trailers."""
+        from connectrpc.errors import ConnectError
+
+        for key, value in trailing_metadata:
+            self.ctx.response_trailers()[key] = value
+        raise ConnectError(connect_code(code), details)
+
+
+def _endpoints(servicer: Any, max_message_bytes: int) -> dict[str, Any]:
+    """The three Collector methods as connect-python endpoints around
+    `servicer.handle_async` (raw bytes in, raw bytes out)."""
+    from connectrpc.code import Code
+    from connectrpc.errors import ConnectError
+    from connectrpc.method import IdempotencyLevel, MethodInfo
+    from connectrpc.server import Endpoint
+
+    def endpoint(name: str) -> Any:
+        async def function(request: _RawMessage, ctx: Any) -> _RawMessage:
+            state = _BODY.get()
+            if state.too_large:
+                raise ConnectError(
+                    Code.RESOURCE_EXHAUSTED,
+                    f"the request is larger than max_message_bytes ({max_message_bytes})",
+                )
+            out = await servicer.handle_async(name, WebCall(ctx, request.data, state))
+            return _RawMessage(out)
+
+        info = MethodInfo(
+            name=name,
+            service_name=SERVICE,
+            input=_RawMessage,
+            output=_RawMessage,
+            idempotency_level=IdempotencyLevel.UNKNOWN,
+        )
+        return Endpoint.unary(method=info, function=function)
+
+    return {f"/{SERVICE}/{name}": endpoint(name) for name in ("Submit", "GetPolicies", "GetBudget")}
+
+
+def _limited_receive(
+    receive: Receive, state: _Body, limit: int, timeout: float, *, framed: bool
+) -> Receive:
+    """`receive` that reads the whole body first (at most `limit` bytes, within
+    `timeout` s) and hands it over as one message; a body that is too large or too
+    slow is replaced by an empty request (an empty frame when gRPC-framed) and
+    `state` says why, so that the handler refuses it (the protocol library never
+    sees a truncated body)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    done = False
+
+    async def read_all() -> bytes:
+        chunks: list[bytes] = []
+        seen = 0
+        while True:
+            try:
+                message = await asyncio.wait_for(receive(), max(0.0, deadline - loop.time()))
+            except asyncio.TimeoutError:
+                state.timed_out = True
+                break
+            if message["type"] != "http.request":
+                break  # http.disconnect: the library notices on its next receive
+            chunk = message.get("body", b"")
+            seen += len(chunk)
+            if seen > limit:
+                state.too_large = True
+                break
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                return b"".join(chunks)
+        return b"\0\0\0\0\0" if framed else b""
+
+    async def limited() -> Message:
+        nonlocal done
+        if done:
+            return await receive()
+        done = True
+        return {"type": "http.request", "body": await read_all(), "more_body": False}
+
+    return limited
+
+
+class WebApp:
+    """The ASGI application: the origin gate, protobuf only, the body limits, CORS
+    (Starlette's middleware) and the Connect/gRPC-Web endpoints."""
+
+    def __init__(
+        self,
+        servicer: Any,
+        *,
+        allowed_origins: tuple[str, ...],
+        max_message_bytes: int,
+        body_timeout: float,
+    ) -> None:
+        from connectrpc.server import ConnectASGIApplication
+        from starlette.middleware.cors import CORSMiddleware
+
+        class _Collector(ConnectASGIApplication[Any]):
+            @property
+            def path(self) -> str:
+                return f"/{SERVICE}"
+
+        endpoints = _endpoints(servicer, max_message_bytes)
+        inner = _Collector(service=servicer, endpoints=lambda _s: endpoints, compressions=())
+        self.allowed_origins = allowed_origins
+        self.max_message_bytes = max_message_bytes
+        self.body_timeout = body_timeout
+        self.app = CORSMiddleware(
+            self._gate(inner),
+            allow_origins=list(allowed_origins),
+            allow_methods=["POST"],
+            allow_headers=list(ALLOWED_HEADERS),
+            expose_headers=list(EXPOSED_HEADERS),
+            max_age=600,
+        )
+
+    def _gate(self, inner: Any) -> Callable[[Scope, Receive, Send], Awaitable[None]]:
+        async def gate(scope: Scope, receive: Receive, send: Send) -> None:
+            if scope["type"] != "http":
+                await inner(scope, receive, send)
+                return
+            headers = {
+                k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]
+            }
+            origin = headers.get("origin")
+            if origin is not None and origin not in self.allowed_origins:
+                return await _plain(send, 403, b"origin not allowed\n")
+            content_type = headers.get("content-type", "").split(";")[0].strip().lower()
+            if scope["method"] != "POST" or content_type not in PROTO_CONTENT_TYPES:
+                return await _plain(send, 415, b"POST with a protobuf content type only\n")
+            state = _Body()
+            token = _BODY.set(state)
+            framed = content_type.startswith("application/grpc")
+            try:
+                limited = _limited_receive(
+                    receive,
+                    state,
+                    self.max_message_bytes + (5 if framed else 0),  # a gRPC frame's prefix
+                    self.body_timeout,
+                    framed=framed,
+                )
+                await inner(scope, limited, send)
+            finally:
+                _BODY.reset(token)
+
+        return gate
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """ASGI entry point."""
+        await self.app(scope, receive, send)
+
+
+async def _plain(send: Send, status: int, body: bytes) -> None:
+    """A plain-text HTTP answer (refusals before the protocol is known)."""
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [
+                (b"content-type", b"text/plain"),
+                (b"content-length", str(len(body)).encode()),
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})
+
+
+def bind_socket(listen: str, *, reuse_port: bool) -> socket.socket:
+    """A listening TCP socket on `listen` (SO_REUSEPORT when several collector
+    processes share the port); OSError when it cannot be bound."""
+    host, port = split_address(listen)
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if reuse_port:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        sock.bind((host, port))
+        sock.listen(1024)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+class WebEndpoint:
+    """The web endpoint served by Hypercorn on `loop` (the asyncio gRPC server's)."""
+
+    def __init__(self, config: CollectorConfig, servicer: Any, loop: asyncio.AbstractEventLoop):
+        from hypercorn.asyncio import serve
+        from hypercorn.config import Config
+
+        app = WebApp(
+            servicer,
+            allowed_origins=config.web_allowed_origins,
+            max_message_bytes=config.max_message_bytes,
+            body_timeout=config.body_timeout_ms / 1000,
+        )
+        hc = Config()
+        hc.accesslog = None
+        hc.errorlog = None
+        hc.h11_max_incomplete_size = 16 * 1024
+        hc.keep_alive_timeout = 30
+        hc.graceful_timeout = max(1.0, config.drain_seconds)
+        if config.tls_cert:
+            hc.certfile, hc.keyfile = config.tls_cert, config.tls_key
+            hc.create_ssl_context()  # unreadable or mismatched files: raised here, not later
+        sock = bind_socket(config.web_listen, reuse_port=config.reuse_port)
+        self.port: int = sock.getsockname()[1]
+        hc.bind = [f"fd://{sock.detach()}"]
+        self.loop = loop
+        self._stop = asyncio.Event()
+
+        async def run() -> None:
+            await serve(app, hc, shutdown_trigger=self._stop.wait)  # type: ignore[arg-type]
+
+        self.task = asyncio.run_coroutine_threadsafe(run(), loop)
+
+    def stop(self) -> None:
+        """Stop accepting, let requests in progress finish (Hypercorn's grace)."""
+        self.loop.call_soon_threadsafe(self._stop.set)
+        self.task.result(timeout=60)

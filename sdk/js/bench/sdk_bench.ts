@@ -1,0 +1,126 @@
+// The TypeScript SDK's figures (driven by bench/sdk_js.py, which takes the medians and
+// writes the JSON): bundle sizes, record() latency in Node and in headless Chromium, and
+// reports/s a page randomizes and persists. Prints one JSON object on stdout.
+//   node dist/bench/sdk_bench.js [--runs N] [--n REPORTS]
+// Each run: a fresh client records REPORTS reports (GRR, k = 3) and the per-call times
+// are kept. Timed section: record() — policy lookup, budget check, randomization,
+// serialization and the durable write of the whole state (Node: write, fsync, rename,
+// fsync the folder; Chromium: an IndexedDB readwrite transaction, durability "strict").
+// References in the same run: the mechanism's perturb() alone (the randomizer floor)
+// and record() into an in-memory store (everything but the storage).
+import * as path from "node:path";
+import { gzipSync } from "node:zlib";
+import { build } from "esbuild";
+import { FedldpClient } from "../src/client.js";
+import { fromHex } from "../src/policy.js";
+import { type State, type StateStore } from "../src/outbox.js";
+import { openClient, nodeTransport } from "../src/node.js";
+import { launch, runPage, servePage } from "../test/chromium.js";
+import { makeDeployment, removeDeployment, repo, startCollector } from "../test/harness.js";
+
+const argv = process.argv.slice(2);
+const arg = (name: string, fallback: number) => {
+  const i = argv.indexOf(name);
+  return i >= 0 ? Number(argv[i + 1]) : fallback;
+};
+const runs = arg("--runs", 5);
+const n = arg("--n", 200);
+
+class MemoryStore implements StateStore {
+  private state: State | undefined;
+  async load() { return this.state; }
+  async save(state: State) { this.state = structuredClone(state); }
+  close() {}
+}
+
+/** Minified and gzip sizes of a bundle of the web transport and protobuf runtime alone. */
+async function runtimeFloor(): Promise<{ minified: number; gzip: number }> {
+  const result = await build({
+    stdin: { contents: 'export { ConnectTransport } from "./src/transport_connect.ts";', resolveDir: path.join(repo, "sdk/js"), loader: "ts" },
+    bundle: true, format: "esm", platform: "browser", target: "es2022", minify: true, legalComments: "none",
+    write: false, resolveExtensions: [".ts", ".js"], logLevel: "warning",
+  });
+  const bytes = result.outputFiles[0]!.contents;
+  return { minified: bytes.length, gzip: gzipSync(bytes, { level: 9 }).length };
+}
+
+async function nodeRuns(dir: string, fixture: ReturnType<typeof makeDeployment>["fixture"], webUrl: string) {
+  const common = {
+    webUrl, token: fixture.token, pinnedRootKeys: fixture.pinned_root_keys.map(fromHex),
+    rootEnvelope: fromHex(fixture.root_envelope),
+  };
+  const out: { record: number[][]; memory: number[][]; perturb: number[][]; seconds: number[] } = { record: [], memory: [], perturb: [], seconds: [] };
+  for (let r = 0; r < runs; r++) {
+    const file = path.join(dir, `bench-${r}.json`);
+    const client = await openClient({ ...common, stateFile: file });
+    const memory = await FedldpClient.open({ ...common, store: new MemoryStore(), transport: nodeTransport({ ...common, stateFile: file }) });
+    const metric = fixture.metrics.web!;
+    const labels = fixture.web_labels;
+    const times: number[] = [], mem: number[] = [], pert: number[] = [];
+    const started = performance.now();
+    for (let i = 0; i < n; i++) {
+      const t = performance.now();
+      await client.record(metric, labels[i % labels.length]!);
+      times.push(performance.now() - t);
+    }
+    out.seconds.push((performance.now() - started) / 1000);
+    for (let i = 0; i < n; i++) {
+      const t = performance.now();
+      await memory.record(metric, labels[i % labels.length]!);
+      mem.push(performance.now() - t);
+    }
+    const mechanism = client.policy(metric)!.mechanism;
+    for (let batch = 0; batch < 5; batch++) {
+      const t = performance.now();
+      for (let i = 0; i < 2000; i++) mechanism.perturb(i % labels.length);
+      pert.push((performance.now() - t) / 2000);
+    }
+    out.record.push(times); out.memory.push(mem); out.perturb.push(pert);
+    await client.close(); await memory.close();
+  }
+  return out;
+}
+
+async function main() {
+  const { origin, server } = await servePage();
+  const { dir, fixture } = makeDeployment([origin]);
+  const collector = await startCollector(dir, fixture);
+  const webUrl = `http://127.0.0.1:${collector.webPort}`;
+  try {
+    const node = await nodeRuns(dir, fixture, webUrl);
+    const chromium: { record: number[][]; relaxed: number[][]; perturb: number[][]; reportsPerSecond: number[] } =
+      { record: [], relaxed: [], perturb: [], reportsPerSecond: [] };
+    const browser = await launch();
+    const chromiumVersion = await browser.browser.version();
+    try {
+      for (let r = 0; r < runs; r++) {
+        const result = await runPage(browser.page, origin, {
+          bundle: "fedldp.grr-olh.min.js", protocol: "connect", collectorUrl: webUrl, token: fixture.web_token,
+          pinnedRootKeys: fixture.pinned_root_keys, rootEnvelope: fixture.root_envelope,
+          metric: fixture.metrics.web, database: `bench-${r}`, mode: "bench", n, labels: fixture.web_labels,
+        }, 300_000);
+        if (!result.ok) throw new Error(String(result.error));
+        chromium.record.push(result.times as number[]);
+        chromium.perturb.push(result.perturbTimes as number[]);
+        chromium.reportsPerSecond.push(result.reportsPerSecond as number);
+        const relaxed = await runPage(browser.page, origin, {
+          bundle: "fedldp.grr-olh.min.js", protocol: "connect", collectorUrl: webUrl, token: fixture.web_token,
+          pinnedRootKeys: fixture.pinned_root_keys, rootEnvelope: fixture.root_envelope, durability: "relaxed",
+          metric: fixture.metrics.web, database: `bench-relaxed-${r}`, mode: "bench", n, labels: fixture.web_labels,
+        }, 300_000);
+        if (!relaxed.ok) throw new Error(String(relaxed.error));
+        chromium.relaxed.push(relaxed.times as number[]);
+      }
+    } finally {
+      await browser.close();
+    }
+    process.stdout.write(JSON.stringify({ runs, n, node, chromium, chromiumVersion, nodeVersion: process.version, runtimeFloor: await runtimeFloor() }));
+  } finally {
+    await collector.stop();
+    server.close();
+    removeDeployment(dir);
+  }
+}
+
+await main();
+

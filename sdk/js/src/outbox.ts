@@ -1,0 +1,44 @@
+/**
+ * The device's durable state — the outbox of reports not yet acknowledged (their
+ * ids and exact bytes, hex), spend per (policy id, window start), the highest
+ * policy versions seen and the retry pause — and where it is kept: a file in Node
+ * (outbox_file.ts), IndexedDB in browsers (outbox_indexeddb.ts). It holds
+ * randomized outputs only, never a raw value. `save` returns once the state is
+ * durable (the file synced and renamed; the IndexedDB transaction complete).
+ */
+
+export interface Pending { id: string; report: string }
+
+export interface State {
+  format: "fedldp.js.state.v1";
+  pending: Pending[];
+  spent: Record<string, string>;
+  highestVersions: Record<string, string>;
+  pausedUntilMs: number;
+  failures: number;
+  /** Memo state (permanent responses) of memoized metrics, by metric name: MemoState JSON. */
+  memos?: Record<string, string>;
+}
+
+export interface StateStore {
+  /** The stored state, or undefined when there is none yet. */
+  load(): Promise<State | undefined>;
+  /** Replace the stored state durably. */
+  save(state: State): Promise<void>;
+  /** Release the store (a database connection). */
+  close(): void;
+}
+
+/** A device's state before anything was recorded. */
+export function emptyState(): State {
+  return { format: "fedldp.js.state.v1", pending: [], spent: {}, highestVersions: {}, pausedUntilMs: 0, failures: 0 };
+}
+
+/** `value` as a State (an Error naming what is wrong otherwise). */
+export function checkState(value: unknown): State {
+  const state = value as State;
+  if (typeof state !== "object" || state === null || state.format !== "fedldp.js.state.v1" || !Array.isArray(state.pending)) {
+    throw new Error("unknown device state format");
+  }
+  return state;
+}
