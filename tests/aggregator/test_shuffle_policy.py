@@ -3,9 +3,7 @@ the shuffler's pull into its spool (idempotent; nothing after a release)."""
 
 from __future__ import annotations
 
-import copy
 from pathlib import Path
-from typing import Any
 
 import pytest
 from fedldp.aggregator.shuffler import (
@@ -14,56 +12,43 @@ from fedldp.aggregator.shuffler import (
     release,
     window_batch,
 )
-from fedldp.authoring import policy_from_dict
+from fedldp.authoring import load_policy_toml
 from fedldp.client.policy import InvalidPolicyError
+from fedldp.v1 import policy_pb2
 
 KEY = bytes(range(32))
-
-BASE: dict[str, Any] = {
-    "policy_id": "browser-homepage",
-    "version": 1,
-    "purpose": "start page choice",
-    "audience": ["prod-eu"],
-    "not_before": 1_796_083_200,
-    "expires_at": 1_796_083_200 + 30 * 86400,
-    "min_reports_for_release": 100,
-    "metric": {"name": "browser.homepage", "values": ["a", "b", "c"]},
-    "mechanism": {"id": "grr", "epsilon": "1"},
-    "budget": {"epsilon_cap": "4", "window": "1d"},
-    "shuffle": {"analyzer_public_key": KEY.hex(), "min_batch": 50},
-}
+EXAMPLE = Path(__file__).resolve().parents[2] / "deploy" / "policies" / "example-policy.toml"
 
 
-def _shuffle(**section: Any) -> dict[str, Any]:
-    data = copy.deepcopy(BASE)
-    data["shuffle"] = section
-    return data
+def _policy(tmp_path: Path, section: str) -> policy_pb2.Policy:
+    """The shipped example policy with `section` appended, loaded as an author would."""
+    path = tmp_path / "shuffled.toml"
+    path.write_text(EXAMPLE.read_text(encoding="utf-8") + "\n" + section, encoding="utf-8")
+    return load_policy_toml(path)
 
 
-def test_shuffle_section_is_signed_into_the_policy() -> None:
+def test_shuffle_section_is_signed_into_the_policy(tmp_path: Path) -> None:
     """The key (hex in TOML) and min_batch land in Policy.shuffle; without the section,
     the policy has none."""
-    policy = policy_from_dict(BASE)
+    policy = _policy(tmp_path, f'[shuffle]\nanalyzer_public_key = "{KEY.hex()}"\nmin_batch = 50\n')
     assert policy.HasField("shuffle")
     assert (policy.shuffle.analyzer_public_key, policy.shuffle.min_batch) == (KEY, 50)
-    plain = copy.deepcopy(BASE)
-    del plain["shuffle"]
-    assert not policy_from_dict(plain).HasField("shuffle")
+    assert not load_policy_toml(EXAMPLE).HasField("shuffle")
 
 
 @pytest.mark.parametrize(
     ("section", "problem"),
     [
-        ({"analyzer_public_key": "zz", "min_batch": 5}, "not hex"),
-        ({"analyzer_public_key": KEY[:31].hex(), "min_batch": 5}, "32-byte"),
-        ({"analyzer_public_key": KEY.hex(), "min_batch": 1}, "min_batch must be at least 2"),
-        ({"analyzer_public_key": KEY.hex(), "min_batch": 5, "x": 1}, "unknown keys"),
+        ('analyzer_public_key = "zz"\nmin_batch = 5', "not hex"),
+        (f'analyzer_public_key = "{KEY[:31].hex()}"\nmin_batch = 5', "32-byte"),
+        (f'analyzer_public_key = "{KEY.hex()}"\nmin_batch = 1', "min_batch must be at least 2"),
+        (f'analyzer_public_key = "{KEY.hex()}"\nmin_batch = 5\nx = 1', "unknown keys"),
     ],
 )
-def test_bad_shuffle_sections_are_refused(section: dict[str, Any], problem: str) -> None:
+def test_bad_shuffle_sections_are_refused(tmp_path: Path, section: str, problem: str) -> None:
     """Each bad section is named; nothing is signed."""
     with pytest.raises(InvalidPolicyError) as info:
-        policy_from_dict(_shuffle(**section))
+        _policy(tmp_path, "[shuffle]\n" + section + "\n")
     assert any(problem in p for p in info.value.problems), info.value.problems
 
 
