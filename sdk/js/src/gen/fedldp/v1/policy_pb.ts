@@ -27,7 +27,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file fedldp/v1/policy.proto.
  */
 export const file_fedldp_v1_policy: GenFile = /*@__PURE__*/
-  fileDesc("ChZmZWRsZHAvdjEvcG9saWN5LnByb3RvEglmZWRsZHAudjEiKAoJU2lnbmF0dXJlEg4KBmtleV9pZBgBIAEoCRILCgNzaWcYAiABKAwiYQoOU2lnbmVkRW52ZWxvcGUSFAoMcGF5bG9hZF90eXBlGAEgASgJEg8KB3BheWxvYWQYAiABKAwSKAoKc2lnbmF0dXJlcxgDIAMoCzIULmZlZGxkcC52MS5TaWduYXR1cmUiMwoRQ2F0ZWdvcmljYWxEb21haW4SDgoGdmFsdWVzGAEgAygJEg4KBmRpZ2VzdBgCIAEoDCImCgxOdW1lcmljUmFuZ2USCgoCbG8YASABKAkSCgoCaGkYAiABKAkiHwoKT3BlbkRvbWFpbhIRCgltYXhfYnl0ZXMYASABKA0irwEKCUF0dHJpYnV0ZRIMCgRuYW1lGAEgASgJEjMKC2NhdGVnb3JpY2FsGAIgASgLMhwuZmVkbGRwLnYxLkNhdGVnb3JpY2FsRG9tYWluSAASKgoHbnVtZXJpYxgDIAEoCzIXLmZlZGxkcC52MS5OdW1lcmljUmFuZ2VIABIrCgltZWNoYW5pc20YBCABKAsyGC5mZWRsZHAudjEuTWVjaGFuaXNtU3BlY0IGCgRraW5kIjoKDk11bHRpQXR0cmlidXRlEigKCmF0dHJpYnV0ZXMYASADKAsyFC5mZWRsZHAudjEuQXR0cmlidXRlItIBCgZNZXRyaWMSDAoEbmFtZRgBIAEoCRIzCgtjYXRlZ29yaWNhbBgCIAEoCzIcLmZlZGxkcC52MS5DYXRlZ29yaWNhbERvbWFpbkgAEioKB251bWVyaWMYAyABKAsyFy5mZWRsZHAudjEuTnVtZXJpY1JhbmdlSAASJQoEb3BlbhgEIAEoCzIVLmZlZGxkcC52MS5PcGVuRG9tYWluSAASKgoFbXVsdGkYBSABKAsyGS5mZWRsZHAudjEuTXVsdGlBdHRyaWJ1dGVIAEIGCgRraW5kIsEBCg1NZWNoYW5pc21TcGVjEgoKAmlkGAEgASgJEg8KB2Vwc2lsb24YAiABKAkSNAoGcGFyYW1zGAMgAygLMiQuZmVkbGRwLnYxLk1lY2hhbmlzbVNwZWMuUGFyYW1zRW50cnkSLgoNbWVtb19jaGFyZ2luZxgEIAEoDjIXLmZlZGxkcC52MS5NZW1vQ2hhcmdpbmcaLQoLUGFyYW1zRW50cnkSCwoDa2V5GAEgASgJEg0KBXZhbHVlGAIgASgJOgI4ASI1CgZCdWRnZXQSEwoLZXBzaWxvbl9jYXAYASABKAkSFgoOd2luZG93X3NlY29uZHMYAiABKAQiiwIKBlBvbGljeRIRCglwb2xpY3lfaWQYASABKAkSDwoHdmVyc2lvbhgCIAEoBBIPCgdwdXJwb3NlGAMgASgJEhAKCGF1ZGllbmNlGAQgAygJEiEKBm1ldHJpYxgFIAEoCzIRLmZlZGxkcC52MS5NZXRyaWMSKwoJbWVjaGFuaXNtGAYgASgLMhguZmVkbGRwLnYxLk1lY2hhbmlzbVNwZWMSIQoGYnVkZ2V0GAcgASgLMhEuZmVkbGRwLnYxLkJ1ZGdldBISCgpub3RfYmVmb3JlGAggASgDEhIKCmV4cGlyZXNfYXQYCSABKAMSHwoXbWluX3JlcG9ydHNfZm9yX3JlbGVhc2UYCiABKAQiQAoJUHVibGljS2V5Eg4KBmtleV9pZBgBIAEoCRIPCgdlZDI1NTE5GAIgASgMEhIKCmV4cGlyZXNfYXQYAyABKAMilwEKBFJvb3QSDwoHdmVyc2lvbhgBIAEoBBInCglyb290X2tleXMYAiADKAsyFC5mZWRsZHAudjEuUHVibGljS2V5EhYKDnJvb3RfdGhyZXNob2xkGAMgASgNEikKC3BvbGljeV9rZXlzGAQgAygLMhQuZmVkbGRwLnYxLlB1YmxpY0tleRISCgpleHBpcmVzX2F0GAUgASgDKn8KDE1lbW9DaGFyZ2luZxIdChlNRU1PX0NIQVJHSU5HX1VOU1BFQ0lGSUVEEAASFgoSTUVNT19DSEFSR0lOR19OT05FEAESHwobTUVNT19DSEFSR0lOR19JTlNUQU5UQU5FT1VTEAISFwoTTUVNT19DSEFSR0lOR19KT0lOVBADYgZwcm90bzM");
+  fileDesc("ChZmZWRsZHAvdjEvcG9saWN5LnByb3RvEglmZWRsZHAudjEiKAoJU2lnbmF0dXJlEg4KBmtleV9pZBgBIAEoCRILCgNzaWcYAiABKAwiYQoOU2lnbmVkRW52ZWxvcGUSFAoMcGF5bG9hZF90eXBlGAEgASgJEg8KB3BheWxvYWQYAiABKAwSKAoKc2lnbmF0dXJlcxgDIAMoCzIULmZlZGxkcC52MS5TaWduYXR1cmUiMwoRQ2F0ZWdvcmljYWxEb21haW4SDgoGdmFsdWVzGAEgAygJEg4KBmRpZ2VzdBgCIAEoDCImCgxOdW1lcmljUmFuZ2USCgoCbG8YASABKAkSCgoCaGkYAiABKAkiHwoKT3BlbkRvbWFpbhIRCgltYXhfYnl0ZXMYASABKA0irwEKCUF0dHJpYnV0ZRIMCgRuYW1lGAEgASgJEjMKC2NhdGVnb3JpY2FsGAIgASgLMhwuZmVkbGRwLnYxLkNhdGVnb3JpY2FsRG9tYWluSAASKgoHbnVtZXJpYxgDIAEoCzIXLmZlZGxkcC52MS5OdW1lcmljUmFuZ2VIABIrCgltZWNoYW5pc20YBCABKAsyGC5mZWRsZHAudjEuTWVjaGFuaXNtU3BlY0IGCgRraW5kIjoKDk11bHRpQXR0cmlidXRlEigKCmF0dHJpYnV0ZXMYASADKAsyFC5mZWRsZHAudjEuQXR0cmlidXRlItIBCgZNZXRyaWMSDAoEbmFtZRgBIAEoCRIzCgtjYXRlZ29yaWNhbBgCIAEoCzIcLmZlZGxkcC52MS5DYXRlZ29yaWNhbERvbWFpbkgAEioKB251bWVyaWMYAyABKAsyFy5mZWRsZHAudjEuTnVtZXJpY1JhbmdlSAASJQoEb3BlbhgEIAEoCzIVLmZlZGxkcC52MS5PcGVuRG9tYWluSAASKgoFbXVsdGkYBSABKAsyGS5mZWRsZHAudjEuTXVsdGlBdHRyaWJ1dGVIAEIGCgRraW5kIsEBCg1NZWNoYW5pc21TcGVjEgoKAmlkGAEgASgJEg8KB2Vwc2lsb24YAiABKAkSNAoGcGFyYW1zGAMgAygLMiQuZmVkbGRwLnYxLk1lY2hhbmlzbVNwZWMuUGFyYW1zRW50cnkSLgoNbWVtb19jaGFyZ2luZxgEIAEoDjIXLmZlZGxkcC52MS5NZW1vQ2hhcmdpbmcaLQoLUGFyYW1zRW50cnkSCwoDa2V5GAEgASgJEg0KBXZhbHVlGAIgASgJOgI4ASI1CgZCdWRnZXQSEwoLZXBzaWxvbl9jYXAYASABKAkSFgoOd2luZG93X3NlY29uZHMYAiABKAQitAIKBlBvbGljeRIRCglwb2xpY3lfaWQYASABKAkSDwoHdmVyc2lvbhgCIAEoBBIPCgdwdXJwb3NlGAMgASgJEhAKCGF1ZGllbmNlGAQgAygJEiEKBm1ldHJpYxgFIAEoCzIRLmZlZGxkcC52MS5NZXRyaWMSKwoJbWVjaGFuaXNtGAYgASgLMhguZmVkbGRwLnYxLk1lY2hhbmlzbVNwZWMSIQoGYnVkZ2V0GAcgASgLMhEuZmVkbGRwLnYxLkJ1ZGdldBISCgpub3RfYmVmb3JlGAggASgDEhIKCmV4cGlyZXNfYXQYCSABKAMSHwoXbWluX3JlcG9ydHNfZm9yX3JlbGVhc2UYCiABKAQSJwoHc2h1ZmZsZRgLIAEoCzIWLmZlZGxkcC52MS5TaHVmZmxlU3BlYyI9CgtTaHVmZmxlU3BlYxIbChNhbmFseXplcl9wdWJsaWNfa2V5GAEgASgMEhEKCW1pbl9iYXRjaBgCIAEoBCJACglQdWJsaWNLZXkSDgoGa2V5X2lkGAEgASgJEg8KB2VkMjU1MTkYAiABKAwSEgoKZXhwaXJlc19hdBgDIAEoAyKXAQoEUm9vdBIPCgd2ZXJzaW9uGAEgASgEEicKCXJvb3Rfa2V5cxgCIAMoCzIULmZlZGxkcC52MS5QdWJsaWNLZXkSFgoOcm9vdF90aHJlc2hvbGQYAyABKA0SKQoLcG9saWN5X2tleXMYBCADKAsyFC5mZWRsZHAudjEuUHVibGljS2V5EhIKCmV4cGlyZXNfYXQYBSABKAMqfwoMTWVtb0NoYXJnaW5nEh0KGU1FTU9fQ0hBUkdJTkdfVU5TUEVDSUZJRUQQABIWChJNRU1PX0NIQVJHSU5HX05PTkUQARIfChtNRU1PX0NIQVJHSU5HX0lOU1RBTlRBTkVPVVMQAhIXChNNRU1PX0NIQVJHSU5HX0pPSU5UEANiBnByb3RvMw");
 
 /**
  * A signature over PAE(payload_type, payload), as in DSSE v1:
@@ -436,6 +436,14 @@ export type Policy = Message<"fedldp.v1.Policy"> & {
    * @generated from field: uint64 min_reports_for_release = 10;
    */
   minReportsForRelease: bigint;
+
+  /**
+   * Set: a shuffle-model policy (docs/shuffle.md). Devices seal every payload to
+   * the analyzer's key; the collector charges and stores the ciphertext only.
+   *
+   * @generated from field: fedldp.v1.ShuffleSpec shuffle = 11;
+   */
+  shuffle?: ShuffleSpec | undefined;
 };
 
 /**
@@ -444,6 +452,35 @@ export type Policy = Message<"fedldp.v1.Policy"> & {
  */
 export const PolicySchema: GenMessage<Policy> = /*@__PURE__*/
   messageDesc(file_fedldp_v1_policy, 10);
+
+/**
+ * The shuffle model of a policy: who can read its payloads, and the smallest
+ * batch a shuffler may release.
+ *
+ * @generated from message fedldp.v1.ShuffleSpec
+ */
+export type ShuffleSpec = Message<"fedldp.v1.ShuffleSpec"> & {
+  /**
+   * Raw 32-byte X25519 public key of the analyzer (HPKE, RFC 9180).
+   *
+   * @generated from field: bytes analyzer_public_key = 1;
+   */
+  analyzerPublicKey: Uint8Array;
+
+  /**
+   * The shuffler releases no batch (one policy window) smaller than this (>= 2).
+   *
+   * @generated from field: uint64 min_batch = 2;
+   */
+  minBatch: bigint;
+};
+
+/**
+ * Describes the message fedldp.v1.ShuffleSpec.
+ * Use `create(ShuffleSpecSchema)` to create a new message.
+ */
+export const ShuffleSpecSchema: GenMessage<ShuffleSpec> = /*@__PURE__*/
+  messageDesc(file_fedldp_v1_policy, 11);
 
 /**
  * A root- or key-signing role's public key.
@@ -476,7 +513,7 @@ export type PublicKey = Message<"fedldp.v1.PublicKey"> & {
  * Use `create(PublicKeySchema)` to create a new message.
  */
 export const PublicKeySchema: GenMessage<PublicKey> = /*@__PURE__*/
-  messageDesc(file_fedldp_v1_policy, 11);
+  messageDesc(file_fedldp_v1_policy, 12);
 
 /**
  * Root metadata (TUF-style): the root keys and the policy-signing keys they
@@ -518,7 +555,7 @@ export type Root = Message<"fedldp.v1.Root"> & {
  * Use `create(RootSchema)` to create a new message.
  */
 export const RootSchema: GenMessage<Root> = /*@__PURE__*/
-  messageDesc(file_fedldp_v1_policy, 12);
+  messageDesc(file_fedldp_v1_policy, 13);
 
 /**
  * How a memoized (RAPPOR-style) mechanism is charged in the ledger.
