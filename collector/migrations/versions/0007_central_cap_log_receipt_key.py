@@ -16,7 +16,7 @@ when it was made (collector/ledger/reconcile.py).
 This revision appends one "cap_set" event per existing central cap (its value at
 the upgrade, detail "source": "migration 0007"): caps before the upgrade were not
 recorded, so reservations made before it are judged against that earliest
-recorded cap (docs/operations.md, "Reconcile").
+recorded cap (docs/collector.md, "Reconcile").
 
 `central_reservations.receipt_key_id` (new, nullable) is the key id (SHA-256 hex
 of the raw Ed25519 public key) of the only key that may sign the receipt of the
