@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from decimal import Decimal
 from typing import (
     Any,
@@ -287,7 +287,7 @@ def _central_over_cap(
 
 
 def _first_cap(
-    events: list[Any], key: tuple[str, str], cap_row: Any
+    events: Sequence[Any], key: tuple[str, str], cap_row: Any
 ) -> tuple[Decimal, Decimal] | None:
     """The earliest logged cap of `key`, else its cap row's, else None."""
     for _rid, action, detail_json in events:
