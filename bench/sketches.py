@@ -355,6 +355,18 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
+def _write(args: argparse.Namespace, benchmark: str, figures: list[dict[str, Any]]) -> None:
+    """Every figure, with the parameters, to --json (when given)."""
+    if args.json is not None:
+        write_json(
+            args.json,
+            benchmark=benchmark,
+            params={k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+            figures=figures,
+            packages=PACKAGES,
+        )
+
+
 def print_curve(points: list[CurvePoint], args: argparse.Namespace) -> None:
     """The recall curve as a table (and its JSON with --json)."""
     headers = [
@@ -385,14 +397,9 @@ def print_curve(points: list[CurvePoint], args: argparse.Namespace) -> None:
         f"{args.domain} strings, Zipf(1.1)"
     )
     print(format_table(headers, table))
-    if args.json is not None:
-        write_json(
-            args.json,
-            benchmark="sketches-recall-curve",
-            params={k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
-            figures=[{**p.__dict__, "recall": p.recall.__dict__} for p in points],
-            packages=PACKAGES,
-        )
+    _write(
+        args, "sketches-recall-curve", [{**p.__dict__, "recall": p.recall.__dict__} for p in points]
+    )
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -443,14 +450,7 @@ def main(argv: list[str] | None = None) -> None:
     ]
     print(f"k = {args.rows} rows, m = {args.columns} columns, dictionary {args.domain} strings")
     print(format_table(headers, table))
-    if args.json is not None:
-        write_json(
-            args.json,
-            benchmark="sketches",
-            params={k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
-            figures=[r.__dict__ for r in rows],
-            packages=PACKAGES,
-        )
+    _write(args, "sketches", [r.__dict__ for r in rows])
 
 
 if __name__ == "__main__":
