@@ -44,14 +44,25 @@ lint: $(VENV)/.test-installed
 	$(BIN)/python scripts/docstring_coverage.py
 	$(BIN)/python scripts/function_length.py
 
+# The sh examples of README.md and docs/*.md, run as written (scripts/check_docs.py),
+# and docs/architecture.md's module table against the tree (scripts/module_table.py).
 docs: $(VENV)/.test-installed
+	$(BIN)/python scripts/module_table.py --check
 	$(BIN)/python scripts/check_docs.py
 
 proto: $(VENV)/.test-installed
 	$(BIN)/python scripts/gen_proto.py
 
+# Every bench/ script in its --quick mode (each under a minute), its figures as JSON
+# in $(BENCH_OUT)/NAME.json. None is left out: the list is bench/*.py itself (less the
+# shared _common.py), and tests/test_benchmarks.py checks each takes --quick and --json.
+# The peer libraries (the `bench` extra) and Spark are optional: a script whose
+# reference is not installed says so and measures the rest.
+BENCH_OUT ?= bench/results/quick
+BENCHES := $(filter-out _common __init__,$(basename $(notdir $(wildcard bench/*.py))))
 bench-quick: $(VENV)/.test-installed
-	for b in mechanisms collector ingest_cpu sdk aggregator training cli_startup; do $(BIN)/python -m bench.$$b --quick || exit 1; done
+	mkdir -p $(BENCH_OUT)
+	for b in $(BENCHES); do $(BIN)/python -m bench.$$b --quick --json $(BENCH_OUT)/$$b.json || exit 1; done
 
 clean:
 	rm -rf $(VENV) build *.egg-info fedldp-demo

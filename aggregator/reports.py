@@ -42,6 +42,7 @@ from fedldp.aggregator.estimation import (
 )
 from fedldp.aggregator.sketches import CONSISTENCY_NEEDS_DOMAIN, candidate_report
 from fedldp.client.mechanisms.sketch import Sketch
+from fedldp.client.textfiles import not_text
 
 if TYPE_CHECKING:
     from fedldp.aggregator.multi_report import MultiReport
@@ -419,9 +420,8 @@ def load_export(document: dict[str, Any] | str | Path, policy: VerifiedPolicy) -
             data: Any = json.loads(document.read_text(encoding="utf-8"))
         except UnicodeDecodeError as exc:
             raise ExportMismatchError(
-                f"{document} is not a statistics export: not UTF-8 text "
-                f"(byte 0x{exc.object[exc.start]:02x}); give the JSON that `fedldp report "
-                "--export` wrote"
+                f"{not_text(document, exc)}, so not a statistics export: give the JSON "
+                "that `fedldp report --export-statistics` wrote"
             ) from None
     elif isinstance(document, str):
         data = json.loads(document)

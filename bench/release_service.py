@@ -3,6 +3,7 @@
     python -m bench.release_service                 # 1M-row CSV, 20 queries of each kind
     python -m bench.release_service --rows 100000 --queries 10
     python -m bench.release_service --json out.json
+    python -m bench.release_service --quick          # 20,000 rows, 5 queries of each kind
 
 A CSV of --rows rows (user_id with 2 records per unit, amount in [0, 100], city)
 is written to a temporary folder and registered (one validating pass, timed),
@@ -158,7 +159,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rows", type=int, default=1_000_000)
     parser.add_argument("--queries", type=int, default=20)
     parser.add_argument("--json", type=Path, help="write the figures here")
+    parser.add_argument(
+        "--quick", action="store_true", help="20,000 rows and 5 queries (under a minute)"
+    )
     args = parser.parse_args(argv)
+    if args.quick:
+        args.rows, args.queries = 20_000, 5
     figures = run(args.rows, args.queries)
     print(f"registration of {args.rows} rows: {figures['registration_seconds']:.2f} s")
     table = [

@@ -2,6 +2,7 @@
 
     python -m bench.release_service_training                  # 5,000 units, 5 pairs
     python -m bench.release_service_training --units 20000 --reps 7 --json out.json
+    python -m bench.release_service_training --quick          # 500 units, 5 pairs
 
 One table of --units privacy units (one record each: amount in [0, 100], city in
 4 values; the label is the city's position, the feature the amount scaled to
@@ -252,7 +253,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--units", type=int, default=5000)
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--json", type=Path, help="write the figures here")
+    parser.add_argument("--quick", action="store_true", help="500 units (under a minute)")
     args = parser.parse_args(argv)
+    if args.quick:
+        args.units = 500
     figures = run(args.units, args.reps)
     e, s = figures["engine_seconds"], figures["service_seconds"]
     print(

@@ -2,6 +2,7 @@
 
     python -m bench.sdk [--quick] [--json PATH] [--runs N]
     python -m bench.sdk --outage [--quick] [--json PATH]
+    python -m bench.sdk --device-cpu [--quick] [--json PATH]
 
 What is measured (medians over >= 5 runs, with min and max):
 
@@ -28,6 +29,12 @@ What is measured (medians over >= 5 runs, with min and max):
   device's thread for `Client()` on a new state folder, one record, one flush,
   close, with every device on one shared gRPC channel. Reference: the same two
   gRPC calls alone (GetPolicies, Submit) on that channel, same thread clock.
+* **Device CPU** (``--device-cpu`` runs only this): process CPU of the
+  device side with the collector in another process, so gRPC's own threads
+  count and the collector's do not: a fresh install as `fedldp demo` runs it
+  (and per phase), and the steady state of a long-lived Client (record() plus
+  its share of flush(), per record). Reference: the two gRPC calls alone
+  (`measure_device_cpu`).
 * **State size per 1,000 pending reports**: the growth of the state file
   (the one file a closed client leaves) when 1,000 reports are recorded and
   not sent, measured with the public API only; the serialized report bytes
@@ -381,6 +388,187 @@ def measure_fresh_install(world: World, runs: int, devices: int) -> dict[str, Ti
         "wall_s_per_install": summarize(wall),
         "grpc_pair_cpu_s (reference)": summarize(floor),
     }
+
+
+# --- device CPU, collector in another process ----------------------------------------------
+
+
+def _serve_world(conn: Any, subjects: int) -> None:
+    """Child process: a `World` (the collector and its policies); sends what a device needs.
+
+    Sends (address, root envelope bytes, root public keys, `subjects` tokens,
+    trust folder), then serves until the parent sends anything.
+    """
+    with tempfile.TemporaryDirectory(prefix="fedldp-bench-sdk-world-") as tmp:
+        world = World(Path(tmp))
+        try:
+            a = world.authority
+            conn.send(
+                (
+                    world.collector.address,
+                    a.root_envelope.SerializeToString(),
+                    [k.public_bytes_raw() for k in a.root_public_keys],
+                    [world.token(f"cpu-{i}") for i in range(subjects)],
+                    str(world.trust_dir),
+                )
+            )
+            conn.recv()
+        finally:
+            world.close()
+
+
+def _fresh_installs(
+    address: str, trust_root: Any, tokens: list[str], channel: Any, folder: Path
+) -> dict[str, list[float]]:
+    """Process CPU per fresh install and per phase (Client(), record, flush, close+rmtree)."""
+    import shutil
+
+    from fedldp.client.sdk import Client
+    from fedldp.client.transport import Credentials
+
+    phases: dict[str, list[float]] = {"total": [], "init": [], "record": [], "flush": []}
+    for i, token in enumerate(tokens):
+        state = folder / f"d{i}"
+        t0 = time.process_time()
+        client = Client(
+            address,
+            trust_root=trust_root,
+            state_dir=state,
+            credentials=Credentials.insecure_bearer(token),
+            channel=channel,
+        )
+        t1 = time.process_time()
+        client.record("m.grr", LABELS_16[i % 16])
+        t2 = time.process_time()
+        client.flush()
+        t3 = time.process_time()
+        client.close()
+        shutil.rmtree(state)
+        t4 = time.process_time()
+        for name, value in (
+            ("total", t4 - t0),
+            ("init", t1 - t0),
+            ("record", t2 - t1),
+            ("flush", t3 - t2),
+        ):
+            phases[name].append(value)
+    return phases
+
+
+def measure_device_cpu(runs: int, devices: int, records: int) -> dict[str, Timing]:
+    """Process CPU of the device side, the collector in another process (as in the demo).
+
+    * **Fresh install** (`fedldp demo`'s simulated device): `Client()` on a new
+      state folder (on /dev/shm when there is one, as the demo does), one
+      `record()`, `flush()`, `close()`, removing the folder; every device on
+      one shared channel and given the same verified `TrustStore` (each
+      Client copies it), as in the demo. `time.process_time()` of this process, so gRPC's own
+      threads count; the collector's do not. Median over `runs` runs of the
+      mean per device, and per phase.
+    * **Steady state**: one long-lived `Client` (state on disk, its own
+      channel) records `records` values (GRR k=16) and flushes them (100 per
+      call): process CPU per record, the record and its share of the flushes.
+    * References, same clock: one GetPolicies and one Submit of one stored
+      report on the shared channel (the two calls a fresh install makes); a
+      bare durable SQLite INSERT+COMMIT (WAL, synchronous=FULL) on the steady
+      state's disk (the floor under a durable record()).
+    """
+    import multiprocessing
+    import statistics
+
+    import grpc
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+    from fedldp.client.sdk import Client, TrustRoot
+    from fedldp.client.transport import Credentials, Transport
+    from fedldp.v1 import policy_pb2
+
+    context = multiprocessing.get_context("spawn")
+    parent, child = context.Pipe()
+    server = context.Process(target=_serve_world, args=(child, runs * devices + 2))
+    server.start()
+    address, root, keys, tokens, trust_dir = parent.recv()
+    # As the demo does: the pinned root verified once, each Client copies the store.
+    trust_root = TrustRoot(
+        policy_pb2.SignedEnvelope.FromString(root),
+        [Ed25519PublicKey.from_public_bytes(k) for k in keys],
+    ).trust_store(now=int(time.time()))
+    channel = grpc.insecure_channel(address)
+    shm = Path("/dev/shm")
+    out: dict[str, list[float]] = {}
+    try:
+        with (
+            tempfile.TemporaryDirectory(dir=shm if shm.is_dir() else None) as fresh,
+            tempfile.TemporaryDirectory() as disk,
+        ):
+            warm = _fresh_installs(address, trust_root, tokens[-2:], channel, Path(fresh))
+            del warm
+            for run in range(runs):
+                batch = tokens[run * devices : (run + 1) * devices]
+                phases = _fresh_installs(address, trust_root, batch, channel, Path(fresh))
+                for name, values in phases.items():
+                    out.setdefault(f"fresh_install_{name}_cpu_s", []).append(
+                        statistics.fmean(values)
+                    )
+            with Client(
+                address,
+                trust_root=trust_dir,
+                state_dir=Path(disk) / "steady",
+                credentials=Credentials.insecure_bearer(tokens[-1]),
+                max_outbox=10 * records,
+            ) as client:
+                client.record("m.grr", LABELS_16[0])
+                client.flush()
+                for _ in range(runs):
+                    t0 = time.process_time()
+                    for i in range(records):
+                        client.record("m.grr", LABELS_16[i % 16])
+                    t1 = time.process_time()
+                    assert client.flush().acknowledged == records
+                    t2 = time.process_time()
+                    out.setdefault("steady_record_cpu_s", []).append((t1 - t0) / records)
+                    out.setdefault("steady_flush_share_cpu_s", []).append((t2 - t1) / records)
+                    out.setdefault("steady_total_cpu_s", []).append((t2 - t0) / records)
+                stored = client._outbox  # for the reference's one stored report
+                client.record("m.grr", LABELS_16[0])
+                report = stored.entries()[0].report
+            out["sqlite_commit_cpu_s (reference)"] = _sqlite_commit_cpu(
+                Path(disk) / "floor.db", records, runs
+            )
+            transport = Transport(address, Credentials.insecure_bearer(tokens[0]), channel=channel)
+            for _ in range(runs):
+                t0 = time.process_time()
+                for _ in range(devices):
+                    transport.get_policies()
+                    transport.submit_raw([report])
+                out.setdefault("grpc_pair_cpu_s (reference)", []).append(
+                    (time.process_time() - t0) / devices
+                )
+    finally:
+        channel.close()
+        parent.send("stop")
+        server.join()
+    return {name: summarize(values) for name, values in out.items()}
+
+
+def _sqlite_commit_cpu(path: Path, calls: int, runs: int) -> list[float]:
+    """Process CPU per bare durable INSERT+COMMIT (WAL, synchronous=FULL), per run."""
+    conn = sqlite3.connect(path, isolation_level=None)
+    conn.execute("PRAGMA journal_mode=WAL")
+    conn.execute("PRAGMA synchronous=FULL")
+    conn.execute("CREATE TABLE t (id BLOB PRIMARY KEY, body BLOB)")
+    body = os.urandom(72)
+    samples = []
+    try:
+        for _ in range(runs):
+            start = time.process_time()
+            for _ in range(calls):
+                conn.execute("BEGIN IMMEDIATE")
+                conn.execute("INSERT INTO t VALUES (?, ?)", (os.urandom(16), body))
+                conn.execute("COMMIT")
+            samples.append((time.process_time() - start) / calls)
+    finally:
+        conn.close()
+    return samples
 
 
 def _sqlite_floor(path: Path, calls: int, runs: int) -> Timing:
@@ -762,9 +950,16 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="only the outage run and the state folder sizes (--quick: 15 s + 15 s, < 1 minute)",
     )
+    parser.add_argument(
+        "--device-cpu",
+        action="store_true",
+        help="only the device CPU figures (fresh install, steady state; --quick < 1 minute)",
+    )
     args = parser.parse_args(argv)
     if args.outage:
         return outage_main(args)
+    if args.device_cpu:
+        return device_cpu_main(args)
     runs = max(5, args.runs or 5)
     calls = 30 if args.quick else 500
     pending = 200 if args.quick else 3000
@@ -789,10 +984,51 @@ def main(argv: list[str] | None = None) -> int:
             }
         finally:
             world.close()
+    figures["device_cpu"] = measure_device_cpu(runs, installs, calls * 2)
     _print(figures)
     if args.json:
         write_json(args.json, benchmark="sdk", params=params, figures=figures, packages=PACKAGES)
     return 0
+
+
+def device_cpu_main(args: argparse.Namespace) -> int:
+    """`--device-cpu`: only `measure_device_cpu` (fresh installs and the steady state)."""
+    runs = max(5, args.runs or 5)
+    devices = 100 if args.quick else 500
+    records = 300 if args.quick else 2000
+    figures = {"device_cpu": measure_device_cpu(runs, devices, records)}
+    _print_device_cpu(figures["device_cpu"])
+    if args.json:
+        params = {"runs": runs, "devices_per_run": devices, "records_per_run": records}
+        write_json(args.json, benchmark="sdk", params=params, figures=figures, packages=PACKAGES)
+    return 0
+
+
+def _print_device_cpu(f: dict[str, Timing]) -> None:
+    ref = f["grpc_pair_cpu_s (reference)"]
+    rows = [
+        [label, _mmm(f[key], 1000), f"{f[key].median / ref.median:.2f}"]
+        for label, key in (
+            ("fresh install, all (as in fedldp demo)", "fresh_install_total_cpu_s"),
+            ("  Client() (state file, policy fetch + verify)", "fresh_install_init_cpu_s"),
+            ("  record()", "fresh_install_record_cpu_s"),
+            ("  flush() (one Submit)", "fresh_install_flush_cpu_s"),
+            ("steady state: record() + its share of flush()", "steady_total_cpu_s"),
+            ("  record() alone", "steady_record_cpu_s"),
+            ("  flush() share (100 per call)", "steady_flush_share_cpu_s"),
+        )
+    ]
+    rows.append(["GetPolicies + Submit alone (reference)", _mmm(ref, 1000), "1.00"])
+    floor = f["sqlite_commit_cpu_s (reference)"]
+    rows.append(
+        [
+            "bare durable SQLite INSERT+COMMIT, same disk (reference)",
+            _mmm(floor, 1000),
+            f"{floor.median / ref.median:.2f}",
+        ]
+    )
+    print("Device CPU (process, collector in another process), ms (median [min-max])")
+    print(format_table(["what", "CPU ms", "÷ gRPC pair"], rows))
 
 
 def _mmm(t: Timing, scale: float = 1.0, digits: int = 3) -> str:
@@ -885,6 +1121,8 @@ def _print(figures: dict[str, Any]) -> None:
     ]
     print("Fresh install (as in fedldp demo), ms per device, device thread CPU (median [min-max])")
     print(format_table(["what", "CPU ms", "wall ms", "÷ gRPC pair"], rows))
+    print()
+    _print_device_cpu(figures["device_cpu"])
 
 
 if __name__ == "__main__":

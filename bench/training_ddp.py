@@ -1,6 +1,7 @@
 """Benchmark: wall time of `train_private` on 1 vs 2 processes (`fedldp train --nproc`).
 
     python -m bench.training_ddp [--rows N] [--batch B] [--epochs E] [--reps R] [--json PATH]
+    python -m bench.training_ddp --quick     # 2,000 rows, one repetition
 
 A tabular MLP 50→128→128→2 (ghost clipping, chosen by rule) on N synthetic rows
 (default 20,000), expected batch B (default 256), E epochs (default 1), ε = 8, δ = 1e-5, a
@@ -106,7 +107,12 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=1)
     parser.add_argument("--reps", type=int, default=2)
     parser.add_argument("--json", type=Path, help="write the figures here")
+    parser.add_argument(
+        "--quick", action="store_true", help="2,000 rows, one repetition (under a minute)"
+    )
     args = parser.parse_args()
+    if args.quick:
+        args.rows, args.reps = 2_000, 1
     warnings.filterwarnings("ignore")
     data = _data(args.rows)
     runs: dict[str, list[dict[str, float]]] = {name: [] for name, _, _ in CONFIGS}

@@ -60,7 +60,7 @@ import secrets
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from decimal import Decimal
 from pathlib import Path
@@ -386,7 +386,6 @@ class DeviceStore:
             os.chmod(self.path, 0o600)
         self._conn.execute("PRAGMA journal_mode=WAL")
         self._conn.execute("PRAGMA synchronous=FULL")
-        self._conn.execute("PRAGMA foreign_keys=ON")
         self._conn.execute(f"PRAGMA wal_autocheckpoint={WAL_AUTOCHECKPOINT_PAGES:d}")
         self._conn.execute(f"PRAGMA journal_size_limit={JOURNAL_SIZE_LIMIT:d}")
         self._migrate()
@@ -464,14 +463,16 @@ class DeviceStore:
     def close(self) -> None:
         """Checkpoint and close the database (idempotent).
 
-        The last connection to close deletes the ``-wal`` and ``-shm`` files, so a
-        closed store is one file.
+        The checkpoint is skipped when this connection changed nothing since its
+        last complete one (a `flush()` just before `close()` made it). The last
+        connection to close checkpoints what is left and deletes the ``-wal`` and
+        ``-shm`` files (SQLite does this itself), so a closed store is one file.
         """
         with self._lock:
             if not self._closed:
                 if not self.read_only:
                     with contextlib.suppress(sqlite3.Error):
-                        self.checkpoint(force=True)
+                        self.checkpoint()
                 self._closed = True
                 self._conn.close()
 
@@ -503,12 +504,15 @@ class DeviceStore:
             return True
 
     @contextlib.contextmanager
-    def transaction(self, *, durable: bool = True) -> Iterator[sqlite3.Connection]:
+    def transaction(
+        self, *, durable: bool = True, write: bool = True
+    ) -> Iterator[sqlite3.Connection]:
         """An exclusive write transaction (``BEGIN IMMEDIATE``), committed on success.
 
         Any exception rolls everything back: a failed operation changes nothing.
-        On a read-only store: a read transaction (``BEGIN``; one snapshot), and
-        any write in it fails.
+        On a read-only store, or with `write=False`: a read transaction
+        (``BEGIN``; one snapshot, no write lock taken until a write, which a
+        read-only store refuses).
         `durable=False` commits without an fsync (``synchronous=NORMAL`` for this
         transaction: atomic and consistent, and on disk with the next durable
         commit or checkpoint); only for state whose loss in a power cut is
@@ -520,7 +524,7 @@ class DeviceStore:
             if not durable:
                 self._conn.execute("PRAGMA synchronous=NORMAL")
             try:
-                self._conn.execute("BEGIN" if self.read_only else "BEGIN IMMEDIATE")
+                self._conn.execute("BEGIN" if self.read_only or not write else "BEGIN IMMEDIATE")
                 try:
                     yield self._conn
                 except BaseException:
@@ -653,28 +657,36 @@ class DeviceStore:
         The highest version only ever grows (``MAX``), so a later stale write
         cannot lower the rollback floor.
         """
-        conn.execute(
+        DeviceStore.save_policies(conn, [policy])
+
+    @staticmethod
+    def save_policies(conn: sqlite3.Connection, policies: Sequence[StoredPolicy]) -> None:
+        """`save_policy` for each of `policies` (two statements in all)."""
+        conn.executemany(
             "INSERT INTO policies (policy_id, version, metric, envelope, digest, epsilon, "
             "expires_at, fetched_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?) "
             "ON CONFLICT(policy_id) DO UPDATE SET version=excluded.version, "
             "metric=excluded.metric, envelope=excluded.envelope, digest=excluded.digest, "
             "epsilon=excluded.epsilon, expires_at=excluded.expires_at, "
             "fetched_at=excluded.fetched_at WHERE excluded.version >= policies.version",
-            (
-                policy.policy_id,
-                policy.version,
-                policy.metric,
-                policy.envelope,
-                policy.digest,
-                str(policy.epsilon),
-                policy.expires_at,
-                policy.fetched_at,
-            ),
+            [
+                (
+                    policy.policy_id,
+                    policy.version,
+                    policy.metric,
+                    policy.envelope,
+                    policy.digest,
+                    str(policy.epsilon),
+                    policy.expires_at,
+                    policy.fetched_at,
+                )
+                for policy in policies
+            ],
         )
-        conn.execute(
+        conn.executemany(
             "INSERT INTO highest_versions (policy_id, version) VALUES (?, ?) "
             "ON CONFLICT(policy_id) DO UPDATE SET version=MAX(version, excluded.version)",
-            (policy.policy_id, policy.version),
+            [(policy.policy_id, policy.version) for policy in policies],
         )
 
     @staticmethod
@@ -759,13 +771,16 @@ class DeviceStore:
         return Decimal(0) if row is None else Decimal(row[0])
 
     @staticmethod
-    def spent_windows(conn: sqlite3.Connection, policy_id: str) -> list[int]:
-        """The window lengths (seconds) this device has charged `policy_id` under, ascending."""
+    def spent_windows(conn: sqlite3.Connection) -> dict[str, list[int]]:
+        """The window lengths (seconds) this device has charged each policy id under,
+        ascending (one read for every policy id)."""
         rows = conn.execute(
-            "SELECT DISTINCT window_seconds FROM budget WHERE policy_id=? ORDER BY 1",
-            (policy_id,),
+            "SELECT DISTINCT policy_id, window_seconds FROM budget ORDER BY 1, 2"
         ).fetchall()
-        return [int(w) for (w,) in rows]
+        windows: dict[str, list[int]] = {}
+        for policy_id, seconds in rows:
+            windows.setdefault(str(policy_id), []).append(int(seconds))
+        return windows
 
     @staticmethod
     def charge(

@@ -42,6 +42,7 @@ from dataclasses import dataclass
 from decimal import Decimal
 
 from fedldp.client.device_store import DeviceStore, Event
+from fedldp.client.send_slot import SendSlot
 from fedldp.client.transport import Backoff
 
 #: Default bound on pending reports.
@@ -162,13 +163,24 @@ class Outbox:
     def claim_due(self, gate: SendGate, now: float, limit: int) -> list[OutboxEntry]:
         """Up to `limit` due reports, oldest first, with the send slot claimed for them.
 
-        One ``BEGIN IMMEDIATE`` transaction reads the stored gate (one primary-key
-        read), and only when it is open and no other sender's call is in flight
-        reads the due rows and, when there are some, claims the slot
-        (`SendGate.claim`). Empty: nothing due, or the gate says wait
-        (`gate.resume_at`). The claim is not fsynced (a lost claim is harmless;
-        the outcome's transaction is durable and frees it).
+        With an OS lock (`SendGate.slot`, POSIX): the lock on the state folder is
+        taken first, without waiting; then one read transaction reads the stored
+        gate (one primary-key read) and, when it is open, the due rows. The lock is
+        kept only when rows are returned (the caller releases it with
+        `SendGate.release` once the call's outcome is committed). Reading the gate
+        under the lock means a call never starts on a gate read before the
+        previous call's outcome was stored.
+
+        Without one (`fedldp.client.send_slot.available` False): one ``BEGIN
+        IMMEDIATE`` transaction reads the gate and, only when it is open and no
+        other sender's call is in flight, reads the due rows and claims the stored
+        slot (`SendGate.claim`), committed without an fsync (a lost claim is
+        harmless; the outcome's transaction is durable and frees it).
+
+        Empty: nothing due, or the gate says wait (`gate.resume_at`).
         """
+        if gate.slot is not None:
+            return self._claim_with_lock(gate, now, limit)
         with self.store.transaction(durable=False) as conn:
             gate.load(conn, now=now)
             if gate.resume_at > now:
@@ -179,6 +191,25 @@ class Outbox:
             ).fetchall()
             if rows and not gate.claim(conn, now=now):
                 return []
+        return [_entry(r) for r in rows]
+
+    def _claim_with_lock(self, gate: SendGate, now: float, limit: int) -> list[OutboxEntry]:
+        """`claim_due` with the OS lock: lock, then read the gate and the due rows."""
+        if not gate.acquire(now):
+            return []
+        rows: list[Sequence[object]] = []
+        try:
+            with self.store.transaction(write=False) as conn:
+                gate.load(conn, now=now)
+                if gate.resume_at <= now:
+                    rows = conn.execute(
+                        f"SELECT {_COLUMNS} FROM outbox WHERE next_attempt_at <= ? "
+                        "ORDER BY seq LIMIT ?",
+                        (now, limit),
+                    ).fetchall()
+        finally:
+            if not rows:
+                gate.release()
         return [_entry(r) for r in rows]
 
     def read_gate(self, gate: SendGate, now: float) -> None:
@@ -352,23 +383,40 @@ class SendGate:
     frees it. So across every process and Client on one state folder at most one
     Submit call to a collector is in flight, a call starts only after the
     previous call's outcome (and any pause it set) is stored, at most one probe
-    goes per pause, and no call is made while a stored pause runs. A claim
-    lapses `lease_seconds` after it was taken (a killed process frees it then).
+    goes per pause, and no call is made while a stored pause runs.
+
+    The send slot is `slot`, an OS lock on the state folder
+    (`fedldp.client.send_slot`), when the platform has one: the kernel frees it
+    when its holder dies, so a process killed mid-call blocks nobody. Without
+    it (`slot` None: platforms without ``flock``, and tests of the fallback) the
+    slot is the stored claim (`claim`), which lapses `lease_seconds` after it
+    was taken (a killed process frees it only then).
 
     Not thread-safe by itself: the client calls it under its send lock.
     """
 
     def __init__(
-        self, target: str, backoff: Backoff, rng: random.Random, *, lease_seconds: float = 35.0
+        self,
+        target: str,
+        backoff: Backoff,
+        rng: random.Random,
+        *,
+        lease_seconds: float = 35.0,
+        slot: SendSlot | None = None,
     ) -> None:
         self.key = f"send_gate {target}"
         self.backoff = backoff
         self.lease_seconds = lease_seconds
+        self.slot = slot
         self._rng = rng
         #: This sender's identity in the stored slot (random per Client).
         self.token = secrets.token_hex(8)
         self.state = GateState()
         self._loaded_at = 0.0
+        #: When `acquire` last found the OS lock taken by another sender (None: it did not).
+        self._busy_at: float | None = None
+        #: The last `load` found a stored row with no failure and no stored claim.
+        self._loaded_clean = False
 
     @property
     def failures(self) -> int:
@@ -383,13 +431,34 @@ class SendGate:
         (`SLOT_POLL_SECONDS` after the read, at the latest when its claim lapses).
         """
         s = self.state
+        if self._busy_at is not None:
+            return max(s.resume_at, self._busy_at + SLOT_POLL_SECONDS)
         if self._held_by_other():
             return max(s.resume_at, min(s.held_until, self._loaded_at + SLOT_POLL_SECONDS))
         return s.resume_at
 
+    @property
+    def busy(self) -> bool:
+        """Whether the last look found another sender's call in flight."""
+        return self._busy_at is not None or self._held_by_other()
+
     def _held_by_other(self) -> bool:
         s = self.state
         return s.holder not in ("", self.token) and s.held_until > self._loaded_at
+
+    def acquire(self, now: float) -> bool:
+        """Take the OS lock of `slot` without waiting; False (and `busy`) when another has it."""
+        assert self.slot is not None
+        if self.slot.try_acquire():
+            self._busy_at = None
+            return True
+        self._busy_at = now
+        return False
+
+    def release(self) -> None:
+        """Free the OS lock once the call's outcome is committed (no-op without `slot`)."""
+        if self.slot is not None:
+            self.slot.release()
 
     def load(self, conn: sqlite3.Connection, *, now: float) -> None:
         """Read the stored state (inside the caller's transaction; one primary-key read).
@@ -399,9 +468,12 @@ class SendGate:
         and so is a claim longer than `lease_seconds`.
         """
         self._loaded_at = now
+        if self.slot is None or self.slot.held:
+            self._busy_at = None
         text = DeviceStore.read_meta(conn, self.key)
         if text is None:
             self.state = GateState()
+            self._loaded_clean = True  # no row: the same as an open gate's row
             return
         try:
             raw = json.loads(text)
@@ -419,6 +491,7 @@ class SendGate:
         state.hint_until = min(state.hint_until, longest)
         state.held_until = min(state.held_until, now + self.lease_seconds)
         self.state = state
+        self._loaded_clean = state.failures == 0 and not state.holder
 
     def claim(self, conn: sqlite3.Connection, *, now: float) -> bool:
         """Take the send slot if the gate is open and no other call is in flight.
@@ -465,7 +538,15 @@ class SendGate:
         return resume_at - now
 
     def succeeded(self, conn: sqlite3.Connection, *, now: float) -> None:
-        """A call was answered: leave backoff, free the slot (inside the caller's transaction)."""
+        """A call was answered: leave backoff, free the slot (inside the caller's transaction).
+
+        With the OS lock held since the gate was read open with no failure (the
+        ordinary case), the stored row already says what this would write (only
+        `open_now` can have changed it meanwhile, and only to open it sooner), so
+        nothing is read or written.
+        """
+        if self.slot is not None and self.slot.held and self._loaded_clean:
+            return
         self.load(conn, now=now)
         self.state = GateState(hint_until=self.state.hint_until)
         self._save(conn)

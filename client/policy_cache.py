@@ -128,6 +128,9 @@ class PolicyCache:
         self._max_epsilon_cap = max_epsilon_cap
         self._audience = audience
         self._trust: TrustStore | None = None
+        #: The trust in use is the configured one and the state file has none yet
+        #: (a fresh install): the next `refresh` saves it.
+        self._trust_unsaved = False
         self._policies: dict[str, VerifiedPolicy] = {}
         #: Rejected policies: label -> (the metric it claims, unverified, or None; why).
         self._rejections: dict[str, tuple[str | None, str]] = {}
@@ -141,21 +144,35 @@ class PolicyCache:
     def load(self, trust_root: TrustRootLike, gate: SendGate) -> str | None:
         """Load the trust store and the cached policies; return the last fetch time.
 
-        One transaction reads everything the client starts from (stored trust,
-        highest versions, cached envelopes, last fetch time, and `gate`'s stored
-        backoff) and saves the configured trust when it replaces the stored one.
-        The cached envelopes are then re-verified (the state file is not trusted
-        blindly); those that fail are remembered as rejections, not used.
+        One read transaction reads everything the client starts from (stored
+        trust, highest versions, cached envelopes, last fetch time, and `gate`'s
+        stored backoff). When the stored trust must be replaced by the configured
+        one (new pins: an app update; or it is invalid), a write transaction
+        does it all again and saves it; a state file with no trust yet (a fresh
+        install) gets the configured trust saved by the first `refresh` (until
+        then the configured trust is what a start uses anyway), so a fresh
+        install's start commits nothing. The cached envelopes are then
+        re-verified (the state file is not trusted blindly); those that fail
+        are remembered as rejections, not used.
         """
         now = int(self._clock())
         configured = trust_from(trust_root, now=now)
         events: list[Event] = []
-        with self._store.transaction() as conn:
-            self._trust = _load_trust(conn, configured, now, events)
-            highest = DeviceStore.read_highest_versions(conn)
-            cached = DeviceStore.read_policies(conn)
-            fetched_at = DeviceStore.read_meta(conn, "policies_fetched_at")
-            gate.load(conn, now=time.time())
+        with self._store.transaction(write=False) as conn:
+            stored_trust = DeviceStore.read_trust(conn)
+            trust = (
+                configured
+                if stored_trust is None
+                else _stored_trust(stored_trust, configured, now, [])
+            )
+            if trust is not None:
+                highest, cached, fetched_at = _read_start(conn, gate)
+        self._trust_unsaved = stored_trust is None
+        if trust is None:  # replace the stored trust (and forget policies verified under it)
+            with self._store.transaction() as conn:
+                trust = _load_trust(conn, configured, now, events)
+                highest, cached, fetched_at = _read_start(conn, gate)
+        self._trust = trust
         for event in events:
             self._events.emit(event)
         loaded: dict[str, VerifiedPolicy] = {}
@@ -211,11 +228,15 @@ class PolicyCache:
                     )
                 self._trust = trust
                 accepted, rejected = self._accept(conn, response.policies, now, rejection_events)
-                if trust.root_version != loaded_root_version:
-                    # Rotated: persist. Otherwise the stored trust is already this one
-                    # (loaded or saved by load()) or a newer one another process
-                    # sharing the state file saved, which must not be overwritten.
+                if trust.root_version != loaded_root_version or (
+                    self._trust_unsaved and DeviceStore.read_trust(conn) is None
+                ):
+                    # Rotated, or a fresh install's configured trust: persist.
+                    # Otherwise the stored trust is already this one (loaded or
+                    # saved by load()) or a newer one another process sharing the
+                    # state file saved, which must not be overwritten.
                     DeviceStore.save_trust(conn, trust.to_bytes(), trust.root_version)
+                self._trust_unsaved = False
                 _replace_stored_policies(conn, accepted.values(), now)
                 for event in rejection_events:
                     DeviceStore.bump(conn, f"{event.kind}s")
@@ -247,6 +268,7 @@ class PolicyCache:
         """
         highest = DeviceStore.read_highest_versions(conn)
         cached = {p.policy_id: p for p in DeviceStore.read_policies(conn)}
+        spent_windows = DeviceStore.spent_windows(conn)
         accepted: dict[str, VerifiedPolicy] = {}
         rejected: dict[str, tuple[str | None, str]] = {}
         for envelope in envelopes:
@@ -277,7 +299,7 @@ class PolicyCache:
                     )
                 )
                 continue
-            change = _window_change(conn, verified)
+            change = _window_change(spent_windows, verified)
             if change is not None:
                 rejected[verified.policy_id] = (verified.metric_name, str(change))
                 rejection_events.append(
@@ -378,21 +400,44 @@ class PolicyCache:
         )
 
 
+def _read_start(
+    conn: sqlite3.Connection, gate: SendGate
+) -> tuple[dict[str, int], list[StoredPolicy], str | None]:
+    """What a start reads besides the trust (in the caller's transaction): highest
+    versions, cached envelopes, last fetch time; and `gate`'s stored state."""
+    highest = DeviceStore.read_highest_versions(conn)
+    cached = DeviceStore.read_policies(conn)
+    fetched_at = DeviceStore.read_meta(conn, "policies_fetched_at")
+    gate.load(conn, now=time.time())
+    return highest, cached, fetched_at
+
+
+def _stored_trust(
+    stored: bytes, configured: TrustStore, now: int, events: list[Event]
+) -> TrustStore | None:
+    """The stored trust if it is valid and follows the configured pins, else None
+    (an invalid one appends a `root_rejected` event to `events`)."""
+    try:
+        trust = TrustStore.from_bytes(stored)
+    except PolicyError as exc:
+        events.append(Event(now, "root_rejected", "STORED_TRUST_INVALID", str(exc)))
+        return None
+    if trust.pinned_key_ids == configured.pinned_key_ids and (
+        trust.root_version >= configured.root_version
+    ):
+        return trust
+    return None
+
+
 def _load_trust(
     conn: sqlite3.Connection, configured: TrustStore, now: int, events: list[Event]
 ) -> TrustStore:
     """The stored trust if it follows the configured pins, else the configured one (saved)."""
     stored = DeviceStore.read_trust(conn)
     if stored is not None:
-        try:
-            trust = TrustStore.from_bytes(stored)
-        except PolicyError as exc:
-            events.append(Event(now, "root_rejected", "STORED_TRUST_INVALID", str(exc)))
-        else:
-            if trust.pinned_key_ids == configured.pinned_key_ids and (
-                trust.root_version >= configured.root_version
-            ):
-                return trust
+        trust = _stored_trust(stored, configured, now, events)
+        if trust is not None:
+            return trust
     DeviceStore.save_trust(conn, configured.to_bytes(), configured.root_version)
     if stored is not None:
         # New pins (app update): cached policies were verified under the old
@@ -410,9 +455,9 @@ def _replace_stored_policies(
     dropped (their highest versions stay, so they cannot come back older).
     """
     conn.execute("DELETE FROM policies")
-    for verified in accepted:
-        DeviceStore.save_policy(
-            conn,
+    DeviceStore.save_policies(
+        conn,
+        [
             StoredPolicy(
                 policy_id=verified.policy_id,
                 version=verified.version,
@@ -422,20 +467,24 @@ def _replace_stored_policies(
                 epsilon=verified.epsilon,
                 expires_at=verified.expires_at,
                 fetched_at=now,
-            ),
-        )
+            )
+            for verified in accepted
+        ],
+    )
 
 
-def _window_change(conn: sqlite3.Connection, policy: VerifiedPolicy) -> WindowChangeError | None:
+def _window_change(
+    spent_windows: Mapping[str, list[int]], policy: VerifiedPolicy
+) -> WindowChangeError | None:
     """Why `policy` cannot be used on this device because it changes its policy id's
-    budget window, or None.
+    budget window, or None. `spent_windows`: `DeviceStore.spent_windows`.
 
     The device guard keys spend by (policy id, window start), as the collector's
     ledger does: a version with another window length would start a fresh spend
     row in windows that overlap the ones already charged, and so let one window
     hold more than any version's cap (docs/policies.md, "Versions and budgets").
     """
-    windows = DeviceStore.spent_windows(conn, policy.policy_id)
+    windows = spent_windows.get(policy.policy_id, [])
     if not windows or windows == [policy.window_seconds]:
         return None
     spent = ", ".join(f"{w} s" for w in windows)

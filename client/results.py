@@ -70,10 +70,33 @@ class RecordResult:
     clipped: bool = False
 
 
+#: `FlushResult.stopped` values: why a flush returned.
+FLUSH_STOPPED = ("DONE", "PAUSED", "SENDER_BUSY", "NOT_DUE", "TIMEOUT", "CLOSED")
+
+
 @dataclass(frozen=True)
 class FlushResult:
     """What one `flush()` achieved: reports acknowledged (duplicates among them),
-    refused for good, failed calls, reports still pending, and the last error."""
+    refused for good, failed calls, reports still pending, the last error, and
+    why it stopped.
+
+    `stopped` is one of `FLUSH_STOPPED`:
+
+    * ``DONE``: nothing is left to send (the outbox is empty);
+    * ``PAUSED``: sending is paused (the device's backoff after a failed call,
+      or the collector's retry hint) past the flush's timeout;
+      `paused_until` says until when (Unix seconds);
+    * ``SENDER_BUSY``: another sender on the same state folder (another
+      process or `Client`) had a Submit call in flight when the timeout ran out;
+    * ``NOT_DUE``: the reports left wait for their own retry time (an outcome
+      this SDK did not know) past the timeout; `paused_until` is the earliest;
+    * ``TIMEOUT``: reports were still being sent when the timeout ran out;
+    * ``CLOSED``: the client was closed meanwhile.
+
+    A flush waits for a pause or a busy sender up to its timeout before it
+    stops for that reason, so ``while c.pending(): c.flush(timeout=t)`` makes
+    one call per `t` seconds while sending is paused, not a busy loop.
+    """
 
     acknowledged: int = 0
     duplicates: int = 0
@@ -81,6 +104,9 @@ class FlushResult:
     failed_attempts: int = 0
     pending: int = 0
     last_error: str | None = None
+    stopped: str = "DONE"
+    #: When sending may resume (Unix seconds) if `stopped` is PAUSED or NOT_DUE, else None.
+    paused_until: float | None = None
 
 
 @dataclass(frozen=True)
@@ -109,6 +135,7 @@ class BudgetStatus:
 
 
 __all__ = [
+    "FLUSH_STOPPED",
     "BadValueError",
     "BudgetGuardError",
     "BudgetStatus",

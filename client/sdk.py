@@ -68,6 +68,7 @@ from pathlib import Path
 from types import TracebackType
 
 import grpc
+from fedldp.client import send_slot
 from fedldp.client.device_store import EXACT, DeviceStore, Event
 from fedldp.client.events import EventCallback, EventSink
 from fedldp.client.outbox import (
@@ -91,6 +92,7 @@ from fedldp.client.results import (
     PolicyRefresh,
     RecordResult,
 )
+from fedldp.client.send_slot import SendSlot
 from fedldp.client.sender import Sender
 from fedldp.client.transport import Backoff, Credentials, Transport, TransportError, jitter_rng
 
@@ -116,6 +118,18 @@ def _check_arguments(
         raise ValueError("batch_size must be a positive integer")
     if send_interval_seconds <= 0 or policy_refresh_seconds <= 0:
         raise ValueError("send_interval_seconds and policy_refresh_seconds must be positive")
+
+
+def _open_slot(store: DeviceStore) -> SendSlot | None:
+    """The send slot's OS lock on `store`'s folder (None without ``flock``: the gate
+    then uses the stored claim); closes `store` and re-raises if it cannot be opened."""
+    if not send_slot.available():
+        return None
+    try:
+        return SendSlot(store.path.parent)
+    except BaseException:
+        store.close()
+        raise
 
 
 class Client:
@@ -202,16 +216,13 @@ class Client:
         self._policy_refresh = policy_refresh_seconds
         self._lock = threading.RLock()  # lifecycle, policy cache and trust store
         self._closing = threading.Event()
-        self._gate = SendGate(
-            collector,
-            backoff,
-            jitter,
-            lease_seconds=timeout_seconds + SLOT_MARGIN_SECONDS,
-        )
         self._closed = False
         self._thread: threading.Thread | None = None
 
         self._store = DeviceStore(state_dir)
+        lease = timeout_seconds + SLOT_MARGIN_SECONDS
+        slot = _open_slot(self._store)
+        self._gate = SendGate(collector, backoff, jitter, lease_seconds=lease, slot=slot)
         self._events = EventSink(self._store, on_event)
         self._cache = PolicyCache(
             self._store,
@@ -233,7 +244,7 @@ class Client:
                 backoff=backoff,
             )
         except BaseException:
-            self._store.close()
+            self._close_files()
             raise
         self._recorder = Recorder(self._store, self._outbox, self._events, rng=rng)
         self._sender = Sender(
@@ -293,7 +304,13 @@ class Client:
             self._thread.join()
         with self._sender.lock:
             self._transport.close()
-            self._store.close()
+            self._close_files()
+
+    def _close_files(self) -> None:
+        """Close the send slot's descriptor and the state file."""
+        if self._gate.slot is not None:
+            self._gate.slot.close()
+        self._store.close()
 
     def _check_open(self) -> None:
         if self._closed:
@@ -366,12 +383,17 @@ class Client:
 
         Obeys the device's backoff (`SendGate`): while it is paused, waits for it
         to end within the timeout (None: no limit), then sends one batch as a
-        probe and the rest only after the probe succeeded. `retry_now=True` does
-        what `wake()` does first: every pending report is due now, and a
-        backoff of the SDK's own ends now (a server's retry hint still runs to
-        its end). Returns counts; reports still pending stay in the outbox.
-        Never raises for transport failures (they are counted and logged).
-        Ends with a checkpoint of the state file (see `DeviceStore.checkpoint`).
+        probe and the rest only after the probe succeeded. It likewise waits
+        for another sender's call in flight on the same state folder. So it
+        returns before `timeout` only when nothing is left to send (or the
+        client closed); `FlushResult.stopped` says why it stopped, and
+        `FlushResult.paused_until` until when sending is paused.
+        `retry_now=True` does what `wake()` does first: every pending report is
+        due now, and a backoff of the SDK's own ends now (a server's retry hint
+        still runs to its end). Returns counts; reports still pending stay in
+        the outbox. Never raises for transport failures (they are counted and
+        logged). Ends with a checkpoint of the state file (see
+        `DeviceStore.checkpoint`).
         """
         self._check_open()
         return self._sender.flush(timeout, retry_now=retry_now)

@@ -85,7 +85,9 @@ class _Totals:
     #: by this flush, when that read came for free; None: read it again.
     schedule: tuple[float | None, int] | None = None
 
-    def result(self, pending: int) -> FlushResult:
+    def result(
+        self, pending: int, stopped: str = "DONE", paused_until: float | None = None
+    ) -> FlushResult:
         return FlushResult(
             acknowledged=self.acknowledged,
             duplicates=self.duplicates,
@@ -93,6 +95,8 @@ class _Totals:
             failed_attempts=self.failed_attempts,
             pending=pending,
             last_error=self.last_error,
+            stopped=stopped,
+            paused_until=paused_until,
         )
 
 
@@ -137,12 +141,17 @@ class Sender:
         """Send pending reports until the outbox is empty or `timeout` s pass.
 
         The contract is `Client.flush`'s; the caller has checked the client is open.
+        While nothing can be sent (a pause, another sender's call in flight,
+        reports not yet due) it waits, up to the deadline, for the earliest
+        moment something can, so it returns before the deadline only when the
+        outbox is empty or the client closes; the result says why it stopped.
         """
         if retry_now:
             self._retry_requested.set()
         deadline = None if timeout is None else time.monotonic() + timeout
         totals = _Totals()
         pending: int | None = None
+        next_due: float | None = None
         with self.lock:
             while not self._closing.is_set():
                 generation = self.signal.generation()
@@ -152,13 +161,33 @@ class Sender:
                 if next_due is None:
                     break
                 wait = max(0.0, max(next_due, self._gate.resume_at) - time.time())
-                if deadline is not None and time.monotonic() + wait > deadline:
-                    break
+                if deadline is not None:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        break
+                    wait = min(wait, left)
                 pending = None
                 if wait > 0:
                     self.signal.wait(generation, wait)
             self._store.checkpoint()
-        return totals.result(self._outbox.pending() if pending is None else pending)
+        pending = self._outbox.pending() if pending is None else pending
+        return totals.result(pending, *self._stopped(next_due, pending))
+
+    def _stopped(self, next_due: float | None, pending: int) -> tuple[str, float | None]:
+        """Why a flush ended (`FlushResult.stopped`) and, for a pause, until when."""
+        if self._closing.is_set():
+            return "CLOSED", None
+        if next_due is None or pending == 0:
+            return "DONE", None
+        now = time.time()
+        gate = self._gate.state
+        if gate.resume_at > now:
+            return "PAUSED", gate.resume_at
+        if self._gate.busy:
+            return "SENDER_BUSY", None
+        if next_due > now:
+            return "NOT_DUE", next_due
+        return "TIMEOUT", None
 
     def wake(self) -> None:
         """Make every pending report due at the next send and wake the sender (`Client.wake`)."""
@@ -223,7 +252,11 @@ class Sender:
             batch = self._outbox.claim_due(self._gate, time.time(), self._batch_size)
             if not batch:
                 return
-            if not self._send_batch(batch, totals) or len(batch) < self._batch_size:
+            try:
+                sent = self._send_batch(batch, totals)
+            finally:
+                self._gate.release()  # after the outcome's transaction committed
+            if not sent or len(batch) < self._batch_size:
                 return
 
     def _send_batch(self, batch: Sequence[OutboxEntry], totals: _Totals) -> bool:

@@ -18,6 +18,8 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from fedldp.client.textfiles import read_utf8
+
 
 def _toml_loads(text: str) -> dict[str, Any]:
     name = "tomllib" if sys.version_info >= (3, 11) else "tomli"
@@ -228,8 +230,10 @@ class CollectorConfig:
             source = f"token_secret_file {self.token_secret_file}"
             try:
                 text = Path(self.token_secret_file).read_text(encoding="ascii").strip()
-            except (OSError, UnicodeDecodeError) as exc:
+            except OSError as exc:
                 raise ConfigError(f"cannot read {source}: {exc}") from None
+            except UnicodeDecodeError:
+                text = "not hex"  # refused below, with the fix
         if not text:
             return None
         try:
@@ -367,8 +371,14 @@ def load_config(
     known = {f.name: f for f in fields(CollectorConfig)}
     if path is not None:
         try:
-            data = _toml_loads(Path(path).read_text(encoding="utf-8"))
-        except ValueError as exc:  # tomllib.TOMLDecodeError, UnicodeDecodeError
+            data = _toml_loads(
+                read_utf8(
+                    path, "a collector.toml is a UTF-8 TOML file: check --config", ConfigError
+                )
+            )
+        except ConfigError:
+            raise
+        except ValueError as exc:  # tomllib.TOMLDecodeError
             raise ConfigError(f"{path} is not valid TOML: {exc}") from None
         table = data.get("collector", data)
         for key, raw in table.items():

@@ -7,6 +7,15 @@ Every case names a registered mechanism, its ε, metric and params, and gives
   the built mechanism (a `DyadicProbability` as {"dyadic53": numerator}, a
   rational as "num/den", an integer as a JSON number below 2^53 or else a decimal
   string; the base and permanent mechanisms of a memoized one nested),
+* for a memoized mechanism, `memo`: its memo key, the serialized memo state
+  (`MemoState.to_json`) after reports of `values` from a seeded generator, and
+  for each of those values the exact law of the next report given that state
+  (`instant`: no slot is drawn any more), which pins the slot layout and bytes,
+* (top level, `charges`) memoized mechanisms over a wider grid of (k, ε1, ε∞):
+  `report_charge`, `memo_key` and `thresholds` only,
+* (top level, `grids`) the numeric mechanisms on [0, 1] with grids derived from ε
+  (default levels, derived cells): levels, table size, the distinct index weights
+  of level 0 and their total, thresholds,
 * either `law` (every wire output of every input with its exact probability,
   summing to 1 per input) or `samples` (outputs with their exact probabilities,
   where the output space is too large to list), and for the numeric mechanisms
@@ -24,11 +33,13 @@ from fractions import Fraction
 from typing import Any
 
 from fedldp.client.mechanisms import registry
-from fedldp.client.mechanisms._common import DyadicProbability
+from fedldp.client.mechanisms._common import DyadicProbability, byte_length
 from fedldp.client.mechanisms.base import (
     AttributeSpec,
     BitVectorOutput,
     CategoryOutput,
+    HashedOutput,
+    IndexBitsOutput,
     Mechanism,
     MetricArg,
     MultiMetric,
@@ -36,7 +47,11 @@ from fedldp.client.mechanisms.base import (
     OpenDomain,
     Output,
 )
+from fedldp.client.mechanisms.dbitflip import DBitFlip
+from fedldp.client.mechanisms.loloha import SEED_SLOT, Loloha
+from fedldp.client.mechanisms.memo import Memoized, MemoizedUnary, MemoState, RapporGRR
 from fedldp.client.mechanisms.numeric import NumericMechanism
+from fedldp.client.mechanisms.olh import hash_value
 from fedldp.client.mechanisms.oracle import FrequencyOracle
 from fedldp.client.wire import kind_of
 
@@ -178,6 +193,73 @@ def numeric_section(mechanism: NumericMechanism) -> dict[str, Any]:
     }
 
 
+def _instant_outputs(mechanism: Any, memo: MemoState, value: Any) -> list[tuple[Output, Fraction]]:
+    """Every next report of `value` given `memo` (its slots already drawn), with its probability."""
+    responses = memo.responses
+    if isinstance(mechanism, RapporGRR):
+        stored = int.from_bytes(responses[value], "little")
+        p_r = mechanism.p_r_exact
+        return [
+            (CategoryOutput(y), p_r if y == stored else (1 - p_r) / (mechanism.k - 1))
+            for y in range(mechanism.k)
+        ]
+    if isinstance(mechanism, Loloha):
+        seed = int.from_bytes(responses[SEED_SLOT], "little")
+        hashed = hash_value(seed, value, mechanism.g, mechanism.m)
+        stored = int.from_bytes(responses[hashed], "little")
+        p_r = mechanism.p_r_exact
+        return [
+            (HashedOutput(seed, y), p_r if y == stored else (1 - p_r) / (mechanism.g - 1))
+            for y in range(mechanism.g)
+        ]
+    if isinstance(mechanism, DBitFlip):
+        indices = mechanism._indices(responses[SEED_SLOT])
+        length = mechanism.d
+        permanent = int.from_bytes(responses[mechanism._vector_slot(indices, value)], "little")
+    else:
+        assert isinstance(mechanism, MemoizedUnary)
+        length = mechanism.k
+        permanent = int.from_bytes(responses[value], "little")
+    flip = mechanism.flip_exact
+    rows: list[tuple[Output, Fraction]] = []
+    for bits in range(1 << length):
+        differ = (bits ^ permanent).bit_count()
+        prob = flip**differ * (1 - flip) ** (length - differ)
+        packed = bits.to_bytes(byte_length(length), "little")
+        out: Output = (
+            IndexBitsOutput(indices, packed)
+            if isinstance(mechanism, DBitFlip)
+            else (BitVectorOutput(packed, length))
+        )
+        rows.append((out, prob))
+    return rows
+
+
+def memo_section(mechanism: Any, values: list[Any], seed: int) -> dict[str, Any]:
+    """The memo key, the memo state after reports of `values`, and each value's next-report law."""
+    rng = random.Random(seed)
+    memo = mechanism.new_memo()
+    for value in values:
+        mechanism.perturb(value, rng=rng, memo=memo)
+    instant = []
+    for value in dict.fromkeys(values):
+        rows = _instant_outputs(mechanism, memo, value)
+        if sum(p for _, p in rows) != 1:
+            raise AssertionError(f"{mechanism.wire_id}: an instantaneous law does not sum to 1")
+        instant.append(
+            {"value": value, "law": [[output_json(o), rational(p)] for o, p in rows if p]}
+        )
+    return {"key": mechanism.memo_key, "state": memo.to_json(), "instant": instant}
+
+
+def _memo_values(mechanism: Any) -> list[Any]:
+    """Inputs of the memo section: repeats and a change (dbitflip: numbers in its range)."""
+    if isinstance(mechanism, DBitFlip):
+        lo, hi = float(mechanism.lo), float(mechanism.hi)
+        return [lo + f * (hi - lo) for f in (0.1, 0.9, 0.1, 0.55)]
+    return [0, 1, 0, mechanism.k - 1]
+
+
 def _sample_probability(mechanism: Any, value: Any, output: Output) -> Fraction:
     """The exact probability of a sampled output (sketches take the value's cells)."""
     if mechanism.wire_id in ("cms", "hcms"):
@@ -295,6 +377,8 @@ def mechanism_case(
         "report_charge": str(mechanism.report_charge),
         "thresholds": thresholds(mechanism),
     }
+    if isinstance(mechanism, Memoized):
+        case["memo"] = memo_section(mechanism, _memo_values(mechanism), 1000 + seed)
     if isinstance(mechanism, NumericMechanism):
         case["numeric"] = numeric_section(mechanism)
     elif isinstance(mechanism, FrequencyOracle):
@@ -302,6 +386,61 @@ def mechanism_case(
     else:
         case["samples"] = _samples_for(mechanism, seed)
     return case
+
+
+def _charge_grid() -> Iterator[tuple[str, str, MetricArg, dict[str, str]]]:
+    """Memoized mechanisms over a wider grid of (k, ε1, ε∞): charges and thresholds only."""
+    pairs = (("0.05", "0.5"), ("0.1", "1"), ("1", "2"), ("1.5", "1.6"), ("2", "8"), ("3", "3.5"))
+    for wire_id in ("rappor-grr", "rappor-oue", "rappor-sue"):
+        for k in (2, 5, 16, 64):
+            for eps, permanent in pairs:
+                yield wire_id, eps, k, {"epsilon_permanent": permanent}
+    for eps, permanent in pairs:
+        yield "loloha", eps, 10, {"epsilon_permanent": permanent}
+        for d in ("1", "3"):
+            params = {"epsilon_permanent": permanent, "buckets": "8", "d": d}
+            yield "dbitflip", eps, (Decimal(-1), Decimal(1)), params
+
+
+def charge_case(
+    wire_id: str, eps: str, metric: MetricArg, params: Mapping[str, str]
+) -> dict[str, Any]:
+    """One entry of mechanisms.json's `charges`: a memoized mechanism's charge and thresholds."""
+    mechanism: Any = registry.create(wire_id, Decimal(eps), metric, params)
+    return {
+        "mechanism": wire_id,
+        "epsilon": eps,
+        "metric": _metric_json(metric),
+        "params": dict(params),
+        "report_charge": str(mechanism.report_charge),
+        "memo_key": mechanism.memo_key,
+        "thresholds": thresholds(mechanism),
+    }
+
+
+def _default_grids() -> Iterator[tuple[str, str, dict[str, str]]]:
+    """Numeric grids derived from ε alone (default levels, derived cells) over a range of ε."""
+    for wire_id in ("duchi", "piecewise", "hybrid", "sw"):
+        for eps in ("0.3", "0.61", "0.62", "1", "2.5", "5", "10"):
+            yield wire_id, eps, {}
+            if wire_id != "duchi":
+                yield wire_id, eps, {"levels": "1000"}
+
+
+def grid_case(wire_id: str, eps: str, params: Mapping[str, str]) -> dict[str, Any]:
+    """One entry of mechanisms.json's `grids`: the derived grid and weights of a numeric id."""
+    mechanism: Any = registry.create(wire_id, Decimal(eps), (Decimal(0), Decimal(1)), params)
+    first = mechanism.index_weights(0)
+    return {
+        "mechanism": wire_id,
+        "epsilon": eps,
+        "params": dict(params),
+        "levels": mechanism.levels,
+        "cells": len(mechanism.table),
+        "weight_values": [str(w) for w in sorted(set(first))],
+        "weight_total": str(sum(first)),
+        "thresholds": thresholds(mechanism),
+    }
 
 
 def mechanism_vectors() -> dict[str, Any]:
@@ -314,4 +453,11 @@ def mechanism_vectors() -> dict[str, Any]:
     missing = sorted(set(registry.registered_ids()) - covered)
     if missing:
         raise AssertionError(f"mechanisms without conformance vectors: {missing}")
-    return {"format": "fedldp.conformance.mechanisms.v1", "cases": cases}
+    charges = [charge_case(*case) for case in _charge_grid()]
+    grids = [grid_case(*case) for case in _default_grids()]
+    return {
+        "format": "fedldp.conformance.mechanisms.v1",
+        "cases": cases,
+        "charges": charges,
+        "grids": grids,
+    }

@@ -116,6 +116,8 @@ def _envelopes(auth: Authority) -> list[tuple[str, bytes, dict[str, Any]]]:
     invalid_env = sign_envelope(POLICY_PAYLOAD_TYPE, invalid.SerializeToString(), [auth.policy_key])
     memo_env = auth.sign(memo).SerializeToString()
     long_lived = auth.sign(_policy(auth, lifetime_seconds=800 * 86400)).SerializeToString()
+    memo_bad = _memo_tampered_contents(auth, memo)
+    kinds = _other_metric_kinds(auth)
     browser = "conformance.browser"
     cases: list[tuple[str, bytes, dict[str, Any]]] = [
         ("valid", ok, {}),
@@ -137,8 +139,75 @@ def _envelopes(auth: Authority) -> list[tuple[str, bytes, dict[str, Any]]]:
         ("memoized charge above device max", memo_env, {"max_epsilon": "1"}),
         ("memoized, valid", memo_env, {}),
         ("signing key expired", long_lived, {"now": KEY_EXPIRES + 1}),
+        ("memoized, permanent epsilon above device max", memo_env, {"max_epsilon": "1.9"}),
+        *((name, env, {}) for name, env in memo_bad),
+        *((name, env, {}) for name, env in kinds),
     ]
     return cases
+
+
+def _memo_tampered_contents(auth: Authority, memo: policy_pb2.Policy) -> list[tuple[str, bytes]]:
+    """Validly signed memoized policies whose content is invalid (the signer skipped
+    validation): ε1 above ε∞, memoized charging without ε∞, ε∞ without memoized charging."""
+
+    def edited(edit: Callable[[policy_pb2.Policy], None]) -> bytes:
+        copy = policy_pb2.Policy()
+        copy.CopyFrom(memo)
+        edit(copy)
+        payload = copy.SerializeToString(deterministic=True)
+        return sign_envelope(POLICY_PAYLOAD_TYPE, payload, [auth.policy_key]).SerializeToString()
+
+    def above(p: policy_pb2.Policy) -> None:
+        p.mechanism.epsilon = "3"
+
+    def no_permanent(p: policy_pb2.Policy) -> None:
+        del p.mechanism.params["epsilon_permanent"]
+
+    def not_charged(p: policy_pb2.Policy) -> None:
+        p.mechanism.memo_charging = policy_pb2.MEMO_CHARGING_NONE
+
+    return [
+        ("memoized, epsilon above epsilon_permanent", edited(above)),
+        ("memoized charging without epsilon_permanent", edited(no_permanent)),
+        ("epsilon_permanent without memoized charging", edited(not_charged)),
+    ]
+
+
+def _other_metric_kinds(auth: Authority) -> list[tuple[str, bytes]]:
+    """Valid policies of the other metric kinds: numeric, open domain, multi-attribute."""
+    common: dict[str, Any] = {
+        "epsilon_cap": "8",
+        "window_seconds": 86400,
+        "now": NOW - 3600,
+        "version": 1,
+        "min_reports": 10,
+        "audience": (AUDIENCE,),
+    }
+    numeric = auth.numeric_policy(
+        policy_id="conformance.load", metric="page.load", lo="-2.5", hi="7.5",
+        mechanism="hybrid", epsilon="1.5", params={"levels": "16"}, **common,
+    )  # fmt: skip
+    open_domain = auth.open_policy(
+        policy_id="conformance.word", metric="typed.word", max_bytes=6, mechanism="pem",
+        epsilon="4", **common,
+    )  # fmt: skip
+    multi = auth.multi_policy(
+        policy_id="conformance.multi", metric="page.multi", mechanism="multi-sample",
+        epsilon="2", attributes=[
+            {"name": "browser", "values": ["a", "b", "c"], "mechanism": "oue"},
+            {"name": "load", "lo": "0", "hi": "10", "mechanism": "piecewise"},
+        ], **common,
+    )  # fmt: skip
+
+    def signed(policy: policy_pb2.Policy) -> bytes:  # map fields in a fixed order
+        payload = policy.SerializeToString(deterministic=True)
+        return sign_envelope(POLICY_PAYLOAD_TYPE, payload, [auth.policy_key]).SerializeToString()
+
+    return [
+        ("numeric, valid", signed(numeric)),
+        ("open domain, valid", signed(open_domain)),
+        ("multi-attribute, valid", signed(multi)),
+    ]
 
 
 def _verdict(envelope_bytes: bytes, trust: TrustStore, inputs: dict[str, Any]) -> dict[str, Any]:

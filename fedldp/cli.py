@@ -27,6 +27,7 @@ COMMANDS: list[tuple[str, str]] = [
     ("fedldp.cli_report", "release"),
     ("fedldp.cli_release_service", "release_service"),
     ("fedldp.cli_report", "report"),
+    ("fedldp.cli_shuffle", "shuffler"),
     ("fedldp.cli_train", "train"),
     ("fedldp.cli_train", "verify"),
 ]

@@ -126,7 +126,7 @@ def mint_token_cmd(
 
     try:
         if secret_file:
-            secret = _secret_from_file(secret_file)
+            secret = secret_from_file(secret_file)
         else:
             cfg = load_config(config_path, overrides={"ledger_url": "unused"})
             maybe = cfg.token_secret_bytes()
@@ -142,16 +142,16 @@ def mint_token_cmd(
     click.echo(token)
 
 
-def _secret_from_file(path: str) -> bytes:
-    """The hex token secret in `path` (ConfigError naming the file otherwise)."""
+def secret_from_file(path: str, option: str = "--secret-file") -> bytes:
+    """The hex token secret in `path` (ConfigError naming `option`, the file and the fix
+    otherwise: `mint-token --secret-file`, `release-service serve --token-secret-file`)."""
     from fedldp.collector.config import ConfigError
 
     try:
         return bytes.fromhex(Path(path).read_text(encoding="ascii").strip())
     except (ValueError, UnicodeDecodeError):
         raise ConfigError(
-            f"--secret-file {path} must hold hex digits (make one with "
-            "`fedldp collector gen-secret`)"
+            f"{option} {path} must hold hex digits (make one with `fedldp collector gen-secret`)"
         ) from None
 
 

@@ -71,7 +71,10 @@ def _label(url: str) -> str:
 
 def _token(token_file: str | None) -> str | None:
     if token_file is not None:
-        text = Path(token_file).read_text(encoding="utf-8").strip()
+        from fedldp.client.textfiles import read_utf8
+
+        fix = "--token-file holds the bearer token `fedldp collector mint-token` printed"
+        text = read_utf8(token_file, fix, click.ClickException).strip()
         if not text:
             raise click.ClickException(f"{token_file} is empty; it must hold the bearer token")
         return text

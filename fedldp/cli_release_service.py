@@ -154,6 +154,7 @@ def serve_cmd(**options: Any) -> None:
     from fedldp.aggregator.service.policy import load_release_policy
     from fedldp.aggregator.service.server import ServiceConfig, start_release_service
     from fedldp.authoring import KeyFileError, load_private_key
+    from fedldp.cli_collector import secret_from_file
     from fedldp.cli_keys import passphrase_from_env
     from fedldp.client.policy import load_public_key
     from fedldp.collector.auth import RELEASE_SERVICE_AUDIENCE, Authenticator, TokenAuthority
@@ -166,7 +167,7 @@ def serve_cmd(**options: Any) -> None:
         signal.signal(sig, lambda *_: stop.set())
     try:
         secret_file = options["token_secret_file"]
-        secret = bytes.fromhex(secret_file.read_text().strip()) if secret_file else None
+        secret = secret_from_file(str(secret_file), "--token-secret-file") if secret_file else None
         config = ServiceConfig(
             catalog=load_catalog(options["catalog_path"]),
             policy=load_release_policy(

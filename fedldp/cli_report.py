@@ -28,6 +28,7 @@ from fedldp.cli_common import (
     resolve_ledger_url,
     trust_option,
 )
+from fedldp.client.textfiles import not_text
 
 if TYPE_CHECKING:
     from fedldp.client.policy import VerifiedPolicy
@@ -430,7 +431,7 @@ class _DataFile:
             yield from self._values()
         except UnicodeDecodeError as exc:
             raise click.ClickException(
-                f"--data {self.path} is not UTF-8 text (byte 0x{exc.object[exc.start]:02x}); "
+                f"--data {not_text(self.path, exc)}; "
                 "give one value per line, or a CSV file with --column"
             ) from None
 

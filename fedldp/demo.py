@@ -311,10 +311,14 @@ class Fleet:
         from fedldp.v1 import policy_pb2
 
         self.spec = spec
+        # The pinned root, verified once per worker: every simulated app ships the
+        # same one, and each Client takes a private copy of this store (a copy
+        # shares its verified root and serialized bytes, so a device does not
+        # parse and verify the root again).
         self.trust_root = TrustRoot(
             policy_pb2.SignedEnvelope.FromString(spec.root_envelope),
             [Ed25519PublicKey.from_public_bytes(key) for key in spec.root_public_keys],
-        )
+        ).trust_store(now=int(time.time()))
         self.tokens = TokenAuthority(spec.token_secret)
         self.state_root = Path(spec.state_root)
         self.tally = Tally()

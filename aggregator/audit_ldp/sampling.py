@@ -25,6 +25,8 @@ from __future__ import annotations
 
 import inspect
 import random
+import struct
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -141,12 +143,32 @@ def joint_key(output: MultiOutput) -> int:
     return int.from_bytes(digest[:7], "little")
 
 
+def _exact_parts(output: MultiOutput) -> tuple[object, ...]:
+    """A dict key equal for two reports exactly when their wire bytes are: numeric parts
+    by their binary64 bits (+0.0 and -0.0 are equal floats but different reports)."""
+    return tuple(
+        (a, struct.pack("<d", p.value) if isinstance(p, NumericOutput) else p)
+        for a, p in output.parts
+    )
+
+
+def _joint_keys(outputs: list[MultiOutput]) -> Iterator[int]:
+    """`joint_key` of each report, computed once per distinct report (a batch repeats
+    few distinct reports many times; the key hashes the whole wire encoding)."""
+    seen: dict[tuple[object, ...], int] = {}
+    for output in outputs:
+        exact = _exact_parts(output)
+        key = seen.get(exact)
+        if key is None:
+            key = seen[exact] = joint_key(output)
+        yield key
+
+
 def device_column(kind: str, outputs: list[Output]) -> Any:
     """One report per user, from `perturb` outputs, in the batch layout of `kind`
     (multi-attribute reports: their `joint_key`s)."""
     if kind == "joint":
-        keys = (joint_key(o) for o in outputs)  # type: ignore[arg-type]
-        return np.fromiter(keys, dtype=np.int64, count=len(outputs))
+        return np.fromiter(_joint_keys(outputs), dtype=np.int64, count=len(outputs))  # type: ignore[arg-type]
     if kind == "category":
         return np.fromiter((o.index for o in outputs), dtype=np.int64, count=len(outputs))  # type: ignore[union-attr]
     if kind == "bits":

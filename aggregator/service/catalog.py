@@ -51,6 +51,7 @@ from typing import Any
 
 from fedldp.aggregator.central.receipts import HashingReader, file_sha256
 from fedldp.aggregator.service.zoo import TrainingCatalog, parse_training
+from fedldp.client.textfiles import read_utf8
 from fedldp.collector.auth import check_subject
 
 _ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
@@ -401,7 +402,9 @@ class Catalog:
 def load_catalog(path: Path) -> Catalog:
     """Parse a catalog file (module docstring); CatalogError on any malformed entry."""
     try:
-        data = toml_loads(path.read_text(encoding="utf-8"))
+        data = toml_loads(read_utf8(path, "a catalog is a UTF-8 TOML file", CatalogError))
+    except CatalogError:
+        raise
     except (OSError, ValueError) as exc:
         raise CatalogError(f"cannot read catalog {path}: {exc}") from None
     section = "the catalog"

@@ -58,6 +58,7 @@ from typing import Any, Protocol
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 from fedldp.aggregator.central.signing import SignatureError, is_envelope, read_json, sign, verify
 from fedldp.aggregator.service.catalog import CatalogError, plain_decimal, toml_loads
+from fedldp.client.textfiles import read_utf8
 from fedldp.collector.auth import check_subject
 
 RELEASE_POLICY_TYPE = "application/vnd.fedldp.release-policy.v1+json"
@@ -202,7 +203,11 @@ def analyst_subject(service_id: str, dataset: str, analyst: str) -> str:
 def policy_payload(path: Path) -> dict[str, Any]:
     """The validated, normalized payload of a policy source file (TOML)."""
     try:
-        data = toml_loads(path.read_text(encoding="utf-8"))
+        data = toml_loads(
+            read_utf8(path, "a release policy is a UTF-8 TOML file", ReleasePolicyError)
+        )
+    except ReleasePolicyError:
+        raise
     except (OSError, ValueError) as exc:
         raise ReleasePolicyError(f"cannot read release policy {path}: {exc}") from None
     try:

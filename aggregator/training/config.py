@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from fedldp.client.decimals import DecimalSyntaxError, parse_decimal
+from fedldp.client.textfiles import read_utf8
 
 
 def _toml_loads(text: str) -> dict[str, Any]:
@@ -575,7 +576,9 @@ def _receipt_section(rc: Mapping[str, Any], base: Path) -> ReceiptConfig:
 def load_config(path: Path) -> TrainConfig:
     """Read and validate a train.toml; relative paths resolve against its folder."""
     try:
-        text = path.read_text(encoding="utf-8")
+        text = read_utf8(
+            path, "a train.toml is a UTF-8 TOML file: check --config", TrainingConfigError
+        )
     except OSError as exc:
         raise TrainingConfigError(f"cannot read config {path}: {exc.strerror}") from exc
     try:

@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 from fedldp.aggregator.central.receipts import file_sha256
 from fedldp.aggregator.training.config import DataConfig
+from fedldp.client.textfiles import not_text
 from numpy.typing import NDArray
 
 DIGEST_PREFIX = b"fedldp-dataset-v1\n"
@@ -181,7 +182,7 @@ def _read_csv(path: Path) -> tuple[list[str], list[list[str]]]:
             return [h.strip() for h in header], [row for row in reader if row]
     except UnicodeDecodeError as exc:
         raise DataError(
-            f"{path} is not UTF-8 text (byte 0x{exc.object[exc.start]:02x}); [data] source "
+            f"{not_text(path, exc)}; [data] source "
             '= "csv" reads a UTF-8 CSV file (a binary file: source = "parquet")'
         ) from None
 

@@ -50,6 +50,7 @@ from fedldp.aggregator.central.signing import (
     payload_of,
     verify,
 )
+from fedldp.client.textfiles import not_text
 
 REL_TOL = 1e-6
 SCHEMA = "fedldp.training-receipt/v1"
@@ -74,8 +75,7 @@ def load_receipt(path: Path) -> dict[str, Any]:
         raise ReceiptError(f"{path} is not JSON: {exc}") from exc
     except UnicodeDecodeError as exc:
         raise ReceiptError(
-            f"{path} is not a receipt: not UTF-8 text (byte 0x{exc.object[exc.start]:02x}); "
-            "give the receipt.json a training run wrote"
+            f"{not_text(path, exc)}, so not a receipt: give the receipt.json a training run wrote"
         ) from None
     if is_envelope(receipt):
         try:

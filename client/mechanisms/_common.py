@@ -279,6 +279,25 @@ def bernoulli_bits(prob: DyadicProbability, length: int, rng: random.Random) -> 
     return result
 
 
+#: `bernoulli_read_bytes` sizes one OS read so that a `bernoulli_bits` call needs
+#: a second one with probability below 2**-READ_MARGIN_BITS.
+READ_MARGIN_BITS = 12
+
+
+def bernoulli_read_bytes(length: int) -> int:
+    """OS CSPRNG bytes to read at once for one `bernoulli_bits(prob, length, r)` call.
+
+    Each level of `bernoulli_bits` draws ceil(length/8) bytes and decides every
+    still-undecided position with probability 1/2, so L levels leave some
+    position undecided with probability at most length * 2**-L. Reading
+    L = bit_length(length) + `READ_MARGIN_BITS` levels (at most 53) makes a
+    second read rarer than 2**-12 per call; how many levels a call uses never
+    depends on a true value (only on the random words).
+    """
+    levels = min(PROB_BITS, length.bit_length() + READ_MARGIN_BITS)
+    return levels * byte_length(length)
+
+
 #: `bernoulli_words` compares the first FULL_LEVELS digit levels over every
 #: word, then COMPACT_LEVELS at a time over only the words that still hold an
 #: undecided bit, and resolves the bits one by one once at most RESOLVE_WORDS

@@ -98,6 +98,7 @@ from fedldp.client.mechanisms._common import (
     PROB_ONE,
     DyadicProbability,
     bernoulli_bits,
+    bernoulli_read_bytes,
     byte_length,
     column_counts,
     dyadic_from_exp,
@@ -398,12 +399,20 @@ class CMS(Sketch):
         self.keep = DyadicProbability(PROB_ONE - self.flip.numerator)
         self.p_exact, self.q_exact = self.keep.exact, self.flip.exact
         self.p, self.q = float(self.keep), float(self.flip)
+        # One OS read per report: the row (at most 8 bytes, rejection included
+        # almost surely) and the flips (`bernoulli_read_bytes`).
+        self._read_bytes = 8 + bernoulli_read_bytes(self.m)
 
     # --- device ---
 
     def perturb(self, value: str, *, rng: random.Random | None = None) -> SketchRowOutput:
+        """One row's randomized one-hot vector (Apple 2017, Algorithm 1).
+
+        Without `rng`, the report's random bits come from one read of the OS
+        CSPRNG (`system_random(read_bytes)`), the same law as one read per draw.
+        """
         data = self.domain.encode(value)
-        r = rng if rng is not None else system_random()
+        r = rng if rng is not None else system_random(self._read_bytes)
         row = r.randrange(self.k)
         bits = bernoulli_bits(self.flip, self.m, r) ^ (1 << sketch_hash(row, data, self.m))
         return SketchRowOutput(row, bits.to_bytes(byte_length(self.m), "little"), self.m)

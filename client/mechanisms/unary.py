@@ -44,6 +44,7 @@ from fedldp.client.mechanisms._common import (
     DyadicProbability,
     add_bit_counts,
     bernoulli_bits,
+    bernoulli_read_bytes,
     bernoulli_words,
     byte_length,
     check_bit_vector,
@@ -138,7 +139,8 @@ class UnaryEncoding(FrequencyOracle):
 
     def perturb(self, value: int, *, rng: random.Random | None = None) -> BitVectorOutput:
         check_index(value, self.k)
-        r = rng if rng is not None else system_random()
+        # Without rng: one OS read per report (the flips, then 7 bytes for the draw).
+        r = rng if rng is not None else system_random(bernoulli_read_bytes(self.k) + 7)
         bits = bernoulli_bits(self.bit_q, self.k, r)
         bits &= ~(1 << value)
         if self.bit_p.draw(r):

@@ -23,6 +23,7 @@ from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
+from fedldp.collector.ledger.model import LedgerOpenError
 from fedldp.collector.ledger.sqlite_ingest import WriterLock, writer_lock_path
 
 MIGRATIONS_DIR = Path(__file__).resolve().parent.parent / "migrations"
@@ -82,6 +83,7 @@ def _upgrade(engine: sa.Engine) -> None:
         at = current_revision(probe)
     if at == head:
         return
+    _refuse_unknown(engine, at)
     with engine.begin() as connection:
         if connection.dialect.name == "postgresql":
             connection.exec_driver_sql(f"SELECT pg_advisory_xact_lock({_PG_MIGRATION_LOCK})")
@@ -90,3 +92,16 @@ def _upgrade(engine: sa.Engine) -> None:
         cfg = alembic_config()
         cfg.attributes["connection"] = connection
         command.upgrade(cfg, "head")
+
+
+def _refuse_unknown(engine: sa.Engine, at: str | None) -> None:
+    """LedgerOpenError when the database is at a revision these migrations do not know
+    (a newer fedldp migrated it), naming the ledger and the fix; nothing is changed."""
+    script = ScriptDirectory.from_config(alembic_config())
+    if at is None or at in {revision.revision for revision in script.walk_revisions()}:
+        return
+    shown = engine.url.render_as_string(hide_password=True)
+    raise LedgerOpenError(
+        f"ledger {shown} is at migration {at!r}, which this fedldp does not know (its newest "
+        f"is {head_revision()!r}): a newer fedldp migrated it; upgrade fedldp, nothing was changed"
+    )

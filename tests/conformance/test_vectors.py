@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import math
+import random
 import secrets
 import struct
 import sys
@@ -31,6 +32,7 @@ from fedldp.client.mechanisms.base import (
     OpenDomain,
     Output,
 )
+from fedldp.client.mechanisms.memo import MemoState
 from fedldp.client.mechanisms.olh import hash_value
 from fedldp.client.mechanisms.pem import hash_key, prefix_chunks
 from fedldp.client.mechanisms.sketch import sketch_hash
@@ -43,7 +45,7 @@ if str(REPO_ROOT) not in sys.path:  # conformance/ is a top-level folder, not a 
     sys.path.append(str(REPO_ROOT))
 
 from conformance.generate import drift  # noqa: E402
-from conformance.mechanism_vectors import thresholds  # noqa: E402
+from conformance.mechanism_vectors import output_json, thresholds  # noqa: E402
 
 VECTORS = REPO_ROOT / "conformance" / "v1"
 ONE = 1 << 53
@@ -235,6 +237,55 @@ def test_sampled_outputs(case: dict[str, Any]) -> None:
         else:
             prob = mechanism.exact_probability(sample["value"], output)
         assert prob == fraction(sample["probability"])
+
+
+@pytest.mark.parametrize("case", cases("memo"), ids=case_id)
+def test_memo_slots(case: dict[str, Any]) -> None:
+    """The memo key and state layout are the mechanism's; given the file's state, the
+    Python SDK's next report reads only the stored slots (the memo does not change) and
+    lands in the file's instantaneous law, whose rows sum to 1 and are accepted."""
+    mechanism = build(case)
+    section = case["memo"]
+    assert mechanism.memo_key == section["key"]
+    assert MemoState.from_json(section["state"]).to_json() == section["state"]
+    rng = random.Random(7)
+    for entry in section["instant"]:
+        law = {json.dumps(out, sort_keys=True): fraction(p) for out, p in entry["law"]}
+        assert sum(law.values()) == 1
+        for out in entry["law"]:
+            mechanism.check_output(output_of(out[0]))
+        memo = MemoState.from_json(section["state"])
+        for _ in range(50):
+            report = mechanism.perturb(entry["value"], rng=rng, memo=memo)
+            assert json.dumps(output_json(report), sort_keys=True) in law
+        assert memo.to_json() == section["state"]
+
+
+@pytest.mark.parametrize("case", vectors("mechanisms.json")["charges"], ids=case_id)
+def test_memo_charges(case: dict[str, Any]) -> None:
+    """The wider grid of memoized charges: the file's charge is max(ε1, ε_I) of the built
+    mechanism, and at least ε1; its memo key and thresholds are the mechanism's."""
+    mechanism = build(case)
+    assert str(mechanism.report_charge) == case["report_charge"]
+    assert Decimal(case["report_charge"]) >= Decimal(case["epsilon"])
+    assert mechanism.memo_key == case["memo_key"]
+    assert thresholds(mechanism) == case["thresholds"]
+
+
+@pytest.mark.parametrize(
+    "case",
+    vectors("mechanisms.json")["grids"],
+    ids=lambda c: f"{c['mechanism']}-{c['epsilon']}-{c['params'].get('levels', 'default')}",
+)
+def test_default_grids(case: dict[str, Any]) -> None:
+    """Grids derived from ε alone: levels, table size, level-0 weights and thresholds."""
+    mechanism = build({**case, "metric": {"lo": "0", "hi": "1"}})
+    assert mechanism.levels == case["levels"]
+    assert len(mechanism.table) == case["cells"]
+    first = mechanism.index_weights(0)
+    assert [str(w) for w in sorted(set(first))] == case["weight_values"]
+    assert str(sum(first)) == case["weight_total"]
+    assert thresholds(mechanism) == case["thresholds"]
 
 
 def test_hash_families() -> None:

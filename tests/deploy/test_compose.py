@@ -178,3 +178,89 @@ def test_envoy_routes_to_healthy_replicas_over_tls(
         ),
     }
     assert files <= envoy_secrets
+
+
+# --- secrets the container users can read (issue 29, item 9) ---
+
+OPERATIONS = ROOT / "docs" / "operations.md"
+#: The user of the images that set none in compose.yaml: the official postgres image
+#: runs PostgreSQL as `postgres`, uid 999 (its Dockerfile: useradd --uid=999).
+IMAGE_USERS = {"postgres": 999}
+#: Who creates the secret files (not root, not a container user).
+OPERATOR = 1000
+
+
+def _compose_block() -> str:
+    """The ```sh block of docs/operations.md that starts with `cd deploy/compose`."""
+    text = OPERATIONS.read_text(encoding="utf-8")
+    blocks = [b.split("```", 1)[0] for b in text.split("```sh\n")[1:]]
+    (block,) = [b for b in blocks if b.startswith("cd deploy/compose")]
+    return block
+
+
+def _files_after(block: str, names: set[str]) -> dict[str, tuple[int, int]]:
+    """(owner uid, mode) of each secrets/NAME after the block's umask, chown and chmod
+    lines (compose bind-mounts file secrets as they are on the host)."""
+    umask = 0o022  # the usual login default, until the block sets one
+    state: dict[str, tuple[int, int]] = {}
+    for raw in block.splitlines():
+        words = raw.split("#", 1)[0].split()
+        if words[:1] == ["sudo"]:
+            words = words[1:]
+        if words[:1] == ["umask"]:
+            umask = int(words[1], 8)
+        elif words[:1] == ["chown"] or words[:1] == ["chmod"]:
+            files = [w for w in words[2:] if w.startswith("secrets/")]
+            targets = (
+                names if files == ["secrets/*"] else {f.removeprefix("secrets/") for f in files}
+            )
+            for name in targets:
+                owner, mode = state.get(name, (OPERATOR, 0o666 & ~umask))
+                if words[0] == "chown":
+                    owner = int(words[1].split(":")[0])
+                else:
+                    mode = int(words[1], 8)
+                state[name] = (owner, mode)
+    return {n: state.get(n, (OPERATOR, 0o666 & ~umask)) for n in names}
+
+
+def _unreadable(compose: dict[str, Any], block: str) -> list[str]:
+    """`service: secret` for every secret a service mounts that its user cannot read,
+    and every secret left readable by others that is not a certificate."""
+    files = _files_after(block, set(compose["secrets"]))
+    problems = []
+    for name, service in compose["services"].items():
+        user = service.get("user")
+        uid = int(user.split(":")[0]) if user else IMAGE_USERS[service["image"].split(":")[0]]
+        for secret in service.get("secrets", []):
+            owner, mode = files[secret]
+            if not ((owner == uid and mode & 0o400) or mode & 0o004):
+                problems.append(f"{name}: {secret} (owner {owner}, mode {mode:o}) unreadable")
+    for secret, (_, mode) in files.items():
+        if mode & 0o077 and not secret.endswith(".pem"):
+            problems.append(f"{secret}: mode {mode:o} lets others read a private file")
+    return problems
+
+
+def test_every_service_can_read_the_secrets_it_mounts(compose: dict[str, Any]) -> None:
+    """The operations.md steps leave each secret readable by the container user that
+    mounts it and private otherwise (compose ignores uid/gid/mode for file secrets)."""
+    assert _unreadable(compose, _compose_block()) == []
+
+
+def test_the_secret_check_fails_on_the_old_steps(compose: dict[str, Any]) -> None:
+    """The steps the docs had (issue 29): Envoy, PostgreSQL and the collectors' TLS
+    files were 0600 and owned by the operator."""
+    old = (
+        "cd deploy/compose\n"
+        "sudo chown 10001:10001 secrets/pgpass secrets/token.secret secrets/collector.key\n"
+        "chmod 600 secrets/*\n"
+    )
+    problems = _unreadable(compose, old)
+    assert "envoy: envoy.key (owner 1000, mode 600) unreadable" in problems
+    assert "ledger-db: db_password (owner 1000, mode 600) unreadable" in problems
+    assert "collector: ca.pem (owner 1000, mode 600) unreadable" in problems
+    # Without a umask, the files are made 0644: private ones readable by everyone.
+    assert "token.secret: mode 644 lets others read a private file" in _unreadable(
+        compose, "cd deploy/compose\n"
+    )

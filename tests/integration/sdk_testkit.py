@@ -301,8 +301,10 @@ class FaultProxy:
     `fail_first`: the first N Submit calls are answered UNAVAILABLE with a
     ``retry-after-ms`` hint (nothing reaches the collector). `lose_first`: the
     first N Submit calls (after those) are forwarded and committed, then answered
-    UNAVAILABLE (the acknowledgement is lost). Every Submit request's bytes are
-    recorded in `submits`.
+    UNAVAILABLE (the acknowledgement is lost). `stall_first`: the first N
+    Submit calls (after those) wait, unanswered and not forwarded, until the
+    proxy closes; `stalled` is set when the first arrives (a call in flight).
+    Every Submit request's bytes are recorded in `submits`.
     """
 
     def __init__(
@@ -311,10 +313,14 @@ class FaultProxy:
         *,
         fail_first: int = 0,
         lose_first: int = 0,
+        stall_first: int = 0,
         retry_after_ms: int | None = 50,
     ) -> None:
         self.fail_first = fail_first
         self.lose_first = lose_first
+        self.stall_first = stall_first
+        self.stalled = threading.Event()
+        self._closing = threading.Event()
         self.retry_after_ms = retry_after_ms
         self.submits: list[bytes] = []
         self.outcomes: list[str] = []
@@ -356,7 +362,13 @@ class FaultProxy:
                     fault = "fail"
                 elif n < self.fail_first + self.lose_first:
                     fault = "lose"
+                elif n < self.fail_first + self.lose_first + self.stall_first:
+                    fault = "stall"
                 self.outcomes.append(fault or "ok")
+        if fault == "stall":
+            self.stalled.set()
+            self._closing.wait()
+            raise _AbortError(grpc.StatusCode.UNAVAILABLE, "injected: stalled call", None)
         if fault == "fail":
             raise _AbortError(
                 grpc.StatusCode.UNAVAILABLE, "injected: collector unavailable", self.retry_after_ms
@@ -383,6 +395,7 @@ class FaultProxy:
         return response
 
     def close(self) -> None:
+        self._closing.set()
         self._server.stop(None)
         self._channel.close()
 

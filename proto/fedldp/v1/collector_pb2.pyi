@@ -82,6 +82,10 @@ class _RejectReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_RejectRe
     REJECT_REASON_DUPLICATE_IN_BATCH: _RejectReason.ValueType  # 7
     REJECT_REASON_MISSING_PAYLOAD: _RejectReason.ValueType  # 8
     REJECT_REASON_BAD_COARSE_TIME: _RejectReason.ValueType  # 9
+    REJECT_REASON_MALFORMED_SEALED: _RejectReason.ValueType  # 10
+    """A sealed payload that does not open with the analyzer's key, or whose
+    plaintext is not a payload-only Report (counted by the analyzer).
+    """
 
 class RejectReason(_RejectReason, metaclass=_RejectReasonEnumTypeWrapper): ...
 
@@ -95,6 +99,10 @@ REJECT_REASON_NON_FINITE: RejectReason.ValueType  # 6
 REJECT_REASON_DUPLICATE_IN_BATCH: RejectReason.ValueType  # 7
 REJECT_REASON_MISSING_PAYLOAD: RejectReason.ValueType  # 8
 REJECT_REASON_BAD_COARSE_TIME: RejectReason.ValueType  # 9
+REJECT_REASON_MALFORMED_SEALED: RejectReason.ValueType  # 10
+"""A sealed payload that does not open with the analyzer's key, or whose
+plaintext is not a payload-only Report (counted by the analyzer).
+"""
 Global___RejectReason: _TypeAlias = RejectReason  # noqa: Y015
 
 @_typing.final
@@ -513,6 +521,38 @@ class MultiPayload(_message.Message):
 Global___MultiPayload: _TypeAlias = MultiPayload  # noqa: Y015
 
 @_typing.final
+class SealedPayload(_message.Message):
+    """A randomized payload sealed to the analyzer's public key (shuffle model,
+    docs/shuffle.md): HPKE (RFC 9180) base mode, DHKEM(X25519, HKDF-SHA256),
+    HKDF-SHA256, ChaCha20-Poly1305, single shot. The plaintext is a `Report`
+    holding only its payload oneof; `info` binds the policy (id, version, digest),
+    so a ciphertext opens only for that policy (client/sealed.py).
+    Only the analyzer, holding the private key named by key_id, can read it.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CIPHERTEXT_FIELD_NUMBER: _builtins.int
+    KEY_ID_FIELD_NUMBER: _builtins.int
+    ciphertext: _builtins.bytes
+    """HPKE `enc` (the 32-byte encapsulated key) followed by the AEAD ciphertext."""
+    key_id: _builtins.str
+    """SHA-256 of the analyzer's raw X25519 public key, first 8 bytes, hex."""
+    def __init__(
+        self,
+        *,
+        ciphertext: _builtins.bytes = ...,
+        key_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["ciphertext", b"ciphertext", "key_id", b"key_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SealedPayload: _TypeAlias = SealedPayload  # noqa: Y015
+
+@_typing.final
 class Report(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -531,6 +571,7 @@ class Report(_message.Message):
     SKETCH_BIT_FIELD_NUMBER: _builtins.int
     GROUP_HASHED_FIELD_NUMBER: _builtins.int
     INDEX_BITS_FIELD_NUMBER: _builtins.int
+    SEALED_FIELD_NUMBER: _builtins.int
     report_id: _builtins.bytes
     """16 bytes made by the device, unique and unpredictable; the idempotency key.
     Opaque to the collector. The fedldp SDK gives a device's consecutive reports
@@ -564,6 +605,8 @@ class Report(_message.Message):
     def group_hashed(self) -> Global___GroupHashedPayload: ...
     @_builtins.property
     def index_bits(self) -> Global___IndexBitsPayload: ...
+    @_builtins.property
+    def sealed(self) -> Global___SealedPayload: ...
     def __init__(
         self,
         *,
@@ -582,12 +625,13 @@ class Report(_message.Message):
         sketch_bit: Global___SketchBitPayload | None = ...,
         group_hashed: Global___GroupHashedPayload | None = ...,
         index_bits: Global___IndexBitsPayload | None = ...,
+        sealed: Global___SealedPayload | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["bits", b"bits", "category", b"category", "group_hashed", b"group_hashed", "hashed", b"hashed", "index_bit", b"index_bit", "index_bits", b"index_bits", "multi", b"multi", "numeric", b"numeric", "payload", b"payload", "sketch_bit", b"sketch_bit", "sketch_row", b"sketch_row"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["bits", b"bits", "category", b"category", "group_hashed", b"group_hashed", "hashed", b"hashed", "index_bit", b"index_bit", "index_bits", b"index_bits", "multi", b"multi", "numeric", b"numeric", "payload", b"payload", "sealed", b"sealed", "sketch_bit", b"sketch_bit", "sketch_row", b"sketch_row"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["bits", b"bits", "category", b"category", "coarse_time", b"coarse_time", "group_hashed", b"group_hashed", "hashed", b"hashed", "index_bit", b"index_bit", "index_bits", b"index_bits", "multi", b"multi", "numeric", b"numeric", "payload", b"payload", "policy_digest", b"policy_digest", "policy_id", b"policy_id", "policy_version", b"policy_version", "report_id", b"report_id", "sketch_bit", b"sketch_bit", "sketch_row", b"sketch_row"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["bits", b"bits", "category", b"category", "coarse_time", b"coarse_time", "group_hashed", b"group_hashed", "hashed", b"hashed", "index_bit", b"index_bit", "index_bits", b"index_bits", "multi", b"multi", "numeric", b"numeric", "payload", b"payload", "policy_digest", b"policy_digest", "policy_id", b"policy_id", "policy_version", b"policy_version", "report_id", b"report_id", "sealed", b"sealed", "sketch_bit", b"sketch_bit", "sketch_row", b"sketch_row"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_payload: _TypeAlias = _typing.Literal["category", "bits", "hashed", "numeric", "index_bit", "multi", "sketch_row", "sketch_bit", "group_hashed", "index_bits"]  # noqa: Y015
+    _WhichOneofReturnType_payload: _TypeAlias = _typing.Literal["category", "bits", "hashed", "numeric", "index_bit", "multi", "sketch_row", "sketch_bit", "group_hashed", "index_bits", "sealed"]  # noqa: Y015
     _WhichOneofArgType_payload: _TypeAlias = _typing.Literal["payload", b"payload"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_payload) -> _WhichOneofReturnType_payload | None: ...
 

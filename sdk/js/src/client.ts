@@ -22,6 +22,7 @@ import { SignedEnvelopeSchema } from "./gen/fedldp/v1/policy_pb.js";
 import { type Rational, add, compare, decimalString, parseDecimal } from "./exact.js";
 import { PolicyError, TrustStore, type VerifiedPolicy, fromHex, hex, verifyPolicy } from "./policy.js";
 import { ReportIds, coarseTime, reportBytes, submitRequestBytes } from "./wire.js";
+import { MemoState, encodeValue } from "./mechanisms.js";
 
 export interface ClientOptions {
   /** host:port of the collector's gRPC endpoint. */
@@ -51,6 +52,8 @@ interface State {
   highestVersions: Record<string, string>;
   pausedUntilMs: number;
   failures: number;
+  /** Memo state (permanent responses) of memoized metrics, by metric name: MemoState JSON. */
+  memos?: Record<string, string>;
 }
 
 /** record() refused by the on-device budget guard: nothing randomized, nothing stored. */
@@ -147,14 +150,21 @@ export class FedldpClient {
     return run;
   }
 
-  /** Randomize `label` under the metric's policy and store the report durably (not sent yet). */
-  record(metric: string, label: string): Promise<void> {
+  /**
+   * Randomize `value` under the metric's policy (a label of a categorical metric, a number
+   * of a numeric one, a string of an open-domain one, an array or object of attribute
+   * values of a multi-attribute one: `encodeValue`) and store the report durably (not sent
+   * yet), with the memo state of a memoized mechanism in the same atomic write.
+   */
+  record(metric: string, value: string | number | readonly unknown[] | Record<string, unknown>): Promise<void> {
     return this.serial(async () => {
       const policy = this.policies.get(metric);
       if (policy === undefined) throw new NoPolicyError(`no verified policy collects metric ${metric}`);
-      const index = policy.labels.indexOf(label);
-      if (index < 0) {
-        throw new RangeError(`value is not in the domain of policy ${policy.policyId} v${policy.version} (${policy.labels.length} labels)`);
+      let input: ReturnType<typeof encodeValue>;
+      try {
+        input = encodeValue(policy.mechanism, policy.labels, value);
+      } catch (error) {
+        throw new RangeError(`policy ${policy.policyId} v${policy.version}: ${(error as Error).message}`);
       }
       const now = this.now();
       const window = now - (now % policy.windowSeconds);
@@ -164,16 +174,28 @@ export class FedldpClient {
       if (compare(after, policy.epsilonCap) > 0) {
         throw new BudgetExhaustedError(`policy ${policy.policyId}: this window's budget is spent (cap ${decimalString(policy.epsilonCap)})`);
       }
-      const output = policy.mechanism.perturb(index);
+      const memo = this.memoFor(metric, policy);
+      const output = policy.mechanism.perturb(input, undefined, memo);
       const reportId = this.ids.next();
       const bytes = reportBytes({
         reportId, policyId: policy.policyId, policyVersion: policy.version,
         policyDigest: policy.digest, coarseTime: coarseTime(now),
       }, output);
       this.state.spent[key] = decimalString(after);
+      if (memo !== undefined) (this.state.memos ??= {})[metric] = memo.toJSON();
       this.state.pending.push({ id: hex(reportId), report: hex(bytes) });
       await this.persist();
     });
+  }
+
+  /** The stored memo of a memoized policy's metric (a fresh one when absent or bound to other parameters). */
+  private memoFor(metric: string, policy: VerifiedPolicy): MemoState | undefined {
+    const fresh = policy.mechanism.newMemo;
+    if (!policy.mechanism.memoized || fresh === undefined) return undefined;
+    const text = this.state.memos?.[metric];
+    const stored = text === undefined ? undefined : MemoState.fromJSON(text);
+    const memo = fresh.call(policy.mechanism);
+    return stored !== undefined && stored.key === memo.key ? stored : memo;
   }
 
   /** Send every pending report (same bytes on every attempt); honours the retry hint. */

@@ -28,6 +28,15 @@ export function parseDecimal(text: string): Rational {
   return { num: BigInt((whole ?? "0") + frac), den: 10n ** BigInt(frac.length) };
 }
 
+/** A plain decimal with an optional leading minus ("-2.5"): a numeric range bound. */
+export function parseSignedDecimal(text: string): Rational {
+  if (text.startsWith("-")) {
+    const x = parseDecimal(text.slice(1));
+    return { num: -x.num, den: x.den };
+  }
+  return parseDecimal(text);
+}
+
 /** a/b compared with c/d: -1, 0 or 1. */
 export function compare(a: Rational, b: Rational): number {
   const left = a.num * b.den;
@@ -133,6 +142,11 @@ export function int(n: bigint | number): Rational {
   return { num: BigInt(n), den: 1n };
 }
 
+/** "num/den" (the vectors' rational form). */
+export function ratioText(x: Rational): string {
+  return `${x.num}/${x.den}`;
+}
+
 /** A plain decimal string of a Rational whose denominator is a power of ten. */
 export function decimalString(x: Rational): string {
   let scale = 0;
@@ -146,4 +160,186 @@ export function decimalString(x: Rational): string {
   if (scale === 0) return digits;
   const text = `${digits.slice(0, -scale)}.${digits.slice(-scale)}`.replace(/0+$/, "");
   return text.endsWith(".") ? text.slice(0, -1) : text;
+}
+
+// ---------------------------------------------------------------------------
+// Decimal rounding, ln, e^x floors and doubles: what the memoized charges
+// (client/mechanisms/memo_loss.py) and the numeric grids (numeric.py) need.
+
+export function floorOf(x: Rational): bigint {
+  return floorDiv(x.num, x.den);
+}
+
+export function ceilOf(x: Rational): bigint {
+  return ceilDiv(x.num, x.den);
+}
+
+function tenPow(n: number): Rational {
+  return n >= 0 ? { num: 10n ** BigInt(n), den: 1n } : { num: 1n, den: 10n ** BigInt(-n) };
+}
+
+/** floor(log10 x) of a positive rational (Decimal's `adjusted()`). */
+export function adjusted(x: Rational): number {
+  let a = x.num.toString().length - x.den.toString().length;
+  while (compare(x, tenPow(a)) < 0) a -= 1;
+  while (compare(x, tenPow(a + 1)) >= 0) a += 1;
+  return a;
+}
+
+export type Rounding = "floor" | "ceil" | "nearest";
+
+function roundInteger(x: Rational, mode: Rounding): bigint {
+  if (mode === "floor") return floorOf(x);
+  if (mode === "ceil") return ceilOf(x);
+  return floorDiv(2n * x.num + x.den, 2n * x.den); // ties up: never met (transcendental inputs)
+}
+
+/** x > 0 rounded to `digits` significant decimal digits (Decimal at that precision). */
+export function roundSignificant(x: Rational, digits: number, mode: Rounding): Rational {
+  const unit = tenPow(adjusted(x) - digits + 1);
+  return mul(int(roundInteger(div(x, unit), mode)), unit);
+}
+
+/** x rounded at `places` decimal places (Decimal.quantize). */
+export function roundPlaces(x: Rational, places: number, mode: Rounding): Rational {
+  const unit = tenPow(-places);
+  return mul(int(roundInteger(div(x, unit), mode)), unit);
+}
+
+/** One unit in the last of `digits` significant digits of x (x already has that many). */
+function lastUnit(x: Rational, digits: number): Rational {
+  return tenPow(adjusted(x) - digits + 1);
+}
+
+/** Decimal's next_plus at `digits` digits of a value already rounded to them. */
+export function nextPlus(x: Rational, digits: number): Rational {
+  return add(x, lastUnit(x, digits));
+}
+
+/** Decimal's next_minus at `digits` digits of a positive value already rounded to them. */
+export function nextMinus(x: Rational, digits: number): Rational {
+  const unit = lastUnit(x, digits);
+  const power = equal(x, tenPow(adjusted(x))); // 10^a: the next lower value has a finer unit
+  return sub(x, power ? div(unit, int(10)) : unit);
+}
+
+/** A fixed-point bracket [lo, hi] / 2^bits of a value known as v / 2^prec ± err / 2^prec. */
+function narrowed(v: bigint, prec: bigint, err: bigint, bits: bigint): [bigint, bigint] {
+  const shift = prec - bits;
+  return [floorDiv(v - err, 1n << shift), ceilDiv(v + err, 1n << shift)];
+}
+
+/** 2 atanh(t) in fixed point (t = tn / 2^prec, 0 <= t < 1/2), each term floored. */
+function twoAtanh(tn: bigint, prec: bigint): { value: bigint; terms: bigint } {
+  const t2 = (tn * tn) >> prec;
+  let power = tn;
+  let sum = 0n;
+  let terms = 0n;
+  for (let i = 1n; power > 0n; i += 2n) {
+    sum += power / i;
+    power = (power * t2) >> prec;
+    terms += 1n;
+  }
+  return { value: 2n * sum, terms };
+}
+
+/** Fixed-point bracket [lo, hi] / 2^bits of ln x, x > 0 (range reduction by 2, atanh series). */
+export function lnBracket(x: Rational, bits: bigint): [bigint, bigint] {
+  if (x.num <= 0n) throw new Error("ln needs x > 0");
+  const prec = bits + 64n;
+  let m = BigInt(x.num.toString(2).length - x.den.toString(2).length);
+  const scaled = (e: bigint) => (e >= 0n ? { num: x.num, den: x.den << e } : { num: x.num << -e, den: x.den });
+  while (compare(scaled(m), ONE) < 0) m -= 1n;
+  while (compare(scaled(m), int(2)) >= 0) m += 1n;
+  const y = scaled(m); // in [1, 2)
+  const t = floorDiv((y.num - y.den) << prec, y.num + y.den); // (y - 1)/(y + 1) in [0, 1/3)
+  const lnY = twoAtanh(t, prec);
+  const ln2 = twoAtanh(floorDiv(1n << prec, 3n), prec);
+  const absM = m < 0n ? -m : m;
+  const value = lnY.value + m * ln2.value;
+  // Floored products and terms: each series errs by at most (terms + 2)^2 units (generous).
+  const err = 8n * (lnY.terms + 2n) ** 2n + 8n * (absM + 1n) * (ln2.terms + 2n) ** 2n;
+  return narrowed(value, prec, err, bits);
+}
+
+function decide(bracket: (bits: bigint) => [bigint, bigint], round: (x: Rational) => Rational): Rational {
+  for (let bits = 256n; bits <= 1n << 14n; bits *= 2n) {
+    const [lo, hi] = bracket(bits);
+    const den = 1n << bits;
+    const a = round({ num: lo, den });
+    const b = round({ num: hi, den });
+    if (equal(a, b)) return a;
+  }
+  throw new Error("cannot round: bracket did not narrow");
+}
+
+/** memo_loss.ln_upper at 50 digits: the correctly rounded ln x, one unit up (x > 1). */
+export function lnUpper(x: Rational, digits = 50): Rational {
+  const nearest = decide((bits) => lnBracket(x, bits), (v) => roundSignificant(v, digits, "nearest"));
+  return nextPlus(nearest, digits);
+}
+
+/** memo_loss.exp_lower at 50 digits: the correctly rounded e^x, one unit down (x > 0). */
+export function expLower(x: Rational, digits = 50): Rational {
+  const nearest = decide((bits) => expBracket(x, bits), (v) => roundSignificant(v, digits, "nearest"));
+  return nextMinus(nearest, digits);
+}
+
+/** floor(e^x * m), exactly (x may be negative): numeric.exp_floor. */
+export function expFloor(x: Rational, m: bigint): bigint {
+  return roundExp(x, (e) => mul(e, int(m)), "floor");
+}
+
+/** formula(e^x) rounded to an integer (formula monotone in e near e^x; x may be negative). */
+export function roundExp(x: Rational, formula: (e: Rational) => Rational, mode: Rounding): bigint {
+  const negative = x.num < 0n;
+  const absX = negative ? { num: -x.num, den: x.den } : x;
+  const value = decide((bits) => {
+    const [lo, hi] = expBracket(absX, bits);
+    if (!negative) return [lo, hi];
+    const one = 1n << (2n * bits);
+    return [floorDiv(one, hi), ceilDiv(one, lo)]; // e^-x = 1 / e^x, still over 2^bits
+  }, (e) => int(roundInteger(formula(e), mode)));
+  return value.num;
+}
+
+const F64 = new DataView(new ArrayBuffer(8));
+
+/** The exact rational of a finite double. */
+export function fromDouble(value: number): Rational {
+  if (!Number.isFinite(value)) throw new Error("not a finite double");
+  F64.setFloat64(0, value);
+  const bits = F64.getBigUint64(0);
+  const sign = bits >> 63n ? -1n : 1n;
+  const exponent = Number((bits >> 52n) & 0x7ffn);
+  const fraction = bits & ((1n << 52n) - 1n);
+  const mantissa = exponent === 0 ? fraction : fraction | (1n << 52n);
+  const shift = BigInt((exponent === 0 ? 1 : exponent) - 1075);
+  return shift >= 0n ? { num: sign * (mantissa << shift), den: 1n } : { num: sign * mantissa, den: 1n << -shift };
+}
+
+/** The correctly rounded (half-even) double of a rational (Python's float(Fraction)). */
+export function toDouble(x: Rational): number {
+  let { num, den } = x;
+  if (den < 0n) { num = -num; den = -den; }
+  if (num === 0n) return 0;
+  const negative = num < 0n;
+  if (negative) num = -num;
+  let e = num.toString(2).length - den.toString(2).length; // 2^(e-1) <= roughly x < 2^(e+1)
+  if (compare({ num, den }, e >= 0 ? int(1n << BigInt(e)) : { num: 1n, den: 1n << BigInt(-e) }) < 0) e -= 1;
+  const shift = BigInt(52 - Math.max(e, -1022)); // 53 significant bits (fewer if subnormal)
+  const scaledNum = shift >= 0n ? num << shift : num;
+  const scaledDen = shift >= 0n ? den : den << -shift;
+  let q = scaledNum / scaledDen;
+  const r2 = 2n * (scaledNum % scaledDen);
+  if (r2 > scaledDen || (r2 === scaledDen && (q & 1n) === 1n)) q += 1n;
+  const value = Number(q) * 2 ** -Number(shift); // q < 2^54 is exact; the power of two is exact
+  if (!Number.isFinite(value)) throw new Error("rational out of the double range");
+  return negative ? -value : value;
+}
+
+/** The 16 hex digits of a double's big-endian bytes (as in the vectors). */
+export function doubleHex(value: number): string {
+  F64.setFloat64(0, value);
+  return F64.getBigUint64(0).toString(16).padStart(16, "0");
 }

@@ -1,331 +1,53 @@
 /**
- * Randomizers with exact integer thresholds, the same laws as the Python reference
- * (client/mechanisms/{grr,unary,olh,hadamard,subset}.py): every probability is
- * numerator / 2^53, decided exactly (`exact.dyadicFromExp`), drawn by comparing a
- * uniform 53-bit integer from `crypto.getRandomValues` with the numerator.
- * `probability(value, output)` is the exact law those thresholds realize; the
- * conformance test compares it with the vectors' rationals.
+ * The randomizers this SDK runs, by the wire id a signed policy names
+ * (client/mechanisms/registry.py): categorical (mechanisms/categorical.ts),
+ * memoized (mechanisms/memo.ts) and numeric on finite grids (mechanisms/numeric.ts).
+ * Every probability a sampler realizes is an exact rational; `probability` states
+ * it and the conformance test compares it with conformance/v1/mechanisms.json.
  */
-import {
-  type Rational, ONE, PROB_ONE, ZERO, dyadic, dyadicFromExp, half, int, mul, div, sub,
-} from "./exact.js";
-import { type RandomSource, bernoulli, below, belowNumber, systemRandom } from "./random.js";
+import { type Rational, parseDecimal } from "./exact.js";
+import { GRR, HadamardResponse, OLH, OUE, SUE, SubsetSelection } from "./mechanisms/categorical.js";
+import { DBitFlip } from "./mechanisms/dbitflip.js";
+import { Loloha } from "./mechanisms/loloha.js";
+import { RapporGRR, RapporOUE, RapporSUE } from "./mechanisms/memo.js";
+import { Duchi, Hybrid, type NumericRange, Piecewise, SquareWave } from "./mechanisms/numeric.js";
+import { type Attribute, MultiSample, MultiSplit, attributeEpsilon } from "./mechanisms/multi.js";
+import { PEM } from "./mechanisms/pem.js";
+import { CMS, HCMS, MAX_OPEN_DOMAIN_BYTES, type OpenDomain, encodeOpen } from "./mechanisms/sketch.js";
+import { type Input, type Mechanism, ValueError } from "./mechanisms/types.js";
 
-/** A mechanism output: exactly the payload kinds of collector.proto used here. */
-export type Output =
-  | { kind: "category"; index: number }
-  | { kind: "bits"; bits: Uint8Array; length: number }
-  | { kind: "hashed"; seed: bigint; value: number };
-
-/** One built mechanism (immutable). */
-export interface Mechanism {
-  readonly id: string;
-  readonly epsilon: Rational;
-  readonly k: number;
-  /** What the ledger and the device guard charge per report (ε: not memoized). */
-  readonly charge: Rational;
-  /** The exact integers the sampler uses, named as in the conformance vectors. */
-  thresholds(): Record<string, bigint | number>;
-  perturb(value: number, rng?: RandomSource): Output;
-  probability(value: number, output: Output): Rational;
-}
-
-/** Error for a value outside the domain; the message never carries the value. */
-export class ValueError extends Error {}
-
-function checkIndex(value: number, k: number): void {
-  if (!Number.isInteger(value) || value < 0 || value >= k) {
-    throw new ValueError(`value must be an integer index in [0, ${k})`);
-  }
-}
-
-function checkK(k: number): void {
-  if (!Number.isInteger(k) || k < 2) throw new ValueError("domain size k must be an integer >= 2");
-}
-
-/** e/(e + c) for a constant c, as a formula of e. */
-const keepFormula = (c: bigint) => (e: Rational): Rational =>
-  div(e, { num: e.num + c * e.den, den: e.den });
-
-function bytesOf(bits: bigint, length: number): Uint8Array {
-  const out = new Uint8Array(Math.ceil(length / 8));
-  for (let i = 0; i < out.length; i += 1) out[i] = Number((bits >> BigInt(8 * i)) & 0xffn);
-  return out;
-}
-
-function bitsOf(bytes: Uint8Array): bigint {
-  let x = 0n;
-  for (let i = bytes.length - 1; i >= 0; i -= 1) x = (x << 8n) | BigInt(bytes[i] as number);
-  return x;
-}
-
-function otherThan(truth: number, size: number, rng: RandomSource): number {
-  const other = belowNumber(size - 1, rng);
-  return other >= truth ? other + 1 : other;
-}
-
-abstract class Base implements Mechanism {
-  abstract readonly id: string;
-  readonly charge: Rational;
-  constructor(readonly epsilon: Rational, readonly k: number) {
-    checkK(k);
-    if (epsilon.num <= 0n) throw new ValueError("epsilon must be positive");
-    this.charge = epsilon;
-  }
-  abstract thresholds(): Record<string, bigint | number>;
-  abstract perturb(value: number, rng?: RandomSource): Output;
-  abstract probability(value: number, output: Output): Rational;
-}
-
-/** k-ary randomized response (Wang et al. 2017, 4.1): keep = floor(p 2^53). */
-export class GRR extends Base {
-  readonly id = "grr";
-  readonly keep: bigint;
-  constructor(epsilon: Rational, k: number) {
-    super(epsilon, k);
-    this.keep = dyadicFromExp(keepFormula(BigInt(k - 1)), epsilon);
-  }
-  thresholds() { return { k: this.k, keep: this.keep }; }
-  perturb(value: number, rng: RandomSource = systemRandom): Output {
-    checkIndex(value, this.k);
-    const kept = bernoulli(this.keep, rng);
-    const other = otherThan(value, this.k, rng); // drawn always: the work is value-blind
-    return { kind: "category", index: kept ? value : other };
-  }
-  probability(value: number, output: Output): Rational {
-    if (output.kind !== "category") return ZERO;
-    const p = dyadic(this.keep);
-    return output.index === value ? p : div(sub(ONE, p), int(this.k - 1));
-  }
-}
-
-/** Unary encodings (Wang et al. 2017, 4.2): k independent bits, thresholds bitP, bitQ. */
-abstract class Unary extends Base {
-  abstract readonly bitP: bigint;
-  abstract readonly bitQ: bigint;
-  thresholds() { return { k: this.k, bit_p: this.bitP, bit_q: this.bitQ }; }
-  perturb(value: number, rng: RandomSource = systemRandom): Output {
-    checkIndex(value, this.k);
-    let bits = 0n;
-    for (let i = 0; i < this.k; i += 1) {
-      const one = bernoulli(i === value ? this.bitP : this.bitQ, rng);
-      if (one) bits |= 1n << BigInt(i);
-    }
-    return { kind: "bits", bits: bytesOf(bits, this.k), length: this.k };
-  }
-  probability(value: number, output: Output): Rational {
-    if (output.kind !== "bits" || output.length !== this.k) return ZERO;
-    const bits = bitsOf(output.bits);
-    let prob = ONE;
-    for (let i = 0; i < this.k; i += 1) {
-      const one = dyadic(i === value ? this.bitP : this.bitQ);
-      prob = mul(prob, (bits >> BigInt(i)) & 1n ? one : sub(ONE, one));
-    }
-    return prob;
-  }
-}
-
-export class OUE extends Unary {
-  readonly id = "oue";
-  readonly bitP = PROB_ONE / 2n;
-  readonly bitQ: bigint;
-  constructor(epsilon: Rational, k: number) {
-    super(epsilon, k);
-    this.bitQ = dyadicFromExp((e) => div(ONE, { num: e.num + e.den, den: e.den }), epsilon, true);
-  }
-}
-
-export class SUE extends Unary {
-  readonly id = "sue";
-  readonly bitP: bigint;
-  readonly bitQ: bigint;
-  constructor(epsilon: Rational, k: number) {
-    super(epsilon, k);
-    const h = half(epsilon);
-    this.bitP = dyadicFromExp(keepFormula(1n), h);
-    this.bitQ = dyadicFromExp((e) => div(ONE, { num: e.num + e.den, den: e.den }), h, true);
-  }
-}
-
-export function isPrime(n: number): boolean {
-  if (n < 2) return false;
-  if (n % 2 === 0) return n === 2;
-  for (let i = 3; i * i <= n; i += 2) if (n % i === 0) return false;
-  return true;
-}
-
-function f0Variance(p: number, q: number): number {
-  const gap = (p - q) ** 2;
-  return gap > 0 ? (q * (1 - q)) / gap : Infinity;
-}
-
-/** OLH's default g: the prime around e^ε + 1 with the least variance (olh.default_g). */
-export function defaultG(epsilon: Rational): number {
-  const e = Math.exp(Number(epsilon.num) / Number(epsilon.den));
-  const target = e + 1;
-  let lo = Math.max(2, Math.floor(target));
-  while (lo > 2 && !isPrime(lo)) lo -= 1;
-  let hi = Math.max(2, Math.ceil(target));
-  while (!isPrime(hi)) hi += 1;
-  const cost = (g: number) => f0Variance(e / (e + g - 1), 1 / g);
-  return cost(hi) < cost(lo) ? hi : lo;
-}
-
-/** h_seed(v) of the OLH dot-product family (collector.proto, HashedPayload). */
-export function olhHash(seed: bigint, value: bigint, g: bigint, m: number): bigint {
-  let acc = 0n;
-  let s = seed;
-  let v = value;
-  for (let j = 0; j < m; j += 1) {
-    acc += (s % g) * (v % g);
-    s /= g;
-    v /= g;
-  }
-  return (acc + s) % g;
-}
-
-/** Optimized local hashing (Wang et al. 2017, 4.4). */
-export class OLH extends Base {
-  readonly id = "olh";
-  readonly g: number;
-  readonly m: number;
-  readonly seedSpace: bigint;
-  readonly keep: bigint;
-  constructor(epsilon: Rational, k: number, g?: number) {
-    super(epsilon, k);
-    const chosen = g ?? defaultG(epsilon);
-    if (!Number.isInteger(chosen) || chosen < 2 || chosen > 2 ** 31 - 1 || !isPrime(chosen)) {
-      throw new ValueError("olh hash range g must be a prime in [2, 2^31 - 1]");
-    }
-    this.g = chosen;
-    let m = 1;
-    while (BigInt(chosen) ** BigInt(m) < BigInt(k)) m += 1;
-    this.m = m;
-    this.seedSpace = BigInt(chosen) ** BigInt(m + 1);
-    if (this.seedSpace > 2n ** 63n) throw new ValueError("olh seed space exceeds 2^63");
-    this.keep = dyadicFromExp(keepFormula(BigInt(chosen - 1)), epsilon);
-  }
-  thresholds() {
-    return { k: this.k, g: this.g, m: this.m, seed_space: this.seedSpace, keep: this.keep };
-  }
-  perturb(value: number, rng: RandomSource = systemRandom): Output {
-    checkIndex(value, this.k);
-    const seed = below(this.seedSpace, rng);
-    const hashed = Number(olhHash(seed, BigInt(value), BigInt(this.g), this.m));
-    const kept = bernoulli(this.keep, rng);
-    const other = otherThan(hashed, this.g, rng);
-    return { kind: "hashed", seed, value: kept ? hashed : other };
-  }
-  probability(value: number, output: Output): Rational {
-    if (output.kind !== "hashed") return ZERO;
-    const hashed = Number(olhHash(output.seed, BigInt(value), BigInt(this.g), this.m));
-    const p = dyadic(this.keep);
-    const mass = output.value === hashed ? p : div(sub(ONE, p), int(this.g - 1));
-    return div(mass, { num: this.seedSpace, den: 1n });
-  }
-}
-
-function parity(x: number): number {
-  let bits = 0;
-  for (let y = x; y; y &= y - 1) bits += 1;
-  return bits & 1;
-}
-
-/** Hadamard response (Acharya, Sun, Zhang 2019): outputs in [0, K), K = 2^ceil(log2(k+1)). */
-export class HadamardResponse extends Base {
-  readonly id = "hr";
-  readonly K: number;
-  readonly inside: bigint;
-  constructor(epsilon: Rational, k: number) {
-    super(epsilon, k);
-    this.K = 2 ** k.toString(2).length;
-    this.inside = dyadicFromExp(keepFormula(1n), epsilon);
-  }
-  thresholds() { return { k: this.k, K: this.K, inside: this.inside }; }
-  private inSet(value: number, y: number): boolean { return parity((value + 1) & y) === 0; }
-  perturb(value: number, rng: RandomSource = systemRandom): Output {
-    checkIndex(value, this.k);
-    const wantIn = bernoulli(this.inside, rng);
-    let y = belowNumber(this.K, rng);
-    const row = value + 1;
-    if (this.inSet(value, y) !== wantIn) y ^= row & -row;
-    return { kind: "category", index: y };
-  }
-  probability(value: number, output: Output): Rational {
-    if (output.kind !== "category") return ZERO;
-    const p = dyadic(this.inside);
-    const side = this.inSet(value, output.index) ? p : sub(ONE, p);
-    return div(mul(int(2), side), int(this.K));
-  }
-}
-
-function comb(n: number, r: number): bigint {
-  let out = 1n;
-  for (let i = 0; i < r; i += 1) out = (out * BigInt(n - i)) / BigInt(i + 1);
-  return out;
-}
-
-/** Subset selection (Ye and Barg 2018): a d-subset biased toward the value. */
-export class SubsetSelection extends Base {
-  readonly id = "ss";
-  readonly d: number;
-  readonly include: bigint;
-  constructor(epsilon: Rational, k: number, d?: number) {
-    super(epsilon, k);
-    const chosen = d ?? defaultSubsetSize(epsilon, k);
-    if (!Number.isInteger(chosen) || chosen < 1 || chosen > k - 1) {
-      throw new ValueError(`ss subset size d must be an integer in [1, ${k - 1}]`);
-    }
-    this.d = chosen;
-    const dd = BigInt(chosen);
-    const rest = BigInt(k - chosen);
-    this.include = dyadicFromExp(
-      (e) => div({ num: dd * e.num, den: e.den }, { num: dd * e.num + rest * e.den, den: e.den }),
-      epsilon,
-    );
-  }
-  thresholds() { return { k: this.k, d: this.d, include: this.include }; }
-  perturb(value: number, rng: RandomSource = systemRandom): Output {
-    checkIndex(value, this.k);
-    const included = bernoulli(this.include, rng);
-    const pool = Array.from({ length: this.k - 1 }, (_, i) => (i >= value ? i + 1 : i));
-    const want = included ? this.d - 1 : this.d;
-    let bits = included ? 1n << BigInt(value) : 0n;
-    for (let i = 0; i < want; i += 1) { // partial Fisher-Yates: a uniform subset
-      const j = i + belowNumber(pool.length - i, rng);
-      [pool[i], pool[j]] = [pool[j] as number, pool[i] as number];
-      bits |= 1n << BigInt(pool[i] as number);
-    }
-    return { kind: "bits", bits: bytesOf(bits, this.k), length: this.k };
-  }
-  probability(value: number, output: Output): Rational {
-    if (output.kind !== "bits" || output.length !== this.k) return ZERO;
-    const bits = bitsOf(output.bits);
-    let count = 0;
-    for (let x = bits; x; x &= x - 1n) count += 1;
-    if (count !== this.d) return ZERO;
-    const p = dyadic(this.include);
-    if ((bits >> BigInt(value)) & 1n) return div(p, int(comb(this.k - 1, this.d - 1)));
-    return div(sub(ONE, p), int(comb(this.k - 1, this.d)));
-  }
-}
-
-function defaultSubsetSize(epsilon: Rational, k: number): number {
-  const e = Math.exp(Number(epsilon.num) / Number(epsilon.den));
-  const center = k / (e + 1);
-  const candidates = new Set<number>();
-  for (const c of [Math.floor(center) - 1, Math.floor(center), Math.ceil(center), Math.ceil(center) + 1]) {
-    candidates.add(Math.min(k - 1, Math.max(1, c)));
-  }
-  const cost = (d: number) => {
-    const p = (d * e) / (d * e + k - d);
-    return f0Variance(p, (p * (d - 1) + (1 - p) * d) / (k - 1));
-  };
-  return [...candidates].sort((a, b) => cost(a) - cost(b) || a - b)[0] as number;
-}
+export * from "./mechanisms/categorical.js";
+export * from "./mechanisms/dbitflip.js";
+export * from "./mechanisms/loloha.js";
+export * from "./mechanisms/memo.js";
+export * from "./mechanisms/multi.js";
+export * from "./mechanisms/numeric.js";
+export * from "./mechanisms/pem.js";
+export * from "./mechanisms/sketch.js";
+export * from "./mechanisms/types.js";
 
 /** The mechanism ids this SDK randomizes. */
-export const SUPPORTED = ["grr", "oue", "sue", "olh", "hr", "ss"] as const;
+export const SUPPORTED = [
+  "grr", "oue", "sue", "olh", "hr", "ss", "rappor-grr", "rappor-oue", "rappor-sue",
+  "loloha", "dbitflip", "duchi", "piecewise", "hybrid", "sw", "multi-split", "multi-sample",
+  "cms", "hcms", "pem",
+] as const;
+
+/** Registered by the Python SDK but not randomized here yet (a policy naming one is refused). */
+export const NOT_YET = [] as const;
+
+/** One attribute of a multi-attribute metric: its domain and its own mechanism id and params. */
+export interface AttributeDomain {
+  name: string;
+  /** Categorical labels (k = labels.length), or a numeric range. */
+  labels?: readonly string[];
+  range?: NumericRange;
+  mechanism: string;
+  params?: Record<string, string>;
+}
+
+/** A metric's domain: a categorical domain size k, a numeric range, or attributes. */
+export type MetricDomain = number | NumericRange | OpenDomain | { attributes: readonly AttributeDomain[] };
 
 function intParam(params: Record<string, string>, name: string): number | undefined {
   const text = params[name];
@@ -334,22 +56,132 @@ function intParam(params: Record<string, string>, name: string): number | undefi
   return Number(text);
 }
 
-/** Build a categorical mechanism from a policy's id, ε, domain size and params. */
+const ALLOWED: Record<string, string[]> = {
+  grr: [], oue: [], sue: [], hr: [], olh: ["g"], ss: ["d"],
+  "rappor-grr": ["epsilon_permanent"], "rappor-oue": ["epsilon_permanent"], "rappor-sue": ["epsilon_permanent"],
+  loloha: ["epsilon_permanent", "g"], dbitflip: ["epsilon_permanent", "buckets", "d"],
+  duchi: [], piecewise: ["levels", "cells"], hybrid: ["levels", "cells"], sw: ["levels", "cells"],
+  "multi-split": [], "multi-sample": [], cms: ["rows", "columns"], hcms: ["rows", "columns"],
+  pem: ["step_bits", "start_bits", "groups", "g"],
+};
+
+function open(id: string, domain: MetricDomain): OpenDomain {
+  if (typeof domain === "number" || !("maxBytes" in domain)) throw new ValueError(`${id} needs an open-domain metric (max_bytes)`);
+  if (!Number.isInteger(domain.maxBytes) || domain.maxBytes < 1 || domain.maxBytes > MAX_OPEN_DOMAIN_BYTES) {
+    throw new ValueError(`an open domain's max_bytes must be in [1, ${MAX_OPEN_DOMAIN_BYTES}]`);
+  }
+  return domain;
+}
+
+function categorical(id: string, domain: MetricDomain): number {
+  if (typeof domain !== "number") throw new ValueError(`${id} needs a categorical metric (a domain size k)`);
+  return domain;
+}
+
+function numeric(id: string, domain: MetricDomain): NumericRange {
+  if (typeof domain === "number" || !("lo" in domain)) throw new ValueError(`${id} needs a numeric metric (lo, hi)`);
+  return domain;
+}
+
+/** The attribute mechanisms of a multi-attribute metric, each at the mode's ε (multi.build_attribute). */
+function attributesOf(id: string, epsilon: Rational, domain: MetricDomain): Attribute[] {
+  if (typeof domain === "number" || !("attributes" in domain)) throw new ValueError(`${id} needs a multi-attribute metric`);
+  const share = attributeEpsilon(id, epsilon, domain.attributes.length);
+  return domain.attributes.map((a) => {
+    if (a.mechanism === "multi-split" || a.mechanism === "multi-sample") {
+      throw new ValueError(`attribute ${a.name}: a multi-attribute mechanism cannot be nested`);
+    }
+    const sub = a.labels !== undefined ? a.labels.length : a.range;
+    if (sub === undefined) throw new ValueError(`attribute ${a.name} has no domain`);
+    return { name: a.name, ...(a.labels ? { labels: a.labels } : {}), mechanism: createMechanism(a.mechanism, share, sub, a.params ?? {}) };
+  });
+}
+
+function permanent(id: string, params: Record<string, string>): Rational {
+  const text = params.epsilon_permanent;
+  if (text === undefined) throw new ValueError(`${id} needs parameter epsilon_permanent (lifetime epsilon)`);
+  try {
+    const value = parseDecimal(text);
+    if (value.num > 0n) return value;
+  } catch { /* reported below */ }
+  throw new ValueError(`${id} parameter epsilon_permanent must be a positive plain decimal`);
+}
+
+/** Build a mechanism from a policy's id, ε, metric domain and params (registry.create). */
 export function createMechanism(
-  id: string, epsilon: Rational, k: number, params: Record<string, string> = {},
+  id: string, epsilon: Rational, domain: MetricDomain, params: Record<string, string> = {},
 ): Mechanism {
-  const allowed: Record<string, string[]> = { grr: [], oue: [], sue: [], hr: [], olh: ["g"], ss: ["d"] };
-  const names = allowed[id];
+  const names = ALLOWED[id];
   if (names === undefined) throw new ValueError(`mechanism ${id} is not supported by this SDK`);
   for (const name of Object.keys(params)) {
     if (!names.includes(name)) throw new ValueError(`${id} does not take parameter ${name}`);
   }
   switch (id) {
-    case "grr": return new GRR(epsilon, k);
-    case "oue": return new OUE(epsilon, k);
-    case "sue": return new SUE(epsilon, k);
-    case "hr": return new HadamardResponse(epsilon, k);
-    case "olh": return new OLH(epsilon, k, intParam(params, "g"));
-    default: return new SubsetSelection(epsilon, k, intParam(params, "d"));
+    case "grr": return new GRR(epsilon, categorical(id, domain));
+    case "oue": return new OUE(epsilon, categorical(id, domain));
+    case "sue": return new SUE(epsilon, categorical(id, domain));
+    case "hr": return new HadamardResponse(epsilon, categorical(id, domain));
+    case "olh": return new OLH(epsilon, categorical(id, domain), intParam(params, "g"));
+    case "ss": return new SubsetSelection(epsilon, categorical(id, domain), intParam(params, "d"));
+    case "rappor-grr": return new RapporGRR(epsilon, categorical(id, domain), permanent(id, params));
+    case "rappor-oue": return new RapporOUE(epsilon, categorical(id, domain), permanent(id, params));
+    case "rappor-sue": return new RapporSUE(epsilon, categorical(id, domain), permanent(id, params));
+    case "loloha": return new Loloha(epsilon, categorical(id, domain), permanent(id, params), intParam(params, "g"));
+    case "dbitflip": {
+      const buckets = intParam(params, "buckets");
+      if (buckets === undefined) throw new ValueError("dbitflip needs parameter buckets");
+      return new DBitFlip(epsilon, numeric(id, domain), buckets, permanent(id, params), intParam(params, "d"));
+    }
+    case "duchi": return new Duchi(epsilon, numeric(id, domain));
+    case "piecewise": return new Piecewise(epsilon, numeric(id, domain), params);
+    case "hybrid": return new Hybrid(epsilon, numeric(id, domain), params);
+    case "sw": return new SquareWave(epsilon, numeric(id, domain), params);
+    case "pem": return new PEM(epsilon, open(id, domain), params);
+    case "cms": return new CMS(epsilon, open(id, domain), params);
+    case "hcms": return new HCMS(epsilon, open(id, domain), params);
+    case "multi-split": {
+      const attributes = attributesOf(id, epsilon, domain);
+      return new MultiSplit(epsilon, attributeEpsilon(id, epsilon, attributes.length), attributes);
+    }
+    default: return new MultiSample(epsilon, epsilon, attributesOf(id, epsilon, domain));
   }
+}
+
+/**
+ * The randomizer input of a recorded value: a categorical label's index in `labels`, a
+ * finite number for a numeric metric (clipped by the mechanism), an open-domain string
+ * (validated: 1..max_bytes UTF-8 bytes, no NUL, no lone surrogate), or for a multi-attribute
+ * metric an array (attribute order) or object (by attribute name) of those. Errors name
+ * the expected type and the domain's size, never the value.
+ */
+export function encodeValue(mechanism: Mechanism, labels: readonly string[], value: unknown): Input {
+  if (mechanism.input === "multi") {
+    const attributes = (mechanism as MultiSplit | MultiSample).attributes;
+    const items = Array.isArray(value) ? value
+      : typeof value === "object" && value !== null ? attributes.map((a) => (value as Record<string, unknown>)[a.name])
+        : undefined;
+    if (items === undefined || items.length !== attributes.length) {
+      throw new ValueError(`this metric has ${attributes.length} attributes: pass an array or an object of their values`);
+    }
+    return attributes.map((a, j) => {
+      try {
+        return encodeValue(a.mechanism, a.labels ?? [], items[j]) as number;
+      } catch (error) {
+        throw new ValueError(`attribute ${a.name}: ${(error as Error).message}`);
+      }
+    });
+  }
+  if (mechanism.input === "string") {
+    encodeOpen((mechanism as CMS | HCMS | PEM).domain, value); // validated here, hashed by the randomizer
+    return value as string;
+  }
+  if (mechanism.input === "index") {
+    if (typeof value !== "string") throw new ValueError(`this metric is categorical: pass a label (string), not a ${typeof value}`);
+    const index = labels.indexOf(value);
+    if (index < 0) throw new ValueError(`value is not in the metric's domain (${labels.length} labels)`);
+    return index;
+  }
+  if (typeof value !== "number") throw new ValueError(`this metric is numeric: pass a number, not a ${typeof value}`);
+  if (!Number.isFinite(value)) throw new ValueError("value must be a finite number");
+  return value;
 }

@@ -9,10 +9,10 @@
 import { fromBinary } from "@bufbuild/protobuf";
 import * as noble from "@noble/ed25519";
 import {
-  type Policy, type Root, type SignedEnvelope, PolicySchema, RootSchema, SignedEnvelopeSchema,
+  MemoCharging, type Policy, type Root, type SignedEnvelope, PolicySchema, RootSchema, SignedEnvelopeSchema,
 } from "./gen/fedldp/v1/policy_pb.js";
-import { type Rational, compare, parseDecimal } from "./exact.js";
-import { type Mechanism, createMechanism } from "./mechanisms.js";
+import { type Rational, compare, parseDecimal, parseSignedDecimal } from "./exact.js";
+import { type AttributeDomain, MAX_OPEN_DOMAIN_BYTES, type Mechanism, type MetricDomain, createMechanism } from "./mechanisms.js";
 
 export const POLICY_PAYLOAD_TYPE = "application/vnd.fedldp.policy.v1+proto";
 export const ROOT_PAYLOAD_TYPE = "application/vnd.fedldp.root.v1+proto";
@@ -208,6 +208,8 @@ export interface VerifiedPolicy {
   version: bigint;
   metricName: string;
   labels: string[];
+  /** The mechanism's domain: k, or the numeric range (exact bounds). */
+  domain: MetricDomain;
   epsilon: Rational;
   epsilonCap: Rational;
   charge: Rational;
@@ -262,7 +264,7 @@ function sameBytes(a: Uint8Array, b: Uint8Array): boolean {
 }
 
 /** Content checks this SDK makes; every problem is listed. Returns the built mechanism. */
-async function contentCheck(policy: Policy): Promise<{ mechanism: Mechanism; epsilon: Rational; cap: Rational }> {
+async function contentCheck(policy: Policy): Promise<Content> {
   const problems: string[] = [];
   const decimal = (text: string, what: string): Rational | undefined => {
     try {
@@ -273,32 +275,115 @@ async function contentCheck(policy: Policy): Promise<{ mechanism: Mechanism; eps
     return undefined;
   };
   if (!policy.policyId) problems.push("policy_id is empty");
-  const epsilon = decimal(policy.mechanism?.epsilon ?? "", "mechanism.epsilon");
+  const spec = policy.mechanism;
+  const epsilon = decimal(spec?.epsilon ?? "", "mechanism.epsilon");
   const cap = decimal(policy.budget?.epsilonCap ?? "", "budget.epsilon_cap");
   if (!policy.budget || policy.budget.windowSeconds <= 0n) problems.push("budget.window_seconds must be positive");
   if (policy.expiresAt <= policy.notBefore) problems.push("expires_at must be after not_before");
-  const metric = policy.metric;
-  let labels: string[] = [];
-  if (metric?.kind.case === "categorical") {
-    labels = metric.kind.value.values;
-    if (labels.length < 2 || new Set(labels).size !== labels.length) problems.push("labels must be >= 2 and unique");
-    if (!sameBytes(await domainDigest(labels), metric.kind.value.digest)) problems.push("domain digest mismatch");
-  } else if (metric?.kind.case === undefined) {
-    problems.push("metric has no domain");
-  }
+  const permanent = memoProblems(policy, epsilon, problems, decimal);
+  const { domain, labels } = await metricDomain(policy, problems);
   if (problems.length > 0 || epsilon === undefined || cap === undefined) {
     throw new PolicyError("InvalidPolicyError", `policy is invalid: ${problems.join("; ")}`);
   }
-  if (metric?.kind.case !== "categorical") {
-    throw new PolicyError("UnsupportedMechanismError", "this SDK randomizes categorical metrics only");
+  if (domain === undefined) {
+    throw new PolicyError("UnsupportedMechanismError", `this SDK does not randomize ${policy.metric?.kind.case} metrics yet`);
   }
+  let mechanism: Mechanism;
   try {
-    const spec = policy.mechanism;
-    const mechanism = createMechanism(spec?.id ?? "", epsilon, labels.length, { ...(spec?.params ?? {}) });
-    return { mechanism, epsilon, cap };
+    mechanism = createMechanism(spec?.id ?? "", epsilon, domain, { ...(spec?.params ?? {}) });
   } catch (error) {
     throw new PolicyError("UnsupportedMechanismError", (error as Error).message);
   }
+  if (mechanism.memoized !== (permanent !== undefined)) {
+    throw new PolicyError("UnsupportedMechanismError", `mechanism ${mechanism.id} is ${mechanism.memoized ? "" : "not "}memoized in this SDK`);
+  }
+  if (compare(cap, mechanism.charge) < 0) {
+    throw new PolicyError("InvalidPolicyError", "policy is invalid: budget.epsilon_cap is below the per-report cost");
+  }
+  return { mechanism, epsilon, cap, labels, domain, permanent };
+}
+
+interface Content {
+  mechanism: Mechanism;
+  epsilon: Rational;
+  cap: Rational;
+  labels: string[];
+  domain: MetricDomain;
+  permanent: Rational | undefined;
+}
+
+/** Memoized charging and epsilon_permanent go together, ε1 <= ε∞ (validation._memo_problems). */
+function memoProblems(
+  policy: Policy, epsilon: Rational | undefined, problems: string[],
+  decimal: (text: string, what: string) => Rational | undefined,
+): Rational | undefined {
+  const spec = policy.mechanism;
+  const charging = spec?.memoCharging ?? MemoCharging.UNSPECIFIED;
+  const memoized = charging === MemoCharging.JOINT || charging === MemoCharging.INSTANTANEOUS;
+  if (!memoized && charging !== MemoCharging.NONE) problems.push("mechanism.memo_charging must be none, joint or instantaneous");
+  const text = spec?.params.epsilon_permanent;
+  if (memoized && text === undefined) problems.push("mechanism.memo_charging is memoized but mechanism.params.epsilon_permanent is missing");
+  if (text !== undefined && !memoized) problems.push("mechanism.params.epsilon_permanent is set but memo_charging is not joint");
+  if (text === undefined) return undefined;
+  const permanent = decimal(text, "mechanism.params.epsilon_permanent");
+  if (permanent !== undefined && epsilon !== undefined && compare(epsilon, permanent) > 0) {
+    problems.push("mechanism.epsilon exceeds mechanism.params.epsilon_permanent");
+  }
+  return permanent;
+}
+
+/** The metric's domain: k labels (digest checked) or a numeric range; undefined for kinds not randomized here. */
+async function metricDomain(policy: Policy, problems: string[]): Promise<{ domain?: MetricDomain; labels: string[] }> {
+  const metric = policy.metric;
+  if (metric?.kind.case === "categorical") {
+    const labels = metric.kind.value.values;
+    if (labels.length < 2 || new Set(labels).size !== labels.length) problems.push("labels must be >= 2 and unique");
+    if (!sameBytes(await domainDigest(labels), metric.kind.value.digest)) problems.push("domain digest mismatch");
+    return { domain: labels.length, labels };
+  }
+  if (metric?.kind.case === "numeric") {
+    const range = numericRange(metric.kind.value.lo, metric.kind.value.hi);
+    if (range !== undefined) return { domain: range, labels: [] };
+    problems.push("metric.numeric needs plain decimals lo < hi");
+    return { labels: [] };
+  }
+  if (metric?.kind.case === "open") {
+    const maxBytes = metric.kind.value.maxBytes;
+    if (maxBytes >= 1 && maxBytes <= MAX_OPEN_DOMAIN_BYTES) return { domain: { maxBytes }, labels: [] };
+    problems.push(`metric.open.max_bytes must be in [1, ${MAX_OPEN_DOMAIN_BYTES}]`);
+    return { labels: [] };
+  }
+  if (metric?.kind.case === "multi") {
+    const attributes: AttributeDomain[] = [];
+    for (const [i, a] of metric.kind.value.attributes.entries()) {
+      const where = `metric.multi.attributes[${i}]`;
+      const mechanism = { name: a.name, mechanism: a.mechanism?.id ?? "", params: { ...(a.mechanism?.params ?? {}) } };
+      if (a.kind.case === "categorical") {
+        const labels = a.kind.value.values;
+        if (labels.length < 2 || new Set(labels).size !== labels.length) problems.push(`${where} labels must be >= 2 and unique`);
+        if (!sameBytes(await domainDigest(labels), a.kind.value.digest)) problems.push(`${where} domain digest mismatch`);
+        attributes.push({ ...mechanism, labels });
+      } else if (a.kind.case === "numeric") {
+        const range = numericRange(a.kind.value.lo, a.kind.value.hi);
+        if (range === undefined) problems.push(`${where}.numeric needs plain decimals lo < hi`);
+        else attributes.push({ ...mechanism, range });
+      } else {
+        problems.push(`${where} has no domain`);
+      }
+    }
+    return { domain: { attributes }, labels: [] };
+  }
+  if (metric?.kind.case === undefined) problems.push("metric has no domain");
+  return { labels: [] };
+}
+
+function numericRange(loText: string, hiText: string): { lo: Rational; hi: Rational } | undefined {
+  try {
+    const lo = parseSignedDecimal(loText);
+    const hi = parseSignedDecimal(hiText);
+    if (compare(lo, hi) < 0) return { lo, hi };
+  } catch { /* undefined below */ }
+  return undefined;
 }
 
 /** Verify a serialized SignedEnvelope; resolves to the VerifiedPolicy or rejects with a PolicyError. */
@@ -314,7 +399,7 @@ export async function verifyPolicy(
   } catch {
     throw new PolicyError("InvalidPolicyError", "payload is not a fedldp.v1.Policy");
   }
-  const { mechanism, epsilon, cap } = await contentCheck(policy);
+  const { mechanism, epsilon, cap, labels, domain, permanent } = await contentCheck(policy);
   const name = `policy ${policy.policyId} v${policy.version}`;
   if (options.now < policy.notBefore) throw new PolicyError("NotYetValidPolicyError", `${name} is not yet valid`);
   if (options.now >= policy.expiresAt) throw new PolicyError("ExpiredPolicyError", `${name} expired`);
@@ -324,6 +409,9 @@ export async function verifyPolicy(
   }
   if (options.maxEpsilon !== undefined && compare(mechanism.charge, options.maxEpsilon) > 0) {
     throw new PolicyError("EpsilonAboveMaximumError", `${name} costs more per report than this device's maximum`);
+  }
+  if (options.maxEpsilon !== undefined && permanent !== undefined && compare(permanent, options.maxEpsilon) > 0) {
+    throw new PolicyError("EpsilonAboveMaximumError", `${name} asks a permanent (memoized) epsilon above this device's maximum`);
   }
   if (options.audience !== undefined && !policy.audience.includes(options.audience)) {
     throw new PolicyError("AudienceMismatchError", `${name} is not addressed to ${options.audience}`);
@@ -336,7 +424,8 @@ export async function verifyPolicy(
     policyId: policy.policyId,
     version: policy.version,
     metricName: metric?.name ?? "",
-    labels: metric?.kind.case === "categorical" ? metric.kind.value.values : [],
+    labels,
+    domain,
     epsilon,
     epsilonCap: cap,
     charge: mechanism.charge,

@@ -53,15 +53,28 @@ export function coarseTime(nowSeconds: bigint): bigint {
   return nowSeconds - (nowSeconds % COARSE_SECONDS);
 }
 
+/** The payload oneof (Report and AttributePayload share its cases) of an output. */
+// eslint-disable-next-line @typescript-eslint/no-explicit-any
+function payloadOf(output: Output): any {
+  switch (output.kind) {
+    case "category": return { case: "category", value: { index: output.index } };
+    case "bits": return { case: "bits", value: { bits: output.bits, length: output.length } };
+    case "hashed": return { case: "hashed", value: { seed: output.seed, value: output.value } };
+    case "numeric": return { case: "numeric", value: { value: output.value } };
+    case "index_bits": return { case: "indexBits", value: { indices: output.indices, bits: output.bits } };
+    case "sketch_row": return { case: "sketchRow", value: { row: output.row, bits: output.bits, length: output.length } };
+    case "sketch_bit": return { case: "sketchBit", value: { row: output.row, column: output.column, bit: output.bit } };
+    case "group_hashed": return { case: "groupHashed", value: { group: output.group, key: output.key, value: output.value } };
+    default: return {
+      case: "multi",
+      value: { parts: output.parts.map((p) => ({ attribute: p.attribute, payload: payloadOf(p.output) })) },
+    };
+  }
+}
+
 /** The wire Report of `output` under `header`. */
 export function makeReport(header: ReportHeader, output: Output): Report {
-  const payload: Report["payload"] =
-    output.kind === "category"
-      ? { case: "category", value: { $typeName: "fedldp.v1.CategoryPayload", index: output.index } }
-      : output.kind === "bits"
-        ? { case: "bits", value: { $typeName: "fedldp.v1.BitVectorPayload", bits: output.bits, length: output.length } }
-        : { case: "hashed", value: { $typeName: "fedldp.v1.HashedPayload", seed: output.seed, value: output.value } };
-  return create(ReportSchema, { ...header, payload });
+  return create(ReportSchema, { ...header, payload: payloadOf(output) });
 }
 
 /** Serialized Report bytes (what the outbox stores and resends unchanged). */

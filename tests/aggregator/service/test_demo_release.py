@@ -4,16 +4,18 @@ DP-SGD job (skipped, saying so, without the train extra)."""
 from __future__ import annotations
 
 import html
-import subprocess
-import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 
+from fedldp.cli import main
 from fedldp.demo_release import (
     PEOPLE,
     RECORDS_PER_PERSON,
     TRAIN_SKIPPED,
+    DemoResults,
     DemoTraining,
     have_train_extra,
     release_html,
@@ -21,8 +23,48 @@ from fedldp.demo_release import (
 )
 
 
-def test_release_demo_returns_verified_count_and_mean(tmp_path: Path) -> None:
-    demo = run_release_demo(tmp_path, seed=3)
+@dataclass(frozen=True)
+class CliDemo:
+    """One `fedldp demo --release-service` run, in-process, and what it produced."""
+
+    out: Path
+    stdout: str
+    html: str
+    results: DemoResults
+
+
+def _demo(out: Path, *extra: str) -> tuple[str, str]:
+    """`fedldp demo` through the CLI (in-process: the collector and the device
+    simulators are still their own processes); its stdout and report.html."""
+    args = ["demo", "--devices", "200", "--processes", "1", "--seed", "5", "--out", str(out)]
+    result = CliRunner().invoke(main, [*args, *extra])
+    assert result.exit_code == 0, (result.output[-3000:], result.exception)
+    return result.stdout, (out / "report.html").read_text(encoding="utf-8")
+
+
+@pytest.fixture(scope="module")
+def cli_demo(tmp_path_factory: pytest.TempPathFactory) -> CliDemo:
+    """The release demo runs once for the module (it trains a DP-SGD job): the CLI run
+    is checked for its wiring, and the DemoResults it computed for their values."""
+    import fedldp.demo_release as demo_release
+
+    seen: list[DemoResults] = []
+    real = demo_release.run_release_demo
+
+    def recording(out: Path, seed: int | None) -> DemoResults:
+        seen.append(real(out, seed))
+        return seen[-1]
+
+    out = tmp_path_factory.mktemp("demo") / "with"
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(demo_release, "run_release_demo", recording)
+        stdout, page = _demo(out, "--release-service")
+    (results,) = seen
+    return CliDemo(out, stdout, page, results)
+
+
+def test_release_demo_returns_verified_count_and_mean(cli_demo: CliDemo) -> None:
+    demo = cli_demo.results
     results = demo.releases
     assert [r.kind for r in results] == ["count", "mean"]
     assert all(r.verified and r.receipt.exists() for r in results)
@@ -42,42 +84,20 @@ def test_release_demo_returns_verified_count_and_mean(tmp_path: Path) -> None:
     assert "DP-SGD training job" in section and job.model_sha256 in section
 
 
-def test_demo_flag_adds_the_section_and_the_default_demo_has_none(tmp_path: Path) -> None:
-    def demo(out: Path, *extra: str) -> str:
-        result = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "fedldp.cli",
-                "demo",
-                "--devices",
-                "200",
-                "--processes",
-                "1",
-                "--seed",
-                "5",
-                "--out",
-                str(out),
-                *extra,
-            ],
-            capture_output=True,
-            text=True,
-            timeout=240,
-        )
-        assert result.returncode == 0, result.stderr[-3000:]
-        assert "receipt verified" in result.stdout or not extra
-        return (out / "report.html").read_text(encoding="utf-8")
-
-    with_service = demo(tmp_path / "with", "--release-service")
+def test_demo_flag_adds_the_section_and_the_default_demo_has_none(
+    cli_demo: CliDemo, tmp_path: Path
+) -> None:
+    assert "receipt verified" in cli_demo.stdout
+    with_service = cli_demo.html
     assert "Central releases through the release service" in with_service
-    assert (tmp_path / "with" / "release-service" / "mean.receipt.json").exists()
+    assert (cli_demo.out / "release-service" / "mean.receipt.json").exists()
     assert "A DP-SGD training job through the release service" in with_service
     if have_train_extra():
         assert "<th>receipt verified</th><td>yes</td>" in with_service
         assert "<th>status</th><td>SUCCEEDED</td>" in with_service
     else:
         assert html.escape(TRAIN_SKIPPED) in with_service
-    plain = demo(tmp_path / "plain")
+    _, plain = _demo(tmp_path / "plain")
     assert "release service" not in plain and not (tmp_path / "plain" / "release-service").exists()
 
 

@@ -11,8 +11,10 @@ from pathlib import Path
 
 import grpc
 import pytest
+from fedldp.client import send_slot
 from fedldp.client.device_store import STATE_FILE_NAME, DeviceStore
 from fedldp.client.outbox import GateState, Outbox, SendGate
+from fedldp.client.send_slot import SendSlot
 from fedldp.client.transport import Backoff, Credentials, Transport, channel_options
 
 BACKOFF = Backoff(base_seconds=1.0, max_seconds=60.0, max_hint_seconds=600.0)
@@ -206,3 +208,80 @@ def test_a_claim_is_not_fsynced_and_durability_is_restored(store: DeviceStore) -
     assert statements[0] == "PRAGMA synchronous=NORMAL"
     assert statements[-1] == "PRAGMA synchronous=FULL"
     assert store._conn.execute("PRAGMA synchronous").fetchone()[0] == 2  # FULL
+
+
+# --- the OS lock (flock on the state folder): the send slot where the platform has one ---
+
+
+def _locked_gate(store: DeviceStore, now: float = 1000.0) -> SendGate:
+    gate = SendGate("collector:443", BACKOFF, random.Random(1), slot=SendSlot(store.path.parent))
+    with store.transaction() as conn:
+        gate.load(conn, now=now)
+    return gate
+
+
+@pytest.mark.skipif(not send_slot.available(), reason="flock not available")
+def test_os_lock_one_call_in_flight_and_the_outcome_before_the_next(store: DeviceStore) -> None:
+    """Two Clients' gates on one folder (separate descriptors): the lock decides."""
+    outbox = Outbox(store)
+    _add(store, 4)
+    a, b = _locked_gate(store), _locked_gate(store)
+    try:
+        assert len(outbox.claim_due(a, 1000.0, 2)) == 2 and a.slot is not None and a.slot.held
+        assert outbox.claim_due(b, 1000.0, 2) == [] and b.busy
+        assert b.resume_at == 1000.0 + 0.05  # looks again soon
+        with store.transaction() as conn:
+            a.failed(conn, now=1001.0, retry_after=30.0)
+        a.release()  # after the outcome's commit
+        assert outbox.claim_due(b, 1002.0, 2) == []  # the stored pause holds b back
+        assert not b.busy and b.resume_at >= 1031.0 and b.slot is not None and not b.slot.held
+        assert len(outbox.claim_due(b, 1031.5, 2)) == 2  # the probe
+        assert outbox.claim_due(a, 1031.5, 2) == []  # only one
+        with store.transaction() as conn:
+            b.succeeded(conn, now=1032.0)
+        b.release()
+        assert len(outbox.claim_due(a, 1032.0, 2)) == 2 and a.failures == 0
+    finally:
+        for gate in (a, b):
+            assert gate.slot is not None
+            gate.slot.close()
+
+
+@pytest.mark.skipif(not send_slot.available(), reason="flock not available")
+def test_os_lock_claim_reads_only_and_a_clean_success_writes_nothing(
+    store: DeviceStore,
+) -> None:
+    statements: list[str] = []
+    _add(store, 1)
+    gate = _locked_gate(store)
+    try:
+        store._conn.set_trace_callback(statements.append)
+        assert Outbox(store).claim_due(gate, 1000.0, 1)
+        with store.transaction() as conn:
+            gate.succeeded(conn, now=1000.5)
+        store._conn.set_trace_callback(None)
+        assert statements[0] == "BEGIN" and "BEGIN IMMEDIATE" in statements  # the success's
+        assert not [s for s in statements if "meta" in s and not s.startswith("SELECT")]
+        assert (
+            store._conn.execute("SELECT COUNT(*) FROM meta WHERE key LIKE 'send_gate%'").fetchone()[
+                0
+            ]
+            == 0
+        )
+    finally:
+        assert gate.slot is not None
+        gate.slot.close()
+
+
+@pytest.mark.skipif(not send_slot.available(), reason="flock not available")
+def test_os_lock_is_released_when_its_descriptor_closes(tmp_path: Path) -> None:
+    a, b = SendSlot(tmp_path), SendSlot(tmp_path)
+    assert a.try_acquire() and a.try_acquire()  # again while held: still ours
+    assert not b.try_acquire()
+    a.close()  # as the kernel does when the holder dies
+    assert b.try_acquire()
+    b.release()
+    b.release()  # idempotent
+    b.close()
+    with pytest.raises(OSError, match="closed"):
+        b.try_acquire()

@@ -18,7 +18,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file fedldp/v1/collector.proto.
  */
 export const file_fedldp_v1_collector: GenFile = /*@__PURE__*/
-  fileDesc("ChlmZWRsZHAvdjEvY29sbGVjdG9yLnByb3RvEglmZWRsZHAudjEiQAoSR2V0UG9saWNpZXNSZXF1ZXN0Eg4KBm1ldHJpYxgBIAEoCRIaChJrbm93bl9yb290X3ZlcnNpb24YAiABKAQibAoTR2V0UG9saWNpZXNSZXNwb25zZRIoCgVyb290cxgBIAMoCzIZLmZlZGxkcC52MS5TaWduZWRFbnZlbG9wZRIrCghwb2xpY2llcxgCIAMoCzIZLmZlZGxkcC52MS5TaWduZWRFbnZlbG9wZSIgCg9DYXRlZ29yeVBheWxvYWQSDQoFaW5kZXgYASABKA0iMAoQQml0VmVjdG9yUGF5bG9hZBIMCgRiaXRzGAEgASgMEg4KBmxlbmd0aBgCIAEoDSIsCg1IYXNoZWRQYXlsb2FkEgwKBHNlZWQYASABKAQSDQoFdmFsdWUYAiABKA0iHwoOTnVtZXJpY1BheWxvYWQSDQoFdmFsdWUYASABKAEiLQoPSW5kZXhCaXRQYXlsb2FkEg0KBWluZGV4GAEgASgNEgsKA2JpdBgCIAEoCCI9ChBTa2V0Y2hSb3dQYXlsb2FkEgsKA3JvdxgBIAEoDRIMCgRiaXRzGAIgASgMEg4KBmxlbmd0aBgDIAEoDSI8ChBTa2V0Y2hCaXRQYXlsb2FkEgsKA3JvdxgBIAEoDRIOCgZjb2x1bW4YAiABKA0SCwoDYml0GAMgASgIIj8KEkdyb3VwSGFzaGVkUGF5bG9hZBINCgVncm91cBgBIAEoDRILCgNrZXkYAiABKAwSDQoFdmFsdWUYAyABKA0iMQoQSW5kZXhCaXRzUGF5bG9hZBIPCgdpbmRpY2VzGAEgAygNEgwKBGJpdHMYAiABKAwimAIKEEF0dHJpYnV0ZVBheWxvYWQSEQoJYXR0cmlidXRlGAEgASgNEi4KCGNhdGVnb3J5GAogASgLMhouZmVkbGRwLnYxLkNhdGVnb3J5UGF5bG9hZEgAEisKBGJpdHMYCyABKAsyGy5mZWRsZHAudjEuQml0VmVjdG9yUGF5bG9hZEgAEioKBmhhc2hlZBgMIAEoCzIYLmZlZGxkcC52MS5IYXNoZWRQYXlsb2FkSAASLAoHbnVtZXJpYxgNIAEoCzIZLmZlZGxkcC52MS5OdW1lcmljUGF5bG9hZEgAEi8KCWluZGV4X2JpdBgOIAEoCzIaLmZlZGxkcC52MS5JbmRleEJpdFBheWxvYWRIAEIJCgdwYXlsb2FkIjoKDE11bHRpUGF5bG9hZBIqCgVwYXJ0cxgBIAMoCzIbLmZlZGxkcC52MS5BdHRyaWJ1dGVQYXlsb2FkIt8ECgZSZXBvcnQSEQoJcmVwb3J0X2lkGAEgASgMEhEKCXBvbGljeV9pZBgCIAEoCRIWCg5wb2xpY3lfdmVyc2lvbhgDIAEoBBIVCg1wb2xpY3lfZGlnZXN0GAQgASgMEhMKC2NvYXJzZV90aW1lGAUgASgDEi4KCGNhdGVnb3J5GAogASgLMhouZmVkbGRwLnYxLkNhdGVnb3J5UGF5bG9hZEgAEisKBGJpdHMYCyABKAsyGy5mZWRsZHAudjEuQml0VmVjdG9yUGF5bG9hZEgAEioKBmhhc2hlZBgMIAEoCzIYLmZlZGxkcC52MS5IYXNoZWRQYXlsb2FkSAASLAoHbnVtZXJpYxgNIAEoCzIZLmZlZGxkcC52MS5OdW1lcmljUGF5bG9hZEgAEi8KCWluZGV4X2JpdBgOIAEoCzIaLmZlZGxkcC52MS5JbmRleEJpdFBheWxvYWRIABIoCgVtdWx0aRgPIAEoCzIXLmZlZGxkcC52MS5NdWx0aVBheWxvYWRIABIxCgpza2V0Y2hfcm93GBAgASgLMhsuZmVkbGRwLnYxLlNrZXRjaFJvd1BheWxvYWRIABIxCgpza2V0Y2hfYml0GBEgASgLMhsuZmVkbGRwLnYxLlNrZXRjaEJpdFBheWxvYWRIABI1Cgxncm91cF9oYXNoZWQYEiABKAsyHS5mZWRsZHAudjEuR3JvdXBIYXNoZWRQYXlsb2FkSAASMQoKaW5kZXhfYml0cxgTIAEoCzIbLmZlZGxkcC52MS5JbmRleEJpdHNQYXlsb2FkSABCCQoHcGF5bG9hZCIzCg1TdWJtaXRSZXF1ZXN0EiIKB3JlcG9ydHMYASADKAsyES5mZWRsZHAudjEuUmVwb3J0IoABCg1SZXBvcnRPdXRjb21lEhEKCXJlcG9ydF9pZBgBIAEoDBIjCgdvdXRjb21lGAIgASgOMhIuZmVkbGRwLnYxLk91dGNvbWUSJwoGcmVhc29uGAMgASgOMhcuZmVkbGRwLnYxLlJlamVjdFJlYXNvbhIOCgZkZXRhaWwYBCABKAkiPAoOU3VibWl0UmVzcG9uc2USKgoIb3V0Y29tZXMYASADKAsyGC5mZWRsZHAudjEuUmVwb3J0T3V0Y29tZSIlChBHZXRCdWRnZXRSZXF1ZXN0EhEKCXBvbGljeV9pZBgBIAEoCSLFAQoMQnVkZ2V0U3RhdHVzEhEKCXBvbGljeV9pZBgBIAEoCRIWCg5wb2xpY3lfdmVyc2lvbhgCIAEoBBIUCgx3aW5kb3dfc3RhcnQYAyABKAMSEgoKd2luZG93X2VuZBgEIAEoAxITCgtlcHNpbG9uX2NhcBgFIAEoCRIVCg1lcHNpbG9uX3NwZW50GAYgASgJEhkKEWVwc2lsb25fcmVtYWluaW5nGAcgASgJEhkKEWNoYXJnZV9wZXJfcmVwb3J0GAggASgJIj0KEUdldEJ1ZGdldFJlc3BvbnNlEigKB2J1ZGdldHMYASADKAsyFy5mZWRsZHAudjEuQnVkZ2V0U3RhdHVzKtABCgdPdXRjb21lEhcKE09VVENPTUVfVU5TUEVDSUZJRUQQABIUChBPVVRDT01FX0FDQ0VQVEVEEAESFQoRT1VUQ09NRV9EVVBMSUNBVEUQAhIcChhPVVRDT01FX0JVREdFVF9FWEhBVVNURUQQAxITCg9PVVRDT01FX0lOVkFMSUQQBBIaChZPVVRDT01FX1VOS05PV05fUE9MSUNZEAUSGgoWT1VUQ09NRV9FWFBJUkVEX1BPTElDWRAGEhQKEE9VVENPTUVfQ09ORkxJQ1QQByroAgoMUmVqZWN0UmVhc29uEh0KGVJFSkVDVF9SRUFTT05fVU5TUEVDSUZJRUQQABIlCiFSRUpFQ1RfUkVBU09OX01BTEZPUk1FRF9SRVBPUlRfSUQQARIhCh1SRUpFQ1RfUkVBU09OX0RJR0VTVF9NSVNNQVRDSBACEiQKIFJFSkVDVF9SRUFTT05fV1JPTkdfUEFZTE9BRF9UWVBFEAMSHwobUkVKRUNUX1JFQVNPTl9PVVRfT0ZfRE9NQUlOEAQSHgoaUkVKRUNUX1JFQVNPTl9XUk9OR19MRU5HVEgQBRIcChhSRUpFQ1RfUkVBU09OX05PTl9GSU5JVEUQBhIkCiBSRUpFQ1RfUkVBU09OX0RVUExJQ0FURV9JTl9CQVRDSBAHEiEKHVJFSkVDVF9SRUFTT05fTUlTU0lOR19QQVlMT0FEEAgSIQodUkVKRUNUX1JFQVNPTl9CQURfQ09BUlNFX1RJTUUQCTLgAQoJQ29sbGVjdG9yEkwKC0dldFBvbGljaWVzEh0uZmVkbGRwLnYxLkdldFBvbGljaWVzUmVxdWVzdBoeLmZlZGxkcC52MS5HZXRQb2xpY2llc1Jlc3BvbnNlEj0KBlN1Ym1pdBIYLmZlZGxkcC52MS5TdWJtaXRSZXF1ZXN0GhkuZmVkbGRwLnYxLlN1Ym1pdFJlc3BvbnNlEkYKCUdldEJ1ZGdldBIbLmZlZGxkcC52MS5HZXRCdWRnZXRSZXF1ZXN0GhwuZmVkbGRwLnYxLkdldEJ1ZGdldFJlc3BvbnNlYgZwcm90bzM", [file_fedldp_v1_policy]);
+  fileDesc("ChlmZWRsZHAvdjEvY29sbGVjdG9yLnByb3RvEglmZWRsZHAudjEiQAoSR2V0UG9saWNpZXNSZXF1ZXN0Eg4KBm1ldHJpYxgBIAEoCRIaChJrbm93bl9yb290X3ZlcnNpb24YAiABKAQibAoTR2V0UG9saWNpZXNSZXNwb25zZRIoCgVyb290cxgBIAMoCzIZLmZlZGxkcC52MS5TaWduZWRFbnZlbG9wZRIrCghwb2xpY2llcxgCIAMoCzIZLmZlZGxkcC52MS5TaWduZWRFbnZlbG9wZSIgCg9DYXRlZ29yeVBheWxvYWQSDQoFaW5kZXgYASABKA0iMAoQQml0VmVjdG9yUGF5bG9hZBIMCgRiaXRzGAEgASgMEg4KBmxlbmd0aBgCIAEoDSIsCg1IYXNoZWRQYXlsb2FkEgwKBHNlZWQYASABKAQSDQoFdmFsdWUYAiABKA0iHwoOTnVtZXJpY1BheWxvYWQSDQoFdmFsdWUYASABKAEiLQoPSW5kZXhCaXRQYXlsb2FkEg0KBWluZGV4GAEgASgNEgsKA2JpdBgCIAEoCCI9ChBTa2V0Y2hSb3dQYXlsb2FkEgsKA3JvdxgBIAEoDRIMCgRiaXRzGAIgASgMEg4KBmxlbmd0aBgDIAEoDSI8ChBTa2V0Y2hCaXRQYXlsb2FkEgsKA3JvdxgBIAEoDRIOCgZjb2x1bW4YAiABKA0SCwoDYml0GAMgASgIIj8KEkdyb3VwSGFzaGVkUGF5bG9hZBINCgVncm91cBgBIAEoDRILCgNrZXkYAiABKAwSDQoFdmFsdWUYAyABKA0iMQoQSW5kZXhCaXRzUGF5bG9hZBIPCgdpbmRpY2VzGAEgAygNEgwKBGJpdHMYAiABKAwimAIKEEF0dHJpYnV0ZVBheWxvYWQSEQoJYXR0cmlidXRlGAEgASgNEi4KCGNhdGVnb3J5GAogASgLMhouZmVkbGRwLnYxLkNhdGVnb3J5UGF5bG9hZEgAEisKBGJpdHMYCyABKAsyGy5mZWRsZHAudjEuQml0VmVjdG9yUGF5bG9hZEgAEioKBmhhc2hlZBgMIAEoCzIYLmZlZGxkcC52MS5IYXNoZWRQYXlsb2FkSAASLAoHbnVtZXJpYxgNIAEoCzIZLmZlZGxkcC52MS5OdW1lcmljUGF5bG9hZEgAEi8KCWluZGV4X2JpdBgOIAEoCzIaLmZlZGxkcC52MS5JbmRleEJpdFBheWxvYWRIAEIJCgdwYXlsb2FkIjoKDE11bHRpUGF5bG9hZBIqCgVwYXJ0cxgBIAMoCzIbLmZlZGxkcC52MS5BdHRyaWJ1dGVQYXlsb2FkIjMKDVNlYWxlZFBheWxvYWQSEgoKY2lwaGVydGV4dBgBIAEoDBIOCgZrZXlfaWQYAiABKAkiiwUKBlJlcG9ydBIRCglyZXBvcnRfaWQYASABKAwSEQoJcG9saWN5X2lkGAIgASgJEhYKDnBvbGljeV92ZXJzaW9uGAMgASgEEhUKDXBvbGljeV9kaWdlc3QYBCABKAwSEwoLY29hcnNlX3RpbWUYBSABKAMSLgoIY2F0ZWdvcnkYCiABKAsyGi5mZWRsZHAudjEuQ2F0ZWdvcnlQYXlsb2FkSAASKwoEYml0cxgLIAEoCzIbLmZlZGxkcC52MS5CaXRWZWN0b3JQYXlsb2FkSAASKgoGaGFzaGVkGAwgASgLMhguZmVkbGRwLnYxLkhhc2hlZFBheWxvYWRIABIsCgdudW1lcmljGA0gASgLMhkuZmVkbGRwLnYxLk51bWVyaWNQYXlsb2FkSAASLwoJaW5kZXhfYml0GA4gASgLMhouZmVkbGRwLnYxLkluZGV4Qml0UGF5bG9hZEgAEigKBW11bHRpGA8gASgLMhcuZmVkbGRwLnYxLk11bHRpUGF5bG9hZEgAEjEKCnNrZXRjaF9yb3cYECABKAsyGy5mZWRsZHAudjEuU2tldGNoUm93UGF5bG9hZEgAEjEKCnNrZXRjaF9iaXQYESABKAsyGy5mZWRsZHAudjEuU2tldGNoQml0UGF5bG9hZEgAEjUKDGdyb3VwX2hhc2hlZBgSIAEoCzIdLmZlZGxkcC52MS5Hcm91cEhhc2hlZFBheWxvYWRIABIxCgppbmRleF9iaXRzGBMgASgLMhsuZmVkbGRwLnYxLkluZGV4Qml0c1BheWxvYWRIABIqCgZzZWFsZWQYFCABKAsyGC5mZWRsZHAudjEuU2VhbGVkUGF5bG9hZEgAQgkKB3BheWxvYWQiMwoNU3VibWl0UmVxdWVzdBIiCgdyZXBvcnRzGAEgAygLMhEuZmVkbGRwLnYxLlJlcG9ydCKAAQoNUmVwb3J0T3V0Y29tZRIRCglyZXBvcnRfaWQYASABKAwSIwoHb3V0Y29tZRgCIAEoDjISLmZlZGxkcC52MS5PdXRjb21lEicKBnJlYXNvbhgDIAEoDjIXLmZlZGxkcC52MS5SZWplY3RSZWFzb24SDgoGZGV0YWlsGAQgASgJIjwKDlN1Ym1pdFJlc3BvbnNlEioKCG91dGNvbWVzGAEgAygLMhguZmVkbGRwLnYxLlJlcG9ydE91dGNvbWUiJQoQR2V0QnVkZ2V0UmVxdWVzdBIRCglwb2xpY3lfaWQYASABKAkixQEKDEJ1ZGdldFN0YXR1cxIRCglwb2xpY3lfaWQYASABKAkSFgoOcG9saWN5X3ZlcnNpb24YAiABKAQSFAoMd2luZG93X3N0YXJ0GAMgASgDEhIKCndpbmRvd19lbmQYBCABKAMSEwoLZXBzaWxvbl9jYXAYBSABKAkSFQoNZXBzaWxvbl9zcGVudBgGIAEoCRIZChFlcHNpbG9uX3JlbWFpbmluZxgHIAEoCRIZChFjaGFyZ2VfcGVyX3JlcG9ydBgIIAEoCSI9ChFHZXRCdWRnZXRSZXNwb25zZRIoCgdidWRnZXRzGAEgAygLMhcuZmVkbGRwLnYxLkJ1ZGdldFN0YXR1cyrQAQoHT3V0Y29tZRIXChNPVVRDT01FX1VOU1BFQ0lGSUVEEAASFAoQT1VUQ09NRV9BQ0NFUFRFRBABEhUKEU9VVENPTUVfRFVQTElDQVRFEAISHAoYT1VUQ09NRV9CVURHRVRfRVhIQVVTVEVEEAMSEwoPT1VUQ09NRV9JTlZBTElEEAQSGgoWT1VUQ09NRV9VTktOT1dOX1BPTElDWRAFEhoKFk9VVENPTUVfRVhQSVJFRF9QT0xJQ1kQBhIUChBPVVRDT01FX0NPTkZMSUNUEAcqjAMKDFJlamVjdFJlYXNvbhIdChlSRUpFQ1RfUkVBU09OX1VOU1BFQ0lGSUVEEAASJQohUkVKRUNUX1JFQVNPTl9NQUxGT1JNRURfUkVQT1JUX0lEEAESIQodUkVKRUNUX1JFQVNPTl9ESUdFU1RfTUlTTUFUQ0gQAhIkCiBSRUpFQ1RfUkVBU09OX1dST05HX1BBWUxPQURfVFlQRRADEh8KG1JFSkVDVF9SRUFTT05fT1VUX09GX0RPTUFJThAEEh4KGlJFSkVDVF9SRUFTT05fV1JPTkdfTEVOR1RIEAUSHAoYUkVKRUNUX1JFQVNPTl9OT05fRklOSVRFEAYSJAogUkVKRUNUX1JFQVNPTl9EVVBMSUNBVEVfSU5fQkFUQ0gQBxIhCh1SRUpFQ1RfUkVBU09OX01JU1NJTkdfUEFZTE9BRBAIEiEKHVJFSkVDVF9SRUFTT05fQkFEX0NPQVJTRV9USU1FEAkSIgoeUkVKRUNUX1JFQVNPTl9NQUxGT1JNRURfU0VBTEVEEAoy4AEKCUNvbGxlY3RvchJMCgtHZXRQb2xpY2llcxIdLmZlZGxkcC52MS5HZXRQb2xpY2llc1JlcXVlc3QaHi5mZWRsZHAudjEuR2V0UG9saWNpZXNSZXNwb25zZRI9CgZTdWJtaXQSGC5mZWRsZHAudjEuU3VibWl0UmVxdWVzdBoZLmZlZGxkcC52MS5TdWJtaXRSZXNwb25zZRJGCglHZXRCdWRnZXQSGy5mZWRsZHAudjEuR2V0QnVkZ2V0UmVxdWVzdBocLmZlZGxkcC52MS5HZXRCdWRnZXRSZXNwb25zZWIGcHJvdG8z", [file_fedldp_v1_policy]);
 
 /**
  * @generated from message fedldp.v1.GetPoliciesRequest
@@ -434,6 +434,39 @@ export const MultiPayloadSchema: GenMessage<MultiPayload> = /*@__PURE__*/
   messageDesc(file_fedldp_v1_collector, 12);
 
 /**
+ * A randomized payload sealed to the analyzer's public key (shuffle model,
+ * docs/shuffle.md): HPKE (RFC 9180) base mode, DHKEM(X25519, HKDF-SHA256),
+ * HKDF-SHA256, ChaCha20-Poly1305, single shot. The plaintext is a `Report`
+ * holding only its payload oneof; `info` binds the policy (id, version, digest),
+ * so a ciphertext opens only for that policy (client/sealed.py).
+ * Only the analyzer, holding the private key named by key_id, can read it.
+ *
+ * @generated from message fedldp.v1.SealedPayload
+ */
+export type SealedPayload = Message<"fedldp.v1.SealedPayload"> & {
+  /**
+   * HPKE `enc` (the 32-byte encapsulated key) followed by the AEAD ciphertext.
+   *
+   * @generated from field: bytes ciphertext = 1;
+   */
+  ciphertext: Uint8Array;
+
+  /**
+   * SHA-256 of the analyzer's raw X25519 public key, first 8 bytes, hex.
+   *
+   * @generated from field: string key_id = 2;
+   */
+  keyId: string;
+};
+
+/**
+ * Describes the message fedldp.v1.SealedPayload.
+ * Use `create(SealedPayloadSchema)` to create a new message.
+ */
+export const SealedPayloadSchema: GenMessage<SealedPayload> = /*@__PURE__*/
+  messageDesc(file_fedldp_v1_collector, 13);
+
+/**
  * @generated from message fedldp.v1.Report
  */
 export type Report = Message<"fedldp.v1.Report"> & {
@@ -535,6 +568,12 @@ export type Report = Message<"fedldp.v1.Report"> & {
      */
     value: IndexBitsPayload;
     case: "indexBits";
+  } | {
+    /**
+     * @generated from field: fedldp.v1.SealedPayload sealed = 20;
+     */
+    value: SealedPayload;
+    case: "sealed";
   } | { case: undefined; value?: undefined };
 };
 
@@ -543,7 +582,7 @@ export type Report = Message<"fedldp.v1.Report"> & {
  * Use `create(ReportSchema)` to create a new message.
  */
 export const ReportSchema: GenMessage<Report> = /*@__PURE__*/
-  messageDesc(file_fedldp_v1_collector, 13);
+  messageDesc(file_fedldp_v1_collector, 14);
 
 /**
  * @generated from message fedldp.v1.SubmitRequest
@@ -560,7 +599,7 @@ export type SubmitRequest = Message<"fedldp.v1.SubmitRequest"> & {
  * Use `create(SubmitRequestSchema)` to create a new message.
  */
 export const SubmitRequestSchema: GenMessage<SubmitRequest> = /*@__PURE__*/
-  messageDesc(file_fedldp_v1_collector, 14);
+  messageDesc(file_fedldp_v1_collector, 15);
 
 /**
  * @generated from message fedldp.v1.ReportOutcome
@@ -596,7 +635,7 @@ export type ReportOutcome = Message<"fedldp.v1.ReportOutcome"> & {
  * Use `create(ReportOutcomeSchema)` to create a new message.
  */
 export const ReportOutcomeSchema: GenMessage<ReportOutcome> = /*@__PURE__*/
-  messageDesc(file_fedldp_v1_collector, 15);
+  messageDesc(file_fedldp_v1_collector, 16);
 
 /**
  * @generated from message fedldp.v1.SubmitResponse
@@ -613,7 +652,7 @@ export type SubmitResponse = Message<"fedldp.v1.SubmitResponse"> & {
  * Use `create(SubmitResponseSchema)` to create a new message.
  */
 export const SubmitResponseSchema: GenMessage<SubmitResponse> = /*@__PURE__*/
-  messageDesc(file_fedldp_v1_collector, 16);
+  messageDesc(file_fedldp_v1_collector, 17);
 
 /**
  * @generated from message fedldp.v1.GetBudgetRequest
@@ -632,7 +671,7 @@ export type GetBudgetRequest = Message<"fedldp.v1.GetBudgetRequest"> & {
  * Use `create(GetBudgetRequestSchema)` to create a new message.
  */
 export const GetBudgetRequestSchema: GenMessage<GetBudgetRequest> = /*@__PURE__*/
-  messageDesc(file_fedldp_v1_collector, 17);
+  messageDesc(file_fedldp_v1_collector, 18);
 
 /**
  * @generated from message fedldp.v1.BudgetStatus
@@ -694,7 +733,7 @@ export type BudgetStatus = Message<"fedldp.v1.BudgetStatus"> & {
  * Use `create(BudgetStatusSchema)` to create a new message.
  */
 export const BudgetStatusSchema: GenMessage<BudgetStatus> = /*@__PURE__*/
-  messageDesc(file_fedldp_v1_collector, 18);
+  messageDesc(file_fedldp_v1_collector, 19);
 
 /**
  * @generated from message fedldp.v1.GetBudgetResponse
@@ -711,7 +750,7 @@ export type GetBudgetResponse = Message<"fedldp.v1.GetBudgetResponse"> & {
  * Use `create(GetBudgetResponseSchema)` to create a new message.
  */
 export const GetBudgetResponseSchema: GenMessage<GetBudgetResponse> = /*@__PURE__*/
-  messageDesc(file_fedldp_v1_collector, 19);
+  messageDesc(file_fedldp_v1_collector, 20);
 
 /**
  * @generated from enum fedldp.v1.Outcome
@@ -831,6 +870,14 @@ export enum RejectReason {
    * @generated from enum value: REJECT_REASON_BAD_COARSE_TIME = 9;
    */
   BAD_COARSE_TIME = 9,
+
+  /**
+   * A sealed payload that does not open with the analyzer's key, or whose
+   * plaintext is not a payload-only Report (counted by the analyzer).
+   *
+   * @generated from enum value: REJECT_REASON_MALFORMED_SEALED = 10;
+   */
+  MALFORMED_SEALED = 10,
 }
 
 /**

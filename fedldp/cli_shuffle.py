@@ -1,0 +1,163 @@
+"""`fedldp shuffler`: the shuffle model's roles (docs/shuffle.md).
+
+    fedldp shuffler keygen --out DIR                      # the analyzer's key pair
+    fedldp shuffler release --spool S --batch B --out DIR --min-batch N
+    fedldp shuffler analyze BATCH_FILE --analyzer-key K --policy ID --policies P --trust T
+
+`release` is the shuffler (its own process; idempotent, safe to rerun after a crash);
+`analyze` is the analyzer, the only role that holds the private key: it prints the estimates,
+the invalid payloads it dropped, and both guarantees (local ε0 and the amplified central
+(ε, δ)). numpy and scipy load only inside `analyze`.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import click
+
+from fedldp.cli_common import trust_option
+
+
+@click.group("shuffler")
+def shuffler() -> None:
+    """Shuffle model: analyzer keys, the shuffler's release, the analyzer's estimate."""
+
+
+@shuffler.command("keygen")
+@click.option(
+    "--out",
+    "out_dir",
+    required=True,
+    type=click.Path(file_okay=False),
+    help="folder for analyzer.key and analyzer.pub",
+)
+def keygen(out_dir: str) -> None:
+    """Write the analyzer's X25519 key: analyzer.key (0600, never overwritten), analyzer.pub."""
+    from fedldp.aggregator.shuffle_analyzer import generate_analyzer_key
+    from fedldp.client.sealed import key_id
+
+    try:
+        key_path, public = generate_analyzer_key(Path(out_dir))
+    except FileExistsError:
+        raise click.ClickException(f"{out_dir}/analyzer.key exists; not overwritten") from None
+    click.echo(f"wrote {key_path} and {Path(out_dir) / 'analyzer.pub'} (key id {key_id(public)})")
+
+
+@shuffler.command("release")
+@click.option(
+    "--spool",
+    required=True,
+    type=click.Path(exists=True, dir_okay=False),
+    help="the spool SQLite file the collector appends (batch, ciphertext) rows to",
+)
+@click.option("--batch", required=True, help="batch key (e.g. policy-v1-2026-12-01)")
+@click.option(
+    "--out",
+    "out_dir",
+    required=True,
+    type=click.Path(file_okay=False),
+    help="folder the shuffled batch file is written to (for the analyzer)",
+)
+@click.option("--min-batch", type=click.IntRange(min=1), required=True, help="refuse below this")
+def release_cmd(spool: str, batch: str, out_dir: str, min_batch: int) -> None:
+    """Shuffle one batch with the OS CSPRNG and write it for the analyzer, once.
+
+    Exit status 1, nothing changed, when fewer than --min-batch ciphertexts wait.
+    """
+    from fedldp.aggregator.shuffler import BatchTooSmallError, ShuffleSpool, release
+
+    Path(out_dir).mkdir(parents=True, exist_ok=True)
+    store = ShuffleSpool(Path(spool))
+    try:
+        path = release(store, batch, Path(out_dir), min_batch=min_batch)
+    except (BatchTooSmallError, ValueError) as exc:
+        raise click.ClickException(str(exc)) from None
+    released = store.released(batch)
+    count = released[0] if released else 0
+    click.echo(f"released {count} shuffled ciphertexts to {path}")
+
+
+@shuffler.command("analyze")
+@click.argument("batch_file", type=click.Path(exists=True, dir_okay=False))
+@click.option(
+    "--analyzer-key",
+    required=True,
+    type=click.Path(exists=True, dir_okay=False),
+    help="the analyzer's private key (analyzer.key from `fedldp shuffler keygen`)",
+)
+@click.option("--policy", "policy_id", required=True, help="policy id")
+@click.option(
+    "--version", type=click.IntRange(min=1), help="policy version (default: the highest found)"
+)
+@click.option(
+    "--policies",
+    "policy_dir",
+    required=True,
+    type=click.Path(exists=True, file_okay=False),
+    help="folder of signed *.policy envelopes",
+)
+@trust_option(required=True)
+@click.option("--audience", help="deployment name the policy must list (default: 'default')")
+@click.option(
+    "--delta",
+    type=click.FloatRange(min=0, max=1, min_open=True, max_open=True),
+    help="δ of the central guarantee (default 1e-8)",
+)
+@click.option(
+    "--collector-count",
+    type=click.IntRange(min=0),
+    help="reports the collector accepted for this batch: caps n of the central guarantee",
+)
+def analyze(
+    batch_file: str,
+    analyzer_key: str,
+    policy_id: str,
+    version: int | None,
+    policy_dir: str,
+    trust_dir: str,
+    audience: str | None,
+    delta: float | None,
+    collector_count: int | None,
+) -> None:
+    """Decrypt a shuffled batch, drop and count invalid payloads, print estimates and guarantees."""
+    from fedldp.aggregator.shuffle_analyzer import DEFAULT_DELTA, analyze_batch, load_analyzer_key
+    from fedldp.cli_report import load_verified_policy
+    from fedldp.client.sealed import seal_info
+
+    policy = load_verified_policy(
+        policy_dir, trust_dir, policy_id, version=version, at=int(time.time()), audience=audience
+    )
+    info = seal_info(policy.policy_id, policy.version, policy.digest)
+    try:
+        result = analyze_batch(
+            Path(batch_file),
+            policy.mechanism,
+            load_analyzer_key(Path(analyzer_key)),
+            info=info,
+            delta=delta or DEFAULT_DELTA,
+            collector_count=collector_count,
+        )
+    except ValueError as exc:  # not a batch file, not an X25519 key
+        raise click.ClickException(f"{exc}") from None
+    if result.accepted < policy.min_reports_for_release:
+        raise click.ClickException(
+            f"{result.accepted} valid reports, fewer than the policy's minimum "
+            f"{policy.min_reports_for_release}: not released"
+        )
+    _print_estimate(policy, result)
+
+
+def _print_estimate(policy: Any, result: Any) -> None:
+    """The estimate's table, the dropped payloads and both guarantees."""
+    estimate = policy.mechanism.estimate(result.statistic)
+    labels = policy.labels or [str(i) for i in range(len(estimate.values))]
+    click.echo(f"policy {policy.policy_id} v{policy.version}, batch {result.batch}")
+    click.echo(f"{'value':<20} {'estimate':>10} {'std error':>10}")
+    for label, value, variance in zip(labels, estimate.values, estimate.variances, strict=False):
+        click.echo(f"{label:<20} {float(value):>10.4f} {float(variance) ** 0.5:>10.4f}")
+    dropped = ", ".join(f"{k}: {v}" for k, v in sorted(result.invalid.items())) or "none"
+    click.echo(f"valid reports: {result.accepted}; invalid dropped: {dropped}")
+    click.echo(result.guarantee_line())
