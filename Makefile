@@ -56,11 +56,11 @@ proto: $(VENV)/.test-installed
 
 # Every bench/ script in its --quick mode (each under a minute), its figures as JSON
 # in $(BENCH_OUT)/NAME.json. None is left out: the list is bench/*.py itself (less the
-# shared _common.py), and tests/test_benchmarks.py checks each takes --quick and --json.
+# shared modules whose names start with _), and tests/test_benchmarks.py checks each takes --quick and --json.
 # The peer libraries (the `bench` extra) and Spark are optional: a script whose
 # reference is not installed says so and measures the rest.
 BENCH_OUT ?= bench/results/quick
-BENCHES := $(filter-out _common __init__,$(basename $(notdir $(wildcard bench/*.py))))
+BENCHES := $(filter-out _%,$(basename $(notdir $(wildcard bench/*.py))))
 bench-quick: $(VENV)/.test-installed
 	mkdir -p $(BENCH_OUT)
 	for b in $(BENCHES); do $(BIN)/python -m bench.$$b --quick --json $(BENCH_OUT)/$$b.json || exit 1; done

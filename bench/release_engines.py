@@ -15,7 +15,7 @@ region`, the AVG reported).
 
 Engines, each on the same file: DuckDB (embedded, the default), Spark local[2]
 (when pyspark and java are present; --no-spark skips it), the Python reference
-and the peers (bench/release_peers.py): PipelineDP's LocalBackend (its rows as
+and the peers (bench/_release_peers.py): PipelineDP's LocalBackend (its rows as
 Python tuples, the conversion not timed); Tumult Analytics is not run, and the
 output says why. The reference and PipelineDP are Python loops: they run at
 sizes up to --slow-limit rows (default 10^5; --quick: none).
@@ -51,7 +51,7 @@ from pathlib import Path
 from typing import Any
 
 from bench._common import Timing, format_table, time_runs, write_json
-from bench.release_peers import TUMULT_WHY, pipeline_dp_queries, version
+from bench._release_peers import TUMULT_WHY, pipeline_dp_queries, version
 
 C = 5
 GROUPS = 100

@@ -43,7 +43,7 @@ def test_make_bench_quick_runs_every_benchmark() -> None:
     """The Makefile takes the list from bench/*.py rather than naming scripts."""
     makefile = (REPO_ROOT / "Makefile").read_text(encoding="utf-8")
     assert (
-        "BENCHES := $(filter-out _common __init__,$(basename $(notdir $(wildcard bench/*.py))))"
+        "BENCHES := $(filter-out _%,$(basename $(notdir $(wildcard bench/*.py))))"
         in makefile
     )
     assert "for b in $(BENCHES); do $(BIN)/python -m bench.$$b --quick --json" in makefile
