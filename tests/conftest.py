@@ -18,6 +18,14 @@ from typing import Any
 
 import pytest
 
+# One BLAS/OpenMP thread per test process, set before anything imports numpy or torch:
+# pytest-xdist already runs one worker per core, and a multi-threaded BLAS beside it
+# spins for a busy core (the Square Wave EMS of one report took 3.5 s of CPU with
+# OpenBLAS's threads against 1.9 s with one, and minutes of wall time under load).
+# Child processes (collectors, demos) inherit it.
+for _name in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_name, "1")
+
 
 def start_postgres() -> Iterator[Any]:
     """Start a PostgreSQL server, yield it, stop it (skips when PostgreSQL is not installed)."""
