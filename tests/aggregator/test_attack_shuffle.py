@@ -1,0 +1,312 @@
+"""Independent attack on the shuffle model (docs/shuffle.md): sealing, shuffler, analyzer, bound.
+
+Each finding is a test marked xfail(strict=True, reason="finding: ..."): it fails today and
+becomes a regression test once the product is fixed. The tests without the mark are the
+claims that held under attack (the amplification bound against an independent exact
+brute-force in 60-digit decimals, its monotonicity and its lower bound).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from decimal import Decimal, localcontext
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
+from fedldp.aggregator.shuffle_amplification import amplified_epsilon, hockey_stick_delta
+from fedldp.aggregator.shuffle_analyzer import analyze_batch
+from fedldp.aggregator.shuffler import (
+    MAGIC,
+    ShuffleSpool,
+    batch_path,
+    read_batch,
+    release,
+)
+from fedldp.authoring import write_envelope, write_public_key
+from fedldp.client.mechanisms.base import CategoryOutput
+from fedldp.client.mechanisms.grr import GRR
+from fedldp.client.policy import verify_policy
+from fedldp.client.sealed import seal_info, seal_output
+
+from fedldp.cli import main
+from tests.aggregator.conftest import NOW, WINDOW
+
+INFO = seal_info("atk", 1, b"\x07" * 32)
+
+
+def _keypair() -> tuple[X25519PrivateKey, bytes]:
+    """A fresh analyzer key and its raw public bytes."""
+    from cryptography.hazmat.primitives import serialization
+
+    key = X25519PrivateKey.generate()
+    raw = key.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+    return key, raw
+
+
+# --- Confidentiality against the collector and the shuffler ---------------------------------
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="finding: the ciphertext length reveals the randomized output's varint size (an output "
+    "of 0 seals to 50 bytes, 1-127 to 52, 128-16383 to 53): the collector links it to the subject",
+)
+def test_ciphertext_length_does_not_depend_on_the_output() -> None:
+    """Sealed GRR outputs 0, 1 and 200 (k = 256) must have one length: no padding today."""
+    _, public = _keypair()
+    lengths = {
+        v: len(seal_output(CategoryOutput(v), public, info=INFO).ciphertext) for v in (0, 1, 200)
+    }
+    assert len(set(lengths.values())) == 1, lengths
+
+
+# --- Analyzer input handling ------------------------------------------------------------------
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="finding: the analyzer accumulates a byte-identical ciphertext every time it appears "
+    "(HPKE output never repeats honestly), so a replayed report is counted twice and inflates n",
+)
+def test_replayed_ciphertext_in_a_batch_is_counted_once(tmp_path: Path) -> None:
+    """One report's ciphertext repeated 5 times in a batch of 20 moves the count by 5 today."""
+    key, public = _keypair()
+    grr = GRR(Decimal(2), 4)
+    cts = [seal_output(CategoryOutput(i % 4), public, info=INFO).ciphertext for i in range(20)]
+    spool = ShuffleSpool(tmp_path / "spool.sqlite")
+    spool.add("w1", cts + [cts[0]] * 5)  # `add` (the shuffler's own API) does not deduplicate
+    result = analyze_batch(release(spool, "w1", tmp_path, min_batch=2), grr, key, info=INFO)
+    assert result.accepted == 20, (result.accepted, result.invalid)
+
+
+def _batch_bytes(header: bytes, body: bytes) -> bytes:
+    """A batch file's bytes: magic, a header line, records."""
+    return MAGIC + header + b"\n" + body
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="finding: read_batch raises struct.error / TypeError / KeyError (not ValueError) on "
+    "some malformed files, so `fedldp shuffler analyze` dies with a traceback",
+)
+@pytest.mark.parametrize(
+    "data",
+    [
+        _batch_bytes(b'{"batch": "a", "count": 1}', b"\x00\x00"),  # length prefix cut short
+        _batch_bytes(b"[1]", b""),  # header not an object
+        _batch_bytes(b'{"batch": "a"}', b""),  # header without a count
+    ],
+    ids=["cut-length", "header-list", "header-no-count"],
+)
+def test_malformed_batch_file_is_a_value_error(tmp_path: Path, data: bytes) -> None:
+    """Every malformed batch file gives ValueError (what analyze turns into a clean error)."""
+    (tmp_path / "bad").write_bytes(data)
+    with pytest.raises(ValueError):
+        read_batch(tmp_path / "bad")
+
+
+def test_garbage_and_out_of_domain_and_foreign_ciphertexts_are_dropped(tmp_path: Path) -> None:
+    """Held: junk, an out-of-domain index, another policy's ciphertext, a plaintext of another
+    payload kind: each is dropped and counted, none accumulated, nothing crashes."""
+    from fedldp.client.mechanisms.base import BitVectorOutput
+
+    key, public = _keypair()
+    grr = GRR(Decimal(1), 4)
+    other = seal_info("atk", 2, b"\x07" * 32)  # the next policy version
+    good = [seal_output(CategoryOutput(1), public, info=INFO).ciphertext for _ in range(3)]
+    bad = [
+        b"\x00" * 60,
+        seal_output(CategoryOutput(4), public, info=INFO).ciphertext,
+        seal_output(CategoryOutput(1), public, info=other).ciphertext,
+        seal_output(BitVectorOutput(b"\x01", 4), public, info=INFO).ciphertext,
+    ]
+    spool = ShuffleSpool(tmp_path / "spool.sqlite")
+    spool.add("w1", good + bad)
+    result = analyze_batch(release(spool, "w1", tmp_path, min_batch=2), grr, key, info=INFO)
+    assert result.accepted == 3
+    assert sum(result.invalid.values()) == 4, result.invalid
+    assert list(result.statistic.counts) == [0, 3, 0, 0]
+
+
+# --- Release: the signed minimum and releasing once --------------------------------------------
+
+
+def _shuffle_policy_dirs(tmp_path: Path, authority: Any, public: bytes, min_batch: int) -> Any:
+    """A signed GRR policy with a [shuffle] section; (trust dir, policies dir, verified)."""
+    policy = authority.categorical_policy(
+        labels=["a", "b", "c", "d"],
+        policy_id="atk",
+        metric="metric.atk",
+        epsilon="1",
+        epsilon_cap="3",
+        window_seconds=WINDOW,
+        now=NOW - 60,
+        version=1,
+        min_reports=1,
+    )
+    policy.shuffle.analyzer_public_key = public
+    policy.shuffle.min_batch = min_batch
+    envelope = authority.sign(policy)
+    trust, policies = tmp_path / "trust", tmp_path / "policies"
+    (trust / "pinned").mkdir(parents=True)
+    policies.mkdir()
+    for i, k in enumerate(authority.root_public_keys):
+        write_public_key(k, trust / "pinned" / f"root{i}.pem")
+    write_envelope(authority.root_envelope, trust / "1.root")
+    write_envelope(envelope, policies / "atk.policy")
+    return trust, policies, verify_policy(envelope, authority.trust_store(now=NOW), now=NOW)
+
+
+def _analyze(tmp_path: Path, batch: Path, trust: Path, policies: Path) -> Any:
+    """Run `fedldp shuffler analyze` in-process on `batch`."""
+    args = ["shuffler", "analyze", str(batch), "--analyzer-key", str(tmp_path / "analyzer.key")]
+    args += ["--policy", "atk", "--policies", str(policies), "--trust", str(trust)]
+    return CliRunner().invoke(main, args)
+
+
+def _sealed_batch(tmp_path: Path, authority: Any, min_batch: int, n: int) -> Any:
+    """Keys, a shuffle policy (min_batch) and a released batch of n valid sealed reports."""
+    from fedldp.aggregator.shuffle_analyzer import generate_analyzer_key
+
+    _, public = generate_analyzer_key(tmp_path)
+    trust, policies, verified = _shuffle_policy_dirs(tmp_path, authority, public, min_batch)
+    info = seal_info(verified.policy_id, verified.version, verified.digest)
+    spool = ShuffleSpool(tmp_path / "spool.sqlite")
+    spool.add("b", [seal_output(CategoryOutput(i % 4), public, info=info).ciphertext for i in range(n)])
+    # the operator's --min-batch is all `release` knows: the policy's minimum is not consulted
+    path = release(spool, "b", tmp_path / "out", min_batch=1)
+    return trust, policies, path
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="finding: the signed ShuffleSpec.min_batch is enforced nowhere: `release` takes only "
+    "the operator's --min-batch and `analyze` estimates a 5-report batch of a min_batch=100 policy",
+)
+def test_batch_below_the_policys_min_batch_is_refused(tmp_path: Path, authority: Any) -> None:
+    """A batch of 5 under a policy whose signed min_batch is 100 must not be estimated."""
+    (tmp_path / "out").mkdir()
+    trust, policies, path = _sealed_batch(tmp_path, authority, min_batch=100, n=5)
+    result = _analyze(tmp_path, path, trust, policies)
+    assert result.exit_code != 0, result.output
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="finding: the policy lets one device put epsilon_cap/epsilon = 3 reports in a window's "
+    "batch, yet analyze prints only the per-report central (ε, δ), nothing per device",
+)
+def test_guarantee_accounts_for_several_reports_per_device(tmp_path: Path, authority: Any) -> None:
+    """With a per-window cap of 3 reports per device the printed guarantee must say per device."""
+    (tmp_path / "out").mkdir()
+    trust, policies, path = _sealed_batch(tmp_path, authority, min_batch=2, n=40)
+    result = _analyze(tmp_path, path, trust, policies)
+    assert result.exit_code == 0, result.output
+    assert "per device" in result.output, result.output
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="finding: after a crash between the rename and the record, a restart with another --out "
+    "claims and permutes the batch again and writes a second release of the same ciphertexts",
+)
+def test_restart_with_another_out_dir_does_not_release_twice(tmp_path: Path) -> None:
+    """Crash after "written" (the file is the release), restart into another folder."""
+    spool = ShuffleSpool(tmp_path / "spool.sqlite")
+    spool.add("w1", [bytes([i]) * 60 for i in range(10)])
+
+    def crash(stage: str) -> None:
+        if stage == "written":
+            raise KeyboardInterrupt  # stands in for kill -9 (the roles test kills a process)
+
+    (tmp_path / "a").mkdir()
+    with pytest.raises(KeyboardInterrupt):
+        release(spool, "w1", tmp_path / "a", min_batch=2, on_stage=crash)
+    (tmp_path / "b").mkdir()
+    release(spool, "w1", tmp_path / "b", min_batch=2)
+    assert not batch_path(tmp_path / "b", "w1").exists()
+
+
+# --- The amplification bound against an independent exact computation -------------------------
+
+
+def _exact_fmt_delta(n: int, eps0: Decimal, eps: Decimal) -> Decimal:
+    """max(D_{e^ε}(P‖Q), D_{e^ε}(Q‖P)) for FMT21 Theorem 3.2's P, Q, enumerated in decimals.
+
+    C ~ Bin(n − 1, e^−ε0), A ~ Bin(C, 1/2), Δ ~ Bern(e^ε0/(e^ε0 + 1));
+    P = (A + Δ, C − A + 1 − Δ), Q = (A + 1 − Δ, C − A + Δ). Written from the paper, not the code.
+    """
+    p_clone = (-eps0).exp()
+    alpha = eps0.exp() / (eps0.exp() + 1)
+    P: dict[tuple[int, int], Decimal] = {}
+    Q: dict[tuple[int, int], Decimal] = {}
+    for c in range(n):
+        pc = math.comb(n - 1, c) * p_clone**c * (1 - p_clone) ** (n - 1 - c)
+        for a in range(c + 1):
+            pa = pc * math.comb(c, a) / Decimal(2) ** c
+            for d, pd in ((1, alpha), (0, 1 - alpha)):
+                pk, qk = (a + d, c - a + 1 - d), (a + 1 - d, c - a + d)
+                P[pk] = P.get(pk, Decimal(0)) + pa * pd
+                Q[qk] = Q.get(qk, Decimal(0)) + pa * pd
+    e = eps.exp()
+    keys = set(P) | set(Q)
+    zero = Decimal(0)
+    fwd = sum((max(P.get(k, zero) - e * Q.get(k, zero), zero) for k in keys), zero)
+    bwd = sum((max(Q.get(k, zero) - e * P.get(k, zero), zero) for k in keys), zero)
+    return max(fwd, bwd)
+
+
+def _exact_rr_delta(n: int, eps0: Decimal, eps: Decimal) -> Decimal:
+    """Exact δ(ε) of binary randomized response (Warner 1965) shuffled over n users."""
+    q = 1 / (eps0.exp() + 1)
+    others = [math.comb(n - 1, k) * q**k * (1 - q) ** (n - 1 - k) for k in range(n)] + [Decimal(0)]
+    e, zero = eps.exp(), Decimal(0)
+    fwd = bwd = zero
+    for k in range(n + 1):
+        shift = others[k - 1] if k else zero
+        x0, x1 = (1 - q) * others[k] + q * shift, q * others[k] + (1 - q) * shift
+        fwd += max(x1 - e * x0, zero)
+        bwd += max(x0 - e * x1, zero)
+    return max(fwd, bwd)
+
+
+CASES = [(2, 1.0, 1e-3), (8, 2.0, 1e-3), (20, 1.0, 1e-6), (30, 3.0, 1e-4), (40, 0.5, 1e-6)]
+
+
+@pytest.mark.parametrize(("n", "eps0", "delta"), CASES)
+def test_amplified_epsilon_is_certified_and_tight_by_exact_enumeration(
+    n: int, eps0: float, delta: float
+) -> None:
+    """Held: the per-c divergence equals the enumeration; at the returned ε the exact divergence
+    is ≤ δ, 10⁻³ below it it is > δ; ε is never below shuffled binary RR's exact ε."""
+    with localcontext() as ctx:
+        ctx.prec = 60
+        e0 = Decimal(eps0)
+        for eps in (0.0, eps0 / 7, eps0 / 2):
+            exact = _exact_fmt_delta(n, e0, Decimal(eps))
+            assert abs(Decimal(hockey_stick_delta(n, eps0, eps)) - exact) <= Decimal("1e-12")
+        got = amplified_epsilon(n, eps0, delta).epsilon
+        assert _exact_fmt_delta(n, e0, Decimal(got)) <= Decimal(delta)
+        if got > 1e-3:
+            assert _exact_fmt_delta(n, e0, Decimal(got - 1e-3)) > Decimal(delta)
+            assert _exact_rr_delta(n, e0, Decimal(got)) <= Decimal(delta)
+
+
+def test_amplified_epsilon_is_monotone() -> None:
+    """Held: ε falls with n, rises with ε0, falls as δ grows (a fixed grid)."""
+    rng = random.Random(7)
+    for _ in range(4):
+        eps0 = rng.choice([0.5, 1.0, 2.0, 4.0])
+        delta = rng.choice([1e-4, 1e-6, 1e-8])
+        by_n = [amplified_epsilon(n, eps0, delta).epsilon for n in (10, 100, 1000, 5000)]
+        assert all(a >= b for a, b in zip(by_n, by_n[1:], strict=False)), by_n
+    by_e0 = [amplified_epsilon(1000, e0, 1e-6).epsilon for e0 in (0.5, 1, 2, 4, 6)]
+    assert all(a <= b for a, b in zip(by_e0, by_e0[1:], strict=False)), by_e0
+    by_d = [amplified_epsilon(1000, 2.0, d).epsilon for d in (1e-10, 1e-7, 1e-4)]
+    assert all(a >= b for a, b in zip(by_d, by_d[1:], strict=False)), by_d
+    assert np.all(np.isfinite(by_n + by_e0 + by_d))
