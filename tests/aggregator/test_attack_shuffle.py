@@ -8,6 +8,7 @@ brute-force in 60-digit decimals, its monotonicity and its lower bound).
 
 from __future__ import annotations
 
+import itertools
 import math
 import random
 from decimal import Decimal, localcontext
@@ -177,7 +178,9 @@ def _sealed_batch(tmp_path: Path, authority: Any, min_batch: int, n: int) -> Any
     trust, policies, verified = _shuffle_policy_dirs(tmp_path, authority, public, min_batch)
     info = seal_info(verified.policy_id, verified.version, verified.digest)
     spool = ShuffleSpool(tmp_path / "spool.sqlite")
-    spool.add("b", [seal_output(CategoryOutput(i % 4), public, info=info).ciphertext for i in range(n)])
+    spool.add(
+        "b", [seal_output(CategoryOutput(i % 4), public, info=info).ciphertext for i in range(n)]
+    )
     # the operator's --min-batch is all `release` knows: the policy's minimum is not consulted
     path = release(spool, "b", tmp_path / "out", min_batch=1)
     return trust, policies, path
@@ -243,21 +246,21 @@ def _exact_fmt_delta(n: int, eps0: Decimal, eps: Decimal) -> Decimal:
     """
     p_clone = (-eps0).exp()
     alpha = eps0.exp() / (eps0.exp() + 1)
-    P: dict[tuple[int, int], Decimal] = {}
-    Q: dict[tuple[int, int], Decimal] = {}
+    dist_p: dict[tuple[int, int], Decimal] = {}
+    dist_q: dict[tuple[int, int], Decimal] = {}
     for c in range(n):
         pc = math.comb(n - 1, c) * p_clone**c * (1 - p_clone) ** (n - 1 - c)
         for a in range(c + 1):
             pa = pc * math.comb(c, a) / Decimal(2) ** c
             for d, pd in ((1, alpha), (0, 1 - alpha)):
                 pk, qk = (a + d, c - a + 1 - d), (a + 1 - d, c - a + d)
-                P[pk] = P.get(pk, Decimal(0)) + pa * pd
-                Q[qk] = Q.get(qk, Decimal(0)) + pa * pd
+                dist_p[pk] = dist_p.get(pk, Decimal(0)) + pa * pd
+                dist_q[qk] = dist_q.get(qk, Decimal(0)) + pa * pd
     e = eps.exp()
-    keys = set(P) | set(Q)
+    keys = set(dist_p) | set(dist_q)
     zero = Decimal(0)
-    fwd = sum((max(P.get(k, zero) - e * Q.get(k, zero), zero) for k in keys), zero)
-    bwd = sum((max(Q.get(k, zero) - e * P.get(k, zero), zero) for k in keys), zero)
+    fwd = sum((max(dist_p.get(k, zero) - e * dist_q.get(k, zero), zero) for k in keys), zero)
+    bwd = sum((max(dist_q.get(k, zero) - e * dist_p.get(k, zero), zero) for k in keys), zero)
     return max(fwd, bwd)
 
 
@@ -275,7 +278,15 @@ def _exact_rr_delta(n: int, eps0: Decimal, eps: Decimal) -> Decimal:
     return max(fwd, bwd)
 
 
-CASES = [(2, 1.0, 1e-3), (8, 2.0, 1e-3), (20, 1.0, 1e-6), (30, 3.0, 1e-4), (40, 0.5, 1e-6)]
+CASES = [
+    (1, 2.0, 1e-3),
+    (2, 1.0, 1e-3),
+    (150, 2.0, 1e-6),
+    (8, 2.0, 1e-3),
+    (20, 1.0, 1e-6),
+    (30, 3.0, 1e-4),
+    (40, 0.5, 1e-6),
+]
 
 
 @pytest.mark.parametrize(("n", "eps0", "delta"), CASES)
@@ -304,9 +315,66 @@ def test_amplified_epsilon_is_monotone() -> None:
         eps0 = rng.choice([0.5, 1.0, 2.0, 4.0])
         delta = rng.choice([1e-4, 1e-6, 1e-8])
         by_n = [amplified_epsilon(n, eps0, delta).epsilon for n in (10, 100, 1000, 5000)]
-        assert all(a >= b for a, b in zip(by_n, by_n[1:], strict=False)), by_n
+        assert all(a >= b for a, b in itertools.pairwise(by_n)), by_n
     by_e0 = [amplified_epsilon(1000, e0, 1e-6).epsilon for e0 in (0.5, 1, 2, 4, 6)]
-    assert all(a <= b for a, b in zip(by_e0, by_e0[1:], strict=False)), by_e0
+    assert all(a <= b for a, b in itertools.pairwise(by_e0)), by_e0
     by_d = [amplified_epsilon(1000, 2.0, d).epsilon for d in (1e-10, 1e-7, 1e-4)]
-    assert all(a >= b for a, b in zip(by_d, by_d[1:], strict=False)), by_d
+    assert all(a >= b for a, b in itertools.pairwise(by_d)), by_d
     assert np.all(np.isfinite(by_n + by_e0 + by_d))
+
+
+# --- The ledger: sealed reports charged like plain ones, on SQLite and PostgreSQL ---------------
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def ledger_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """A fresh ledger database: a SQLite file, or a database on the suite's PostgreSQL server."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'ledger.db'}"
+    return str(request.getfixturevalue("postgresql_url"))
+
+
+def test_sealed_reports_are_charged_capped_and_idempotent(
+    tmp_path: Path, authority: Any, ledger_url: str
+) -> None:
+    """Held: ε0 = 1 charged per sealed report under cap 3, the 4th refused, a resend a duplicate,
+    a reseal under the same id a conflict; the pull gets the 3 ciphertexts sorted, no statistic."""
+    from fedldp.client.mechanisms.base import SealedOutput
+    from fedldp.client.sealed import key_id
+    from fedldp.collector.ledger import open_ledger
+    from fedldp.collector.ledger.store import CheckedReport
+    from fedldp.collector.wire import content_digest
+    from fedldp.v1 import collector_pb2 as pb
+
+    _, public = _keypair()
+    _, _, policy = _shuffle_policy_dirs(tmp_path, authority, public, min_batch=2)
+    info = seal_info(policy.policy_id, policy.version, policy.digest)
+    coarse = NOW - NOW % 3600
+
+    def checked(rid: bytes, index: int) -> CheckedReport:
+        ct = seal_output(CategoryOutput(index), public, info=info).ciphertext
+        out = SealedOutput(ct, key_id(public))
+        digest = content_digest(
+            policy_id=policy.policy_id,
+            policy_version=policy.version,
+            policy_digest=policy.digest,
+            coarse_time=coarse,
+            output=out,
+        )
+        return CheckedReport(rid, policy, out, digest, coarse)
+
+    reports = [checked(bytes([i]) * 16, i % 4) for i in range(4)]
+    ledger = open_ledger(ledger_url)
+    try:
+        got = ledger.submit("dana", reports, now=NOW)
+        assert got == [pb.OUTCOME_ACCEPTED] * 3 + [pb.OUTCOME_BUDGET_EXHAUSTED]
+        again = ledger.submit("dana", [reports[0], checked(reports[1].report_id, 1)], now=NOW)
+        assert again[0] == pb.OUTCOME_DUPLICATE and again[1] != pb.OUTCOME_ACCEPTED
+        assert [str(r.epsilon_spent) for r in ledger.subject_spend("dana")] == ["3"]
+        window = policy.window_start(NOW)
+        pulled = ledger.sealed_ciphertexts(policy.policy_id, window)
+        expected = sorted(r.output.ciphertext for r in reports[:3])  # type: ignore[attr-defined]
+        assert pulled == {policy.version: expected}
+        assert ledger.statistics(policy.policy_id, policy.version, window) == []
+    finally:
+        ledger.close()
