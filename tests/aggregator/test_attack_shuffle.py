@@ -397,3 +397,18 @@ def test_printed_central_epsilon_is_never_below_the_certified_one() -> None:
     printed = re.search(r"\(ε, δ\) = \(([0-9.]+),", line)
     assert printed is not None, line
     assert float(printed.group(1)) >= central.epsilon, line
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="finding: docs/shuffle.md's figures table rounds to nearest, so two n = 10⁶ cells state "
+    "less than the certified ε (0.0061 for 0.006126 at ε0 = 1, 0.064 for 0.064198 at ε0 = 4)",
+)
+def test_documented_central_epsilons_are_not_below_the_certified_ones() -> None:
+    """Each ε of the n = 10⁶ row of docs/shuffle.md's table is at least amplified_epsilon's."""
+    doc = (Path(__file__).parents[2] / "docs" / "shuffle.md").read_text(encoding="utf-8")
+    row = next(line for line in doc.splitlines() if line.startswith("| 10⁶ |"))
+    cells = [c.strip() for c in row.strip("|").split("|")][1:5]
+    for eps0, cell in zip((1.0, 2.0, 4.0, 8.0), cells, strict=True):
+        certified = amplified_epsilon(10**6, eps0, 1e-8).epsilon
+        assert float(cell.split()[0]) >= certified, (eps0, cell, certified)
