@@ -439,3 +439,21 @@ def test_plaintext_with_any_extra_field_is_refused(extra: str) -> None:
     ciphertext = _suite().encrypt(plaintext, key.public_key(), info=INFO)
     with pytest.raises(OutputDomainError):
         open_sealed(ciphertext, key, info=INFO)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="finding: release takes any existing OUT/BATCH.shuffled as its own crashed release "
+    "without checking the batch was claimed, records it and deletes the spool's ciphertexts",
+)
+def test_a_foreign_batch_file_in_out_is_not_taken_for_the_release(tmp_path: Path) -> None:
+    """A stale file of the same batch key from another spool must not swallow this batch."""
+    other = ShuffleSpool(tmp_path / "other.sqlite")
+    other.add("w1", [b"\x01" * 60, b"\x02" * 60])
+    (tmp_path / "out").mkdir()
+    release(other, "w1", tmp_path / "out", min_batch=2)
+    spool = ShuffleSpool(tmp_path / "spool.sqlite")
+    ours = [bytes([i]) * 60 for i in range(10, 20)]
+    spool.add("w1", ours)
+    path = release(spool, "w1", tmp_path / "out", min_batch=2)
+    assert sorted(read_batch(path)[1]) == sorted(ours)
