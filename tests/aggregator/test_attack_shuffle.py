@@ -28,7 +28,6 @@ from fedldp.aggregator.shuffler import (
     read_batch,
     release,
 )
-from fedldp.authoring import write_envelope, write_public_key
 from fedldp.client.mechanisms.base import CategoryOutput
 from fedldp.client.mechanisms.grr import GRR
 from fedldp.client.policy import verify_policy
@@ -36,6 +35,7 @@ from fedldp.client.sealed import seal_info, seal_output
 
 from fedldp.cli import main
 from tests.aggregator.conftest import NOW, WINDOW
+from tests.aggregator.test_shuffle_cli import _trust_and_policy
 
 INFO = seal_info("atk", 1, b"\x07" * 32)
 
@@ -152,19 +152,13 @@ def _shuffle_policy_dirs(tmp_path: Path, authority: Any, public: bytes, min_batc
     )
     policy.shuffle.analyzer_public_key = public
     policy.shuffle.min_batch = min_batch
-    envelope = authority.sign(policy)
-    trust, policies = tmp_path / "trust", tmp_path / "policies"
-    (trust / "pinned").mkdir(parents=True)
-    policies.mkdir()
-    for i, k in enumerate(authority.root_public_keys):
-        write_public_key(k, trust / "pinned" / f"root{i}.pem")
-    write_envelope(authority.root_envelope, trust / "1.root")
-    write_envelope(envelope, policies / "atk.policy")
-    return trust, policies, verify_policy(envelope, authority.trust_store(now=NOW), now=NOW)
+    verified = verify_policy(authority.sign(policy), authority.trust_store(now=NOW), now=NOW)
+    return (*_trust_and_policy(tmp_path, authority, verified), verified)
 
 
-def _analyze(tmp_path: Path, batch: Path, trust: Path, policies: Path) -> Any:
-    """Run `fedldp shuffler analyze` in-process on `batch`."""
+def _analyze(tmp_path: Path, authority: Any, min_batch: int, n: int) -> Any:
+    """`fedldp shuffler analyze`, in-process, of a released batch of n sealed reports."""
+    trust, policies, batch = _sealed_batch(tmp_path, authority, min_batch, n)
     args = ["shuffler", "analyze", str(batch), "--analyzer-key", str(tmp_path / "analyzer.key")]
     args += ["--policy", "atk", "--policies", str(policies), "--trust", str(trust)]
     return CliRunner().invoke(main, args)
@@ -181,6 +175,7 @@ def _sealed_batch(tmp_path: Path, authority: Any, min_batch: int, n: int) -> Any
     spool.add(
         "b", [seal_output(CategoryOutput(i % 4), public, info=info).ciphertext for i in range(n)]
     )
+    (tmp_path / "out").mkdir()
     # the operator's --min-batch is all `release` knows: the policy's minimum is not consulted
     path = release(spool, "b", tmp_path / "out", min_batch=1)
     return trust, policies, path
@@ -193,9 +188,7 @@ def _sealed_batch(tmp_path: Path, authority: Any, min_batch: int, n: int) -> Any
 )
 def test_batch_below_the_policys_min_batch_is_refused(tmp_path: Path, authority: Any) -> None:
     """A batch of 5 under a policy whose signed min_batch is 100 must not be estimated."""
-    (tmp_path / "out").mkdir()
-    trust, policies, path = _sealed_batch(tmp_path, authority, min_batch=100, n=5)
-    result = _analyze(tmp_path, path, trust, policies)
+    result = _analyze(tmp_path, authority, min_batch=100, n=5)
     assert result.exit_code != 0, result.output
 
 
@@ -206,9 +199,7 @@ def test_batch_below_the_policys_min_batch_is_refused(tmp_path: Path, authority:
 )
 def test_guarantee_accounts_for_several_reports_per_device(tmp_path: Path, authority: Any) -> None:
     """With a per-window cap of 3 reports per device the printed guarantee must say per device."""
-    (tmp_path / "out").mkdir()
-    trust, policies, path = _sealed_batch(tmp_path, authority, min_batch=2, n=40)
-    result = _analyze(tmp_path, path, trust, policies)
+    result = _analyze(tmp_path, authority, min_batch=2, n=40)
     assert result.exit_code == 0, result.output
     assert "per device" in result.output, result.output
 
