@@ -180,3 +180,46 @@ def test_other_origins_refused_and_charge_nothing(
     headers = {"content-type": "application/proto", "origin": origin, **_token(deployment)}
     assert _post(web, SUBMIT, _submit(deployment), headers)[0] == 403
     assert _accepted(web) == before
+
+
+def _grpc_submit(web: RunningCollector, body: bytes, headers: dict[str, str]) -> pb.SubmitResponse:
+    import grpc
+
+    with grpc.insecure_channel(web.address) as channel:
+        call = channel.unary_unary(
+            SUBMIT, request_serializer=None, response_deserializer=pb.SubmitResponse.FromString
+        )
+        metadata = tuple((k, v) for k, v in headers.items())
+        answer: pb.SubmitResponse = call(body, metadata=metadata, timeout=20)
+        return answer
+
+
+@pytest.mark.parametrize("content_type", ["application/proto", GRPC_WEB])
+def test_grpc_first_then_web_is_duplicate_and_conflict(
+    web: RunningCollector, deployment: Deployment, content_type: str
+) -> None:
+    """Accepted over gRPC, then the same bytes over the web: DUPLICATE (charged once);
+    the same id with other content over the web: CONFLICT; from another subject: CONFLICT."""
+    token = _token(deployment)
+    policy = deployment.verified(deployment.envelopes[0])
+    report_id = secrets.token_bytes(16)
+
+    def body(category: int) -> bytes:
+        report = make_report(
+            policy, CategoryOutput(category), coarse_time=coarse(int(time.time())), report_id=report_id
+        )
+        return pb.SubmitRequest(reports=[report]).SerializeToString()
+
+    assert _grpc_submit(web, body(1), token).outcomes[0].outcome == pb.OUTCOME_ACCEPTED
+
+    def web_outcome(data: bytes, headers: dict[str, str]) -> int:
+        framed = content_type == GRPC_WEB
+        sent = b"\0" + struct.pack(">I", len(data)) + data if framed else data
+        status, _, answer = _post(web, SUBMIT, sent, {"content-type": content_type, **headers})
+        assert status == 200
+        message = answer[5 : 5 + struct.unpack(">I", answer[1:5])[0]] if framed else answer
+        return pb.SubmitResponse.FromString(message).outcomes[0].outcome
+
+    assert web_outcome(body(1), token) == pb.OUTCOME_DUPLICATE
+    assert web_outcome(body(2), token) == pb.OUTCOME_CONFLICT
+    assert web_outcome(body(1), _token(deployment)) == pb.OUTCOME_CONFLICT
