@@ -72,7 +72,11 @@ def test_laws_match_the_papers_formulas(mechanism: str) -> None:
             for output, probability in law["outputs"]:
                 want = _formula(mechanism, eps, k, law["value"], output)
                 got = _frac_to_dec(probability)
-                assert abs(got - want) <= Decimal(k) * Decimal(2) ** -52, (case["epsilon"], k, output)
+                assert abs(got - want) <= Decimal(k) * Decimal(2) ** -52, (
+                    case["epsilon"],
+                    k,
+                    output,
+                )
 
 
 @pytest.mark.parametrize("mechanism", ["grr", "oue", "sue"])
@@ -82,7 +86,9 @@ def test_laws_are_exactly_epsilon_ldp(mechanism: str) -> None:
         by_output: dict[str, list[Fraction]] = {}
         for law in case["law"]:
             for output, probability in law["outputs"]:
-                by_output.setdefault(json.dumps(output, sort_keys=True), []).append(Fraction(probability))
+                by_output.setdefault(json.dumps(output, sort_keys=True), []).append(
+                    Fraction(probability)
+                )
         assert len({len(v) for v in by_output.values()}) == 1
         for output, values in by_output.items():
             assert max(values) <= e_eps * min(values), (case["epsilon"], case["metric"], output)
@@ -96,9 +102,15 @@ def test_broken_variant_is_caught() -> None:
     law = case["law"][0]
     bump = Fraction(1, 2**50)
     probabilities = [Fraction(p) for _, p in law["outputs"]]
-    broken = [p + bump if o["index"] == law["value"] else p - bump / (k - 1) for (o, _), p in zip(law["outputs"], probabilities, strict=True)]
+    broken = [
+        p + bump if o["index"] == law["value"] else p - bump / (k - 1)
+        for (o, _), p in zip(law["outputs"], probabilities, strict=True)
+    ]
     e_eps = Fraction(Decimal(case["epsilon"]).exp().quantize(Decimal(10) ** -55, "ROUND_DOWN"))
     assert max(broken) > e_eps * min(broken)
     eps = Decimal(case["epsilon"]) + Decimal("0.01")
     output, probability = law["outputs"][0]
-    assert abs(_frac_to_dec(probability) - _formula("grr", eps, k, law["value"], output)) > Decimal(2) ** -40
+    assert (
+        abs(_frac_to_dec(probability) - _formula("grr", eps, k, law["value"], output))
+        > Decimal(2) ** -40
+    )

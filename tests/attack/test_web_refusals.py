@@ -11,7 +11,6 @@ import secrets
 import struct
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from collector_testkit import Deployment, coarse, make_report
@@ -36,7 +35,9 @@ def deployment() -> Deployment:
 
 
 @pytest.fixture(scope="module")
-def web(deployment: Deployment, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningCollector]:
+def web(
+    deployment: Deployment, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[RunningCollector]:
     url = f"sqlite:///{tmp_path_factory.mktemp('webref') / 'ledger.db'}"
     config = deployment.config(url, web_listen="127.0.0.1:0", web_allowed_origins=(ORIGIN,))
     running = start_collector(config, registry=deployment.registry())
@@ -145,7 +146,11 @@ def test_gzip_bomb_refused_unread(web: RunningCollector, deployment: Deployment)
     """Content-Encoding gzip: refused (unimplemented), never decompressed, nothing charged."""
     before = _accepted(web)
     bomb = gzip.compress(_submit(deployment) * 20000)
-    headers = {"content-type": "application/proto", "content-encoding": "gzip", **_token(deployment)}
+    headers = {
+        "content-type": "application/proto",
+        "content-encoding": "gzip",
+        **_token(deployment),
+    }
     status, _, data = _post(web, SUBMIT, bomb, headers)
     assert status == 501 and b"unimplemented" in data
     headers = {"content-type": GRPC_WEB, "grpc-encoding": "gzip", **_token(deployment)}
@@ -167,12 +172,16 @@ def test_unknown_methods_and_types_refused(
     web: RunningCollector, deployment: Deployment, path: str, content_type: str, status: int
 ) -> None:
     before = _accepted(web)
-    answer = _post(web, path, _submit(deployment), {"content-type": content_type, **_token(deployment)})
+    answer = _post(
+        web, path, _submit(deployment), {"content-type": content_type, **_token(deployment)}
+    )
     assert answer[0] == status
     assert _accepted(web) == before
 
 
-@pytest.mark.parametrize("origin", ["null", "https://app.example.evil", "https://APP.example", ORIGIN + "/"])
+@pytest.mark.parametrize(
+    "origin", ["null", "https://app.example.evil", "https://APP.example", ORIGIN + "/"]
+)
 def test_other_origins_refused_and_charge_nothing(
     web: RunningCollector, deployment: Deployment, origin: str
 ) -> None:
@@ -206,7 +215,10 @@ def test_grpc_first_then_web_is_duplicate_and_conflict(
 
     def body(category: int) -> bytes:
         report = make_report(
-            policy, CategoryOutput(category), coarse_time=coarse(int(time.time())), report_id=report_id
+            policy,
+            CategoryOutput(category),
+            coarse_time=coarse(int(time.time())),
+            report_id=report_id,
         )
         return pb.SubmitRequest(reports=[report]).SerializeToString()
 

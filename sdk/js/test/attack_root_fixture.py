@@ -15,9 +15,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 
-from authoring.authority import Authority  # noqa: E402
-from authoring.signing import generate_key, make_root, sign_policy  # noqa: E402
-from fedldp.client.policy.envelope import raw_public_bytes  # noqa: E402
+from fedldp.client.policy.envelope import raw_public_bytes
+
+from authoring.authority import Authority
+from authoring.signing import generate_key, make_root, sign_policy
 
 
 def main() -> None:
