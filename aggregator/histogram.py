@@ -24,22 +24,24 @@ midpoints m_k, reported beside the mechanism's own unbiased mean
 Uncertainty bands: a parametric bootstrap (Efron and Tibshirani, "An
 Introduction to the Bootstrap", 1993, Sections 6.5 and 13.3). R replicate count
 vectors are drawn from Multinomial(n, M x̂) with a numpy Generator seeded by the
-caller's `seed`, EMS is rerun on each, and the band of bucket k (and of the
-mean) is the [α/2, 1 - α/2] percentile interval of the replicates, α = 1 -
-confidence, reflected about the estimate (the "basic" bootstrap interval
-[2 x̂ - q_(1-α/2), 2 x̂ - q_(α/2)], Davison and Hinkley, "Bootstrap Methods and
-their Application", 1997, Section 5.2, which removes the bootstrap's estimate of
-the smoothing bias to first order; so a band need not contain the EMS value
-itself), clipped to [0, 1]. Deterministic given (counts, B, confidence, R, seed).
-
-Stated coverage: pointwise (per bucket, not simultaneous). Where the
-mechanism's noise dominates EMS's smoothing bias the bands cover at about their
-level: at ε = 4, n = 100,000, B = 16, nominal 90%, 92% of (bucket, run) pairs on
-a beta and a bimodal distribution (tests/aggregator/test_histogram.py, fixed
-seeds; the test requires >= 80%). At lower ε the deconvolution leans on the
-smoothing and its bias is not in the band: measured 64-88% at ε = 2 and 70-73%
-at ε = 1 for the same nominal 90% on those shapes, lowest near peaks. The band
-of the reconstruction's mean covered the true mean in all 24 of those runs.
+caller's `seed` and EMS is rerun on each (`bootstrap_band`). The band of bucket
+k (and of the mean) is the UNION of the two standard bootstrap intervals at
+level `confidence`, α = 1 - confidence, q_a the a-quantile of the replicates:
+the percentile interval [q_(α/2), q_(1-α/2)] and the "basic" interval
+[2 x̂ - q_(1-α/2), 2 x̂ - q_(α/2)] (Davison and Hinkley, "Bootstrap Methods and
+their Application", 1997, Section 5.2), clipped to [0, 1] (the mean's to [lo,
+hi]). Why the union: the basic interval subtracts the bootstrap's estimate of
+EMS's smoothing bias, measured around x̂; but x̂ is itself smoothed and its
+bumps are partly noise, so that estimate points away from the truth as often
+as towards it, and the basic interval alone covered 64-88 % at ε ≤ 2 for a
+nominal 90 % (the percentile interval alone: no better). Covering both — a band
+symmetric about x̂ with the larger of the two half-widths — is what the band
+claims: pointwise (per bucket, not simultaneous) coverage of the true bucket
+frequencies of the reporting population, measured, not proven: medians over
+runs in `python -m bench.numeric_distribution --coverage` (docs/figures.md) and
+on fixed seeds in tests/aggregator/test_histogram.py (ε = 2, where the basic
+band alone fails). It is wider than either interval (about 25-30 % at ε = 2).
+Deterministic given (counts, B, confidence, R, seed).
 """
 
 from __future__ import annotations
@@ -107,7 +109,7 @@ class Histogram:
             "band_low": list(self.band_low),
             "band_high": list(self.band_high),
             "confidence": self.confidence,
-            "band_method": "parametric-bootstrap-basic",
+            "band_method": "parametric-bootstrap-basic-percentile-union",
             "replicates": self.replicates,
             "seed": self.seed,
             "mean": self.mean,
@@ -212,6 +214,62 @@ def replicate_counts(
     return np.asarray(draws.T, dtype=np.float64)
 
 
+def bootstrap_band(
+    estimate: npt.NDArray[np.float64], replicates: npt.NDArray[np.float64], confidence: float
+) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]:
+    """(low, high) per row: the union of the percentile and basic bootstrap intervals
+    (module docstring) of `estimate` (K,) from `replicates` (K, R); not clipped."""
+    import numpy as np
+
+    alpha = 1.0 - float(confidence)
+    q_low, q_high = np.quantile(replicates, [alpha / 2, 1 - alpha / 2], axis=1)
+    low = np.minimum(q_low, 2 * estimate - q_high)
+    high = np.maximum(q_high, 2 * estimate - q_low)
+    return np.asarray(low, dtype=np.float64), np.asarray(high, dtype=np.float64)
+
+
+@dataclass(frozen=True)
+class Bootstrap:
+    """EMS's bucket frequencies `fitted` (B,), its R bootstrap refits `replicates` (B, R)
+    (module docstring) and the iterations of the fit."""
+
+    fitted: npt.NDArray[np.float64]
+    replicates: npt.NDArray[np.float64]
+    iterations: int
+
+
+def bootstrap(
+    mechanism: SquareWave,
+    statistic: CountStatistic,
+    *,
+    buckets: int,
+    replicates: int,
+    seed: int,
+) -> Bootstrap:
+    """EMS on the statistic, summed into `buckets`, and `replicates` parametric-bootstrap
+    refits drawn with a Generator seeded by `seed` (module docstring)."""
+    import numpy as np
+
+    mechanism.check_counts(statistic)
+    if statistic.n <= 0:
+        raise ValueError("cannot reconstruct a distribution from zero reports")
+    per_bucket = -(-FINE_BUCKETS // buckets)
+    matrix = mechanism.transition_matrix(buckets * per_bucket)
+    counts = np.asarray(statistic.counts, dtype=np.float64)
+    fine, iterations = ems(counts, matrix)
+    draws = replicate_counts(statistic.n, matrix @ fine, replicates, np.random.default_rng(seed))
+    boot_fine = np.hstack(
+        [ems(draws[:, k : k + _CHUNK], matrix)[0] for k in range(0, replicates, _CHUNK)]
+    )
+    return Bootstrap(
+        fitted=np.asarray(fine.reshape(buckets, per_bucket).sum(axis=1), dtype=np.float64),
+        replicates=np.asarray(
+            boot_fine.reshape(buckets, per_bucket, replicates).sum(axis=1), dtype=np.float64
+        ),
+        iterations=iterations,
+    )
+
+
 def histogram(
     mechanism: SquareWave,
     statistic: CountStatistic,
@@ -225,33 +283,18 @@ def histogram(
     import numpy as np
 
     _check_request(buckets, confidence, replicates, seed)
-    mechanism.check_counts(statistic)
-    if statistic.n <= 0:
-        raise ValueError("cannot reconstruct a distribution from zero reports")
-    per_bucket = -(-FINE_BUCKETS // buckets)
-    matrix = mechanism.transition_matrix(buckets * per_bucket)
-    counts = np.asarray(statistic.counts, dtype=np.float64)
-    fine, iterations = ems(counts, matrix)
-    fitted = fine.reshape(buckets, per_bucket).sum(axis=1)
+    fit = bootstrap(mechanism, statistic, buckets=buckets, replicates=replicates, seed=seed)
+    fitted, boot, iterations = fit.fitted, fit.replicates, fit.iterations
     lo, hi = float(mechanism.lo), float(mechanism.hi)
     edges = lo + (hi - lo) * np.arange(buckets + 1) / buckets
     edges[-1] = hi
     mids = (edges[:-1] + edges[1:]) / 2
-    probabilities = matrix @ fine
-    rng = np.random.default_rng(seed)
-    draws = replicate_counts(statistic.n, probabilities, replicates, rng)
-    boot_fine = np.hstack(
-        [ems(draws[:, k : k + _CHUNK], matrix)[0] for k in range(0, replicates, _CHUNK)]
-    )
-    boot = boot_fine.reshape(buckets, per_bucket, replicates).sum(axis=1)
-    alpha = 1.0 - float(confidence)
-    q_low, q_high = np.quantile(boot, [alpha / 2, 1 - alpha / 2], axis=1)
-    low = np.clip(2 * fitted - q_high, 0.0, 1.0)
-    high = np.clip(2 * fitted - q_low, 0.0, 1.0)
+    low, high = bootstrap_band(fitted, boot, confidence)
+    low, high = np.clip(low, 0.0, 1.0), np.clip(high, 0.0, 1.0)
     mean = float(mids @ fitted)
-    m_low, m_high = np.quantile(mids @ boot, [alpha / 2, 1 - alpha / 2])
-    mean_low = min(max(2 * mean - m_high, lo), hi)
-    mean_high = min(max(2 * mean - m_low, lo), hi)
+    m_low, m_high = bootstrap_band(np.array([mean]), (mids @ boot)[None, :], confidence)
+    mean_low = min(max(float(m_low[0]), lo), hi)
+    mean_high = min(max(float(m_high[0]), lo), hi)
     return Histogram(
         edges=tuple(float(e) for e in edges),
         frequencies=tuple(float(f) for f in fitted),
@@ -296,7 +339,10 @@ def point_mass_wasserstein(mean: float, values: Any) -> float:
 
 
 __all__ = [
+    "Bootstrap",
     "Histogram",
+    "bootstrap",
+    "bootstrap_band",
     "ems",
     "histogram",
     "point_mass_wasserstein",

@@ -65,7 +65,7 @@ _SHUFFLE_KEYS = {"analyzer_public_key", "min_batch"}
 _METRIC_KEYS = {"name", "values", "lo", "hi", "max_bytes", "attributes"}
 #: Keys of one [[metric.attributes]] table (a multi-attribute metric).
 _ATTRIBUTE_KEYS = {"name", "values", "lo", "hi", "mechanism", "params"}
-_MECHANISM_KEYS = {"id", "epsilon", "params", "memo_charging"}
+_MECHANISM_KEYS = {"id", "epsilon", "params", "memo_charging", "sizing"}
 _BUDGET_KEYS = {"epsilon_cap", "window_seconds", "window"}
 
 
@@ -317,11 +317,14 @@ def _fill_shuffle(
     policy.shuffle.min_batch = _int(shuffle.get("min_batch"), "shuffle.min_batch", problems)
 
 
-def policy_from_dict(data: Mapping[str, Any]) -> policy_pb2.Policy:
+def policy_from_dict(
+    data: Mapping[str, Any], *, notes: list[str] | None = None
+) -> policy_pb2.Policy:
     """Build a Policy from the TOML schema (a parsed mapping), validated.
 
     Raises InvalidPolicyError listing every problem (schema and content).
-    See docs/policies.md for the schema.
+    See docs/policies.md for the schema. What authoring decided for the author
+    (a sketch's `auto` size and why: authoring/sizing.py) is appended to `notes`.
     """
     problems: list[str] = []
     unknown = sorted(set(data) - _TOP_KEYS)
@@ -366,6 +369,8 @@ def policy_from_dict(data: Mapping[str, Any]) -> policy_pb2.Policy:
     resolve_auto_mechanism(policy)
     state_numeric_grid(policy)
     state_open_params(policy)
+    if mechanism and "sizing" in mechanism:
+        _auto_size_sketch(policy, mechanism["sizing"], problems, notes)
     state_sketch_params(policy)
     content_problems, _ = policy_problems(policy)
     for problem in content_problems:
@@ -391,8 +396,9 @@ def _load_toml(path: Path) -> dict[str, Any]:
     return data
 
 
-def load_policy_toml(path: str | Path) -> policy_pb2.Policy:
-    """Read a policy TOML file and build the validated Policy (see `policy_from_dict`).
+def load_policy_toml(path: str | Path, *, notes: list[str] | None = None) -> policy_pb2.Policy:
+    """Read a policy TOML file and build the validated Policy (see `policy_from_dict`,
+    which appends what it decided for the author to `notes`).
 
     A TOML syntax error is reported as InvalidPolicyError with its line and column.
     """
@@ -401,7 +407,43 @@ def load_policy_toml(path: str | Path) -> policy_pb2.Policy:
         data = _load_toml(path)
     except ValueError as exc:  # tomllib.TOMLDecodeError subclasses ValueError
         raise InvalidPolicyError([f"{path.name} is not valid TOML: {exc}"]) from None
-    return policy_from_dict(data)
+    return policy_from_dict(data, notes=notes)
+
+
+def _auto_size_sketch(
+    policy: policy_pb2.Policy, table: object, problems: list[str], notes: list[str] | None
+) -> None:
+    """[mechanism.sizing]: choose a cms/hcms sketch's rows and columns (authoring/sizing.py)
+    and write them into its params; each problem is appended, the reason to `notes`."""
+    from fedldp.authoring.sizing import auto_size, sizing_inputs
+    from fedldp.client.mechanisms.base import OpenDomain
+
+    spec = policy.mechanism
+    if spec.id not in ("cms", "hcms") or policy.metric.WhichOneof("kind") != "open":
+        problems.append("[mechanism.sizing] sizes a cms or hcms sketch of an open-domain metric")
+        return
+    if "rows" in spec.params or "columns" in spec.params:
+        problems.append("give [mechanism.sizing] or params rows/columns, not both")
+        return
+    if not isinstance(table, Mapping):
+        problems.append("mechanism.sizing must be a table ([mechanism.sizing])")
+        return
+    inputs = sizing_inputs(table, problems)
+    try:
+        epsilon = parse_decimal(spec.epsilon)
+        domain = OpenDomain(int(policy.metric.open.max_bytes))
+    except (ValueError, TypeError):
+        return  # reported by the content validation
+    if inputs is None or epsilon <= 0:
+        return
+    try:
+        size = auto_size(spec.id, epsilon, domain, **inputs)  # type: ignore[arg-type]
+    except ValueError as exc:
+        problems.append(f"mechanism.sizing: {exc}")
+        return
+    spec.params["rows"], spec.params["columns"] = str(size.rows), str(size.columns)
+    if notes is not None:
+        notes.extend(size.explain(spec.id, epsilon))
 
 
 def resolve_auto_mechanism(policy: policy_pb2.Policy) -> None:

@@ -3,6 +3,7 @@
     python -m bench.numeric_distribution            # eps in {1, 2, 4}, n = 100,000, 5 runs
     python -m bench.numeric_distribution --quick    # eps in {1, 4}, n = 20,000, 5 runs
     python -m bench.numeric_distribution --json out.json
+    python -m bench.numeric_distribution --coverage   # the sw bands' coverage, shipped vs basic
 
 Data on [0, 100], fixed per seed: "beta" = 100 * Beta(2, 5); "bimodal" = two normal
 bumps at 30 and 70 (sd 8, equal weight), clipped to the range. Every mechanism runs
@@ -36,6 +37,8 @@ from typing import Any
 import numpy as np
 from fedldp.aggregator.histogram import (
     FINE_BUCKETS,
+    bootstrap,
+    bootstrap_band,
     ems,
     point_mass_wasserstein,
     wasserstein_to_sample,
@@ -127,6 +130,65 @@ def run(args: argparse.Namespace) -> list[Row]:
     return rows
 
 
+@dataclass
+class CoverageRow:
+    """Pointwise coverage of the true bucket frequencies by a band, over runs."""
+
+    distribution: str
+    epsilon: str
+    band: str
+    coverage: Timing
+    width: Timing
+
+
+def basic_band(fitted: np.ndarray, boot: np.ndarray, confidence: float) -> tuple[Any, Any]:
+    """The band before issue 33: the basic interval alone (the reference)."""
+    alpha = 1.0 - confidence
+    q_low, q_high = np.quantile(boot, [alpha / 2, 1 - alpha / 2], axis=1)
+    return 2 * fitted - q_high, 2 * fitted - q_low
+
+
+def coverage(args: argparse.Namespace) -> list[CoverageRow]:
+    """Per (shape, ε): the share of buckets whose band holds the true frequency, per run
+    (fresh reports each run, bootstrap seed = run), for the shipped band and the basic
+    band, from the same replicates; medians over --runs."""
+    rows: list[CoverageRow] = []
+    bands = {"union (shipped)": bootstrap_band, "basic (before)": basic_band}
+    for kind in args.distributions:
+        values = population(kind, args.n, np.random.default_rng(args.seed))
+        truth = np.histogram(values, bins=args.buckets, range=(LO, HI))[0] / values.shape[0]
+        for eps in args.eps:
+            sw = create("sw", Decimal(eps), (Decimal(LO), Decimal(HI)))
+            assert isinstance(sw, SquareWave)
+            rng = np.random.default_rng([args.seed, int(Decimal(eps) * 1000)])
+            found: dict[str, tuple[list[float], list[float]]] = {b: ([], []) for b in bands}
+            for run in range(args.runs):
+                statistic = sw.new_statistic()
+                sw.accumulate_batch(statistic, sw.perturb_batch(values, rng))
+                fit = bootstrap(
+                    sw, statistic, buckets=args.buckets, replicates=args.replicates, seed=run
+                )
+                for name, band in bands.items():
+                    low, high = band(fit.fitted, fit.replicates, args.confidence)
+                    low, high = np.clip(low, 0.0, 1.0), np.clip(high, 0.0, 1.0)
+                    found[name][0].append(float(np.mean((low <= truth) & (truth <= high))))
+                    found[name][1].append(float(np.mean(high - low)))
+            for name, (covered, widths) in found.items():
+                rows.append(CoverageRow(kind, eps, name, summarize(covered), summarize(widths)))
+    return rows
+
+
+def render_coverage(rows: Sequence[CoverageRow], args: argparse.Namespace) -> str:
+    """The coverage table."""
+    headers = ["data", "ε", "band", "coverage", "mean width"]
+    body = [[r.distribution, r.epsilon, r.band, _cell(r.coverage), _cell(r.width)] for r in rows]
+    note = (
+        f"nominal {args.confidence:.0%} pointwise bands, {args.buckets} buckets, R = "
+        f"{args.replicates} replicates, n = {args.n:,}, {args.runs} runs (median [min, max])"
+    )
+    return format_table(headers, body) + "\n" + note
+
+
 def _cell(t: Timing | None) -> str:
     if t is None:
         return "-"
@@ -170,7 +232,18 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--buckets", type=int, default=32, help="EMS histogram buckets")
     parser.add_argument("--runs", type=int, default=5, help="runs per figure (>= 5)")
     parser.add_argument("--seed", type=int, default=20260101)
+    parser.add_argument(
+        "--coverage",
+        action="store_true",
+        help="only the sw bands' coverage of the true histogram (16 buckets, nominal 90%%)",
+    )
+    parser.add_argument("--replicates", type=int, default=100, help="bootstrap replicates R")
+    parser.add_argument("--confidence", type=float, default=0.9, help="band level")
     args = parser.parse_args(argv)
+    if args.coverage:
+        args.buckets = 16 if args.buckets == 32 else args.buckets
+        if args.quick:
+            args.replicates, args.eps, args.distributions = 20, args.eps or ["2"], ["beta"]
     args.n = args.n or (20_000 if args.quick else 100_000)
     args.eps = args.eps or (["1", "4"] if args.quick else ["1", "2", "4"])
     if args.runs < 1 or args.n < 1 or args.buckets < 1:
@@ -180,6 +253,18 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.coverage:
+        found = coverage(args)
+        print(render_coverage(found, args))
+        if args.json is not None:
+            params = {k: v for k, v in vars(args).items() if k != "json"}
+            write_json(
+                args.json,
+                benchmark="numeric_distribution_coverage",
+                params=params,
+                figures=[r.__dict__ for r in found],
+            )
+        return 0
     rows = run(args)
     print(render(rows, args))
     if args.json is not None:

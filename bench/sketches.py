@@ -3,6 +3,8 @@
     python -m bench.sketches                 # n = 1,000,000, eps in {2, 4, 8}
     python -m bench.sketches --quick         # n = 100,000, eps in {4}, < 1 minute
     python -m bench.sketches --json out.json
+    python -m bench.sketches --curve         # top-20 recall over m, and at the auto size
+    python -m bench.sketches --curve --quick
 
 Data: n users' strings drawn (fixed seed) from Zipf(1.1) over a dictionary of
 --domain strings ("word-00000", ...); the analyst's candidates are the whole
@@ -47,7 +49,7 @@ import numpy as np
 from fedldp.client.mechanisms import OpenDomain, create
 from fedldp.client.mechanisms.sketch import DEFAULT_COLUMNS, DEFAULT_ROWS, Sketch
 
-from bench._common import Timing, fmt_float, format_table, time_runs, write_json
+from bench._common import Timing, fmt_float, format_table, summarize, time_runs, write_json
 
 PACKAGES = ["numpy", "pure-ldp", "xxhash", "fedldp"]
 TOP = 20
@@ -150,6 +152,115 @@ def fedldp_row(
     )
 
 
+@dataclass
+class CurvePoint:
+    """Top-20 recall of one (mechanism, ε, k, m) over --curve-runs simulated runs."""
+
+    mechanism: str
+    epsilon: str
+    n: int
+    rows: int
+    columns: int
+    auto: bool
+    recall: Timing
+    collision_ratio: float
+
+
+def simulated_statistic(mech: Sketch, table: np.ndarray, indices: np.ndarray, seed: int) -> Any:
+    """The sketch statistic of n reports (one per user) drawn from the mechanism's law.
+
+    CMS: each report's row is uniform and each of its m bits is set independently
+    (the true cell w.p. p, any other w.p. q), so a cell's count is Binomial(X, p) +
+    Binomial(R_j - X, q), X the row's reports hashing there and R_j the row's
+    reports: exactly the law `accumulate_batch` of `perturb_batch` has, without
+    drawing n·m bits. HCMS: `perturb_batch` and `accumulate_batch` themselves.
+    """
+    from fedldp.client.mechanisms.sketch import SketchStatistic
+
+    rng = np.random.default_rng(seed)
+    if mech.wire_id == "hcms":
+        statistic = mech.new_statistic()
+        words = np.array([f"word-{i:05d}" for i in range(table.shape[0])], dtype=object)
+        mech.accumulate_batch(statistic, mech.perturb_batch(words[indices], rng))
+        return statistic
+    assert hasattr(mech, "p") and hasattr(mech, "q")
+    rows = rng.integers(0, mech.k, size=indices.shape[0])
+    cells = table[indices, rows]
+    x = np.bincount(rows * mech.m + cells, minlength=mech.k * mech.m).reshape(mech.k, mech.m)
+    per_row = np.bincount(rows, minlength=mech.k)
+    counts = rng.binomial(x, mech.p) + rng.binomial(per_row[:, None] - x, mech.q)
+    return SketchStatistic(
+        counts=counts.reshape(-1).tolist(),
+        row_reports=per_row.tolist(),
+        n=int(indices.shape[0]),
+    )
+
+
+def curve_point(
+    wire_id: str,
+    epsilon: str,
+    size: tuple[int, int],
+    words: list[str],
+    indices: np.ndarray,
+    args: argparse.Namespace,
+    *,
+    auto: bool,
+) -> CurvePoint:
+    """Top-20 recall at one sketch size: median, min and max over --curve-runs runs."""
+    rows, columns = size
+    mech = create(
+        wire_id, Decimal(epsilon), OpenDomain(64), {"rows": str(rows), "columns": str(columns)}
+    )
+    assert isinstance(mech, Sketch)
+    table = mech.hash_table(words)
+    truth = np.bincount(indices, minlength=len(words)).astype(np.float64)
+    recalls = []
+    for run in range(args.curve_runs):
+        statistic = simulated_statistic(mech, table, indices, args.seed + 100 + run)
+        estimate = mech.estimate_candidates(statistic, words)
+        recalls.append(top_scores(estimate.values, np.sqrt(estimate.variances), truth)[0])
+    n = indices.shape[0]
+    pairs = float((truth * (truth - 1)).sum())
+    scale = columns / (columns - 1)
+    noise = scale**2 * float(mech.noise_count_variance(n, 0))
+    collision = float(mech.collision_count_variance(n, 0, pairs))
+    return CurvePoint(
+        wire_id, epsilon, n, rows, columns, auto, summarize(recalls), collision / noise
+    )
+
+
+def recall_curve(
+    words: list[str], indices: np.ndarray, args: argparse.Namespace
+) -> list[CurvePoint]:
+    """Recall over m (k = --rows) per (mechanism, ε), and at the `auto` size authoring
+    chooses for this n and ε with the data's own Σf² (authoring/sizing.py)."""
+    from fedldp.authoring.sizing import auto_size
+
+    counts = np.bincount(indices, minlength=len(words)).astype(np.float64)
+    same = Decimal(str(round(float((counts * (counts - 1)).sum()) / len(indices) ** 2, 6)))
+    out = []
+    for wire_id in ("cms", "hcms"):
+        for eps in [e.strip() for e in args.epsilons.split(",") if e.strip()]:
+            for m in args.curve_columns:
+                if args.rows * m <= 1 << 20:
+                    out.append(
+                        curve_point(wire_id, eps, (args.rows, m), words, indices, args, auto=False)
+                    )
+            size = auto_size(
+                wire_id,
+                Decimal(eps),
+                OpenDomain(64),
+                expected_reports=len(indices),
+                same_string=same,
+            )
+            out.append(
+                curve_point(
+                    wire_id, eps, (size.rows, size.columns), words, indices, args, auto=True
+                )
+            )
+    return out
+
+
 def _patch_pure_ldp() -> None:
     """pure-ldp 1.2.0 builds np.zeros(None) in FreqOracleServer; current numpy refuses it."""
     import pure_ldp.core._freq_oracle_server as server
@@ -223,19 +334,81 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--peer-n", type=int, default=50_000, help="users the peer runs on")
     parser.add_argument("--no-peers", action="store_true", help="skip pure-ldp")
     parser.add_argument("--seed", type=int, default=20261201, help="data and simulation seed")
+    parser.add_argument(
+        "--curve", action="store_true", help="only the recall curve over m (and the auto size)"
+    )
+    parser.add_argument(
+        "--curve-columns",
+        type=lambda t: [int(x) for x in t.split(",")],
+        default=[256, 1024, 4096, 16384],
+        help="columns m of the recall curve (k = --rows)",
+    )
+    parser.add_argument("--curve-runs", type=int, default=5, help="simulated runs per point")
     parser.add_argument("--quick", action="store_true", help="n = 100,000, eps 4, < 1 minute")
     parser.add_argument("--json", type=Path, help="write every figure here")
     args = parser.parse_args(argv)
     if args.quick:
         args.n, args.epsilons, args.peer_n = 100_000, "4", 5_000
         args.runs, args.analysis_runs = 3, 1
+        if args.curve:
+            args.domain, args.curve_columns = 2_000, [256, 1024, 4096]
     return args
+
+
+def _write(args: argparse.Namespace, benchmark: str, figures: list[dict[str, Any]]) -> None:
+    """Every figure, with the parameters, to --json (when given)."""
+    if args.json is not None:
+        write_json(
+            args.json,
+            benchmark=benchmark,
+            params={k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+            figures=figures,
+            packages=PACKAGES,
+        )
+
+
+def print_curve(points: list[CurvePoint], args: argparse.Namespace) -> None:
+    """The recall curve as a table (and its JSON with --json)."""
+    headers = [
+        "mech",
+        "ε",
+        "n",
+        "k",
+        "m",
+        "size",
+        "top-20 recall (median [min, max])",
+        "collision/noise",
+    ]
+    table = [
+        [
+            p.mechanism,
+            p.epsilon,
+            f"{p.n:,}",
+            str(p.rows),
+            f"{p.columns:,}",
+            "auto" if p.auto else "",
+            f"{p.recall.median:.2f} [{p.recall.min:.2f}, {p.recall.max:.2f}]",
+            f"{p.collision_ratio:.2f}",
+        ]
+        for p in points
+    ]
+    print(
+        f"top-20 recall over m, {args.curve_runs} simulated runs per point, dictionary "
+        f"{args.domain} strings, Zipf(1.1)"
+    )
+    print(format_table(headers, table))
+    _write(
+        args, "sketches-recall-curve", [{**p.__dict__, "recall": p.recall.__dict__} for p in points]
+    )
 
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     words = dictionary(args.domain)
     indices = population(args.domain, args.n, args.seed)
+    if args.curve:
+        print_curve(recall_curve(words, indices, args), args)
+        return
     epsilons = [e.strip() for e in args.epsilons.split(",") if e.strip()]
     peer_problem = "--no-peers" if args.no_peers else peers_available()
     if peer_problem is not None:
@@ -277,14 +450,7 @@ def main(argv: list[str] | None = None) -> None:
     ]
     print(f"k = {args.rows} rows, m = {args.columns} columns, dictionary {args.domain} strings")
     print(format_table(headers, table))
-    if args.json is not None:
-        write_json(
-            args.json,
-            benchmark="sketches",
-            params={k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
-            figures=[r.__dict__ for r in rows],
-            packages=PACKAGES,
-        )
+    _write(args, "sketches", [r.__dict__ for r in rows])
 
 
 if __name__ == "__main__":

@@ -4,15 +4,18 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import click
 
+from fedldp.cli_common import open_cli_ledger
 from fedldp.cli_report import _lists_shards, _open_sources, _settings
 
 if TYPE_CHECKING:
     from fedldp.aggregator.dashboard.model import Dashboard
+    from fedldp.aggregator.dashboard.source import ReadOnlyLedger
 
 #: Environment variable holding the bearer token (alternative to --token-file).
 TOKEN_ENV = "FEDLDP_DASHBOARD_TOKEN"
@@ -23,13 +26,17 @@ def load_dashboard(
     policy_dir: str | Path,
     trust_dir: str | Path,
     audience: str | None,
+    central: Sequence[str] = (),
 ) -> Dashboard:
     """A Dashboard over a whole ledger, opened read-only as `fedldp report` opens it
     (`_open_sources`), and the policies of `policy_dir` that verify now against
     `trust_dir` (click or ledger errors say what is wrong).
 
     `ledger`: one ledger's URL (refused when it is one shard of a sharded ledger),
-    or a list: the `ledger_shards` of a sharded ledger, every shard in map order."""
+    or a list: the `ledger_shards` of a sharded ledger, every shard in map order.
+    `central`: URLs of further ledgers whose central reservations the budget page
+    shows (a release service's own ledger; shard 0 of a sharded one), each opened
+    read-only and labelled with its URL, password hidden."""
     from fedldp.aggregator.dashboard.model import Dashboard
     from fedldp.aggregator.dashboard.source import ReadOnlyLedger
     from fedldp.client.policy import PolicyError
@@ -43,7 +50,23 @@ def load_dashboard(
     policies, _refused = load_policy_folder(policy_dir, trust, now=now, audience=audience)
     sharded = not isinstance(ledger, str)
     (source,) = _open_sources([ledger] if isinstance(ledger, str) else ledger, sharded=sharded)
-    return Dashboard(ReadOnlyLedger(source), policies)
+    extra: list[tuple[str, ReadOnlyLedger]] = []
+    try:
+        for url in central:
+            more = open_cli_ledger(url, "read", scope="central")  # shard 0 holds central
+            extra.append((_label(url), ReadOnlyLedger(more)))
+    except BaseException:
+        for led in [source, *(e[1] for e in extra)]:
+            led.close()
+        raise
+    return Dashboard(ReadOnlyLedger(source), policies, central=extra)
+
+
+def _label(url: str) -> str:
+    """A ledger URL as the budget page names it: its password hidden."""
+    import sqlalchemy as sa
+
+    return sa.engine.make_url(url).render_as_string(hide_password=True)
 
 
 def _token(token_file: str | None) -> str | None:
@@ -94,6 +117,13 @@ def _split_listen(listen: str) -> tuple[str, int]:
     type=click.Path(exists=True, dir_okay=False),
     help=f"file holding the bearer token (or set {TOKEN_ENV}); required off loopback",
 )
+@click.option(
+    "--central-ledger",
+    "central_urls",
+    multiple=True,
+    help="a further ledger whose central reservations the budget page shows (a release "
+    "service's own ledger), opened read-only; repeat for several",
+)
 def dashboard(
     config_path: str | None,
     ledger_url: str | None,
@@ -102,6 +132,7 @@ def dashboard(
     audience: str | None,
     listen: str,
     token_file: str | None,
+    central_urls: tuple[str, ...],
 ) -> None:
     """Serve a read-only web dashboard of the policies' estimates and budgets."""
     urls, policy_dir, trust_dir, aud = _settings(
@@ -113,7 +144,14 @@ def dashboard(
     # A config's ledger_shards: every shard (a reader never reads part of a ledger).
     ledger = urls if not ledger_url and _lists_shards(config_path) else urls[0]
     serve_dashboard(
-        ledger, policy_dir, trust_dir, aud, host=host, port=port, token=_token(token_file)
+        ledger,
+        policy_dir,
+        trust_dir,
+        aud,
+        host=host,
+        port=port,
+        token=_token(token_file),
+        central=central_urls,
     )
 
 
@@ -126,10 +164,11 @@ def serve_dashboard(
     host: str,
     port: int,
     token: str | None,
+    central: Sequence[str] = (),
 ) -> None:
     """Serve the dashboard until interrupted; print its URL first (click errors on refusal).
 
-    `ledger`: as `load_dashboard`'s."""
+    `ledger`, `central`: as `load_dashboard`'s."""
     try:
         from fedldp.aggregator.dashboard.app import (
             DashboardConfigError,
@@ -144,15 +183,15 @@ def serve_dashboard(
         check_bind(host, token)
     except DashboardConfigError as exc:
         raise click.ClickException(str(exc)) from None
-    view = load_dashboard(ledger, policy_dir, trust_dir, audience)
+    view = load_dashboard(ledger, policy_dir, trust_dir, audience, central)
     view.budget()  # reads the spend aggregates once, so no analyst's first view waits for it
     try:
         server = DashboardServer(view, host=host, port=port, token=token)
     except OSError as exc:
-        view.ledger.close()
+        view.close()
         raise click.ClickException(f"cannot listen on {host}:{port}: {exc.strerror}") from None
     click.echo(f"fedldp dashboard on {server.url} (read-only; Ctrl-C to stop)")
     try:
         server.serve_forever()
     finally:
-        view.ledger.close()
+        view.close()

@@ -68,8 +68,9 @@ def sign(
             f"folder {Path(out).parent} does not exist (create it first)", param_hint="--out"
         )
     (private_key,) = load_keys((key,), passphrase_from_env(passphrase_env))
+    notes: list[str] = []
     try:
-        message = load_policy_toml(policy_file)
+        message = load_policy_toml(policy_file, notes=notes)
     except InvalidPolicyError as exc:
         lines = "\n".join(f"  - {problem}" for problem in exc.problems)
         raise click.ClickException(f"{policy_file} is not a valid policy:\n{lines}") from None
@@ -90,6 +91,8 @@ def sign(
     click.echo(f"wrote {out}: policy {message.policy_id} v{message.version}")
     click.echo(f"digest: {policy_digest(envelope.payload).hex()}")
     click.echo(f"key id: {key_id_of(private_key.public_key())}")
+    for line in notes:  # what authoring chose for the author (a sketch's auto size: why)
+        click.echo(line)
     for line in privacy_figures(message):
         click.echo(line)
 

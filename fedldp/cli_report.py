@@ -618,6 +618,10 @@ def _run(fn: Any, **options: Any) -> None:
     receipt_path = options.pop("receipt_path")
     key = _signing_key(options.pop("signing_key"), options.pop("passphrase_env"), receipt_path)
     kwargs = _release_kwargs(options)
+    if key is not None:  # bound in the reservation: verify refuses any other signer
+        from fedldp.client.policy.envelope import key_id_of
+
+        kwargs["receipt_key_id"] = key_id_of(key.public_key())
     ledger = open_cli_ledger(kwargs.pop("ledger_url"), "write", scope="central")
     try:
         result = fn(ledger, now=int(time.time()), **kwargs)

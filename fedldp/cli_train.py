@@ -74,7 +74,8 @@ def train(
 
     Locally (--config): the (epsilon, delta) of [budget] is reserved before the
     data is opened; a refusal reads nothing and writes nothing. The model and
-    its privacy receipt are written to [output] dir. With --nproc N, this process
+    its privacy receipt, signed with [receipt] signing_key (required: without it
+    the run is refused, exit 2), are written to [output] dir. With --nproc N, this process
     is rank 0 (it alone reserves, reads the data, settles and publishes) and N-1
     spawned workers train their shards of each Poisson batch. On the release
     service (--service ADDR and the job's options): the service reserves, trains
@@ -99,6 +100,13 @@ def train(
         config = load_config(config_path)
     except TrainingConfigError as exc:
         raise click.ClickException(str(exc)) from exc
+    if config.receipt.signing_key is None:
+        raise click.UsageError(
+            f"{config_path} has no [receipt] signing_key: a local run's receipt is always "
+            "signed (an unsigned one cannot be verified, as `fedldp release --receipt` needs "
+            "--signing-key); make a key with `fedldp keys generate --out keys --name receipts` "
+            'and set [receipt] signing_key = "keys/receipts.key". Nothing was reserved or read.'
+        )
     if fix_model and not config.model.fix_model:
         config = dataclasses.replace(
             config, model=dataclasses.replace(config.model, fix_model=True)

@@ -657,7 +657,7 @@ def demo(
     if tally.failed_devices:
         raise SystemExit(1)
     if with_dashboard:
-        _serve_dashboard(deployment)
+        _serve_dashboard(deployment, with_release_service)
 
 
 def _shuffle_demo(
@@ -778,9 +778,11 @@ def _release_service_demo(out: Path, seed: int | None, report: Path) -> None:
         raise click.ClickException("the training job did not succeed with a verified receipt")
 
 
-def _serve_dashboard(deployment: Deployment) -> None:
-    """`fedldp dashboard` on the demo's ledger (read-only), on a free loopback port."""
+def _serve_dashboard(deployment: Deployment, with_release_service: bool) -> None:
+    """`fedldp dashboard` on the demo's ledger (read-only), on a free loopback port; with
+    the release service, its own ledger's central spend on the budget page too."""
     from fedldp.cli_dashboard import serve_dashboard
+    from fedldp.demo_release import release_ledger_url
 
     serve_dashboard(
         deployment.ledger_url,
@@ -790,6 +792,7 @@ def _serve_dashboard(deployment: Deployment) -> None:
         host="127.0.0.1",
         port=0,
         token=None,
+        central=[release_ledger_url(deployment.out)] if with_release_service else [],
     )
 
 

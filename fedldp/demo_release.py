@@ -144,6 +144,11 @@ def have_train_extra() -> bool:
     return all(importlib.util.find_spec(m) is not None for m in ("torch", "opacus"))
 
 
+def release_ledger_url(out: Path) -> str:
+    """The URL of the release service's own ledger in the demo's output folder `out`."""
+    return f"sqlite:///{(out / 'release-service' / 'release-ledger.db').resolve()}"
+
+
 def run_release_demo(out: Path, seed: int | None) -> DemoResults:
     """Generate, register, serve, ask a count and a mean, train, verify (module docstring)."""
     import grpc
@@ -177,7 +182,7 @@ def run_release_demo(out: Path, seed: int | None) -> DemoResults:
     write_private_key(receipt_key, folder / "receipt.key")
     secret = secrets.token_bytes(32)
     train = have_train_extra()
-    ledger_url = f"sqlite:///{(folder / 'release-ledger.db').resolve()}"
+    ledger_url = release_ledger_url(out)
     running = start_release_service(
         ServiceConfig(
             catalog=load_catalog(folder / "catalog.toml"),

@@ -10,7 +10,8 @@ libraries and the randomness source. `fedldp release ... --receipt PATH
 --signing-key KEY` signs it (signing.py, DSSE envelope);
 `verify_release_receipt` (`fedldp verify release`) checks, each with its own
 message: the signature, the ledger's identity, the reservation (settled, same
-owner and amounts), the events against the ledger's, the released value
+owner and amounts), the receipt key the reservation binds (only that key may
+sign its receipt, `check_receipt_key`), the events against the ledger's, the released value
 against the events, the accountant replayed on the events, the randomness
 (seeded releases are not for release unless accepted) and, given the data
 file and the secret data-digest key, the data binding (without the key the
@@ -264,7 +265,8 @@ def verify_release_receipt(
         out.add("signature", False, "the receipt is not signed (plain JSON, no envelope)")
     if not isinstance(receipt, dict) or receipt.get("schema") != SCHEMA:
         raise ReleaseReceiptError(f"{path} is not a {SCHEMA} receipt")
-    res = _check_reservation(out, receipt, ledger)
+    signed = Signed(document if is_envelope(document) else None, RELEASE_RECEIPT_TYPE, trusted)
+    res = _check_reservation(out, receipt, ledger, signed)
     if res is not None:
         _check_query(out, receipt, res)
         _check_events(out, receipt, ledger, res)
@@ -275,20 +277,83 @@ def verify_release_receipt(
     return out
 
 
+@dataclass(frozen=True)
+class Signed:
+    """How a receipt reached the verifier: its DSSE envelope (None: plain JSON), the
+    payload type it must have, and the keys the verifier was told to trust."""
+
+    envelope: Mapping[str, Any] | None
+    payload_type: str
+    trusted: Mapping[str, Ed25519PublicKey]
+
+
+def check_receipt_key(out: Verification, res: Any, signed: Signed) -> None:
+    """Adds "receipt key": the receipt is signed by the key its reservation binds.
+
+    The ledger records, when the run reserves, the key id of the only key that
+    may sign its receipt (`Ledger.reserve`, `receipt_key_id`), so a receipt
+    re-signed by any other key fails here even when the verifier trusts that
+    key; the bound key must itself be among the trusted keys. A reservation
+    that recorded "" (its run signs no receipt) fails. A reservation made
+    before the ledger recorded keys (NULL: migration 0007) is reported as
+    skipped: only the trusted-key signature check applies to it.
+    """
+    bound = getattr(res, "receipt_key_id", None)
+    if bound is None:
+        out.add(
+            "receipt key",
+            True,
+            "not bound: the reservation predates receipt-key binding (ledger migration 0007), "
+            "so any --trusted-key may have signed it",
+            skipped=True,
+        )
+        return
+    if bound == "":
+        out.add(
+            "receipt key",
+            False,
+            "the run recorded in the ledger that it signs no receipt; this one was made later",
+        )
+        return
+    key = signed.trusted.get(bound)
+    if signed.envelope is None or key is None:
+        why = "the receipt is not signed" if signed.envelope is None else "it is not trusted"
+        out.add(
+            "receipt key",
+            False,
+            f"the ledger binds this reservation's receipt to key {bound[:16]}…, but {why} "
+            "(pass its public key with --trusted-key)",
+        )
+        return
+    try:
+        verify(signed.envelope, signed.payload_type, {bound: key})
+    except SignatureError:
+        out.add(
+            "receipt key",
+            False,
+            f"not signed by key {bound[:16]}…, the only key the ledger allows for this "
+            "reservation's receipt (re-signed by another key, even a trusted one, is refused)",
+        )
+        return
+    out.add("receipt key", True, f"signed by {bound[:16]}…, the key the ledger binds")
+
+
 def check_reservation(
     out: Verification,
     led: Mapping[str, Any],
     ledger: ReceiptLedger,
     amounts: Callable[[Any], Mapping[str, tuple[object, Decimal | None]]],
+    signed: Signed,
 ) -> Any | None:
-    """The receipt's ledger section against the ledger: identity, then the reservation.
+    """The receipt's ledger section against the ledger: identity, the reservation, the
+    key bound to it.
 
-    Adds "ledger identity" and "reservation" to `out`. The reservation must exist,
-    be settled, have the receipt's owner and (subject, purpose), and match every
-    entry of `amounts(reservation)` (name -> (the receipt's value, the ledger's
-    value)). Returns
-    the reservation row, or None when the ledger has none with the receipt's id.
-    Shared by release and training receipts (aggregator/training/receipt.py).
+    Adds "ledger identity", "reservation" and "receipt key" (`check_receipt_key`)
+    to `out`. The reservation must exist, be settled, have the receipt's owner
+    and (subject, purpose), and match every entry of `amounts(reservation)`
+    (name -> (the receipt's value, the ledger's value)). Returns the reservation
+    row, or None when the ledger has none with the receipt's id. Shared by
+    release and training receipts (aggregator/training/receipt.py).
     """
     from fedldp.collector.ledger import ReservationNotFoundError
 
@@ -323,11 +388,12 @@ def check_reservation(
         if not problems
         else f"{rid}: " + "; ".join(problems),
     )
+    check_receipt_key(out, res, signed)
     return res
 
 
 def _check_reservation(
-    out: Verification, receipt: dict[str, Any], ledger: ReceiptLedger
+    out: Verification, receipt: dict[str, Any], ledger: ReceiptLedger, signed: Signed
 ) -> Any | None:
     led = receipt.get("ledger", {})
     return check_reservation(
@@ -340,6 +406,7 @@ def _check_reservation(
             "epsilon_spent": (led.get("epsilon_spent"), res.epsilon_spent),
             "delta_spent": (led.get("delta_spent"), res.delta_spent),
         },
+        signed,
     )
 
 

@@ -120,6 +120,7 @@ class RequestFields(_RequiredRequestFields, total=False):
     data_digest: Callable[[], KeyedDigest] | None
     contribution_bound: int
     query: Mapping[str, str] | None
+    receipt_key_id: str
 
 
 @dataclass(frozen=True)
@@ -138,6 +139,8 @@ class ReleaseRequest:
     it (a positive int) in its own order of checks, before anything is reserved.
     `query`: the caller's own query parameters (a column, q, ...), recorded in
     the reservation's metadata as "query.<name>" (`_with_query`).
+    `receipt_key_id`: the key id of the only key that may sign this release's
+    receipt, bound in its reservation (`Ledger.reserve`); "" when none is signed.
     """
 
     subject: str
@@ -148,6 +151,7 @@ class ReleaseRequest:
     data_digest: Callable[[], KeyedDigest] | None = None
     contribution_bound: int = 1
     query: Mapping[str, str] | None = None
+    receipt_key_id: str = ""
 
     @property
     def randomness(self) -> str:
@@ -453,6 +457,7 @@ def _run_release(
         idempotency_key=request.idempotency_key,
         metadata=metadata,
         lease_seconds=RELEASE_LEASE_SECONDS,
+        receipt_key_id=request.receipt_key_id,
     )
     held = Reservation.claim(
         ledger, ask, clock=lambda: now, when_taken=_replay(ledger, metadata, subject, purpose)

@@ -73,6 +73,7 @@ class CentralLedger(Protocol):
         metadata: Mapping[str, str] | None = None,
         owner: str | None = None,
         lease_seconds: int = ...,
+        receipt_key_id: str = ...,
     ) -> Any:
         """See `Ledger.reserve`."""
         ...
@@ -117,7 +118,8 @@ class CentralLedger(Protocol):
 @dataclass(frozen=True)
 class ReservationAsk:
     """What a run asks the ledger to reserve: (ε, δ) for (subject, purpose), under
-    `idempotency_key`, recorded with `metadata`, leased for `lease_seconds`."""
+    `idempotency_key`, recorded with `metadata`, leased for `lease_seconds`; the
+    receipt may be signed only by the key of id `receipt_key_id` ("" none)."""
 
     subject: str
     purpose: str
@@ -126,6 +128,7 @@ class ReservationAsk:
     idempotency_key: str
     metadata: Mapping[str, str]
     lease_seconds: int
+    receipt_key_id: str = ""
 
 
 class Closed(str, enum.Enum):
@@ -203,6 +206,7 @@ class Reservation:
             metadata=dict(ask.metadata),
             owner=owner,
             lease_seconds=ask.lease_seconds,
+            receipt_key_id=ask.receipt_key_id,
         )
         if not record.held_by(owner):
             return when_taken(record)

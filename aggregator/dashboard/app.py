@@ -32,6 +32,7 @@ from fedldp.aggregator.dashboard.model import (
     BudgetView,
     Dashboard,
     Options,
+    PurposeReservations,
     UnknownPolicyError,
     iso_utc,
 )
@@ -176,7 +177,8 @@ def _policies_json(dashboard: Dashboard) -> list[dict[str, Any]]:
 
 def _budget_json(view: BudgetView) -> dict[str, Any]:
     """The /api/budget body: spend per policy and window, central reservations per
-    purpose; decimals as exact text, times also as ISO 8601 UTC."""
+    purpose, and those of each central ledger (`central_ledgers`); decimals as exact
+    text, times also as ISO 8601 UTC."""
 
     def dec(x: Decimal) -> str:
         return str(x)
@@ -197,18 +199,27 @@ def _budget_json(view: BudgetView) -> dict[str, Any]:
             ]
             for pid, rows in view.policies.items()
         },
-        "central_reservations": [
-            {
-                "purpose": c.purpose,
-                "open": c.open_count,
-                "epsilon_reserved_open": dec(c.open_epsilon),
-                "settled": c.settled_count,
-                "epsilon_spent_settled": dec(c.settled_epsilon),
-                "cancelled": c.cancelled_count,
-            }
-            for c in view.reservations
+        "central_reservations": _reservations_json(view.reservations),
+        "central_ledgers": [
+            {"ledger": c.label, "central_reservations": _reservations_json(c.reservations)}
+            for c in view.central
         ],
     }
+
+
+def _reservations_json(rows: list[PurposeReservations]) -> list[dict[str, Any]]:
+    """Central reservations per purpose as /api/budget returns them (ε as exact text)."""
+    return [
+        {
+            "purpose": c.purpose,
+            "open": c.open_count,
+            "epsilon_reserved_open": str(c.open_epsilon),
+            "settled": c.settled_count,
+            "epsilon_spent_settled": str(c.settled_epsilon),
+            "cancelled": c.cancelled_count,
+        }
+        for c in rows
+    ]
 
 
 def create_app(
@@ -362,4 +373,4 @@ class DashboardServer:
         if self._thread is not None:
             self._thread.join(timeout=10)
         self.socket.close()
-        self.dashboard.ledger.close()
+        self.dashboard.close()

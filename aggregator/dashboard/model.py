@@ -122,13 +122,23 @@ class PurposeReservations:
 
 
 @dataclass(frozen=True)
+class CentralLedgerView:
+    """The central reservations of one more ledger (a release service's own ledger)."""
+
+    label: str
+    reservations: list[PurposeReservations]
+
+
+@dataclass(frozen=True)
 class BudgetView:
-    """The budget page."""
+    """The budget page: the ledger's spend and central reservations, then those of
+    each central ledger the dashboard was given (`central`)."""
 
     policies: dict[str, list[WindowBudget]]
     reservations: list[PurposeReservations]
     #: When the oldest figure shown was read from the ledger.
     read_at: int
+    central: list[CentralLedgerView] = field(default_factory=list)
 
 
 @dataclass
@@ -148,7 +158,9 @@ class Dashboard:
     `policies`: the verified policies (the highest version per policy id is
     shown, as `fedldp report` picks by default). `trend_windows`: how many of the
     latest windows the trend and budget pages cover; `top_values`: how many
-    values the trend follows.
+    values the trend follows. `central`: (label, ledger) of each further ledger
+    whose central reservations the budget page shows (a release service that
+    keeps its own ledger, `fedldp dashboard --central-ledger`).
     """
 
     def __init__(
@@ -160,8 +172,10 @@ class Dashboard:
         top_values: int = 5,
         budget_ttl_s: float = 10.0,
         clock: Callable[[], float] = time.time,
+        central: Sequence[tuple[str, ReadOnlyLedger]] = (),
     ) -> None:
         self.ledger = ledger
+        self.central = list(central)
         chosen: dict[str, VerifiedPolicy] = {}
         for p in policies:
             if p.policy_id not in chosen or p.version > chosen[p.policy_id].version:
@@ -334,8 +348,17 @@ class Dashboard:
                 )
             policies[pid] = rows
         return BudgetView(
-            policies=policies, reservations=self._reservations(), read_at=int(read_at)
+            policies=policies,
+            reservations=_reservations(self.ledger),
+            read_at=int(read_at),
+            central=[CentralLedgerView(label, _reservations(led)) for label, led in self.central],
         )
+
+    def close(self) -> None:
+        """Release every ledger's connections (the main ledger's and each central one's)."""
+        self.ledger.close()
+        for _label, led in self.central:
+            led.close()
 
     def _spend_groups(
         self, windows: dict[str, list[int]], now: float
@@ -405,35 +428,37 @@ class Dashboard:
             with self._spend.lock:
                 self._spend.refreshing = False
 
-    def _reservations(self) -> list[PurposeReservations]:
-        acc: dict[str, dict[str, Any]] = {}
-        for g in self.ledger.reservation_groups():
-            row = acc.setdefault(
-                g.purpose,
-                {
-                    "open": 0,
-                    "open_eps": Decimal(0),
-                    "settled": 0,
-                    "settled_eps": Decimal(0),
-                    "cancelled": 0,
-                },
-            )
-            if g.status == "reserved":
-                row["open"] += g.count
-                row["open_eps"] += g.epsilon * g.count
-            elif g.status == "settled":
-                row["settled"] += g.count
-                row["settled_eps"] += (g.epsilon_spent or Decimal(0)) * g.count
-            else:
-                row["cancelled"] += g.count
-        return [
-            PurposeReservations(
-                purpose=purpose,
-                open_count=r["open"],
-                open_epsilon=r["open_eps"],
-                settled_count=r["settled"],
-                settled_epsilon=r["settled_eps"],
-                cancelled_count=r["cancelled"],
-            )
-            for purpose, r in sorted(acc.items())
-        ]
+
+def _reservations(ledger: ReadOnlyLedger) -> list[PurposeReservations]:
+    """Central reservations per purpose: counts and exact ε sums by status."""
+    acc: dict[str, dict[str, Any]] = {}
+    for g in ledger.reservation_groups():
+        row = acc.setdefault(
+            g.purpose,
+            {
+                "open": 0,
+                "open_eps": Decimal(0),
+                "settled": 0,
+                "settled_eps": Decimal(0),
+                "cancelled": 0,
+            },
+        )
+        if g.status == "reserved":
+            row["open"] += g.count
+            row["open_eps"] += g.epsilon * g.count
+        elif g.status == "settled":
+            row["settled"] += g.count
+            row["settled_eps"] += (g.epsilon_spent or Decimal(0)) * g.count
+        else:
+            row["cancelled"] += g.count
+    return [
+        PurposeReservations(
+            purpose=purpose,
+            open_count=r["open"],
+            open_epsilon=r["open_eps"],
+            settled_count=r["settled"],
+            settled_epsilon=r["settled_eps"],
+            cancelled_count=r["cancelled"],
+        )
+        for purpose, r in sorted(acc.items())
+    ]

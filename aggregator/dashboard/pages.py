@@ -18,6 +18,7 @@ from fedldp.aggregator.dashboard.model import (
     BudgetView,
     Options,
     PolicySummary,
+    PurposeReservations,
     WindowReport,
     iso_utc,
 )
@@ -395,12 +396,23 @@ def budget_page(view: BudgetView, policies: dict[str, VerifiedPolicy]) -> str:
                 f'<td class="num at-cap">{r.at_cap}</td></tr>'
             )
         body.append("</tbody></table>")
-    body.append(
-        '<h2>Central reservations</h2><table id="reservations"><thead><tr><th>purpose</th>'
-        "<th>open</th><th>ε reserved (open)</th><th>settled</th><th>ε spent (settled)</th>"
-        "<th>cancelled</th></tr></thead><tbody>"
-    )
-    for c in view.reservations:
+    body.append(_reservations_table("Central reservations", "reservations", view.reservations))
+    for i, central in enumerate(view.central, start=1):
+        title = f"Central reservations: {central.label}"
+        body.append(_reservations_table(title, f"reservations-{i}", central.reservations))
+    if not view.reservations and not any(c.reservations for c in view.central):
+        body.append('<p class="note">No central reservations in this ledger.</p>')
+    return page("Budget", "".join(body), read_at=view.read_at)
+
+
+def _reservations_table(title: str, table_id: str, rows: list[PurposeReservations]) -> str:
+    """One ledger's central reservations per purpose (counts and exact ε sums)."""
+    body = [
+        f'<h2>{escape(title)}</h2><table id="{table_id}" class="reservations"><thead><tr>'
+        "<th>purpose</th><th>open</th><th>ε reserved (open)</th><th>settled</th>"
+        "<th>ε spent (settled)</th><th>cancelled</th></tr></thead><tbody>"
+    ]
+    for c in rows:
         body.append(
             f'<tr data-purpose="{escape(c.purpose)}"><td>{escape(c.purpose)}</td>'
             f'<td class="num open">{c.open_count}</td>'
@@ -410,9 +422,7 @@ def budget_page(view: BudgetView, policies: dict[str, VerifiedPolicy]) -> str:
             f'<td class="num cancelled">{c.cancelled_count}</td></tr>'
         )
     body.append("</tbody></table>")
-    if not view.reservations:
-        body.append('<p class="note">No central reservations in this ledger.</p>')
-    return page("Budget", "".join(body), read_at=view.read_at)
+    return "".join(body)
 
 
 def error_page(status: int, message: str, *, read_at: int) -> str:

@@ -24,6 +24,9 @@ from fedldp.collector.ledger.schema import central_reservations, spend, statisti
 from fedldp.collector.ledger.shards import ShardedLedger
 from fedldp.collector.ledger.store import PartialStatistic
 
+#: Idempotency-key prefix of an analyst's own-cap hold (aggregator/service/holds.py).
+HOLD_KEY_PREFIX = "analyst-cap:"
+
 
 @dataclass(frozen=True)
 class WindowCount:
@@ -141,10 +144,14 @@ class ReadOnlyLedger:
 
     def reservation_groups(self) -> list[ReservationGroup]:
         """Central reservations per (purpose, status, ε, ε spent): counts only (shard 0,
-        where central reservations live)."""
+        where central reservations live). An analyst's own-cap hold (the release
+        service's second reservation of one release, idempotency key
+        "analyst-cap:...": aggregator/service/holds.py) is not counted again."""
         c = central_reservations.c
-        q = sa.select(c.purpose, c.status, c.epsilon, c.epsilon_spent, sa.func.count()).group_by(
-            c.purpose, c.status, c.epsilon, c.epsilon_spent
+        q = (
+            sa.select(c.purpose, c.status, c.epsilon, c.epsilon_spent, sa.func.count())
+            .where(sa.not_(c.idempotency_key.startswith(HOLD_KEY_PREFIX, autoescape=True)))
+            .group_by(c.purpose, c.status, c.epsilon, c.epsilon_spent)
         )
         return [
             ReservationGroup(

@@ -60,6 +60,7 @@ from fedldp.aggregator.service.holds import AnalystCapLedger
 from fedldp.aggregator.service.policy import ReleasePolicy, analyst_subject, ledger_subject
 from fedldp.aggregator.service.sqlrelease import plan_sql, run_sql
 from fedldp.aggregator.service.sqlrelease import response as sql_response
+from fedldp.client.policy.envelope import key_id_of
 from fedldp.collector.ledger import LedgerError
 from fedldp.v1 import release_pb2 as pb
 
@@ -204,6 +205,7 @@ class ReleaseEngine:
             "now": self.clock(),
             "data_digest": _keyed(self.data_key, ds.data_digest),
             "contribution_bound": ds.contribution_bound,
+            "receipt_key_id": key_id_of(self.key.public_key()),
         }
         return ledger, common
 

@@ -106,6 +106,7 @@ from fedldp.aggregator.training.step import (
     require_poisson_loader,
     run_steps,
 )
+from fedldp.client.policy.envelope import key_id_of
 from opacus.accountants import PRVAccountant, RDPAccountant
 from torch import nn
 from torch.utils.data import DataLoader
@@ -212,7 +213,8 @@ def _reserved_run(request: TrainingRequest, ledger: CentralLedger) -> TrainingRe
     plan = _make_plan(request, schedule)
     plan_seconds = time.perf_counter() - t0
     t0 = time.perf_counter()
-    claim = claim_run(config, ledger, request.clock)
+    key_id = "" if request.signing_key is None else key_id_of(request.signing_key.public_key())
+    claim = claim_run(config, ledger, request.clock, receipt_key_id=key_id)
     reserve_seconds = time.perf_counter() - t0
     log(
         f"reserved eps={config.budget.epsilon} delta={config.budget.delta} "

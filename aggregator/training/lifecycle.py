@@ -71,9 +71,12 @@ def run_ledger(config: TrainConfig, ledger: CentralLedger | None) -> Iterator[Ce
         own.close()
 
 
-def claim_run(config: TrainConfig, ledger: CentralLedger, clock: Clock) -> Reservation:
+def claim_run(
+    config: TrainConfig, ledger: CentralLedger, clock: Clock, *, receipt_key_id: str = ""
+) -> Reservation:
     """Reserve the configured (ε, δ) for (subject, purpose) under a fresh owner token
-    and a lease of TRAIN_LEASE_SECONDS (the lifecycle of reservations.py).
+    and a lease of TRAIN_LEASE_SECONDS (the lifecycle of reservations.py); the receipt
+    may be signed only by the key of id `receipt_key_id` ("" none: `Ledger.reserve`).
 
     Raises BudgetRefusedError (refused, or the ledger unavailable) and
     ReservationTakenError (the idempotency key belongs to another run's
@@ -91,6 +94,7 @@ def claim_run(config: TrainConfig, ledger: CentralLedger, clock: Clock) -> Reser
         idempotency_key=budget.idempotency_key or f"train-{uuid.uuid4().hex}",
         metadata={"kind": "dp-sgd", "data_source": config.data.source},
         lease_seconds=TRAIN_LEASE_SECONDS,
+        receipt_key_id=receipt_key_id,
     )
     try:
         return Reservation.claim(ledger, ask, clock=clock, when_taken=refuse_taken)

@@ -11,7 +11,8 @@ with the training service's Ed25519 receipt key (aggregator/central/signing.py).
   and RDP accountants; each ε must match the recorded one to REL_TOL, the ε
   of the accountant in force must be ≤ the charged ε ≤ the budget;
 - ledger: the receipt names this ledger (its UUID); the reservation exists, is
-  settled, has the receipt's owner, reserved and spent (ε, δ); the ledger's
+  settled, has the receipt's owner, reserved and spent (ε, δ), and binds the
+  key that signed the receipt (receipts.py `check_receipt_key`); the ledger's
   event holds the same accountant inputs (noise multiplier, sample rate,
   steps, δ), model digest, data digest and randomness source, and replaying
   the accountant on the LEDGER's inputs gives at most the ledger's charge;
@@ -36,7 +37,12 @@ from typing import Any
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from fedldp.aggregator.central.datakey import DataKey
-from fedldp.aggregator.central.receipts import ReceiptLedger, Verification, check_reservation
+from fedldp.aggregator.central.receipts import (
+    ReceiptLedger,
+    Signed,
+    Verification,
+    check_reservation,
+)
 from fedldp.aggregator.central.signing import (
     TRAINING_RECEIPT_TYPE,
     SignatureError,
@@ -124,8 +130,8 @@ def verify_receipt(
 
     receipt = load_receipt(path)
     out = Verification()
-    _check_signature(out, path, trusted)
-    _check_ledger(out, receipt, ledger)
+    document = _check_signature(out, path, trusted)
+    _check_ledger(out, receipt, ledger, Signed(document, TRAINING_RECEIPT_TYPE, trusted))
     _check_randomness(out, receipt, accept_seeded)
     privacy = receipt["privacy"]
     used = privacy["accountant"]["used"]
@@ -245,17 +251,19 @@ def _check_dataset(
 
 def _check_signature(
     out: Verification, path: Path, trusted: Mapping[str, Ed25519PublicKey]
-) -> None:
+) -> dict[str, Any] | None:
+    """Adds "signature"; the envelope (None: a plain JSON receipt)."""
     document = json.loads(path.read_text(encoding="utf-8"))
     if not is_envelope(document):
         out.add("signature", False, "the receipt is not signed (plain JSON, no envelope)")
-        return
+        return None
     try:
         _, signer = verify(document, TRAINING_RECEIPT_TYPE, trusted)
     except SignatureError as exc:
         out.add("signature", False, str(exc))
-        return
+        return dict(document)
     out.add("signature", True, f"signed by trusted receipt key {signer}")
+    return dict(document)
 
 
 def _ledger_event(receipt: dict[str, Any], ledger: ReceiptLedger) -> dict[str, Any] | None:
@@ -266,8 +274,11 @@ def _ledger_event(receipt: dict[str, Any], ledger: ReceiptLedger) -> dict[str, A
     return None
 
 
-def _check_ledger(out: Verification, receipt: dict[str, Any], ledger: ReceiptLedger) -> None:
-    """The receipt against the ledger: identity, reservation, amounts, owner, inputs."""
+def _check_ledger(
+    out: Verification, receipt: dict[str, Any], ledger: ReceiptLedger, signed: Signed
+) -> None:
+    """The receipt against the ledger: identity, reservation, amounts, owner, bound
+    receipt key, inputs."""
     led, privacy, training = receipt.get("ledger", {}), receipt["privacy"], receipt["training"]
     res = check_reservation(
         out,
@@ -279,6 +290,7 @@ def _check_ledger(out: Verification, receipt: dict[str, Any], ledger: ReceiptLed
             "epsilon_spent": (privacy.get("epsilon_spent"), res.epsilon_spent),
             "delta_spent": (privacy.get("delta_spent"), res.delta_spent),
         },
+        signed,
     )
     if res is None:
         return

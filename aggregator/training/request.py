@@ -155,7 +155,10 @@ class TrainingRequest:
         if data_key is None:
             log("no [receipt] data_digest_key: no data digest is recorded")
         if signing_key is None:
-            log("no [receipt] signing_key: the receipt will be unsigned, and verify refuses it")
+            log(
+                "WARNING: no [receipt] signing_key: the receipt will be unsigned and nothing "
+                "this run writes can be verified (`fedldp verify training` refuses it)"
+            )
         return cls(
             config=config,
             model=model,

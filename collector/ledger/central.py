@@ -102,6 +102,10 @@ def _log(conn: sa.Connection, reservation_id: str, now: int, action: str, **deta
     )
 
 
+#: The log's reservation_id and action of a central cap's change (schema.py).
+CAP_EVENT_ID = ""
+CAP_SET = "cap_set"
+
 #: close_reason prefix of a reservation an operator settled with `settle_stale`.
 STALE_REASON = "operator: stale lease settled as spent"
 
@@ -129,6 +133,7 @@ def _reservation(row: Any) -> Reservation:
         lease_expires_at=None if row.lease_expires_at is None else int(row.lease_expires_at),
         data_opened_at=None if row.data_opened_at is None else int(row.data_opened_at),
         close_reason=row.close_reason,
+        receipt_key_id=row.receipt_key_id,
     )
 
 
@@ -147,7 +152,10 @@ class CentralReservations(LedgerCore):
         """Set (or change) the central (ε, δ) cap of (subject, purpose): an operator action.
 
         Lowering a cap below what is already committed is allowed (no new
-        reservation will fit) but never releases anything.
+        reservation will fit) but never releases anything. Every change is
+        logged ("cap_set" in the reservation log) so that reconcile judges each
+        reservation against the cap in force when it was made; setting the same
+        cap again logs nothing.
         """
         _exact_decimal("epsilon_cap", epsilon_cap, positive=False)
         _exact_decimal("delta_cap", delta_cap, positive=False)
@@ -158,6 +166,11 @@ class CentralReservations(LedgerCore):
         stamp = int(time.time()) if now is None else now
 
         def tx(conn: sa.Connection) -> None:
+            before = conn.execute(
+                sa.select(central_caps.c.epsilon_cap, central_caps.c.delta_cap).where(
+                    central_caps.c.subject == subject, central_caps.c.purpose == purpose
+                )
+            ).first()
             conn.execute(
                 self._insert_ignore(central_caps),
                 [
@@ -177,6 +190,19 @@ class CentralReservations(LedgerCore):
                 .where(central_caps.c.subject == subject, central_caps.c.purpose == purpose)
                 .values(epsilon_cap=_s(epsilon_cap), delta_cap=_s(delta_cap), updated_at=stamp)
             )
+            # Logged while the row is locked (the update above), so the log's order is
+            # the order in which caps and reservations took effect (schema.py).
+            if before is None or (_dec(before[0]), _dec(before[1])) != (epsilon_cap, delta_cap):
+                _log(
+                    conn,
+                    CAP_EVENT_ID,
+                    stamp,
+                    CAP_SET,
+                    subject=subject,
+                    purpose=purpose,
+                    epsilon_cap=_s(epsilon_cap),
+                    delta_cap=_s(delta_cap),
+                )
 
         self.transaction(tx)
 
@@ -215,6 +241,7 @@ class CentralReservations(LedgerCore):
         metadata: Mapping[str, str] | None = None,
         owner: str | None = None,
         lease_seconds: int = DEFAULT_LEASE_SECONDS,
+        receipt_key_id: str = "",
     ) -> Reservation:
         """Claim (ε, δ) for one central run before any protected data is read.
 
@@ -231,6 +258,11 @@ class CentralReservations(LedgerCore):
         finds it), so exactly one caller ever claims a key. The same key again
         returns the existing reservation with *its* owner and reserves nothing:
         a caller holds the reservation only when ``result.held_by(owner)``.
+
+        `receipt_key_id` binds the run's receipt to one signing key (the key id
+        of its Ed25519 public key, signing.py): `fedldp verify` refuses a receipt
+        of this reservation signed by any other key, even a trusted one. "" (the
+        default) records that the run signs no receipt.
         """
         _exact_decimal("epsilon", epsilon, positive=True)
         _exact_decimal("delta", delta, positive=False)
@@ -299,6 +331,7 @@ class CentralReservations(LedgerCore):
                     lease_expires_at=now + lease_seconds,
                     data_opened_at=None,
                     close_reason=None,
+                    receipt_key_id=receipt_key_id,
                 )
             )
             conn.execute(
@@ -324,6 +357,7 @@ class CentralReservations(LedgerCore):
                 None,
                 claimant,
                 now + lease_seconds,
+                receipt_key_id=receipt_key_id,
             )
 
         return self.transaction(tx)
@@ -402,6 +436,7 @@ class CentralReservations(LedgerCore):
                 lease_expires_at=None,
                 data_opened_at=None,
                 close_reason="re-entered after a restore from backup",
+                receipt_key_id="",
             )
         )
         conn.execute(

@@ -255,10 +255,11 @@ class Mismatch:
     kind: "spend" (ε or count differs), "over_cap" (raw spend above the cap in
     force: the smallest of the caps its reports were charged under and of the
     recorded versions in force during the window), "statistic_count" (statistics
-    n differs from stored reports),
-    "central" (central running totals differ from the reservations),
-    "central_over_cap", "window" (a window start that is not one of its policy id's
-    recorded window length: charged under another window, see `claim_lineage`).
+    n differs from stored reports), "central" (central running totals differ from
+    the reservations), "central_over_cap" (a reservation that took the committed
+    total above the central cap in force when it was made), "window" (a window
+    start that is not one of its policy id's recorded window length: charged
+    under another window, see `claim_lineage`).
     """
 
     kind: str
@@ -295,6 +296,8 @@ class Reservation:
     lease_expires_at: int | None = None
     data_opened_at: int | None = None  # set before the first protected byte is read
     close_reason: str | None = None
+    #: Key id of the only key that may sign this run's receipt ("" none; None: not recorded).
+    receipt_key_id: str | None = None
 
     def held_by(self, owner: str) -> bool:
         """True when `owner` is the run that claimed this reservation."""

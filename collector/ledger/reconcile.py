@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import json
 from collections import defaultdict
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from decimal import Decimal
 from typing import (
     Any,
@@ -22,6 +23,7 @@ from fedldp.collector.ledger.model import (
 )
 from fedldp.collector.ledger.schema import (
     central_caps,
+    central_reservation_log,
     central_reservations,
     policy_lineage,
     reports,
@@ -46,7 +48,10 @@ class Reconcile(LedgerCore):
         charged under and of the recorded versions in force during the window;
         checks each window start against its policy id's recorded window length;
         compares each statistics n with the stored report count; recomputes
-        central commitments from the reservations. An empty list means the ledger is consistent.
+        central commitments from the reservations and judges each reservation
+        against the central cap in force when it was made (a cap lowered later
+        below what was spent is no mismatch). An empty list means the ledger is
+        consistent.
         """
         return self.transaction(self._reconcile_tx, write=False)
 
@@ -174,18 +179,14 @@ def _statistic_mismatches(
 
 
 def _central_mismatches(conn: sa.Connection) -> list[Mismatch]:
-    """Each central cap row's committed (ε, δ) against its reservations' sum, and that
-    sum against the cap."""
+    """Each central cap row's committed (ε, δ) against its reservations' sum; each
+    reservation against the cap in force when it was made (`_central_over_cap`)."""
     out: list[Mismatch] = []
     committed: dict[tuple[str, str], list[Decimal]] = defaultdict(lambda: [Decimal(0), Decimal(0)])
-    for r in conn.execute(sa.select(central_reservations)):
+    rows = {r.id: r for r in conn.execute(sa.select(central_reservations))}
+    for r in rows.values():
+        eps, delta = _committed(r)
         acc2 = committed[(r.subject, r.purpose)]
-        if r.status == "reserved":
-            eps, delta = _dec(r.epsilon), _dec(r.delta)
-        elif r.status == "settled":
-            eps, delta = _dec(r.epsilon_spent), _dec(r.delta_spent)
-        else:
-            continue
         acc2[0] = EXACT.add(acc2[0], eps)
         acc2[1] = EXACT.add(acc2[1], delta)
     caps = {(r.subject, r.purpose): r for r in conn.execute(sa.select(central_caps))}
@@ -211,15 +212,122 @@ def _central_mismatches(conn: sa.Connection) -> list[Mismatch]:
                     f"eps={eps_rec} delta={delta_rec}",
                 )
             )
-        if eps_raw > _dec(cap_row.epsilon_cap) or delta_raw > _dec(cap_row.delta_cap):
-            out.append(
-                Mismatch(
-                    "central_over_cap",
-                    ckey[0],
-                    scope,
-                    f"eps={eps_raw} delta={delta_raw}",
-                    f"cap eps={cap_row.epsilon_cap} delta={cap_row.delta_cap}",
-                )
-            )
-
+    out.extend(_central_over_cap(conn, rows, caps))
     return out
+
+
+def _committed(row: Any) -> tuple[Decimal, Decimal]:
+    """What a reservation row holds against its cap now: reserved while open, spent once
+    settled, nothing once cancelled."""
+    if row.status == "reserved":
+        return _dec(row.epsilon), _dec(row.delta)
+    if row.status == "settled":
+        return _dec(row.epsilon_spent), _dec(row.delta_spent)
+    return Decimal(0), Decimal(0)
+
+
+#: Log actions that close a reservation: what was reserved and not spent leaves the cap.
+_CLOSING = frozenset({"settled", "settled_stale", "cancelled"})
+
+
+def _central_over_cap(
+    conn: sa.Connection, rows: Mapping[str, Any], caps: Mapping[tuple[str, str], Any]
+) -> list[Mismatch]:
+    """Every reservation whose charge exceeded the cap in force when it was made.
+
+    Replays `central_reservation_log` in id order (the order in which caps and
+    reservations took effect: schema.py) per (subject, purpose): a "cap_set"
+    sets the cap in force, "reserved" adds the row's reserved (ε, δ) and is
+    judged (committed ≤ cap), a closing event removes what the row reserved and
+    did not spend, "reentered" (spend re-entered after a restore, allowed above
+    the cap) adds the row's spend unjudged. Rows with no "reserved" event (made
+    before the log existed) count from the start with what they hold now. A
+    reservation made before the first recorded cap of its key (ledgers migrated
+    by 0007) is judged against that earliest recorded cap, or against today's
+    cap row when none was ever logged.
+    """
+    events = conn.execute(
+        sa.select(
+            central_reservation_log.c.reservation_id,
+            central_reservation_log.c.action,
+            central_reservation_log.c.detail_json,
+        ).order_by(central_reservation_log.c.id)
+    ).all()
+    logged = {rid for rid, action, _ in events if action in ("reserved", "reentered")}
+    state: dict[tuple[str, str], _CapReplay] = {}
+
+    def replay(key: tuple[str, str]) -> _CapReplay:
+        if key not in state:
+            state[key] = _CapReplay(key, _first_cap(events, key, caps.get(key)))
+        return state[key]
+
+    for r in rows.values():
+        if r.id not in logged:
+            replay((r.subject, r.purpose)).add(*_committed(r))
+    for st in state.values():
+        st.judge("(made before the reservation log)")
+    for rid, action, detail_json in events:
+        if action == "cap_set":
+            detail = json.loads(detail_json)
+            replay((detail["subject"], detail["purpose"])).cap = (
+                _dec(detail["epsilon_cap"]),
+                _dec(detail["delta_cap"]),
+            )
+            continue
+        row = rows.get(rid)
+        if row is None:
+            continue
+        st = replay((row.subject, row.purpose))
+        if action == "reserved":
+            st.add(_dec(row.epsilon), _dec(row.delta))
+            st.judge(f"reservation={rid}")
+        elif action == "reentered":
+            st.add(*_committed(row))
+        elif action in _CLOSING:
+            spent_eps, spent_delta = _committed(row)
+            st.add(
+                EXACT.subtract(spent_eps, _dec(row.epsilon)),
+                EXACT.subtract(spent_delta, _dec(row.delta)),
+            )
+    return [m for st in state.values() for m in st.mismatches]
+
+
+def _first_cap(
+    events: Sequence[Any], key: tuple[str, str], cap_row: Any
+) -> tuple[Decimal, Decimal] | None:
+    """The earliest logged cap of `key`, else its cap row's, else None."""
+    for _rid, action, detail_json in events:
+        if action == "cap_set":
+            d = json.loads(detail_json)
+            if (d["subject"], d["purpose"]) == key:
+                return _dec(d["epsilon_cap"]), _dec(d["delta_cap"])
+    if cap_row is None:
+        return None
+    return _dec(cap_row.epsilon_cap), _dec(cap_row.delta_cap)
+
+
+class _CapReplay:
+    """One (subject, purpose)'s committed (ε, δ) and cap in force while the log replays."""
+
+    def __init__(self, key: tuple[str, str], cap: tuple[Decimal, Decimal] | None) -> None:
+        self.key, self.cap = key, cap
+        self.eps, self.delta = Decimal(0), Decimal(0)
+        self.mismatches: list[Mismatch] = []
+
+    def add(self, eps: Decimal, delta: Decimal) -> None:
+        """Move the committed total by (ε, δ) (negative: released)."""
+        self.eps, self.delta = EXACT.add(self.eps, eps), EXACT.add(self.delta, delta)
+
+    def judge(self, what: str) -> None:
+        """A "central_over_cap" mismatch when the committed total exceeds the cap in force."""
+        if self.cap is None or (self.eps <= self.cap[0] and self.delta <= self.cap[1]):
+            return
+        self.mismatches.append(
+            Mismatch(
+                "central_over_cap",
+                self.key[0],
+                f"purpose={self.key[1]} {what}",
+                f"eps={self.eps} delta={self.delta}",
+                f"cap in force eps={self.cap[0]} delta={self.cap[1]}",
+            )
+        )

@@ -118,6 +118,10 @@ central_reservations = sa.Table(
     sa.Column("data_opened_at", sa.BigInteger, nullable=True),
     # Why it was closed: "released", "failed after data was opened: ...", "operator: ...".
     sa.Column("close_reason", sa.Text, nullable=True),
+    # The key id (SHA-256 hex of the raw Ed25519 public key) of the only key that may sign
+    # this run's receipt; "" when the run signs none; NULL on rows made before migration
+    # 0007_central_cap_log_receipt_key (verify then trusts any --trusted-key, and says so).
+    sa.Column("receipt_key_id", sa.Text, nullable=True),
     sa.Index("ix_central_subject_purpose", "subject", "purpose"),
 )
 
@@ -138,7 +142,12 @@ policy_lineage = sa.Table(
 )
 
 #: Every transition of every central reservation (reserved, data_opened, settled,
-#: cancelled, settled_stale), append-only: the operator's actions are events too.
+#: cancelled, settled_stale, reentered), append-only: the operator's actions are events
+#: too. Every change of a central cap is an event here as well (action "cap_set",
+#: reservation_id "", detail {subject, purpose, epsilon_cap, delta_cap}), written while
+#: the cap row is locked like every transition that moves its committed total, so the
+#: id order is the order in which caps and reservations took effect: reconcile replays
+#: it to judge each reservation against the cap in force when it was made.
 central_reservation_log = sa.Table(
     "central_reservation_log",
     metadata,

@@ -21,7 +21,7 @@ from fedldp.aggregator.central.signing import (
     trusted_keys,
 )
 from fedldp.authoring import generate_key, load_private_key
-from fedldp.client.policy import load_public_key
+from fedldp.client.policy import key_id_of, load_public_key
 from fedldp.collector.ledger import Ledger, open_ledger
 
 from fedldp.cli import main
@@ -144,6 +144,7 @@ def test_each_tamper_fails_on_its_own_check(
 def test_a_seeded_release_is_not_for_release(ledger: Ledger, tmp_path: Path) -> None:
     import random
 
+    key = generate_key()
     rel = private_count(
         ledger,
         subject=SUBJECT,
@@ -153,8 +154,8 @@ def test_a_seeded_release_is_not_for_release(ledger: Ledger, tmp_path: Path) -> 
         now=1,
         load=lambda: ["a", "b"],
         rng=random.Random(4),
+        receipt_key_id=key_id_of(key.public_key()),  # the key bound in the ledger
     )
-    key = generate_key()
     receipt = release_receipt(ledger, rel.reservation_id, value=str(rel.value), randomness="seeded")
     path = tmp_path / "seeded.json"
     path.write_text(json.dumps(sign(RELEASE_RECEIPT_TYPE, receipt, key)))
@@ -266,6 +267,7 @@ def test_a_seeded_release_is_marked_from_the_ledger(ledger: Ledger, tmp_path: Pa
     its builder does not say so: the ledger's events record the randomness source."""
     import random
 
+    key = generate_key()
     rel = private_count(
         ledger,
         subject=SUBJECT,
@@ -275,12 +277,12 @@ def test_a_seeded_release_is_marked_from_the_ledger(ledger: Ledger, tmp_path: Pa
         now=1,
         load=lambda: ["1"] * 37,
         rng=random.Random(1234),
+        receipt_key_id=key_id_of(key.public_key()),  # the key bound in the ledger
     )
     (event,) = [e.event for e in ledger.central_events(SUBJECT, PURPOSE)]
     assert event["randomness"] == "seeded"
     receipt = release_receipt(ledger, rel.reservation_id, value=str(rel.value))
     assert receipt["randomness"] == {"source": "seeded"} and receipt["for_release"] is False
-    key = generate_key()
     trusted = trusted_keys([key.public_key()])
     path = tmp_path / "seeded.json"
     path.write_text(json.dumps(sign(RELEASE_RECEIPT_TYPE, receipt, key)))

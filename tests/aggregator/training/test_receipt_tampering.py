@@ -20,10 +20,11 @@ import pytest
 pytest.importorskip("torch", reason="needs the train extra: pip install 'fedldp[train]'")
 pytest.importorskip("opacus", reason="needs the train extra: pip install 'fedldp[train]'")
 
-from fedldp.aggregator.central.signing import TRAINING_RECEIPT_TYPE, sign
+from fedldp.aggregator.central.signing import TRAINING_RECEIPT_TYPE, sign, trusted_keys
 from fedldp.aggregator.training import train_private
-from fedldp.aggregator.training.receipt import load_receipt, replay_epsilons
+from fedldp.aggregator.training.receipt import load_receipt, replay_epsilons, verify_receipt
 from fedldp.authoring import generate_key, load_private_key
+from fedldp.client.policy import load_public_key
 from fedldp.collector.ledger import Ledger, open_ledger
 
 from .conftest import ConfigFactory
@@ -102,6 +103,15 @@ def test_each_tamper_fails_with_its_own_message(
     write(forged, generate_key())  # signed by anyone else
     assert "untrusted key" in check_receipt(path).failures()["signature"]
 
+    # the untouched receipt re-signed by another key the verifier ALSO trusts: the
+    # ledger binds the reservation to the run's key (`receipt_key_id`), so it fails
+    other = generate_key()
+    write(original, other)
+    both = trusted_keys([load_public_key(receipt_key[1]), other.public_key()])
+    failures = verify_receipt(path, trusted=both, ledger=ledger, accept_seeded=True).failures()
+    assert set(failures) == {"receipt key"}, failures
+    assert "not signed by key" in failures["receipt key"]
+
     # the model replaced together with its digest in the receipt
     model = path.parent / "model.pt"
     model.write_bytes(model.read_bytes() + b"\0")
@@ -122,7 +132,8 @@ def test_each_tamper_fails_with_its_own_message(
 
     # an unsigned receipt, and a receipt checked against another ledger
     path.write_text(json.dumps(original))
-    assert "not signed" in check_receipt(path).failures()["signature"]
+    unsigned = check_receipt(path).failures()
+    assert "not signed" in unsigned["signature"] and "not signed" in unsigned["receipt key"]
     write(original)
     with open_ledger(f"sqlite:///{tmp_path / 'other.db'}") as other:
         failures = check_receipt(path, ledger=other).failures()
