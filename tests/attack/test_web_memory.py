@@ -16,6 +16,8 @@ from __future__ import annotations
 import socket
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -68,28 +70,37 @@ def _sampler(pid: int, peak: list[float], stop: threading.Event) -> None:
         peak[0] = max(peak[0], _rss_mib(pid))
 
 
-@pytest.fixture(scope="module")
-def flood(tmp_path_factory: pytest.TempPathFactory) -> Flood:
-    """`fedldp collector serve` at the default limits with the web endpoint on;
-    400 unauthenticated connections each send a 1 MiB body without its last byte;
-    the RSS is sampled every 100 ms until 8 s after the last one, then the
-    connections close and the RSS is read 5 s later."""
-    tmp_path = tmp_path_factory.mktemp("webmem")
+@contextmanager
+def _serving(tmp_path: Path, name: str) -> Iterator[tuple[int, int]]:
+    """`fedldp collector serve` at the default limits with the web endpoint on:
+    (its pid, its web port), a second after it bound; terminated afterwards."""
     deployment = Deployment.create(now=int(time.time()))
     deployment.add_categorical("color", labels=("red", "green", "blue", "other"))
     config = write_config(
         deployment,
         tmp_path,
         f"sqlite:///{tmp_path / 'ledger.db'}",
-        "webmem",
+        name,
         web_listen="127.0.0.1:0",
         web_allowed_origins=["https://app.example"],
     )
-    proc = spawn(config, "webmem")
-    pid = proc.proc.pid
+    proc = spawn(config, name)
     try:
-        port = int((tmp_path / "webmem.port.web").read_text())
+        port = int((tmp_path / f"{name}.port.web").read_text())
         time.sleep(1.0)
+        yield proc.proc.pid, port
+    finally:
+        proc.proc.terminate()
+        proc.proc.wait(timeout=60)
+
+
+@pytest.fixture(scope="module")
+def flood(tmp_path_factory: pytest.TempPathFactory) -> Flood:
+    """`fedldp collector serve` at the default limits with the web endpoint on;
+    400 unauthenticated connections each send a 1 MiB body without its last byte;
+    the RSS is sampled every 100 ms until 8 s after the last one, then the
+    connections close and the RSS is read 5 s later."""
+    with _serving(tmp_path_factory.mktemp("webmem"), "webmem") as (pid, port):
         idle = _rss_mib(pid)
         peak, stop = [idle], threading.Event()
         sampler = threading.Thread(target=_sampler, args=(pid, peak, stop))
@@ -102,9 +113,6 @@ def flood(tmp_path_factory: pytest.TempPathFactory) -> Flood:
         sampler.join()
         time.sleep(5.0)
         result = Flood(idle, peak[0], _rss_mib(pid))
-    finally:
-        proc.proc.terminate()
-        proc.proc.wait(timeout=60)
     print(result)
     return result
 
@@ -175,24 +183,8 @@ def _h2c_flood(port: int, pid: int, streams: int, seconds: float) -> float:
 )
 def test_one_h2c_connection_holds_at_most_its_budget(tmp_path: Path) -> None:
     pytest.importorskip("h2", reason="the h2 library (Hypercorn's) is not installed")
-    deployment = Deployment.create(now=int(time.time()))
-    deployment.add_categorical("color", labels=("red", "green", "blue", "other"))
-    config = write_config(
-        deployment,
-        tmp_path,
-        f"sqlite:///{tmp_path / 'ledger.db'}",
-        "webh2",
-        web_listen="127.0.0.1:0",
-        web_allowed_origins=["https://app.example"],
-    )
-    proc = spawn(config, "webh2")
-    try:
-        port = int((tmp_path / "webh2.port.web").read_text())
-        time.sleep(1.0)
-        idle = _rss_mib(proc.proc.pid)
-        peak = _h2c_flood(port, proc.proc.pid, streams=100, seconds=4.5)
-    finally:
-        proc.proc.terminate()
-        proc.proc.wait(timeout=60)
+    with _serving(tmp_path, "webh2") as (pid, port):
+        idle = _rss_mib(pid)
+        peak = _h2c_flood(port, pid, streams=100, seconds=4.5)
     # 16 MiB connection budget plus 32 MiB for everything else
     assert peak - idle < 48, f"idle {idle:.0f} MiB, peak {peak:.0f} MiB"

@@ -10,17 +10,10 @@ import { create, fromBinary, toBinary } from "@bufbuild/protobuf";
 import { FedldpClient } from "../src/client.js";
 import { GetPoliciesResponseSchema } from "../src/gen/fedldp/v1/collector_pb.js";
 import { SignedEnvelopeSchema } from "../src/gen/fedldp/v1/policy_pb.js";
-import { type State, type StateStore } from "../src/outbox.js";
 import { TrustStore, verifyPolicy } from "../src/policy.js";
 import { type CollectorMethod, type CollectorTransport } from "../src/transport.js";
+import { MemoryStore } from "./attack_kit.js";
 import { fromHex, load } from "./vectors.js";
-
-class MemoryStore implements StateStore {
-  state: State | undefined;
-  async load(): Promise<State | undefined> { return this.state === undefined ? undefined : structuredClone(this.state); }
-  async save(state: State): Promise<void> { this.state = structuredClone(state); }
-  close(): void {}
-}
 
 class Serving implements CollectorTransport {
   constructor(readonly envelope: string) {}

@@ -6,16 +6,10 @@
 import { test } from "node:test";
 import assert from "node:assert/strict";
 import { FedldpClient } from "../src/client.js";
-import { type State, type StateStore, emptyState } from "../src/outbox.js";
+import { emptyState } from "../src/outbox.js";
 import { type CollectorMethod, type CollectorTransport, TransportError } from "../src/transport.js";
+import { MemoryStore } from "./attack_kit.js";
 import { fromHex, load } from "./vectors.js";
-
-class MemoryStore implements StateStore {
-  constructor(public state: State) {}
-  async load(): Promise<State | undefined> { return structuredClone(this.state); }
-  async save(state: State): Promise<void> { this.state = structuredClone(state); }
-  close(): void {}
-}
 
 /** A collector answering every Submit with RESOURCE_EXHAUSTED and the hint `hintMs`,
  * until `limit` calls (then a 60 s hint, so a looping flush ends and the count shows). */

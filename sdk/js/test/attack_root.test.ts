@@ -11,17 +11,10 @@ import { create, fromBinary, toBinary } from "@bufbuild/protobuf";
 import { FedldpClient } from "../src/client.js";
 import { GetPoliciesResponseSchema } from "../src/gen/fedldp/v1/collector_pb.js";
 import { SignedEnvelopeSchema } from "../src/gen/fedldp/v1/policy_pb.js";
-import { type State, type StateStore } from "../src/outbox.js";
 import { type CollectorMethod, type CollectorTransport } from "../src/transport.js";
 import { noCollector, python, repo } from "./harness.js";
+import { MemoryStore } from "./attack_kit.js";
 import { fromHex } from "./vectors.js";
-
-class MemoryStore implements StateStore {
-  state: State | undefined;
-  async load(): Promise<State | undefined> { return this.state === undefined ? undefined : structuredClone(this.state); }
-  async save(state: State): Promise<void> { this.state = structuredClone(state); }
-  close(): void {}
-}
 
 /** GetPolicies answering `roots` and `policies` (hex envelopes). */
 class Serving implements CollectorTransport {
