@@ -34,6 +34,7 @@ from typing import Any
 
 from fedldp.aggregator.central.reservations import cancel_unless_opened
 from fedldp.collector.ledger import CentralBudgetExhaustedError
+from fedldp.collector.ledger.model import DEFAULT_LEASE_SECONDS
 
 
 class AnalystCapExhaustedError(CentralBudgetExhaustedError):
@@ -78,7 +79,14 @@ class AnalystCapLedger:
         self._hold = str(hold.id)
         return res
 
-    def open_data(self, reservation_id: str, *, owner: str, now: int, lease_seconds: int) -> Any:
+    def open_data(
+        self,
+        reservation_id: str,
+        *,
+        owner: str,
+        now: int,
+        lease_seconds: int = DEFAULT_LEASE_SECONDS,
+    ) -> Any:
         """Open the hold, then the release's reservation."""
         if self._hold is not None:
             self._ledger.open_data(self._hold, owner=owner, now=now, lease_seconds=lease_seconds)

@@ -135,6 +135,6 @@ def test_each_tamper_fails_with_its_own_message(
     unsigned = check_receipt(path).failures()
     assert "not signed" in unsigned["signature"] and "not signed" in unsigned["receipt key"]
     write(original)
-    with open_ledger(f"sqlite:///{tmp_path / 'other.db'}") as other:
-        failures = check_receipt(path, ledger=other).failures()
+    with open_ledger(f"sqlite:///{tmp_path / 'other.db'}") as other_ledger:
+        failures = check_receipt(path, ledger=other_ledger).failures()
     assert "this ledger is" in failures["ledger identity"]
