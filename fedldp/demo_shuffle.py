@@ -78,6 +78,12 @@ def shuffle_roles(
                 str(batches),
                 "--min-batch",
                 str(SHUFFLE_MIN_BATCH),
+                "--policies",
+                str(out / "policies"),
+                "--trust",
+                str(out / "trust"),
+                "--audience",
+                AUDIENCE,
             ],
         ).strip()
     )

@@ -139,7 +139,7 @@ def _raw_private(path: Path) -> bytes:
 def test_small_batch_is_refused_and_nothing_changes(tmp_path: Path) -> None:
     """Below the minimum: BatchTooSmallError, no file, rows kept, still open for more."""
     spool = ShuffleSpool(tmp_path / "spool.sqlite")
-    spool.add("w1", [b"a" * 40] * 9)
+    spool.add("w1", [bytes([i]) * 40 for i in range(9)])
     with pytest.raises(BatchTooSmallError, match="fewer than the minimum 10"):
         release(spool, "w1", tmp_path, min_batch=10)
     assert spool.pending("w1") == 9 and spool.released("w1") is None
@@ -271,7 +271,7 @@ def test_batch_of_only_invalid_payloads_has_no_central_guarantee(tmp_path: Path)
     """No valid report: accepted 0, central None, and the line says so."""
     key, _ = _keypair()
     spool = ShuffleSpool(tmp_path / "spool.sqlite")
-    spool.add("w1", [b"junk" * 12] * 3)
+    spool.add("w1", [bytes([i]) * 48 for i in range(3)])
     result = analyze_batch(
         release(spool, "w1", tmp_path, min_batch=1), GRR(Decimal(1), 4), key, info=INFO
     )
@@ -309,3 +309,31 @@ def test_seal_report_leaves_no_plain_payload() -> None:
     seal_report(report, public)
     assert report.WhichOneof("payload") == "sealed" and not report.HasField("numeric")
     assert open_sealed(report.sealed.ciphertext, key, info=INFO) == NumericOutput(0.625)
+
+
+@pytest.mark.parametrize("extra", ["policy_version", "unknown_field", "bad_padding", "long_pad"])
+def test_padded_plaintext_with_more_than_a_payload_is_refused(extra: str) -> None:
+    """Correctly padded and sealed, yet carrying an extra field, an unknown field, non-zero
+    padding or a whole spare block of padding: MALFORMED_SEALED. The untampered plaintext
+    (the control, built the same way) opens."""
+    from fedldp.client.sealed import PAD_BUCKET, _pad, _suite
+    from fedldp.v1 import collector_pb2
+
+    key = X25519PrivateKey.generate()
+    inner = collector_pb2.Report()
+    inner.category.index = 1
+    control = _pad(inner.SerializeToString())
+    if extra == "policy_version":
+        inner.policy_version = 7
+    encoded = inner.SerializeToString()
+    if extra == "unknown_field":
+        encoded += b"\xa8\x06\x2a"  # field 101, varint 42
+    plaintext = _pad(encoded)
+    if extra == "bad_padding":
+        plaintext = plaintext[:-1] + b"\x01"
+    elif extra == "long_pad":
+        plaintext += bytes(PAD_BUCKET)
+    assert open_sealed(_suite().encrypt(control, key.public_key(), info=INFO), key, info=INFO)
+    with pytest.raises(OutputDomainError) as caught:
+        open_sealed(_suite().encrypt(plaintext, key.public_key(), info=INFO), key, info=INFO)
+    assert caught.value.reason == "MALFORMED_SEALED"
