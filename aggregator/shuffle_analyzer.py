@@ -65,9 +65,7 @@ class ShuffledRelease:
         c = self.central
         m = self.max_reports_per_device
         eps_m, delta_m = per_device(c.epsilon, c.delta, m)
-        device = (
-            f"({round_up(eps_m)}, {_round_up_sig(delta_m)})" if delta_m < 1 else "none (δ ≥ 1)"
-        )
+        device = f"({round_up(eps_m)}, {_round_up_sig(delta_m)})" if delta_m < 1 else "none (δ ≥ 1)"
         return (
             f"{local}; shuffled central (ε, δ) = ({round_up(c.epsilon)}, {c.delta:g}) per "
             f"report over n = {c.n} reports [{c.bound}]; per device (at most {m} reports "
@@ -176,8 +174,8 @@ def analyze_batch(
     `collector_count`, the number of reports the collector accepted (authenticated, charged)
     for the batch, caps the n of the central guarantee: reports a shuffler added on its own
     hide nobody (docs/shuffle.md). `max_reports_per_device` (m, the policy's per-window cap ÷
-    the charge per report) gives the printed per-device guarantee. A ciphertext repeated in the batch is opened once; each
-    repeat is dropped and counted as "DUPLICATE".
+    the charge per report) gives the printed per-device guarantee. A ciphertext repeated in
+    the batch is opened once; each repeat is dropped and counted as "DUPLICATE".
     """
     batch, ciphertexts = read_batch(path)
     statistic = mechanism.new_statistic()

@@ -13,17 +13,17 @@ all; its row order is discarded by the permutation).
 Durability and idempotency across a kill -9 at any instant: the batch file is written to a
 temporary name, fsynced, renamed into place (atomic) and its folder fsynced; only then does one
 SQLite transaction record the release and delete the batch's spool rows. Before the write, the
-spool records the file's path and SHA-256 (its "intent"). A restart, into any folder, finds one
-of: nothing renamed (the temporary file is discarded and the batch permuted afresh: nothing was
-released), or the intended file, byte for byte, without its record (the record is completed;
-the file, already the release, is not rewritten, and no second file is written elsewhere), or
-both (nothing to do). A file of the batch's name that is not the intent (a leftover, another
-spool's release) is never taken for the release: it is moved aside to NAME.foreign-SHA8. So no ciphertext is lost and no batch is
-released twice. The release first claims the batch (one transaction, after the size check), so
-`add` refuses ciphertexts for a batch being or already released: the rows a restart reads are
-the rows the killed run read. Releases from one spool are serialized by an exclusive flock on
-SPOOL.lock (released by the kernel when its holder dies), so two shuffler processes never both
-permute and write one batch.
+spool records the file's path and SHA-256 (its "intent"). A restart, into any folder, finds one of:
+nothing renamed (the temporary file is discarded and the batch permuted afresh: nothing was
+released), or the intended file, byte for byte, without its record (the record is completed; the
+file, already the release, is not rewritten, and no second file is written elsewhere), or both
+(nothing to do). A file of the batch's name that is not the intent (a leftover, another spool's
+release) is never taken for the release: it is moved aside to NAME.foreign-SHA8. So no ciphertext
+is lost and no batch is released twice. The release first claims the batch (one transaction, after
+the size check), so `add` refuses ciphertexts for a batch being or already released: the rows a
+restart reads are the rows the killed run read. Releases from one spool are serialized by an
+exclusive flock on SPOOL.lock (released by the kernel when its holder dies), so two shuffler
+processes never both permute and write one batch.
 
 Batch file format: the line b"fedldp-shuffled-batch v1\\n", a JSON header line
 {"batch": key, "count": n}, then n records of a 4-byte big-endian length and the ciphertext.
@@ -180,9 +180,7 @@ class ShuffleSpool:
     def _intent(self, batch: str) -> tuple[Path, str] | None:
         """(file, sha256) this spool was about to rename into place for `batch`, or None."""
         with closing(self._connect()) as db:
-            row = db.execute(
-                "SELECT path, sha256 FROM intent WHERE batch = ?", (batch,)
-            ).fetchone()
+            row = db.execute("SELECT path, sha256 FROM intent WHERE batch = ?", (batch,)).fetchone()
         return None if row is None else (Path(row[0]), str(row[1]))
 
     def _set_intent(self, batch: str, path: Path, sha256: str) -> None:
