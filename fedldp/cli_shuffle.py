@@ -261,10 +261,11 @@ def analyze(
     except ValueError as exc:  # not a batch file, not an X25519 key
         raise click.ClickException(f"{exc}") from None
     signed_min = _signed_min_batch(policy)
-    if result.accepted < signed_min:
+    n = result.central.n if result.central is not None else 0  # capped by --collector-count
+    if n < signed_min:
         raise click.ClickException(
-            f"{result.accepted} valid reports, fewer than the policy's signed shuffle "
-            f"min_batch {signed_min}: not estimated"
+            f"{n} valid reports (capped by --collector-count), fewer than the policy's signed "
+            f"shuffle min_batch {signed_min}: not estimated"
         )
     if result.accepted < policy.min_reports_for_release:
         raise click.ClickException(

@@ -337,3 +337,47 @@ def test_padded_plaintext_with_more_than_a_payload_is_refused(extra: str) -> Non
     with pytest.raises(OutputDomainError) as caught:
         open_sealed(_suite().encrypt(plaintext, key.public_key(), info=INFO), key, info=INFO)
     assert caught.value.reason == "MALFORMED_SEALED"
+
+
+def test_per_device_guarantee_is_group_privacy() -> None:
+    """m = 1 is the per-report guarantee; m = 3 is (3ε, δ(1 + e^ε + e^2ε)) (Dwork & Roth,
+    Theorem 2.2), never below it; a huge m gives a vacuous δ of 1, not an overflow."""
+    import math
+
+    from fedldp.aggregator.shuffle_analyzer import _round_up_sig, per_device
+
+    assert per_device(0.2, 1e-8, 1) == (0.2, 1e-8)
+    eps, delta = per_device(0.2, 1e-8, 3)
+    exact = 1e-8 * (1 + math.exp(0.2) + math.exp(0.4))
+    assert eps == pytest.approx(0.6) and exact <= delta <= exact * (1 + 1e-9)
+    assert per_device(0.2, 1e-8, 10**9) == (0.2 * 10**9, 1.0)
+    assert float(_round_up_sig(exact)) >= exact and _round_up_sig(3.3e-8) == "3.30e-8"
+
+
+def test_release_with_policies_enforces_the_signed_min_batch(
+    tmp_path: Path, authority: Any
+) -> None:
+    """`release --policies --trust` refuses a window batch below the policy's signed min_batch
+    even with --min-batch 1 (nothing changes); at the signed minimum it releases."""
+    from click.testing import CliRunner
+
+    from fedldp.cli import main
+    from tests.aggregator.test_attack_shuffle import _shuffle_policy_dirs
+
+    _, public = _keypair()
+    trust, policies, verified = _shuffle_policy_dirs(tmp_path, authority, public, min_batch=6)
+    info = seal_info(verified.policy_id, verified.version, verified.digest)
+    batch = f"{verified.policy_id}.v{verified.version}.1000"
+    spool = ShuffleSpool(tmp_path / "spool.sqlite")
+    spool.add(
+        batch, [seal_output(CategoryOutput(1), public, info=info).ciphertext for _ in "12345"]
+    )
+    args = ["shuffler", "release", "--spool", str(tmp_path / "spool.sqlite"), "--batch", batch]
+    args += ["--out", str(tmp_path / "out"), "--min-batch", "1"]
+    args += ["--policies", str(policies), "--trust", str(trust)]
+    refused = CliRunner().invoke(main, args)
+    assert refused.exit_code == 1 and "fewer than the minimum 6" in refused.output, refused.output
+    assert spool.pending(batch) == 5 and spool.released(batch) is None
+    spool.add(batch, [seal_output(CategoryOutput(2), public, info=info).ciphertext])
+    assert CliRunner().invoke(main, args).exit_code == 0
+    assert spool.released(batch) is not None
