@@ -74,12 +74,7 @@ def keygen(out_dir: str) -> None:
     help="folder of signed *.policy envelopes: the batch POLICY.vVERSION.WINDOW's policy "
     "gives the signed minimum (needs --trust)",
 )
-@click.option(
-    "--trust",
-    "trust_dir",
-    type=click.Path(exists=True, file_okay=False),
-    help="trust folder that verifies --policies",
-)
+@trust_option(help="trust folder that verifies --policies")
 @click.option("--audience", help="deployment name the policy must list (default: 'default')")
 def release_cmd(
     spool: str,
