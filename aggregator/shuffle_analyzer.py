@@ -14,11 +14,13 @@ own, and the amplified central (ε, δ) of the n valid reports after the shuffle
 payload that fails the check is no honest randomizer's output and hides nobody. The central
 guarantee assumes the shuffler and the analyzer do not collude and that the n reports come from
 distinct devices running the ε0 randomizer (docs/shuffle.md); it is per report, so a device with
-m reports in the batch has (m·ε, m·δ) by basic composition.
+at most m reports in the batch has (m·ε, δ·Σ_{i<m} e^{iε}) by group privacy (Dwork & Roth 2014,
+Theorem 2.2), which the printed line states too.
 """
 
 from __future__ import annotations
 
+import math
 import os
 from collections import Counter
 from dataclasses import dataclass, field
@@ -49,17 +51,65 @@ class ShuffledRelease:
     epsilon0: float
     central: AmplifiedGuarantee | None
     invalid: dict[str, int] = field(default_factory=dict)
+    max_reports_per_device: int = 1
 
     def guarantee_line(self) -> str:
-        """One line stating the local and the central guarantee."""
+        """One line stating the local and the central guarantee, per report and per device.
+
+        Every printed ε and δ is rounded up, never below the certified value. The per-device
+        guarantee is group privacy over the device's at most m reports (`per_device`).
+        """
         local = f"local ε0 = {self.epsilon0:g} per report"
         if self.central is None:
             return f"{local}; no valid report, no central guarantee"
         c = self.central
+        m = self.max_reports_per_device
+        eps_m, delta_m = per_device(c.epsilon, c.delta, m)
+        device = f"({round_up(eps_m)}, {_round_up_sig(delta_m)})" if delta_m < 1 else "none (δ ≥ 1)"
         return (
-            f"{local}; shuffled central (ε, δ) = ({c.epsilon:.4f}, {c.delta:g}) over "
-            f"n = {c.n} reports [{c.bound}]"
+            f"{local}; shuffled central (ε, δ) = ({round_up(c.epsilon)}, {c.delta:g}) per "
+            f"report over n = {c.n} reports [{c.bound}]; per device (at most {m} reports "
+            f"in the batch, group privacy): {device}"
         )
+
+
+def per_device(epsilon: float, delta: float, m: int) -> tuple[float, float]:
+    """The guarantee of a device with at most m reports in a batch whose every report has
+    (ε, δ): (m·ε, δ·Σ_{i<m} e^{iε}), group privacy for (ε, δ)-DP (Dwork & Roth, "The
+    Algorithmic Foundations of Differential Privacy", 2014, Theorem 2.2 and its (ε, δ) form:
+    neighbouring batches differ in the m reports of one device).
+
+    Raises ValueError when m < 1."""
+    if m < 1:
+        raise ValueError("a device has at least one report")
+    if m == 1:
+        return epsilon, delta
+    if epsilon <= 0:
+        return 0.0, min(1.0, delta * m)
+    # Σ_{i<m} e^{iε} = (e^{mε} − 1) / (e^ε − 1), in logs (m·ε may overflow a float's exp);
+    # the factor 1 + 1e-12 covers the floating-point error, so the result is not below it.
+    log_sum = m * epsilon + math.log(-math.expm1(-m * epsilon)) - math.log(math.expm1(epsilon))
+    log_delta = math.log(delta) + log_sum + math.log1p(1e-12)
+    return m * epsilon, 1.0 if log_delta >= 0 else math.exp(log_delta)
+
+
+def _round_up_sig(value: float, digits: int = 3) -> str:
+    """`value` rounded up to `digits` significant digits, printed (for a δ)."""
+    from decimal import ROUND_CEILING, Decimal
+
+    exact = Decimal(value)
+    if exact == 0:
+        return "0"
+    step = Decimal(1).scaleb(exact.adjusted() - digits + 1)
+    return f"{exact.quantize(step, rounding=ROUND_CEILING):E}".replace("E", "e")
+
+
+def round_up(value: float, places: int = 4) -> str:
+    """`value` rounded up (toward +∞) to `places` decimals: a printed ε is never below the
+    certified one. Exact: the float is converted to Decimal without loss before rounding."""
+    from decimal import ROUND_CEILING, Decimal
+
+    return str(Decimal(value).quantize(Decimal(1).scaleb(-places), rounding=ROUND_CEILING))
 
 
 def generate_analyzer_key(folder: Path) -> tuple[Path, bytes]:
@@ -115,6 +165,7 @@ def analyze_batch(
     info: bytes,
     delta: float = DEFAULT_DELTA,
     collector_count: int | None = None,
+    max_reports_per_device: int = 1,
 ) -> ShuffledRelease:
     """Open, check and accumulate every ciphertext of the shuffled batch at `path`.
 
@@ -122,13 +173,20 @@ def analyze_batch(
     and `epsilon` are used); `info` is `fedldp.client.sealed.seal_info` of the policy.
     `collector_count`, the number of reports the collector accepted (authenticated, charged)
     for the batch, caps the n of the central guarantee: reports a shuffler added on its own
-    hide nobody (docs/shuffle.md).
+    hide nobody (docs/shuffle.md). `max_reports_per_device` (m, the policy's per-window cap ÷
+    the charge per report) gives the printed per-device guarantee. A ciphertext repeated in
+    the batch is opened once; each repeat is dropped and counted as "DUPLICATE".
     """
     batch, ciphertexts = read_batch(path)
     statistic = mechanism.new_statistic()
     invalid: Counter[str] = Counter()
     accepted = 0
+    seen: set[bytes] = set()
     for ciphertext in ciphertexts:
+        if ciphertext in seen:  # HPKE output never repeats honestly: a replay counts once
+            invalid["DUPLICATE"] += 1
+            continue
+        seen.add(ciphertext)
         try:
             output = open_sealed(ciphertext, private_key, info=info)
             mechanism.check_output(output)
@@ -140,4 +198,6 @@ def analyze_batch(
     epsilon0 = float(mechanism.epsilon)
     n = accepted if collector_count is None else min(accepted, collector_count)
     central = amplified_epsilon(n, epsilon0, delta) if n > 0 else None
-    return ShuffledRelease(batch, statistic, accepted, epsilon0, central, dict(invalid))
+    return ShuffledRelease(
+        batch, statistic, accepted, epsilon0, central, dict(invalid), max_reports_per_device
+    )

@@ -12,15 +12,18 @@ all; its row order is discarded by the permutation).
 
 Durability and idempotency across a kill -9 at any instant: the batch file is written to a
 temporary name, fsynced, renamed into place (atomic) and its folder fsynced; only then does one
-SQLite transaction record the release and delete the batch's spool rows. A restart finds one of:
-nothing written (the temporary file is discarded and the batch permuted afresh: nothing was
-released), or the renamed file without its record (the record is completed; the file, already
-the release, is not rewritten), or both (nothing to do). So no ciphertext is lost and no batch is
-released twice. The release first claims the batch (one transaction, after the size check), so
-`add` refuses ciphertexts for a batch being or already released: the rows a restart reads are
-the rows the killed run read. Releases from one spool are serialized by an exclusive flock on
-SPOOL.lock (released by the kernel when its holder dies), so two shuffler processes never both
-permute and write one batch.
+SQLite transaction record the release and delete the batch's spool rows. Before the write, the
+spool records the file's path and SHA-256 (its "intent"). A restart, into any folder, finds one of:
+nothing renamed (the temporary file is discarded and the batch permuted afresh: nothing was
+released), or the intended file, byte for byte, without its record (the record is completed; the
+file, already the release, is not rewritten, and no second file is written elsewhere), or both
+(nothing to do). A file of the batch's name that is not the intent (a leftover, another spool's
+release) is never taken for the release: it is moved aside to NAME.foreign-SHA8. So no ciphertext
+is lost and no batch is released twice. The release first claims the batch (one transaction, after
+the size check), so `add` refuses ciphertexts for a batch being or already released: the rows a
+restart reads are the rows the killed run read. Releases from one spool are serialized by an
+exclusive flock on SPOOL.lock (released by the kernel when its holder dies), so two shuffler
+processes never both permute and write one batch.
 
 Batch file format: the line b"fedldp-shuffled-batch v1\\n", a JSON header line
 {"batch": key, "count": n}, then n records of a 4-byte big-endian length and the ciphertext.
@@ -52,6 +55,9 @@ CREATE INDEX IF NOT EXISTS inbox_batch ON inbox (batch);
 CREATE TABLE IF NOT EXISTS claimed (batch TEXT PRIMARY KEY);
 CREATE TABLE IF NOT EXISTS pulled (
     batch TEXT NOT NULL, sha256 BLOB NOT NULL, PRIMARY KEY (batch, sha256)
+);
+CREATE TABLE IF NOT EXISTS intent (
+    batch TEXT PRIMARY KEY, path TEXT NOT NULL, sha256 TEXT NOT NULL
 );
 CREATE TABLE IF NOT EXISTS released (
     batch TEXT PRIMARY KEY, count INTEGER NOT NULL, sha256 TEXT NOT NULL
@@ -92,31 +98,11 @@ class ShuffleSpool:
     def add(self, batch: str, ciphertexts: Iterable[bytes]) -> int:
         """Append ciphertexts to `batch` in one transaction; how many were added.
 
-        Raises BatchReleasedError when the batch was released already, ValueError for an
-        empty or oversized ciphertext (then nothing is added).
-        """
-        _check_key(batch)
-        rows = [(batch, bytes(c)) for c in ciphertexts]
-        if any(not 0 < len(c) <= MAX_CIPHERTEXT_BYTES for _, c in rows):
-            raise ValueError(f"a ciphertext must be 1 to {MAX_CIPHERTEXT_BYTES} bytes")
-        with closing(self._connect()) as db:
-            db.execute("BEGIN IMMEDIATE")
-            try:
-                if db.execute("SELECT 1 FROM claimed WHERE batch = ?", (batch,)).fetchone():
-                    raise BatchReleasedError(f"batch {batch} is being or was released")
-                db.executemany("INSERT INTO inbox (batch, ciphertext) VALUES (?, ?)", rows)
-                db.execute("COMMIT")
-            except BaseException:
-                db.execute("ROLLBACK")
-                raise
-        return len(rows)
-
-    def add_once(self, batch: str, ciphertexts: Iterable[bytes]) -> int:
-        """Like `add`, but a ciphertext already added to `batch` through `add_once` (its
-        SHA-256 is remembered, in the same transaction) is skipped: pulling a window from
-        the collector's ledger twice adds nothing twice. How many were added.
-
-        Raises BatchReleasedError when the batch was claimed or released (nothing added).
+        A ciphertext already in `batch` (or repeated within the call) is skipped: honest
+        HPKE output never repeats, so a repeat is a replay and counts once (its SHA-256 is
+        remembered in the same transaction). Raises BatchReleasedError when the batch was
+        claimed or released, ValueError for an empty or oversized ciphertext (then nothing
+        is added).
         """
         _check_key(batch)
         items = [bytes(c) for c in ciphertexts]
@@ -144,6 +130,14 @@ class ShuffleSpool:
                 db.execute("ROLLBACK")
                 raise
         return added
+
+    def add_once(self, batch: str, ciphertexts: Iterable[bytes]) -> int:
+        """`add` (which skips a ciphertext already added to `batch`): pulling a window from
+        the collector's ledger twice adds nothing twice. How many were added.
+
+        Raises BatchReleasedError when the batch was claimed or released (nothing added).
+        """
+        return self.add(batch, ciphertexts)
 
     def pending(self, batch: str) -> int:
         """Ciphertexts waiting in `batch`."""
@@ -183,6 +177,21 @@ class ShuffleSpool:
                 raise
         return [bytes(r[0]) for r in rows]
 
+    def _intent(self, batch: str) -> tuple[Path, str] | None:
+        """(file, sha256) this spool was about to rename into place for `batch`, or None."""
+        with closing(self._connect()) as db:
+            row = db.execute("SELECT path, sha256 FROM intent WHERE batch = ?", (batch,)).fetchone()
+        return None if row is None else (Path(row[0]), str(row[1]))
+
+    def _set_intent(self, batch: str, path: Path, sha256: str) -> None:
+        """Remember, durably and before the rename, which file with which SHA-256 will be
+        `batch`'s release: a restart then takes only that file for it."""
+        with closing(self._connect()) as db:
+            db.execute(
+                "INSERT OR REPLACE INTO intent (batch, path, sha256) VALUES (?, ?, ?)",
+                (batch, str(path.resolve()), sha256),
+            )
+
     def _record(self, batch: str, count: int, sha256: str) -> None:
         """Record the release and drop the batch's spool rows, in one transaction."""
         with closing(self._connect()) as db:
@@ -210,19 +219,32 @@ def _fsync_dir(folder: Path) -> None:
         os.close(fd)
 
 
-def _write_batch(path: Path, batch: str, ciphertexts: list[bytes]) -> str:
-    """Write the batch file durably (temporary name, fsync, rename, fsync folder); its SHA-256."""
+def _write_batch(path: Path, batch: str, ciphertexts: list[bytes]) -> None:
+    """Write the batch file durably (temporary name, fsync, rename, fsync folder)."""
     tmp = path.with_name(path.name + ".tmp")
-    digest = hashlib.sha256()
     with open(tmp, "wb") as f:
         for chunk in _encode(batch, ciphertexts):
-            digest.update(chunk)
             f.write(chunk)
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
     _fsync_dir(path.parent)
+
+
+def _digest(batch: str, ciphertexts: list[bytes]) -> str:
+    """SHA-256 (hex) of the batch file `_write_batch` writes for these ciphertexts."""
+    digest = hashlib.sha256()
+    for chunk in _encode(batch, ciphertexts):
+        digest.update(chunk)
     return digest.hexdigest()
+
+
+def _file_digest(path: Path) -> str | None:
+    """SHA-256 (hex) of the file at `path`, or None when there is none."""
+    try:
+        return hashlib.sha256(path.read_bytes()).hexdigest()
+    except FileNotFoundError:
+        return None
 
 
 def _encode(batch: str, ciphertexts: list[bytes]) -> Iterator[bytes]:
@@ -234,20 +256,38 @@ def _encode(batch: str, ciphertexts: list[bytes]) -> Iterator[bytes]:
 
 
 def read_batch(path: Path) -> tuple[str, list[bytes]]:
-    """(batch key, ciphertexts in shuffled order) from a batch file; ValueError if malformed."""
+    """(batch key, ciphertexts in shuffled order) from a batch file.
+
+    Raises ValueError (and nothing else, for any content) when the file is malformed: no
+    magic line, a header that is not a JSON object with a string "batch" and an integer
+    "count", a record cut short, trailing bytes, or a count that does not match.
+    """
     data = Path(path).read_bytes()
     if not data.startswith(MAGIC):
         raise ValueError("not a fedldp shuffled batch")
-    end = data.index(b"\n", len(MAGIC))
-    header = json.loads(data[len(MAGIC) : end])
+    end = data.find(b"\n", len(MAGIC))
+    if end < 0:
+        raise ValueError("shuffled batch has no header line")
+    try:
+        header = json.loads(data[len(MAGIC) : end])
+    except ValueError as exc:  # json.JSONDecodeError and UnicodeDecodeError are ValueErrors
+        raise ValueError("shuffled batch header is not JSON") from exc
+    if (
+        not isinstance(header, dict)
+        or not isinstance(header.get("batch"), str)
+        or type(header.get("count")) is not int
+    ):
+        raise ValueError('shuffled batch header must be {"batch": str, "count": int}')
     pos, out = end + 1, []
     while pos < len(data):
+        if pos + _LENGTH.size > len(data):
+            raise ValueError("shuffled batch is truncated inside a length prefix")
         (length,) = _LENGTH.unpack_from(data, pos)
         out.append(data[pos + 4 : pos + 4 + length])
         pos += 4 + length
     if pos != len(data) or len(out) != header["count"]:
         raise ValueError("shuffled batch is truncated or its count is wrong")
-    return str(header["batch"]), out
+    return header["batch"], out
 
 
 def permute(items: list[bytes], rng: random.Random | None = None) -> None:
@@ -299,20 +339,33 @@ def _release_locked(
     rng: random.Random | None,
     on_stage: Callable[[str], None] | None,
 ) -> Path:
-    """`release`'s body, under the spool's lock (so two shufflers never both write a batch)."""
+    """`release`'s body, under the spool's lock (so two shufflers never both write a batch).
+
+    A batch file is this spool's release only if its path and SHA-256 are the intent this
+    spool recorded before the rename: a restart (into any --out) finishes that release and
+    returns its file; a file of the same name it did not write (another spool's, a leftover)
+    is moved aside to NAME.foreign-SHA8, never taken for the release.
+    """
     path = batch_path(out_dir, batch)
     stage = on_stage or (lambda _name: None)
+    intent = spool._intent(batch)
     if spool.released(batch) is not None:
-        return path
-    if path.exists():  # renamed into place, then killed before the record: finish the record
-        _, ciphertexts = read_batch(path)
-        spool._record(batch, len(ciphertexts), hashlib.sha256(path.read_bytes()).hexdigest())
+        return path if intent is None else intent[0]
+    if intent is not None and _file_digest(intent[0]) == intent[1]:
+        # renamed into place, then killed before the record: finish the record
+        _, done = read_batch(intent[0])
+        spool._record(batch, len(done), intent[1])
         stage("recorded")
-        return path
+        return intent[0]
+    foreign = _file_digest(path)
+    if foreign is not None:
+        os.replace(path, path.with_name(f"{path.name}.foreign-{foreign[:8]}"))
     ciphertexts = spool._claim(batch, min_batch)
     permute(ciphertexts, rng)
     stage("permuted")
-    sha256 = _write_batch(path, batch, ciphertexts)
+    sha256 = _digest(batch, ciphertexts)
+    spool._set_intent(batch, path, sha256)
+    _write_batch(path, batch, ciphertexts)
     stage("written")
     spool._record(batch, len(ciphertexts), sha256)
     stage("recorded")

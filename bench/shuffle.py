@@ -40,6 +40,7 @@ from fedldp.aggregator.shuffle_amplification import (
     closed_form_epsilon,
     hockey_stick_delta,
 )
+from fedldp.aggregator.shuffle_analyzer import round_up
 from fedldp.client.mechanisms.base import CountStatistic
 from fedldp.client.mechanisms.grr import GRR
 
@@ -111,9 +112,9 @@ def _row(m: dict[str, Any]) -> list[str]:
     return [
         f"{m['n']:.0e}",
         fmt_float(m["epsilon0"]),
-        f"{m['amplified_epsilon']:.4f}",
+        round_up(m["amplified_epsilon"]),  # an upper bound: never printed below it
         "-" if lower is None else f"{lower:.4f}",
-        f"{m['closed_form_epsilon']:.4f}",
+        round_up(m["closed_form_epsilon"]),
         f"{m['grr_se_shuffled']:.2e}",
         f"{m['grr_se_plain_ldp_equal_central']:.2e}",
         f"{m['accuracy_gain']:.1f}x",

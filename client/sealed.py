@@ -24,13 +24,21 @@ from fedldp.client.mechanisms.base import Output, OutputDomainError, SealedOutpu
 from fedldp.client.wire import fill_payload, output_from_report
 from fedldp.v1 import collector_pb2
 
-_INFO_DOMAIN = b"fedldp.sealed.v1\x00"
+_INFO_DOMAIN = b"fedldp.sealed.v2\x00"  # v2: the plaintext is framed and padded (_pad)
 #: X25519 raw public keys are 32 bytes.
 PUBLIC_KEY_BYTES = 32
-#: Largest sealed ciphertext accepted anywhere (enc + payload + tag); a report payload is small.
-MAX_CIPHERTEXT_BYTES = 64 * 1024
-#: Smallest possible one: HPKE's 32-byte enc, a 1-byte plaintext, the 16-byte AEAD tag.
-MIN_CIPHERTEXT_BYTES = 32 + 1 + 16
+#: The padded plaintext's length is a multiple of this: the ciphertext's length reveals
+#: only ceil((4 + encoded payload) / PAD_BUCKET), and every payload of a category, bit
+#: vector or numeric mechanism (at most a few hundred bits of randomized output) fits one
+#: bucket, so for those the length reveals nothing about the output (docs/shuffle.md).
+PAD_BUCKET = 256
+#: HPKE's 32-byte encapsulated key plus the 16-byte ChaCha20-Poly1305 tag.
+_OVERHEAD = 32 + 16
+_FRAME = struct.Struct(">I")
+#: Largest sealed ciphertext accepted anywhere (enc + 255 padded buckets + tag).
+MAX_CIPHERTEXT_BYTES = _OVERHEAD + 255 * PAD_BUCKET
+#: Smallest possible one: one padded bucket.
+MIN_CIPHERTEXT_BYTES = _OVERHEAD + PAD_BUCKET
 
 
 class SealingUnavailableError(RuntimeError):
@@ -82,7 +90,8 @@ def seal_output(
     inner = collector_pb2.Report()
     fill_payload(inner, output)
     public_key = X25519PublicKey.from_public_bytes(public_key_raw)
-    ciphertext = _suite().encrypt(inner.SerializeToString(), public_key, info=info)
+    plaintext = _pad(inner.SerializeToString(deterministic=True))
+    ciphertext = _suite().encrypt(plaintext, public_key, info=info)
     return collector_pb2.SealedPayload(ciphertext=ciphertext, key_id=key_id(public_key_raw))
 
 
@@ -97,12 +106,38 @@ def seal_report(report: collector_pb2.Report, public_key_raw: bytes) -> None:
     report.sealed.CopyFrom(seal_output(output, public_key_raw, info=info))
 
 
+def _pad(encoded: bytes) -> bytes:
+    """The plaintext sealed for an encoded payload: a 4-byte big-endian length, the payload,
+    zero bytes up to the next multiple of PAD_BUCKET (so the ciphertext's length does not
+    depend on the randomized output within a bucket)."""
+    framed = _FRAME.pack(len(encoded)) + encoded
+    if len(framed) > MAX_CIPHERTEXT_BYTES - _OVERHEAD:
+        raise ValueError("the encoded payload is too large to seal")
+    return framed + bytes(-len(framed) % PAD_BUCKET)
+
+
+def _unpad(plaintext: bytes) -> bytes:
+    """The encoded payload inside a padded plaintext; OutputDomainError("MALFORMED_SEALED")
+    unless the length prefix fits, the padding is all zero and as short as `_pad` makes it."""
+    if len(plaintext) < _FRAME.size or len(plaintext) % PAD_BUCKET:
+        raise OutputDomainError("MALFORMED_SEALED", "sealed plaintext is not padded")
+    (length,) = _FRAME.unpack_from(plaintext)
+    end = _FRAME.size + length
+    if end > len(plaintext) or -end % PAD_BUCKET != len(plaintext) - end:
+        raise OutputDomainError("MALFORMED_SEALED", "sealed plaintext has a bad length prefix")
+    if any(plaintext[end:]):
+        raise OutputDomainError("MALFORMED_SEALED", "sealed plaintext padding is not zero")
+    return plaintext[_FRAME.size : end]
+
+
 def check_sealed_shape(ciphertext: bytes) -> None:
-    """Raise OutputDomainError("MALFORMED_SEALED") unless the length is a possible one.
+    """Raise OutputDomainError("MALFORMED_SEALED") unless the length is a possible one:
+    HPKE's enc and tag around a whole number (1 to 255) of PAD_BUCKET-byte padded blocks.
 
     All that anyone without the analyzer's key can check (the collector runs it).
     """
-    if not MIN_CIPHERTEXT_BYTES <= len(ciphertext) <= MAX_CIPHERTEXT_BYTES:
+    size = len(ciphertext)
+    if not MIN_CIPHERTEXT_BYTES <= size <= MAX_CIPHERTEXT_BYTES or (size - _OVERHEAD) % PAD_BUCKET:
         raise OutputDomainError("MALFORMED_SEALED", "sealed payload has an invalid length")
 
 
@@ -121,11 +156,29 @@ def open_sealed(ciphertext: bytes, private_key: Any, *, info: bytes) -> Output:
         plaintext = _suite().decrypt(ciphertext, private_key, info=info)
     except (InvalidTag, ValueError) as exc:
         raise OutputDomainError("MALFORMED_SEALED", "sealed payload does not open") from exc
+    plaintext = _unpad(plaintext)
     inner = collector_pb2.Report()
     try:
         inner.ParseFromString(plaintext)
     except DecodeError as exc:
         raise OutputDomainError("MALFORMED_SEALED", "sealed plaintext is not a report") from exc
-    if inner.report_id or inner.policy_id or inner.coarse_time or inner.HasField("sealed"):
+    return _payload_only(inner, plaintext)
+
+
+def _payload_only(inner: collector_pb2.Report, plaintext: bytes) -> Output:
+    """The output of a plaintext `Report` that holds its payload and nothing else.
+
+    Refused (OutputDomainError "MALFORMED_SEALED"): any set field besides one plain payload
+    (report id, policy id, version, digest, time, a nested sealed payload...), and any bytes
+    the canonical encoding of that payload alone does not have (an unknown field, top-level
+    or nested, could carry a device identifier past the shuffler).
+    """
+    kind = inner.WhichOneof("payload")
+    if kind is None or kind == "sealed" or len(inner.ListFields()) != 1:
         raise OutputDomainError("MALFORMED_SEALED", "sealed plaintext carries more than a payload")
-    return output_from_report(inner)
+    output = output_from_report(inner)
+    canonical = collector_pb2.Report()
+    fill_payload(canonical, output)
+    if canonical.SerializeToString(deterministic=True) != plaintext:
+        raise OutputDomainError("MALFORMED_SEALED", "sealed plaintext carries more than a payload")
+    return output

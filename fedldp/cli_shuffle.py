@@ -2,7 +2,7 @@
 
     fedldp shuffler keygen --out DIR                      # the analyzer's key pair
     fedldp shuffler pull --config collector.toml --policy ID --window W --spool S
-    fedldp shuffler release --spool S --batch B --out DIR --min-batch N
+    fedldp shuffler release --spool S --batch B --out DIR (--min-batch N | --policies P --trust T)
     fedldp shuffler analyze BATCH_FILE --analyzer-key K --policy ID --policies P --trust T
 
 `release` is the shuffler (its own process; idempotent, safe to rerun after a crash);
@@ -62,23 +62,84 @@ def keygen(out_dir: str) -> None:
     type=click.Path(file_okay=False),
     help="folder the shuffled batch file is written to (for the analyzer)",
 )
-@click.option("--min-batch", type=click.IntRange(min=1), required=True, help="refuse below this")
-def release_cmd(spool: str, batch: str, out_dir: str, min_batch: int) -> None:
+@click.option(
+    "--min-batch",
+    type=click.IntRange(min=1),
+    help="refuse below this; with --policies it may only raise the policy's signed min_batch",
+)
+@click.option(
+    "--policies",
+    "policy_dir",
+    type=click.Path(exists=True, file_okay=False),
+    help="folder of signed *.policy envelopes: the batch POLICY.vVERSION.WINDOW's policy "
+    "gives the signed minimum (needs --trust)",
+)
+@trust_option(help="trust folder that verifies --policies")
+@click.option("--audience", help="deployment name the policy must list (default: 'default')")
+def release_cmd(
+    spool: str,
+    batch: str,
+    out_dir: str,
+    min_batch: int | None,
+    policy_dir: str | None,
+    trust_dir: str | None,
+    audience: str | None,
+) -> None:
     """Shuffle one batch with the OS CSPRNG and write it for the analyzer, once.
 
-    Exit status 1, nothing changed, when fewer than --min-batch ciphertexts wait.
+    The minimum is the larger of --min-batch and, with --policies/--trust, the batch policy's
+    signed [shuffle] min_batch. Exit status 1, nothing changed, when fewer ciphertexts wait.
     """
     from fedldp.aggregator.shuffler import BatchTooSmallError, ShuffleSpool, release
 
+    floor = _release_minimum(batch, min_batch, policy_dir, trust_dir, audience)
     Path(out_dir).mkdir(parents=True, exist_ok=True)
     store = ShuffleSpool(Path(spool))
     try:
-        path = release(store, batch, Path(out_dir), min_batch=min_batch)
+        path = release(store, batch, Path(out_dir), min_batch=floor)
     except (BatchTooSmallError, ValueError) as exc:
         raise click.ClickException(str(exc)) from None
     released = store.released(batch)
     count = released[0] if released else 0
     click.echo(f"released {count} shuffled ciphertexts to {path}")
+
+
+def _release_minimum(
+    batch: str,
+    min_batch: int | None,
+    policy_dir: str | None,
+    trust_dir: str | None,
+    audience: str | None,
+) -> int:
+    """The release's minimum batch: max(--min-batch, the batch policy's signed min_batch).
+
+    Without --policies, --min-batch is required; with it, --trust is, and the batch key must
+    be a window batch (POLICY.vVERSION.WINDOW) naming a verifiable shuffle-model policy.
+    """
+    import re
+
+    from fedldp.cli_report import load_verified_policy
+
+    if policy_dir is None:
+        if min_batch is None:
+            raise click.UsageError("give --min-batch, or --policies and --trust")
+        return min_batch
+    if trust_dir is None:
+        raise click.UsageError("--policies needs --trust")
+    match = re.fullmatch(r"(.+)\.v([0-9]+)\.([0-9]+)", batch)
+    if match is None:
+        raise click.ClickException(f"batch {batch!r} is not POLICY.vVERSION.WINDOW")
+    policy = load_verified_policy(
+        policy_dir,
+        trust_dir,
+        match.group(1),
+        version=int(match.group(2)),
+        at=int(time.time()),
+        audience=audience,
+    )
+    if not policy.message.HasField("shuffle"):
+        raise click.ClickException(f"policy {policy.policy_id} has no [shuffle] section")
+    return max(_signed_min_batch(policy), min_batch or 1)
 
 
 @shuffler.command("pull")
@@ -190,15 +251,38 @@ def analyze(
             info=info,
             delta=delta or DEFAULT_DELTA,
             collector_count=collector_count,
+            max_reports_per_device=_max_reports_per_device(policy),
         )
     except ValueError as exc:  # not a batch file, not an X25519 key
         raise click.ClickException(f"{exc}") from None
+    signed_min = _signed_min_batch(policy)
+    n = result.central.n if result.central is not None else 0  # capped by --collector-count
+    if n < signed_min:
+        raise click.ClickException(
+            f"{n} valid reports (capped by --collector-count), fewer than the policy's signed "
+            f"shuffle min_batch {signed_min}: not estimated"
+        )
     if result.accepted < policy.min_reports_for_release:
         raise click.ClickException(
             f"{result.accepted} valid reports, fewer than the policy's minimum "
             f"{policy.min_reports_for_release}: not released"
         )
     _print_estimate(policy, result)
+
+
+def _max_reports_per_device(policy: Any) -> int:
+    """m: how many reports one device can have in a window's batch, the policy's per-window
+    cap ÷ the charge per report (exact decimals, rounded down), at least 1."""
+    if policy.charge <= 0:
+        raise click.ClickException(f"policy {policy.policy_id} charges nothing per report")
+    return max(1, int(policy.epsilon_cap // policy.charge))
+
+
+def _signed_min_batch(policy: Any) -> int:
+    """The policy's signed `[shuffle] min_batch` (1 when the policy has no shuffle section)."""
+    if not policy.message.HasField("shuffle"):
+        return 1
+    return max(1, int(policy.message.shuffle.min_batch))
 
 
 def _print_estimate(policy: Any, result: Any) -> None:

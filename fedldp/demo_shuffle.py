@@ -63,6 +63,9 @@ def shuffle_roles(
         ).strip()
     )
     batch = f"{POLICY_ID}.v1.{window}"
+    # where release (for the signed min_batch) and analyze find the verified policy
+    signed = ["--policies", str(out / "policies"), "--trust", str(out / "trust")]
+    signed += ["--audience", AUDIENCE]
     click.echo(
         "shuffler: "
         + _role(
@@ -78,6 +81,7 @@ def shuffle_roles(
                 str(batches),
                 "--min-batch",
                 str(SHUFFLE_MIN_BATCH),
+                *signed,
             ],
         ).strip()
     )
@@ -91,12 +95,7 @@ def shuffle_roles(
             str(out / "analyzer" / "analyzer.key"),
             "--policy",
             POLICY_ID,
-            "--policies",
-            str(out / "policies"),
-            "--trust",
-            str(out / "trust"),
-            "--audience",
-            AUDIENCE,
+            *signed,
             "--collector-count",
             str(accepted),
         ],

@@ -52,11 +52,6 @@ def _keypair() -> tuple[X25519PrivateKey, bytes]:
 # --- Confidentiality against the collector and the shuffler ---------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="finding: the ciphertext length reveals the randomized output's varint size (an output "
-    "of 0 seals to 50 bytes, 1-127 to 52, 128-16383 to 53): the collector links it to the subject",
-)
 def test_ciphertext_length_does_not_depend_on_the_output() -> None:
     """Sealed GRR outputs 0, 1 and 200 (k = 256) must have one length: no padding today."""
     _, public = _keypair()
@@ -69,11 +64,6 @@ def test_ciphertext_length_does_not_depend_on_the_output() -> None:
 # --- Analyzer input handling ------------------------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="finding: the analyzer accumulates a byte-identical ciphertext every time it appears "
-    "(HPKE output never repeats honestly), so a replayed report is counted twice and inflates n",
-)
 def test_replayed_ciphertext_in_a_batch_is_counted_once(tmp_path: Path) -> None:
     """One report's ciphertext repeated 5 times in a batch of 20 moves the count by 5 today."""
     key, public = _keypair()
@@ -90,11 +80,6 @@ def _batch_bytes(header: bytes, body: bytes) -> bytes:
     return MAGIC + header + b"\n" + body
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="finding: read_batch raises struct.error / TypeError / KeyError (not ValueError) on "
-    "some malformed files, so `fedldp shuffler analyze` dies with a traceback",
-)
 @pytest.mark.parametrize(
     "data",
     [
@@ -181,22 +166,12 @@ def _sealed_batch(tmp_path: Path, authority: Any, min_batch: int, n: int) -> Any
     return trust, policies, path
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="finding: the signed ShuffleSpec.min_batch is enforced nowhere: `release` takes only "
-    "the operator's --min-batch and `analyze` estimates a 5-report batch of a min_batch=100 policy",
-)
 def test_batch_below_the_policys_min_batch_is_refused(tmp_path: Path, authority: Any) -> None:
     """A batch of 5 under a policy whose signed min_batch is 100 must not be estimated."""
     result = _analyze(tmp_path, authority, min_batch=100, n=5)
     assert result.exit_code != 0, result.output
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="finding: the policy lets one device put epsilon_cap/epsilon = 3 reports in a window's "
-    "batch, yet analyze prints only the per-report central (ε, δ), nothing per device",
-)
 def test_guarantee_accounts_for_several_reports_per_device(tmp_path: Path, authority: Any) -> None:
     """With a per-window cap of 3 reports per device the printed guarantee must say per device."""
     result = _analyze(tmp_path, authority, min_batch=2, n=40)
@@ -204,11 +179,6 @@ def test_guarantee_accounts_for_several_reports_per_device(tmp_path: Path, autho
     assert "per device" in result.output, result.output
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="finding: after a crash between the rename and the record, a restart with another --out "
-    "claims and permutes the batch again and writes a second release of the same ciphertexts",
-)
 def test_restart_with_another_out_dir_does_not_release_twice(tmp_path: Path) -> None:
     """Crash after "written" (the file is the release), restart into another folder."""
     spool = ShuffleSpool(tmp_path / "spool.sqlite")
@@ -373,11 +343,6 @@ def test_sealed_reports_are_charged_capped_and_idempotent(
         ledger.close()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="finding: guarantee_line prints the certified ε rounded to nearest at 4 decimals "
-    "(:.4f), so it can print less than the certified ε (0.12344 prints as 0.1234)",
-)
 def test_printed_central_epsilon_is_never_below_the_certified_one() -> None:
     """The printed ε must be rounded up: docs/shuffle.md says the printed ε is certified."""
     import re
@@ -392,11 +357,6 @@ def test_printed_central_epsilon_is_never_below_the_certified_one() -> None:
     assert float(printed.group(1)) >= central.epsilon, line
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="finding: docs/shuffle.md's figures table rounds to nearest, so two n = 10⁶ cells state "
-    "less than the certified ε (0.0061 for 0.006126 at ε0 = 1, 0.064 for 0.064198 at ε0 = 4)",
-)
 def test_documented_central_epsilons_are_not_below_the_certified_ones() -> None:
     """Each ε of the n = 10⁶ row of docs/shuffle.md's table is at least amplified_epsilon's."""
     doc = (Path(__file__).parents[2] / "docs" / "shuffle.md").read_text(encoding="utf-8")
@@ -407,11 +367,6 @@ def test_documented_central_epsilons_are_not_below_the_certified_ones() -> None:
         assert float(cell.split()[0]) >= certified, (eps0, cell, certified)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="finding: open_sealed accepts a plaintext that carries more than a payload when the "
-    "extra is policy_version, policy_digest or an unknown field (docs: such a report is dropped)",
-)
 @pytest.mark.parametrize("extra", ["policy_version", "policy_digest", "unknown_field"])
 def test_plaintext_with_any_extra_field_is_refused(extra: str) -> None:
     """A sealed Report holding a payload plus anything else is MALFORMED_SEALED."""
@@ -434,11 +389,6 @@ def test_plaintext_with_any_extra_field_is_refused(extra: str) -> None:
         open_sealed(ciphertext, key, info=INFO)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="finding: release takes any existing OUT/BATCH.shuffled as its own crashed release "
-    "without checking the batch was claimed, records it and deletes the spool's ciphertexts",
-)
 def test_a_foreign_batch_file_in_out_is_not_taken_for_the_release(tmp_path: Path) -> None:
     """A stale file of the same batch key from another spool must not swallow this batch."""
     other = ShuffleSpool(tmp_path / "other.sqlite")

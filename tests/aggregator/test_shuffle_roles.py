@@ -139,7 +139,7 @@ def _raw_private(path: Path) -> bytes:
 def test_small_batch_is_refused_and_nothing_changes(tmp_path: Path) -> None:
     """Below the minimum: BatchTooSmallError, no file, rows kept, still open for more."""
     spool = ShuffleSpool(tmp_path / "spool.sqlite")
-    spool.add("w1", [b"a" * 40] * 9)
+    spool.add("w1", [bytes([i]) * 40 for i in range(9)])
     with pytest.raises(BatchTooSmallError, match="fewer than the minimum 10"):
         release(spool, "w1", tmp_path, min_batch=10)
     assert spool.pending("w1") == 9 and spool.released("w1") is None
@@ -271,7 +271,7 @@ def test_batch_of_only_invalid_payloads_has_no_central_guarantee(tmp_path: Path)
     """No valid report: accepted 0, central None, and the line says so."""
     key, _ = _keypair()
     spool = ShuffleSpool(tmp_path / "spool.sqlite")
-    spool.add("w1", [b"junk" * 12] * 3)
+    spool.add("w1", [bytes([i]) * 48 for i in range(3)])
     result = analyze_batch(
         release(spool, "w1", tmp_path, min_batch=1), GRR(Decimal(1), 4), key, info=INFO
     )
@@ -309,3 +309,75 @@ def test_seal_report_leaves_no_plain_payload() -> None:
     seal_report(report, public)
     assert report.WhichOneof("payload") == "sealed" and not report.HasField("numeric")
     assert open_sealed(report.sealed.ciphertext, key, info=INFO) == NumericOutput(0.625)
+
+
+@pytest.mark.parametrize("extra", ["policy_version", "unknown_field", "bad_padding", "long_pad"])
+def test_padded_plaintext_with_more_than_a_payload_is_refused(extra: str) -> None:
+    """Correctly padded and sealed, yet carrying an extra field, an unknown field, non-zero
+    padding or a whole spare block of padding: MALFORMED_SEALED. The untampered plaintext
+    (the control, built the same way) opens."""
+    from fedldp.client.sealed import PAD_BUCKET, _pad, _suite
+    from fedldp.v1 import collector_pb2
+
+    key = X25519PrivateKey.generate()
+    inner = collector_pb2.Report()
+    inner.category.index = 1
+    control = _pad(inner.SerializeToString())
+    if extra == "policy_version":
+        inner.policy_version = 7
+    encoded = inner.SerializeToString()
+    if extra == "unknown_field":
+        encoded += b"\xa8\x06\x2a"  # field 101, varint 42
+    plaintext = _pad(encoded)
+    if extra == "bad_padding":
+        plaintext = plaintext[:-1] + b"\x01"
+    elif extra == "long_pad":
+        plaintext += bytes(PAD_BUCKET)
+    assert open_sealed(_suite().encrypt(control, key.public_key(), info=INFO), key, info=INFO)
+    with pytest.raises(OutputDomainError) as caught:
+        open_sealed(_suite().encrypt(plaintext, key.public_key(), info=INFO), key, info=INFO)
+    assert caught.value.reason == "MALFORMED_SEALED"
+
+
+def test_per_device_guarantee_is_group_privacy() -> None:
+    """m = 1 is the per-report guarantee; m = 3 is (3ε, δ(1 + e^ε + e^2ε)) (Dwork & Roth,
+    Theorem 2.2), never below it; a huge m gives a vacuous δ of 1, not an overflow."""
+    import math
+
+    from fedldp.aggregator.shuffle_analyzer import _round_up_sig, per_device
+
+    assert per_device(0.2, 1e-8, 1) == (0.2, 1e-8)
+    eps, delta = per_device(0.2, 1e-8, 3)
+    exact = 1e-8 * (1 + math.exp(0.2) + math.exp(0.4))
+    assert eps == pytest.approx(0.6) and exact <= delta <= exact * (1 + 1e-9)
+    assert per_device(0.2, 1e-8, 10**9) == (0.2 * 10**9, 1.0)
+    assert float(_round_up_sig(exact)) >= exact and _round_up_sig(3.3e-8) == "3.30e-8"
+
+
+def test_release_with_policies_enforces_the_signed_min_batch(
+    tmp_path: Path, authority: Any
+) -> None:
+    """`release --policies --trust` refuses a window batch below the policy's signed min_batch
+    even with --min-batch 1 (nothing changes); at the signed minimum it releases."""
+    from click.testing import CliRunner
+
+    from fedldp.cli import main
+    from tests.aggregator.test_attack_shuffle import _shuffle_policy_dirs
+
+    _, public = _keypair()
+    trust, policies, verified = _shuffle_policy_dirs(tmp_path, authority, public, min_batch=6)
+    info = seal_info(verified.policy_id, verified.version, verified.digest)
+    batch = f"{verified.policy_id}.v{verified.version}.1000"
+    spool = ShuffleSpool(tmp_path / "spool.sqlite")
+    spool.add(
+        batch, [seal_output(CategoryOutput(1), public, info=info).ciphertext for _ in "12345"]
+    )
+    args = ["shuffler", "release", "--spool", str(tmp_path / "spool.sqlite"), "--batch", batch]
+    args += ["--out", str(tmp_path / "out"), "--min-batch", "1"]
+    args += ["--policies", str(policies), "--trust", str(trust)]
+    refused = CliRunner().invoke(main, args)
+    assert refused.exit_code == 1 and "fewer than the minimum 6" in refused.output, refused.output
+    assert spool.pending(batch) == 5 and spool.released(batch) is None
+    spool.add(batch, [seal_output(CategoryOutput(2), public, info=info).ciphertext])
+    assert CliRunner().invoke(main, args).exit_code == 0
+    assert spool.released(batch) is not None
