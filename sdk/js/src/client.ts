@@ -23,7 +23,8 @@ import { type Pending, type State, type StateStore, emptyState } from "./outbox.
 import { PolicyError, TrustStore, type VerifiedPolicy, fromHex, hex, verifyPolicy } from "./policy.js";
 import { type CollectorTransport, TransportError } from "./transport.js";
 import { ReportIds, coarseTime, reportBytes, submitRequestBytes } from "./wire.js";
-import { MemoState, encodeValue } from "./mechanisms.js";
+import { type Input, MemoState, encodeValue } from "./mechanisms.js";
+import { loadSlots, migrateMemos, newMemoSecret, saveSlots } from "./memo_store.js";
 
 export interface CoreOptions {
   /** Raw 32-byte root public keys this device pins. */
@@ -64,6 +65,11 @@ export class FedldpClient {
   static async open(options: ClientParts): Promise<FedldpClient> {
     const trust = await TrustStore.fromPinnedRoot(options.rootEnvelope, options.pinnedRootKeys);
     const state = (await options.store.load()) ?? emptyState();
+    if (state.memos !== undefined) {
+      state.memoSecret ??= newMemoSecret();
+      migrateMemos(state.memos, (state.memoRows ??= {}), state.memoSecret);
+      delete state.memos;
+    }
     const client = new FedldpClient(options, trust, state);
     await client.refreshPolicies();
     return client;
@@ -135,28 +141,41 @@ export class FedldpClient {
       if (compare(after, policy.epsilonCap) > 0) {
         throw new BudgetExhaustedError(`policy ${policy.policyId}: this window's budget is spent (cap ${decimalString(policy.epsilonCap)})`);
       }
-      const memo = this.memoFor(metric, policy);
-      const output = policy.mechanism.perturb(input, undefined, memo);
+      const output = this.perturb(metric, policy, input);
       const reportId = this.ids.next();
       const bytes = reportBytes({
         reportId, policyId: policy.policyId, policyVersion: policy.version,
         policyDigest: policy.digest, coarseTime: coarseTime(now),
       }, output);
       this.state.spent[key] = decimalString(after);
-      if (memo !== undefined) (this.state.memos ??= {})[metric] = memo.toJSON();
       this.state.pending.push({ id: hex(reportId), report: hex(bytes) });
       await this.persist();
     });
   }
 
-  /** The stored memo of a memoized policy's metric (a fresh one when absent or bound to other parameters). */
-  private memoFor(metric: string, policy: VerifiedPolicy): MemoState | undefined {
-    const fresh = policy.mechanism.newMemo;
-    if (!policy.mechanism.memoized || fresh === undefined) return undefined;
-    const text = this.state.memos?.[metric];
-    const stored = text === undefined ? undefined : MemoState.fromJSON(text);
-    const memo = fresh.call(policy.mechanism);
-    return stored !== undefined && stored.key === memo.key ? stored : memo;
+  /**
+   * One report of `input`; for a memoized mechanism (Erlingsson et al., CCS 2014, Section 3)
+   * the slots it names (memoSlots) are loaded from the keyed memo rows of (metric, memo key)
+   * and the slots drawn for the first time saved back (persisted with the report), as the
+   * Python SDK's recorder does.
+   */
+  private perturb(metric: string, policy: VerifiedPolicy, input: Input): ReturnType<VerifiedPolicy["mechanism"]["perturb"]> {
+    const mechanism = policy.mechanism;
+    if (!mechanism.memoized || mechanism.newMemo === undefined) return mechanism.perturb(input);
+    const memo: MemoState = mechanism.newMemo();
+    const secret = (this.state.memoSecret ??= newMemoSecret());
+    const rows = (this.state.memoRows ??= {});
+    const loaded = new Set<number>();
+    for (;;) {
+      const wanted = (mechanism.memoSlots?.(input, memo) ?? []).filter((slot) => !loaded.has(slot));
+      if (wanted.length === 0) break;
+      for (const slot of wanted) loaded.add(slot);
+      loadSlots(rows, secret, metric, memo, wanted);
+    }
+    const before = new Set(memo.responses.keys());
+    const output = mechanism.perturb(input, undefined, memo);
+    saveSlots(rows, secret, metric, memo, [...memo.responses.keys()].filter((slot) => !before.has(slot)));
+    return output;
   }
 
   /** Send every pending report (same bytes on every attempt); honours the retry hint. */
