@@ -50,6 +50,11 @@ export class BudgetExhaustedError extends Error {}
 /** No verified policy collects this metric. */
 export class NoPolicyError extends Error {}
 
+/** client/transport.py Backoff: base_seconds, max_seconds, max_hint_seconds (in ms). */
+const BACKOFF_BASE_MS = 500;
+const BACKOFF_MAX_MS = 300_000;
+const MAX_HINT_MS = 3_600_000;
+
 export interface FlushResult { accepted: number; duplicate: number; refused: number; pending: number; pausedMs: number }
 
 /** The device client (one per outbox). */
@@ -198,7 +203,9 @@ export class FedldpClient {
           if (!(error instanceof TransportError)) throw error;
           this.failed(error);
           await this.persist();
-          continue;
+          result.pausedMs = Math.max(0, this.state.pausedUntilMs - Date.now());
+          break; // a failed call ends this flush: the next attempt waits for the pause
+
         }
         this.state.failures = 0;
         const done = new Set<string>();
@@ -217,13 +224,20 @@ export class FedldpClient {
     });
   }
 
-  /** A failed call: pause for the server's retry-after-ms hint, else exponential backoff with jitter. */
+  /**
+   * A failed call: pause for exponential backoff with full jitter (Brooker 2015), raised to
+   * the server's retry-after-ms hint when one came (capped), as the Python SDK's Backoff.delay
+   * (client/transport.py): uniform(0, min(300 s, 500 ms × 2^(failures−1))), then max with
+   * min(hint, 3600 s). The hint is a floor on the pause, never its replacement, so a hint of
+   * 0 still backs off; flush() makes no further call until the pause ends.
+   */
   private failed(error: TransportError): void {
     this.lastFailure = error;
     this.state.failures += 1;
     const hintMs = error.retryAfterMs ?? NaN;
-    const backoff = Math.random() * Math.min(60_000, 500 * 2 ** Math.min(this.state.failures, 10));
-    const pause = Number.isFinite(hintMs) ? Math.min(hintMs, 300_000) : backoff;
+    const ceiling = Math.min(BACKOFF_MAX_MS, BACKOFF_BASE_MS * 2 ** Math.min(this.state.failures - 1, 30));
+    const backoff = Math.random() * ceiling;
+    const pause = Number.isFinite(hintMs) && hintMs >= 0 ? Math.max(backoff, Math.min(hintMs, MAX_HINT_MS)) : backoff;
     this.state.pausedUntilMs = Date.now() + pause;
   }
 
