@@ -68,8 +68,9 @@ export class FedldpClient {
 
   /** Load the stored state, trust the pinned root and fetch the policies. */
   static async open(options: ClientParts): Promise<FedldpClient> {
-    const trust = await TrustStore.fromPinnedRoot(options.rootEnvelope, options.pinnedRootKeys);
+    const configured = await TrustStore.fromPinnedRoot(options.rootEnvelope, options.pinnedRootKeys);
     const state = (await options.store.load()) ?? emptyState();
+    const trust = (await storedTrust(state, options.pinnedRootKeys, configured)) ?? configured;
     if (state.memos !== undefined) {
       state.memoSecret ??= newMemoSecret();
       migrateMemos(state.memos, (state.memoRows ??= {}), state.memoSecret);
@@ -91,6 +92,7 @@ export class FedldpClient {
     }));
     const response = fromBinary(GetPoliciesResponseSchema, await this.options.transport.call("GetPolicies", request));
     await this.trust.updateRoots(response.roots.map((e) => toBinary(SignedEnvelopeSchema, e)));
+    this.state.trust = { pinned: pinnedHex(this.options.pinnedRootKeys), root: hex(this.trust.rootEnvelope) };
     const highest: Record<string, bigint> = {};
     for (const [id, v] of Object.entries(this.state.highestVersions)) highest[id] = BigInt(v);
     const policies = new Map<string, VerifiedPolicy>();
@@ -268,6 +270,30 @@ export class FedldpClient {
   private persist(): Promise<void> {
     return this.options.store.save(this.state);
   }
+}
+
+/** The pinned root keys as stored (hex, sorted, distinct). */
+function pinnedHex(keys: Uint8Array[]): string[] {
+  return [...new Set(keys.map(hex))].sort();
+}
+
+/**
+ * The stored trust if it follows the configured pins and is not older than the configured
+ * root, else undefined (policy_cache.py _stored_trust): a rotation reached earlier holds
+ * after a restart, an app update with new pins or a newer bundled root starts from those.
+ * A stored root that no longer verifies is ignored (the configured trust is used).
+ */
+async function storedTrust(state: State, pinned: Uint8Array[], configured: TrustStore): Promise<TrustStore | undefined> {
+  const stored = state.trust;
+  if (stored === undefined || JSON.stringify(stored.pinned) !== JSON.stringify(pinnedHex(pinned))) return undefined;
+  let trust: TrustStore;
+  try {
+    trust = await TrustStore.fromStoredRoot(fromHex(stored.root));
+  } catch (error) {
+    if (error instanceof PolicyError || error instanceof RangeError || error instanceof TypeError) return undefined;
+    throw error;
+  }
+  return trust.rootVersion >= configured.rootVersion ? trust : undefined;
 }
 
 export type { Rational };

@@ -25,6 +25,12 @@ export interface State {
   memoRows?: MemoRows;
   /** The device-local memo secret (hex, 32 bytes), made on first use and never changed. */
   memoSecret?: string;
+  /**
+   * The trust reached (the Python SDK's trust table): the pinned root keys it follows
+   * (hex, sorted) and the highest root envelope verified (hex). Used at open instead of the
+   * configured root when the pins are the same and its version is not lower.
+   */
+  trust?: { pinned: string[]; root: string };
   /** The earlier layout (MemoState JSON by metric, keyed by value index): re-keyed into memoRows at open. */
   memos?: Record<string, string>;
 }
