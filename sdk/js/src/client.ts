@@ -239,13 +239,16 @@ export class FedldpClient {
     const hintMs = error.retryAfterMs ?? NaN;
     const ceiling = Math.min(BACKOFF_MAX_MS, BACKOFF_BASE_MS * 2 ** Math.min(this.state.failures - 1, 30));
     const backoff = Math.random() * ceiling;
-    const pause = Number.isFinite(hintMs) && hintMs >= 0 ? Math.max(backoff, Math.min(hintMs, MAX_HINT_MS)) : backoff;
-    this.state.pausedUntilMs = Date.now() + pause;
+    const hinted = Number.isFinite(hintMs) && hintMs >= 0;
+    const pause = hinted ? Math.max(backoff, Math.min(hintMs, MAX_HINT_MS)) : backoff;
+    const now = Date.now();
+    if (hinted) this.state.hintUntilMs = now + Math.min(hintMs, MAX_HINT_MS);
+    this.state.pausedUntilMs = now + pause;
   }
 
   /** End a pause now (connectivity came back); a server hint still in force is kept. */
   wake(): void {
-    if (this.state.failures > 0) this.state.pausedUntilMs = 0;
+    if (this.state.failures > 0) this.state.pausedUntilMs = Math.max(0, this.state.hintUntilMs ?? 0);
   }
 
   /** The last failed call's status (code name and retry hint), for diagnostics. */

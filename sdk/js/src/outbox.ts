@@ -17,6 +17,8 @@ export interface State {
   spent: Record<string, string>;
   highestVersions: Record<string, string>;
   pausedUntilMs: number;
+  /** The end of the collector's last retry-after-ms hint (Unix ms): wake() does not end a pause before it. */
+  hintUntilMs?: number;
   failures: number;
   /**
    * Permanent responses of memoized metrics: metric -> memo key -> HMAC-SHA256 of the

@@ -24,7 +24,7 @@ class HintingCollector implements CollectorTransport {
   close(): void {}
 }
 
-async function flushAgainst(hintMs: number, paused: number[] = []): Promise<number> {
+async function flushAgainst(hintMs: number, paused: number[] = [], wakeAndFlush = false): Promise<number> {
   const trust = load("policies.json").trust;
   const state = emptyState();
   state.pending.push({ id: "00".repeat(16), report: "0a1000000000000000000000000000000000" });
@@ -37,6 +37,10 @@ async function flushAgainst(hintMs: number, paused: number[] = []): Promise<numb
   const result = await client.flush();
   assert.equal(result.pending, 1);
   paused.push(result.pausedMs);
+  if (wakeAndFlush) {
+    client.wake(); // connectivity came back: ends the backoff, not the server's hint
+    paused.push((await client.flush()).pausedMs);
+  }
   return collector.submits;
 }
 
@@ -60,4 +64,10 @@ test("the hint is a floor on the jittered backoff and is capped at 3600 s (clien
   assert.ok(hinted > 9_000 && hinted <= 10_000, `hint 10 s paused ${hinted} ms`);
   assert.ok(capped > 3_599_000 && capped <= 3_600_000, `hint 10^4 s paused ${capped} ms`);
   assert.ok(zero >= 0 && zero <= 500, `hint 0 paused ${zero} ms (first failure: uniform(0, 500 ms))`);
+});
+
+test("wake() ends the backoff but not a server hint still in force", async () => {
+  const paused: number[] = [];
+  assert.equal(await flushAgainst(10_000, paused, true), 1, "wake() let flush() call through a 10 s hint");
+  assert.ok(paused[1]! > 9_000, `after wake() the pause left is ${paused[1]} ms`);
 });
