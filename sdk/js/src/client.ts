@@ -168,13 +168,16 @@ export class FedldpClient {
    */
   private perturb(metric: string, policy: VerifiedPolicy, input: Input): ReturnType<VerifiedPolicy["mechanism"]["perturb"]> {
     const mechanism = policy.mechanism;
-    if (!mechanism.memoized || mechanism.newMemo === undefined) return mechanism.perturb(input);
+    if (!mechanism.memoized) return mechanism.perturb(input);
+    if (mechanism.newMemo === undefined || mechanism.memoSlots === undefined) {
+      throw new Error(`${policy.policyId}: a memoized mechanism must name its memo slots`); // never redraw silently
+    }
     const memo: MemoState = mechanism.newMemo();
     const secret = (this.state.memoSecret ??= newMemoSecret());
     const rows = (this.state.memoRows ??= {});
     const loaded = new Set<number>();
     for (;;) {
-      const wanted = (mechanism.memoSlots?.(input, memo) ?? []).filter((slot) => !loaded.has(slot));
+      const wanted = mechanism.memoSlots(input, memo).filter((slot) => !loaded.has(slot));
       if (wanted.length === 0) break;
       for (const slot of wanted) loaded.add(slot);
       loadSlots(rows, secret, metric, memo, wanted);
