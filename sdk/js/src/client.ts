@@ -23,7 +23,8 @@ import { type Pending, type State, type StateStore, emptyState } from "./outbox.
 import { PolicyError, TrustStore, type VerifiedPolicy, fromHex, hex, verifyPolicy } from "./policy.js";
 import { type CollectorTransport, TransportError } from "./transport.js";
 import { ReportIds, coarseTime, reportBytes, submitRequestBytes } from "./wire.js";
-import { MemoState, encodeValue } from "./mechanisms.js";
+import { type Input, MemoState, encodeValue } from "./mechanisms.js";
+import { loadSlots, migrateMemos, newMemoSecret, saveSlots } from "./memo_store.js";
 
 export interface CoreOptions {
   /** Raw 32-byte root public keys this device pins. */
@@ -49,6 +50,11 @@ export class BudgetExhaustedError extends Error {}
 /** No verified policy collects this metric. */
 export class NoPolicyError extends Error {}
 
+/** client/transport.py Backoff: base_seconds, max_seconds, max_hint_seconds (in ms). */
+const BACKOFF_BASE_MS = 500;
+const BACKOFF_MAX_MS = 300_000;
+const MAX_HINT_MS = 3_600_000;
+
 export interface FlushResult { accepted: number; duplicate: number; refused: number; pending: number; pausedMs: number }
 
 /** The device client (one per outbox). */
@@ -62,8 +68,14 @@ export class FedldpClient {
 
   /** Load the stored state, trust the pinned root and fetch the policies. */
   static async open(options: ClientParts): Promise<FedldpClient> {
-    const trust = await TrustStore.fromPinnedRoot(options.rootEnvelope, options.pinnedRootKeys);
+    const configured = await TrustStore.fromPinnedRoot(options.rootEnvelope, options.pinnedRootKeys);
     const state = (await options.store.load()) ?? emptyState();
+    const trust = (await storedTrust(state, options.pinnedRootKeys, configured)) ?? configured;
+    if (state.memos !== undefined) {
+      state.memoSecret ??= newMemoSecret();
+      migrateMemos(state.memos, (state.memoRows ??= {}), state.memoSecret);
+      delete state.memos;
+    }
     const client = new FedldpClient(options, trust, state);
     await client.refreshPolicies();
     return client;
@@ -80,6 +92,7 @@ export class FedldpClient {
     }));
     const response = fromBinary(GetPoliciesResponseSchema, await this.options.transport.call("GetPolicies", request));
     await this.trust.updateRoots(response.roots.map((e) => toBinary(SignedEnvelopeSchema, e)));
+    this.state.trust = { pinned: pinnedHex(this.options.pinnedRootKeys), root: hex(this.trust.rootEnvelope) };
     const highest: Record<string, bigint> = {};
     for (const [id, v] of Object.entries(this.state.highestVersions)) highest[id] = BigInt(v);
     const policies = new Map<string, VerifiedPolicy>();
@@ -135,28 +148,44 @@ export class FedldpClient {
       if (compare(after, policy.epsilonCap) > 0) {
         throw new BudgetExhaustedError(`policy ${policy.policyId}: this window's budget is spent (cap ${decimalString(policy.epsilonCap)})`);
       }
-      const memo = this.memoFor(metric, policy);
-      const output = policy.mechanism.perturb(input, undefined, memo);
+      const output = this.perturb(metric, policy, input);
       const reportId = this.ids.next();
       const bytes = reportBytes({
         reportId, policyId: policy.policyId, policyVersion: policy.version,
         policyDigest: policy.digest, coarseTime: coarseTime(now),
       }, output);
       this.state.spent[key] = decimalString(after);
-      if (memo !== undefined) (this.state.memos ??= {})[metric] = memo.toJSON();
       this.state.pending.push({ id: hex(reportId), report: hex(bytes) });
       await this.persist();
     });
   }
 
-  /** The stored memo of a memoized policy's metric (a fresh one when absent or bound to other parameters). */
-  private memoFor(metric: string, policy: VerifiedPolicy): MemoState | undefined {
-    const fresh = policy.mechanism.newMemo;
-    if (!policy.mechanism.memoized || fresh === undefined) return undefined;
-    const text = this.state.memos?.[metric];
-    const stored = text === undefined ? undefined : MemoState.fromJSON(text);
-    const memo = fresh.call(policy.mechanism);
-    return stored !== undefined && stored.key === memo.key ? stored : memo;
+  /**
+   * One report of `input`; for a memoized mechanism (Erlingsson et al., CCS 2014, Section 3)
+   * the slots it names (memoSlots) are loaded from the keyed memo rows of (metric, memo key)
+   * and the slots drawn for the first time saved back (persisted with the report), as the
+   * Python SDK's recorder does.
+   */
+  private perturb(metric: string, policy: VerifiedPolicy, input: Input): ReturnType<VerifiedPolicy["mechanism"]["perturb"]> {
+    const mechanism = policy.mechanism;
+    if (!mechanism.memoized) return mechanism.perturb(input);
+    if (mechanism.newMemo === undefined || mechanism.memoSlots === undefined) {
+      throw new Error(`${policy.policyId}: a memoized mechanism must name its memo slots`); // never redraw silently
+    }
+    const memo: MemoState = mechanism.newMemo();
+    const secret = (this.state.memoSecret ??= newMemoSecret());
+    const rows = (this.state.memoRows ??= {});
+    const loaded = new Set<number>();
+    for (;;) {
+      const wanted = mechanism.memoSlots(input, memo).filter((slot) => !loaded.has(slot));
+      if (wanted.length === 0) break;
+      for (const slot of wanted) loaded.add(slot);
+      loadSlots(rows, secret, metric, memo, wanted);
+    }
+    const before = new Set(memo.responses.keys());
+    const output = mechanism.perturb(input, undefined, memo);
+    saveSlots(rows, secret, metric, memo, [...memo.responses.keys()].filter((slot) => !before.has(slot)));
+    return output;
   }
 
   /** Send every pending report (same bytes on every attempt); honours the retry hint. */
@@ -179,7 +208,9 @@ export class FedldpClient {
           if (!(error instanceof TransportError)) throw error;
           this.failed(error);
           await this.persist();
-          continue;
+          result.pausedMs = Math.max(0, this.state.pausedUntilMs - Date.now());
+          break; // a failed call ends this flush: the next attempt waits for the pause
+
         }
         this.state.failures = 0;
         const done = new Set<string>();
@@ -198,19 +229,29 @@ export class FedldpClient {
     });
   }
 
-  /** A failed call: pause for the server's retry-after-ms hint, else exponential backoff with jitter. */
+  /**
+   * A failed call: pause for exponential backoff with full jitter (Brooker 2015), raised to
+   * the server's retry-after-ms hint when one came (capped), as the Python SDK's Backoff.delay
+   * (client/transport.py): uniform(0, min(300 s, 500 ms × 2^(failures−1))), then max with
+   * min(hint, 3600 s). The hint is a floor on the pause, never its replacement, so a hint of
+   * 0 still backs off; flush() makes no further call until the pause ends.
+   */
   private failed(error: TransportError): void {
     this.lastFailure = error;
     this.state.failures += 1;
     const hintMs = error.retryAfterMs ?? NaN;
-    const backoff = Math.random() * Math.min(60_000, 500 * 2 ** Math.min(this.state.failures, 10));
-    const pause = Number.isFinite(hintMs) ? Math.min(hintMs, 300_000) : backoff;
-    this.state.pausedUntilMs = Date.now() + pause;
+    const ceiling = Math.min(BACKOFF_MAX_MS, BACKOFF_BASE_MS * 2 ** Math.min(this.state.failures - 1, 30));
+    const backoff = Math.random() * ceiling;
+    const hinted = Number.isFinite(hintMs) && hintMs >= 0;
+    const pause = hinted ? Math.max(backoff, Math.min(hintMs, MAX_HINT_MS)) : backoff;
+    const now = Date.now();
+    if (hinted) this.state.hintUntilMs = now + Math.min(hintMs, MAX_HINT_MS);
+    this.state.pausedUntilMs = now + pause;
   }
 
   /** End a pause now (connectivity came back); a server hint still in force is kept. */
   wake(): void {
-    if (this.state.failures > 0) this.state.pausedUntilMs = 0;
+    if (this.state.failures > 0) this.state.pausedUntilMs = Math.max(0, this.state.hintUntilMs ?? 0);
   }
 
   /** The last failed call's status (code name and retry hint), for diagnostics. */
@@ -235,6 +276,30 @@ export class FedldpClient {
   private persist(): Promise<void> {
     return this.options.store.save(this.state);
   }
+}
+
+/** The pinned root keys as stored (hex, sorted, distinct). */
+function pinnedHex(keys: Uint8Array[]): string[] {
+  return [...new Set(keys.map(hex))].sort();
+}
+
+/**
+ * The stored trust if it follows the configured pins and is not older than the configured
+ * root, else undefined (policy_cache.py _stored_trust): a rotation reached earlier holds
+ * after a restart, an app update with new pins or a newer bundled root starts from those.
+ * A stored root that no longer verifies is ignored (the configured trust is used).
+ */
+async function storedTrust(state: State, pinned: Uint8Array[], configured: TrustStore): Promise<TrustStore | undefined> {
+  const stored = state.trust;
+  if (stored === undefined || JSON.stringify(stored.pinned) !== JSON.stringify(pinnedHex(pinned))) return undefined;
+  let trust: TrustStore;
+  try {
+    trust = await TrustStore.fromStoredRoot(fromHex(stored.root));
+  } catch (error) {
+    if (error instanceof PolicyError || error instanceof RangeError || error instanceof TypeError) return undefined;
+    throw error;
+  }
+  return trust.rootVersion >= configured.rootVersion ? trust : undefined;
 }
 
 export type { Rational };

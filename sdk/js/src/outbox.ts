@@ -3,9 +3,11 @@
  * ids and exact bytes, hex), spend per (policy id, window start), the highest
  * policy versions seen and the retry pause — and where it is kept: a file in Node
  * (outbox_file.ts), IndexedDB in browsers (outbox_indexeddb.ts). It holds
- * randomized outputs only, never a raw value. `save` returns once the state is
+ * randomized outputs only, never a raw value (memoized responses are keyed by a
+ * keyed hash of the value: memo_store.ts). `save` returns once the state is
  * durable (the file synced and renamed; the IndexedDB transaction complete).
  */
+import { type MemoRows } from "./memo_store.js";
 
 export interface Pending { id: string; report: string }
 
@@ -15,8 +17,23 @@ export interface State {
   spent: Record<string, string>;
   highestVersions: Record<string, string>;
   pausedUntilMs: number;
+  /** The end of the collector's last retry-after-ms hint (Unix ms): wake() does not end a pause before it. */
+  hintUntilMs?: number;
   failures: number;
-  /** Memo state (permanent responses) of memoized metrics, by metric name: MemoState JSON. */
+  /**
+   * Permanent responses of memoized metrics: metric -> memo key -> HMAC-SHA256 of the
+   * slot under `memoSecret` (hex) -> response (hex); memo_store.ts. Never a value index.
+   */
+  memoRows?: MemoRows;
+  /** The device-local memo secret (hex, 32 bytes), made on first use and never changed. */
+  memoSecret?: string;
+  /**
+   * The trust reached (the Python SDK's trust table): the pinned root keys it follows
+   * (hex, sorted) and the highest root envelope verified (hex). Used at open instead of the
+   * configured root when the pins are the same and its version is not lower.
+   */
+  trust?: { pinned: string[]; root: string };
+  /** The earlier layout (MemoState JSON by metric, keyed by value index): re-keyed into memoRows at open. */
   memos?: Record<string, string>;
 }
 

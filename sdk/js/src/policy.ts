@@ -114,6 +114,8 @@ function checkPayloadType(envelope: SignedEnvelope, expected: string): void {
 }
 
 interface TrustedRoot {
+  /** The serialized root SignedEnvelope (what the device stores to keep this trust). */
+  envelope: Uint8Array;
   message: Root;
   rootKeys: Map<string, Uint8Array>;
   policyKeys: Map<string, { key: Uint8Array; expiresAt: bigint }>;
@@ -125,7 +127,7 @@ async function keysOf(entries: Root["rootKeys"]): Promise<Map<string, Uint8Array
   return map;
 }
 
-async function parseRoot(envelope: SignedEnvelope): Promise<TrustedRoot> {
+async function parseRoot(envelope: SignedEnvelope): Promise<Omit<TrustedRoot, "envelope">> {
   let message: Root;
   try {
     message = fromBinary(RootSchema, envelope.payload);
@@ -160,10 +162,32 @@ export class TrustStore {
     if (signers.size < root.message.rootThreshold || own.size < root.message.rootThreshold) {
       throw new PolicyError("RootRotationError", "root lacks a threshold of signatures");
     }
-    return new TrustStore(root);
+    return new TrustStore({ ...root, envelope: rootEnvelope });
+  }
+
+  /**
+   * The trust a device stored (trust.py TrustStore.from_bytes): `rootEnvelope` is the
+   * highest root it verified earlier (the chain from the pinned root was checked then); its
+   * own threshold of signatures is re-checked, so corrupted storage is refused (RootRotationError).
+   */
+  static async fromStoredRoot(rootEnvelope: Uint8Array): Promise<TrustStore> {
+    let envelope: SignedEnvelope;
+    try {
+      envelope = fromBinary(SignedEnvelopeSchema, rootEnvelope);
+    } catch {
+      throw new PolicyError("RootRotationError", "stored root is not a SignedEnvelope");
+    }
+    checkPayloadType(envelope, ROOT_PAYLOAD_TYPE);
+    const root = await parseRoot(envelope);
+    const own = await validSigners(envelope, root.rootKeys);
+    if (own.size < root.message.rootThreshold) throw new PolicyError("RootRotationError", "stored root lacks its own threshold");
+    return new TrustStore({ ...root, envelope: rootEnvelope });
   }
 
   get rootVersion(): bigint { return this.root.message.version; }
+
+  /** The serialized envelope of the current root (stored so a restart keeps a rotation). */
+  get rootEnvelope(): Uint8Array { return this.root.envelope; }
 
   /** Apply newer roots in order (each version exactly current + 1, signed by both key sets). */
   async updateRoots(envelopes: Uint8Array[]): Promise<void> {
@@ -183,7 +207,7 @@ export class TrustStore {
       if (own.size < next.message.rootThreshold) {
         throw new PolicyError("RootRotationError", "new root lacks its own threshold");
       }
-      this.root = next;
+      this.root = { ...next, envelope: bytes };
     }
   }
 

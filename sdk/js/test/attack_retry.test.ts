@@ -24,7 +24,7 @@ class HintingCollector implements CollectorTransport {
   close(): void {}
 }
 
-async function flushAgainst(hintMs: number): Promise<number> {
+async function flushAgainst(hintMs: number, paused: number[] = [], wakeAndFlush = false): Promise<number> {
   const trust = load("policies.json").trust;
   const state = emptyState();
   state.pending.push({ id: "00".repeat(16), report: "0a1000000000000000000000000000000000" });
@@ -36,6 +36,11 @@ async function flushAgainst(hintMs: number): Promise<number> {
   });
   const result = await client.flush();
   assert.equal(result.pending, 1);
+  paused.push(result.pausedMs);
+  if (wakeAndFlush) {
+    client.wake(); // connectivity came back: ends the backoff, not the server's hint
+    paused.push((await client.flush()).pausedMs);
+  }
   return collector.submits;
 }
 
@@ -43,9 +48,26 @@ test("a retry hint of 250 ms pauses flush after one call (held)", async () => {
   assert.equal(await flushAgainst(250), 1);
 });
 
-test("a retry hint of 0 ms does not make flush() call in a loop", {
-  todo: "finding: retry-after-ms 0 (or a few ms) has no floor: one flush() makes 1000 Submit calls back to back (unbounded without the test's stop)",
-}, async () => {
-  const calls = await flushAgainst(0);
-  assert.ok(calls <= 2, `one flush() made ${calls} Submit calls`);
+test("a retry hint of 0 ms does not make flush() call in a loop", async () => {
+  for (const hint of [0, 1, 5]) {
+    const calls = await flushAgainst(hint);
+    assert.equal(calls, 1, `hint ${hint} ms: one flush() made ${calls} Submit calls`);
+  }
+});
+
+test("the hint is a floor on the jittered backoff and is capped at 3600 s (client/transport.py Backoff.delay)", async () => {
+  const paused: number[] = [];
+  await flushAgainst(10_000, paused);
+  await flushAgainst(10_000_000, paused);
+  await flushAgainst(0, paused);
+  const [hinted, capped, zero] = paused as [number, number, number];
+  assert.ok(hinted > 9_000 && hinted <= 10_000, `hint 10 s paused ${hinted} ms`);
+  assert.ok(capped > 3_599_000 && capped <= 3_600_000, `hint 10^4 s paused ${capped} ms`);
+  assert.ok(zero >= 0 && zero <= 500, `hint 0 paused ${zero} ms (first failure: uniform(0, 500 ms))`);
+});
+
+test("wake() ends the backoff but not a server hint still in force", async () => {
+  const paused: number[] = [];
+  assert.equal(await flushAgainst(10_000, paused, true), 1, "wake() let flush() call through a 10 s hint");
+  assert.ok(paused[1]! > 9_000, `after wake() the pause left is ${paused[1]} ms`);
 });

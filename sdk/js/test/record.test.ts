@@ -97,15 +97,15 @@ test("record() takes every metric type, stores no raw value, and the ledger char
       await refused("metric.rec_multi", ["hidden-label-xyz", 0.5]);
       assert.equal(errors.length, 11);
       assert.deepEqual(errors.flatMap(leaks), [], "an error message carries a raw value");
-      const memos = JSON.parse(readFileSync(options.stateFile, "utf8")).memos as Record<string, string>;
+      const memos = JSON.parse(readFileSync(options.stateFile, "utf8")).memoRows as Record<string, unknown>;
       assert.deepEqual(Object.keys(memos).sort(), ["metric.rec_loloha", "metric.rec_rappor"]);
       await client.close();
 
       // A restarted app keeps its permanent responses: the memo only grows.
       client = await openClient(options);
       await client.record("metric.rec_rappor", "zebra-label");
-      const after = JSON.parse(readFileSync(options.stateFile, "utf8")).memos as Record<string, string>;
-      assert.equal(after["metric.rec_rappor"], memos["metric.rec_rappor"]);
+      const after = JSON.parse(readFileSync(options.stateFile, "utf8")).memoRows as Record<string, unknown>;
+      assert.deepEqual(after["metric.rec_rappor"], memos["metric.rec_rappor"]);
       const state = readFileSync(options.stateFile, "utf8");
       assert.deepEqual(leaks(state), [], "the state file carries a raw value");
       const sent = await client.flush();

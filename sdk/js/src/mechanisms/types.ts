@@ -83,4 +83,6 @@ export interface Mechanism {
   probability(value: Input, output: Output): Rational;
   /** An empty memo bound to this mechanism's parameters (memoized mechanisms only). */
   newMemo?(): MemoState;
+  /** The memo slots perturb(value) reads or writes, given the slots loaded so far (memoized mechanisms only). */
+  memoSlots?(value: Input, memo?: MemoState): number[];
 }
