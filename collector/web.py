@@ -20,8 +20,9 @@ The protocol library reads a request's body before the handler runs, so the
 gate admits each call first (`CollectorServicer.admit_async`: authentication,
 rate limit, RPC slot, and its Content-Length, else `max_message_bytes`, reserved
 under the same byte budgets), before a byte of its body is read; a refused call
-is never read. An admitted body is read within `body_timeout_ms`, at most the
-bytes reserved, and its gRPC-Web framing checked before the library sees it;
+is never read. An admitted body is read within `body_timeout_ms`, at most its
+Content-Length (else `max_message_bytes` and a frame's prefix), and its gRPC-Web
+framing checked before the library sees it;
 `handle_async` takes the gate's admission (no second reservation), and the gate
 gives back whatever is left when the call ends. Bad protocol headers (a
 malformed `grpc-timeout`, any compression) are refused before authentication.
@@ -236,8 +237,10 @@ def _admitting_receive(
 ) -> Receive:
     """`receive` that, on its first call, admits the request before reading a byte
     of its body — `admit(n)` authenticates and reserves `n` bytes (its
-    Content-Length, else `limit`) — then reads the whole body (at most the bytes
-    reserved, within `timeout` s from admission) and hands it over as one message.
+    Content-Length, else `limit`, less a gRPC frame's 5-byte prefix when that
+    would pass `max_message_bytes`) — then reads the whole body (at most its
+    Content-Length, else `limit`, within `timeout` s from admission) and hands it
+    over as one message.
     A refused request is not read; a body that is too large, too slow or (framed)
     not one message frame is replaced by an empty request (an empty frame when
     gRPC-framed) and `state` says why, so that the handler refuses it (the
@@ -282,11 +285,12 @@ def _admitting_receive(
         if length is not None and length > limit:
             state.too_large = True
             return {"type": "http.request", "body": empty, "more_body": False}
-        reserve = limit if length is None else length
-        state.ticket = await admit(reserve)
+        allowed = limit if length is None else length
+        # at most max_message_bytes, as a gRPC call (a frame's 5-byte prefix unreserved)
+        state.ticket = await admit(min(allowed, limit - len(empty)))
         if state.ticket.refusal is not None:
             return {"type": "http.request", "body": empty, "more_body": False}
-        return {"type": "http.request", "body": await read_all(reserve), "more_body": False}
+        return {"type": "http.request", "body": await read_all(allowed), "more_body": False}
 
     return admitting
 
