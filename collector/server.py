@@ -443,6 +443,9 @@ class CollectorServicer:
             await self._admit(context, ticket, reserve)
         except CollectorError as exc:
             ticket.refusal = exc
+        except BaseException:  # cancelled (the client went away): nothing may stay taken
+            self.settle(ticket)
+            raise
         return ticket
 
     def settle(self, ticket: Admitted) -> None:
