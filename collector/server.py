@@ -186,6 +186,19 @@ else:  # pragma: no cover - Python 3.10
             raise TimeoutError("the request body did not arrive in time") from None
 
 
+@dataclass
+class Admitted:
+    """What admission took for one call on the asyncio server: its connection
+    (`peer`), subject, RPC slot (`entered`), reserved bytes (`held`), or the
+    refusal that ended it (`CollectorServicer.admit_async`)."""
+
+    peer: str
+    subject: str = ""
+    entered: bool = False
+    held: int = 0
+    refusal: CollectorError | None = None
+
+
 class CollectorServicer:
     """Handlers for the three Collector RPCs, taking the request stream unread.
 
@@ -271,10 +284,12 @@ class CollectorServicer:
             metadata=(("retry-after-ms", str(retry_after_ms())),),
         )
 
-    def _no_room(self, subject: str) -> OverloadedError:
-        """The refusal of a request that found no room under the byte budgets: its
-        subject's share (refused at once) or the server's or connection's budget."""
-        if not self.admission.only_subject_full(subject, self.reserve_bytes):
+    def _no_room(self, subject: str, reserve: int | None = None) -> OverloadedError:
+        """The refusal of a request that found no room for `reserve` bytes (default
+        `reserve_bytes`) under the byte budgets: its subject's share (refused at
+        once) or the server's or connection's budget."""
+        n = self.reserve_bytes if reserve is None else reserve
+        if not self.admission.only_subject_full(subject, n):
             return self._overloaded("request bytes")
         self.metrics.shed.labels("subject bytes").inc()
         return SubjectShareError(
@@ -401,6 +416,46 @@ class CollectorServicer:
         context.abort(code, detail)
         raise AssertionError("unreachable: abort raises")
 
+    async def _admit(self, context: Any, ticket: Admitted, reserve: int) -> None:
+        """Authenticate, rate-limit, take an RPC slot and reserve `reserve` bytes for
+        `ticket` (what it took is recorded in it as it is taken); CollectorError when
+        refused (what was taken stays in `ticket` for the caller to give back)."""
+        ticket.subject = self._authenticate(context)
+        if not self.admission.enter():
+            raise self._overloaded("requests")
+        ticket.entered = True
+        if not await self.admission.reserve_async(
+            ticket.peer, reserve, timeout=self.admission_wait, subject=ticket.subject
+        ):
+            raise self._no_room(ticket.subject, reserve)
+        ticket.held = reserve
+
+    async def admit_async(self, context: Any, reserve: int) -> Admitted:
+        """Admit a call before its body is read, for a transport that must read the
+        body before `handle_async` runs (the web endpoint, collector/web.py): the same
+        authentication, rate limit, RPC slot and byte budgets as `_acall`, reserving
+        `reserve` bytes. A refusal is kept in the ticket (`refusal`) and raised by
+        `handle_async` (counted, logged and answered as over gRPC); the caller hands
+        the ticket to `handle_async` as `context.ticket` and calls `settle` when the
+        call ends, in case `handle_async` never ran."""
+        ticket = Admitted(peer=context.peer())
+        try:
+            await self._admit(context, ticket, reserve)
+        except CollectorError as exc:
+            ticket.refusal = exc
+        except BaseException:  # cancelled (the client went away): nothing may stay taken
+            self.settle(ticket)
+            raise
+        return ticket
+
+    def settle(self, ticket: Admitted) -> None:
+        """Give back whatever `ticket` still holds (nothing once `handle_async` ran)."""
+        self.admission.release(ticket.peer, ticket.held, subject=ticket.subject)
+        ticket.held = 0
+        if ticket.entered:
+            ticket.entered = False
+            self.admission.leave()
+
     async def _acall(
         self,
         method: str,
@@ -409,33 +464,26 @@ class CollectorServicer:
         context: grpc.aio.ServicerContext[Any, Any],
     ) -> bytes:
         code = grpc.StatusCode.OK
-        subject = ""
-        peer = context.peer()
+        admitted: Admitted | None = getattr(context, "ticket", None)
+        ticket = admitted or Admitted(peer=context.peer())
         admission = self.admission
-        entered = False
-        held = 0
         slow = False
         try:
-            subject = self._authenticate(context)
-            if not admission.enter():
-                raise self._overloaded("requests")
-            entered = True
-            if not await admission.reserve_async(
-                peer, self.reserve_bytes, timeout=self.admission_wait, subject=subject
-            ):
-                raise self._no_room(subject)
-            held = self.reserve_bytes
-            request, size = await self._aread(request_type, context, subject)
-            admission.resize(peer, held, size, subject=subject)
-            held = size
-            return (await body(subject, request)).SerializeToString()
+            if admitted is None:
+                await self._admit(context, ticket, self.reserve_bytes)
+            elif admitted.refusal is not None:
+                raise admitted.refusal
+            request, size = await self._aread(request_type, context, ticket.subject)
+            admission.resize(ticket.peer, ticket.held, size, subject=ticket.subject)
+            ticket.held = size
+            return (await body(ticket.subject, request)).SerializeToString()
         except CollectorError as exc:
-            code, detail, trailers = self._refused(method, exc, subject)
+            code, detail, trailers = self._refused(method, exc, ticket.subject)
             slow = isinstance(exc, SubjectShareError)
         finally:
-            admission.release(peer, held, subject=subject)
-            if entered:
-                admission.leave()
+            if admitted is not None:
+                admitted.refusal = None  # no exception (and its frames) kept alive
+            self.settle(ticket)
             self._count(method, code)
         # Outside the except block: the exception and its frames are gone already.
         if slow:

@@ -16,10 +16,17 @@ same event loop (so `server = "asyncio"` is required). A refusal has the same
 code and message as over gRPC and its `retry-after-ms` as a trailer (a
 `trailer-retry-after-ms` header in the Connect protocol), exposed to pages by CORS.
 
-One difference stays: the protocol library reads a request's body before the
-handler runs, so a body is buffered (at most `max_message_bytes`, within
-`body_timeout_ms`, else refused) before admission counts it; admission then
-holds its real size as for gRPC. Only protobuf bodies are accepted (no JSON).
+The protocol library reads a request's body before the handler runs, so the
+gate admits each call first (`CollectorServicer.admit_async`: authentication,
+rate limit, RPC slot, and its Content-Length, else `max_message_bytes`, reserved
+under the same byte budgets), before a byte of its body is read; a refused call
+is never read. An admitted body is read within `body_timeout_ms`, at most its
+Content-Length (else `max_message_bytes` and a frame's prefix), and its gRPC-Web
+framing checked before the library sees it;
+`handle_async` takes the gate's admission (no second reservation), and the gate
+gives back whatever is left when the call ends. Bad protocol headers (a
+malformed `grpc-timeout`, any compression) are refused before authentication.
+Only protobuf bodies are accepted (no JSON).
 CORS: the origins in `web_allowed_origins` get the CORS headers; a request that
 carries any other `Origin` is refused with 403 before anything is read.
 """
@@ -28,6 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import re
 import socket
 from collections.abc import Awaitable, Callable, MutableMapping
 from dataclasses import dataclass
@@ -35,6 +43,7 @@ from typing import Any, NoReturn
 
 import grpc
 from fedldp.collector.config import CollectorConfig, split_address
+from fedldp.collector.errors import MalformedRequestError
 
 #: The RPC paths' prefix (the same service name as over gRPC).
 SERVICE = "fedldp.v1.Collector"
@@ -77,10 +86,16 @@ Send = Callable[[Message], Awaitable[None]]
 
 @dataclass
 class _Body:
-    """What the body reader saw of one request (shared with its handler)."""
+    """What the gate saw of one request (shared with its handler): a protocol
+    refusal decided before admission (`refusal`: Connect code name and message),
+    the admission ticket, and why its body was not handed over as it came."""
 
+    peer: str
+    refusal: tuple[str, str] | None = None
+    ticket: Any = None
     timed_out: bool = False
     too_large: bool = False
+    malformed: str | None = None
 
 
 _BODY: contextvars.ContextVar[_Body] = contextvars.ContextVar("fedldp_web_body")
@@ -121,10 +136,12 @@ class WebCall:
         self.ctx = ctx
         self.body = body
         self.state = state
+        #: the gate's admission (`CollectorServicer.admit_async`), taken before the body was read
+        self.ticket = state.ticket
 
     def peer(self) -> str:
-        """The connection, for its byte budget: the HTTP client's address."""
-        return f"web:{self.ctx.client_address() or 'unknown'}"
+        """The connection, for its byte budget: the HTTP client's address and port."""
+        return self.state.peer
 
     def invocation_metadata(self) -> tuple[tuple[str, str], ...]:
         """The request headers (lower-case names), as gRPC call metadata."""
@@ -145,6 +162,8 @@ class WebCall:
         """The request message; TimeoutError when its body did not come in time."""
         if self.state.timed_out:
             raise TimeoutError("the request body did not arrive in time")
+        if self.state.malformed is not None:
+            raise MalformedRequestError(self.state.malformed)
         return self.body
 
     async def abort(
@@ -172,6 +191,8 @@ def _endpoints(servicer: Any, max_message_bytes: int) -> dict[str, Any]:
     def endpoint(name: str) -> Any:
         async def function(request: _RawMessage, ctx: Any) -> _RawMessage:
             state = _BODY.get()
+            if state.refusal is not None:
+                raise ConnectError(Code[state.refusal[0]], state.refusal[1])
             if state.too_large:
                 raise ConnectError(
                     Code.RESOURCE_EXHAUSTED,
@@ -192,19 +213,46 @@ def _endpoints(servicer: Any, max_message_bytes: int) -> dict[str, Any]:
     return {f"/{SERVICE}/{name}": endpoint(name) for name in ("Submit", "GetPolicies", "GetBudget")}
 
 
-def _limited_receive(
-    receive: Receive, state: _Body, limit: int, timeout: float, *, framed: bool
-) -> Receive:
-    """`receive` that reads the whole body first (at most `limit` bytes, within
-    `timeout` s) and hands it over as one message; a body that is too large or too
-    slow is replaced by an empty request (an empty frame when gRPC-framed) and
-    `state` says why, so that the handler refuses it (the protocol library never
-    sees a truncated body)."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    done = False
+def _frame_error(body: bytes) -> str | None:
+    """Why `body` is not exactly one uncompressed gRPC(-Web) message frame (a flag
+    byte 0, a 4-byte big-endian length, that many bytes), or None when it is."""
+    if len(body) < 5:
+        return "the request is not a gRPC-Web message frame (truncated prefix)"
+    if body[0] == 1:
+        return "the request frame is flagged compressed but no grpc-encoding was sent"
+    if body[0] != 0:
+        return "the request frame is not a message frame (a trailer or unknown flag)"
+    if int.from_bytes(body[1:5], "big") != len(body) - 5:
+        return "the request frame's length does not match its body (truncated or trailing bytes)"
+    return None
 
-    async def read_all() -> bytes:
+
+def _admitting_receive(
+    receive: Receive,
+    state: _Body,
+    admit: Callable[[int], Awaitable[Any]],
+    limits: tuple[int, int | None, float],
+    *,
+    framed: bool,
+) -> Receive:
+    """`receive` that, on its first call, admits the request before reading a byte
+    of its body — `admit(n)` authenticates and reserves `n` bytes (its
+    Content-Length, else `limit`, less a gRPC frame's 5-byte prefix when that
+    would pass `max_message_bytes`) — then reads the whole body (at most its
+    Content-Length, else `limit`, within `timeout` s from admission) and hands it
+    over as one message.
+    A refused request is not read; a body that is too large, too slow or (framed)
+    not one message frame is replaced by an empty request (an empty frame when
+    gRPC-framed) and `state` says why, so that the handler refuses it (the
+    protocol library never sees such a body). `limits`: (limit, Content-Length or
+    None, timeout)."""
+    limit, length, timeout = limits
+    done = False
+    empty = b"\0\0\0\0\0" if framed else b""
+
+    async def read_all(allowed: int) -> bytes:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
         chunks: list[bytes] = []
         seen = 0
         while True:
@@ -217,22 +265,34 @@ def _limited_receive(
                 break  # http.disconnect: the library notices on its next receive
             chunk = message.get("body", b"")
             seen += len(chunk)
-            if seen > limit:
+            if seen > allowed:
                 state.too_large = True
                 break
             chunks.append(chunk)
             if not message.get("more_body", False):
-                return b"".join(chunks)
-        return b"\0\0\0\0\0" if framed else b""
+                body = b"".join(chunks)
+                state.malformed = _frame_error(body) if framed else None
+                return empty if state.malformed else body
+        return empty
 
-    async def limited() -> Message:
+    async def admitting() -> Message:
         nonlocal done
         if done:
             return await receive()
         done = True
-        return {"type": "http.request", "body": await read_all(), "more_body": False}
+        if state.refusal is not None:
+            return {"type": "http.request", "body": empty, "more_body": False}
+        if length is not None and length > limit:
+            state.too_large = True
+            return {"type": "http.request", "body": empty, "more_body": False}
+        allowed = limit if length is None else length
+        # at most max_message_bytes, as a gRPC call (a frame's 5-byte prefix unreserved)
+        state.ticket = await admit(min(allowed, limit - len(empty)))
+        if state.ticket.refusal is not None:
+            return {"type": "http.request", "body": empty, "more_body": False}
+        return {"type": "http.request", "body": await read_all(allowed), "more_body": False}
 
-    return limited
+    return admitting
 
 
 class WebApp:
@@ -257,6 +317,7 @@ class WebApp:
 
         endpoints = _endpoints(servicer, max_message_bytes)
         inner = _Collector(service=servicer, endpoints=lambda _s: endpoints, compressions=())
+        self.servicer = servicer
         self.allowed_origins = allowed_origins
         self.max_message_bytes = max_message_bytes
         self.body_timeout = body_timeout
@@ -283,26 +344,89 @@ class WebApp:
             content_type = headers.get("content-type", "").split(";")[0].strip().lower()
             if scope["method"] != "POST" or content_type not in PROTO_CONTENT_TYPES:
                 return await _plain(send, 415, b"POST with a protobuf content type only\n")
-            state = _Body()
-            token = _BODY.set(state)
             framed = content_type.startswith("application/grpc")
             try:
-                limited = _limited_receive(
-                    receive,
-                    state,
-                    self.max_message_bytes + (5 if framed else 0),  # a gRPC frame's prefix
-                    self.body_timeout,
-                    framed=framed,
-                )
+                length = int(headers["content-length"]) if "content-length" in headers else None
+            except ValueError:
+                return await _plain(send, 400, b"invalid content-length\n")
+            client = scope.get("client")
+            state = _Body(peer=f"web:{client[0]}:{client[1]}" if client else "web:unknown")
+            state.refusal = _protocol_refusal(headers, framed=framed)
+            if state.refusal is not None:  # answered by the library without its header
+                scope = dict(scope, headers=_without(scope["headers"], _REFUSED_HEADERS))
+            call = _GateCall(scope["headers"], state.peer)
+
+            async def admit(reserve: int) -> Any:
+                return await self.servicer.admit_async(call, reserve)
+
+            limit = self.max_message_bytes + (5 if framed else 0)  # a gRPC frame's prefix
+            limited = _admitting_receive(
+                receive, state, admit, (limit, length, self.body_timeout), framed=framed
+            )
+            token = _BODY.set(state)
+            try:
                 await inner(scope, limited, send)
             finally:
                 _BODY.reset(token)
+                if state.ticket is not None:
+                    state.ticket.refusal = None
+                    self.servicer.settle(state.ticket)
 
         return gate
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         """ASGI entry point."""
         await self.app(scope, receive, send)
+
+
+#: Headers a request refused by `_protocol_refusal` is passed on without.
+_REFUSED_HEADERS = frozenset(
+    {b"grpc-timeout", b"grpc-encoding", b"content-encoding", b"connect-content-encoding"}
+)
+
+#: A valid grpc-timeout: at most 8 digits and a unit (gRPC over HTTP/2, "Timeout").
+_GRPC_TIMEOUT = re.compile(r"[0-9]{1,8}[HMSmun]")
+
+
+def _protocol_refusal(headers: dict[str, str], *, framed: bool) -> tuple[str, str] | None:
+    """The refusal (Connect code name, message) of a request whose protocol headers
+    are wrong, decided before authentication and admission (nothing is read or
+    charged): a malformed `grpc-timeout` is INVALID_ARGUMENT, a compressed body
+    (any encoding but identity; none is supported) UNIMPLEMENTED; None when fine."""
+    timeout = headers.get("grpc-timeout")
+    if framed and timeout is not None and not _GRPC_TIMEOUT.fullmatch(timeout):
+        return "INVALID_ARGUMENT", "the grpc-timeout header is malformed"
+    names = ("grpc-encoding",) if framed else ("content-encoding", "connect-content-encoding")
+    for name in names:
+        if headers.get(name, "identity").strip().lower() != "identity":
+            return "UNIMPLEMENTED", f"{name} is not supported (no compression): send identity"
+    return None
+
+
+def _without(raw: list[tuple[bytes, bytes]], names: frozenset[bytes]) -> list[tuple[bytes, bytes]]:
+    """ASGI headers `raw` less those named in `names` (lower case)."""
+    return [(k, v) for k, v in raw if k.lower() not in names]
+
+
+class _GateCall:
+    """The call as the gate sees it before its body is read, for
+    `CollectorServicer.admit_async`: its headers as call metadata and its peer."""
+
+    def __init__(self, raw: list[tuple[bytes, bytes]], peer: str) -> None:
+        self.metadata = tuple((k.decode("latin-1").lower(), v.decode("latin-1")) for k, v in raw)
+        self._peer = peer
+
+    def peer(self) -> str:
+        """The connection (the HTTP client's address and port)."""
+        return self._peer
+
+    def invocation_metadata(self) -> tuple[tuple[str, str], ...]:
+        """The request headers (lower-case names), as gRPC call metadata."""
+        return self.metadata
+
+    def auth_context(self) -> dict[str, Any]:
+        """No client certificates on the web endpoint."""
+        return {}
 
 
 async def _plain(send: Send, status: int, body: bytes) -> None:

@@ -119,11 +119,6 @@ def flood(tmp_path_factory: pytest.TempPathFactory) -> Flood:
 
 
 @pytest.mark.slow  # sends 400 MiB over loopback and waits 14 s (about 25 s on the loaded VM)
-@pytest.mark.xfail(
-    strict=True,
-    reason="finding: web bodies are buffered before authentication and admission, "
-    "with no bound on how many; 400 unauthenticated clients push RSS past 384 MiB",
-)
 def test_unauthenticated_withheld_bodies_stay_under_the_bound(flood: Flood) -> None:
     assert flood.peak < BOUND_MIB, flood
 
@@ -166,11 +161,6 @@ def _h2c_flood(port: int, pid: int, streams: int, seconds: float) -> float:
 
 
 @pytest.mark.slow  # one collector start and a 4.5 s flood (about 10 s)
-@pytest.mark.xfail(
-    strict=True,
-    reason="finding: one unauthenticated h2c connection buffers ~80 MiB of bodies "
-    "(max_connection_inflight_bytes is 16 MiB), all before authentication",
-)
 def test_one_h2c_connection_holds_at_most_its_budget(tmp_path: Path) -> None:
     pytest.importorskip("h2", reason="the h2 library (Hypercorn's) is not installed")
     with _serving(tmp_path, "webh2") as (pid, port):

@@ -92,22 +92,12 @@ def _accepted(web: RunningCollector) -> float:
 INVALID_ARGUMENT, UNIMPLEMENTED, INTERNAL, UNKNOWN = 3, 12, 13, 2
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="finding: a malformed grpc-timeout header over gRPC-Web answers HTTP 500 "
-    "(Connect code unknown) instead of a clear refusal",
-)
 def test_bad_grpc_timeout_is_not_http_500(web: RunningCollector, deployment: Deployment) -> None:
     headers = {"content-type": GRPC_WEB, "grpc-timeout": "zzz", **_token(deployment)}
     status, _, _ = _post(web, SUBMIT, b"\0\0\0\0\0", headers)
     assert status != 500
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="finding: a gRPC-Web frame flagged compressed without grpc-encoding answers "
-    "grpc-status INTERNAL (13)",
-)
 def test_compressed_flag_without_encoding_is_not_internal(
     web: RunningCollector, deployment: Deployment
 ) -> None:
@@ -116,11 +106,6 @@ def test_compressed_flag_without_encoding_is_not_internal(
     assert code not in (INTERNAL, UNKNOWN)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="finding: a truncated gRPC-Web frame answers UNIMPLEMENTED ('unary request has "
-    "zero messages'), not INVALID_ARGUMENT as a truncated message over gRPC",
-)
 @pytest.mark.parametrize("body", [b"", b"\0\0\0", b"\0\0\0\0\x10abc", b"\0\xff\xff\xff\xff"])
 def test_truncated_grpc_web_frame_is_invalid_argument(
     web: RunningCollector, deployment: Deployment, body: bytes
@@ -129,11 +114,6 @@ def test_truncated_grpc_web_frame_is_invalid_argument(
     assert _grpc_status(_post(web, SUBMIT, body, headers)) == INVALID_ARGUMENT
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="finding: a request made only of a gRPC-Web trailer frame (flag 0x80) is served "
-    "as an empty Submit (grpc-status 0) instead of being refused as malformed",
-)
 def test_trailer_frame_is_not_a_request(web: RunningCollector, deployment: Deployment) -> None:
     headers = {"content-type": GRPC_WEB, **_token(deployment)}
     assert _grpc_status(_post(web, SUBMIT, b"\x80\0\0\0\0", headers)) != 0

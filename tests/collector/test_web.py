@@ -297,6 +297,54 @@ def test_body_deadline_refusal(deployment: Deployment, sqlite_url: str, now: int
         running.stop(1.0)
 
 
+def test_refused_before_the_body_is_read(deployment: Deployment, sqlite_url: str) -> None:
+    """An unauthenticated request that promises 1 MiB and sends none of it is
+    answered UNAUTHENTICATED at once (not after body_timeout_ms: nothing is read
+    before admission) and holds nothing."""
+    running = _start(deployment, sqlite_url, body_timeout_ms=60_000)
+    try:
+        assert running.web_port is not None
+        conn = http.client.HTTPConnection("127.0.0.1", running.web_port, timeout=20)
+        conn.putrequest("POST", "/fedldp.v1.Collector/Submit")
+        conn.putheader("content-type", "application/proto")
+        conn.putheader("content-length", str(1 << 20))
+        conn.endheaders()  # and no body at all
+        response = conn.getresponse()
+        assert json.loads(response.read())["code"] == "unauthenticated"
+        conn.close()
+        assert running.admission is not None
+        assert (running.admission.bytes, running.admission.rpcs) == (0, 0)
+    finally:
+        running.stop(1.0)
+
+
+def test_one_reservation_per_web_call(deployment: Deployment, sqlite_url: str, now: int) -> None:
+    """A chunked gRPC-Web Submit (no Content-Length: the gate reserves
+    max_message_bytes) is served when the subject's share is exactly
+    max_message_bytes: the handler takes the gate's reservation rather than a
+    second one (which would not fit), and everything is given back afterwards."""
+    running = _start(deployment, sqlite_url, max_subject_inflight_bytes=1 << 20)
+    try:
+        assert running.web_port is not None
+        body = _submit(deployment, now)
+        framed = b"\0" + struct.pack(">I", len(body)) + body
+        conn = http.client.HTTPConnection("127.0.0.1", running.web_port, timeout=20)
+        headers = {"content-type": "application/grpc-web+proto", **_auth(deployment.token("c"))}
+        conn.request(
+            "POST", "/fedldp.v1.Collector/Submit", iter([framed]), headers, encode_chunked=True
+        )
+        response = conn.getresponse()
+        data = response.read()
+        conn.close()
+        assert response.status == 200 and data[0] == 0, data
+        message = data[5 : 5 + struct.unpack(">I", data[1:5])[0]]
+        assert pb.SubmitResponse.FromString(message).outcomes[0].outcome == pb.OUTCOME_ACCEPTED
+        assert running.admission is not None
+        assert (running.admission.bytes, running.admission.rpcs) == (0, 0)
+    finally:
+        running.stop(1.0)
+
+
 def test_cors_and_gates(web: RunningCollector, deployment: Deployment) -> None:
     assert web.web_port is not None
     conn = http.client.HTTPConnection("127.0.0.1", web.web_port, timeout=30)
