@@ -42,8 +42,5 @@ def test_the_check_sees_a_benchmark_without_quick(tmp_path: Path) -> None:
 def test_make_bench_quick_runs_every_benchmark() -> None:
     """The Makefile takes the list from bench/*.py rather than naming scripts."""
     makefile = (REPO_ROOT / "Makefile").read_text(encoding="utf-8")
-    assert (
-        "BENCHES := $(filter-out _%,$(basename $(notdir $(wildcard bench/*.py))))"
-        in makefile
-    )
+    assert "BENCHES := $(filter-out _%,$(basename $(notdir $(wildcard bench/*.py))))" in makefile
     assert "for b in $(BENCHES); do $(BIN)/python -m bench.$$b --quick --json" in makefile
