@@ -19,7 +19,8 @@ the second check even where the first holds.
 from __future__ import annotations
 
 import json
-from decimal import Decimal, getcontext
+from collections.abc import Iterator
+from decimal import Decimal, localcontext
 from fractions import Fraction
 from pathlib import Path
 from typing import Any
@@ -27,7 +28,15 @@ from typing import Any
 import pytest
 
 VECTORS = Path(__file__).resolve().parents[2] / "conformance" / "v1" / "mechanisms.json"
-getcontext().prec = 60
+
+
+@pytest.fixture(autouse=True)
+def _sixty_digits() -> Iterator[None]:
+    """60-digit Decimal arithmetic for each test only (a module-level change of the
+    thread's context leaked into every later test of the same worker)."""
+    with localcontext() as ctx:
+        ctx.prec = 60
+        yield
 
 
 def _cases(mechanism: str) -> list[dict[str, Any]]:
