@@ -35,15 +35,15 @@ S, P = "release-service/visits", "quarterly"
 T0 = 1_000_000
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
-def url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path / 'ledger.db'}"
-    return str(request.getfixturevalue("postgresql_url"))
+@pytest.fixture
+def url(ledger_url: str) -> str:
+    """Each store of the collector suite (conftest `ledger_url`: SQLite, PostgreSQL)."""
+    return ledger_url
 
 
 @pytest.fixture
 def ledger(url: str) -> Iterator[Ledger]:
+    """An open ledger without a shard name (the CLI below opens it the same way)."""
     led = open_ledger(url)
     yield led
     led.close()
