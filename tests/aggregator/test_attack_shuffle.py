@@ -35,7 +35,7 @@ from fedldp.client.sealed import seal_info, seal_output
 
 from fedldp.cli import main
 from tests.aggregator.conftest import NOW, WINDOW
-from tests.aggregator.test_shuffle_cli import _trust_and_policy
+from tests.aggregator.test_reports import _folders
 
 INFO = seal_info("atk", 1, b"\x07" * 32)
 
@@ -138,7 +138,7 @@ def _shuffle_policy_dirs(tmp_path: Path, authority: Any, public: bytes, min_batc
     policy.shuffle.analyzer_public_key = public
     policy.shuffle.min_batch = min_batch
     verified = verify_policy(authority.sign(policy), authority.trust_store(now=NOW), now=NOW)
-    return (*_trust_and_policy(tmp_path, authority, verified), verified)
+    return (*_folders(authority, verified, tmp_path), verified)
 
 
 def _analyze(tmp_path: Path, authority: Any, min_batch: int, n: int) -> Any:

@@ -16,30 +16,19 @@ import numpy as np
 from click.testing import CliRunner
 from fedldp.aggregator.shuffle_analyzer import load_public_key
 from fedldp.aggregator.shuffler import ShuffleSpool
-from fedldp.authoring import write_envelope, write_public_key
 from fedldp.client.mechanisms.base import CategoryOutput
 from fedldp.client.sealed import seal_info, seal_output
 
 from fedldp.cli import main
+from tests.aggregator.test_reports import _folders
 
 FEDLDP = [str(Path(sys.executable).with_name("fedldp"))]
-
-
-def _trust_and_policy(tmp_path: Path, authority: Any, policy: Any) -> tuple[Path, Path]:
-    trust, policies = tmp_path / "trust", tmp_path / "policies"
-    (trust / "pinned").mkdir(parents=True)
-    policies.mkdir()
-    for i, key in enumerate(authority.root_public_keys):
-        write_public_key(key, trust / "pinned" / f"root{i}.pem")
-    write_envelope(authority.root_envelope, trust / "1.root")
-    write_envelope(policy.envelope, policies / "p.policy")
-    return trust, policies
 
 
 def test_keygen_release_analyze(tmp_path: Path, authority: Any, make_policy: Any) -> None:
     """Sealed GRR reports go through a real shuffler process; the analyzer reports both ε."""
     policy = make_policy("shuffled", epsilon="2", min_reports=50)
-    trust, policies = _trust_and_policy(tmp_path, authority, policy)
+    trust, policies = _folders(authority, policy, tmp_path)
     runner = CliRunner()
     keygen = runner.invoke(main, ["shuffler", "keygen", "--out", str(tmp_path / "keys")])
     assert keygen.exit_code == 0, keygen.output
