@@ -583,9 +583,23 @@ class PEM(Mechanism[str, GroupReports]):
             acc += keys[:, i] * chunks[:, i]
         return self.top_bits(acc).astype(np.int64)
 
+    def support_window(
+        self, values: npt.NDArray[np.uint64]
+    ) -> tuple[npt.NDArray[np.uint64], np.uint64]:
+        """(o, w) with `top_bits(acc) == v` exactly when (acc - o_v) mod 2^64 < w:
+        o_v = v · 2^(64-l) and w = 2^(64-l) (for v < g, acc in [v w, (v + 1) w) is
+        the interval whose top l bits are v; with any other acc, acc - o_v wraps or
+        is at least w). What discovery counts support with
+        (`fedldp.aggregator.discovery.level_counts`)."""
+        import numpy as np
+
+        shift = np.uint64(WORD_BITS - self.hash_bits)
+        return np.asarray(values, dtype=np.uint64) << shift, np.uint64(1) << shift
+
     def top_bits(self, acc: npt.NDArray[np.uint64]) -> npt.NDArray[np.uint64]:
-        """The hash value from b + Σ a_i x_i mod 2^64: its top l bits (the one place the
-        batch paths take them)."""
+        """The hash value from b + Σ a_i x_i mod 2^64: its top l bits (where the device's
+        batch path and the reference analysis take them; discovery's fast path uses the
+        equivalent `support_window`)."""
         import numpy as np
 
         return np.asarray(acc >> np.uint64(WORD_BITS - self.hash_bits), dtype=np.uint64)
