@@ -79,14 +79,14 @@ def append_chunks(
     statistics row and insert the chunk of exactly the accepted outputs at the
     row's n before them (module docstring)."""
     policies, planned = plan
+    keys = sorted(accepted)
+    chunked = [key for key in keys if policies[key].mechanism.chunked_statistic]
+    if not chunked:  # the common case: no pem policy in this commit
+        return keys
     sql = chunk_statements(dialect)
     blob = _blob_parameter(dialect)
-    plain = []
-    for key in sorted(accepted):
+    for key in chunked:
         mech = policies[key].mechanism
-        if not mech.chunked_statistic:
-            plain.append(key)
-            continue
         outputs = accepted[key]
         stat = accepted_statistic(mech, planned[key], outputs)
         pid, ver, win = key
@@ -95,7 +95,7 @@ def append_chunks(
         n_after = int(rows[0][0])
         data = blob(mech.statistic_chunk(stat))
         db.run(sql["insert_chunk"], (pid, ver, win, shard, n_after - count, count, data))
-    return plain
+    return [key for key in keys if not policies[key].mechanism.chunked_statistic]
 
 
 def accepted_statistic(
