@@ -177,7 +177,7 @@ def level_counts(
             np.add(part, own[e][None, :], out=a)
             np.less(a, limit, out=h)
             counts[e] += _popcount(np.packbits(h, axis=1)).sum(axis=1, dtype=np.int64)
-    return counts.T.reshape(-1)
+    return np.asarray(counts.T.reshape(-1), dtype=np.int64)
 
 
 def _popcount(packed: npt.NDArray[np.uint8]) -> npt.NDArray[np.uint8]:

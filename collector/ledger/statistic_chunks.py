@@ -150,7 +150,7 @@ def read_chunks(
     return out
 
 
-def overlaps(chunks: Sequence[tuple[int, int, Any]]) -> bool:
+def overlaps(chunks: Sequence[tuple[Any, ...]]) -> bool:
     """Whether any two of (n_before, n, ...) (sorted by n_before) share a report index."""
     end = 0
     for n_before, n, *_ in chunks:
