@@ -31,7 +31,7 @@ Per ε:
   scipy.stats, which the threshold imports on first use (≈ 1 s of CPU once per
   process), is imported before any timing.
 
-The stored statistic (bench/pem_storage.py, issue #33), unless --no-stored:
+The stored statistic (bench/_pem_storage.py, issue #33), unless --no-stored:
 
 * analysis from the ledger, s: per ε, the same n reports read from a SQLite
   ledger (`Ledger.statistics`), merged and discovered, as the collector stores
@@ -68,7 +68,7 @@ from fedldp.aggregator.discovery import discover
 from fedldp.client.mechanisms import OpenDomain
 from fedldp.client.mechanisms.pem import PEM
 
-from bench import pem_storage
+from bench import _pem_storage as pem_storage
 from bench._common import format_table, summarize, write_json
 
 VOCABULARY = 10_000
