@@ -21,6 +21,7 @@ Two figures, each beside its reference in the same run:
 
 from __future__ import annotations
 
+import functools
 import tempfile
 import time
 from collections.abc import Callable
@@ -136,7 +137,7 @@ def stored_analysis(mech: PEM, outputs: Any, runs: int, *, commit: int = 100) ->
             for _ in range(runs):
                 for form in ("chunks", "json"):  # interleaved: the same machine state
                     wall, cpu, result = _timed(
-                        lambda f=form: _read_and_discover(ledgers[f], mech, window)
+                        functools.partial(_read_and_discover, ledgers[form], mech, window)
                     )
                     samples[form]["wall"].append(wall)
                     samples[form]["cpu"].append(cpu)
@@ -178,7 +179,7 @@ def commit_cost(
                         group = [
                             SubmitBatch(f"s{r}", _reports(charged, mech, padded, rng, commit), now)
                         ]
-                        _, spent, _ = _timed(lambda g=group, led=ledger: led.submit_many(g))
+                        _, spent, _ = _timed(functools.partial(ledger.submit_many, group))
                         cpu.append(spent)
                     row[f"{form}_cpu_ms"] = summarize([c * 1000 for c in cpu])
                 finally:

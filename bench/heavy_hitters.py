@@ -247,7 +247,8 @@ def main(argv: list[str] | None = None) -> None:
     n = args.n or (100_000 if args.quick else 1_000_000)
     runs = args.runs or (1 if args.quick else 5)
     epsilons = (args.epsilons or ("4,8" if args.quick else "2,4,8")).split(",")
-    rows, figures = [], []
+    rows: list[list[str]] = []
+    figures: list[dict[str, Any]] = []
     if not args.no_stored:
         windows = args.commit_windows or (
             "1000,10000" if args.quick else "1000,10000,100000,1000000"
