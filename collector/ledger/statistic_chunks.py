@@ -31,6 +31,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
+from fractions import Fraction
 from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
@@ -164,7 +165,9 @@ def chunk_mismatches(conn: sa.Connection) -> list[Mismatch]:
     """Reconcile's check of the chunks against their statistics rows: every chunk has
     a statistics row (on its shard), no two chunks of a row overlap, they count at
     most the row's n, and exactly n when the row has no JSON part (rows made after
-    migration 0008)."""
+    migration 0008); and every chunk of one policy version holds the same whole
+    number of bytes per report (one mechanism: one record size), so data cut or
+    padded against its n is found without decoding it."""
     rows = {
         (r.policy_id, int(r.policy_version), int(r.window_start), r.shard): (
             int(r.n),
@@ -182,6 +185,8 @@ def chunk_mismatches(conn: sa.Connection) -> list[Mismatch]:
         )
     }
     chunks: dict[tuple[str, int, int, str], list[tuple[int, int]]] = defaultdict(list)
+    # (policy id, version) -> the bytes per report of its chunks (a set: one if sound)
+    widths: dict[tuple[str, int], set[Fraction]] = defaultdict(set)
     q = sa.select(
         statistic_chunks.c.policy_id,
         statistic_chunks.c.policy_version,
@@ -189,19 +194,25 @@ def chunk_mismatches(conn: sa.Connection) -> list[Mismatch]:
         statistic_chunks.c.shard,
         statistic_chunks.c.n_before,
         statistic_chunks.c.n,
+        sa.func.length(statistic_chunks.c.data),
     ).order_by(*statistic_chunks.primary_key.columns)
-    for pid, ver, win, shard, n_before, n in conn.execute(q):
+    for pid, ver, win, shard, n_before, n, size in conn.execute(q):
         chunks[(pid, int(ver), int(win), shard)].append((int(n_before), int(n)))
+        widths[(pid, int(ver))].add(Fraction(int(size), max(1, int(n))))
     out = []
     for key, ranges in sorted(chunks.items()):
         n_row, only_chunks = rows.get(key, (None, True))
         total = sum(n for _, n in ranges)
+        width = widths[key[:2]]
         bad = (
             n_row is None
             or overlaps(ranges)
             or total > n_row
             or (only_chunks and total != n_row)
             or any(b + n > n_row for b, n in ranges)
+            or len(width) != 1
+            or any(n <= 0 for _, n in ranges)
+            or next(iter(width)).denominator != 1
         )
         if bad:
             out.append(

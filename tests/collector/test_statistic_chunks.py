@@ -256,7 +256,7 @@ def _tamper(ledger: Ledger, statement: Any) -> None:
     ledger.transaction(lambda conn: conn.execute(statement))
 
 
-@pytest.mark.parametrize("damage", ["deleted", "repeated", "overlapping"])
+@pytest.mark.parametrize("damage", ["deleted", "repeated", "overlapping", "cut"])
 def test_reconcile_and_the_reader_catch_damaged_chunks(
     ledger: Ledger, pem_policy: VerifiedPolicy, now: int, damage: str
 ) -> None:
@@ -270,8 +270,11 @@ def test_reconcile_and_the_reader_catch_damaged_chunks(
     elif damage == "repeated":  # the last commit's chunk once more, after it
         values = {**last._asdict(), "n_before": last.n_before + last.n}
         _tamper(ledger, sa.insert(statistic_chunks).values(**values))
-    else:
+    elif damage == "overlapping":
         _tamper(ledger, sa.update(statistic_chunks).where(key).values(n_before=last.n_before - 1))
+    else:  # a record's bytes cut from the data, its n left as it was
+        cut = bytes(last.data)[: -(pem_policy.mechanism.record_size + 2)]  # type: ignore[attr-defined]
+        _tamper(ledger, sa.update(statistic_chunks).where(key).values(data=cut))
     assert [m.kind for m in ledger.reconcile()] == ["statistic_chunks"]
     with pytest.raises((ReportError, ValueError), match=r"counts|overlap"):
         merged(ledger, pem_policy)
