@@ -4,8 +4,9 @@
 //   node dist/bench/sdk_bench.js [--runs N] [--n REPORTS]
 // Each run: a fresh client records REPORTS reports (GRR, k = 3) and the per-call times
 // are kept. Timed section: record() — policy lookup, budget check, randomization,
-// serialization and the durable write of the whole state (Node: write, fsync, rename,
-// fsync the folder; Chromium: an IndexedDB readwrite transaction, durability "strict").
+// serialization and the durable write of its change (Node: one framed append to the state
+// file and fdatasync; Chromium: one put in an IndexedDB readwrite transaction, durability
+// "strict"; now and then a compaction rewrites the whole state instead).
 // References in the same run: the mechanism's perturb() alone (the randomizer floor)
 // and record() into an in-memory store (everything but the storage).
 import * as path from "node:path";
@@ -30,6 +31,7 @@ class MemoryStore implements StateStore {
   private state: State | undefined;
   async load() { return this.state; }
   async save(state: State) { this.state = structuredClone(state); }
+  async append() {} // record() keeps its change in memory only: everything but the storage
   close() {}
 }
 

@@ -7,7 +7,6 @@
  * Error classes carry the Python class names (`code`), as in conformance/v1/policies.json.
  */
 import { fromBinary } from "@bufbuild/protobuf";
-import * as noble from "@noble/ed25519";
 import {
   MemoCharging, type Policy, type Root, type SignedEnvelope, PolicySchema, RootSchema, SignedEnvelopeSchema,
 } from "./gen/fedldp/v1/policy_pb.js";
@@ -85,6 +84,8 @@ export async function verifyEd25519(
     }
   }
   try {
+    // Loaded only here (a separate chunk of the browser bundles): most browsers verify with WebCrypto.
+    const noble = await import("@noble/ed25519");
     return await noble.verifyAsync(signature, message, publicKey);
   } catch {
     return false;

@@ -1,6 +1,6 @@
 // The browser test page: records through the SDK's browser bundle into the collector's web
 // endpoint. Parameters come in the URL's fragment (JSON); the outcome is window.__result.
-//   mode "record": record `labels` (each once) and close without flushing
+//   mode "record": record `labels` (each once) and close without flushing (noClose: not even close)
 //   mode "flush":  flush what the outbox holds; dump the IndexedDB state
 //   mode "bench":  time `n` record() calls (randomize + persist to IndexedDB)
 //   mode "leak":   the broken variant: POST a raw value to the page's origin
@@ -35,6 +35,7 @@ async function run() {
   if (params.mode === "record") {
     for (const label of params.labels) await client.record(params.metric, label);
     const pending = client.pendingReports().length;
+    if (params.noClose) return { pending }; // the page goes away without close(): only record()'s own writes hold the reports
     await client.close();
     return { pending };
   }
