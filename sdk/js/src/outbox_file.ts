@@ -9,6 +9,9 @@
  * SQLite WAL with synchronous=FULL), so a report that returned survives a crash or power
  * loss, together with its spend and memo rows (one frame: all or nothing).
  *
+ * The file is extended with zero bytes 256 KiB at a time (fsync'd), so an append writes
+ * into space the file already has and its fdatasync need not change the file's size.
+ *
  * Crash recovery: a crash can tear only the frame being appended, so at `load` a last
  * frame that is incomplete or fails its CRC — with nothing but zero bytes after it — is
  * that torn append (its record() never returned): it is dropped and the file truncated
@@ -30,6 +33,8 @@ const MAGIC = Buffer.from("FEDLDPL1", "latin1");
 const HEADER = 8;
 /** Appended bytes below this never trigger a compaction. */
 const COMPACT_MIN_BYTES = 64 * 1024;
+/** Zero bytes added past the end at a time, so that an append does not change the file's size. */
+const PREALLOCATE_BYTES = 256 * 1024;
 
 const CRC_TABLE = (() => {
   const table = new Uint32Array(256);
@@ -59,7 +64,14 @@ export function frame(value: unknown): Buffer {
 }
 
 /** The log read back: the state, where the valid frames end, and the sizes compaction weighs. */
-export interface ParsedLog { state: State; validEnd: number; snapshotBytes: number; changeBytes: number }
+export interface ParsedLog {
+  state: State;
+  validEnd: number;
+  snapshotBytes: number;
+  changeBytes: number;
+  /** Whether only zero bytes (preallocated space) follow `validEnd`: false after a torn append. */
+  cleanTail: boolean;
+}
 
 /**
  * Parse a log file's bytes (the layout above): the first frame's state with every later
@@ -89,7 +101,8 @@ export function parseLog(bytes: Buffer): ParsedLog {
     offset += HEADER + payload.length;
   }
   if (state === undefined) throw new Error("device state file holds no state (its first frame is torn)");
-  return { state, validEnd: offset, snapshotBytes, changeBytes: offset - MAGIC.length - snapshotBytes };
+  const cleanTail = bytes.subarray(offset).every((b) => b === 0);
+  return { state, validEnd: offset, snapshotBytes, changeBytes: offset - MAGIC.length - snapshotBytes, cleanTail };
 }
 
 /** The payload of the frame at `offset`, or undefined if it is incomplete or fails its CRC. */
@@ -115,6 +128,9 @@ export class FileStore implements StateStore {
   private end = -1;
   private snapshotBytes = 0;
   private changeBytes = 0;
+  /** The file's size (valid frames, then zero bytes), and whether a torn frame must be cut first. */
+  private size = 0;
+  private torn = false;
 
   constructor(readonly file: string) {}
 
@@ -131,6 +147,8 @@ export class FileStore implements StateStore {
     this.end = log.validEnd;
     this.snapshotBytes = log.snapshotBytes;
     this.changeBytes = log.changeBytes;
+    this.size = bytes.length;
+    this.torn = !log.cleanTail;
     return log.state;
   }
 
@@ -154,23 +172,38 @@ export class FileStore implements StateStore {
       await folder.close();
     }
     this.end = MAGIC.length + body.length;
+    this.size = this.end;
+    this.torn = false;
     this.snapshotBytes = body.length;
     this.changeBytes = 0;
   }
 
-  /** One frame appended and fdatasync'd (a torn tail left by a crash is cut first); or a compaction. */
+  /**
+   * One frame written after the last and fdatasync'd, into preallocated zero bytes so the
+   * file's size does not change (extended 256 KiB at a time, with an fsync); a torn frame
+   * left by a crash is cut first. Or a compaction (`save`) once the frames outgrew the state.
+   */
   async append(state: State, change: Change): Promise<void> {
     if (this.end < 0 || this.changeBytes > Math.max(COMPACT_MIN_BYTES, this.snapshotBytes)) return this.save(state);
     const body = frame(change);
-    if (this.handle === undefined) {
-      this.handle = await fs.open(this.file, "r+");
-      if ((await this.handle.stat()).size !== this.end) await this.handle.truncate(this.end);
-    }
+    this.handle ??= await fs.open(this.file, "r+");
+    const handle = this.handle;
     try {
-      await this.handle.write(body, 0, body.length, this.end);
-      await this.handle.datasync();
+      if (this.torn) {
+        await handle.truncate(this.end);
+        this.size = this.end;
+        this.torn = false;
+      }
+      if (this.end + body.length > this.size) {
+        const grown = this.end + body.length + PREALLOCATE_BYTES;
+        await handle.write(Buffer.alloc(grown - this.size), 0, grown - this.size, this.size);
+        await handle.sync();
+        this.size = grown;
+      }
+      await handle.write(body, 0, body.length, this.end);
+      await handle.datasync();
     } catch (error) {
-      await this.handle.truncate(this.end).catch(() => undefined); // no partial frame before the next one
+      this.torn = true; // a partial frame may be there: cut it before the next one
       throw error;
     }
     this.end += body.length;
