@@ -7,11 +7,14 @@
 // serialization and the durable write of its change (Node: one framed append to the state
 // file and fdatasync; Chromium: one put in an IndexedDB readwrite transaction, durability
 // "strict"; now and then a compaction rewrites the whole state instead).
-// References in the same run: the mechanism's perturb() alone (the randomizer floor)
-// and record() into an in-memory store (everything but the storage).
+// References in the same run: the mechanism's perturb() alone (the randomizer floor),
+// record() into an in-memory store (everything but the storage) and, in the page, a bare
+// IndexedDB transaction of one small put (the storage floor).
 import * as path from "node:path";
 import { gzipSync } from "node:zlib";
 import { build } from "esbuild";
+// @ts-expect-error: a plain .mjs build script without types (the path from dist/bench/)
+import { connectWebParts } from "../../scripts/build_browser.mjs";
 import { FedldpClient } from "../src/client.js";
 import { fromHex } from "../src/policy.js";
 import { type State, type StateStore } from "../src/outbox.js";
@@ -35,15 +38,27 @@ class MemoryStore implements StateStore {
   close() {}
 }
 
-/** Minified and gzip sizes of a bundle of the web transport and protobuf runtime alone. */
-async function runtimeFloor(): Promise<{ minified: number; gzip: number }> {
+/** Minified and gzip -9 sizes of one bundle of `contents` (a module in sdk/js). */
+async function sizeOf(contents: string): Promise<{ minified: number; gzip: number }> {
   const result = await build({
-    stdin: { contents: 'export { ConnectTransport } from "./src/transport_connect.ts";', resolveDir: path.join(repo, "sdk/js"), loader: "ts" },
+    stdin: { contents, resolveDir: path.join(repo, "sdk/js"), loader: "ts" },
     bundle: true, format: "esm", platform: "browser", target: "es2022", minify: true, legalComments: "none",
-    write: false, resolveExtensions: [".ts", ".js"], logLevel: "warning",
+    write: false, resolveExtensions: [".ts", ".js"], logLevel: "warning", plugins: [connectWebParts],
   });
   const bytes = result.outputFiles[0]!.contents;
   return { minified: bytes.length, gzip: gzipSync(bytes, { level: 9 }).length };
+}
+
+/** The floors: the protobuf-es runtime with the generated descriptors, then with connect-web's Connect transport. */
+async function runtimeFloor(): Promise<Record<string, { minified: number; gzip: number }>> {
+  const protobuf = `
+    import { create, fromBinary, toBinary } from "@bufbuild/protobuf";
+    import { SubmitRequestSchema, SubmitResponseSchema, GetPoliciesRequestSchema, GetPoliciesResponseSchema } from "./src/gen/fedldp/v1/collector_pb.ts";
+    export const f = [create, fromBinary, toBinary, SubmitRequestSchema, SubmitResponseSchema, GetPoliciesRequestSchema, GetPoliciesResponseSchema];`;
+  return {
+    reference_protobuf_es_only: await sizeOf(protobuf),
+    reference_protobuf_es_and_connect_web: await sizeOf(`${protobuf}\nexport { ConnectTransport } from "./src/transport_connect.ts";`),
+  };
 }
 
 async function nodeRuns(dir: string, fixture: ReturnType<typeof makeDeployment>["fixture"], webUrl: string) {
@@ -90,8 +105,8 @@ async function main() {
   const webUrl = `http://127.0.0.1:${collector.webPort}`;
   try {
     const node = await nodeRuns(dir, fixture, webUrl);
-    const chromium: { record: number[][]; relaxed: number[][]; perturb: number[][]; reportsPerSecond: number[] } =
-      { record: [], relaxed: [], perturb: [], reportsPerSecond: [] };
+    const chromium: { record: number[][]; relaxed: number[][]; perturb: number[][]; bare: number[][]; reportsPerSecond: number[] } =
+      { record: [], relaxed: [], perturb: [], bare: [], reportsPerSecond: [] };
     const browser = await launch();
     const chromiumVersion = await browser.browser.version();
     try {
@@ -104,6 +119,7 @@ async function main() {
         if (!result.ok) throw new Error(String(result.error));
         chromium.record.push(result.times as number[]);
         chromium.perturb.push(result.perturbTimes as number[]);
+        chromium.bare.push(result.floorTimes as number[]);
         chromium.reportsPerSecond.push(result.reportsPerSecond as number);
         const relaxed = await runPage(browser.page, origin, {
           bundle: "fedldp.grr-olh.min.js", protocol: "connect", collectorUrl: webUrl, token: fixture.web_token,

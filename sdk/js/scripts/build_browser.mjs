@@ -29,7 +29,7 @@ const grrOlhOnly = {
  * (transport_connect.ts: the Connect transport; transport_grpc_web.ts: gRPC-Web), so the
  * package index does not tie the gRPC-Web transport to the entry: it stays in its lazy chunk.
  */
-const connectWebParts = {
+export const connectWebParts = {
   name: "connect-web-parts",
   setup(b) {
     const modules = { "transport_connect.ts": "connect-transport.js", "transport_grpc_web.ts": "grpc-web-transport.js" };

@@ -74,6 +74,7 @@ export class IndexedDBStore implements StateStore {
     const tx = this.db.transaction([STORE, LOG], "readwrite", { durability: this.durability });
     tx.objectStore(STORE).put(state, KEY);
     tx.objectStore(LOG).clear();
+    tx.commit?.();
     this.changes = 0;
     this.pendingAtSave = state.pending.length;
     return completion(tx);
@@ -84,6 +85,7 @@ export class IndexedDBStore implements StateStore {
     if (this.changes < 0 || this.changes >= Math.max(COMPACT_MIN_CHANGES, 2 * this.pendingAtSave)) return this.save(state);
     const tx = this.db.transaction(LOG, "readwrite", { durability: this.durability });
     tx.objectStore(LOG).add(change);
+    tx.commit?.(); // commit with the request, not after its answer came back to the page: one round trip
     this.changes += 1;
     return completion(tx);
   }

@@ -25,6 +25,24 @@ async function dumpState() {
   }
 }
 
+/** The reference: `n` bare IndexedDB transactions, each one small put (the page's durability), ms each. */
+async function bareTransactions(n) {
+  const opening = indexedDB.open(`${params.database}-floor`, 1);
+  opening.onupgradeneeded = () => opening.result.createObjectStore("s", { autoIncrement: true });
+  const db = await new Promise((resolve, reject) => { opening.onsuccess = () => resolve(opening.result); opening.onerror = reject; });
+  const times = [];
+  for (let i = 0; i < n; i++) {
+    const t = performance.now();
+    const tx = db.transaction("s", "readwrite", { durability: params.durability ?? "strict" });
+    tx.objectStore("s").add({ id: i, report: "0a".repeat(40) });
+    tx.commit();
+    await new Promise((resolve, reject) => { tx.oncomplete = resolve; tx.onerror = reject; });
+    times.push(performance.now() - t);
+  }
+  db.close();
+  return times;
+}
+
 async function run() {
   if (params.mode === "leak") {
     // The broken variant: a page that sends a raw value (the network check must catch it).
@@ -61,7 +79,7 @@ async function run() {
     perturbTimes.push((performance.now() - t) / 2000);
   }
   await client.close();
-  return { times, perturbTimes, reportsPerSecond: params.n / seconds };
+  return { times, perturbTimes, reportsPerSecond: params.n / seconds, floorTimes: await bareTransactions(params.n) };
 }
 
 try {
