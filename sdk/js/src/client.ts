@@ -151,10 +151,15 @@ export class FedldpClient {
       const change: Change = { spent: [key, decimalString(after)] };
       const output = this.perturb(metric, policy, input, change);
       const reportId = this.ids.next();
-      const bytes = reportBytes({
+      const header = {
         reportId, policyId: policy.policyId, policyVersion: policy.version,
         policyDigest: policy.digest, coarseTime: coarseTime(now),
-      }, output);
+      };
+      // A shuffle-model policy: the outbox holds the report with its payload sealed to the
+      // analyzer (sealed.ts and the HPKE code are loaded on the first such record only).
+      const bytes = policy.analyzerPublicKey === undefined
+        ? reportBytes(header, output)
+        : await (await import("./sealed.js")).sealedReportBytes(header, output, policy.analyzerPublicKey);
       change.add = { id: hex(reportId), report: hex(bytes) };
       await this.commit(change);
     });

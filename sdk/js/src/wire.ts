@@ -55,7 +55,7 @@ export function coarseTime(nowSeconds: bigint): bigint {
 
 /** The payload oneof (Report and AttributePayload share its cases) of an output. */
 // eslint-disable-next-line @typescript-eslint/no-explicit-any
-function payloadOf(output: Output): any {
+export function payloadOf(output: Output): any {
   switch (output.kind) {
     case "category": return { case: "category", value: { index: output.index } };
     case "bits": return { case: "bits", value: { bits: output.bits, length: output.length } };
