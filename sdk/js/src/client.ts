@@ -22,7 +22,7 @@ import { type Rational, add, compare, decimalString, parseDecimal } from "./exac
 import { type Change, type Pending, type State, type StateStore, applyChange, emptyState } from "./outbox.js";
 import { PolicyError, TrustStore, type VerifiedPolicy, fromHex, hex, verifyPolicy } from "./policy.js";
 import { type CollectorTransport, TransportError } from "./transport.js";
-import { ReportIds, coarseTime, reportBytes, submitRequestBytes } from "./wire.js";
+import { ReportIds, coarseTime, reportBytes, sealedReportBytes, submitRequestBytes } from "./wire.js";
 import { type Input, MemoState, encodeValue } from "./mechanisms.js";
 import { type MemoRows, loadSlots, migrateMemos, newMemoSecret, saveSlots } from "./memo_store.js";
 
@@ -159,7 +159,7 @@ export class FedldpClient {
       // analyzer (sealed.ts and the HPKE code are loaded on the first such record only).
       const bytes = policy.analyzerPublicKey === undefined
         ? reportBytes(header, output)
-        : await (await import("./sealed.js")).sealedReportBytes(header, output, policy.analyzerPublicKey);
+        : await sealedReportBytes(header, output, policy.analyzerPublicKey);
       change.add = { id: hex(reportId), report: hex(bytes) };
       await this.commit(change);
     });

@@ -2,18 +2,16 @@
  * Sealing a randomized payload to the analyzer's public key (shuffle model,
  * docs/shuffle.md; the Python SDK's client/sealed.py, byte for byte, checked against
  * conformance/v1/sealed.json). The plaintext is a `Report` holding only its payload,
- * encoded, framed by a 4-byte big-endian length and zero-padded to a multiple of 256
- * bytes (so a ciphertext's length reveals only how many 256-byte blocks the payload
- * fills); HPKE's `info` binds the policy (id, version, digest); the wire carries
- * `Report.sealed` (ciphertext, key id). The HPKE code (hpke.ts, @hpke/*) is imported on
- * the first seal only.
+ * encoded (wire.ts builds it), framed by a 4-byte big-endian length and zero-padded to a
+ * multiple of 256 bytes (so a ciphertext's length reveals only how many 256-byte blocks
+ * the payload fills); HPKE's `info` binds the policy (id, version, digest); the wire
+ * carries `Report.sealed` (ciphertext, key id).
+ *
+ * This module and hpke.ts (@hpke/*) are imported on the first seal only (wire.ts
+ * `sealedReportBytes`) and import nothing else of the SDK, so they form one lazy chunk of
+ * the browser bundles that a page without shuffle-model policies never loads.
  */
-import { create, toBinary } from "@bufbuild/protobuf";
-import { ReportSchema } from "./gen/fedldp/v1/collector_pb.js";
-import type { Output } from "./mechanisms.js";
-import { hex } from "./policy.js";
-import { sha256Sync } from "./sha256.js";
-import { type ReportHeader, payloadOf } from "./wire.js";
+import { hpkeSeal } from "./hpke.js";
 
 const INFO_DOMAIN = new TextEncoder().encode("fedldp.sealed.v2\u0000");
 /** The padded plaintext's length is a multiple of this (client/sealed.py PAD_BUCKET). */
@@ -24,9 +22,10 @@ const OVERHEAD = 32 + 16;
 export const MAX_CIPHERTEXT_BYTES = OVERHEAD + 255 * PAD_BUCKET;
 
 /** The id of an analyzer public key: the first 8 bytes of its SHA-256, hex. */
-export function sealKeyId(publicKey: Uint8Array): string {
+export async function sealKeyId(publicKey: Uint8Array): Promise<string> {
   if (publicKey.length !== 32) throw new RangeError("an X25519 public key is 32 bytes");
-  return hex(sha256Sync(publicKey).subarray(0, 8));
+  const digest = new Uint8Array(await globalThis.crypto.subtle.digest("SHA-256", publicKey.slice()));
+  return Array.from(digest.subarray(0, 8), (b) => b.toString(16).padStart(2, "0")).join("");
 }
 
 /** HPKE `info`: the domain, then policy id (u32 LE length, UTF-8), version (u64 LE), digest (u32 LE length, bytes). */
@@ -54,32 +53,16 @@ export function padPayload(encoded: Uint8Array): Uint8Array {
   return out;
 }
 
-/** The encoded payload-only Report of a report's payload oneof (what is sealed). */
-// eslint-disable-next-line @typescript-eslint/no-explicit-any
-export function payloadOnlyBytes(payload: any): Uint8Array {
-  return toBinary(ReportSchema, create(ReportSchema, { payload }));
-}
-
 /**
- * `Report.sealed` of a payload oneof: sealed to `publicKey` for the policy (id, version,
- * digest). `ikmE` (conformance vectors only) fixes HPKE's ephemeral key.
+ * `Report.sealed` (ciphertext, key id) of an encoded payload-only Report, sealed to the
+ * analyzer's raw X25519 `publicKey` for the policy (id, version, digest). The ephemeral key
+ * comes from the platform CSPRNG; `ikmE` (conformance vectors only) derives it instead.
  */
 export async function sealPayload(
-  // eslint-disable-next-line @typescript-eslint/no-explicit-any
-  payload: any, publicKey: Uint8Array, info: Uint8Array, ikmE?: Uint8Array,
+  payloadOnly: Uint8Array, publicKey: Uint8Array, policyId: string, policyVersion: bigint, policyDigest: Uint8Array,
+  ikmE?: Uint8Array,
 ): Promise<{ ciphertext: Uint8Array; keyId: string }> {
-  const { hpkeSeal } = await import("./hpke.js");
-  const ciphertext = await hpkeSeal(publicKey, info, padPayload(payloadOnlyBytes(payload)), ikmE);
-  return { ciphertext, keyId: sealKeyId(publicKey) };
-}
-
-/**
- * Serialized Report bytes of `output` under `header` with the payload sealed to the
- * analyzer's `publicKey` for the header's policy: what the outbox stores under a
- * shuffle-model policy (client/sealed.py seal_report).
- */
-export async function sealedReportBytes(header: ReportHeader, output: Output, publicKey: Uint8Array, ikmE?: Uint8Array): Promise<Uint8Array> {
-  const info = sealInfo(header.policyId, header.policyVersion, header.policyDigest);
-  const sealed = await sealPayload(payloadOf(output), publicKey, info, ikmE);
-  return toBinary(ReportSchema, create(ReportSchema, { ...header, payload: { case: "sealed", value: sealed } }));
+  const info = sealInfo(policyId, policyVersion, policyDigest);
+  const ciphertext = await hpkeSeal(publicKey, info, padPayload(payloadOnly), ikmE);
+  return { ciphertext, keyId: await sealKeyId(publicKey) };
 }

@@ -55,7 +55,7 @@ export function coarseTime(nowSeconds: bigint): bigint {
 
 /** The payload oneof (Report and AttributePayload share its cases) of an output. */
 // eslint-disable-next-line @typescript-eslint/no-explicit-any
-export function payloadOf(output: Output): any {
+function payloadOf(output: Output): any {
   switch (output.kind) {
     case "category": return { case: "category", value: { index: output.index } };
     case "bits": return { case: "bits", value: { bits: output.bits, length: output.length } };
@@ -75,6 +75,24 @@ export function payloadOf(output: Output): any {
 /** The wire Report of `output` under `header`. */
 export function makeReport(header: ReportHeader, output: Output): Report {
   return create(ReportSchema, { ...header, payload: payloadOf(output) });
+}
+
+/** The encoded Report holding only `output`'s payload (what a shuffle-model report seals). */
+export function payloadOnlyBytes(output: Output): Uint8Array {
+  return toBinary(ReportSchema, create(ReportSchema, { payload: payloadOf(output) }));
+}
+
+/**
+ * Serialized Report bytes of `output` under `header` with the payload sealed to the
+ * analyzer's `publicKey` for the header's policy (client/sealed.py seal_report): what the
+ * outbox stores under a shuffle-model policy. sealed.ts and the HPKE code are imported
+ * here, on the first seal. `ikmE`: conformance vectors only.
+ */
+export async function sealedReportBytes(header: ReportHeader, output: Output, publicKey: Uint8Array, ikmE?: Uint8Array): Promise<Uint8Array> {
+  const { sealPayload } = await import("./sealed.js");
+  const sealed = await sealPayload(
+    payloadOnlyBytes(output), publicKey, header.policyId, header.policyVersion, header.policyDigest, ikmE);
+  return toBinary(ReportSchema, create(ReportSchema, { ...header, payload: { case: "sealed", value: sealed } }));
 }
 
 /** Serialized Report bytes (what the outbox stores and resends unchanged). */
