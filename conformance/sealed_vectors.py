@@ -20,15 +20,17 @@ import hashlib
 import hmac
 from typing import Any
 
-from conformance.contract_vectors import WIRE_OUTPUTS, wire_report
-from conformance.mechanism_vectors import output_json
 from fedldp.client.mechanisms.base import BitVectorOutput, Output
 from fedldp.client.sealed import _pad, key_id, open_sealed, seal_info
 from fedldp.client.wire import fill_payload
 from fedldp.v1 import collector_pb2
 
+from conformance.contract_vectors import WIRE_OUTPUTS, wire_report
+from conformance.mechanism_vectors import output_json
+
 _KEM_SUITE = b"KEM" + (0x0020).to_bytes(2, "big")  # DHKEM(X25519, HKDF-SHA256)
-_HPKE_SUITE = b"HPKE" + bytes([0x00, 0x20, 0x00, 0x01, 0x00, 0x03])  # + HKDF-SHA256, ChaCha20Poly1305
+#: "HPKE" || KEM id 0x0020 || KDF id 0x0001 (HKDF-SHA256) || AEAD id 0x0003 (ChaCha20Poly1305).
+_HPKE_SUITE = b"HPKE" + bytes([0x00, 0x20, 0x00, 0x01, 0x00, 0x03])
 #: The analyzer's fixed private key of the vectors (X25519, raw).
 ANALYZER_PRIVATE = hashlib.sha256(b"fedldp/conformance/analyzer").digest()
 
