@@ -14,7 +14,7 @@ import * as path from "node:path";
 import { gzipSync } from "node:zlib";
 import { build } from "esbuild";
 // @ts-expect-error: a plain .mjs build script without types (the path from dist/bench/)
-import { connectWebParts } from "../../scripts/build_browser.mjs";
+import { binaryOnly, connectWebParts } from "../../scripts/build_browser.mjs";
 import { FedldpClient } from "../src/client.js";
 import { fromHex } from "../src/policy.js";
 import { type State, type StateStore } from "../src/outbox.js";
@@ -43,7 +43,7 @@ async function sizeOf(contents: string): Promise<{ minified: number; gzip: numbe
   const result = await build({
     stdin: { contents, resolveDir: path.join(repo, "sdk/js"), loader: "ts" },
     bundle: true, format: "esm", platform: "browser", target: "es2022", minify: true, legalComments: "none",
-    write: false, resolveExtensions: [".ts", ".js"], logLevel: "warning", plugins: [connectWebParts],
+    write: false, resolveExtensions: [".ts", ".js"], logLevel: "warning", plugins: [connectWebParts, binaryOnly],
   });
   const bytes = result.outputFiles[0]!.contents;
   return { minified: bytes.length, gzip: gzipSync(bytes, { level: 9 }).length };

@@ -40,6 +40,25 @@ export const connectWebParts = {
   },
 };
 
+/**
+ * The browser bundles speak protobuf binary only (ConnectTransport sets useBinaryFormat), so
+ * @bufbuild/protobuf's JSON codec (from-json.js, to-json.js), which connect's serializers
+ * reference but never call with binary on, is replaced by functions that throw. A call would
+ * mean a JSON-format path was taken: it fails loudly instead of misreading bytes.
+ */
+export const binaryOnly = {
+  name: "protobuf-binary-only",
+  setup(b) {
+    b.onLoad({ filter: /@bufbuild[\\/]protobuf[\\/]dist[\\/]esm[\\/](from|to)-json\.js$/ }, (args) => {
+      const names = /from-json\.js$/.test(args.path)
+        ? ["fromJsonString", "mergeFromJsonString", "fromJson", "mergeFromJson", "enumFromJson", "isEnumJson"]
+        : ["toJson", "toJsonString", "enumToJson"];
+      const body = names.map((n) => `export function ${n}() { throw new Error("protobuf JSON is not in this bundle (binary only)"); }`);
+      return { contents: body.join("\n"), loader: "js" };
+    });
+  },
+};
+
 export const BUNDLES = { all: "fedldp.all.min.js", "grr-olh": "fedldp.grr-olh.min.js" };
 
 /** Bytes in `outputs` by origin: this SDK's code, the generated descriptors, each package. */
@@ -72,7 +91,7 @@ export async function buildBrowser() {
       minify: true, legalComments: "none", outdir, chunkNames: "chunks/[name]-[hash]", logLevel: "warning",
       // ts sources import "./x.js": let esbuild find x.ts
       resolveExtensions: [".ts", ".js"],
-      plugins: name === "grr-olh" ? [grrOlhOnly, connectWebParts] : [connectWebParts],
+      plugins: name === "grr-olh" ? [grrOlhOnly, connectWebParts, binaryOnly] : [connectWebParts, binaryOnly],
       metafile: true,
     });
     const outputs = result.metafile.outputs;

@@ -79,6 +79,19 @@ test("chromium: pages record into the collector's web endpoint; no raw value lea
       assert.equal(leaks(chromium.sent, fixture.web_labels).length, 1);
     });
 
+    await t.test("an error answer reaches the page with gRPC's code (both bundles, binary-only protobuf)", async () => {
+      // The bundles carry no protobuf JSON codec: the Connect error body (JSON) and gRPC-Web's
+      // trailers must still become a TransportError with the code.
+      for (const [bundle, protocol] of [["fedldp.grr-olh.min.js", "connect"], ["fedldp.all.min.js", "grpc-web"]] as const) {
+        const result = await runPage(chromium.page, origin, {
+          ...common, token: "not-a-token", bundle, protocol, database: `db-badtoken-${protocol}`, mode: "record", labels: [],
+        });
+        assert.equal(result.ok, false, `${bundle}: a bad token was accepted`);
+        assert.equal(result.code, "UNAUTHENTICATED", `${bundle} over ${protocol}: ${String(result.error)}`);
+        assert.match(String(result.error), /^TransportError: /);
+      }
+    });
+
     await t.test("a page of an origin not allowed is blocked by CORS", async () => {
       chromium.sent.length = 0;
       const before = ledgerWindows(fixture, "device-web");

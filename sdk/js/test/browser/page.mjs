@@ -86,6 +86,6 @@ try {
   window.__result = { ok: true, ...(await run()) };
   status.textContent = "done";
 } catch (error) {
-  window.__result = { ok: false, error: `${error.name}: ${error.message}` };
+  window.__result = { ok: false, error: `${error.name}: ${error.message}`, code: error.code };
   status.textContent = "failed";
 }
