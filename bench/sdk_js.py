@@ -23,11 +23,15 @@ browser bundles) and runs sdk/js/bench/sdk_bench.ts, which starts a real
   Chromium: one IndexedDB readwrite transaction, durability "strict"; the
   same with durability "relaxed" — committed, not flushed — is also shown).
   References in the same run: the mechanism's perturb() alone (the randomizer
-  floor), in Node record() into an in-memory store (all but the storage), in
-  Chromium a bare IndexedDB transaction of one small put, durability "strict"
-  (the storage floor a page pays for one durable write).
-* **Reports/s a page randomizes and persists**: `reports` record() calls in a
-  row in the page, divided by their wall time (nothing sent meanwhile).
+  floor), in Node record() into an in-memory store (all but the storage), and
+  the storage floor of one durable write: in Node a bare 250-byte write into
+  preallocated space with fdatasync, in Chromium a bare IndexedDB transaction
+  of one small put, durability "strict".
+* **Reports/s a page randomizes and persists**: `reports` record() calls one
+  after another in the page (and in Node), divided by the sum of their times
+  (nothing sent meanwhile). Each record() call is followed by one call of the
+  storage-floor reference, so both meet the same disk; the ratio of their
+  run medians is the portable figure.
 
 Absolute times depend on the disk (fsync) and the load; the ratios to the
 references are the portable figures.
@@ -51,6 +55,16 @@ JS = REPO_ROOT / "sdk" / "js"
 def _per_run_medians(runs: list[list[float]]) -> Timing:
     """Median / min / max over runs of each run's median (milliseconds)."""
     return summarize([statistics.median(r) for r in runs])
+
+
+def _ratios(numerator: list[list[float]], denominator: list[list[float]]) -> Timing:
+    """Median / min / max over runs of (run median of `numerator` ÷ run median of `denominator`)."""
+    return summarize(
+        [
+            statistics.median(a) / statistics.median(b)
+            for a, b in zip(numerator, denominator, strict=True)
+        ]
+    )
 
 
 def measure(runs: int, reports: int) -> dict[str, Any]:
@@ -87,11 +101,14 @@ def measure(runs: int, reports: int) -> dict[str, Any]:
         "node_record_ms": _per_run_medians(node["record"]),
         "node_record_memory_store_ms": _per_run_medians(node["memory"]),
         "node_perturb_ms": _per_run_medians(node["perturb"]),
+        "node_bare_fdatasync_ms": _per_run_medians(node["bare"]),
         "node_reports_per_s": summarize([reports / s for s in node["seconds"]]),
         "chromium_record_ms": _per_run_medians(chromium["record"]),
         "chromium_record_relaxed_ms": _per_run_medians(chromium["relaxed"]),
         "chromium_perturb_ms": _per_run_medians(chromium["perturb"]),
         "chromium_bare_idb_transaction_ms": _per_run_medians(chromium["bare"]),
+        "node_record_to_bare_fdatasync": _ratios(node["record"], node["bare"]),
+        "chromium_record_to_bare_idb_transaction": _ratios(chromium["record"], chromium["bare"]),
         "chromium_reports_per_s": summarize(chromium["reportsPerSecond"]),
         "versions": {"node": raw["nodeVersion"], "chromium": raw["chromiumVersion"]},
     }
@@ -128,6 +145,9 @@ def main(argv: list[str] | None = None) -> None:
             "Node record() (memory store, reference)", figures["node_record_memory_store_ms"], "ms"
         ),
         _row("Node perturb() alone (reference)", figures["node_perturb_ms"], "ms"),
+        _row(
+            "Node bare 250 B write + fdatasync (reference)", figures["node_bare_fdatasync_ms"], "ms"
+        ),
         _row("Chromium record() (IndexedDB outbox)", figures["chromium_record_ms"], "ms"),
         _row(
             "Chromium record() (IndexedDB, relaxed durability)",
@@ -146,6 +166,16 @@ def main(argv: list[str] | None = None) -> None:
             "/s",
         ),
         _row("Node: reports/s randomized + persisted", figures["node_reports_per_s"], "/s"),
+        _row(
+            "Node record() ÷ bare fdatasync, same run",
+            figures["node_record_to_bare_fdatasync"],
+            "×",
+        ),
+        _row(
+            "Chromium record() ÷ bare IndexedDB transaction, same run",
+            figures["chromium_record_to_bare_idb_transaction"],
+            "×",
+        ),
     ]
     print(format_table(["figure", "median", "min – max"], timings))
     print(f"\n{runs} runs of {reports} reports; {figures['versions']}")

@@ -8,8 +8,10 @@
 // file and fdatasync; Chromium: one put in an IndexedDB readwrite transaction, durability
 // "strict"; now and then a compaction rewrites the whole state instead).
 // References in the same run: the mechanism's perturb() alone (the randomizer floor),
-// record() into an in-memory store (everything but the storage) and, in the page, a bare
-// IndexedDB transaction of one small put (the storage floor).
+// record() into an in-memory store (everything but the storage), and the storage floor:
+// in Node a bare 250-byte write into preallocated space with fdatasync, in the page a bare
+// IndexedDB transaction of one small put.
+import { promises as fs } from "node:fs";
 import * as path from "node:path";
 import { gzipSync } from "node:zlib";
 import { build } from "esbuild";
@@ -61,26 +63,52 @@ async function runtimeFloor(): Promise<Record<string, { minified: number; gzip: 
   };
 }
 
+/**
+ * The storage floor in Node: a file with preallocated zeros where `append()` writes 250
+ * bytes after the last and fdatasyncs them, timed (ms). Interleaved with record() calls so
+ * both meet the same disk.
+ */
+async function bareLog(file: string): Promise<{ append(): Promise<number>; close(): Promise<void> }> {
+  const handle = await fs.open(file, "w", 0o600);
+  await handle.write(Buffer.alloc(n * 250 + 4096), 0, n * 250 + 4096, 0);
+  await handle.sync();
+  const frame = Buffer.alloc(250, 0x61);
+  let at = 0;
+  return {
+    async append() {
+      const t = performance.now();
+      await handle.write(frame, 0, frame.length, at);
+      await handle.datasync();
+      at += frame.length;
+      return performance.now() - t;
+    },
+    close: () => handle.close(),
+  };
+}
+
 async function nodeRuns(dir: string, fixture: ReturnType<typeof makeDeployment>["fixture"], webUrl: string) {
   const common = {
     webUrl, token: fixture.token, pinnedRootKeys: fixture.pinned_root_keys.map(fromHex),
     rootEnvelope: fromHex(fixture.root_envelope),
   };
-  const out: { record: number[][]; memory: number[][]; perturb: number[][]; seconds: number[] } = { record: [], memory: [], perturb: [], seconds: [] };
+  const out: { record: number[][]; memory: number[][]; perturb: number[][]; bare: number[][]; seconds: number[] } =
+    { record: [], memory: [], perturb: [], bare: [], seconds: [] };
   for (let r = 0; r < runs; r++) {
     const file = path.join(dir, `bench-${r}.json`);
     const client = await openClient({ ...common, stateFile: file });
     const memory = await FedldpClient.open({ ...common, store: new MemoryStore(), transport: nodeTransport({ ...common, stateFile: file }) });
     const metric = fixture.metrics.web!;
     const labels = fixture.web_labels;
-    const times: number[] = [], mem: number[] = [], pert: number[] = [];
-    const started = performance.now();
+    const times: number[] = [], mem: number[] = [], pert: number[] = [], bare: number[] = [];
+    const floor = await bareLog(path.join(dir, `bare-${r}`));
     for (let i = 0; i < n; i++) {
       const t = performance.now();
       await client.record(metric, labels[i % labels.length]!);
       times.push(performance.now() - t);
+      bare.push(await floor.append());
     }
-    out.seconds.push((performance.now() - started) / 1000);
+    await floor.close();
+    out.seconds.push(times.reduce((a, b) => a + b, 0) / 1000);
     for (let i = 0; i < n; i++) {
       const t = performance.now();
       await memory.record(metric, labels[i % labels.length]!);
@@ -92,7 +120,7 @@ async function nodeRuns(dir: string, fixture: ReturnType<typeof makeDeployment>[
       for (let i = 0; i < 2000; i++) mechanism.perturb(i % labels.length);
       pert.push((performance.now() - t) / 2000);
     }
-    out.record.push(times); out.memory.push(mem); out.perturb.push(pert);
+    out.record.push(times); out.memory.push(mem); out.perturb.push(pert); out.bare.push(bare);
     await client.close(); await memory.close();
   }
   return out;

@@ -72,6 +72,29 @@ test("chromium: pages record into the collector's web endpoint; no raw value lea
       });
     }
 
+    await t.test("IndexedDB outbox: 300 records (past the 128-change compaction), no close(), a reload: all pending, each sent once", async () => {
+      const params = { ...common, bundle: "fedldp.grr-olh.min.js", protocol: "connect", database: "db-many" };
+      const labels = Array.from({ length: 300 }, (_, i) => fixture.web_labels[i % fixture.web_labels.length]!);
+      const before = ledgerWindows(fixture, "device-web")["js.web"]?.reports ?? 0;
+      const recorded = await runPage(chromium.page, origin, { ...params, mode: "record", labels, noClose: true }, 120_000);
+      assert.deepEqual(recorded, { ok: true, pending: 300 });
+      const flushed = await runPage(chromium.page, origin, { ...params, mode: "flush" }, 120_000);
+      assert.equal(flushed.ok, true, String(flushed.error));
+      const result = flushed.flushed as { accepted: number; duplicate: number; pending: number };
+      assert.deepEqual([result.accepted, result.duplicate, result.pending], [300, 0, 0]);
+      assert.equal(ledgerWindows(fixture, "device-web")["js.web"]?.reports, before + 300);
+    });
+
+    await t.test("a version-1 database (the earlier layout) is upgraded and its reports sent", async () => {
+      const result = await runPage(chromium.page, origin, {
+        ...common, bundle: "fedldp.grr-olh.min.js", protocol: "connect", database: "db-legacy", mode: "legacy",
+        labels: fixture.web_labels,
+      });
+      assert.equal(result.ok, true, String(result.error));
+      assert.equal(result.pending, fixture.web_labels.length);
+      assert.equal((result.flushed as { accepted: number }).accepted, fixture.web_labels.length);
+    });
+
     await t.test("the network check catches a page that leaks a raw value (broken variant)", async () => {
       chromium.sent.length = 0;
       const leaked = await runPage(chromium.page, origin, { ...common, bundle: "fedldp.grr-olh.min.js", mode: "leak", label: fixture.web_labels[1] });

@@ -182,3 +182,17 @@ test("a device process killed (SIGKILL) while recording keeps every report whose
   }
   assert.deepEqual(state.spent, Object.fromEntries([...days].map(([k, v]) => [k, String(v)])));
 }));
+
+test("a state file of the earlier layout (plain JSON) is read whole, then rewritten as a log", withDir(async (dir) => {
+  const file = path.join(dir, "device.json");
+  const old = expected(3);
+  writeFileSync(file, JSON.stringify(old));
+  const store = new FileStore(file);
+  const state = (await store.load())!;
+  assert.deepEqual(state, old);
+  applyChange(state, change(3));
+  await store.append(state, change(3)); // the first write of a JSON file is a full save
+  store.close();
+  assert.equal(readFileSync(file).subarray(0, 8).toString("latin1"), "FEDLDPL1");
+  assert.deepEqual(await new FileStore(file).load(), expected(4));
+}));
