@@ -43,11 +43,8 @@ function expected(n: number): State {
   return state;
 }
 
-test("crc32 is IEEE CRC-32 (zlib's)", () => {
-  assert.equal(crc32(new TextEncoder().encode("123456789")), 0xcbf43926);
-});
-
-test("a torn last frame is dropped wherever it was cut; the next append starts clean", withDir(async (dir) => {
+/** A state file in `dir`: an empty state, then changes 0, 1 and 2 appended; its path. */
+async function threeChanges(dir: string): Promise<string> {
   const file = path.join(dir, "device.log");
   const store = new FileStore(file);
   await store.save(emptyState());
@@ -57,6 +54,15 @@ test("a torn last frame is dropped wherever it was cut; the next append starts c
     await store.append(state, change(i));
   }
   store.close();
+  return file;
+}
+
+test("crc32 is IEEE CRC-32 (zlib's)", () => {
+  assert.equal(crc32(new TextEncoder().encode("123456789")), 0xcbf43926);
+});
+
+test("a torn last frame is dropped wherever it was cut; the next append starts clean", withDir(async (dir) => {
+  const file = await threeChanges(dir);
   const file0 = readFileSync(file);
   const whole = file0.subarray(0, parseLog(file0).validEnd); // the frames, without the preallocated zeros
   assert.ok(file0.subarray(whole.length).every((b) => b === 0) && file0.length > whole.length);
@@ -84,15 +90,7 @@ test("a torn last frame is dropped wherever it was cut; the next append starts c
 }));
 
 test("a bad frame before the end is corruption: load refuses rather than drop later reports", withDir(async (dir) => {
-  const file = path.join(dir, "device.log");
-  const store = new FileStore(file);
-  await store.save(emptyState());
-  const state = emptyState();
-  for (let i = 0; i < 3; i += 1) {
-    applyChange(state, change(i));
-    await store.append(state, change(i));
-  }
-  store.close();
+  const file = await threeChanges(dir);
   const whole = readFileSync(file);
   const secondStart0 = parseLog(whole).validEnd;
   const secondStart = secondStart0 - frame(change(2)).length - frame(change(1)).length;
