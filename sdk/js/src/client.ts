@@ -19,7 +19,7 @@ import {
 } from "./gen/fedldp/v1/collector_pb.js";
 import { SignedEnvelopeSchema } from "./gen/fedldp/v1/policy_pb.js";
 import { type Rational, add, compare, decimalString, parseDecimal } from "./exact.js";
-import { type Change, type Pending, type State, type StateStore, applyChange, emptyState } from "./outbox.js";
+import { type Change, type Pending, type State, type StateStore, applyChange, emptyState, withChange } from "./outbox.js";
 import { PolicyError, TrustStore, type VerifiedPolicy, fromHex, hex, verifyPolicy } from "./policy.js";
 import { type CollectorTransport, TransportError } from "./transport.js";
 import { ReportIds, coarseTime, reportBytes, sealedReportBytes, submitRequestBytes } from "./wire.js";
@@ -285,13 +285,15 @@ export class FedldpClient {
   }
 
   /**
-   * Apply `change` to the state and make it durable: the store's `append` (one small write),
-   * or a full save for a store without one. Returns once it is durable.
+   * Make `change` durable — the store's `append` (one small write), or a full save for a
+   * store without one — then apply it to the state: a write that fails changes nothing
+   * (the report is not pending, its spend and memo rows are not counted).
    */
-  private commit(change: Change): Promise<void> {
-    applyChange(this.state, change);
+  private async commit(change: Change): Promise<void> {
     const store = this.options.store;
-    return store.append ? store.append(this.state, change) : store.save(this.state);
+    if (store.append) await store.append(this.state, change);
+    else await store.save(withChange(this.state, change));
+    applyChange(this.state, change);
   }
 
   /** The retry fields of the state (a Change's `retry`). */

@@ -71,8 +71,10 @@ export interface StateStore {
   /** Replace the stored state durably. */
   save(state: State): Promise<void>;
   /**
-   * Make `change` durable; `state` is the state with `change` already applied (a store may
-   * write it whole instead, to compact). A store without `append` gets `save(state)`.
+   * Make `change` durable; `state` is the state before it (a store may write
+   * `withChange(state, change)` whole instead, to compact). The client applies `change` to
+   * its own state only once this resolves, so a failed write changes nothing. A store
+   * without `append` gets `save(withChange(state, change))`.
    */
   append?(state: State, change: Change): Promise<void>;
   /** Release the store (a database connection). */
@@ -111,4 +113,11 @@ export function applyChange(state: State, change: Change): void {
     if (change.retry.hintUntilMs === undefined) delete state.hintUntilMs;
     else state.hintUntilMs = change.retry.hintUntilMs;
   }
+}
+
+/** A copy of `state` with `change` applied (`state` is left as it is). */
+export function withChange(state: State, change: Change): State {
+  const next = structuredClone(state);
+  applyChange(next, change);
+  return next;
 }

@@ -27,7 +27,7 @@
  */
 import { promises as fs } from "node:fs";
 import * as path from "node:path";
-import { type Change, type State, type StateStore, applyChange, checkState } from "./outbox.js";
+import { type Change, type State, type StateStore, applyChange, checkState, withChange } from "./outbox.js";
 
 const MAGIC = Buffer.from("FEDLDPL1", "latin1");
 const HEADER = 8;
@@ -184,7 +184,7 @@ export class FileStore implements StateStore {
    * left by a crash is cut first. Or a compaction (`save`) once the frames outgrew the state.
    */
   async append(state: State, change: Change): Promise<void> {
-    if (this.end < 0 || this.changeBytes > Math.max(COMPACT_MIN_BYTES, this.snapshotBytes)) return this.save(state);
+    if (this.end < 0 || this.changeBytes > Math.max(COMPACT_MIN_BYTES, this.snapshotBytes)) return this.save(withChange(state, change));
     const body = frame(change);
     this.handle ??= await fs.open(this.file, "r+");
     const handle = this.handle;

@@ -12,7 +12,7 @@
  * one transaction (compaction). A version-1 database (the full state only) is upgraded in
  * place: its state is read as is, with an empty log. Origin-scoped like all IndexedDB data.
  */
-import { type Change, type State, type StateStore, applyChange, checkState } from "./outbox.js";
+import { type Change, type State, type StateStore, applyChange, checkState, withChange } from "./outbox.js";
 
 const STORE = "state";
 const LOG = "log";
@@ -82,7 +82,7 @@ export class IndexedDBStore implements StateStore {
 
   /** One put of `change` into "log" (or a compaction when the log outgrew the state). */
   append(state: State, change: Change): Promise<void> {
-    if (this.changes < 0 || this.changes >= Math.max(COMPACT_MIN_CHANGES, 2 * this.pendingAtSave)) return this.save(state);
+    if (this.changes < 0 || this.changes >= Math.max(COMPACT_MIN_CHANGES, 2 * this.pendingAtSave)) return this.save(withChange(state, change));
     const tx = this.db.transaction(LOG, "readwrite", { durability: this.durability });
     tx.objectStore(LOG).add(change);
     tx.commit?.(); // commit with the request, not after its answer came back to the page: one round trip

@@ -13,7 +13,7 @@ import * as os from "node:os";
 import * as path from "node:path";
 import { fileURLToPath } from "node:url";
 import { BudgetExhaustedError } from "../src/client.js";
-import { type Change, type State, applyChange, emptyState } from "../src/outbox.js";
+import { type Change, type State, type StateStore, applyChange, emptyState } from "../src/outbox.js";
 import { FileStore, crc32, frame, parseLog } from "../src/outbox_file.js";
 import { METRIC, NOW, offlineClient } from "./outbox_kit.js";
 
@@ -50,8 +50,8 @@ async function threeChanges(dir: string): Promise<string> {
   await store.save(emptyState());
   const state = emptyState();
   for (let i = 0; i < 3; i += 1) {
+    await store.append(state, change(i)); // `state` is the state before the change
     applyChange(state, change(i));
-    await store.append(state, change(i));
   }
   store.close();
   return file;
@@ -76,8 +76,8 @@ test("a torn last frame is dropped wherever it was cut; the next append starts c
       const reopened = new FileStore(file);
       assert.deepEqual(await reopened.load(), expected(2), `cut at ${cut} of ${whole.length}`);
       const again = expected(2);
-      applyChange(again, change(7));
       await reopened.append(again, change(7));
+      applyChange(again, change(7));
       reopened.close();
       assert.deepEqual(await new FileStore(file).load(), again, `append after the cut at ${cut}`);
     }
@@ -109,8 +109,8 @@ test("compaction keeps the file near the state's size and loses nothing", withDi
   let largest = 0;
   for (let i = 0; i < 1000; i += 1) {
     const step: Change = i % 2 === 0 ? change(i) : { remove: [change(i - 1).add!.id] };
-    applyChange(state, step);
     await store.append(state, step);
+    applyChange(state, step);
     largest = Math.max(largest, statSync(file).size);
   }
   store.close();
@@ -188,9 +188,32 @@ test("a state file of the earlier layout (plain JSON) is read whole, then rewrit
   const store = new FileStore(file);
   const state = (await store.load())!;
   assert.deepEqual(state, old);
-  applyChange(state, change(3));
   await store.append(state, change(3)); // the first write of a JSON file is a full save
+  applyChange(state, change(3));
   store.close();
   assert.equal(readFileSync(file).subarray(0, 8).toString("latin1"), "FEDLDPL1");
   assert.deepEqual(await new FileStore(file).load(), expected(4));
+}));
+
+test("a write that fails changes nothing: no report pending, no spend, the next record() proceeds", withDir(async (dir) => {
+  const file = path.join(dir, "device.log");
+  const store = new FileStore(file);
+  let fail = false;
+  const failing: StateStore = {
+    load: () => store.load(),
+    save: (state) => (fail ? Promise.reject(new Error("disk full")) : store.save(state)),
+    append: (state, step) => (fail ? Promise.reject(new Error("disk full")) : store.append(state, step)),
+    close: () => store.close(),
+  };
+  const { client } = await offlineClient(failing);
+  await client.record(METRIC, "chrome");
+  fail = true;
+  await assert.rejects(client.record(METRIC, "firefox"), /disk full/);
+  assert.equal(client.pendingReports().length, 1, "a report whose write failed is pending");
+  fail = false;
+  // Cap 4, charge 1: had the failed record been charged, only two more would fit.
+  for (const label of ["safari", "other", "chrome"]) await client.record(METRIC, label);
+  await assert.rejects(client.record(METRIC, "chrome"), BudgetExhaustedError);
+  assert.equal(client.pendingReports().length, 4);
+  assert.deepEqual((await new FileStore(file).load())!.pending, client.pendingReports());
 }));
