@@ -73,6 +73,47 @@ class ShuffledRelease:
         )
 
 
+    def guarantee_dict(self, collector_count: int | None = None, source: str | None = None) -> dict[str, Any]:
+        """The guarantees as JSON-ready values (every ε and δ a string rounded up, as printed).
+
+        `collector_count` and `source` say which count capped n ("manifest" beside the batch
+        file, "--collector-count", or None). Keys: batch, valid_reports, invalid (reason ->
+        count), epsilon0 (local, per report), local_epsilon_per_device (m·ε0), n, delta,
+        central_epsilon, bound, max_reports_per_device (m), device_epsilon and device_delta
+        (group privacy; device_delta None when vacuous), collector_count, collector_count_source.
+        Without a valid report the central and device fields are None.
+        """
+        m = self.max_reports_per_device
+        out: dict[str, Any] = {
+            "batch": self.batch,
+            "valid_reports": self.accepted,
+            "invalid": dict(sorted(self.invalid.items())),
+            "epsilon0": f"{self.epsilon0:g}",
+            "local_epsilon_per_device": f"{m * self.epsilon0:g}",
+            "max_reports_per_device": m,
+            "collector_count": collector_count,
+            "collector_count_source": source,
+            "n": None,
+            "delta": None,
+            "central_epsilon": None,
+            "bound": None,
+            "device_epsilon": None,
+            "device_delta": None,
+        }
+        if self.central is not None:
+            c = self.central
+            eps_m, delta_m = per_device(c.epsilon, c.delta, m)
+            out.update(
+                n=c.n,
+                delta=f"{c.delta:g}",
+                central_epsilon=round_up(c.epsilon),
+                bound=c.bound,
+                device_epsilon=round_up(eps_m),
+                device_delta=_round_up_sig(delta_m) if delta_m < 1 else None,
+            )
+        return out
+
+
 def per_device(epsilon: float, delta: float, m: int) -> tuple[float, float]:
     """The guarantee of a device with at most m reports in a batch whose every report has
     (ε, δ): (m·ε, δ·Σ_{i<m} e^{iε}), group privacy for (ε, δ)-DP (Dwork & Roth, "The

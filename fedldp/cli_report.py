@@ -247,6 +247,29 @@ def _unverified_id(path: Path) -> str | None:
     type=click.Path(dir_okay=False),
     help="write here instead of stdout (required for html)",
 )
+@click.option(
+    "--batch",
+    "batch_file",
+    type=click.Path(exists=True, dir_okay=False),
+    help="a shuffled batch file (shuffle-model policy, docs/shuffle.md) instead of a ledger: "
+    "needs --analyzer-key; shows local ε0 and the central (ε, δ) beside the estimates",
+)
+@click.option(
+    "--analyzer-key",
+    type=click.Path(exists=True, dir_okay=False),
+    help="with --batch: the analyzer's private key (analyzer.key)",
+)
+@click.option(
+    "--delta",
+    type=click.FloatRange(min=0, max=1, min_open=True, max_open=True),
+    help="with --batch: δ of the central guarantee (default 1e-8)",
+)
+@click.option(
+    "--collector-count",
+    type=click.IntRange(min=0),
+    help="with --batch: the collector's accepted count for the batch (default: the "
+    "manifest beside the batch file)",
+)
 def report(
     policy_id: str,
     version: int | None,
@@ -268,6 +291,10 @@ def report(
     audit: bool,
     candidates_path: str | None,
     out_path: str | None,
+    batch_file: str | None = None,
+    analyzer_key: str | None = None,
+    delta: float | None = None,
+    collector_count: int | None = None,
 ) -> None:
     """Estimate a policy's metric with error bars from the ledger's statistics.
 
@@ -275,8 +302,46 @@ def report(
     frequencies of the strings in --candidates (sketch policies over an open
     domain), with standard errors from the mechanism's exact variance (for
     sketches, including the collision term). Refused below the policy's minimum
-    report count (exit status 1, nothing printed on stdout).
+    report count (exit status 1, nothing printed on stdout). With --batch, the
+    analyzer's report on a shuffled batch of a shuffle-model policy instead.
     """
+    if batch_file is not None or analyzer_key is not None:
+        from fedldp.cli_report_shuffle import report_batch
+
+        given = [
+            name
+            for name, value in (
+                ("--ledger", ledgers),
+                ("--merge", merge_files),
+                ("--export-statistics", export_path),
+                ("--audit", audit),
+                ("--window", window_start is not None),
+            )
+            if value
+        ]
+        policy_dir, trust_dir, aud = _settings(config_path, (), policy_dir, trust_dir, audience)[1:]
+        report_batch(
+            batch_file,
+            analyzer_key,
+            policy_id,
+            version,
+            (policy_dir, trust_dir, aud, at_time),
+            refused_options=given,
+            fmt=fmt,
+            out_path=out_path,
+            options={
+                "confidence": confidence,
+                "simultaneous": simultaneous,
+                "consistency": consistency,
+                "heavy_hitters": heavy_hitters,
+                "candidates_path": candidates_path,
+                "delta": delta,
+                "collector_count": collector_count,
+            },
+        )
+        return
+    if delta is not None or collector_count is not None:
+        raise click.UsageError("--delta and --collector-count apply to --batch only")
     from fedldp.aggregator.reports import (
         ReportError,
         audit_statistics,

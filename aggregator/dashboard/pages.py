@@ -63,6 +63,7 @@ def page(title: str, body: str, *, read_at: int) -> str:
         f"<title>{escape(title)} · fedldp dashboard</title>"
         '<link rel="stylesheet" href="/static/dashboard.css"></head><body>'
         '<nav><a href="/">Policies</a><a href="/budget">Budget</a>'
+        '<a href="/shuffle">Shuffled batches</a>'
         '<a href="/api/policies">JSON API</a></nav>'
         f"<h1>{escape(title)}</h1>{body}"
         f'<footer><p class="note" id="epsilon-line">{escape(EPSILON_LINE)}</p>'

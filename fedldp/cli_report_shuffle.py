@@ -1,0 +1,86 @@
+"""`fedldp report --batch`: the analyzer's report on a shuffled batch (docs/shuffle.md).
+
+The analyzer opens the batch with its private key (`fedldp.cli_shuffle.analyze_shuffled`:
+the same gates as `fedldp shuffler analyze`), builds the policy's report from the valid
+reports' statistic exactly as `fedldp report` does from a ledger's (`report_for_policy`:
+the same estimates, error bars, consistency and release gate), and adds the shuffle
+guarantees to the report's context (`ReportContext.shuffle`): the table, JSON and HTML
+outputs then state local ε0 per report, the amplified central (ε, δ) per report over the n
+valid reports, and the per-device guarantee, beside the estimates.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from pathlib import Path
+from typing import Any
+
+import click
+
+
+def report_batch(
+    batch_file: str | None,
+    analyzer_key: str | None,
+    policy_id: str,
+    version: int | None,
+    trust: tuple[str | None, str | None, str, int | None],
+    *,
+    refused_options: list[str],
+    fmt: str,
+    out_path: str | None,
+    options: dict[str, Any],
+) -> None:
+    """Write the report on `batch_file` in `fmt` (see the module docstring).
+
+    `trust`: (policy folder, trust folder, audience, --at); `refused_options`: the
+    ledger-only options given, refused here (a usage error); `options`: confidence,
+    simultaneous, consistency, heavy_hitters, candidates_path, delta, collector_count.
+    """
+    from fedldp.aggregator.reports import MergedStatistic, ReportError, report_for_policy
+    from fedldp.aggregator.shuffle_manifest import parse_window_batch
+    from fedldp.cli_report import _candidates, _emit_report, load_verified_policy
+    from fedldp.cli_shuffle import analyze_shuffled
+
+    policy_dir, trust_dir, audience, at_time = trust
+    if batch_file is None or analyzer_key is None:
+        raise click.UsageError("--batch and --analyzer-key go together")
+    if refused_options:
+        raise click.UsageError(
+            f"--batch reports on a shuffled batch, not a ledger: drop {', '.join(refused_options)}"
+        )
+    if not policy_dir or not trust_dir:
+        raise click.UsageError("pass --policies and --trust (or --config)")
+    if fmt == "html" and out_path is None:
+        raise click.UsageError("--format html needs --out PATH")
+    at = at_time if at_time is not None else int(time.time())
+    policy = load_verified_policy(
+        policy_dir, trust_dir, policy_id, version=version, at=at, audience=audience
+    )
+    candidates = _candidates(policy, options["candidates_path"], False)
+    result, count, source = analyze_shuffled(
+        Path(batch_file),
+        Path(analyzer_key),
+        policy,
+        delta=options["delta"],
+        collector_count=options["collector_count"],
+    )
+    window = parse_window_batch(result.batch)
+    merged = MergedStatistic(
+        statistic=result.statistic, n=result.accepted, partials=1, sources=(result.batch,)
+    )
+    try:
+        report = report_for_policy(
+            policy,
+            merged,
+            window_start=window[2] if window is not None else None,
+            confidence=options["confidence"],
+            simultaneous=options["simultaneous"],
+            consistency=options["consistency"],
+            candidates=candidates,
+        )
+    except (ReportError, ValueError) as exc:
+        raise click.ClickException(str(exc)) from None
+    context = dataclasses.replace(report.context, shuffle=result.guarantee_dict(count, source))
+    report = dataclasses.replace(report, context=context)
+    _emit_report(report, fmt, out_path, heavy_hitters=options["heavy_hitters"])

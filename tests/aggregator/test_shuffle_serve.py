@@ -1,0 +1,272 @@
+"""`fedldp shuffler serve`: the shuffler daemon over a real SQLite ledger (docs/shuffle.md).
+
+* a step pulls every window of the shuffle-model policy from the ledger (read-only: the
+  ledger file's bytes do not change) and releases each closed window's batch at its signed
+  minimum, with a manifest carrying the ledger's count; a closed window below the minimum
+  (signed, or raised by the config) is held, logged and counted, never released partially;
+  an open window is pulled, not released; a held batch is released once more reports came;
+* kill -9 of a real daemon process at each stage of a step (after the pull, the permutation,
+  the rename, the record, the manifest): the next step loses nothing, releases nothing
+  twice and leaves one batch file with its manifest;
+* SIGTERM and SIGINT stop a real `fedldp shuffler serve` process cleanly (exit 0, "stopped");
+* a bad shuffler.toml is refused before anything starts, one line naming every problem.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import signal
+import subprocess
+import sys
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+from fedldp.aggregator.shuffle_analyzer import generate_analyzer_key
+from fedldp.aggregator.shuffle_manifest import manifest_path, read_manifest
+from fedldp.aggregator.shuffler import ShuffleSpool, batch_path, read_batch
+from fedldp.aggregator.shuffler_config import load
+from fedldp.aggregator.shuffler_service import Shuffler, ShufflerMetrics
+from fedldp.client.mechanisms.base import CategoryOutput, SealedOutput
+from fedldp.client.sealed import key_id, seal_info, seal_output
+from fedldp.collector.ledger import open_ledger
+
+from fedldp.cli import main
+from fedldp.cli_common import open_cli_ledger
+from tests.aggregator.conftest import NOW, WINDOW, submit_outputs
+from tests.aggregator.test_attack_shuffle import _shuffle_policy_dirs
+
+FEDLDP = str(Path(sys.executable).with_name("fedldp"))
+WORKER = Path(__file__).with_name("shuffle_serve_kill_worker.py")
+TODAY = NOW - NOW % WINDOW
+YESTERDAY, TWO_DAYS_AGO = TODAY - WINDOW, TODAY - 2 * WINDOW
+MIN_BATCH = 5
+
+
+@dataclass(frozen=True)
+class Setup:
+    """A ledger with sealed reports in three windows and a shuffler.toml over it."""
+
+    base: Path
+    config: Path
+    ledger: Path
+    policy: Any
+    public: bytes
+
+    def batch(self, window: int) -> str:
+        return f"{self.policy.policy_id}.v{self.policy.version}.{window}"
+
+    def seal(self, n: int) -> list[SealedOutput]:
+        info = seal_info(self.policy.policy_id, self.policy.version, self.policy.digest)
+        return [
+            SealedOutput(
+                seal_output(CategoryOutput(i % 4), self.public, info=info).ciphertext,
+                key_id(self.public),
+            )
+            for i in range(n)
+        ]
+
+    def store(self, window: int, n: int) -> list[bytes]:
+        """Store n sealed reports in `window`; their ciphertexts."""
+        sealed = self.seal(n)
+        with _ledger(self.ledger) as ledger:
+            submit_outputs(ledger, self.policy, sealed, now=window + 10, subjects=n)
+        return [s.ciphertext for s in sealed]
+
+
+class _ledger:
+    def __init__(self, path: Path) -> None:
+        self.ledger = open_ledger(f"sqlite:///{path}")
+
+    def __enter__(self) -> Any:
+        return self.ledger
+
+    def __exit__(self, *_: object) -> None:
+        self.ledger.close()
+
+
+def _write_config(base: Path, trust: Path, policies: Path, **extra: object) -> Path:
+    lines = [
+        "[shuffler]",
+        f'ledger_url = "sqlite:///{base / "ledger.db"}"',
+        f'policy_dir = "{policies}"',
+        f'trust_dir = "{trust}"',
+        'spool = "shuffler/spool.db"',
+        'out_dir = "batches"',
+        "grace_seconds = 60",
+        "interval_seconds = 0.2",
+        *(f"{k} = {json.dumps(v)}" for k, v in extra.items()),
+    ]
+    (base / "shuffler").mkdir(exist_ok=True)
+    path = base / "shuffler.toml"
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+@pytest.fixture
+def setup(tmp_path: Path, authority: Any) -> Setup:
+    _, public = generate_analyzer_key(tmp_path / "analyzer")
+    trust, policies, verified = _shuffle_policy_dirs(tmp_path, authority, public, MIN_BATCH)
+    open_ledger(f"sqlite:///{tmp_path / 'ledger.db'}").close()
+    made = Setup(tmp_path, _write_config(tmp_path, trust, policies), tmp_path / "ledger.db",
+                 verified, public)  # fmt: skip
+    return made
+
+
+def _daemon(config: Path, **kwargs: Any) -> Shuffler:
+    return Shuffler(load(config), lambda url: open_cli_ledger(url, "read", scope="whole"), **kwargs)
+
+
+def test_a_step_releases_closed_windows_at_their_minimum(
+    setup: Setup, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Closed with 8: released with its manifest; closed with 3: held (log, metric); open: not
+    released; the ledger file is not written; a second step changes nothing."""
+    full = setup.store(TWO_DAYS_AGO, 8)
+    setup.store(YESTERDAY, 3)
+    setup.store(TODAY, 9)
+    before = hashlib.sha256(setup.ledger.read_bytes()).hexdigest()
+    metrics = ShufflerMetrics()
+    daemon = _daemon(setup.config, metrics=metrics)
+    with caplog.at_level(logging.INFO, logger="fedldp.shuffler"):
+        report = daemon.step(TODAY + 3600)
+    assert report.released == [setup.batch(TWO_DAYS_AGO)]
+    assert report.held == [setup.batch(YESTERDAY)] and report.open == [setup.batch(TODAY)]
+    assert hashlib.sha256(setup.ledger.read_bytes()).hexdigest() == before
+    path = batch_path(setup.base / "batches", setup.batch(TWO_DAYS_AGO))
+    assert sorted(read_batch(path)[1]) == sorted(full)
+    manifest = read_manifest(path)
+    assert manifest is not None and (manifest.count, manifest.collector_count) == (8, 8)
+    assert (manifest.policy_id, manifest.window_start) == (setup.policy.policy_id, TWO_DAYS_AGO)
+    assert sorted(p.name for p in (setup.base / "batches").iterdir()) == [
+        path.name,
+        manifest_path(path).name,
+    ]
+    held = f"batch {setup.batch(YESTERDAY)}: window closed with 3 ciphertexts, fewer than"
+    assert any(held in r.getMessage() for r in caplog.records), caplog.text
+    assert metrics.registry.get_sample_value("fedldp_shuffler_batches_held") == 1
+    assert metrics.registry.get_sample_value("fedldp_shuffler_batches_released_total") == 1
+    again = daemon.step(TODAY + 3600)
+    assert again.released == [] and again.held == [setup.batch(YESTERDAY)]
+    assert read_batch(path)[1] == read_batch(path)[1] and len(list(path.parent.iterdir())) == 2
+
+
+def test_a_held_batch_is_released_when_enough_reports_came(setup: Setup) -> None:
+    """3 of 5 held; 2 more stored in that window: the next step releases all 5 at once."""
+    first = setup.store(YESTERDAY, 3)
+    daemon = _daemon(setup.config)
+    assert daemon.step(TODAY + 3600).held == [setup.batch(YESTERDAY)]
+    more = setup.store(YESTERDAY, 2)
+    assert daemon.step(TODAY + 3600).released == [setup.batch(YESTERDAY)]
+    path = batch_path(setup.base / "batches", setup.batch(YESTERDAY))
+    assert sorted(read_batch(path)[1]) == sorted(first + more)
+
+
+def test_the_operator_may_only_raise_the_signed_minimum(setup: Setup) -> None:
+    """min_batch 10 holds a batch of 8 (signed 5); min_batch 2 does not release 4 (< 5)."""
+    setup.store(TWO_DAYS_AGO, 8)
+    setup.store(YESTERDAY, 4)
+    daemon = _daemon(setup.config)
+    raised = Shuffler(replace(daemon.config, min_batch=10), daemon.open_ledger)
+    assert raised.step(TODAY + 3600).held == [setup.batch(TWO_DAYS_AGO), setup.batch(YESTERDAY)]
+    lowered = Shuffler(replace(daemon.config, min_batch=2), daemon.open_ledger)
+    step = lowered.step(TODAY + 3600)
+    assert step.released == [setup.batch(TWO_DAYS_AGO)] and step.held == [setup.batch(YESTERDAY)]
+
+
+def test_grace_keeps_a_just_closed_window_open(setup: Setup) -> None:
+    """Window end + grace (60 s) is the earliest release; one second before, it is open."""
+    setup.store(YESTERDAY, 6)
+    daemon = _daemon(setup.config)
+    assert daemon.step(TODAY + 59).open == [setup.batch(YESTERDAY)]
+    assert daemon.step(TODAY + 60).released == [setup.batch(YESTERDAY)]
+
+
+@pytest.mark.parametrize("stage", ["pulled", "permuted", "written", "recorded", "manifest"])
+def test_kill_9_at_any_stage_loses_nothing_and_releases_once(setup: Setup, stage: str) -> None:
+    """SIGKILL a real daemon process at `stage`; the next step leaves every ciphertext in one
+    batch file, once, with its manifest, and a further step changes nothing."""
+    items = setup.store(YESTERDAY, 7)
+    proc = subprocess.Popen(
+        [sys.executable, str(WORKER), str(setup.config), stage, str(TODAY + 3600)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+    )
+    assert proc.stdout is not None
+    assert proc.stdout.readline().decode().strip() == stage
+    proc.send_signal(signal.SIGKILL)
+    assert proc.wait(timeout=30) == -signal.SIGKILL
+    out = setup.base / "batches"
+    written = batch_path(out, setup.batch(YESTERDAY))
+    before = written.read_bytes() if stage in ("written", "recorded", "manifest") else None
+    daemon = _daemon(setup.config)
+    step = daemon.step(TODAY + 3600)
+    done_before = stage in ("recorded", "manifest")  # the kill came after the record
+    assert step.released == ([] if done_before else [setup.batch(YESTERDAY)])
+    assert sorted(read_batch(written)[1]) == sorted(items)
+    assert before is None or written.read_bytes() == before  # not re-permuted
+    manifest = read_manifest(written)
+    assert manifest is not None and (manifest.count, manifest.collector_count) == (7, 7)
+    assert sorted(p.name for p in out.iterdir()) == [written.name, manifest_path(written).name]
+    assert daemon.step(TODAY + 3600).released == []
+    assert ShuffleSpool(setup.base / "shuffler" / "spool.db").pending(setup.batch(YESTERDAY)) == 0
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_stop_signal_ends_the_real_daemon_cleanly(setup: Setup, sig: int) -> None:
+    """`fedldp shuffler serve` releases, then SIGTERM/SIGINT: exit 0 and "stopped" logged."""
+    setup.store(TWO_DAYS_AGO, 6)
+    proc = subprocess.Popen(
+        [FEDLDP, "shuffler", "serve", "--config", str(setup.config)],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stderr is not None
+    seen = []
+    for line in proc.stderr:  # blocks until the release is logged (or the process ends)
+        seen.append(line)
+        if "released 6 shuffled ciphertexts" in line:
+            break
+    proc.send_signal(sig)
+    rest = proc.stderr.read()
+    assert proc.wait(timeout=30) == 0, "".join(seen) + rest
+    assert "INFO fedldp.shuffler stopped" in rest
+    assert read_manifest(batch_path(setup.base / "batches", setup.batch(TWO_DAYS_AGO)))
+
+
+def test_a_bad_config_is_refused_before_anything_starts(tmp_path: Path) -> None:
+    """Every problem named on one line; exit 1; no spool or out folder created."""
+    (tmp_path / "s").mkdir()
+    path = tmp_path / "shuffler.toml"
+    path.write_text(
+        "[shuffler]\n"
+        'policy_dir = "nope"\ntrust_dir = "s"\nspool = "s/spool.db"\nout_dir = "out"\n'
+        'interval_seconds = 0\ngrace_seconds = "5"\nmin_batch = -1\ncolour = 1\n',
+        encoding="utf-8",
+    )
+    result = CliRunner().invoke(main, ["shuffler", "serve", "--config", str(path)])
+    assert result.exit_code == 1
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("Error: shuffler config: "), result.output
+    for problem in (
+        "unknown setting 'colour'",
+        "grace_seconds must be a whole number",
+        "ledger_url is required",
+    ):
+        assert problem in lines[0]
+    assert not (tmp_path / "out").exists() and not (tmp_path / "s" / "spool.db").exists()
+    path.write_text(
+        path.read_text().replace('grace_seconds = "5"\n', "").replace("colour = 1\n", "")
+        + 'ledger_url = "sqlite:///x.db"\n',
+        encoding="utf-8",
+    )
+    ranges = CliRunner().invoke(main, ["shuffler", "serve", "--config", str(path)])
+    assert ranges.exit_code == 1
+    for problem in ("policy_dir", "interval_seconds is a number above 0", "min_batch is 0"):
+        assert problem in ranges.output, ranges.output
