@@ -86,7 +86,8 @@ def release_cmd(
     trust_dir: str | None,
     audience: str | None,
 ) -> None:
-    """Shuffle one batch with the OS CSPRNG and write it for the analyzer, once.
+    """Shuffle one batch with the OS CSPRNG and write it for the analyzer, once, with its
+    manifest (BATCH.shuffled.manifest.json: the ledger's count at the last pull).
 
     The minimum is the larger of --min-batch and, with --policies/--trust, the batch policy's
     signed [shuffle] min_batch. Exit status 1, nothing changed, when fewer ciphertexts wait.
@@ -100,9 +101,12 @@ def release_cmd(
         path = release(store, batch, Path(out_dir), min_batch=floor)
     except (BatchTooSmallError, ValueError) as exc:
         raise click.ClickException(str(exc)) from None
+    from fedldp.aggregator.shuffle_manifest import write_manifest
+
     released = store.released(batch)
     count = released[0] if released else 0
-    click.echo(f"released {count} shuffled ciphertexts to {path}")
+    manifest = write_manifest(store, batch, path)
+    click.echo(f"released {count} shuffled ciphertexts to {path} (manifest {manifest.name})")
 
 
 def _release_minimum(
