@@ -34,7 +34,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from fedldp.aggregator.shuffle_manifest import manifest_path, write_manifest
+from fedldp.aggregator.shuffle_manifest import manifest_path, parse_window_batch, write_manifest
 from fedldp.aggregator.shuffler import (
     BatchTooSmallError,
     ShuffleSpool,
@@ -134,7 +134,8 @@ class Shuffler:
         report = StepReport()
         policies = self._shuffle_policies(now)
         ids = {p.policy_id for p in policies.values()}
-        ids |= {b.rsplit(".v", 1)[0] for b in self.spool.unreleased() if ".v" in b}
+        pending = (parse_window_batch(b) for b in self.spool.unreleased())
+        ids |= {key[0] for key in pending if key is not None}
         with self._ledger() as ledger:
             for policy_id in sorted(ids):
                 for version, window in ledger.report_windows(policy_id):
@@ -171,10 +172,15 @@ class Shuffler:
     ) -> Any:
         """The shuffle-model policy (id, version): as verified now, else as verified at
         `at` (its window's start: a version retired or expired since); None if neither."""
+        from fedldp.client.policy import PolicyError
+
         found = policies.get((policy_id, version))
         if found is not None:
             return found
-        return self._shuffle_policies(at).get((policy_id, version))
+        try:
+            return self._shuffle_policies(at).get((policy_id, version))
+        except PolicyError:  # the trust folder did not verify then: the batch is reported
+            return None
 
     def _batch(
         self,
@@ -228,9 +234,8 @@ class Shuffler:
         floor = max(signed, self.config.min_batch)
         try:
             path = release(
-                self.spool, batch, self.config.out_dir, min_batch=floor, rng=None,
-                on_stage=self.on_stage,
-            )  # fmt: skip
+                self.spool, batch, self.config.out_dir, min_batch=floor, on_stage=self.on_stage
+            )
         except BatchTooSmallError:
             report.held.append(batch)
             waiting = self.spool.pending(batch)

@@ -57,6 +57,11 @@ def report_batch(
     policy = load_verified_policy(
         policy_dir, trust_dir, policy_id, version=version, at=at, audience=audience
     )
+    if policy.analyzer_public_key is None:
+        raise click.ClickException(
+            f"policy {policy.policy_id} v{policy.version} has no [shuffle] section: its reports "
+            "are in the ledger, not in a shuffled batch (drop --batch, pass --ledger)"
+        )
     candidates = _candidates(policy, options["candidates_path"], False)
     result, count, source = analyze_shuffled(
         Path(batch_file),

@@ -331,11 +331,6 @@ def analyze_shuffled(
     from fedldp.aggregator.shuffle_manifest import read_manifest
     from fedldp.client.sealed import seal_info
 
-    if policy.analyzer_public_key is None:
-        raise click.ClickException(
-            f"policy {policy.policy_id} v{policy.version} has no [shuffle] section: its reports "
-            "are in the ledger, not in a shuffled batch (report on it with --ledger)"
-        )
     source = "--collector-count" if collector_count is not None else None
     try:
         manifest = read_manifest(batch_file)

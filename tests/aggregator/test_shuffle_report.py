@@ -192,9 +192,9 @@ def test_the_dashboard_shows_the_analyzers_reports(batch: Batch) -> None:
     dash = load_dashboard(url, batch.policies, batch.trust, None, shuffle_reports=folder)
     server = DashboardServer(dash, host="127.0.0.1", port=0, token=None).start()
     try:
-        status, _, page = get(f"{server.url}/shuffle")
-        api_status, _, api = get(f"{server.url}/api/shuffle")
-        _, _, index = get(f"{server.url}/")
+        status, _, page = get(f"{server.url}shuffle")
+        api_status, _, api = get(f"{server.url}api/shuffle")
+        _, _, index = get(server.url)
     finally:
         server.stop()
     assert status == 200 and api_status == 200

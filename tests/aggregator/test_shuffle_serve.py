@@ -6,7 +6,8 @@
   (signed, or raised by the config) is held, logged and counted, never released partially;
   an open window is pulled, not released; a held batch is released once more reports came;
 * kill -9 of a real daemon process at each stage of a step (after the pull, the permutation,
-  the rename, the record, the manifest): the next step loses nothing, releases nothing
+  the rename, the record, the manifest; after the permutation: test_shuffle_roles.py): the
+  next step loses nothing, releases nothing
   twice and leaves one batch file with its manifest;
 * SIGTERM and SIGINT stop a real `fedldp shuffler serve` process cleanly (exit 0, "stopped");
 * a bad shuffler.toml is refused before anything starts, one line naming every problem.
@@ -43,7 +44,12 @@ from tests.aggregator.test_attack_shuffle import _shuffle_policy_dirs
 FEDLDP = str(Path(sys.executable).with_name("fedldp"))
 WORKER = Path(__file__).with_name("shuffle_serve_kill_worker.py")
 TODAY = NOW - NOW % WINDOW
-YESTERDAY, TWO_DAYS_AGO = TODAY - WINDOW, TODAY - 2 * WINDOW
+# Windows after the policies' valid_from (NOW - 60), so a step at STEP verifies them.
+OLD = TODAY + WINDOW
+MID = OLD + WINDOW
+OPEN = MID + WINDOW  # still open at STEP
+STEP = OPEN + 3600
+PAST = TODAY - 2 * WINDOW  # closed in real time (the real daemon's clock)
 MIN_BATCH = 5
 
 
@@ -126,73 +132,73 @@ def test_a_step_releases_closed_windows_at_their_minimum(
 ) -> None:
     """Closed with 8: released with its manifest; closed with 3: held (log, metric); open: not
     released; the ledger file is not written; a second step changes nothing."""
-    full = setup.store(TWO_DAYS_AGO, 8)
-    setup.store(YESTERDAY, 3)
-    setup.store(TODAY, 9)
+    full = setup.store(OLD, 8)
+    setup.store(MID, 3)
+    setup.store(OPEN, 9)
     before = hashlib.sha256(setup.ledger.read_bytes()).hexdigest()
     metrics = ShufflerMetrics()
     daemon = _daemon(setup.config, metrics=metrics)
     with caplog.at_level(logging.INFO, logger="fedldp.shuffler"):
-        report = daemon.step(TODAY + 3600)
-    assert report.released == [setup.batch(TWO_DAYS_AGO)]
-    assert report.held == [setup.batch(YESTERDAY)] and report.open == [setup.batch(TODAY)]
+        report = daemon.step(STEP)
+    assert report.released == [setup.batch(OLD)]
+    assert report.held == [setup.batch(MID)] and report.open == [setup.batch(OPEN)]
     assert hashlib.sha256(setup.ledger.read_bytes()).hexdigest() == before
-    path = batch_path(setup.base / "batches", setup.batch(TWO_DAYS_AGO))
+    path = batch_path(setup.base / "batches", setup.batch(OLD))
     assert sorted(read_batch(path)[1]) == sorted(full)
     manifest = read_manifest(path)
     assert manifest is not None and (manifest.count, manifest.collector_count) == (8, 8)
-    assert (manifest.policy_id, manifest.window_start) == (setup.policy.policy_id, TWO_DAYS_AGO)
+    assert (manifest.policy_id, manifest.window_start) == (setup.policy.policy_id, OLD)
     assert sorted(p.name for p in (setup.base / "batches").iterdir()) == [
         path.name,
         manifest_path(path).name,
     ]
-    held = f"batch {setup.batch(YESTERDAY)}: window closed with 3 ciphertexts, fewer than"
+    held = f"batch {setup.batch(MID)}: window closed with 3 ciphertexts, fewer than"
     assert any(held in r.getMessage() for r in caplog.records), caplog.text
     assert metrics.registry.get_sample_value("fedldp_shuffler_batches_held") == 1
     assert metrics.registry.get_sample_value("fedldp_shuffler_batches_released_total") == 1
-    again = daemon.step(TODAY + 3600)
-    assert again.released == [] and again.held == [setup.batch(YESTERDAY)]
+    again = daemon.step(STEP)
+    assert again.released == [] and again.held == [setup.batch(MID)]
     assert read_batch(path)[1] == read_batch(path)[1] and len(list(path.parent.iterdir())) == 2
 
 
 def test_a_held_batch_is_released_when_enough_reports_came(setup: Setup) -> None:
     """3 of 5 held; 2 more stored in that window: the next step releases all 5 at once."""
-    first = setup.store(YESTERDAY, 3)
+    first = setup.store(MID, 3)
     daemon = _daemon(setup.config)
-    assert daemon.step(TODAY + 3600).held == [setup.batch(YESTERDAY)]
-    more = setup.store(YESTERDAY, 2)
-    assert daemon.step(TODAY + 3600).released == [setup.batch(YESTERDAY)]
-    path = batch_path(setup.base / "batches", setup.batch(YESTERDAY))
+    assert daemon.step(STEP).held == [setup.batch(MID)]
+    more = setup.store(MID, 2)
+    assert daemon.step(STEP).released == [setup.batch(MID)]
+    path = batch_path(setup.base / "batches", setup.batch(MID))
     assert sorted(read_batch(path)[1]) == sorted(first + more)
 
 
 def test_the_operator_may_only_raise_the_signed_minimum(setup: Setup) -> None:
     """min_batch 10 holds a batch of 8 (signed 5); min_batch 2 does not release 4 (< 5)."""
-    setup.store(TWO_DAYS_AGO, 8)
-    setup.store(YESTERDAY, 4)
+    setup.store(OLD, 8)
+    setup.store(MID, 4)
     daemon = _daemon(setup.config)
     raised = Shuffler(replace(daemon.config, min_batch=10), daemon.open_ledger)
-    assert raised.step(TODAY + 3600).held == [setup.batch(TWO_DAYS_AGO), setup.batch(YESTERDAY)]
+    assert raised.step(STEP).held == [setup.batch(OLD), setup.batch(MID)]
     lowered = Shuffler(replace(daemon.config, min_batch=2), daemon.open_ledger)
-    step = lowered.step(TODAY + 3600)
-    assert step.released == [setup.batch(TWO_DAYS_AGO)] and step.held == [setup.batch(YESTERDAY)]
+    step = lowered.step(STEP)
+    assert step.released == [setup.batch(OLD)] and step.held == [setup.batch(MID)]
 
 
 def test_grace_keeps_a_just_closed_window_open(setup: Setup) -> None:
     """Window end + grace (60 s) is the earliest release; one second before, it is open."""
-    setup.store(YESTERDAY, 6)
+    setup.store(MID, 6)
     daemon = _daemon(setup.config)
-    assert daemon.step(TODAY + 59).open == [setup.batch(YESTERDAY)]
-    assert daemon.step(TODAY + 60).released == [setup.batch(YESTERDAY)]
+    assert daemon.step(OPEN + 59).open == [setup.batch(MID)]
+    assert daemon.step(OPEN + 60).released == [setup.batch(MID)]
 
 
-@pytest.mark.parametrize("stage", ["pulled", "permuted", "written", "recorded", "manifest"])
+@pytest.mark.parametrize("stage", ["pulled", "written", "recorded", "manifest"])
 def test_kill_9_at_any_stage_loses_nothing_and_releases_once(setup: Setup, stage: str) -> None:
     """SIGKILL a real daemon process at `stage`; the next step leaves every ciphertext in one
     batch file, once, with its manifest, and a further step changes nothing."""
-    items = setup.store(YESTERDAY, 7)
+    items = setup.store(MID, 7)
     proc = subprocess.Popen(
-        [sys.executable, str(WORKER), str(setup.config), stage, str(TODAY + 3600)],
+        [sys.executable, str(WORKER), str(setup.config), stage, str(STEP)],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
     )
@@ -201,25 +207,25 @@ def test_kill_9_at_any_stage_loses_nothing_and_releases_once(setup: Setup, stage
     proc.send_signal(signal.SIGKILL)
     assert proc.wait(timeout=30) == -signal.SIGKILL
     out = setup.base / "batches"
-    written = batch_path(out, setup.batch(YESTERDAY))
+    written = batch_path(out, setup.batch(MID))
     before = written.read_bytes() if stage in ("written", "recorded", "manifest") else None
     daemon = _daemon(setup.config)
-    step = daemon.step(TODAY + 3600)
+    step = daemon.step(STEP)
     done_before = stage in ("recorded", "manifest")  # the kill came after the record
-    assert step.released == ([] if done_before else [setup.batch(YESTERDAY)])
+    assert step.released == ([] if done_before else [setup.batch(MID)])
     assert sorted(read_batch(written)[1]) == sorted(items)
     assert before is None or written.read_bytes() == before  # not re-permuted
     manifest = read_manifest(written)
     assert manifest is not None and (manifest.count, manifest.collector_count) == (7, 7)
     assert sorted(p.name for p in out.iterdir()) == [written.name, manifest_path(written).name]
-    assert daemon.step(TODAY + 3600).released == []
-    assert ShuffleSpool(setup.base / "shuffler" / "spool.db").pending(setup.batch(YESTERDAY)) == 0
+    assert daemon.step(STEP).released == []
+    assert ShuffleSpool(setup.base / "shuffler" / "spool.db").pending(setup.batch(MID)) == 0
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_a_stop_signal_ends_the_real_daemon_cleanly(setup: Setup, sig: int) -> None:
     """`fedldp shuffler serve` releases, then SIGTERM/SIGINT: exit 0 and "stopped" logged."""
-    setup.store(TWO_DAYS_AGO, 6)
+    setup.store(PAST, 6)
     proc = subprocess.Popen(
         [FEDLDP, "shuffler", "serve", "--config", str(setup.config)],
         stdin=subprocess.DEVNULL,
@@ -237,7 +243,7 @@ def test_a_stop_signal_ends_the_real_daemon_cleanly(setup: Setup, sig: int) -> N
     rest = proc.stderr.read()
     assert proc.wait(timeout=30) == 0, "".join(seen) + rest
     assert "INFO fedldp.shuffler stopped" in rest
-    assert read_manifest(batch_path(setup.base / "batches", setup.batch(TWO_DAYS_AGO)))
+    assert read_manifest(batch_path(setup.base / "batches", setup.batch(PAST)))
 
 
 def test_a_bad_config_is_refused_before_anything_starts(tmp_path: Path) -> None:
