@@ -52,32 +52,38 @@ class ShufflerConfig:
 
     def problems(self) -> list[str]:
         """What is wrong with these settings (empty: nothing); reads the file system only."""
-        out: list[str] = []
+        return [message for _name, message in self.field_problems()]
+
+    def field_problems(self) -> list[tuple[str, str]]:
+        """(setting, what is wrong with it) for every problem; reads the file system only."""
+        out: list[tuple[str, str]] = []
         if not self.ledger_url.strip():
-            out.append("ledger_url is required (the collector's ledger, read-only)")
+            out.append(("ledger_url", "ledger_url is required (the collector's ledger, read-only)"))
         for name in ("policy_dir", "trust_dir"):
             if not getattr(self, name).is_dir():
-                out.append(f"{name} {getattr(self, name)} is not a folder")
+                out.append((name, f"{name} {getattr(self, name)} is not a folder"))
         if not self.spool.parent.is_dir():
-            out.append(f"spool: the folder {self.spool.parent} does not exist")
+            out.append(("spool", f"spool: the folder {self.spool.parent} does not exist"))
         if self.out_dir.exists() and not self.out_dir.is_dir():
-            out.append(f"out_dir {self.out_dir} is not a folder")
+            out.append(("out_dir", f"out_dir {self.out_dir} is not a folder"))
         elif not self.out_dir.parent.is_dir():
-            out.append(f"out_dir: the folder {self.out_dir.parent} does not exist")
+            out.append(("out_dir", f"out_dir: the folder {self.out_dir.parent} does not exist"))
         if self.spool.resolve().parent == self.out_dir.resolve():
-            out.append("spool must not lie in out_dir (the analyzer reads out_dir)")
+            out.append(("spool", "spool must not lie in out_dir (the analyzer reads out_dir)"))
         if not (0 < self.interval_seconds <= 86400 and math.isfinite(self.interval_seconds)):
-            out.append("interval_seconds is a number above 0 and at most 86400")
+            out.append(
+                ("interval_seconds", "interval_seconds is a number above 0 and at most 86400")
+            )
         if self.grace_seconds < 0:
-            out.append("grace_seconds is 0 or more")
+            out.append(("grace_seconds", "grace_seconds is 0 or more"))
         if self.min_batch < 0:
-            out.append("min_batch is 0 (the policy's signed one) or more")
+            out.append(("min_batch", "min_batch is 0 (the policy's signed one) or more"))
         if self.metrics_listen:
             from fedldp.collector.config import address_problem
 
             problem = address_problem("metrics_listen", self.metrics_listen, required=False)
             if problem is not None:
-                out.append(problem)
+                out.append(("metrics_listen", problem))
         return out
 
 
@@ -144,9 +150,13 @@ def load(path: str | Path) -> ShufflerConfig:
             problems.append(problem)
         else:
             values[key] = value
-    problems += [f"{name} is required" for name in _REQUIRED if name not in table]
-    if not problems:
-        problems = ShufflerConfig(**values).problems()
+    missing = [name for name in _REQUIRED if name not in table]
+    problems += [f"{name} is required" for name in missing]
+    # the settings that read well are checked too (a placeholder stands in for the others,
+    # whose problem is named above), so one run names every problem
+    placeholders: dict[str, Any] = {"ledger_url": "-", **dict.fromkeys(_REQUIRED[1:], path)}
+    trial = ShufflerConfig(**{**placeholders, **values})
+    problems += [m for name, m in trial.field_problems() if name in values]
     if problems:
         raise ShufflerConfigError(f"{path}: " + "; ".join(problems))
     return ShufflerConfig(**values)

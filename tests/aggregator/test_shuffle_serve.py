@@ -264,15 +264,9 @@ def test_a_bad_config_is_refused_before_anything_starts(tmp_path: Path) -> None:
         "unknown setting 'colour'",
         "grace_seconds must be a whole number",
         "ledger_url is required",
+        "policy_dir",
+        "interval_seconds is a number above 0",
+        "min_batch is 0",
     ):
-        assert problem in lines[0]
+        assert problem in lines[0], lines[0]
     assert not (tmp_path / "out").exists() and not (tmp_path / "s" / "spool.db").exists()
-    path.write_text(
-        path.read_text().replace('grace_seconds = "5"\n', "").replace("colour = 1\n", "")
-        + 'ledger_url = "sqlite:///x.db"\n',
-        encoding="utf-8",
-    )
-    ranges = CliRunner().invoke(main, ["shuffler", "serve", "--config", str(path)])
-    assert ranges.exit_code == 1
-    for problem in ("policy_dir", "interval_seconds is a number above 0", "min_batch is 0"):
-        assert problem in ranges.output, ranges.output
