@@ -83,8 +83,7 @@ def shuffle_lines(shuffle: Mapping[str, object], *, greek: bool = False) -> list
     lines = [
         f"shuffled batch {shuffle['batch']}: {shuffle['valid_reports']} valid reports; "
         f"invalid dropped: {dropped or 'none'}",
-        f"local: {eps}0 = {shuffle['epsilon0']} per report (against everyone, all roles "
-        "colluding)",
+        f"local: {eps}0 = {shuffle['epsilon0']} per report (against everyone, all roles colluding)",
     ]
     if shuffle["central_epsilon"] is None:
         lines.append("central: no valid report, no central guarantee")
@@ -102,9 +101,7 @@ def shuffle_lines(shuffle: Mapping[str, object], *, greek: bool = False) -> list
     )
     device = shuffle["device_delta"]
     central_device = (
-        f"({shuffle['device_epsilon']}, {device})"
-        if device is not None
-        else f"none ({delta} >= 1)"
+        f"({shuffle['device_epsilon']}, {device})" if device is not None else f"none ({delta} >= 1)"
     )
     lines.append(
         f"per device (at most {m} reports in the batch, group privacy): local "

@@ -72,8 +72,9 @@ class ShuffledRelease:
             f"in the batch, group privacy): {device}"
         )
 
-
-    def guarantee_dict(self, collector_count: int | None = None, source: str | None = None) -> dict[str, Any]:
+    def guarantee_dict(
+        self, collector_count: int | None = None, source: str | None = None
+    ) -> dict[str, Any]:
         """The guarantees as JSON-ready values (every ε and δ a string rounded up, as printed).
 
         `collector_count` and `source` say which count capped n ("manifest" beside the batch

@@ -132,5 +132,9 @@ def read_manifest(batch_file: Path) -> Manifest | None:
         raise ValueError(f"{path} names another batch or count than {batch_file}")
     window = parse_window_batch(key)
     return Manifest(
-        key, released, doc["sha256"], collector, *(window if window is not None else (None, None, None))
+        key,
+        released,
+        doc["sha256"],
+        collector,
+        *(window if window is not None else (None, None, None)),
     )

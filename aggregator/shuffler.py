@@ -156,9 +156,7 @@ class ShuffleSpool:
         """The collector ledger's count of sealed reports for `batch` at its last pull
         before the claim (None: never pulled from a ledger)."""
         with closing(self._connect()) as db:
-            row = db.execute(
-                "SELECT stored FROM ledger_count WHERE batch = ?", (batch,)
-            ).fetchone()
+            row = db.execute("SELECT stored FROM ledger_count WHERE batch = ?", (batch,)).fetchone()
         return None if row is None else int(row[0])
 
     def unreleased(self) -> list[str]:

@@ -163,9 +163,7 @@ class Shuffler:
         accepted, _refused = load_policy_folder(
             self.config.policy_dir, trust, now=now, audience=self.config.audience
         )
-        return {
-            (p.policy_id, p.version): p for p in accepted if p.analyzer_public_key is not None
-        }
+        return {(p.policy_id, p.version): p for p in accepted if p.analyzer_public_key is not None}
 
     def _policy_at(
         self, policies: dict[tuple[str, int], Any], policy_id: str, version: int, at: int
@@ -280,9 +278,8 @@ class Shuffler:
 
 def serve_metrics(metrics: ShufflerMetrics, listen: str) -> Any:
     """Serve `metrics` over HTTP on HOST:PORT (host defaults to 127.0.0.1); the server."""
-    from prometheus_client import start_http_server
-
     from fedldp.collector.config import split_address
+    from prometheus_client import start_http_server
 
     host, port = split_address(listen)
     server, _thread = start_http_server(port, addr=host or "127.0.0.1", registry=metrics.registry)

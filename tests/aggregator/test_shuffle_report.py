@@ -98,7 +98,7 @@ def test_table_json_and_html_show_both_guarantees_beside_the_estimates(
     table = runner.invoke(main, batch.args())
     assert table.exit_code == 0, table.output
     assert "local: eps0 = 1 per report" in table.output
-    assert f"central (shuffled): (eps, delta) = (" in table.output
+    assert "central (shuffled): (eps, delta) = (" in table.output
     assert f"per report over n = {N - 20}" in table.output
     assert "collector count 100 from manifest" in table.output
     assert "per device (at most 3 reports in the batch, group privacy): local eps = 3" in (

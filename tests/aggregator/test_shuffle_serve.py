@@ -5,10 +5,9 @@
   minimum, with a manifest carrying the ledger's count; a closed window below the minimum
   (signed, or raised by the config) is held, logged and counted, never released partially;
   an open window is pulled, not released; a held batch is released once more reports came;
-* kill -9 of a real daemon process at each stage of a step (after the pull, the permutation,
-  the rename, the record, the manifest; after the permutation: test_shuffle_roles.py): the
-  next step loses nothing, releases nothing
-  twice and leaves one batch file with its manifest;
+* kill -9 of a real daemon process at each stage of a step (after the pull, the rename, the
+  record, the manifest; after the permutation: test_shuffle_roles.py): the next step loses
+  nothing, releases nothing twice and leaves one batch file with its manifest;
 * SIGTERM and SIGINT stop a real `fedldp shuffler serve` process cleanly (exit 0, "stopped");
 * a bad shuffler.toml is refused before anything starts, one line naming every problem.
 """
@@ -79,20 +78,9 @@ class Setup:
     def store(self, window: int, n: int) -> list[bytes]:
         """Store n sealed reports in `window`; their ciphertexts."""
         sealed = self.seal(n)
-        with _ledger(self.ledger) as ledger:
+        with open_ledger(f"sqlite:///{self.ledger}") as ledger:
             submit_outputs(ledger, self.policy, sealed, now=window + 10, subjects=n)
         return [s.ciphertext for s in sealed]
-
-
-class _ledger:
-    def __init__(self, path: Path) -> None:
-        self.ledger = open_ledger(f"sqlite:///{path}")
-
-    def __enter__(self) -> Any:
-        return self.ledger
-
-    def __exit__(self, *_: object) -> None:
-        self.ledger.close()
 
 
 def _write_config(base: Path, trust: Path, policies: Path, **extra: object) -> Path:
