@@ -291,10 +291,7 @@ def report(
     audit: bool,
     candidates_path: str | None,
     out_path: str | None,
-    batch_file: str | None = None,
-    analyzer_key: str | None = None,
-    delta: float | None = None,
-    collector_count: int | None = None,
+    **shuffle: Any,  # --batch, --analyzer-key, --delta, --collector-count
 ) -> None:
     """Estimate a policy's metric with error bars from the ledger's statistics.
 
@@ -302,45 +299,14 @@ def report(
     frequencies of the strings in --candidates (sketch policies over an open
     domain), with standard errors from the mechanism's exact variance (for
     sketches, including the collision term). Refused below the policy's minimum
-    report count (exit status 1, nothing printed on stdout). With --batch, the
-    analyzer's report on a shuffled batch of a shuffle-model policy instead.
+    report count (exit status 1, nothing printed on stdout).
     """
-    if batch_file is not None or analyzer_key is not None:
+    if shuffle["batch_file"] is not None or shuffle["analyzer_key"] is not None:
         from fedldp.cli_report_shuffle import report_batch
 
-        given = [
-            name
-            for name, value in (
-                ("--ledger", ledgers),
-                ("--merge", merge_files),
-                ("--export-statistics", export_path),
-                ("--audit", audit),
-                ("--window", window_start is not None),
-            )
-            if value
-        ]
-        policy_dir, trust_dir, aud = _settings(config_path, (), policy_dir, trust_dir, audience)[1:]
-        report_batch(
-            batch_file,
-            analyzer_key,
-            policy_id,
-            version,
-            (policy_dir, trust_dir, aud, at_time),
-            refused_options=given,
-            fmt=fmt,
-            out_path=out_path,
-            options={
-                "confidence": confidence,
-                "simultaneous": simultaneous,
-                "consistency": consistency,
-                "heavy_hitters": heavy_hitters,
-                "candidates_path": candidates_path,
-                "delta": delta,
-                "collector_count": collector_count,
-            },
-        )
+        report_batch(click.get_current_context().params)
         return
-    if delta is not None or collector_count is not None:
+    if shuffle["delta"] is not None or shuffle["collector_count"] is not None:
         raise click.UsageError("--delta and --collector-count apply to --batch only")
     from fedldp.aggregator.reports import (
         ReportError,

@@ -18,57 +18,66 @@ from typing import Any
 
 import click
 
+#: `fedldp report` options that read a ledger (parameter name, flag): refused with --batch.
+_LEDGER_OPTIONS = (
+    ("ledgers", "--ledger"),
+    ("window_start", "--window"),
+    ("merge_files", "--merge"),
+    ("export_path", "--export-statistics"),
+    ("audit", "--audit"),
+    ("source", "--source"),
+)
 
-def report_batch(
-    batch_file: str | None,
-    analyzer_key: str | None,
-    policy_id: str,
-    version: int | None,
-    trust: tuple[str | None, str | None, str, int | None],
-    *,
-    refused_options: list[str],
-    fmt: str,
-    out_path: str | None,
-    options: dict[str, Any],
-) -> None:
-    """Write the report on `batch_file` in `fmt` (see the module docstring).
 
-    `trust`: (policy folder, trust folder, audience, --at); `refused_options`: the
-    ledger-only options given, refused here (a usage error); `options`: confidence,
-    simultaneous, consistency, heavy_hitters, candidates_path, delta, collector_count.
+def report_batch(params: dict[str, Any]) -> None:
+    """Write the report on the batch file `params["batch_file"]` (see the module docstring).
+
+    `params`: the `fedldp report` command's options by parameter name (click's
+    `Context.params`). Its ledger-only options are refused here (a usage error);
+    --config supplies only the policy folder, trust folder and audience.
     """
     from fedldp.aggregator.reports import MergedStatistic, ReportError, report_for_policy
     from fedldp.aggregator.shuffle_manifest import parse_window_batch
-    from fedldp.cli_report import _candidates, _emit_report, load_verified_policy
+    from fedldp.cli_report import _candidates, _emit_report, _settings, load_verified_policy
     from fedldp.cli_shuffle import analyze_shuffled
 
-    policy_dir, trust_dir, audience, at_time = trust
+    batch_file, analyzer_key = params["batch_file"], params["analyzer_key"]
+    fmt, out_path = params["fmt"], params["out_path"]
     if batch_file is None or analyzer_key is None:
         raise click.UsageError("--batch and --analyzer-key go together")
-    if refused_options:
+    refused = [flag for name, flag in _LEDGER_OPTIONS if params[name] not in (None, (), False)]
+    if refused:
         raise click.UsageError(
-            f"--batch reports on a shuffled batch, not a ledger: drop {', '.join(refused_options)}"
+            f"--batch reports on a shuffled batch, not a ledger: drop {', '.join(refused)}"
         )
+    _, policy_dir, trust_dir, audience = _settings(
+        params["config_path"], (), params["policy_dir"], params["trust_dir"], params["audience"]
+    )
     if not policy_dir or not trust_dir:
         raise click.UsageError("pass --policies and --trust (or --config)")
     if fmt == "html" and out_path is None:
         raise click.UsageError("--format html needs --out PATH")
-    at = at_time if at_time is not None else int(time.time())
+    at = params["at_time"] if params["at_time"] is not None else int(time.time())
     policy = load_verified_policy(
-        policy_dir, trust_dir, policy_id, version=version, at=at, audience=audience
+        policy_dir,
+        trust_dir,
+        params["policy_id"],
+        version=params["version"],
+        at=at,
+        audience=audience,
     )
     if policy.analyzer_public_key is None:
         raise click.ClickException(
             f"policy {policy.policy_id} v{policy.version} has no [shuffle] section: its reports "
             "are in the ledger, not in a shuffled batch (drop --batch, pass --ledger)"
         )
-    candidates = _candidates(policy, options["candidates_path"], False)
+    candidates = _candidates(policy, params["candidates_path"], False)
     result, count, source = analyze_shuffled(
         Path(batch_file),
         Path(analyzer_key),
         policy,
-        delta=options["delta"],
-        collector_count=options["collector_count"],
+        delta=params["delta"],
+        collector_count=params["collector_count"],
     )
     window = parse_window_batch(result.batch)
     merged = MergedStatistic(
@@ -79,13 +88,13 @@ def report_batch(
             policy,
             merged,
             window_start=window[2] if window is not None else None,
-            confidence=options["confidence"],
-            simultaneous=options["simultaneous"],
-            consistency=options["consistency"],
+            confidence=params["confidence"],
+            simultaneous=params["simultaneous"],
+            consistency=params["consistency"],
             candidates=candidates,
         )
     except (ReportError, ValueError) as exc:
         raise click.ClickException(str(exc)) from None
     context = dataclasses.replace(report.context, shuffle=result.guarantee_dict(count, source))
     report = dataclasses.replace(report, context=context)
-    _emit_report(report, fmt, out_path, heavy_hitters=options["heavy_hitters"])
+    _emit_report(report, fmt, out_path, heavy_hitters=params["heavy_hitters"])
