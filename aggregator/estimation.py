@@ -109,7 +109,7 @@ class ReportContext:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict (decimals as exact strings); "shuffle" only for a shuffled batch."""
-        out = {
+        out: dict[str, Any] = {
             "policy_id": self.policy_id,
             "policy_version": self.policy_version,
             "metric": self.metric,

@@ -122,7 +122,7 @@ def _multi_header_lines(report: MultiReport) -> list[str]:
     ]
     if ctx.epsilon_charged is not None:
         facts.append(f"eps charged {ctx.epsilon_charged}")
-    return [title, ", ".join(facts)]
+    return [title, ", ".join(facts), *(shuffle_lines(ctx.shuffle) if ctx.shuffle else [])]
 
 
 def render_table(
@@ -409,6 +409,8 @@ def render_html(
     ]
     if isinstance(report, MultiReport):
         parts.append(_multi_facts_html(report))
+        if report.context.shuffle is not None:
+            parts.append(_shuffle_html(report.context.shuffle))
         for a in report.attributes:
             sub = truth.get(a.name) if isinstance(truth, Mapping) else None
             parts.append(

@@ -28,6 +28,7 @@ from fedldp.cli_common import (
     resolve_ledger_url,
     trust_option,
 )
+from fedldp.cli_shuffle import guarantee_options
 from fedldp.client.textfiles import not_text
 
 if TYPE_CHECKING:
@@ -259,17 +260,7 @@ def _unverified_id(path: Path) -> str | None:
     type=click.Path(exists=True, dir_okay=False),
     help="with --batch: the analyzer's private key (analyzer.key)",
 )
-@click.option(
-    "--delta",
-    type=click.FloatRange(min=0, max=1, min_open=True, max_open=True),
-    help="with --batch: δ of the central guarantee (default 1e-8)",
-)
-@click.option(
-    "--collector-count",
-    type=click.IntRange(min=0),
-    help="with --batch: the collector's accepted count for the batch (default: the "
-    "manifest beside the batch file)",
-)
+@guarantee_options("with --batch: ")
 def report(
     policy_id: str,
     version: int | None,

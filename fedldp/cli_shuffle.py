@@ -15,12 +15,15 @@ the invalid payloads it dropped, and both guarantees (local ε0 and the amplifie
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import click
 
 from fedldp.cli_common import config_option, ledger_option, trust_option
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 
 @click.group("shuffler")
@@ -197,6 +200,26 @@ def pull_cmd(
             )
 
 
+def guarantee_options(prefix: str = "") -> Callable[[F], F]:
+    """The analyzer's --delta (δ of the central guarantee) and --collector-count (the
+    collector's accepted count for the batch, which caps n), each help text after `prefix`."""
+
+    def wrap(fn: F) -> F:
+        fn = click.option(
+            "--collector-count",
+            type=click.IntRange(min=0),
+            help=prefix + "reports the collector accepted for this batch: caps n of the "
+            "central guarantee (default: the manifest beside the batch file)",
+        )(fn)
+        return click.option(
+            "--delta",
+            type=click.FloatRange(min=0, max=1, min_open=True, max_open=True),
+            help=prefix + "δ of the central guarantee (default 1e-8)",
+        )(fn)
+
+    return wrap
+
+
 @shuffler.command("serve")
 @click.option(
     "--config",
@@ -273,16 +296,7 @@ def serve_cmd(config_path: str) -> None:
 )
 @trust_option(required=True)
 @click.option("--audience", help="deployment name the policy must list (default: 'default')")
-@click.option(
-    "--delta",
-    type=click.FloatRange(min=0, max=1, min_open=True, max_open=True),
-    help="δ of the central guarantee (default 1e-8)",
-)
-@click.option(
-    "--collector-count",
-    type=click.IntRange(min=0),
-    help="reports the collector accepted for this batch: caps n of the central guarantee",
-)
+@guarantee_options()
 def analyze(
     batch_file: str,
     analyzer_key: str,
