@@ -258,3 +258,58 @@ def test_a_bad_config_is_refused_before_anything_starts(tmp_path: Path) -> None:
     ):
         assert problem in lines[0], lines[0]
     assert not (tmp_path / "out").exists() and not (tmp_path / "s" / "spool.db").exists()
+
+
+def test_the_metrics_endpoint_serves_the_held_gauge(setup: Setup) -> None:
+    """metrics_listen serves the daemon's registry over HTTP (Prometheus text format)."""
+    import urllib.request
+
+    from fedldp.aggregator.shuffler_service import serve_metrics
+
+    setup.store(MID, 2)
+    metrics = ShufflerMetrics()
+    _daemon(setup.config, metrics=metrics).step(STEP)
+    server = serve_metrics(metrics, "127.0.0.1:0")
+    try:
+        url = f"http://127.0.0.1:{server.server_port}/metrics"
+        with urllib.request.urlopen(url, timeout=10) as response:
+            text = response.read().decode()
+    finally:
+        server.shutdown()
+    assert "fedldp_shuffler_batches_held 1.0" in text
+    assert "fedldp_shuffler_ciphertexts_pulled_total 2.0" in text
+
+
+def test_plain_policies_are_never_pulled(setup: Setup, make_policy: Any) -> None:
+    """A plain policy's reports in the same ledger and policy folder stay in the ledger: no
+    batch, no spool row, no file for it (only shuffle-model policies are served)."""
+    from fedldp.authoring import write_envelope
+
+    plain = make_policy("plaincolor")
+    write_envelope(plain.envelope, load(setup.config).policy_dir / "plain.policy")
+    with open_ledger(f"sqlite:///{setup.ledger}") as ledger:
+        submit_outputs(ledger, plain, [CategoryOutput(i % 4) for i in range(30)], now=OLD + 5)
+    setup.store(OLD, 6)
+    step = _daemon(setup.config).step(STEP)
+    assert step.released == [setup.batch(OLD)] and step.unverified == step.held == []
+    spool = ShuffleSpool(setup.base / "shuffler" / "spool.db")
+    assert spool.unreleased() == [] and spool.pending("plaincolor.v1." + str(OLD)) == 0
+    assert not list((setup.base / "batches").glob("plaincolor*"))
+
+
+def test_a_batch_whose_policy_no_longer_verifies_is_held_and_reported(
+    setup: Setup, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Pulled while its policy verified; the policy file then removed: after the window
+    closes the batch is not released and the step reports it (log line, `unverified`)."""
+    setup.store(OPEN, 6)
+    daemon = _daemon(setup.config)
+    assert daemon.step(STEP).open == [setup.batch(OPEN)]
+    for envelope in daemon.config.policy_dir.glob("*.policy"):
+        envelope.unlink()
+    with caplog.at_level(logging.WARNING, logger="fedldp.shuffler"):
+        step = daemon.step(OPEN + WINDOW + 3600)
+    assert step.released == [] and step.unverified == [setup.batch(OPEN)]
+    assert "verifies neither now nor at its window's start" in caplog.text
+    assert ShuffleSpool(setup.base / "shuffler" / "spool.db").pending(setup.batch(OPEN)) == 6
+    assert not list((setup.base / "batches").iterdir())
