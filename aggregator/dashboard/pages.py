@@ -93,6 +93,8 @@ def index_page(rows: Sequence[PolicySummary], *, read_at: int) -> str:
             if row.released
             else f'<span class="withheld">withheld (&lt; {p.min_reports_for_release})</span>'
         )
+        if p.analyzer_public_key is not None:  # sealed reports: the ledger holds no estimate
+            gate = '<a class="shuffled" href="/shuffle">shuffle model: see Shuffled batches</a>'
         window = "—" if row.latest_window is None else iso_utc(row.latest_window)
         body.append(
             f'<tr data-policy="{escape(p.policy_id)}">'

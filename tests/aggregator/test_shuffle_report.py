@@ -207,4 +207,5 @@ def test_the_dashboard_shows_the_analyzers_reports(batch: Batch) -> None:
     assert doc["skipped"] == [
         {"file": "notes.json", "reason": "not a report on a shuffled batch (no context.shuffle)"}
     ]
-    assert 'href="/shuffle"' in index
+    assert 'href="/shuffle"' in index  # the navigation
+    assert 'class="shuffled" href="/shuffle">shuffle model' in index  # the policy's row
