@@ -3,9 +3,10 @@
 Each step (every `interval_seconds`), for every shuffle-model policy of the trusted policy
 folder (and every batch the spool still holds unreleased):
 
-1. it reads the collector's ledger **read-only** (`report_windows`, `sealed_ciphertexts`)
-   and pulls every window's ciphertexts into its own spool (`pull_window`: ciphertexts only,
-   idempotent, the ledger's count recorded in the same transaction);
+1. it reads the collector's ledger **read-only** (`report_windows`, `report_count`,
+   `sealed_ciphertexts`) and pulls every window's new ciphertexts into its own spool
+   (`pull_window`: ciphertexts only, idempotent, the ledger's count recorded in the same
+   transaction; a window whose count did not change since the last pull is not re-read);
 2. for each batch whose window has closed (window end + `grace_seconds` ≤ now) it releases
    the batch (`release`: claim, CSPRNG permutation, durable write, record; crash-safe and
    idempotent) when it holds at least the minimum: the policy's signed `min_batch`, raised
@@ -208,6 +209,19 @@ class Shuffler:
                 "(check policy_dir, trust_dir, audience): not pulled, not released",
             )
             return
+        self._pull(ledger, batch, policy_id, version, window)
+        self.on_stage("pulled")
+        if now < window + int(policy.window_seconds) + self.config.grace_seconds:
+            report.open.append(batch)
+            return
+        self._release(batch, policy, report)
+
+    def _pull(self, ledger: Any, batch: str, policy_id: str, version: int, window: int) -> None:
+        """Add the window's new ciphertexts to the spool. The ciphertexts are read only when
+        the ledger's count of the batch's reports (an index-only COUNT) differs from the
+        count the spool recorded at its last pull: an unchanged window is not re-read."""
+        if self.spool.ledger_count(batch) == ledger.report_count(policy_id, version, window):
+            return
         ciphertexts = ledger.sealed_ciphertexts(policy_id, window).get(version, [])
         (pulled,) = pull_window({version: ciphertexts}, self.spool, policy_id, window)
         if pulled.added and self.metrics is not None:
@@ -220,11 +234,6 @@ class Shuffler:
                 self.spool.pending(batch),
                 pulled.stored,
             )
-        self.on_stage("pulled")
-        if now < window + int(policy.window_seconds) + self.config.grace_seconds:
-            report.open.append(batch)
-            return
-        self._release(batch, policy, report)
 
     def _release(self, batch: str, policy: Any, report: StepReport) -> None:
         """Release a closed window's batch at its minimum, or hold it (logged, counted)."""

@@ -313,3 +313,32 @@ def test_a_batch_whose_policy_no_longer_verifies_is_held_and_reported(
     assert "verifies neither now nor at its window's start" in caplog.text
     assert ShuffleSpool(setup.base / "shuffler" / "spool.db").pending(setup.batch(OPEN)) == 6
     assert not list((setup.base / "batches").iterdir())
+
+
+def test_an_unchanged_window_is_not_read_again(setup: Setup) -> None:
+    """The ciphertexts of an open window are read again only after its report count changed
+    (a real ledger behind a wrapper that counts `sealed_ciphertexts` calls)."""
+    reads: list[int] = []
+
+    class Counting:
+        def __init__(self, ledger: Any) -> None:
+            self.ledger = ledger
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self.ledger, name)
+
+        def sealed_ciphertexts(self, policy_id: str, window: int) -> Any:
+            reads.append(window)
+            return self.ledger.sealed_ciphertexts(policy_id, window)
+
+    setup.store(OPEN, 3)
+    daemon = Shuffler(
+        load(setup.config), lambda url: Counting(open_cli_ledger(url, "read", scope="whole"))
+    )
+    daemon.step(STEP)
+    daemon.step(STEP)
+    assert reads == [OPEN]
+    setup.store(OPEN, 1)
+    daemon.step(STEP)
+    assert reads == [OPEN, OPEN]
+    assert daemon.spool.pending(setup.batch(OPEN)) == 4
