@@ -136,6 +136,11 @@ def test_a_step_releases_closed_windows_at_their_minimum(
     manifest = read_manifest(path)
     assert manifest is not None and (manifest.count, manifest.collector_count) == (8, 8)
     assert (manifest.policy_id, manifest.window_start) == (setup.policy.policy_id, OLD)
+    # counts and the file's identity only: no report id, subject or time reaches the analyzer
+    assert set(json.loads(manifest_path(path).read_text())) == {
+        "schema", "batch", "count", "sha256", "collector_count", "policy_id",
+        "policy_version", "window_start",
+    }  # fmt: skip
     assert sorted(p.name for p in (setup.base / "batches").iterdir()) == [
         path.name,
         manifest_path(path).name,
