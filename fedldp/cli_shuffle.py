@@ -250,12 +250,19 @@ def serve_cmd(config_path: str) -> None:
         load_trust_folder(config.trust_dir, now=int(time.time()))
     except PolicyError as exc:
         raise click.ClickException(f"trust folder {config.trust_dir}: {exc}") from None
-    logging.basicConfig(
-        level=logging.INFO, format="%(asctime)sZ %(levelname)s %(name)s %(message)s"
-    )
-    logging.Formatter.converter = time.gmtime
     metrics = ShufflerMetrics() if config.metrics_listen else None
-    server = serve_metrics(metrics, config.metrics_listen) if metrics is not None else None
+    try:
+        server = serve_metrics(metrics, config.metrics_listen) if metrics is not None else None
+    except OSError as exc:
+        raise click.ClickException(
+            f"metrics_listen {config.metrics_listen}: cannot listen ({exc.strerror})"
+        ) from None
+    formatter = logging.Formatter("%(asctime)sZ %(levelname)s %(name)s %(message)s")
+    formatter.converter = time.gmtime  # the Z in the format: times in UTC
+    handler = logging.StreamHandler()  # stderr: journald under systemd
+    handler.setFormatter(formatter)
+    logging.getLogger("fedldp.shuffler").addHandler(handler)
+    logging.getLogger("fedldp.shuffler").setLevel(logging.INFO)
     daemon = Shuffler(
         config,
         lambda url: open_cli_ledger(url, "read", scope="whole"),
