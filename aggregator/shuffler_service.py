@@ -72,6 +72,12 @@ class ShufflerMetrics:
             "Batches whose window closed with fewer ciphertexts than their minimum (not released)",
             registry=r,
         )
+        self.unverified = Gauge(
+            "fedldp_shuffler_batches_unverified",
+            "Batches whose policy version verifies neither now nor at its window's start "
+            "(not released)",
+            registry=r,
+        )
         self.errors = Counter(
             "fedldp_shuffler_step_errors", "Steps that failed (ledger or policy folder)", registry=r
         )
@@ -145,6 +151,7 @@ class Shuffler:
                     self._batch(ledger, policies, policy_id, version, window, now, report)
         if self.metrics is not None:
             self.metrics.held.set(len(report.held))
+            self.metrics.unverified.set(len(report.unverified))
         return report
 
     @contextmanager
@@ -170,7 +177,8 @@ class Shuffler:
         self, policies: dict[tuple[str, int], Any], policy_id: str, version: int, at: int
     ) -> Any:
         """The shuffle-model policy (id, version): as verified now, else as verified at
-        `at` (its window's start: a version retired or expired since); None if neither."""
+        `at` (its window's start: a version expired since); None if neither (a retired
+        version too: the policy folder's `retired` list is honoured at any time)."""
         from fedldp.client.policy import PolicyError
 
         found = policies.get((policy_id, version))

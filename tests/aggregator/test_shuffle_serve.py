@@ -308,7 +308,8 @@ def test_a_batch_whose_policy_no_longer_verifies_is_held_and_reported(
     """Pulled while its policy verified; the policy file then removed: after the window
     closes the batch is not released and the step reports it (log line, `unverified`)."""
     setup.store(OPEN, 6)
-    daemon = _daemon(setup.config)
+    metrics = ShufflerMetrics()
+    daemon = _daemon(setup.config, metrics=metrics)
     assert daemon.step(STEP).open == [setup.batch(OPEN)]
     for envelope in daemon.config.policy_dir.glob("*.policy"):
         envelope.unlink()
@@ -316,6 +317,7 @@ def test_a_batch_whose_policy_no_longer_verifies_is_held_and_reported(
         step = daemon.step(OPEN + WINDOW + 3600)
     assert step.released == [] and step.unverified == [setup.batch(OPEN)]
     assert "verifies neither now nor at its window's start" in caplog.text
+    assert metrics.registry.get_sample_value("fedldp_shuffler_batches_unverified") == 1
     assert ShuffleSpool(setup.base / "shuffler" / "spool.db").pending(setup.batch(OPEN)) == 6
     assert not list((setup.base / "batches").iterdir())
 
