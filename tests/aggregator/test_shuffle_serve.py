@@ -349,3 +349,23 @@ def test_an_unchanged_window_is_not_read_again(setup: Setup) -> None:
     daemon.step(STEP)
     assert reads == [OPEN, OPEN]
     assert daemon.spool.pending(setup.batch(OPEN)) == 4
+
+
+def test_the_deploy_example_lists_every_setting_and_loads(tmp_path: Path) -> None:
+    """deploy/examples/shuffler.toml names every setting, and loads once its folders exist
+    (its paths moved under tmp_path)."""
+    import re
+    from dataclasses import fields
+
+    from fedldp.aggregator.shuffler_config import ShufflerConfig
+
+    example = Path(__file__).resolve().parents[2] / "deploy" / "examples" / "shuffler.toml"
+    text = example.read_text(encoding="utf-8")
+    keys = set(re.findall(r"^([a-z_]+) = ", text, flags=re.MULTILINE))
+    assert keys == {f.name for f in fields(ShufflerConfig)}
+    for folder in ("etc/fedldp/policies", "etc/fedldp/trust", "var/lib/fedldp-shuffler"):
+        (tmp_path / folder).mkdir(parents=True)
+    moved = text.replace('"/etc/', f'"{tmp_path}/etc/').replace('"/var/', f'"{tmp_path}/var/')
+    (tmp_path / "shuffler.toml").write_text(moved, encoding="utf-8")
+    config = load(tmp_path / "shuffler.toml")
+    assert (config.interval_seconds, config.grace_seconds, config.min_batch) == (60.0, 300, 0)
