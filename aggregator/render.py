@@ -89,10 +89,13 @@ def shuffle_lines(shuffle: Mapping[str, object], *, greek: bool = False) -> list
         lines.append("central: no valid report, no central guarantee")
         return lines
     count = shuffle["collector_count"]
+    source = {"manifest": "the shuffler's manifest"}.get(
+        str(shuffle["collector_count_source"]), str(shuffle["collector_count_source"])
+    )
     capped = (
-        f"; collector count {count} from {shuffle['collector_count_source']}"
+        f"; collector count {count} (from {source})"
         if count is not None
-        else "; no collector count"
+        else "; no collector count (n not capped)"
     )
     lines.append(
         f"central (shuffled): ({eps}, {delta}) = ({shuffle['central_epsilon']}, "

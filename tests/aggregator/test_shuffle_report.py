@@ -100,7 +100,7 @@ def test_table_json_and_html_show_both_guarantees_beside_the_estimates(
     assert "local: eps0 = 1 per report" in table.output
     assert "central (shuffled): (eps, delta) = (" in table.output
     assert f"per report over n = {N - 20}" in table.output
-    assert "collector count 100 from manifest" in table.output
+    assert "collector count 100 (from the shuffler's manifest)" in table.output
     assert "per device (at most 3 reports in the batch, group privacy): local eps = 3" in (
         table.output
     )
@@ -209,3 +209,29 @@ def test_the_dashboard_shows_the_analyzers_reports(batch: Batch) -> None:
     ]
     assert 'href="/shuffle"' in index  # the navigation
     assert 'class="shuffled" href="/shuffle">shuffle model' in index  # the policy's row
+
+
+#: Edits of a manifest's JSON document and what read_manifest then says.
+MANIFEST_EDITS: list[tuple[Any, str]] = [
+    (lambda doc: "{not json", "is not a JSON manifest"),
+    (lambda doc: json.dumps({**doc, "schema": "other/v1"}), "manifest"),
+    (lambda doc: json.dumps({**doc, "collector_count": -1}), "wrong type"),
+    (lambda doc: json.dumps({**doc, "collector_count": "120"}), "wrong type"),
+    (lambda doc: json.dumps({**doc, "count": N + 1}), "another batch or count"),
+    (lambda doc: json.dumps({**doc, "batch": "another.v1.0"}), "another batch or count"),
+]
+
+
+def test_a_manifest_that_is_not_the_files_is_refused(batch: Batch) -> None:
+    """read_manifest refuses every malformed or foreign manifest with ValueError; the control
+    (the manifest as written) reads back with the spool's counts."""
+    from fedldp.aggregator.shuffle_manifest import read_manifest
+
+    path = manifest_path(batch.file)
+    written = path.read_text(encoding="utf-8")
+    control = read_manifest(batch.file)
+    assert control is not None and (control.count, control.collector_count) == (N, N - 20)
+    for edit, says in MANIFEST_EDITS:
+        path.write_text(edit(json.loads(written)), encoding="utf-8")
+        with pytest.raises(ValueError, match=says):
+            read_manifest(batch.file)
