@@ -235,3 +235,33 @@ def test_a_manifest_that_is_not_the_files_is_refused(batch: Batch) -> None:
         path.write_text(edit(json.loads(written)), encoding="utf-8")
         with pytest.raises(ValueError, match=says):
             read_manifest(batch.file)
+
+
+def test_the_shuffle_page_renders_numeric_reports_and_escapes_what_it_shows() -> None:
+    """A numeric report shows its mean; a label or file name holding markup is escaped (the
+    folder's files are the analyzer's, but the page trusts no text in them)."""
+    from fedldp.aggregator.dashboard.shuffled import ShuffledReport, shuffle_body
+
+    shuffle = {
+        "batch": "b.v1.0", "valid_reports": 50, "invalid": {}, "epsilon0": "1",
+        "local_epsilon_per_device": "1", "max_reports_per_device": 1, "collector_count": 50,
+        "collector_count_source": "manifest", "n": 50, "delta": "1e-08",
+        "central_epsilon": "0.9", "bound": "FMT21", "device_epsilon": "0.9",
+        "device_delta": "1.01e-8",
+    }  # fmt: skip
+    context = {"policy_id": "b", "policy_version": 1, "window_start": 0, "shuffle": shuffle}
+    numeric = {"kind": "numeric", "confidence": 0.95, "mean": 0.25, "std_error": 0.01,
+               "ci_low": 0.23, "ci_high": 0.27, "context": context}  # fmt: skip
+    estimate = {"label": "<b>x</b>", "estimate": 0.5, "std_error": 0.1, "ci_low": 0.3,
+                "ci_high": 0.7}  # fmt: skip
+    frequency = {"kind": "frequency", "confidence": 0.9, "estimates": [estimate],
+                 "context": context}  # fmt: skip
+    page = shuffle_body(
+        Path("/reports"),
+        [ShuffledReport("n.json", numeric), ShuffledReport("<i>f</i>.json", frequency)],
+        [],
+    )
+    assert "mean 0.25 ± 0.01 (s.e.), 95% CI [0.23, 0.27]" in page
+    assert "&lt;b&gt;x&lt;/b&gt;" in page and "<b>x" not in page
+    assert "&lt;i&gt;f&lt;/i&gt;.json" in page and "<i>f" not in page
+    assert "central (shuffled): (ε, δ) = (0.9, 1e-08) per report over n = 50" in page
