@@ -26,7 +26,8 @@ pytestmark = pytest.mark.skipif(
 
 @pytest.fixture(params=["fedldp-collector.service", "fedldp-shuffler.service"])
 def unit(tmp_path: Path, request: pytest.FixtureRequest) -> Path:
-    source = UNITS / request.param
+    name: str = request.param
+    source = UNITS / name
     fedldp = Path(sys.executable).with_name("fedldp")
     text = source.read_text(encoding="utf-8").replace("/opt/fedldp/venv/bin/fedldp", str(fedldp))
     path = tmp_path / source.name
