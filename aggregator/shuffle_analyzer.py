@@ -24,6 +24,7 @@ import math
 import os
 from collections import Counter
 from dataclasses import dataclass, field
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -73,24 +74,32 @@ class ShuffledRelease:
         )
 
     def guarantee_dict(
-        self, collector_count: int | None = None, source: str | None = None
+        self,
+        collector_count: int | None = None,
+        source: str | None = None,
+        *,
+        epsilon0: Decimal | None = None,
     ) -> dict[str, Any]:
         """The guarantees as JSON-ready values (every ε and δ a string rounded up, as printed).
 
         `collector_count` and `source` say which count capped n ("manifest" beside the batch
-        file, "--collector-count", or None). Keys: batch, valid_reports, invalid (reason ->
-        count), epsilon0 (local, per report), local_epsilon_per_device (m·ε0), n, delta,
-        central_epsilon, bound, max_reports_per_device (m), device_epsilon and device_delta
-        (group privacy; device_delta None when vacuous), collector_count, collector_count_source.
-        Without a valid report the central and device fields are None.
+        file, "--collector-count", or None). `epsilon0`: the policy's exact ε0 (a decimal,
+        printed as is, and m·ε0 exactly); without it the float is printed. Keys: batch,
+        valid_reports, invalid (reason -> count), epsilon0 (local, per report),
+        local_epsilon_per_device (m·ε0), n, delta, central_epsilon, bound,
+        max_reports_per_device (m), device_epsilon and device_delta (group privacy;
+        device_delta None when vacuous), collector_count, collector_count_source. Without a
+        valid report the central and device fields are None.
         """
         m = self.max_reports_per_device
         out: dict[str, Any] = {
             "batch": self.batch,
             "valid_reports": self.accepted,
             "invalid": dict(sorted(self.invalid.items())),
-            "epsilon0": f"{self.epsilon0:g}",
-            "local_epsilon_per_device": f"{m * self.epsilon0:g}",
+            "epsilon0": f"{self.epsilon0!r}" if epsilon0 is None else str(epsilon0),
+            "local_epsilon_per_device": (
+                f"{m * self.epsilon0!r}" if epsilon0 is None else str(m * epsilon0)
+            ),
             "max_reports_per_device": m,
             "collector_count": collector_count,
             "collector_count_source": source,

@@ -95,6 +95,7 @@ def report_batch(params: dict[str, Any]) -> None:
         )
     except (ReportError, ValueError) as exc:
         raise click.ClickException(str(exc)) from None
-    context = dataclasses.replace(report.context, shuffle=result.guarantee_dict(count, source))
+    shuffle = result.guarantee_dict(count, source, epsilon0=policy.mechanism.epsilon)
+    context = dataclasses.replace(report.context, shuffle=shuffle)
     report = dataclasses.replace(report, context=context)
     _emit_report(report, fmt, out_path, heavy_hitters=params["heavy_hitters"])
