@@ -9,7 +9,8 @@
   record, the manifest; after the permutation: test_shuffle_roles.py): the next step loses
   nothing, releases nothing twice and leaves one batch file with its manifest;
 * SIGTERM and SIGINT stop a real `fedldp shuffler serve` process cleanly (exit 0, "stopped");
-* a bad shuffler.toml is refused before anything starts, one line naming every problem.
+* a bad shuffler.toml is refused before anything starts, one line naming every problem;
+* the same step over a real PostgreSQL ledger (started by the suite).
 """
 
 from __future__ import annotations
@@ -75,10 +76,10 @@ class Setup:
             for i in range(n)
         ]
 
-    def store(self, window: int, n: int) -> list[bytes]:
-        """Store n sealed reports in `window`; their ciphertexts."""
+    def store(self, window: int, n: int, url: str | None = None) -> list[bytes]:
+        """Store n sealed reports in `window` (of the SQLite ledger, or of `url`)."""
         sealed = self.seal(n)
-        with open_ledger(f"sqlite:///{self.ledger}") as ledger:
+        with open_ledger(url or f"sqlite:///{self.ledger}") as ledger:
             submit_outputs(ledger, self.policy, sealed, now=window + 10, subjects=n)
         return [s.ciphertext for s in sealed]
 
@@ -369,3 +370,16 @@ def test_the_deploy_example_lists_every_setting_and_loads(tmp_path: Path) -> Non
     (tmp_path / "shuffler.toml").write_text(moved, encoding="utf-8")
     config = load(tmp_path / "shuffler.toml")
     assert (config.interval_seconds, config.grace_seconds, config.min_batch) == (60.0, 300, 0)
+
+
+def test_a_step_over_a_postgresql_ledger(setup: Setup, postgresql_url: str) -> None:
+    """The same pull and release over a real PostgreSQL ledger (read-only access)."""
+    open_ledger(postgresql_url).close()
+    items = setup.store(OLD, 6, postgresql_url)
+    config = replace(load(setup.config), ledger_url=postgresql_url)
+    daemon = Shuffler(config, lambda url: open_cli_ledger(url, "read", scope="whole"))
+    assert daemon.step(STEP).released == [setup.batch(OLD)]
+    path = batch_path(setup.base / "batches", setup.batch(OLD))
+    assert sorted(read_batch(path)[1]) == sorted(items)
+    manifest = read_manifest(path)
+    assert manifest is not None and manifest.collector_count == 6
