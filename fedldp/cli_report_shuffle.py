@@ -62,7 +62,7 @@ def report_batch(params: dict[str, Any]) -> None:
         policy_dir,
         trust_dir,
         params["policy_id"],
-        version=params["version"],
+        version=_version(params["version"], Path(batch_file), params["policy_id"]),
         at=at,
         audience=audience,
     )
@@ -99,3 +99,19 @@ def report_batch(params: dict[str, Any]) -> None:
     context = dataclasses.replace(report.context, shuffle=shuffle)
     report = dataclasses.replace(report, context=context)
     _emit_report(report, fmt, out_path, heavy_hitters=params["heavy_hitters"])
+
+
+def _version(given: int | None, batch_file: Path, policy_id: str) -> int | None:
+    """--version, else the version the batch key names (POLICY.vVERSION.WINDOW, the key of a
+    window batch of `policy_id`): a batch opens only under the version it was sealed for.
+    None (the highest version) for any other key."""
+    from fedldp.aggregator.shuffle_manifest import parse_window_batch
+    from fedldp.aggregator.shuffler import read_batch
+
+    if given is not None:
+        return given
+    try:
+        key = parse_window_batch(read_batch(batch_file)[0])
+    except ValueError as exc:  # not a batch file
+        raise click.ClickException(f"--batch {batch_file}: {exc}") from None
+    return key[1] if key is not None and key[0] == policy_id else None

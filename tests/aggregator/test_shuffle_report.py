@@ -265,3 +265,27 @@ def test_the_shuffle_page_renders_numeric_reports_and_escapes_what_it_shows() ->
     assert "&lt;b&gt;x&lt;/b&gt;" in page and "<b>x" not in page
     assert "&lt;i&gt;f&lt;/i&gt;.json" in page and "<i>f" not in page
     assert "central (shuffled): (ε, δ) = (0.9, 1e-08) per report over n = 50" in page
+
+
+def test_the_batch_keys_version_is_the_default(batch: Batch, authority: Any) -> None:
+    """With v2 of the policy in the folder, a v1 batch is reported under v1 (it opens only
+    there) unless --version says otherwise (then every payload fails to open: refused)."""
+    from fedldp.authoring import write_envelope
+    from fedldp.client.policy import verify_policy
+
+    from tests.aggregator.conftest import NOW, WINDOW
+
+    v2 = authority.categorical_policy(
+        labels=["a", "b", "c", "d"], policy_id="atk", metric="metric.atk", epsilon="1",
+        epsilon_cap="3", window_seconds=WINDOW, now=NOW - 60, version=2, min_reports=1,
+    )  # fmt: skip
+    v2.shuffle.CopyFrom(batch.policy.message.shuffle)
+    envelope = authority.sign(v2)
+    verify_policy(envelope, authority.trust_store(now=NOW), now=NOW)
+    write_envelope(envelope, batch.policies / "p2.policy")
+    runner = CliRunner()
+    default = runner.invoke(main, batch.args("--format", "json"))
+    assert default.exit_code == 0, default.output
+    assert json.loads(default.output)["context"]["policy_version"] == 1
+    forced = runner.invoke(main, batch.args("--version", "2"))
+    assert forced.exit_code == 1 and "not estimated" in forced.output, forced.output
