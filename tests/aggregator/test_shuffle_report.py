@@ -289,3 +289,15 @@ def test_the_batch_keys_version_is_the_default(batch: Batch, authority: Any) -> 
     assert json.loads(default.output)["context"]["policy_version"] == 1
     forced = runner.invoke(main, batch.args("--version", "2"))
     assert forced.exit_code == 1 and "not estimated" in forced.output, forced.output
+
+
+def test_a_plain_policy_is_refused(batch: Batch, make_policy: Any) -> None:
+    """--batch under a policy without a [shuffle] section: exit 1, one line, nothing written."""
+    from fedldp.authoring import write_envelope
+
+    write_envelope(make_policy("plain").envelope, batch.policies / "plain.policy")
+    out = str(batch.base / "r.json")  # a repeated --policy: click takes the last one
+    args = batch.args("--policy", "plain", "--format", "json", "--out", out)
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 1 and "has no [shuffle] section" in result.output, result.output
+    assert not (batch.base / "r.json").exists()

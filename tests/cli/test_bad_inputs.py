@@ -169,7 +169,7 @@ def _shuffle_cases(env: Env) -> list[tuple[str, list[str]]]:
         ("shuffler serve --config missing ledger", [*serve, str(b / "shuffler-noledger.toml")]),
         ("shuffler serve --config bad settings", [*serve, str(b / "shuffler-bad.toml")]),
         ("report --batch without --analyzer-key", report),
-        ("report --batch of a plain policy", [*report, "--analyzer-key", str(b / "data.txt")]),
+        ("report --batch not a batch file", [*report, "--analyzer-key", str(b / "data.txt")]),
     ]
 
 
@@ -894,7 +894,7 @@ EXPECTED: dict[str, tuple[int, str]] = {
     "shuffler serve --config missing ledger": (1, "no ledger at"),
     "shuffler serve --config bad settings": (1, "interval_seconds is a number above 0"),
     "report --batch without --analyzer-key": (2, "--batch and --analyzer-key go together"),
-    "report --batch of a plain policy": (1, "has no [shuffle] section"),
+    "report --batch not a batch file": (1, "not a fedldp shuffled batch"),
 }
 
 
