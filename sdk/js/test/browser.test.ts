@@ -65,6 +65,8 @@ test("chromium: pages record into the collector's web endpoint; no raw value lea
             assert.equal(s.corsError, undefined);
           }
         }
+        // No shuffle-model policy here: the sealing chunk (HPKE) is never fetched.
+        assert.ok(!chromium.sent.some((s) => s.url.includes("/chunks/sealed-")), "a page without shuffle policies loaded the sealing code");
         const submitted = chromium.sent.filter((s) => s.method === "POST" && s.url.endsWith("/Submit"));
         assert.ok(submitted.length >= 1 && submitted.every((s) => s.body.length > 0), "Submit bodies were logged");
         const state = String(flushed.state);
