@@ -20,8 +20,9 @@ generator, in both grpcio flavours (sync, with the same thread pool size, and
 asyncio) and with one and several processes. Each row has three ratios: to the
 one-process sync do-nothing server, to the do-nothing server of its own flavour
 and process count, and to the best do-nothing server of the run (the strictest
-reading of the issue's target). The collector's default is the asyncio server;
-the sync server has rows of its own (the server-choice question in
+reading of the issue's target). The collector's defaults are the asyncio server
+and `processes` unset (one process per usable core: the "defaults" rows say how
+many); the sync server has rows of its own (the server-choice question in
 docs/collector.md).
 
 `--interleave-servers` answers that question more robustly on a shared machine:
@@ -226,9 +227,12 @@ def start_collectors(
     name: str,
     workers: int,
     server: str = "asyncio",
-    processes: int = 1,
+    processes: int | None = 1,
 ) -> Server:
-    """`count` collector daemons (each with `processes` processes) on one ledger."""
+    """`count` collector daemons (each with `processes` processes; None: the
+    collector's default, one per usable core) on one ledger."""
+    from fedldp.collector.config import default_processes
+
     from tests.support.collector_testkit import spawn, write_config
 
     procs, addresses = [], []
@@ -246,7 +250,17 @@ def start_collectors(
         p = spawn(config, f"{name}{i}")
         procs.append(p.proc)
         addresses.append(p.address)
-    return Server(name, procs, addresses, per_device_connections=processes > 1)
+    resolved = default_processes() if processes is None else processes
+    return Server(name, procs, addresses, per_device_connections=resolved > 1)
+
+
+def defaults_label(store: str) -> str:
+    """The label of a collector row on its defaults (`processes` unset: one per usable
+    core, so the label says how many that is here)."""
+    from fedldp.collector.config import default_processes
+
+    n = default_processes()
+    return f"collector ({store}, asyncio: defaults, {n} process{'es' if n > 1 else ''})"
 
 
 # --- the load generator ---
@@ -681,9 +695,10 @@ def main(argv: list[str] | None = None) -> int:
                 base / "sqlite-random",
                 random_url,
                 1,
-                "collector (SQLite, asyncio: defaults)",
+                defaults_label("SQLite"),
                 args.workers,
                 server="asyncio",
+                processes=None,
             ),
             [{**batch, "report_ids": "random"}],
         )
@@ -694,9 +709,10 @@ def main(argv: list[str] | None = None) -> int:
             base / "sqlite-aio",
             aio_url,
             1,
-            "collector (SQLite, asyncio: defaults)",
+            defaults_label("SQLite"),
             args.workers,
             server="asyncio",
+            processes=None,
         ),
         [single, batch],
     )
@@ -712,8 +728,9 @@ def main(argv: list[str] | None = None) -> int:
                     base / "pg1",
                     url,
                     1,
-                    "collector (PostgreSQL, asyncio: defaults)",
+                    defaults_label("PostgreSQL"),
                     args.workers,
+                    processes=None,
                 ),
                 [single, batch],
             )
@@ -752,9 +769,10 @@ def main(argv: list[str] | None = None) -> int:
             kind = "aio" if f.server.startswith("do-nothing (aio") else "sync"
         else:
             kind = "sync" if re.search(r"\bsync\b", f.server) else "aio"
-        if "processes)" in f.server:  # against as many do-nothing processes
-            kind += f", {args.processes} processes"
-        same = by[(f"do-nothing ({kind})", f.reports_per_call)]
+        several = re.search(r"(\d+) processes\)", f.server)
+        if several:  # against as many do-nothing processes (measured when --processes is that)
+            kind += f", {several.group(1)} processes"
+        same = by.get((f"do-nothing ({kind})", f.reports_per_call)) or ref
         rows.append(
             [
                 f.label,
