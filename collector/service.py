@@ -233,9 +233,9 @@ def _varint(body: bytes, pos: int) -> tuple[int, int]:
 
 def _report_ids(
     request: pb.SubmitRequest, body: bytes | None
-) -> tuple[list[bytes], list[bytes | None]]:
+) -> tuple[list[bytes], list[bytes | None] | None]:
     """Each report's id, and its content's bytes (its encoding after the id) where
-    those alone decide everything but its id, else None.
+    those alone decide everything but its id, else None (all None: None).
 
     `body` is the bytes `request` was parsed from (None: unknown). They are read
     only when they hold nothing but `reports` entries (field 1, length-delimited),
@@ -248,24 +248,26 @@ def _report_ids(
     """
     reports = request.reports
     count = len(reports)
+    if body is None or count < 2:  # (one report: nothing to share)
+        return [r.report_id for r in reports], None
     ids: list[bytes] = []
     contents: list[bytes | None] = []
     alone: dict[bytes, bool] = {}  # content bytes -> whether they set no id
     add_id, add_content = ids.append, contents.append
-    pos, end, i = 0, len(body) if body is not None else -1, 0
+    pos, end, i = 0, len(body), 0
     while pos < end and i < count:
-        if body[pos] != 0x0A:  # type: ignore[index]
+        if body[pos] != 0x0A:
             break
-        length = body[pos + 1] if pos + 1 < end else -1  # type: ignore[index]
+        length = body[pos + 1] if pos + 1 < end else -1
         start = pos + 2
         if length >= 0x80:
-            length, start = _varint(body, pos + 1)  # type: ignore[arg-type]
+            length, start = _varint(body, pos + 1)
         pos = start + length
         if length < 0 or pos > end:
             break
-        if body[start : start + 2] == _ID_FIELD and length >= _ID_END:  # type: ignore[index]
+        if body[start : start + 2] == _ID_FIELD and length >= _ID_END:
             key = start + _ID_END
-            rid, content = body[start + 2 : key], body[key:pos]  # type: ignore[index]
+            rid, content = body[start + 2 : key], body[key:pos]
             ok = alone.get(content)
             if ok is None:
                 ok = alone[content] = (
@@ -282,7 +284,7 @@ def _report_ids(
     else:  # no break: every entry read
         if pos == end and i == count:
             return ids, contents
-    return [r.report_id for r in reports], [None] * count  # every report as parsed
+    return [r.report_id for r in reports], None  # every report as parsed
 
 
 class CollectorService:
@@ -355,7 +357,7 @@ class CollectorService:
             if len(rid) != REPORT_ID_BYTES or rid in repeated:
                 outcomes[i] = _bad_id(rid)
                 continue
-            content = contents[i]
+            content = contents[i] if contents is not None else None
             verdict = verdicts.get(content) if content is not None else None
             if verdict is None:
                 verdict = self._check_content(reports[i], now, window, policies)
