@@ -8,6 +8,8 @@ What is measured (each figure: median over >= 5 timed runs, with min and max):
 * one report per call from many concurrent devices (`--concurrency`, each its own
   subject and bearer token): calls/s, p50 and p99 latency;
 * 100 reports per call: reports/s;
+* the CPU time of every server process per report (all threads, user and
+  system; it moves less with the machine's other load than the rates do);
 * peak resident memory of each collector process (VmHWM, i.e. since its start,
   under the load above);
 * the same against a PostgreSQL ledger, and with two collector processes
@@ -43,6 +45,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import random
 import re
@@ -376,6 +379,8 @@ class Figures:
     peak_rss_mb: list[float]
     report_ids: str = "sdk"
     error_codes: dict[str, int] = field(default_factory=dict)
+    #: CPU time of every server process (all threads, user + system) per report, µs
+    server_cpu_us: Timing | None = None
 
     @property
     def label(self) -> str:
@@ -403,7 +408,12 @@ def measure(
     load = (server.addresses, tokens, factory, reports_per_call, concurrency)
     spread = connections == "device" or server.per_device_connections
     asyncio.run(_load(*load, warmup, report_ids, spread))
-    results = [asyncio.run(_load(*load, seconds, report_ids, spread)) for _ in range(runs)]
+    results, cpu_us = [], []
+    for _ in range(runs):
+        before = _server_cpu_seconds(server)
+        results.append(asyncio.run(_load(*load, seconds, report_ids, spread)))
+        used = _server_cpu_seconds(server) - before
+        cpu_us.append(used / max(results[-1].reports, 1) * 1e6)
 
     def pct(values: list[float], q: float) -> float:
         ordered = sorted(values)
@@ -421,6 +431,7 @@ def measure(
         errors=sum(r.errors for r in results),
         error_codes=dict(sum((r.error_codes for r in results), Counter())),
         peak_rss_mb=server.peak_rss_mb(),
+        server_cpu_us=summarize(cpu_us),
     )
 
 
@@ -434,6 +445,16 @@ def _process_cpu_seconds(pid: int) -> float:
     """User + system CPU time of process `pid` so far (Linux /proc)."""
     fields = Path(f"/proc/{pid}/stat").read_text().split()
     return (int(fields[13]) + int(fields[14])) / os.sysconf("SC_CLK_TCK")
+
+
+def _server_cpu_seconds(server: Server) -> float:
+    """User + system CPU time so far of every process of `server` (a supervisor's
+    children included; one that has exited counts 0)."""
+    total = 0.0
+    for pid in server.pids():
+        with contextlib.suppress(OSError):
+            total += _process_cpu_seconds(pid)
+    return total
 
 
 def interleaved_servers(
@@ -785,6 +806,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"{f.calls_per_s.median / ref.calls_per_s.median:.2f}",
                 f"{f.calls_per_s.median / same.calls_per_s.median:.2f}",
                 f"{f.calls_per_s.median / best[f.reports_per_call]:.2f}",
+                _fmt(f.server_cpu_us, rate=False) if f.server_cpu_us else "-",
                 "/".join(f"{m:.0f}" for m in f.peak_rss_mb) or "-",
                 f.errors,
             ]
@@ -802,6 +824,7 @@ def main(argv: list[str] | None = None) -> int:
                 "x do-nothing (sync)",
                 "x do-nothing (same flavour, processes)",
                 "x best do-nothing",
+                "server CPU us/report",
                 "peak RSS MB",
                 "errors",
             ],
