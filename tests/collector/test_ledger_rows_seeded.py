@@ -173,16 +173,9 @@ def _run(ledger: Ledger, policies: dict[str, VerifiedPolicy]) -> list[list[str]]
     lowered = PolicyVersion(
         "small", 2, Decimal("0.5"), small.window_seconds, 0, NOW + 30 * 86400, b"\x07" * 32
     )
+    fields = ("policy_id", "version", "epsilon_cap", "window_seconds", "not_before")
     versions = [lowered] + [
-        PolicyVersion(
-            p.policy_id,
-            p.version,
-            p.epsilon_cap,
-            p.window_seconds,
-            p.not_before,
-            p.expires_at,
-            p.digest,
-        )
+        PolicyVersion(*(getattr(p, f) for f in fields), p.expires_at, p.digest)
         for p in policies.values()
     ]
     assert ledger.record_versions(versions, clock=lambda: NOW - 3600) == {}
