@@ -48,6 +48,7 @@ from fedldp.collector.wire import (
     output_from_report,
 )
 from fedldp.v1 import collector_pb2 as pb
+from google.protobuf.message import DecodeError
 
 log = logging.getLogger(__name__)
 
@@ -231,6 +232,15 @@ def _varint(body: bytes, pos: int) -> tuple[int, int]:
     return -1, pos
 
 
+def _sets_no_id(content: bytes) -> bool:
+    """Whether a report's encoding after its id, parsed alone, has an empty id (and
+    parses: it does whenever the whole report did)."""
+    try:
+        return not pb.Report.FromString(content).report_id
+    except DecodeError:
+        return False
+
+
 def _report_ids(
     request: pb.SubmitRequest, body: bytes | None
 ) -> tuple[list[bytes], list[bytes | None] | None]:
@@ -270,9 +280,7 @@ def _report_ids(
             rid, content = body[start + 2 : key], body[key:pos]
             ok = alone.get(content)
             if ok is None:
-                ok = alone[content] = (
-                    reports[i].report_id == rid and not pb.Report.FromString(content).report_id
-                )
+                ok = alone[content] = reports[i].report_id == rid and _sets_no_id(content)
             if ok:
                 add_id(rid)
                 add_content(content)
