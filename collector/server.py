@@ -389,12 +389,14 @@ class CollectorServicer:
             ):
                 raise self._no_room(subject)
             held = self.reserve_bytes
-            read = list(self._read(request_type, requests, subject))
-            admission.resize(peer, held, len(read[1]), subject=subject)
-            held = len(read[1])
-            # Popped: the body holds the only reference to the request's bytes, and
-            # drops it once it has read them (`CollectorService.submit`).
-            return body(subject, read.pop(0), read.pop()).SerializeToString()
+            request, raw = self._read(request_type, requests, subject)
+            admission.resize(peer, held, len(raw), subject=subject)
+            held = len(raw)
+            # Handed over: the body holds the only reference to the request's bytes,
+            # and drops it once it has read them (`CollectorService.submit`).
+            box = [raw]
+            del raw
+            return body(subject, request, box.pop()).SerializeToString()
         except CollectorError as exc:
             code, detail, trailers = self._refused(method, exc, subject)
             slow = isinstance(exc, SubjectShareError)

@@ -371,7 +371,7 @@ class CollectorService:
                 verdict = self._check_content(reports[i], now, window, policies)
                 if content is not None:
                     verdicts[content] = verdict
-            if type(verdict) is _Refusal:
+            if isinstance(verdict, _Refusal):
                 outcomes[i] = verdict.build(rid, *verdict.args)
                 continue
             policy, output, digest, ct = verdict
