@@ -26,6 +26,7 @@ import random
 from collections.abc import Iterator
 from decimal import Decimal
 from pathlib import Path
+from typing import cast
 
 import pytest
 import sqlalchemy as sa
@@ -103,7 +104,7 @@ def _groups(policies: dict[str, VerifiedPolicy]) -> Iterator[list[SubmitBatch]]:
     stored: list[tuple[str, CheckedReport]] = []
     for g in range(26):
         now = NOW + g * 3000  # crosses a day window after group 12 (the windows are days)
-        batches = []
+        batches: list[SubmitBatch] = []
         added: list[tuple[str, CheckedReport]] = []  # resubmitted from the next group on
         used: set[bytes] = set()
         for _ in range(rng.randrange(1, 9)):
@@ -117,7 +118,7 @@ def _groups(policies: dict[str, VerifiedPolicy]) -> Iterator[list[SubmitBatch]]:
                 elif roll < 0.06:  # resubmitted: same id, same content
                     reports.append(prior)
                 elif roll < 0.09:  # same id, other content
-                    reports.append(_report(rng, prior[1], rid=prior[0]))
+                    reports.append(_report(rng, cast(VerifiedPolicy, prior[1]), rid=prior[0]))
                 elif other != subject:  # an id another subject used
                     reports.append(prior)
                 used.add(reports[-1][0] if reports else b"")
@@ -173,9 +174,16 @@ def _run(ledger: Ledger, policies: dict[str, VerifiedPolicy]) -> list[list[str]]
     lowered = PolicyVersion(
         "small", 2, Decimal("0.5"), small.window_seconds, 0, NOW + 30 * 86400, b"\x07" * 32
     )
-    fields = ("policy_id", "version", "epsilon_cap", "window_seconds", "not_before")
     versions = [lowered] + [
-        PolicyVersion(*(getattr(p, f) for f in fields), p.expires_at, p.digest)
+        PolicyVersion(
+            policy_id=p.policy_id,
+            version=p.version,
+            epsilon_cap=p.epsilon_cap,
+            window_seconds=p.window_seconds,
+            not_before=p.not_before,
+            expires_at=p.expires_at,
+            digest=p.digest,
+        )
         for p in policies.values()
     ]
     assert ledger.record_versions(versions, clock=lambda: NOW - 3600) == {}
