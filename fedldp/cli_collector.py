@@ -65,6 +65,7 @@ def serve_cmd(config_path: str | None, port_file: str | None) -> None:
     """Serve the Collector gRPC API until SIGTERM, then drain and exit."""
     from fedldp.collector.config import ConfigError, load_config
 
+    _require_modules("sqlalchemy", "alembic", "prometheus_client")  # the collector extra
     if port_file is not None and not Path(port_file).parent.is_dir():
         raise click.BadParameter(
             f"folder {Path(port_file).parent} does not exist: create it first, or name a "
@@ -93,6 +94,24 @@ def serve_cmd(config_path: str | None, port_file: str | None) -> None:
             "and a free port"
         ) from None
     sys.exit(status)
+
+
+def _require_modules(*names: str) -> None:
+    """Raise ModuleNotFoundError (named: fedldp.cli_errors turns it into the extra to
+    install) for the first of `names` that cannot be imported, without importing any."""
+    import importlib.util
+
+    for name in names:
+        try:
+            found = (
+                sys.modules[name] is not None
+                if name in sys.modules
+                else bool(importlib.util.find_spec(name))
+            )
+        except ValueError:  # in sys.modules without a spec
+            found = True
+        if not found:
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
 
 
 @collector.command("mint-token")
