@@ -9,7 +9,10 @@ reservation lifecycle it shares with DP-SGD training (reservations.py):
    from the ledger, never from the caller); an exhausted budget raises
    `CentralBudgetExhaustedError` before any data is read;
 3. record durably that the data is being opened (`Ledger.open_data`) - before
-   the first byte is read;
+   the first byte is read; the claim of step 2 commits this mark in its own
+   transaction (`Ledger.reserve(open_data=True)`: nothing can fail between the
+   two), except through a ledger view that must still be able to cancel the
+   claim (the service's analyst-cap hold), which opens separately;
 4. only then call `load()` to read the protected data, compute the true
    aggregate exactly (decimal arithmetic on clipped values), round it to the
    noise lattice and add exact integer noise (`noise.py`);
@@ -409,9 +412,14 @@ def _replay(
                 f"{reservation.lease_expires_at}); it is never released twice: retry later "
                 "for its result"
             )
-        events = [
-            e.event for e in ledger.central_events(subject, purpose) if e.reservation_id == rid
-        ]
+        one = getattr(ledger, "release_events", None)  # this release's row only
+        events = (
+            [e.event for e in one(rid)[1]]
+            if one is not None
+            else [
+                e.event for e in ledger.central_events(subject, purpose) if e.reservation_id == rid
+            ]
+        )
         if not events:
             raise ReleaseFailedError(
                 f"the release with this idempotency key (reservation {rid}) failed after "
@@ -458,6 +466,7 @@ def _run_release(
         metadata=metadata,
         lease_seconds=RELEASE_LEASE_SECONDS,
         receipt_key_id=request.receipt_key_id,
+        open_at_claim=True,  # nothing between claim and read: one commit for both
     )
     held = Reservation.claim(
         ledger, ask, clock=lambda: now, when_taken=_replay(ledger, metadata, subject, purpose)
