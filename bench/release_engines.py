@@ -28,7 +28,8 @@ engine's bounded aggregation, the noise is microseconds), median [min-max] of
 ε = 1 against the exact unbounded value (DuckDB, no bounding): the median over
 the runs of |released - exact| (grouped: the mean over groups). fedldp's noise is
 the service's exact sampler (releases.plan_noise) drawn on the engine's bounded
-aggregate (Laplace, ε = 1; the mean and the SQL AVG split it in halves), its
+aggregate (Laplace, ε = 1; the mean and the SQL AVG split it in halves between
+a noisy sum centred at the bounds' midpoint and a noisy count), its
 median the exponential mechanism over the quantile grid drawn through the
 service. The same-run ratio is each engine's time over DuckDB's.
 
@@ -152,7 +153,7 @@ def released(kind: str, result: Any) -> Any:
     """fedldp's released value of `kind` from the engine's bounded totals (module
     docstring): a number, or {group: number}; None for the median (drawn through the
     service)."""
-    from fedldp.aggregator.central.releases import plan_noise
+    from fedldp.aggregator.central.releases import mean_of, plan_noise
     from fedldp.aggregator.engines.plan import Totals, merge
     from fedldp.client.mechanisms.base import system_random
 
@@ -161,6 +162,7 @@ def released(kind: str, result: Any) -> Any:
     zero = Decimal(0)
     count_noise = plan_noise("laplace", epsilon=eps, delta=zero, sensitivity=Decimal(C))
     sum_noise = plan_noise("laplace", epsilon=eps, delta=zero, sensitivity=Decimal(100 * C))
+    centred_noise = plan_noise("laplace", epsilon=eps, delta=zero, sensitivity=Decimal(50 * C))
 
     def value(t: Totals) -> float:
         total = Decimal(t.sums.get("minutes", 0)) / 100
@@ -168,8 +170,10 @@ def released(kind: str, result: Any) -> Any:
             return float(count_noise.noised(Decimal(t.rows), rng))
         if kind == "sum":
             return float(sum_noise.noised(total, rng))
-        noisy_n = max(count_noise.noised(Decimal(t.counts.get("minutes", 0)), rng), Decimal(1))
-        return float(min(max(sum_noise.noised(total, rng) / noisy_n, zero), Decimal(100)))
+        n = t.counts.get("minutes", 0)  # the mean: releases.private_mean's centred form
+        noisy_n = count_noise.noised(Decimal(n), rng)
+        noisy_s = centred_noise.noised(total - 50 * n, rng)
+        return float(mean_of(noisy_s, noisy_n, zero, Decimal(100), centred=True))
 
     if kind == "median":
         return None

@@ -462,7 +462,7 @@ def _check_events(
 
 
 def _check_value(out: Verification, receipt: dict[str, Any]) -> None:
-    """The released value follows from the events' outputs (mean: noisy sum / noisy count)."""
+    """The released value follows from the events' outputs (mean: `releases.mean_of`)."""
     events = {str(e.get("query")): e for e in receipt.get("events", [])}
     kind, value = receipt.get("kind"), receipt.get("value")
     try:
@@ -474,15 +474,14 @@ def _check_value(out: Verification, receipt: dict[str, Any]) -> None:
             table = table_of(receipt.get("events", []), aggregates_of(meta))
             ok = canonical_json(table).decode() == str(value)
         elif kind == "mean":
+            from fedldp.aggregator.central.releases import mean_of
+
             meta = receipt["ledger"]["metadata"]
             lower, upper = Decimal(meta["lower"]), Decimal(meta["upper"])
-            noisy_sum = Decimal(str(events["sum"]["output"]))
+            centred = "centred_sum" in events  # releases recorded before it: "sum"
+            noisy_sum = Decimal(str(events["centred_sum" if centred else "sum"]["output"]))
             noisy_count = Decimal(str(events["count"]["output"]))
-            expected = (
-                (lower + upper) / 2
-                if noisy_count < 1
-                else min(max(noisy_sum / noisy_count, lower), upper)
-            )
+            expected = mean_of(noisy_sum, noisy_count, lower, upper, centred=centred)
             ok = Decimal(str(value)) == expected
         else:
             ok = str(events[str(kind)]["output"]) == str(value)
