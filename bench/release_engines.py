@@ -435,6 +435,7 @@ def main(argv: list[str] | None = None) -> int:
         for rows in sizes:
             part, path = run_size(rows, Path(tmp), args)
             table.extend(part)
+            print("\n".join(" | ".join(r) for r in part), flush=True)  # a long run's progress
             if rows == 1_000_000 or (svc is None and rows == max(sizes)):
                 svc = service(Path(tmp), path, exact(path)["median"])
             path.unlink()
