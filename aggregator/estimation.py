@@ -104,10 +104,12 @@ class ReportContext:
     sources: tuple[str, ...] = ()
     window_seconds: int | None = None
     purpose: str | None = None  # the signed policy's purpose, for people reading the report
+    # shuffle-model reports only: ShuffledRelease.guarantee_dict() (local ε0, central (ε, δ))
+    shuffle: Mapping[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready dict (decimals as exact strings)."""
-        return {
+        """JSON-ready dict (decimals as exact strings); "shuffle" only for a shuffled batch."""
+        out: dict[str, Any] = {
             "policy_id": self.policy_id,
             "policy_version": self.policy_version,
             "metric": self.metric,
@@ -119,6 +121,9 @@ class ReportContext:
             "window_seconds": self.window_seconds,
             "purpose": self.purpose,
         }
+        if self.shuffle is not None:
+            out["shuffle"] = dict(self.shuffle)
+        return out
 
 
 @dataclass(frozen=True)

@@ -66,6 +66,50 @@ def _header_lines(report: FrequencyReport | NumericReport) -> list[str]:
     if ctx.epsilon_charged is not None:
         facts.append(f"eps charged {ctx.epsilon_charged}")
     lines.append(", ".join(facts))
+    if ctx.shuffle is not None:
+        lines.extend(shuffle_lines(ctx.shuffle))
+    return lines
+
+
+def shuffle_lines(shuffle: Mapping[str, object], *, greek: bool = False) -> list[str]:
+    """A shuffled batch's guarantees in words (`ShuffledRelease.guarantee_dict`): local ε0
+    per report, the amplified central (ε, δ) per report over n, and per device (group
+    privacy over its at most m reports); every ε and δ is rounded up. `greek`: ε and δ
+    (HTML) instead of eps and delta (the terminal table's ASCII)."""
+    eps, delta = ("ε", "δ") if greek else ("eps", "delta")
+    m = shuffle["max_reports_per_device"]
+    invalid = shuffle["invalid"]
+    dropped = ", ".join(f"{k} {v}" for k, v in invalid.items()) if isinstance(invalid, dict) else ""
+    lines = [
+        f"shuffled batch {shuffle['batch']}: {shuffle['valid_reports']} valid reports; "
+        f"invalid dropped: {dropped or 'none'}",
+        f"local: {eps}0 = {shuffle['epsilon0']} per report (against everyone, all roles colluding)",
+    ]
+    if shuffle["central_epsilon"] is None:
+        lines.append("central: no valid report, no central guarantee")
+        return lines
+    count = shuffle["collector_count"]
+    source = {"manifest": "the shuffler's manifest"}.get(
+        str(shuffle["collector_count_source"]), str(shuffle["collector_count_source"])
+    )
+    capped = (
+        f"; collector count {count} (from {source})"
+        if count is not None
+        else "; no collector count (n not capped)"
+    )
+    lines.append(
+        f"central (shuffled): ({eps}, {delta}) = ({shuffle['central_epsilon']}, "
+        f"{shuffle['delta']}) "
+        f"per report over n = {shuffle['n']} [{shuffle['bound']}]{capped}"
+    )
+    device = shuffle["device_delta"]
+    central_device = (
+        f"({shuffle['device_epsilon']}, {device})" if device is not None else f"none ({delta} >= 1)"
+    )
+    lines.append(
+        f"per device (at most {m} reports in the batch, group privacy): local "
+        f"{eps} = {shuffle['local_epsilon_per_device']}, central {central_device}"
+    )
     return lines
 
 
@@ -81,7 +125,7 @@ def _multi_header_lines(report: MultiReport) -> list[str]:
     ]
     if ctx.epsilon_charged is not None:
         facts.append(f"eps charged {ctx.epsilon_charged}")
-    return [title, ", ".join(facts)]
+    return [title, ", ".join(facts), *(shuffle_lines(ctx.shuffle) if ctx.shuffle else [])]
 
 
 def render_table(
@@ -368,6 +412,8 @@ def render_html(
     ]
     if isinstance(report, MultiReport):
         parts.append(_multi_facts_html(report))
+        if report.context.shuffle is not None:
+            parts.append(_shuffle_html(report.context.shuffle))
         for a in report.attributes:
             sub = truth.get(a.name) if isinstance(truth, Mapping) else None
             parts.append(
@@ -378,6 +424,8 @@ def render_html(
             parts.extend(_estimates_html(a.report, sub, max_rows))
     else:
         parts.append(_facts_html(report))
+        if report.context.shuffle is not None:
+            parts.append(_shuffle_html(report.context.shuffle))
         sentence = budget_sentence(report)
         if sentence is not None:
             parts.append(f"<h2>Privacy budget</h2><p>{html.escape(sentence)}</p>")
@@ -385,6 +433,18 @@ def render_html(
     parts.append("</body></html>")
     out.write_text("\n".join(parts), encoding="utf-8")
     return out
+
+
+def _shuffle_html(shuffle: Mapping[str, object]) -> str:
+    """The shuffle model's guarantees beside the estimates: ε0 and the central (ε, δ)."""
+    items = "".join(f"<li>{html.escape(line)}</li>" for line in shuffle_lines(shuffle, greek=True))
+    return (
+        "<h2>Shuffle model: local and central guarantee</h2>"
+        f"<ul class='shuffle'>{items}</ul><p class='note'>The central (ε, δ) holds against "
+        "the analyzer and whoever sees only its outputs, provided the analyzer colludes "
+        "with neither the collector nor the shuffler (Feldman, McMillan and Talwar, FOCS "
+        "2021, Theorem 3.2; docs/shuffle.md). ε0 holds against everyone.</p>"
+    )
 
 
 def _multi_facts_html(report: MultiReport) -> str:

@@ -24,6 +24,7 @@ import math
 import os
 from collections import Counter
 from dataclasses import dataclass, field
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -71,6 +72,56 @@ class ShuffledRelease:
             f"report over n = {c.n} reports [{c.bound}]; per device (at most {m} reports "
             f"in the batch, group privacy): {device}"
         )
+
+    def guarantee_dict(
+        self,
+        collector_count: int | None = None,
+        source: str | None = None,
+        *,
+        epsilon0: Decimal | None = None,
+    ) -> dict[str, Any]:
+        """The guarantees as JSON-ready values (every ε and δ a string rounded up, as printed).
+
+        `collector_count` and `source` say which count capped n ("manifest" beside the batch
+        file, "--collector-count", or None). `epsilon0`: the policy's exact ε0 (a decimal,
+        printed as is, and m·ε0 exactly); without it the float is printed. Keys: batch,
+        valid_reports, invalid (reason -> count), epsilon0 (local, per report),
+        local_epsilon_per_device (m·ε0), n, delta, central_epsilon, bound,
+        max_reports_per_device (m), device_epsilon and device_delta (group privacy;
+        device_delta None when vacuous), collector_count, collector_count_source. Without a
+        valid report the central and device fields are None.
+        """
+        m = self.max_reports_per_device
+        out: dict[str, Any] = {
+            "batch": self.batch,
+            "valid_reports": self.accepted,
+            "invalid": dict(sorted(self.invalid.items())),
+            "epsilon0": f"{self.epsilon0!r}" if epsilon0 is None else str(epsilon0),
+            "local_epsilon_per_device": (
+                f"{m * self.epsilon0!r}" if epsilon0 is None else str(m * epsilon0)
+            ),
+            "max_reports_per_device": m,
+            "collector_count": collector_count,
+            "collector_count_source": source,
+            "n": None,
+            "delta": None,
+            "central_epsilon": None,
+            "bound": None,
+            "device_epsilon": None,
+            "device_delta": None,
+        }
+        if self.central is not None:
+            c = self.central
+            eps_m, delta_m = per_device(c.epsilon, c.delta, m)
+            out.update(
+                n=c.n,
+                delta=f"{c.delta:g}",
+                central_epsilon=round_up(c.epsilon),
+                bound=c.bound,
+                device_epsilon=round_up(eps_m),
+                device_delta=_round_up_sig(delta_m) if delta_m < 1 else None,
+            )
+        return out
 
 
 def per_device(epsilon: float, delta: float, m: int) -> tuple[float, float]:

@@ -62,6 +62,7 @@ CREATE TABLE IF NOT EXISTS intent (
 CREATE TABLE IF NOT EXISTS released (
     batch TEXT PRIMARY KEY, count INTEGER NOT NULL, sha256 TEXT NOT NULL
 );
+CREATE TABLE IF NOT EXISTS ledger_count (batch TEXT PRIMARY KEY, stored INTEGER NOT NULL);
 """
 
 
@@ -95,14 +96,19 @@ class ShuffleSpool:
         db.execute("PRAGMA synchronous=FULL")
         return db
 
-    def add(self, batch: str, ciphertexts: Iterable[bytes]) -> int:
+    def add(
+        self, batch: str, ciphertexts: Iterable[bytes], *, ledger_count: int | None = None
+    ) -> int:
         """Append ciphertexts to `batch` in one transaction; how many were added.
 
         A ciphertext already in `batch` (or repeated within the call) is skipped: honest
         HPKE output never repeats, so a repeat is a replay and counts once (its SHA-256 is
         remembered in the same transaction). Raises BatchReleasedError when the batch was
         claimed or released, ValueError for an empty or oversized ciphertext (then nothing
-        is added).
+        is added). `ledger_count`, when given, is how many sealed reports the collector's
+        ledger held for the batch at this pull; it is recorded in the same transaction
+        (`ledger_count`), so the count a release's manifest states is that of the last pull
+        before the claim.
         """
         _check_key(batch)
         items = [bytes(c) for c in ciphertexts]
@@ -125,19 +131,42 @@ class ShuffleSpool:
                             "INSERT INTO inbox (batch, ciphertext) VALUES (?, ?)", (batch, c)
                         )
                         added += 1
+                if ledger_count is not None:
+                    db.execute(
+                        "INSERT OR REPLACE INTO ledger_count (batch, stored) VALUES (?, ?)",
+                        (batch, ledger_count),
+                    )
                 db.execute("COMMIT")
             except BaseException:
                 db.execute("ROLLBACK")
                 raise
         return added
 
-    def add_once(self, batch: str, ciphertexts: Iterable[bytes]) -> int:
+    def add_once(
+        self, batch: str, ciphertexts: Iterable[bytes], *, ledger_count: int | None = None
+    ) -> int:
         """`add` (which skips a ciphertext already added to `batch`): pulling a window from
         the collector's ledger twice adds nothing twice. How many were added.
 
         Raises BatchReleasedError when the batch was claimed or released (nothing added).
         """
-        return self.add(batch, ciphertexts)
+        return self.add(batch, ciphertexts, ledger_count=ledger_count)
+
+    def ledger_count(self, batch: str) -> int | None:
+        """The collector ledger's count of sealed reports for `batch` at its last pull
+        before the claim (None: never pulled from a ledger)."""
+        with closing(self._connect()) as db:
+            row = db.execute("SELECT stored FROM ledger_count WHERE batch = ?", (batch,)).fetchone()
+        return None if row is None else int(row[0])
+
+    def unreleased(self) -> list[str]:
+        """Batch keys that took ciphertexts and are not released yet, sorted."""
+        with closing(self._connect()) as db:
+            rows = db.execute(
+                "SELECT DISTINCT batch FROM pulled WHERE batch NOT IN (SELECT batch FROM released)"
+                " ORDER BY batch"
+            ).fetchall()
+        return [str(r[0]) for r in rows]
 
     def pending(self, batch: str) -> int:
         """Ciphertexts waiting in `batch`."""
@@ -406,7 +435,7 @@ def pull_window(
     for version, ciphertexts in sorted(by_version.items()):
         batch = window_batch(policy_id, version, window_start)
         try:
-            added = spool.add_once(batch, ciphertexts)
+            added = spool.add_once(batch, ciphertexts, ledger_count=len(ciphertexts))
         except BatchReleasedError:
             out.append(Pulled(batch, 0, len(ciphertexts), True))
             continue

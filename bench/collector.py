@@ -8,6 +8,8 @@ What is measured (each figure: median over >= 5 timed runs, with min and max):
 * one report per call from many concurrent devices (`--concurrency`, each its own
   subject and bearer token): calls/s, p50 and p99 latency;
 * 100 reports per call: reports/s;
+* the CPU time of every server process per report (all threads, user and
+  system; it moves less with the machine's other load than the rates do);
 * peak resident memory of each collector process (VmHWM, i.e. since its start,
   under the load above);
 * the same against a PostgreSQL ledger, and with two collector processes
@@ -20,8 +22,9 @@ generator, in both grpcio flavours (sync, with the same thread pool size, and
 asyncio) and with one and several processes. Each row has three ratios: to the
 one-process sync do-nothing server, to the do-nothing server of its own flavour
 and process count, and to the best do-nothing server of the run (the strictest
-reading of the issue's target). The collector's default is the asyncio server;
-the sync server has rows of its own (the server-choice question in
+reading of the issue's target). The collector's defaults are the asyncio server
+and `processes` unset (one process per usable core: the "defaults" rows say how
+many); the sync server has rows of its own (the server-choice question in
 docs/collector.md).
 
 `--interleave-servers` answers that question more robustly on a shared machine:
@@ -42,6 +45,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import random
 import re
@@ -226,9 +230,12 @@ def start_collectors(
     name: str,
     workers: int,
     server: str = "asyncio",
-    processes: int = 1,
+    processes: int | None = 1,
 ) -> Server:
-    """`count` collector daemons (each with `processes` processes) on one ledger."""
+    """`count` collector daemons (each with `processes` processes; None: the
+    collector's default, one per usable core) on one ledger."""
+    from fedldp.collector.config import default_processes
+
     from tests.support.collector_testkit import spawn, write_config
 
     procs, addresses = [], []
@@ -246,7 +253,17 @@ def start_collectors(
         p = spawn(config, f"{name}{i}")
         procs.append(p.proc)
         addresses.append(p.address)
-    return Server(name, procs, addresses, per_device_connections=processes > 1)
+    resolved = default_processes() if processes is None else processes
+    return Server(name, procs, addresses, per_device_connections=resolved > 1)
+
+
+def defaults_label(store: str) -> str:
+    """The label of a collector row on its defaults (`processes` unset: one per usable
+    core, so the label says how many that is here)."""
+    from fedldp.collector.config import default_processes
+
+    n = default_processes()
+    return f"collector ({store}, asyncio: defaults, {n} process{'es' if n > 1 else ''})"
 
 
 # --- the load generator ---
@@ -362,6 +379,8 @@ class Figures:
     peak_rss_mb: list[float]
     report_ids: str = "sdk"
     error_codes: dict[str, int] = field(default_factory=dict)
+    #: CPU time of every server process (all threads, user + system) per report, µs
+    server_cpu_us: Timing | None = None
 
     @property
     def label(self) -> str:
@@ -389,7 +408,12 @@ def measure(
     load = (server.addresses, tokens, factory, reports_per_call, concurrency)
     spread = connections == "device" or server.per_device_connections
     asyncio.run(_load(*load, warmup, report_ids, spread))
-    results = [asyncio.run(_load(*load, seconds, report_ids, spread)) for _ in range(runs)]
+    results, cpu_us = [], []
+    for _ in range(runs):
+        before = _server_cpu_seconds(server)
+        results.append(asyncio.run(_load(*load, seconds, report_ids, spread)))
+        used = _server_cpu_seconds(server) - before
+        cpu_us.append(used / max(results[-1].reports, 1) * 1e6)
 
     def pct(values: list[float], q: float) -> float:
         ordered = sorted(values)
@@ -407,6 +431,7 @@ def measure(
         errors=sum(r.errors for r in results),
         error_codes=dict(sum((r.error_codes for r in results), Counter())),
         peak_rss_mb=server.peak_rss_mb(),
+        server_cpu_us=summarize(cpu_us),
     )
 
 
@@ -420,6 +445,16 @@ def _process_cpu_seconds(pid: int) -> float:
     """User + system CPU time of process `pid` so far (Linux /proc)."""
     fields = Path(f"/proc/{pid}/stat").read_text().split()
     return (int(fields[13]) + int(fields[14])) / os.sysconf("SC_CLK_TCK")
+
+
+def _server_cpu_seconds(server: Server) -> float:
+    """User + system CPU time so far of every process of `server` (a supervisor's
+    children included; one that has exited counts 0)."""
+    total = 0.0
+    for pid in server.pids():
+        with contextlib.suppress(OSError):
+            total += _process_cpu_seconds(pid)
+    return total
 
 
 def interleaved_servers(
@@ -655,6 +690,11 @@ def main(argv: list[str] | None = None) -> int:
     flavours = [("aio", "asyncio", "asyncio")]
     if not args.quick:
         flavours.insert(0, ("sync", "sync", "sync"))
+    # Where the collector's default process count is --processes, its asyncio row is
+    # the defaults row, and the last SQLite row runs one process instead.
+    from fedldp.collector.config import default_processes
+
+    defaults_measured = args.processes > 1 and default_processes() == args.processes
     for null_kind, server_kind, label in flavours if args.processes > 1 else []:
         run(start_null(null_kind, base, args.workers, processes=args.processes), [single, batch])
         run(
@@ -663,7 +703,9 @@ def main(argv: list[str] | None = None) -> int:
                 base / f"sqlite-procs-{server_kind}",
                 f"sqlite:///{base / f'ledger-procs-{server_kind}.db'}",
                 1,
-                f"collector (SQLite, {label}, {args.processes} processes)",
+                defaults_label("SQLite")
+                if defaults_measured and server_kind == "asyncio"
+                else f"collector (SQLite, {label}, {args.processes} processes)",
                 args.workers,
                 server=server_kind,
                 processes=args.processes,
@@ -681,9 +723,10 @@ def main(argv: list[str] | None = None) -> int:
                 base / "sqlite-random",
                 random_url,
                 1,
-                "collector (SQLite, asyncio: defaults)",
+                defaults_label("SQLite"),
                 args.workers,
                 server="asyncio",
+                processes=None,
             ),
             [{**batch, "report_ids": "random"}],
         )
@@ -694,9 +737,14 @@ def main(argv: list[str] | None = None) -> int:
             base / "sqlite-aio",
             aio_url,
             1,
-            "collector (SQLite, asyncio: defaults)",
+            (
+                "collector (SQLite, asyncio, 1 process)"
+                if defaults_measured
+                else defaults_label("SQLite")
+            ),
             args.workers,
             server="asyncio",
+            processes=1 if defaults_measured else None,
         ),
         [single, batch],
     )
@@ -712,8 +760,9 @@ def main(argv: list[str] | None = None) -> int:
                     base / "pg1",
                     url,
                     1,
-                    "collector (PostgreSQL, asyncio: defaults)",
+                    defaults_label("PostgreSQL"),
                     args.workers,
+                    processes=None,
                 ),
                 [single, batch],
             )
@@ -752,9 +801,10 @@ def main(argv: list[str] | None = None) -> int:
             kind = "aio" if f.server.startswith("do-nothing (aio") else "sync"
         else:
             kind = "sync" if re.search(r"\bsync\b", f.server) else "aio"
-        if "processes)" in f.server:  # against as many do-nothing processes
-            kind += f", {args.processes} processes"
-        same = by[(f"do-nothing ({kind})", f.reports_per_call)]
+        several = re.search(r"(\d+) processes\)", f.server)
+        if several:  # against as many do-nothing processes (measured when --processes is that)
+            kind += f", {several.group(1)} processes"
+        same = by.get((f"do-nothing ({kind})", f.reports_per_call)) or ref
         rows.append(
             [
                 f.label,
@@ -767,6 +817,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"{f.calls_per_s.median / ref.calls_per_s.median:.2f}",
                 f"{f.calls_per_s.median / same.calls_per_s.median:.2f}",
                 f"{f.calls_per_s.median / best[f.reports_per_call]:.2f}",
+                _fmt(f.server_cpu_us, rate=False) if f.server_cpu_us else "-",
                 "/".join(f"{m:.0f}" for m in f.peak_rss_mb) or "-",
                 f.errors,
             ]
@@ -784,6 +835,7 @@ def main(argv: list[str] | None = None) -> int:
                 "x do-nothing (sync)",
                 "x do-nothing (same flavour, processes)",
                 "x best do-nothing",
+                "server CPU us/report",
                 "peak RSS MB",
                 "errors",
             ],

@@ -96,7 +96,7 @@ def measure(reports: int, requests: int, prefill: int, runs: int, per_run: int) 
                 body = factory.request(reports, ids[device % devices])
                 started = time.thread_time()
                 request = pb.SubmitRequest.FromString(body)
-                prepared.append(service.prepare(subjects[device % devices], request))
+                prepared.append(service.prepare(subjects[device % devices], request, body))
                 clock.spent["validate"] += time.thread_time() - started
                 device += 1
             outcomes = ledger.submit_many([p.batch for p in prepared])

@@ -321,27 +321,25 @@ class CollectorServicer:
 
     def _read(
         self, request_type: type[Message], requests: Iterator[bytes], subject: str
-    ) -> tuple[Message, int]:
-        """The request message, parsed, and its size in bytes. The raw bytes live only
-        in this frame: dropped as soon as it returns or raises."""
+    ) -> tuple[Message, bytes]:
+        """The request message, parsed, and its bytes (kept by the call only while it
+        is handled: dropped as soon as it returns or raises)."""
         try:
             request_bytes = next_within(requests, self.body_timeout)
         except TimeoutError:
             raise self._body_timed_out(subject) from None
-        size = len(request_bytes) if request_bytes is not None else 0
-        return self._parse(request_type, request_bytes), size
+        return self._parse(request_type, request_bytes), request_bytes or b""
 
     async def _aread(
         self, request_type: type[Message], context: Any, subject: str
-    ) -> tuple[Message, int]:
+    ) -> tuple[Message, bytes]:
         """`_read` on the asyncio server."""
         try:
             message = await read_within(context, self.body_timeout)
         except TimeoutError:
             raise self._body_timed_out(subject) from None
         request_bytes = None if message is grpc.aio.EOF else message  # type: ignore[attr-defined]
-        size = len(request_bytes) if request_bytes is not None else 0
-        return self._parse(request_type, request_bytes), size
+        return self._parse(request_type, request_bytes), request_bytes or b""
 
     def _refused(
         self, method: str, exc: CollectorError, subject: str
@@ -370,7 +368,7 @@ class CollectorServicer:
         self,
         method: str,
         request_type: type[Message],
-        body: Callable[[str, Any], Message],
+        body: Callable[[str, Any, bytes], Message],
         requests: Iterator[bytes],
         context: grpc.ServicerContext,
     ) -> bytes:
@@ -391,10 +389,14 @@ class CollectorServicer:
             ):
                 raise self._no_room(subject)
             held = self.reserve_bytes
-            request, size = self._read(request_type, requests, subject)
-            admission.resize(peer, held, size, subject=subject)
-            held = size
-            return body(subject, request).SerializeToString()
+            request, raw = self._read(request_type, requests, subject)
+            admission.resize(peer, held, len(raw), subject=subject)
+            held = len(raw)
+            # Handed over: the body holds the only reference to the request's bytes,
+            # and drops it once it has read them (`CollectorService.submit`).
+            box = [raw]
+            del raw
+            return body(subject, request, box.pop()).SerializeToString()
         except CollectorError as exc:
             code, detail, trailers = self._refused(method, exc, subject)
             slow = isinstance(exc, SubjectShareError)
@@ -460,7 +462,7 @@ class CollectorServicer:
         self,
         method: str,
         request_type: type[Message],
-        body: Callable[[str, Any], Awaitable[Message]],
+        body: Callable[[str, Any, bytes], Awaitable[Message]],
         context: grpc.aio.ServicerContext[Any, Any],
     ) -> bytes:
         code = grpc.StatusCode.OK
@@ -473,10 +475,14 @@ class CollectorServicer:
                 await self._admit(context, ticket, self.reserve_bytes)
             elif admitted.refusal is not None:
                 raise admitted.refusal
-            request, size = await self._aread(request_type, context, ticket.subject)
-            admission.resize(ticket.peer, ticket.held, size, subject=ticket.subject)
-            ticket.held = size
-            return (await body(ticket.subject, request)).SerializeToString()
+            request, raw = await self._aread(request_type, context, ticket.subject)
+            admission.resize(ticket.peer, ticket.held, len(raw), subject=ticket.subject)
+            ticket.held = len(raw)
+            answer = body(ticket.subject, request, raw)
+            # The body holds the only reference to the request's bytes, and drops it
+            # once it has read them (`submit` below), before the commit is awaited.
+            del raw
+            return (await answer).SerializeToString()
         except CollectorError as exc:
             code, detail, trailers = self._refused(method, exc, ticket.subject)
             slow = isinstance(exc, SubjectShareError)
@@ -541,23 +547,26 @@ class CollectorServicer:
 
     def _async_methods(
         self,
-    ) -> dict[str, tuple[type[Message], Callable[[str, Any], Awaitable[Message]]]]:
+    ) -> dict[str, tuple[type[Message], Callable[[str, Any, bytes], Awaitable[Message]]]]:
         """Each RPC's request type and body on the asyncio server: validation runs on
         the event loop, the ledger commit is awaited (group committer future),
         GetBudget's reads run in the default executor."""
         svc = self.service
 
-        async def submit(subject: str, request: pb.SubmitRequest) -> Message:
-            prepared = svc.prepare(subject, request)
+        async def submit(subject: str, request: pb.SubmitRequest, raw: bytes) -> Message:
+            prepared = svc.prepare(subject, request, raw)
+            del raw  # not kept while the commit is awaited
             outcomes: list[Any] = []
             if prepared.batch.reports:
                 outcomes = await svc.committer.submit_async(prepared.batch)
             return svc.finish(prepared, outcomes)
 
-        async def get_policies(_subject: str, request: pb.GetPoliciesRequest) -> Message:
+        async def get_policies(
+            _subject: str, request: pb.GetPoliciesRequest, _raw: bytes
+        ) -> Message:
             return svc.get_policies(request)
 
-        async def get_budget(subject: str, request: pb.GetBudgetRequest) -> Message:
+        async def get_budget(subject: str, request: pb.GetBudgetRequest, _raw: bytes) -> Message:
             loop = asyncio.get_running_loop()
             return await loop.run_in_executor(None, svc.get_budget, subject, request)
 
@@ -595,7 +604,9 @@ class CollectorServicer:
         raw bytes, read by `_call` once admitted)."""
         svc = self.service
 
-        def method(name: str, req: type[Message], body: Callable[[str, Any], Message]) -> Any:
+        def method(
+            name: str, req: type[Message], body: Callable[[str, Any, bytes], Message]
+        ) -> Any:
             def behavior(requests: Iterator[bytes], context: grpc.ServicerContext) -> bytes:
                 return self._call(name, req, body, requests, context)
 
@@ -608,9 +619,13 @@ class CollectorServicer:
                 "GetPolicies": method(
                     "GetPolicies",
                     pb.GetPoliciesRequest,
-                    lambda _subject, req: svc.get_policies(req),
+                    lambda _subject, req, _raw: svc.get_policies(req),
                 ),
-                "GetBudget": method("GetBudget", pb.GetBudgetRequest, svc.get_budget),
+                "GetBudget": method(
+                    "GetBudget",
+                    pb.GetBudgetRequest,
+                    lambda subject, req, _raw: svc.get_budget(subject, req),
+                ),
             },
         )
 

@@ -48,6 +48,7 @@ from fedldp.collector.wire import (
     output_from_report,
 )
 from fedldp.v1 import collector_pb2 as pb
+from google.protobuf.message import DecodeError
 
 log = logging.getLogger(__name__)
 
@@ -202,6 +203,98 @@ def _unusable_policy(report_id: bytes, status: Lookup) -> pb.ReportOutcome:
     )
 
 
+class _Refusal(NamedTuple):
+    """A report's refusal without its id: `build(report_id, *args)` is its outcome."""
+
+    build: Callable[..., pb.ReportOutcome]
+    args: tuple[Any, ...]
+
+
+#: What a report's content (everything but its id) makes of it: its CheckedReport's
+#: (policy, output, content digest, coarse time), or its refusal.
+_Verdict = tuple[VerifiedPolicy, Output, bytes, int] | _Refusal
+
+#: A `Report` whose encoding begins with its 16-byte id: field 1, length 16.
+_ID_FIELD = b"\x0a\x10"
+_ID_END = len(_ID_FIELD) + REPORT_ID_BYTES
+
+
+def _varint(body: bytes, pos: int) -> tuple[int, int]:
+    """The varint at `pos` of `body` and the position after it; (-1, pos) if there
+    is none (past the end, or longer than 5 bytes)."""
+    value = shift = 0
+    for i in range(pos, min(pos + 5, len(body))):
+        byte = body[i]
+        value |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            return value, i + 1
+        shift += 7
+    return -1, pos
+
+
+def _sets_no_id(content: bytes) -> bool:
+    """Whether a report's encoding after its id, parsed alone, has an empty id (and
+    parses: it does whenever the whole report did)."""
+    try:
+        return not pb.Report.FromString(content).report_id
+    except DecodeError:
+        return False
+
+
+def _report_ids(
+    request: pb.SubmitRequest, body: bytes | None
+) -> tuple[list[bytes], list[bytes | None] | None]:
+    """Each report's id, and its content's bytes (its encoding after the id) where
+    those alone decide everything but its id, else None (all None: None).
+
+    `body` is the bytes `request` was parsed from (None: unknown). They are read
+    only when they hold nothing but `reports` entries (field 1, length-delimited),
+    one per parsed report. A report's content bytes are used only when its
+    encoding begins with its 16-byte id and the rest sets no id of its own: the
+    rest alone, parsed, has an empty id, and the report as parsed has the id that
+    begins it (together: the rest holds no field 1, which would replace the
+    first). Then two reports with the same content bytes parse to the same fields
+    but the id.
+    """
+    reports = request.reports
+    count = len(reports)
+    if body is None or count < 2:  # (one report: nothing to share)
+        return [r.report_id for r in reports], None
+    ids: list[bytes] = []
+    contents: list[bytes | None] = []
+    alone: dict[bytes, bool] = {}  # content bytes -> whether they set no id
+    add_id, add_content = ids.append, contents.append
+    pos, end, i = 0, len(body), 0
+    while pos < end and i < count:
+        if body[pos] != 0x0A:
+            break
+        length = body[pos + 1] if pos + 1 < end else -1
+        start = pos + 2
+        if length >= 0x80:
+            length, start = _varint(body, pos + 1)
+        pos = start + length
+        if length < 0 or pos > end:
+            break
+        if body[start : start + 2] == _ID_FIELD and length >= _ID_END:
+            key = start + _ID_END
+            rid, content = body[start + 2 : key], body[key:pos]
+            ok = alone.get(content)
+            if ok is None:
+                ok = alone[content] = reports[i].report_id == rid and _sets_no_id(content)
+            if ok:
+                add_id(rid)
+                add_content(content)
+                i += 1
+                continue
+        add_id(reports[i].report_id)
+        add_content(None)
+        i += 1
+    else:  # no break: every entry read
+        if pos == end and i == count:
+            return ids, contents
+    return [r.report_id for r in reports], None  # every report as parsed
+
+
 class CollectorService:
     """Submit, GetPolicies and GetBudget for an authenticated subject."""
 
@@ -225,17 +318,29 @@ class CollectorService:
 
     # -- Submit --
 
-    def submit(self, subject: str, request: pb.SubmitRequest) -> pb.SubmitResponse:
-        """Validate every report, charge the valid ones in one transaction; one outcome each.
+    def submit(
+        self, subject: str, request: pb.SubmitRequest, body: bytes | None = None
+    ) -> pb.SubmitResponse:
+        """Validate every report, charge the valid ones in one transaction; one outcome each
+        (`body`: as for `prepare`).
 
         Blocks until the ledger commit (group commit: see committer.py).
         """
-        prepared = self.prepare(subject, request)
+        prepared = self.prepare(subject, request, body)
+        del body  # not kept while the commit is awaited
         ledger_outcomes = self.committer.submit(prepared.batch) if prepared.batch.reports else []
         return self.finish(prepared, ledger_outcomes)
 
-    def prepare(self, subject: str, request: pb.SubmitRequest) -> Prepared:
-        """Validate a request: per-report outcomes for the invalid, a batch for the ledger."""
+    def prepare(
+        self, subject: str, request: pb.SubmitRequest, body: bytes | None = None
+    ) -> Prepared:
+        """Validate a request: per-report outcomes for the invalid, a batch for the ledger.
+
+        `body`: the bytes `request` was parsed from, when the caller has them. Then
+        each report whose content (everything but its id) repeats an earlier one of
+        the request is not read field by field again: its content's checks are
+        those of the earlier one (`_report_ids`), and only its id is its own.
+        """
         count = len(request.reports)
         limits = self.limits
         if count > limits.max_reports_per_request:
@@ -246,78 +351,97 @@ class CollectorService:
             )
         self.metrics.request_reports.observe(count)
         now = self.clock()
-        # One pass over the protobuf container, then plain lists.
-        reports = list(request.reports)
-        ids = [r.report_id for r in reports]
+        ids, contents = _report_ids(request, body)
         repeated = _repeated(ids)
-        oldest = max(0, now - limits.max_report_age_seconds)  # acceptable coarse times
-        newest = now + limits.max_clock_skew_seconds
+        window = (max(0, now - limits.max_report_age_seconds), now + limits.max_clock_skew_seconds)
         policies: dict[tuple[str, int, bytes], _Active | Lookup] = {}
+        verdicts: dict[bytes, _Verdict] = {}  # a content's checks, for this request only
         outcomes: list[pb.ReportOutcome | None] = [None] * count
         checked: list[CheckedReport] = []
+        reports = request.reports
         # The checks of the module docstring, in its order: the first failure is the
         # report's outcome. Per-request values are worked out once, above.
-        for i, report in enumerate(reports):
-            rid = ids[i]
+        for i, rid in enumerate(ids):
             if len(rid) != REPORT_ID_BYTES or rid in repeated:
                 outcomes[i] = _bad_id(rid)
                 continue
-            key = (report.policy_id, report.policy_version, report.policy_digest)
-            found = policies.get(key)
-            if found is None:
-                found = policies[key] = self._policy(key, now)
-            if not isinstance(found, _Active):
-                outcomes[i] = _unusable_policy(rid, found)
+            content = contents[i] if contents is not None else None
+            verdict = verdicts.get(content) if content is not None else None
+            if verdict is None:
+                verdict = self._check_content(reports[i], now, window, policies)
+                if content is not None:
+                    verdicts[content] = verdict
+            if isinstance(verdict, _Refusal):
+                outcomes[i] = verdict.build(rid, *verdict.args)
                 continue
-            policy, state, check_output, categories, digests, sealed = found
-            ct = report.coarse_time
-            if ct % COARSE_TIME_UNIT != 0 or not oldest <= ct <= newest:
-                outcomes[i] = _invalid(
-                    rid,
-                    pb.REJECT_REASON_BAD_COARSE_TIME,
-                    "coarse_time must be on the hour, not in the future and not older "
-                    f"than {limits.max_report_age_seconds} s",
-                )
-                continue
-            # A category output this policy's mechanism accepted before is reused
-            # as it is (outputs are immutable, the check a function of the mechanism
-            # and the output; docs/performance.md).
-            output = None
-            category: tuple[int, int] | None = None
-            if report.WhichOneof("payload") == "category":
-                category = (ct, report.category.index)
-                output = categories.get(category[1])
-            if output is None:
-                try:
-                    output = output_from_report(report)
-                    if type(output) is SealedOutput and not sealed:
-                        raise OutputDomainError(
-                            "SEALED_NOT_EXPECTED",
-                            "a sealed payload for a policy that is not a shuffle-model one",
-                        )
-                    check_output(output)
-                except OutputDomainError as exc:
-                    reason = pb.RejectReason.Value(f"REJECT_REASON_{exc.reason}")
-                    outcomes[i] = _invalid(rid, reason, str(exc))
-                    continue
-                if type(output) is CategoryOutput and len(categories) < _MAX_CATEGORIES:
-                    categories[output.index] = output
-            # A category report's content is (policy, coarse time, index): its digest
-            # is remembered per policy (a fleet's reports share a few coarse times;
-            # docs/performance.md).
-            digest = digests.get(category) if category is not None else None
-            if digest is None:
-                digest = digest_from_state(state, ct, output)
-                if category is not None and type(output) is CategoryOutput:
-                    if len(digests) >= _MAX_DIGESTS:
-                        digests.clear()
-                    digests[category] = digest
+            policy, output, digest, ct = verdict
             checked.append(CheckedReport(rid, policy, output, digest, ct))
         if len(checked) == count:  # the common case: every report goes to the ledger
             positions = list(range(count))
         else:
             positions = [i for i, o in enumerate(outcomes) if o is None]
         return Prepared(SubmitBatch(subject, checked, now), outcomes, positions)
+
+    def _check_content(
+        self,
+        report: pb.Report,
+        now: int,
+        window: tuple[int, int],
+        policies: dict[tuple[str, int, bytes], _Active | Lookup],
+    ) -> _Verdict:
+        """The checks after the id's, in order, on `report`'s content (its id unread):
+        what its CheckedReport holds besides the id, or the first refusal.
+        `policies`: the request's lookups so far (filled in)."""
+        key = (report.policy_id, report.policy_version, report.policy_digest)
+        found = policies.get(key)
+        if found is None:
+            found = policies[key] = self._policy(key, now)
+        if not isinstance(found, _Active):
+            return _Refusal(_unusable_policy, (found,))
+        policy, state, check_output, categories, digests, sealed = found
+        ct = report.coarse_time
+        if ct % COARSE_TIME_UNIT != 0 or not window[0] <= ct <= window[1]:
+            return _Refusal(
+                _invalid,
+                (
+                    pb.REJECT_REASON_BAD_COARSE_TIME,
+                    "coarse_time must be on the hour, not in the future and not older "
+                    f"than {self.limits.max_report_age_seconds} s",
+                ),
+            )
+        # A category output this policy's mechanism accepted before is reused
+        # as it is (outputs are immutable, the check a function of the mechanism
+        # and the output; docs/performance.md).
+        output = None
+        category: tuple[int, int] | None = None
+        if report.WhichOneof("payload") == "category":
+            category = (ct, report.category.index)
+            output = categories.get(category[1])
+        if output is None:
+            try:
+                output = output_from_report(report)
+                if type(output) is SealedOutput and not sealed:
+                    raise OutputDomainError(
+                        "SEALED_NOT_EXPECTED",
+                        "a sealed payload for a policy that is not a shuffle-model one",
+                    )
+                check_output(output)
+            except OutputDomainError as exc:
+                reason = pb.RejectReason.Value(f"REJECT_REASON_{exc.reason}")
+                return _Refusal(_invalid, (reason, str(exc)))
+            if type(output) is CategoryOutput and len(categories) < _MAX_CATEGORIES:
+                categories[output.index] = output
+        # A category report's content is (policy, coarse time, index): its digest
+        # is remembered per policy (a fleet's reports share a few coarse times;
+        # docs/performance.md).
+        digest = digests.get(category) if category is not None else None
+        if digest is None:
+            digest = digest_from_state(state, ct, output)
+            if category is not None and type(output) is CategoryOutput:
+                if len(digests) >= _MAX_DIGESTS:
+                    digests.clear()
+                digests[category] = digest
+        return (policy, output, digest, ct)
 
     def finish(
         self, prepared: Prepared, ledger_outcomes: Sequence[OutcomeValue]

@@ -17,6 +17,7 @@ from typing import Any
 from conformance.contract_vectors import hash_vectors, report_id_vectors, wire_vectors
 from conformance.mechanism_vectors import mechanism_vectors
 from conformance.policy_vectors import policy_vectors
+from conformance.sealed_vectors import sealed_vectors
 
 #: The folder of the vectors of wire contract version 1 (proto/fedldp/v1).
 VECTORS_DIR = Path(__file__).resolve().parent / "v1"
@@ -28,6 +29,7 @@ FILES: dict[str, Callable[[], dict[str, Any]]] = {
     "wire.json": wire_vectors,
     "report_ids.json": report_id_vectors,
     "policies.json": policy_vectors,
+    "sealed.json": sealed_vectors,
 }
 
 

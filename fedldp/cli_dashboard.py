@@ -27,6 +27,7 @@ def load_dashboard(
     trust_dir: str | Path,
     audience: str | None,
     central: Sequence[str] = (),
+    shuffle_reports: str | Path | None = None,
 ) -> Dashboard:
     """A Dashboard over a whole ledger, opened read-only as `fedldp report` opens it
     (`_open_sources`), and the policies of `policy_dir` that verify now against
@@ -36,7 +37,9 @@ def load_dashboard(
     or a list: the `ledger_shards` of a sharded ledger, every shard in map order.
     `central`: URLs of further ledgers whose central reservations the budget page
     shows (a release service's own ledger; shard 0 of a sharded one), each opened
-    read-only and labelled with its URL, password hidden."""
+    read-only and labelled with its URL, password hidden. `shuffle_reports`: the folder
+    of the analyzer's JSON reports on shuffled batches (`fedldp report --batch`) the
+    shuffle page shows."""
     from fedldp.aggregator.dashboard.model import Dashboard
     from fedldp.aggregator.dashboard.source import ReadOnlyLedger
     from fedldp.client.policy import PolicyError
@@ -59,7 +62,8 @@ def load_dashboard(
         for led in [source, *(e[1] for e in extra)]:
             led.close()
         raise
-    return Dashboard(ReadOnlyLedger(source), policies, central=extra)
+    folder = None if shuffle_reports is None else Path(shuffle_reports)
+    return Dashboard(ReadOnlyLedger(source), policies, central=extra, shuffle_reports=folder)
 
 
 def _label(url: str) -> str:
@@ -124,6 +128,13 @@ def _split_listen(listen: str) -> tuple[str, int]:
     help="a further ledger whose central reservations the budget page shows (a release "
     "service's own ledger), opened read-only; repeat for several",
 )
+@click.option(
+    "--shuffle-reports",
+    "shuffle_reports",
+    type=click.Path(exists=True, file_okay=False),
+    help="folder of the analyzer's JSON reports on shuffled batches (fedldp report --batch "
+    "... --format json --out DIR/NAME.json): the /shuffle page shows them",
+)
 def dashboard(
     config_path: str | None,
     ledger_url: str | None,
@@ -133,6 +144,7 @@ def dashboard(
     listen: str,
     token_file: str | None,
     central_urls: tuple[str, ...],
+    shuffle_reports: str | None = None,
 ) -> None:
     """Serve a read-only web dashboard of the policies' estimates and budgets."""
     urls, policy_dir, trust_dir, aud = _settings(
@@ -152,6 +164,7 @@ def dashboard(
         port=port,
         token=_token(token_file),
         central=central_urls,
+        shuffle_reports=shuffle_reports,
     )
 
 
@@ -165,10 +178,11 @@ def serve_dashboard(
     port: int,
     token: str | None,
     central: Sequence[str] = (),
+    shuffle_reports: str | Path | None = None,
 ) -> None:
     """Serve the dashboard until interrupted; print its URL first (click errors on refusal).
 
-    `ledger`, `central`: as `load_dashboard`'s."""
+    `ledger`, `central`, `shuffle_reports`: as `load_dashboard`'s."""
     try:
         from fedldp.aggregator.dashboard.app import (
             DashboardConfigError,
@@ -183,7 +197,7 @@ def serve_dashboard(
         check_bind(host, token)
     except DashboardConfigError as exc:
         raise click.ClickException(str(exc)) from None
-    view = load_dashboard(ledger, policy_dir, trust_dir, audience, central)
+    view = load_dashboard(ledger, policy_dir, trust_dir, audience, central, shuffle_reports)
     view.budget()  # reads the spend aggregates once, so no analyst's first view waits for it
     try:
         server = DashboardServer(view, host=host, port=port, token=token)

@@ -118,6 +118,7 @@ _TABLE: list[tuple[str, Callable[[BaseException], str], int]] = [
     # configuration files
     ("fedldp.collector.config.ConfigError", _prefixed("config: "), EXIT_REFUSED),
     ("fedldp.aggregator.training.config.TrainingConfigError", _prefixed("train config: "), 1),
+    ("fedldp.aggregator.shuffler_config.ShufflerConfigError", _prefixed("shuffler config: "), 1),
     ("tomllib.TOMLDecodeError", _prefixed("a TOML file is not valid TOML: "), EXIT_REFUSED),
     ("tomli.TOMLDecodeError", _prefixed("a TOML file is not valid TOML: "), EXIT_REFUSED),
     # exact decimals (fedldp.client.decimals)

@@ -28,6 +28,7 @@ from fedldp.cli_common import (
     resolve_ledger_url,
     trust_option,
 )
+from fedldp.cli_shuffle import guarantee_options
 from fedldp.client.textfiles import not_text
 
 if TYPE_CHECKING:
@@ -247,6 +248,19 @@ def _unverified_id(path: Path) -> str | None:
     type=click.Path(dir_okay=False),
     help="write here instead of stdout (required for html)",
 )
+@click.option(
+    "--batch",
+    "batch_file",
+    type=click.Path(exists=True, dir_okay=False),
+    help="a shuffled batch file (shuffle-model policy, docs/shuffle.md) instead of a ledger: "
+    "needs --analyzer-key; shows local ε0 and the central (ε, δ) beside the estimates",
+)
+@click.option(
+    "--analyzer-key",
+    type=click.Path(exists=True, dir_okay=False),
+    help="with --batch: the analyzer's private key (analyzer.key)",
+)
+@guarantee_options("with --batch: ")
 def report(
     policy_id: str,
     version: int | None,
@@ -268,6 +282,7 @@ def report(
     audit: bool,
     candidates_path: str | None,
     out_path: str | None,
+    **shuffle: Any,  # --batch, --analyzer-key, --delta, --collector-count
 ) -> None:
     """Estimate a policy's metric with error bars from the ledger's statistics.
 
@@ -277,6 +292,13 @@ def report(
     sketches, including the collision term). Refused below the policy's minimum
     report count (exit status 1, nothing printed on stdout).
     """
+    if shuffle["batch_file"] is not None or shuffle["analyzer_key"] is not None:
+        from fedldp.cli_report_shuffle import report_batch
+
+        report_batch(click.get_current_context().params)
+        return
+    if shuffle["delta"] is not None or shuffle["collector_count"] is not None:
+        raise click.UsageError("--delta and --collector-count apply to --batch only")
     from fedldp.aggregator.reports import (
         ReportError,
         audit_statistics,

@@ -4,6 +4,7 @@
     fedldp shuffler pull --config collector.toml --policy ID --window W --spool S
     fedldp shuffler release --spool S --batch B --out DIR (--min-batch N | --policies P --trust T)
     fedldp shuffler analyze BATCH_FILE --analyzer-key K --policy ID --policies P --trust T
+    fedldp shuffler serve --config shuffler.toml          # the shuffler as a daemon
 
 `release` is the shuffler (its own process; idempotent, safe to rerun after a crash);
 `analyze` is the analyzer, the only role that holds the private key: it prints the estimates,
@@ -14,12 +15,15 @@ the invalid payloads it dropped, and both guarantees (local ε0 and the amplifie
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import click
 
 from fedldp.cli_common import config_option, ledger_option, trust_option
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 
 @click.group("shuffler")
@@ -85,7 +89,8 @@ def release_cmd(
     trust_dir: str | None,
     audience: str | None,
 ) -> None:
-    """Shuffle one batch with the OS CSPRNG and write it for the analyzer, once.
+    """Shuffle one batch with the OS CSPRNG and write it for the analyzer, once, with its
+    manifest (BATCH.shuffled.manifest.json: the ledger's count at the last pull).
 
     The minimum is the larger of --min-batch and, with --policies/--trust, the batch policy's
     signed [shuffle] min_batch. Exit status 1, nothing changed, when fewer ciphertexts wait.
@@ -99,9 +104,12 @@ def release_cmd(
         path = release(store, batch, Path(out_dir), min_batch=floor)
     except (BatchTooSmallError, ValueError) as exc:
         raise click.ClickException(str(exc)) from None
+    from fedldp.aggregator.shuffle_manifest import write_manifest
+
     released = store.released(batch)
     count = released[0] if released else 0
-    click.echo(f"released {count} shuffled ciphertexts to {path}")
+    manifest = write_manifest(store, batch, path)
+    click.echo(f"released {count} shuffled ciphertexts to {path} (manifest {manifest.name})")
 
 
 def _release_minimum(
@@ -192,6 +200,88 @@ def pull_cmd(
             )
 
 
+def guarantee_options(prefix: str = "") -> Callable[[F], F]:
+    """The analyzer's --delta (δ of the central guarantee) and --collector-count (the
+    collector's accepted count for the batch, which caps n), each help text after `prefix`."""
+
+    def wrap(fn: F) -> F:
+        fn = click.option(
+            "--collector-count",
+            type=click.IntRange(min=0),
+            help=prefix + "reports the collector accepted for this batch: caps n of the "
+            "central guarantee (default: the manifest beside the batch file)",
+        )(fn)
+        return click.option(
+            "--delta",
+            type=click.FloatRange(min=0, max=1, min_open=True, max_open=True),
+            help=prefix + "δ of the central guarantee (default 1e-8)",
+        )(fn)
+
+    return wrap
+
+
+@shuffler.command("serve")
+@click.option(
+    "--config",
+    "config_path",
+    required=True,
+    type=click.Path(exists=True, dir_okay=False),
+    help="shuffler.toml (deploy/examples/shuffler.toml lists every setting)",
+)
+def serve_cmd(config_path: str) -> None:
+    """Pull every shuffle-model policy's windows from the collector's ledger (read-only) and
+    release each closed window's batch at its minimum, every interval, until SIGTERM/SIGINT.
+
+    The config is checked whole before anything starts (one line naming every problem);
+    a stop request takes effect after the batch in hand; kill -9 loses nothing.
+    """
+    import logging
+    import signal
+
+    from fedldp.aggregator.shuffler_config import load
+    from fedldp.aggregator.shuffler_service import Shuffler, ShufflerMetrics, serve_metrics
+    from fedldp.cli_common import open_cli_ledger
+    from fedldp.client.policy import PolicyError
+    from fedldp.client.policy.files import load_trust_folder
+
+    config = load(config_path)
+    open_cli_ledger(config.ledger_url, "read", scope="whole").close()  # refused: one line
+    try:
+        load_trust_folder(config.trust_dir, now=int(time.time()))
+    except PolicyError as exc:
+        raise click.ClickException(f"trust folder {config.trust_dir}: {exc}") from None
+    metrics = ShufflerMetrics() if config.metrics_listen else None
+    try:
+        server = serve_metrics(metrics, config.metrics_listen) if metrics is not None else None
+    except OSError as exc:
+        raise click.ClickException(
+            f"metrics_listen {config.metrics_listen}: cannot listen ({exc.strerror})"
+        ) from None
+    formatter = logging.Formatter("%(asctime)sZ %(levelname)s %(name)s %(message)s")
+    formatter.converter = time.gmtime  # the Z in the format: times in UTC
+    handler = logging.StreamHandler()  # stderr: journald under systemd
+    handler.setFormatter(formatter)
+    logging.getLogger("fedldp.shuffler").addHandler(handler)
+    logging.getLogger("fedldp.shuffler").setLevel(logging.INFO)
+    daemon = Shuffler(
+        config,
+        lambda url: open_cli_ledger(url, "read", scope="whole"),
+        metrics=metrics,
+    )
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda _signum, _frame: daemon.request_stop())
+    click.echo(
+        f"fedldp shuffler serving: spool {config.spool}, batches to {config.out_dir}, every "
+        f"{config.interval_seconds:g} s (SIGTERM or Ctrl-C stops after the batch in hand)",
+        err=True,
+    )
+    try:
+        daemon.serve()
+    finally:
+        if server is not None:
+            server.shutdown()
+
+
 @shuffler.command("analyze")
 @click.argument("batch_file", type=click.Path(exists=True, dir_okay=False))
 @click.option(
@@ -213,16 +303,7 @@ def pull_cmd(
 )
 @trust_option(required=True)
 @click.option("--audience", help="deployment name the policy must list (default: 'default')")
-@click.option(
-    "--delta",
-    type=click.FloatRange(min=0, max=1, min_open=True, max_open=True),
-    help="δ of the central guarantee (default 1e-8)",
-)
-@click.option(
-    "--collector-count",
-    type=click.IntRange(min=0),
-    help="reports the collector accepted for this batch: caps n of the central guarantee",
-)
+@guarantee_options()
 def analyze(
     batch_file: str,
     analyzer_key: str,
@@ -234,20 +315,56 @@ def analyze(
     delta: float | None,
     collector_count: int | None,
 ) -> None:
-    """Decrypt a shuffled batch, drop and count invalid payloads, print estimates and guarantees."""
-    from fedldp.aggregator.shuffle_analyzer import DEFAULT_DELTA, analyze_batch, load_analyzer_key
+    """Decrypt a shuffled batch, drop and count invalid payloads, print estimates and guarantees.
+
+    The collector's count that caps n is --collector-count, else the manifest beside the
+    batch file (written by `fedldp shuffler serve` / `release`), else none.
+    """
     from fedldp.cli_report import load_verified_policy
-    from fedldp.client.sealed import seal_info
 
     policy = load_verified_policy(
         policy_dir, trust_dir, policy_id, version=version, at=int(time.time()), audience=audience
     )
+    result, count, source = analyze_shuffled(
+        Path(batch_file), Path(analyzer_key), policy, delta=delta, collector_count=collector_count
+    )
+    _print_estimate(policy, result)
+    click.echo(_count_line(count, source))
+
+
+def analyze_shuffled(
+    batch_file: Path,
+    analyzer_key: Path,
+    policy: Any,
+    *,
+    delta: float | None,
+    collector_count: int | None,
+) -> tuple[Any, int | None, str | None]:
+    """The analyzer's pass over a shuffled batch, behind its gates: (ShuffledRelease, the
+    collector count that capped n, where it came from: "--collector-count", "manifest" or None).
+
+    Refused (click errors, nothing printed) when the manifest beside the file is malformed or
+    not the file's, the batch does not open as the policy's (not a batch file, not an X25519
+    key), n is below the policy's signed shuffle min_batch, or the valid reports are fewer
+    than its min_reports_for_release.
+    """
+    from fedldp.aggregator.shuffle_analyzer import DEFAULT_DELTA, analyze_batch, load_analyzer_key
+    from fedldp.aggregator.shuffle_manifest import read_manifest
+    from fedldp.client.sealed import seal_info
+
+    source = "--collector-count" if collector_count is not None else None
+    try:
+        manifest = read_manifest(batch_file)
+    except ValueError as exc:
+        raise click.ClickException(f"{exc}; pass --collector-count instead") from None
+    if collector_count is None and manifest is not None and manifest.collector_count is not None:
+        collector_count, source = manifest.collector_count, "manifest"
     info = seal_info(policy.policy_id, policy.version, policy.digest)
     try:
         result = analyze_batch(
-            Path(batch_file),
+            batch_file,
             policy.mechanism,
-            load_analyzer_key(Path(analyzer_key)),
+            load_analyzer_key(analyzer_key),
             info=info,
             delta=delta or DEFAULT_DELTA,
             collector_count=collector_count,
@@ -256,10 +373,10 @@ def analyze(
     except ValueError as exc:  # not a batch file, not an X25519 key
         raise click.ClickException(f"{exc}") from None
     signed_min = _signed_min_batch(policy)
-    n = result.central.n if result.central is not None else 0  # capped by --collector-count
+    n = result.central.n if result.central is not None else 0  # capped by the collector count
     if n < signed_min:
         raise click.ClickException(
-            f"{n} valid reports (capped by --collector-count), fewer than the policy's signed "
+            f"{n} valid reports (capped by the collector count), fewer than the policy's signed "
             f"shuffle min_batch {signed_min}: not estimated"
         )
     if result.accepted < policy.min_reports_for_release:
@@ -267,7 +384,15 @@ def analyze(
             f"{result.accepted} valid reports, fewer than the policy's minimum "
             f"{policy.min_reports_for_release}: not released"
         )
-    _print_estimate(policy, result)
+    return result, collector_count, source
+
+
+def _count_line(count: int | None, source: str | None) -> str:
+    """Which collector count capped n, in words."""
+    if count is None:
+        return "collector count: none given (n is the valid reports; see docs/shuffle.md)"
+    who = "the shuffler's manifest" if source == "manifest" else "--collector-count"
+    return f"collector count: {count} (from {who}; caps n)"
 
 
 def _max_reports_per_device(policy: Any) -> int:

@@ -4,9 +4,13 @@ The three roles run as a deployment would run them, each with only what it may h
 (docs/shuffle.md): the collector (already run by `fedldp.demo`, its own process) charged and
 stored each device's sealed payload; the shuffler reads the window's ciphertexts from the
 collector's ledger read-only (`fedldp shuffler pull`: ciphertexts only) and releases them in a
-uniformly random order (`fedldp shuffler release`); the analyzer, the only holder of the
-private key, opens, checks and estimates (`fedldp shuffler analyze`). Each runs as its own
-`fedldp` process, so what it prints is what an operator sees.
+uniformly random order (`fedldp shuffler release`, which writes the manifest beside the
+batch file: the ledger's count of the batch's reports); the analyzer, the only holder of the
+private key, opens, checks and estimates (`fedldp shuffler analyze`, which takes the collector
+count from that manifest). Each runs as its own `fedldp` process, so what it prints is what an
+operator sees. The demo runs `pull` and `release` rather than `fedldp shuffler serve`: the
+daemon releases a window only after it closed (a day, in the demo), and the demo's devices
+report into the current window.
 """
 
 from __future__ import annotations
@@ -39,7 +43,8 @@ def shuffle_roles(
     out: Path, collector_config: Path, now: int, truth: dict[str, float], accepted: int
 ) -> None:
     """Pull, release and analyze the demo policy's current window; print each role's output
-    and the true shares next to the analyzer's estimates."""
+    and the true shares next to the analyzer's estimates. The manifest's collector count
+    (what the analyzer caps n with) must equal `accepted`, the devices' accepted reports."""
     window = now - now % WINDOW_SECONDS
     spool, batches = out / "shuffler" / "spool.db", out / "shuffler" / "batches"
     batches.mkdir(parents=True, exist_ok=True)
@@ -96,10 +101,15 @@ def shuffle_roles(
             "--policy",
             POLICY_ID,
             *signed,
-            "--collector-count",
-            str(accepted),
         ],
     )
+    from fedldp.aggregator.shuffle_manifest import read_manifest
+
+    manifest = read_manifest(batch_path(batches, batch))
+    if manifest is None or manifest.collector_count != accepted:  # the demo's own cross-check
+        raise click.ClickException(
+            f"the manifest's collector count is not the {accepted} reports the collector accepted"
+        )
     click.echo("analyzer:")
     click.echo(analysis.rstrip())
     click.echo("true shares: " + ", ".join(f"{k} {v:.4f}" for k, v in truth.items()))

@@ -44,7 +44,7 @@ class _PageHandler(SimpleHTTPRequestHandler):
 
 
 def _page_folder(out: Path) -> Path:
-    """out/web: the page, its script and the bundle (copied, so the page is self-contained)."""
+    """out/web: the page, its script, the bundle and its chunks (copied: a self-contained page)."""
     if not BUNDLE.exists():
         raise click.ClickException(
             f"the browser bundle {BUNDLE} is missing: run `cd sdk/js && npm ci && npm run "
@@ -55,6 +55,10 @@ def _page_folder(out: Path) -> Path:
     for name in ("index.html", "demo.mjs"):
         (folder / name).write_bytes((PAGE_DIR / name).read_bytes())
     (folder / BUNDLE.name).write_bytes(BUNDLE.read_bytes())
+    chunks = folder / "chunks"  # the bundle's chunks, static and lazy (build_browser.mjs)
+    chunks.mkdir(exist_ok=True)
+    for chunk in (BUNDLE.parent / "chunks").glob("*.js"):
+        (chunks / chunk.name).write_bytes(chunk.read_bytes())
     return folder
 
 

@@ -4,7 +4,8 @@ Routes (GET only): ``/`` policies, ``/policies/{id}`` one policy,
 ``/budget`` budget, ``/static/dashboard.css``; JSON API: ``/api/policies``,
 ``/api/policies/{id}/report`` (exactly `fedldp report --format json`, same
 query options: window, consistency, confidence, simultaneous, heavy_hitters),
-``/api/budget``.
+``/api/budget``; ``/shuffle`` and ``/api/shuffle``: the analyzer's reports on shuffled
+batches (`--shuffle-reports`, fedldp.aggregator.dashboard.shuffled).
 
 Security: binds to loopback unless told otherwise; any other bind needs a
 bearer token (compared in constant time, `hmac.compare_digest`), and the server
@@ -27,7 +28,7 @@ from decimal import Decimal
 from typing import Any
 
 import uvicorn
-from fedldp.aggregator.dashboard import pages
+from fedldp.aggregator.dashboard import pages, shuffled
 from fedldp.aggregator.dashboard.model import (
     BudgetView,
     Dashboard,
@@ -281,6 +282,14 @@ def create_app(
     async def api_budget(request: Request) -> Response:
         return JSONResponse(_budget_json(dashboard.budget()))
 
+    async def shuffle(request: Request) -> Response:
+        found = _shuffled(dashboard)
+        body = shuffled.shuffle_body(dashboard.shuffle_reports, *found)
+        return HTMLResponse(pages.page("Shuffled batches", body, read_at=now()))
+
+    async def api_shuffle(request: Request) -> Response:
+        return JSONResponse(shuffled.shuffled_json(*_shuffled(dashboard)))
+
     routes = [
         Route("/", index),
         Route("/policies/{policy_id:str}", policy),
@@ -289,12 +298,23 @@ def create_app(
         Route("/api/policies", api_policies),
         Route("/api/policies/{policy_id:str}/report", api_report),
         Route("/api/budget", api_budget),
+        Route("/shuffle", shuffle),
+        Route("/api/shuffle", api_shuffle),
     ]
     middleware = (
         [Middleware(TrustedHostMiddleware, allowed_hosts=LOOPBACK_HOSTS)] if loopback_only else []
     )
     app = Starlette(routes=routes, middleware=middleware)
     return SecurityMiddleware(app, token=token)
+
+
+def _shuffled(
+    dashboard: Dashboard,
+) -> tuple[list[shuffled.ShuffledReport], list[tuple[str, str]]]:
+    """The analyzer's reports in the dashboard's shuffle folder (none without one)."""
+    if dashboard.shuffle_reports is None:
+        return [], []
+    return shuffled.read_shuffle_reports(dashboard.shuffle_reports, dashboard.policies)
 
 
 def check_bind(host: str, token: str | None) -> None:

@@ -26,6 +26,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from decimal import Decimal
+from pathlib import Path
 from typing import Any
 
 from fedldp.aggregator.consistency import Consistency
@@ -160,7 +161,9 @@ class Dashboard:
     latest windows the trend and budget pages cover; `top_values`: how many
     values the trend follows. `central`: (label, ledger) of each further ledger
     whose central reservations the budget page shows (a release service that
-    keeps its own ledger, `fedldp dashboard --central-ledger`).
+    keeps its own ledger, `fedldp dashboard --central-ledger`). `shuffle_reports`:
+    the folder of the analyzer's JSON reports on shuffled batches the shuffle page
+    shows (`fedldp dashboard --shuffle-reports`, fedldp.aggregator.dashboard.shuffled).
     """
 
     def __init__(
@@ -173,9 +176,11 @@ class Dashboard:
         budget_ttl_s: float = 10.0,
         clock: Callable[[], float] = time.time,
         central: Sequence[tuple[str, ReadOnlyLedger]] = (),
+        shuffle_reports: Path | None = None,
     ) -> None:
         self.ledger = ledger
         self.central = list(central)
+        self.shuffle_reports = shuffle_reports
         chosen: dict[str, VerifiedPolicy] = {}
         for p in policies:
             if p.policy_id not in chosen or p.version > chosen[p.policy_id].version:

@@ -63,6 +63,7 @@ def page(title: str, body: str, *, read_at: int) -> str:
         f"<title>{escape(title)} · fedldp dashboard</title>"
         '<link rel="stylesheet" href="/static/dashboard.css"></head><body>'
         '<nav><a href="/">Policies</a><a href="/budget">Budget</a>'
+        '<a href="/shuffle">Shuffled batches</a>'
         '<a href="/api/policies">JSON API</a></nav>'
         f"<h1>{escape(title)}</h1>{body}"
         f'<footer><p class="note" id="epsilon-line">{escape(EPSILON_LINE)}</p>'
@@ -92,6 +93,8 @@ def index_page(rows: Sequence[PolicySummary], *, read_at: int) -> str:
             if row.released
             else f'<span class="withheld">withheld (&lt; {p.min_reports_for_release})</span>'
         )
+        if p.analyzer_public_key is not None:  # sealed reports: the ledger holds no estimate
+            gate = '<a class="shuffled" href="/shuffle">shuffle model: see Shuffled batches</a>'
         window = "—" if row.latest_window is None else iso_utc(row.latest_window)
         body.append(
             f'<tr data-policy="{escape(p.policy_id)}">'

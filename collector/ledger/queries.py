@@ -135,6 +135,21 @@ class ReportQueries(LedgerCore):
 
         return self.transaction(tx, write=False)
 
+    def report_windows(self, policy_id: str) -> list[tuple[int, int]]:
+        """The (policy version, window start) pairs with stored reports of `policy_id`,
+        sorted (`fedldp shuffler serve` finds the windows to pull with it). Counts only:
+        no subject, payload or time of any report."""
+
+        def tx(conn: sa.Connection) -> list[tuple[int, int]]:
+            q = (
+                sa.select(reports.c.policy_version, reports.c.window_start)
+                .where(reports.c.policy_id == policy_id)
+                .distinct()
+            )
+            return sorted((int(v), int(w)) for v, w in conn.execute(q))
+
+        return self.transaction(tx, write=False)
+
     def recompute_statistics(self, policy: LedgerPolicy, window_start: int | None = None) -> Any:
         """The statistic recomputed from the raw report rows (audit of `statistics`)."""
         mech = policy.mechanism

@@ -111,6 +111,7 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
     engine.dispose()
     variant("incomplete.toml", "ledger_url", incomplete)
     _sharded_variants(deployment, base, good)
+    _shuffler_configs(base)
     made = CliRunner().invoke(main, ["ledger", "backup", "--ledger", url, str(base / "good.bak")])
     assert made.exit_code == 0, made.output
     yield Env(base, config, url, base / "trust", base / "policies", base / "token.secret")
@@ -135,6 +136,41 @@ def _sharded_variants(deployment: Deployment, base: Path, good: str) -> None:
     write("stale-shards.toml", f'ledger_shards = ["{sh0}"]')
     write("shard1.toml", f'ledger_url = "{sh1}"')
     write("charged-shards.toml", f'ledger_shards = ["{charged}", "{fresh}"]')
+
+
+def _shuffler_configs(base: Path) -> None:
+    """shuffler.toml files for `shuffler serve`: one over a ledger that does not exist
+    (absent.db, never created), one with four bad settings."""
+    common = f'policy_dir = "{base / "policies"}"\ntrust_dir = "{base / "trust"}"\n'
+    (base / "shuffler-noledger.toml").write_text(
+        f'[shuffler]\nledger_url = "sqlite:///{base / "absent.db"}"\n{common}'
+        'spool = "spool.db"\nout_dir = "never-out"\n',
+        encoding="utf-8",
+    )
+    (base / "shuffler-bad.toml").write_text(
+        f'[shuffler]\nledger_url = "sqlite:///{base / "absent.db"}"\n{common}'
+        'spool = "nope/spool.db"\nout_dir = "never-out"\ninterval_seconds = -1\n'
+        'grace_seconds = 1.5\ncolour = "red"\n',
+        encoding="utf-8",
+    )
+
+
+def _shuffle_cases(env: Env) -> list[tuple[str, list[str]]]:
+    """`shuffler serve` with bad configs (each refused before anything starts) and
+    `report --batch` misused."""
+    b = env.base
+    serve = ["shuffler", "serve", "--config"]
+    report = ["report", "--policy", "demo.color", "--policies", str(env.policies)]
+    report += ["--trust", str(env.trust), "--batch", str(b / "data.txt")]
+    return [
+        ("shuffler serve --config malformed-toml", [*serve, str(b / "bad.toml")]),
+        ("shuffler serve --config missing", [*serve, str(b / "nope.toml")]),
+        ("shuffler serve --config collector.toml", [*serve, str(env.config)]),
+        ("shuffler serve --config missing ledger", [*serve, str(b / "shuffler-noledger.toml")]),
+        ("shuffler serve --config bad settings", [*serve, str(b / "shuffler-bad.toml")]),
+        ("report --batch without --analyzer-key", report),
+        ("report --batch not a batch file", [*report, "--analyzer-key", str(b / "data.txt")]),
+    ]
 
 
 def bad_ledgers(env: Env) -> dict[str, str]:
@@ -702,6 +738,7 @@ def cases(env: Env) -> list[tuple[str, list[str]]]:
         ("unknown command", ["no-such-command"]),
         ("unknown option", ["ledger", "show", "x", "--no-such-option"]),
         *_range_cases(env),
+        *_shuffle_cases(env),
     ]
     return out
 
@@ -851,6 +888,13 @@ EXPECTED: dict[str, tuple[int, str]] = {
     "collector serve --config nosecret": (1, "token_secret_file"),
     "collector serve --port-file in a missing folder": (2, "--port-file"),
     "collector health port above 65535": (2, "above 65535"),
+    "shuffler serve --config malformed-toml": (1, "shuffler config: "),
+    "shuffler serve --config missing": (2, "--config"),
+    "shuffler serve --config collector.toml": (1, "has no [shuffler] table"),
+    "shuffler serve --config missing ledger": (1, "no ledger at"),
+    "shuffler serve --config bad settings": (1, "interval_seconds is a number above 0"),
+    "report --batch without --analyzer-key": (2, "--batch and --analyzer-key go together"),
+    "report --batch not a batch file": (1, "not a fedldp shuffled batch"),
 }
 
 
@@ -925,6 +969,8 @@ def _nothing_created(env: Env) -> None:
     assert not (env.base / "demo-out").exists()
     assert not (env.base / "never.bak").exists()  # a refused backup leaves nothing
     assert not (env.base / "r.db").exists()
+    assert not (env.base / "never-out").exists()  # a refused `shuffler serve` starts nothing
+    assert not (env.base / "spool.db").exists()
     # Nothing beside a file that is not a database (no writer or generation lock).
     assert sorted(p.name for p in env.base.glob("junk.db*")) == ["junk.db"]
     assert sorted(p.name for p in env.base.glob("*.partial")) == []

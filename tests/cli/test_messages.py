@@ -77,6 +77,12 @@ def _read_statistics_export(path: Path) -> object:
     return load_export(path, cast(Any, None))
 
 
+def _read_shuffler_toml(path: Path) -> object:
+    from fedldp.aggregator.shuffler_config import load
+
+    return load(path)
+
+
 @pytest.mark.parametrize(
     ("read", "fix"),
     [
@@ -85,6 +91,7 @@ def _read_statistics_export(path: Path) -> object:
         (_read_catalog, "; a catalog is a UTF-8 TOML file"),
         (_read_release_policy, "; a release policy is a UTF-8 TOML file"),
         (_read_statistics_export, ", so not a statistics export: give the JSON that `fedldp"),
+        (_read_shuffler_toml, "; shuffler.toml is a UTF-8 TOML file: check --config"),
     ],
 )
 def test_a_text_file_that_is_not_text_names_the_file_and_the_fix(
@@ -104,6 +111,10 @@ def test_a_text_file_that_is_not_text_names_the_file_and_the_fix(
         (["collector", "mint-token", "d", "--secret-file"], "--secret-file {} must hold hex"),
         (["train", "--config"], "{} is not UTF-8 text (byte 0x89); a train.toml"),
         (["collector", "serve", "--config"], "config: {} is not UTF-8 text (byte 0x89)"),
+        (
+            ["shuffler", "serve", "--config"],
+            "shuffler config: {} is not UTF-8 text (byte 0x89); shuffler.toml is a UTF-8",
+        ),
     ],
 )
 def test_a_binary_file_on_the_command_line_is_one_clear_line(

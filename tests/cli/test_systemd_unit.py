@@ -1,4 +1,5 @@
-"""deploy/systemd/fedldp-collector.service: valid, and hardened (exposure <= 3).
+"""deploy/systemd/fedldp-collector.service and fedldp-shuffler.service: valid, and hardened
+(exposure <= 3).
 
 Runs `systemd-analyze verify` and `systemd-analyze security --offline=true` on a
 copy whose ExecStart points at this checkout's `fedldp` (verify checks that the
@@ -16,18 +17,20 @@ from pathlib import Path
 
 import pytest
 
-UNIT = Path(__file__).resolve().parents[2] / "deploy" / "systemd" / "fedldp-collector.service"
+UNITS = Path(__file__).resolve().parents[2] / "deploy" / "systemd"
 SYSTEMD_ANALYZE = shutil.which("systemd-analyze")
 pytestmark = pytest.mark.skipif(
     SYSTEMD_ANALYZE is None, reason="systemd-analyze is not installed (apt-get install systemd)"
 )
 
 
-@pytest.fixture
-def unit(tmp_path: Path) -> Path:
+@pytest.fixture(params=["fedldp-collector.service", "fedldp-shuffler.service"])
+def unit(tmp_path: Path, request: pytest.FixtureRequest) -> Path:
+    name: str = request.param
+    source = UNITS / name
     fedldp = Path(sys.executable).with_name("fedldp")
-    text = UNIT.read_text(encoding="utf-8").replace("/opt/fedldp/venv/bin/fedldp", str(fedldp))
-    path = tmp_path / UNIT.name
+    text = source.read_text(encoding="utf-8").replace("/opt/fedldp/venv/bin/fedldp", str(fedldp))
+    path = tmp_path / source.name
     path.write_text(text, encoding="utf-8")
     return path
 

@@ -50,6 +50,7 @@ from fedldp.collector.metrics import CollectorMetrics
 from fedldp.collector.service import CollectorService, Limits, _ledger_response
 from fedldp.collector.wire import content_digest, digest_from_state, digest_state, output_to_json
 from fedldp.v1 import collector_pb2 as pb
+from google.protobuf.message import DecodeError
 
 # --- content digests -------------------------------------------------------------------
 
@@ -241,6 +242,119 @@ def test_reused_outputs_are_checked_per_policy(
                 coarse_time=report.coarse_time,
                 output=CategoryOutput(report.category.index),
             )
+
+
+# --- a request's bytes -------------------------------------------------------------------
+
+
+def _entry(report_bytes: bytes) -> bytes:
+    """One `reports` entry of a SubmitRequest's encoding (field 1, its length, then it)."""
+    return b"\x0a" + _varint(len(report_bytes)) + report_bytes
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while value >= 0x80:
+        out.append(value & 0x7F | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def _prepared_alike(service: CollectorService, body: bytes) -> None:
+    """`prepare` from the bytes gives exactly what it gives from the parsed message."""
+    request = pb.SubmitRequest.FromString(body)
+    plain = service.prepare("erin", request)
+    fast = service.prepare("erin", request, body)
+    assert fast.batch == plain.batch
+    assert fast.positions == plain.positions
+    assert fast.outcomes == plain.outcomes
+
+
+def _request_cases(deployment: Deployment, wide: VerifiedPolicy, now: int) -> list[bytes]:
+    """Request bodies in the SDK's layout and in every other one a client may send."""
+    color = deployment.verified(deployment.envelopes[0])
+    ct = coarse(now)
+    rng = random.Random(7)
+
+    def report(policy: VerifiedPolicy, output: Output, **fields: object) -> pb.Report:
+        r = make_report(policy, output, report_id=rng.randbytes(16), coarse_time=ct)
+        for name, value in fields.items():
+            setattr(r, name, value)
+        return r
+
+    usual = [report(color, CategoryOutput(i % 4)) for i in range(12)]
+    usual += [report(wide, CategoryOutput(i % 8)) for i in range(6)]
+    invalid = [
+        report(color, CategoryOutput(9)),
+        report(color, CategoryOutput(1), coarse_time=ct + 1),
+        report(color, CategoryOutput(1), policy_id="nope"),
+        report(color, CategoryOutput(1), policy_digest=b"\x00" * 32),
+        report(color, BitVectorOutput(b"\x01", 4)),
+        report(color, CategoryOutput(2), report_id=b"short"),
+        report(color, CategoryOutput(2), report_id=b""),
+        usual[3],  # an id twice in the request
+    ]
+    plain = b"".join(_entry(r.SerializeToString()) for r in usual + invalid)
+    first = usual[0].SerializeToString()
+    other_id = rng.randbytes(16)
+    overridden = [
+        first + b"\x0a\x10" + other_id,  # a second id field: the last one counts
+        first + b"\x0a\x00",  # an empty second id: the report has none
+        first[18:] + first[:18],  # the id after the content
+        b"\x0a\x90\x00" + first[2:],  # the id's length as a two-byte varint
+    ]
+    return [
+        plain,
+        plain + plain[: len(_entry(first))],  # the first report twice
+        b"".join(_entry(b) for b in overridden) + _entry(first),
+        # the first entry's length as a two-byte varint
+        b"\x0a" + bytes([len(first) | 0x80, 0]) + first + plain[len(_entry(first)) :],
+        plain + b"\x12\x03abc",  # an unknown field (parsed, kept aside): read as parsed
+        # one content naming an id (the first report's) after the content: both
+        # reports have that id, whatever id begins them
+        _entry(first + b"\x0a\x10" + first[2:18])
+        + _entry(b"\x0a\x10" + other_id + first[18:] + b"\x0a\x10" + first[2:18]),
+        _entry(report(color, CategoryOutput(1), policy_id="p" * 200).SerializeToString()),
+        b"",
+    ]
+
+
+def test_prepare_from_bytes_is_prepare_from_the_message(
+    service: CollectorService, deployment: Deployment, extra: dict[str, VerifiedPolicy], now: int
+) -> None:
+    """Reports whose content repeats are checked once per request from their bytes:
+    the same batch, outcomes and positions as checking each parsed report, for
+    every layout (a repeated or empty id field after the content, the id last,
+    non-minimal lengths, unknown fields, long reports)."""
+    for body in _request_cases(deployment, extra["wide"], now):
+        _prepared_alike(service, body)
+
+
+def test_prepare_from_mutated_bytes_is_prepare_from_the_message(
+    service: CollectorService, deployment: Deployment, extra: dict[str, VerifiedPolicy], now: int
+) -> None:
+    """The same for 1,500 random mutations of those bodies that still parse (fixed seed)."""
+    rng = random.Random(20261207)
+    bodies = [b for b in _request_cases(deployment, extra["wide"], now) if b]
+    tried = 0
+    while tried < 1500:
+        body = bytearray(rng.choice(bodies))
+        for _ in range(rng.randrange(1, 4)):
+            at = rng.randrange(len(body))
+            op = rng.randrange(3)
+            if op == 0:
+                body[at] = rng.randrange(256)
+            elif op == 1:
+                body[at:at] = rng.randbytes(rng.randrange(1, 20))
+            else:
+                del body[at : at + rng.randrange(1, 20)]
+        try:
+            pb.SubmitRequest.FromString(bytes(body))
+        except DecodeError:
+            continue
+        tried += 1
+        _prepared_alike(service, bytes(body))
 
 
 # --- the ledger ------------------------------------------------------------------------

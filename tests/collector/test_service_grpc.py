@@ -416,3 +416,29 @@ def test_logs_carry_no_subject_token_or_payload(
     assert "request refused" in formatted
     for secret in (subject, token, report.report_id.hex()):
         assert secret not in formatted
+
+
+def test_a_second_id_field_counts_through_both_servers(
+    deployment: Deployment, collector: RunningCollector, now: int
+) -> None:
+    """Hand-encoded bytes whose report content names an id after the content: the id
+    that counts is that last one (protobuf's rule), on the sync and asyncio servers
+    alike, though the request's other reports share that content and begin with ids
+    of their own (the collector reads ids from the bytes: collector/service.py)."""
+    policy = deployment.verified(deployment.envelopes[0])
+    ids = [bytes([i]) * 16 for i in range(1, 5)]
+    content = make_report(policy, CategoryOutput(1), report_id=ids[0], coarse_time=coarse(now))
+    tail = content.SerializeToString()[18:]  # everything after the id field
+    plain = [b"\x0a\x10" + rid + tail for rid in ids[2:]]  # two reports, own ids
+    named = [b"\x0a\x10" + rid + tail + b"\x0a\x10" + ids[0] for rid in ids[:2]]  # both ids[0]
+    body = b"".join(b"\x0a" + bytes([len(r)]) + r for r in plain + named)
+    with grpc.insecure_channel(collector.address) as channel:
+        call = channel.unary_unary(SUBMIT, request_serializer=None, response_deserializer=None)
+        raw = call(body, metadata=bearer_metadata(deployment.token("frank")))
+    response = pb.SubmitResponse.FromString(raw)
+    assert [(o.report_id, o.outcome, o.reason) for o in response.outcomes] == [
+        (ids[2], pb.OUTCOME_ACCEPTED, 0),
+        (ids[3], pb.OUTCOME_ACCEPTED, 0),
+        (ids[0], pb.OUTCOME_INVALID, pb.REJECT_REASON_DUPLICATE_IN_BATCH),
+        (ids[0], pb.OUTCOME_INVALID, pb.REJECT_REASON_DUPLICATE_IN_BATCH),
+    ]

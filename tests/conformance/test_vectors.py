@@ -5,7 +5,9 @@
   thresholds with the closed forms of docs/mechanisms.md (not with the
   mechanism's own `exact_probability`) and must equal the file's rationals; the
   file's thresholds and charge equal the mechanism's;
-* hashes, wire bytes, report ids and policy verdicts equal the files'.
+* hashes, wire bytes, report ids and policy verdicts equal the files';
+* sealed payloads: every ciphertext opens with the reference's own HPKE (cryptography) to
+  the case's output, and the info, padding, key id and sealed Report are the reference's.
 """
 
 from __future__ import annotations
@@ -322,6 +324,38 @@ def test_wire_bytes() -> None:
         parsed = collector_pb2.SubmitRequest.FromString(bytes.fromhex(case["submit_request"]))
         for report, entry in zip(parsed.reports, case["reports"], strict=True):
             assert output_from_report(report) == output_of(entry["output"])
+
+
+def test_sealed_vectors_open_with_the_reference() -> None:
+    """Each sealed.json ciphertext opens with `open_sealed` (cryptography's HPKE); the info,
+    padding and key id are `sealed.py`'s; the same ciphertext under another policy version's
+    info, or with one bit flipped, does not open (the broken variants)."""
+    from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
+    from fedldp.client.mechanisms.base import OutputDomainError
+    from fedldp.client.sealed import _pad, key_id, open_sealed, seal_info
+
+    data = vectors("sealed.json")
+    private = X25519PrivateKey.from_private_bytes(bytes.fromhex(data["analyzer_private_key"]))
+    public = bytes.fromhex(data["analyzer_public_key"])
+    assert len(data["cases"]) >= 11
+    for case in data["cases"]:
+        output = output_of(case["output"])
+        digest = bytes.fromhex(case["policy_digest"])
+        info = seal_info(case["policy_id"], case["policy_version"], digest)
+        assert info.hex() == case["info"]
+        inner = collector_pb2.Report()
+        fill_payload(inner, output)
+        assert _pad(inner.SerializeToString(deterministic=True)).hex() == case["plaintext"]
+        assert key_id(public) == case["key_id"]
+        ciphertext = bytes.fromhex(case["ciphertext"])
+        assert open_sealed(ciphertext, private, info=info) == output
+        report = collector_pb2.Report.FromString(bytes.fromhex(case["report"]))
+        assert report.sealed.ciphertext == ciphertext and report.sealed.key_id == case["key_id"]
+        other = seal_info(case["policy_id"], case["policy_version"] + 1, digest)
+        flipped = ciphertext[:-1] + bytes([ciphertext[-1] ^ 1])
+        for bad, bad_info in ((ciphertext, other), (flipped, info)):
+            with pytest.raises(OutputDomainError):
+                open_sealed(bad, private, info=bad_info)
 
 
 def test_report_ids(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -184,7 +184,7 @@ def rich(tmp_path_factory: pytest.TempPathFactory) -> Setup:
 
 @pytest.fixture(scope="session")
 def demo_run(tmp_path_factory: pytest.TempPathFactory) -> Setup:
-    """`fedldp demo` with 1,200 simulated devices (real collector process, real SDK)."""
+    """`fedldp demo` with 400 simulated devices (real collector process, real SDK)."""
     out = tmp_path_factory.mktemp("demo") / "run"
     subprocess.run(
         [
@@ -193,9 +193,9 @@ def demo_run(tmp_path_factory: pytest.TempPathFactory) -> Setup:
             "fedldp.cli",
             "demo",
             "--devices",
-            "1200",
+            "400",
             "--processes",
-            "2",
+            "1",
             "--seed",
             "5",
             "--out",

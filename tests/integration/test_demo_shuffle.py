@@ -29,4 +29,5 @@ def test_demo_shuffle_runs_the_three_roles(tmp_path: Path) -> None:
     assert "released 100 shuffled ciphertexts" in out
     assert "valid reports: 100; invalid dropped: none" in out
     assert "local ε0 = 2 per report; shuffled central (ε, δ) = (" in out
+    assert "collector count: 100 (from the shuffler's manifest; caps n)" in out
     assert (tmp_path / "demo" / "analyzer" / "analyzer.key").stat().st_mode & 0o077 == 0

@@ -19,12 +19,12 @@ import {
 } from "./gen/fedldp/v1/collector_pb.js";
 import { SignedEnvelopeSchema } from "./gen/fedldp/v1/policy_pb.js";
 import { type Rational, add, compare, decimalString, parseDecimal } from "./exact.js";
-import { type Pending, type State, type StateStore, emptyState } from "./outbox.js";
+import { type Change, type Pending, type State, type StateStore, applyChange, emptyState, withChange } from "./outbox.js";
 import { PolicyError, TrustStore, type VerifiedPolicy, fromHex, hex, verifyPolicy } from "./policy.js";
 import { type CollectorTransport, TransportError } from "./transport.js";
-import { ReportIds, coarseTime, reportBytes, submitRequestBytes } from "./wire.js";
+import { ReportIds, coarseTime, reportBytes, sealedReportBytes, submitRequestBytes } from "./wire.js";
 import { type Input, MemoState, encodeValue } from "./mechanisms.js";
-import { loadSlots, migrateMemos, newMemoSecret, saveSlots } from "./memo_store.js";
+import { type MemoRows, loadSlots, migrateMemos, newMemoSecret, saveSlots } from "./memo_store.js";
 
 export interface CoreOptions {
   /** Raw 32-byte root public keys this device pins. */
@@ -148,33 +148,41 @@ export class FedldpClient {
       if (compare(after, policy.epsilonCap) > 0) {
         throw new BudgetExhaustedError(`policy ${policy.policyId}: this window's budget is spent (cap ${decimalString(policy.epsilonCap)})`);
       }
-      const output = this.perturb(metric, policy, input);
+      const change: Change = { spent: [key, decimalString(after)] };
+      const output = this.perturb(metric, policy, input, change);
       const reportId = this.ids.next();
-      const bytes = reportBytes({
+      const header = {
         reportId, policyId: policy.policyId, policyVersion: policy.version,
         policyDigest: policy.digest, coarseTime: coarseTime(now),
-      }, output);
-      this.state.spent[key] = decimalString(after);
-      this.state.pending.push({ id: hex(reportId), report: hex(bytes) });
-      await this.persist();
+      };
+      // A shuffle-model policy: the outbox holds the report with its payload sealed to the
+      // analyzer (sealed.ts and the HPKE code are loaded on the first such record only).
+      const bytes = policy.analyzerPublicKey === undefined
+        ? reportBytes(header, output)
+        : await sealedReportBytes(header, output, policy.analyzerPublicKey);
+      change.add = { id: hex(reportId), report: hex(bytes) };
+      await this.commit(change);
     });
   }
 
   /**
    * One report of `input`; for a memoized mechanism (Erlingsson et al., CCS 2014, Section 3)
    * the slots it names (memoSlots) are loaded from the keyed memo rows of (metric, memo key)
-   * and the slots drawn for the first time saved back (persisted with the report), as the
-   * Python SDK's recorder does.
+   * and the slots drawn for the first time saved back into `change` (persisted with the
+   * report, in the same durable write), as the Python SDK's recorder does.
    */
-  private perturb(metric: string, policy: VerifiedPolicy, input: Input): ReturnType<VerifiedPolicy["mechanism"]["perturb"]> {
+  private perturb(
+    metric: string, policy: VerifiedPolicy, input: Input, change: Change,
+  ): ReturnType<VerifiedPolicy["mechanism"]["perturb"]> {
     const mechanism = policy.mechanism;
     if (!mechanism.memoized) return mechanism.perturb(input);
     if (mechanism.newMemo === undefined || mechanism.memoSlots === undefined) {
       throw new Error(`${policy.policyId}: a memoized mechanism must name its memo slots`); // never redraw silently
     }
     const memo: MemoState = mechanism.newMemo();
-    const secret = (this.state.memoSecret ??= newMemoSecret());
-    const rows = (this.state.memoRows ??= {});
+    if (this.state.memoSecret === undefined) change.memoSecret = newMemoSecret();
+    const secret = change.memoSecret ?? this.state.memoSecret!;
+    const rows: MemoRows = this.state.memoRows ?? {}; // read here; written by commit(change)
     const loaded = new Set<number>();
     for (;;) {
       const wanted = mechanism.memoSlots(input, memo).filter((slot) => !loaded.has(slot));
@@ -184,7 +192,7 @@ export class FedldpClient {
     }
     const before = new Set(memo.responses.keys());
     const output = mechanism.perturb(input, undefined, memo);
-    saveSlots(rows, secret, metric, memo, [...memo.responses.keys()].filter((slot) => !before.has(slot)));
+    change.memo = saveSlots({}, secret, metric, memo, [...memo.responses.keys()].filter((slot) => !before.has(slot)));
     return output;
   }
 
@@ -207,7 +215,7 @@ export class FedldpClient {
         } catch (error) {
           if (!(error instanceof TransportError)) throw error;
           this.failed(error);
-          await this.persist();
+          await this.commit({ retry: this.retryState() });
           result.pausedMs = Math.max(0, this.state.pausedUntilMs - Date.now());
           break; // a failed call ends this flush: the next attempt waits for the pause
 
@@ -220,8 +228,7 @@ export class FedldpClient {
           else if (outcome.outcome === Outcome.DUPLICATE) result.duplicate += 1;
           else result.refused += 1;
         }
-        this.state.pending = this.state.pending.filter((p) => !done.has(p.id));
-        await this.persist();
+        await this.commit({ remove: [...done], retry: this.retryState() });
         if (done.size === 0) break;
       }
       result.pending = this.state.pending.length;
@@ -275,6 +282,24 @@ export class FedldpClient {
 
   private persist(): Promise<void> {
     return this.options.store.save(this.state);
+  }
+
+  /**
+   * Make `change` durable — the store's `append` (one small write), or a full save for a
+   * store without one — then apply it to the state: a write that fails changes nothing
+   * (the report is not pending, its spend and memo rows are not counted).
+   */
+  private async commit(change: Change): Promise<void> {
+    const store = this.options.store;
+    if (store.append) await store.append(this.state, change);
+    else await store.save(withChange(this.state, change));
+    applyChange(this.state, change);
+  }
+
+  /** The retry fields of the state (a Change's `retry`). */
+  private retryState(): NonNullable<Change["retry"]> {
+    const { failures, pausedUntilMs, hintUntilMs } = this.state;
+    return hintUntilMs === undefined ? { failures, pausedUntilMs } : { failures, pausedUntilMs, hintUntilMs };
   }
 }
 

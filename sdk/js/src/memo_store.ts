@@ -56,10 +56,21 @@ export function loadSlots(rows: MemoRows, secret: string, metric: string, memo: 
   }
 }
 
-/** Save `slots` of `memo` into `rows` under (metric, memo.key). */
-export function saveSlots(rows: MemoRows, secret: string, metric: string, memo: MemoState, slots: Iterable<number>): void {
+/**
+ * Save `slots` of `memo` into `rows` under (metric, memo.key); the rows written, as
+ * [metric, memo key, keyed slot digest, response hex] (a Change's `memo`).
+ */
+export function saveSlots(
+  rows: MemoRows, secret: string, metric: string, memo: MemoState, slots: Iterable<number>,
+): [string, string, string, string][] {
   const scope = ((rows[metric] ??= {})[memo.key] ??= {});
-  for (const slot of slots) scope[memoSlotKey(secret, metric, slot)] = hex(memo.responses.get(slot)!);
+  const written: [string, string, string, string][] = [];
+  for (const slot of slots) {
+    const key = memoSlotKey(secret, metric, slot);
+    scope[key] = hex(memo.responses.get(slot)!);
+    written.push([metric, memo.key, key, scope[key]]);
+  }
+  return written;
 }
 
 /** Rows for the earlier layout (MemoState JSON by metric, keyed by value index), re-keyed. */

@@ -6,6 +6,14 @@
  * randomized outputs only, never a raw value (memoized responses are keyed by a
  * keyed hash of the value: memo_store.ts). `save` returns once the state is
  * durable (the file synced and renamed; the IndexedDB transaction complete).
+ *
+ * record() does not rewrite the state: it hands the store a small Change (the report,
+ * the new spend of its window, the memo rows first drawn) that `append` makes durable
+ * on its own — one framed, checksummed record appended to the file and fdatasync'd
+ * (outbox_file.ts), one put into the "log" object store of IndexedDB (outbox_indexeddb.ts)
+ * — so a report, its budget charge and its memo state are stored together or not at
+ * all. `load` replays the changes over the last full state; the store rewrites the
+ * full state (compaction) when the changes outgrow it.
  */
 import { type MemoRows } from "./memo_store.js";
 
@@ -37,11 +45,38 @@ export interface State {
   memos?: Record<string, string>;
 }
 
+/**
+ * One durable step of the state, as `applyChange` applies it: a report recorded (`add`,
+ * with its window's new spend and the memo rows it drew first), reports acknowledged
+ * (`remove`), the retry pause after a call (`retry`). Randomized outputs only.
+ */
+export interface Change {
+  /** A report recorded: appended to the outbox. */
+  add?: Pending;
+  /** Ids (hex) of reports the collector answered: removed from the outbox. */
+  remove?: string[];
+  /** The new spend of one (policy id @ window start) key. */
+  spent?: [key: string, total: string];
+  /** Memo rows drawn for the first time: [metric, memo key, keyed slot digest, response hex]. */
+  memo?: [string, string, string, string][];
+  /** The memo secret, when this change made it. */
+  memoSecret?: string;
+  /** The retry state after a call. */
+  retry?: { failures: number; pausedUntilMs: number; hintUntilMs?: number };
+}
+
 export interface StateStore {
   /** The stored state, or undefined when there is none yet. */
   load(): Promise<State | undefined>;
   /** Replace the stored state durably. */
   save(state: State): Promise<void>;
+  /**
+   * Make `change` durable; `state` is the state before it (a store may write
+   * `withChange(state, change)` whole instead, to compact). The client applies `change` to
+   * its own state only once this resolves, so a failed write changes nothing. A store
+   * without `append` gets `save(withChange(state, change))`.
+   */
+  append?(state: State, change: Change): Promise<void>;
   /** Release the store (a database connection). */
   close(): void;
 }
@@ -58,4 +93,31 @@ export function checkState(value: unknown): State {
     throw new Error("unknown device state format");
   }
   return state;
+}
+
+/** Apply `change` to `state` in place (the client after record/flush; a store replaying its log). */
+export function applyChange(state: State, change: Change): void {
+  if (change.memoSecret !== undefined) state.memoSecret = change.memoSecret;
+  if (change.spent !== undefined) state.spent[change.spent[0]] = change.spent[1];
+  for (const [metric, key, slot, response] of change.memo ?? []) {
+    (((state.memoRows ??= {})[metric] ??= {})[key] ??= {})[slot] = response;
+  }
+  if (change.add !== undefined) state.pending.push({ id: change.add.id, report: change.add.report });
+  if (change.remove !== undefined && change.remove.length > 0) {
+    const done = new Set(change.remove);
+    state.pending = state.pending.filter((p) => !done.has(p.id));
+  }
+  if (change.retry !== undefined) {
+    state.failures = change.retry.failures;
+    state.pausedUntilMs = change.retry.pausedUntilMs;
+    if (change.retry.hintUntilMs === undefined) delete state.hintUntilMs;
+    else state.hintUntilMs = change.retry.hintUntilMs;
+  }
+}
+
+/** A copy of `state` with `change` applied (`state` is left as it is). */
+export function withChange(state: State, change: Change): State {
+  const next = structuredClone(state);
+  applyChange(next, change);
+  return next;
 }

@@ -7,7 +7,6 @@
  * Error classes carry the Python class names (`code`), as in conformance/v1/policies.json.
  */
 import { fromBinary } from "@bufbuild/protobuf";
-import * as noble from "@noble/ed25519";
 import {
   MemoCharging, type Policy, type Root, type SignedEnvelope, PolicySchema, RootSchema, SignedEnvelopeSchema,
 } from "./gen/fedldp/v1/policy_pb.js";
@@ -85,6 +84,8 @@ export async function verifyEd25519(
     }
   }
   try {
+    // Loaded only here (a separate chunk of the browser bundles): most browsers verify with WebCrypto.
+    const noble = await import("@noble/ed25519");
     return await noble.verifyAsync(signature, message, publicKey);
   } catch {
     return false;
@@ -242,6 +243,8 @@ export interface VerifiedPolicy {
   expiresAt: bigint;
   keyId: string;
   mechanism: Mechanism;
+  /** A shuffle-model policy's analyzer key (raw X25519): every report is sealed to it. */
+  analyzerPublicKey?: Uint8Array;
 }
 
 export interface VerifyOptions {
@@ -305,6 +308,10 @@ async function contentCheck(policy: Policy): Promise<Content> {
   if (!policy.budget || policy.budget.windowSeconds <= 0n) problems.push("budget.window_seconds must be positive");
   if (policy.expiresAt <= policy.notBefore) problems.push("expires_at must be after not_before");
   const permanent = memoProblems(policy, epsilon, problems, decimal);
+  if (policy.shuffle !== undefined) { // validation._shuffle_problems
+    if (policy.shuffle.analyzerPublicKey.length !== 32) problems.push("shuffle.analyzer_public_key must be a raw 32-byte X25519 public key");
+    if (policy.shuffle.minBatch < 2n) problems.push("shuffle.min_batch must be at least 2 (one report is not shuffled)");
+  }
   const { domain, labels } = await metricDomain(policy, problems);
   if (problems.length > 0 || epsilon === undefined || cap === undefined) {
     throw new PolicyError("InvalidPolicyError", `policy is invalid: ${problems.join("; ")}`);
@@ -458,5 +465,6 @@ export async function verifyPolicy(
     expiresAt: policy.expiresAt,
     keyId,
     mechanism,
+    ...(policy.shuffle === undefined ? {} : { analyzerPublicKey: policy.shuffle.analyzerPublicKey }),
   };
 }

@@ -1,10 +1,12 @@
 /**
  * The Connect protocol or gRPC-Web over fetch (browsers, and Node >= 20 which has
  * fetch), with @connectrpc/connect-web, against the collector's web endpoint
- * (`web_listen`, docs/collector.md "Web endpoint"). Protobuf bodies only.
+ * (`web_listen`, docs/collector.md "Web endpoint"). Protobuf bodies only. The gRPC-Web
+ * transport is imported on first use only (a separate chunk of the browser bundles), so a
+ * page on the Connect protocol does not load it.
  */
 import { Code, ConnectError, type Transport } from "@connectrpc/connect";
-import { createConnectTransport, createGrpcWebTransport } from "@connectrpc/connect-web";
+import { createConnectTransport } from "@connectrpc/connect-web";
 import { fromBinary, toBinary, type DescMessage } from "@bufbuild/protobuf";
 import { Collector } from "./gen/fedldp/v1/collector_pb.js";
 import { type CollectorMethod, type CollectorTransport, TransportError, retryHint } from "./transport.js";
@@ -30,22 +32,31 @@ function grpcName(code: Code): string {
 }
 
 export class ConnectTransport implements CollectorTransport {
-  private readonly transport: Transport;
+  private transport: Transport | undefined;
 
-  constructor(private readonly options: ConnectTransportOptions) {
-    const make = options.protocol === "grpc-web" ? createGrpcWebTransport : createConnectTransport;
-    this.transport = make({
-      baseUrl: options.baseUrl,
+  constructor(private readonly options: ConnectTransportOptions) {}
+
+  /** The Connect transport, or the gRPC-Web one (imported on first use). */
+  private async open(): Promise<Transport> {
+    if (this.transport !== undefined) return this.transport;
+    const options = {
+      baseUrl: this.options.baseUrl,
       useBinaryFormat: true,
-      ...(options.fetch ? { fetch: options.fetch } : {}),
-    });
+      ...(this.options.fetch ? { fetch: this.options.fetch } : {}),
+    };
+    const make = this.options.protocol === "grpc-web"
+      ? (await import("./transport_grpc_web.js")).createGrpcWebTransport
+      : createConnectTransport;
+    this.transport = make(options);
+    return this.transport;
   }
 
   async call(method: CollectorMethod, request: Uint8Array): Promise<Uint8Array> {
     const desc = method === "Submit" ? Collector.method.submit : Collector.method.getPolicies;
     const input = desc.input as DescMessage;
+    const transport = await this.open();
     try {
-      const response = await this.transport.unary(
+      const response = await transport.unary(
         desc as never, undefined, this.options.timeoutMs ?? 10_000,
         { authorization: `Bearer ${this.options.token}` },
         fromBinary(input, request) as never, undefined,

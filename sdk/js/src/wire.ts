@@ -77,6 +77,24 @@ export function makeReport(header: ReportHeader, output: Output): Report {
   return create(ReportSchema, { ...header, payload: payloadOf(output) });
 }
 
+/** The encoded Report holding only `output`'s payload (what a shuffle-model report seals). */
+export function payloadOnlyBytes(output: Output): Uint8Array {
+  return toBinary(ReportSchema, create(ReportSchema, { payload: payloadOf(output) }));
+}
+
+/**
+ * Serialized Report bytes of `output` under `header` with the payload sealed to the
+ * analyzer's `publicKey` for the header's policy (client/sealed.py seal_report): what the
+ * outbox stores under a shuffle-model policy. sealed.ts and the HPKE code are imported
+ * here, on the first seal. `ikmE`: conformance vectors only.
+ */
+export async function sealedReportBytes(header: ReportHeader, output: Output, publicKey: Uint8Array, ikmE?: Uint8Array): Promise<Uint8Array> {
+  const { sealPayload } = await import("./sealed.js");
+  const sealed = await sealPayload(
+    payloadOnlyBytes(output), publicKey, header.policyId, header.policyVersion, header.policyDigest, ikmE);
+  return toBinary(ReportSchema, create(ReportSchema, { ...header, payload: { case: "sealed", value: sealed } }));
+}
+
 /** Serialized Report bytes (what the outbox stores and resends unchanged). */
 export function reportBytes(header: ReportHeader, output: Output): Uint8Array {
   return toBinary(ReportSchema, makeReport(header, output));

@@ -44,7 +44,8 @@ test("chromium: pages record into the collector's web endpoint; no raw value lea
       await t.test(`${bundle} over ${protocol}`, async () => {
         chromium.sent.length = 0;
         const params = { ...common, bundle, protocol, database: `db-${protocol}` };
-        const recorded = await runPage(chromium.page, origin, { ...params, mode: "record", labels });
+        // The Connect page is left without close(): the reports come back from IndexedDB's change log alone.
+        const recorded = await runPage(chromium.page, origin, { ...params, mode: "record", labels, noClose: protocol === "connect" });
         assert.deepEqual(recorded, { ok: true, pending: labels.length });
         // A new page load (the app restarted): the outbox is still in IndexedDB; flush sends it.
         const flushed = await runPage(chromium.page, origin, { ...params, mode: "flush" });
@@ -64,6 +65,8 @@ test("chromium: pages record into the collector's web endpoint; no raw value lea
             assert.equal(s.corsError, undefined);
           }
         }
+        // No shuffle-model policy here: the sealing chunk (HPKE) is never fetched.
+        assert.ok(!chromium.sent.some((s) => s.url.includes("/chunks/sealed-")), "a page without shuffle policies loaded the sealing code");
         const submitted = chromium.sent.filter((s) => s.method === "POST" && s.url.endsWith("/Submit"));
         assert.ok(submitted.length >= 1 && submitted.every((s) => s.body.length > 0), "Submit bodies were logged");
         const state = String(flushed.state);
@@ -71,11 +74,47 @@ test("chromium: pages record into the collector's web endpoint; no raw value lea
       });
     }
 
+    await t.test("IndexedDB outbox: 300 records (past the 128-change compaction), no close(), a reload: all pending, each sent once", async () => {
+      const params = { ...common, bundle: "fedldp.grr-olh.min.js", protocol: "connect", database: "db-many" };
+      const labels = Array.from({ length: 300 }, (_, i) => fixture.web_labels[i % fixture.web_labels.length]!);
+      const before = ledgerWindows(fixture, "device-web")["js.web"]?.reports ?? 0;
+      const recorded = await runPage(chromium.page, origin, { ...params, mode: "record", labels, noClose: true }, 120_000);
+      assert.deepEqual(recorded, { ok: true, pending: 300 });
+      const flushed = await runPage(chromium.page, origin, { ...params, mode: "flush" }, 120_000);
+      assert.equal(flushed.ok, true, String(flushed.error));
+      const result = flushed.flushed as { accepted: number; duplicate: number; pending: number };
+      assert.deepEqual([result.accepted, result.duplicate, result.pending], [300, 0, 0]);
+      assert.equal(ledgerWindows(fixture, "device-web")["js.web"]?.reports, before + 300);
+    });
+
+    await t.test("a version-1 database (the earlier layout) is upgraded and its reports sent", async () => {
+      const result = await runPage(chromium.page, origin, {
+        ...common, bundle: "fedldp.grr-olh.min.js", protocol: "connect", database: "db-legacy", mode: "legacy",
+        labels: fixture.web_labels,
+      });
+      assert.equal(result.ok, true, String(result.error));
+      assert.equal(result.pending, fixture.web_labels.length);
+      assert.equal((result.flushed as { accepted: number }).accepted, fixture.web_labels.length);
+    });
+
     await t.test("the network check catches a page that leaks a raw value (broken variant)", async () => {
       chromium.sent.length = 0;
       const leaked = await runPage(chromium.page, origin, { ...common, bundle: "fedldp.grr-olh.min.js", mode: "leak", label: fixture.web_labels[1] });
       assert.equal(leaked.ok, true, String(leaked.error));
       assert.equal(leaks(chromium.sent, fixture.web_labels).length, 1);
+    });
+
+    await t.test("an error answer reaches the page with gRPC's code (both bundles, binary-only protobuf)", async () => {
+      // The bundles carry no protobuf JSON codec: the Connect error body (JSON) and gRPC-Web's
+      // trailers must still become a TransportError with the code.
+      for (const [bundle, protocol] of [["fedldp.grr-olh.min.js", "connect"], ["fedldp.all.min.js", "grpc-web"]] as const) {
+        const result = await runPage(chromium.page, origin, {
+          ...common, token: "not-a-token", bundle, protocol, database: `db-badtoken-${protocol}`, mode: "record", labels: [],
+        });
+        assert.equal(result.ok, false, `${bundle}: a bad token was accepted`);
+        assert.equal(result.code, "UNAUTHENTICATED", `${bundle} over ${protocol}: ${String(result.error)}`);
+        assert.match(String(result.error), /^TransportError: /);
+      }
     });
 
     await t.test("a page of an origin not allowed is blocked by CORS", async () => {

@@ -28,7 +28,10 @@ const FILES: Record<string, [string, string]> = {
 /** Serve the test page and the bundles on 127.0.0.1 (port 0); resolves with its origin. */
 export async function servePage(): Promise<{ origin: string; server: Server }> {
   const server = createServer((req, res) => {
-    const file = FILES[(req.url ?? "").split("?")[0] ?? ""];
+    const url = (req.url ?? "").split("?")[0] ?? "";
+    // The bundles' lazy chunks (dist/browser/chunks/, plain names only).
+    const chunk = /^\/chunks\/[A-Za-z0-9_-]+\.js$/.test(url) ? path.join(js, "dist/browser", url) : undefined;
+    const file = chunk !== undefined && existsSync(chunk) ? [chunk, "text/javascript"] as [string, string] : FILES[url];
     if (file === undefined) {
       res.writeHead(404).end();
       return;

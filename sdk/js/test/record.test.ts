@@ -12,6 +12,7 @@ import { tmpdir } from "node:os";
 import * as path from "node:path";
 import { fileURLToPath } from "node:url";
 import { type ClientOptions, openClient } from "../src/node.js";
+import { FileStore } from "../src/outbox_file.js";
 import { doubleHex, equal, mul, int, parseDecimal } from "../src/exact.js";
 import { fromHex, hex } from "../src/policy.js";
 
@@ -97,14 +98,14 @@ test("record() takes every metric type, stores no raw value, and the ledger char
       await refused("metric.rec_multi", ["hidden-label-xyz", 0.5]);
       assert.equal(errors.length, 11);
       assert.deepEqual(errors.flatMap(leaks), [], "an error message carries a raw value");
-      const memos = JSON.parse(readFileSync(options.stateFile, "utf8")).memoRows as Record<string, unknown>;
+      const memos = (await new FileStore(options.stateFile).load())!.memoRows as Record<string, unknown>;
       assert.deepEqual(Object.keys(memos).sort(), ["metric.rec_loloha", "metric.rec_rappor"]);
       await client.close();
 
       // A restarted app keeps its permanent responses: the memo only grows.
       client = await openClient(options);
       await client.record("metric.rec_rappor", "zebra-label");
-      const after = JSON.parse(readFileSync(options.stateFile, "utf8")).memoRows as Record<string, unknown>;
+      const after = (await new FileStore(options.stateFile).load())!.memoRows as Record<string, unknown>;
       assert.deepEqual(after["metric.rec_rappor"], memos["metric.rec_rappor"]);
       const state = readFileSync(options.stateFile, "utf8");
       assert.deepEqual(leaks(state), [], "the state file carries a raw value");
