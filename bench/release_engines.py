@@ -420,6 +420,9 @@ def main(argv: list[str] | None = None) -> int:
         default=list(QUERIES),
         help="queries to run (default: all six; grouped = grouped count (100))",
     )
+    parser.add_argument(
+        "--no-service", dest="service", action="store_false", help="skip the service row"
+    )
     parser.add_argument("--json", type=Path, help="write the figures here")
     args = parser.parse_args(argv)
     if args.repeat < 5:
@@ -436,7 +439,7 @@ def main(argv: list[str] | None = None) -> int:
             part, path = run_size(rows, Path(tmp), args)
             table.extend(part)
             print("\n".join(" | ".join(r) for r in part), flush=True)  # a long run's progress
-            if rows == 1_000_000 or (svc is None and rows == max(sizes)):
+            if args.service and (rows == 1_000_000 or (svc is None and rows == max(sizes))):
                 svc = service(Path(tmp), path, exact(path)["median"])
             path.unlink()
     headers = [
