@@ -122,6 +122,11 @@ def _decode(mech: PEM, prefix: int) -> str | None:
         return None
 
 
+#: (report, parent) pairs per block of `level_counts`: its uint64 temporaries (1 MiB
+#: each) stay in a core's cache across the passes over them.
+_BLOCK_PAIRS = 1 << 17
+
+
 def level_counts(
     mech: PEM, statistic: GroupReports, group: int, parents: list[int]
 ) -> npt.NDArray[np.int64]:
@@ -130,12 +135,18 @@ def level_counts(
     suffix, in increasing prefix value (parent-major) — exactly
     `mech.support_counts` of those candidates, computed with less work.
 
-    The hash of a candidate is top_bits(b + Σ_i a_i x_i mod 2^64), and a
-    candidate's chunks x are its parent's (suffix 0) plus its suffix's own
-    (the suffix bits are zero in the parent's), so the sum is the parent's part,
-    computed once per (report, parent), plus the suffix's part, once per
-    (report, suffix): one addition, `mech.top_bits` and a comparison per
-    (report, candidate) instead of a multiply-add per chunk.
+    A report (key a, b; value v) supports x when top_l(b + Σ_i a_i x_i mod 2^64) = v,
+    i.e. (`PEM.support_window`) when
+
+        (b - o_v + Σ_i a_i x_i) mod 2^64 < w,   o_v = v · 2^(64-l), w = 2^(64-l).
+
+    A candidate's chunks x are its parent's (suffix 0) plus its suffix's own (the
+    suffix bits are zero in the parent's), so the sum is the parent's part
+    (b - o_v + Σ a_i x_parent,i, once per (report, parent)) plus the suffix's part
+    (Σ a_i x_suffix,i, once per (report, suffix)). Per (report, candidate): one
+    uint64 addition and one comparison, into buffers reused block after block
+    (reports in blocks whose temporaries fit in cache); each suffix's hits are
+    packed to bits and counted per parent by population count.
     """
     keys, values = mech.group_arrays(statistic, group)
     bits = mech.prefix_bits(group)
@@ -144,22 +155,39 @@ def level_counts(
     suffix = mech.prefix_words(list(range(width)), bits)  # [2^step, c]
     used_base = [i for i in range(mech.chunks) if bool(np.any(base[:, i]))]
     used_suffix = [i for i in range(mech.chunks) if bool(np.any(suffix[:, i]))]
-    counts = np.zeros((len(parents), width), dtype=np.int64)
-    block = max(1, (1 << 22) // max(1, len(parents)))
-    for start in range(0, keys.shape[0], block):
-        k = keys[start : start + block].T  # [c + 1, nb]: each chunk's keys contiguous
-        v = values[start : start + block]
-        part = np.repeat(k[mech.chunks][None, :], len(parents), axis=0)  # [T, nb]
+    offsets, limit = mech.support_window(values)
+    counts = np.zeros((width, len(parents)), dtype=np.int64)
+    block = max(8, _BLOCK_PAIRS // len(parents))
+    acc = np.empty((len(parents), block), dtype=np.uint64)
+    hit = np.empty((len(parents), block), dtype=bool)
+    words = np.ascontiguousarray(keys.T)  # [c + 1, n_j]: each key word's values contiguous
+    for start in range(0, words.shape[1], block):
+        k = words[:, start : start + block]
+        nb = k.shape[1]
+        part = np.repeat(
+            (k[mech.chunks] - offsets[start : start + block])[None, :], len(parents), 0
+        )
         for i in used_base:
             part += base[:, i][:, None] * k[i][None, :]  # uint64: mod 2^64
-        own = np.zeros((width, k.shape[1]), dtype=np.uint64)  # [2^step, nb]
+        own = np.zeros((width, nb), dtype=np.uint64)  # [2^step, nb]
         for i in used_suffix:
             own += suffix[:, i][:, None] * k[i][None, :]
-        acc = np.empty_like(part)
+        a, h = acc[:, :nb], hit[:, :nb]
         for e in range(width):
-            np.add(part, own[e][None, :], out=acc)
-            counts[:, e] += np.count_nonzero(mech.top_bits(acc) == v[None, :], axis=1)
-    return counts.reshape(-1)
+            np.add(part, own[e][None, :], out=a)
+            np.less(a, limit, out=h)
+            counts[e] += _popcount(np.packbits(h, axis=1)).sum(axis=1, dtype=np.int64)
+    return np.asarray(counts.T.reshape(-1), dtype=np.int64)
+
+
+def _popcount(packed: npt.NDArray[np.uint8]) -> npt.NDArray[np.uint8]:
+    """The number of set bits of each byte (numpy >= 2: `bitwise_count`)."""
+    if hasattr(np, "bitwise_count"):
+        return np.asarray(np.bitwise_count(packed), dtype=np.uint8)
+    return _BYTE_POPCOUNT[packed]
+
+
+_BYTE_POPCOUNT = np.array([bin(i).count("1") for i in range(256)], dtype=np.uint8)
 
 
 def estimate_level(

@@ -5,7 +5,11 @@ additive sufficient statistic per (policy, version, window, shard)
 (`Ledger.statistics`). A report reads those rows, decodes each with the
 mechanism's own `statistic_from_json` and adds them with
 `mechanism.merge_statistics`: integer counts, so the merge is exact and its
-cost does not depend on the number of stored reports. The same merge combines
+cost does not depend on the number of stored reports. A pem statistic is every
+report, kept by the collector as append-only chunk rows
+(collector/ledger/statistic_chunks.py): a partial carries them concatenated
+(`Partial.chunks`) and `partial_statistic` decodes them in bulk with
+`statistic_from_chunks`, merged with the row's JSON part, if any. The same merge combines
 partial statistics from several collectors or regions: several ledgers, or
 statistics exported to JSON files (`export_statistics` / `load_export`).
 
@@ -25,6 +29,7 @@ refused (`DuplicatePartialError`), since it would count reports twice.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -106,13 +111,20 @@ class StatisticsSource(Protocol):
 
 @dataclass(frozen=True)
 class Partial:
-    """One additive partial statistic and where it came from."""
+    """One additive partial statistic and where it came from.
+
+    Its `n` reports are those of `statistic_json` (None: no JSON part) and those of
+    `chunks`, the concatenated chunk rows of a mechanism that keeps its statistic as
+    chunks (pem: `Mechanism.chunked_statistic`; b"" otherwise), read in bulk by
+    `partial_statistic`.
+    """
 
     source: str
     shard: str
     window_start: int
     n: int
     statistic_json: str | None
+    chunks: bytes = b""
 
     def key(self) -> tuple[str, str, int]:
         """The identity that must not be counted twice."""
@@ -155,9 +167,39 @@ def partials_from_ledger(
             window_start=int(row.window_start),
             n=int(row.n),
             statistic_json=row.statistic_json,
+            chunks=bytes(getattr(row, "chunks", b"")),
         )
         for row in rows
     ]
+
+
+def partial_statistic(
+    mechanism: Mechanism,  # type: ignore[type-arg]
+    part: Partial,
+) -> Any:
+    """The statistic of one partial: its JSON part merged with its chunks (either may
+    be empty). ReportError when they do not count the partial's n or the mechanism
+    keeps no chunks; ValueError (the mechanism's, naming no value) when a part is
+    malformed."""
+    stat = mechanism.new_statistic()
+    count = 0
+    if part.statistic_json is not None:
+        stat = mechanism.statistic_from_json(part.statistic_json)
+        count = int(getattr(stat, "n", part.n))
+    if part.chunks:
+        if not mechanism.chunked_statistic:
+            raise ReportError(
+                f"partial statistic of shard {part.shard!r} has chunk rows, but "
+                f"{mechanism.wire_id!r} keeps its statistic as JSON; run `fedldp ledger reconcile`"
+            )
+        mechanism.merge_statistics(stat, mechanism.statistic_from_chunks(part.chunks))
+        count += mechanism.chunk_count(part.chunks)
+    if count != part.n:
+        raise ReportError(
+            f"partial statistic of shard {part.shard!r} counts {count} reports but its "
+            f"row says {part.n}; run `fedldp report --audit` against its ledger"
+        )
+    return stat
 
 
 def merge_partials(
@@ -184,16 +226,9 @@ def merge_partials(
         if part.source not in sources:
             sources.append(part.source)
         count += 1
-        if part.statistic_json is None or part.n == 0:
+        if part.n == 0:
             continue
-        stat = mechanism.statistic_from_json(part.statistic_json)
-        stat_n = getattr(stat, "n", part.n)
-        if int(stat_n) != part.n:
-            raise ReportError(
-                f"partial statistic of shard {part.shard!r} counts {stat_n} reports but its "
-                f"row says {part.n}; run `fedldp report --audit` against its ledger"
-            )
-        mechanism.merge_statistics(total, stat)
+        mechanism.merge_statistics(total, partial_statistic(mechanism, part))
         n += part.n
     return MergedStatistic(statistic=total, n=n, partials=count, sources=tuple(sources))
 
@@ -406,7 +441,18 @@ def export_statistics(
     """
     if not source:
         raise ValueError("an export needs a non-empty source name (the region or ledger)")
-    partials = partials_from_ledger(ledger, policy, window_start, source=source)
+    # A partial's chunks travel as the mechanism's JSON form (the export's one schema).
+    mechanism = policy.mechanism
+    partials = [
+        dataclasses.replace(
+            p,
+            statistic_json=mechanism.statistic_to_json(partial_statistic(mechanism, p)),
+            chunks=b"",
+        )
+        if p.chunks
+        else p
+        for p in partials_from_ledger(ledger, policy, window_start, source=source)
+    ]
     return {
         "schema": EXPORT_SCHEMA,
         "policy_id": policy.policy_id,

@@ -31,6 +31,17 @@ Per ε:
   scipy.stats, which the threshold imports on first use (≈ 1 s of CPU once per
   process), is imported before any timing.
 
+The stored statistic (bench/_pem_storage.py, issue #33), unless --no-stored:
+
+* analysis from the ledger, s: per ε, the same n reports read from a SQLite
+  ledger (`Ledger.statistics`), merged and discovered, as the collector stores
+  them (chunk rows of --commit-size reports), beside the same reports stored
+  as one JSON statistics row (the form before ledger migration 0008) in the
+  same run; wall and CPU seconds;
+* commit CPU ms: one `Ledger.submit_many` of --commit-size pem reports into a
+  window already holding N reports (--commit-windows), chunk rows against the
+  JSON row rewritten per commit (ε = the first of --epsilons).
+
 Medians over --runs runs (min and max in the JSON). The peer is pure-ldp's
 prefix-extending heavy hitters (`pure_ldp.heavy_hitters.prefix_extending`),
 run by --peer-python (a separate virtual environment holding pure-ldp, never
@@ -57,6 +68,7 @@ from fedldp.aggregator.discovery import discover
 from fedldp.client.mechanisms import OpenDomain
 from fedldp.client.mechanisms.pem import PEM
 
+from bench import _pem_storage as pem_storage
 from bench._common import format_table, summarize, write_json
 
 VOCABULARY = 10_000
@@ -221,13 +233,29 @@ def main(argv: list[str] | None = None) -> None:
         help="string length of the side-by-side run (pure-ldp allocates 2^(8L) cells)",
     )
     parser.add_argument("--no-peer", action="store_true")
+    parser.add_argument("--no-stored", action="store_true", help="skip the stored-form figures")
+    parser.add_argument("--commit-size", type=int, default=100, help="reports per commit")
+    parser.add_argument(
+        "--commit-windows",
+        default=None,
+        help="window sizes N of the commit figure (default 1000,10000,100000,1000000; quick "
+        "1000,10000)",
+    )
     parser.add_argument("--seed", type=int, default=20261201)
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args(argv)
     n = args.n or (100_000 if args.quick else 1_000_000)
     runs = args.runs or (1 if args.quick else 5)
     epsilons = (args.epsilons or ("4,8" if args.quick else "2,4,8")).split(",")
-    rows, figures = [], []
+    rows: list[list[str]] = []
+    figures: list[dict[str, Any]] = []
+    if not args.no_stored:
+        windows = args.commit_windows or (
+            "1000,10000" if args.quick else "1000,10000,100000,1000000"
+        )
+        figures.append({"commit": _commit_figure(epsilons[0], windows, runs, args)})
+        stored_rows = [_stored_row(eps, n, runs, args, figures) for eps in epsilons]
+        print(format_table(STORED_HEADERS, stored_rows))
     for eps in epsilons:
         ours = run_fedldp(eps, n, runs, args.device_reports, args.seed)
         figures.append({"fedldp": ours})
@@ -279,6 +307,61 @@ def main(argv: list[str] | None = None) -> None:
         write_json(
             args.json, benchmark="heavy_hitters", params=params, figures=figures, packages=PACKAGES
         )
+
+
+STORED_HEADERS = [
+    "ε",
+    "n",
+    "analysis from the ledger: chunks, wall s (CPU s)",
+    "JSON row (before 0008), wall s (CPU s)",
+    "JSON ÷ chunks (CPU)",
+]
+
+
+def _stored_row(eps: str, n: int, runs: int, args: Any, figures: list[Any]) -> list[str]:
+    """The analysis-from-the-ledger figure at ε (module docstring), as a table row."""
+    words, weights = vocabulary(args.seed)
+    mech = PEM(Decimal(eps), OpenDomain(MAX_BYTES))
+    rng = np.random.default_rng([args.seed, 0])
+    reports = mech.perturb_batch(
+        mech.encode_batch(words)[rng.choice(VOCABULARY, size=n, p=weights)], rng
+    )
+    import scipy.stats  # noqa: F401  # discover's threshold imports it once (≈ 1 s): not timed
+
+    fig = pem_storage.stored_analysis(mech, reports, runs, commit=args.commit_size)
+    figures.append({"stored": {"epsilon": eps, **fig}})
+    ratio = fig["json_cpu_s"].median / fig["chunks_cpu_s"].median
+    return [
+        eps,
+        f"{n:,}",
+        f"{fig['chunks_wall_s'].median:.2f} ({fig['chunks_cpu_s'].median:.2f})",
+        f"{fig['json_wall_s'].median:.2f} ({fig['json_cpu_s'].median:.2f})",
+        f"{ratio:.1f}",
+    ]
+
+
+def _commit_figure(eps: str, windows: str, runs: int, args: Any) -> list[dict[str, Any]]:
+    """The commit-cost figure (module docstring), printed as a table."""
+    sizes = [int(w) for w in windows.split(",")]
+    found = pem_storage.commit_cost(
+        pem_storage.bench_policy(eps), sizes, runs, args.seed, commit=args.commit_size
+    )
+    table = [
+        [f"{r['window_reports']:,}", _spread(r["chunks_cpu_ms"]), _spread(r["json_cpu_ms"])]
+        for r in found
+    ]
+    headers = [
+        "window holds",
+        f"commit of {args.commit_size}, chunks: CPU ms",
+        "JSON row rewritten (before 0008): CPU ms",
+    ]
+    print(format_table(headers, table))
+    return found
+
+
+def _spread(t: Any) -> str:
+    """median (min-max), one decimal."""
+    return f"{t.median:.1f} ({t.min:.1f}-{t.max:.1f})"
 
 
 def _row(name: str, eps: str, ours: dict[str, Any]) -> list[str]:

@@ -18,6 +18,7 @@ when its oldest figure was read.
 from __future__ import annotations
 
 import decimal
+import hashlib
 import logging
 import threading
 import time
@@ -262,8 +263,8 @@ class Dashboard:
         """The latest `trend_windows` windows' reports, oldest first (one statistics read).
 
         A window's report is kept (LRU, `_REPORT_CACHE` entries) under the exact
-        partial statistics it was computed from (each shard's n and statistic
-        text), so a view re-estimates only the windows whose statistics changed
+        partial statistics it was computed from (each shard's n, statistic text and a
+        digest of its chunks), so a view re-estimates only the windows whose statistics changed
         since (in practice the open one); the rows are read on every view.
         """
         policy = self.policy(policy_id)
@@ -279,7 +280,7 @@ class Dashboard:
                 policy.digest,
                 start,
                 options,
-                tuple((p.shard, p.n, p.statistic_json) for p in parts),
+                tuple((p.shard, p.n, p.statistic_json, _digest(p.chunks)) for p in parts),
             )
             with self._reports_lock:
                 cached = self._reports.get(key)
@@ -467,3 +468,9 @@ def _reservations(ledger: ReadOnlyLedger) -> list[PurposeReservations]:
         )
         for purpose, r in sorted(acc.items())
     ]
+
+
+def _digest(chunks: bytes) -> bytes:
+    """A short digest of a partial's chunks (pem), for the report cache's key: the
+    chunks themselves can be tens of MB."""
+    return hashlib.blake2b(chunks, digest_size=16).digest() if chunks else b""

@@ -500,3 +500,28 @@ class Mechanism(ABC, Generic[ValueT, StatT]):
         for name, value in json.loads(text).items():
             setattr(statistic, name, value)
         return statistic
+
+    # --- Append-only storage, for statistics that grow with the reports ---
+
+    #: True when the collector stores this mechanism's statistic as append-only chunk
+    #: rows, one per commit (`statistic_chunk`), instead of rewriting one JSON row per
+    #: commit: a statistic whose size grows with the reports (pem keeps every report)
+    #: would make every commit cost as much as the whole window.
+    chunked_statistic: ClassVar[bool] = False
+
+    def statistic_chunk(self, statistic: StatT) -> bytes:
+        """`statistic` as one chunk (only when `chunked_statistic`): bytes such that the
+        concatenation of any chunks, in any order, is the chunk of their merged
+        statistic (`statistic_from_chunks` reads it)."""
+        raise NotImplementedError(f"{type(self).__name__} keeps its statistic as JSON")
+
+    def statistic_from_chunks(self, data: bytes) -> StatT:
+        """The statistic of concatenated chunks (`statistic_chunk`); ValueError, naming
+        no value from `data`, when it is not a whole number of this mechanism's
+        records or holds one that no report produces."""
+        raise NotImplementedError(f"{type(self).__name__} keeps its statistic as JSON")
+
+    def chunk_count(self, data: bytes) -> int:
+        """How many reports concatenated chunks hold (ValueError when `data` is not a
+        whole number of records)."""
+        raise NotImplementedError(f"{type(self).__name__} keeps its statistic as JSON")

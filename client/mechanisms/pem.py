@@ -63,10 +63,19 @@ term f (1 - f)(n - n_j) / (n_j (n - 1)) (`estimate_prefixes`, `population`).
 Statistic. Local hashing keeps no finite sufficient statistic over an open
 domain: the statistic is the multiset of every report, per group, as packed
 records of 8(c + 1) key bytes and the 4-byte little-endian value
-(8c + 12 bytes per report; stored base64 in JSON, sorted, so any merge order
-gives the same JSON). Merging is concatenation (exact). `estimate` is the
-frequency of every first-level prefix (ℓ_0 bits) from group 0; discovery
-(`fedldp.aggregator.discovery`) extends prefixes level by level.
+(8c + 12 bytes per report). Merging is concatenation (exact). Two stored forms:
+
+* chunks (`statistic_chunk`, what the collector appends, one chunk row per
+  commit: `chunked_statistic`): each report as a record of its group (2 bytes,
+  little-endian), then its key and value (8c + 14 bytes; 30 at L = 8); chunks
+  concatenate into a chunk, so a window's statistic is its chunks read back in
+  bulk (`statistic_from_chunks`, numpy), and a commit writes only its own reports;
+* JSON (`statistic_to_json`: each group's records sorted bytewise, base64; any
+  merge order gives the same text): exports, audits, and windows stored before
+  chunks (ledger migration 0008).
+
+`estimate` is the frequency of every first-level prefix (ℓ_0 bits) from group 0;
+discovery (`fedldp.aggregator.discovery`) extends prefixes level by level.
 
 Batch layout: (groups int64 [n], keys uint64 [n, c + 1], values int64 [n]).
 """
@@ -224,6 +233,7 @@ class PEM(Mechanism[str, GroupReports]):
     """Prefix Extending Method with local hashing (TDSC 2019, Section IV)."""
 
     wire_id = "pem"
+    chunked_statistic = True
 
     def __init__(
         self,
@@ -327,11 +337,15 @@ class PEM(Mechanism[str, GroupReports]):
 
     def statistic_to_json(self, statistic: GroupReports) -> str:
         """{"n", "groups": [base64 of the group's records sorted bytewise]} (canonical)."""
+        import numpy as np
+
         size = statistic.record_size
         groups = []
         for buf in statistic.records:
-            records = sorted(bytes(buf[i : i + size]) for i in range(0, len(buf), size))
-            groups.append(base64.b64encode(b"".join(records)).decode("ascii"))
+            # Fixed-width byte strings: numpy orders them as bytes do (a trailing zero
+            # byte is padding to numpy, but every record has the same width).
+            records = np.sort(np.frombuffer(bytes(buf), dtype=f"S{size}"))
+            groups.append(base64.b64encode(records.tobytes()).decode("ascii"))
         return json.dumps({"n": statistic.n, "groups": groups}, separators=(",", ":"))
 
     def statistic_from_json(self, text: str) -> GroupReports:
@@ -368,12 +382,74 @@ class PEM(Mechanism[str, GroupReports]):
             raise ValueError(f"pem statistic group {group} is not base64") from None
         if len(raw) % self.record_size:
             raise ValueError(f"pem statistic group {group} has a partial record")
-        for offset in range(self.key_bytes, len(raw), self.record_size):
-            if struct.unpack_from("<I", raw, offset)[0] >= self.g:
-                raise ValueError(
-                    f"pem statistic group {group} holds a hash value outside [0, {self.g})"
-                )
+        import numpy as np
+
+        values = np.frombuffer(raw, dtype=self._record_dtype(group_field=False))["value"]
+        if values.size and int(values.max()) >= self.g:
+            raise ValueError(
+                f"pem statistic group {group} holds a hash value outside [0, {self.g})"
+            )
         return raw
+
+    # --- chunks: the collector's append-only form (module docstring) ---
+
+    def _record_dtype(self, *, group_field: bool) -> np.dtype[Any]:
+        """A packed record: [group <u2,] key <u8 [c + 1], value <u4."""
+        import numpy as np
+
+        fields: list[Any] = [("group", "<u2")] if group_field else []
+        fields += [("key", "<u8", (self.chunks + 1,)), ("value", "<u4")]
+        return np.dtype(fields)
+
+    def statistic_chunk(self, statistic: GroupReports) -> bytes:
+        """Every report of `statistic` as a chunk record: its group (2 bytes, little-
+        endian), key and value. Pure Python (the collector runs it once per commit on
+        that commit's reports)."""
+        size = statistic.record_size
+        out = bytearray()
+        for group, buf in enumerate(statistic.records):
+            head = group.to_bytes(2, "little")
+            for offset in range(0, len(buf), size):
+                out += head
+                out += buf[offset : offset + size]
+        return bytes(out)
+
+    def chunk_count(self, data: bytes) -> int:
+        """Reports in concatenated chunks; ValueError on a partial record."""
+        count, extra = divmod(len(data), self.record_size + 2)
+        if extra:
+            raise ValueError("pem statistic chunks end in a partial record")
+        return count
+
+    def statistic_from_chunks(self, data: bytes) -> GroupReports:
+        """The statistic of concatenated chunks, each group's records in chunk order.
+
+        Refused (ValueError; no value from `data` is echoed), as `statistic_from_json`
+        refuses them: a partial record, a group outside [0, groups), a hash value
+        outside [0, g)."""
+        import numpy as np
+
+        n = self.chunk_count(data)
+        records = np.frombuffer(data, dtype=self._record_dtype(group_field=True))
+        statistic = self.new_statistic()
+        if not n:
+            return statistic
+        groups = records["group"]
+        if int(groups.max()) >= self.groups:
+            raise ValueError(f"pem statistic chunk holds a group outside [0, {self.groups})")
+        if int(records["value"].max()) >= self.g:
+            raise ValueError(f"pem statistic chunk holds a hash value outside [0, {self.g})")
+        order = np.argsort(groups, kind="stable")
+        packed = np.empty(n, dtype=self._record_dtype(group_field=False))
+        packed["key"] = records["key"][order]
+        packed["value"] = records["value"][order]
+        raw = packed.tobytes()
+        end = 0
+        for group, count in enumerate(np.bincount(groups, minlength=self.groups).tolist()):
+            start, end = end, end + count * self.record_size
+            statistic.records[group] += raw[start:end]
+        statistic.n = n
+        return statistic
 
     # --- estimation ---
 
@@ -383,8 +459,9 @@ class PEM(Mechanism[str, GroupReports]):
         """(keys uint64 [n_j, c + 1], values uint64 [n_j]) of one group's reports."""
         import numpy as np
 
-        dtype = np.dtype([("key", "<u8", (self.chunks + 1,)), ("value", "<u4")])
-        records = np.frombuffer(bytes(statistic.records[group]), dtype=dtype)
+        records = np.frombuffer(
+            bytes(statistic.records[group]), dtype=self._record_dtype(group_field=False)
+        )
         return (
             np.ascontiguousarray(records["key"]).astype(np.uint64),
             records["value"].astype(np.uint64),
@@ -506,9 +583,23 @@ class PEM(Mechanism[str, GroupReports]):
             acc += keys[:, i] * chunks[:, i]
         return self.top_bits(acc).astype(np.int64)
 
+    def support_window(
+        self, values: npt.NDArray[np.uint64]
+    ) -> tuple[npt.NDArray[np.uint64], np.uint64]:
+        """(o, w) with `top_bits(acc) == v` exactly when (acc - o_v) mod 2^64 < w:
+        o_v = v · 2^(64-l) and w = 2^(64-l) (for v < g, acc in [v w, (v + 1) w) is
+        the interval whose top l bits are v; with any other acc, acc - o_v wraps or
+        is at least w). What discovery counts support with
+        (`fedldp.aggregator.discovery.level_counts`)."""
+        import numpy as np
+
+        shift = np.uint64(WORD_BITS - self.hash_bits)
+        return np.asarray(values, dtype=np.uint64) << shift, np.uint64(1) << shift
+
     def top_bits(self, acc: npt.NDArray[np.uint64]) -> npt.NDArray[np.uint64]:
-        """The hash value from b + Σ a_i x_i mod 2^64: its top l bits (the one place the
-        batch paths take them)."""
+        """The hash value from b + Σ a_i x_i mod 2^64: its top l bits (where the device's
+        batch path and the reference analysis take them; discovery's fast path uses the
+        equivalent `support_window`)."""
         import numpy as np
 
         return np.asarray(acc >> np.uint64(WORD_BITS - self.hash_bits), dtype=np.uint64)
@@ -550,8 +641,7 @@ class PEM(Mechanism[str, GroupReports]):
             or values.max() >= self.g
         ):
             raise OutputDomainError("OUT_OF_DOMAIN", "pem report outside its output domain")
-        dtype = np.dtype([("key", "<u8", (self.chunks + 1,)), ("value", "<u4")])
-        records = np.empty(n, dtype=dtype)
+        records = np.empty(n, dtype=self._record_dtype(group_field=False))
         records["key"] = keys
         records["value"] = values
         for j in range(self.groups):

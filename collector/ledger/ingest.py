@@ -49,6 +49,7 @@ from fedldp.collector.ledger.sql import (
     copy_reports_statement,
     insert_reports_statements,
 )
+from fedldp.collector.ledger.statistic_chunks import append_chunks
 from fedldp.collector.ledger.versions import (
     PolicyVersions,
     _Versions,
@@ -621,9 +622,11 @@ class Ingestion(PolicyVersions):
         text (if anything else wrote it, the cache entry is dropped and the
         transaction reruns, reading the row). Other rows are created if missing and
         read under the transaction's lock. `plan`'s statistics are never modified
-        (a rerun uses them again).
+        (a rerun uses them again). Mechanisms whose statistic grows with the reports
+        (pem) append a chunk row instead (statistic_chunks.py).
         """
-        keys = sorted(accepted)
+        plan_parts = (plan.policies, plan.statistics)
+        keys = append_chunks(db, self.dialect, self.shard, now, plan_parts, accepted)
         with self._stats_lock:
             base = {k: self._stats_cache[k] for k in keys if k in self._stats_cache}
         fresh = [k for k in keys if k not in base]

@@ -156,14 +156,24 @@ class SubmitBatch(NamedTuple):
 
 @dataclass(frozen=True)
 class PartialStatistic:
-    """One collector shard's additive statistic for (policy, version, window)."""
+    """One collector shard's additive statistic for (policy, version, window).
+
+    `n` reports in all: those of `statistic_json` (None when the row has no JSON
+    part) and, for a mechanism that keeps chunks (`Mechanism.chunked_statistic`,
+    pem), those of `chunks`, its chunk rows' data concatenated in order
+    (collector/ledger/statistic_chunks.py); `chunk_n` is what the chunk rows say
+    they hold. The reader merges both parts and checks that they count `n`
+    (aggregator/reports.py).
+    """
 
     policy_id: str
     version: int
     window_start: int
     shard: str
     n: int
-    statistic_json: str
+    statistic_json: str | None
+    chunks: bytes = b""
+    chunk_n: int = 0
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,7 @@ from fedldp.collector.ledger.schema import (
     spend,
     statistics,
 )
+from fedldp.collector.ledger.statistic_chunks import read_chunks
 from fedldp.collector.wire import output_from_json
 
 if TYPE_CHECKING:
@@ -78,7 +79,9 @@ class ReportQueries(LedgerCore):
 
         def tx(conn: sa.Connection) -> list[PartialStatistic]:
             q = statistics_query(policy_id, version, window_start)
-            return [partial_from_row(r) for r in conn.execute(q)]
+            rows = conn.execute(q).all()
+            chunks = read_chunks(conn, policy_id, version, window_start)  # same snapshot
+            return [partial_from_row(r, chunks.get((int(r.window_start), r.shard))) for r in rows]
 
         return self.transaction(tx, write=False)
 
@@ -197,8 +200,10 @@ def statistics_query(
     return q.order_by(statistics.c.window_start, statistics.c.shard)
 
 
-def partial_from_row(r: sa.Row[Any]) -> PartialStatistic:
-    """A `statistics` row as the mergeable PartialStatistic."""
+def partial_from_row(r: sa.Row[Any], chunks: tuple[int, bytes] | None = None) -> PartialStatistic:
+    """A `statistics` row, with its chunks (reports in them, their data), as the
+    mergeable PartialStatistic."""
+    chunk_n, data = chunks if chunks is not None else (0, b"")
     return PartialStatistic(
         r.policy_id,
         int(r.policy_version),
@@ -206,4 +211,6 @@ def partial_from_row(r: sa.Row[Any]) -> PartialStatistic:
         r.shard,
         int(r.n),
         r.statistic_json,
+        data,
+        chunk_n,
     )

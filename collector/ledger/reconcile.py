@@ -30,6 +30,7 @@ from fedldp.collector.ledger.schema import (
     spend,
     statistics,
 )
+from fedldp.collector.ledger.statistic_chunks import chunk_mismatches
 from fedldp.collector.ledger.versions import (
     _policy_version,
     smallest_cap,
@@ -47,7 +48,8 @@ class Reconcile(LedgerCore):
         against the cap in force, the smallest of the caps its reports were
         charged under and of the recorded versions in force during the window;
         checks each window start against its policy id's recorded window length;
-        compares each statistics n with the stored report count; recomputes
+        compares each statistics n with the stored report count and with its
+        statistic chunks (`statistic_chunks.chunk_mismatches`); recomputes
         central commitments from the reservations and judges each reservation
         against the central cap in force when it was made (a cap lowered later
         below what was spent is no mismatch). An empty list means the ledger is
@@ -60,6 +62,7 @@ class Reconcile(LedgerCore):
         return [
             *self._spend_mismatches(conn, raw),
             *_statistic_mismatches(conn, count_by_policy),
+            *chunk_mismatches(conn),
             *_central_mismatches(conn),
         ]
 

@@ -79,6 +79,27 @@ statistics = sa.Table(
     sa.Column("updated_at", sa.BigInteger, nullable=False),
 )
 
+#: Append-only statistics (migration 0008_statistic_chunks), for mechanisms whose
+#: statistic grows with the reports (`Mechanism.chunked_statistic`: pem): each commit
+#: adds one row per statistics row it moves, holding only that commit's accepted
+#: reports (`Mechanism.statistic_chunk`), in the same transaction as their charge,
+#: and adds their count to the `statistics` row's n. `n_before` is that n before the
+#: commit: the chunks of one statistics row hold disjoint ranges [n_before,
+#: n_before + n) of its reports. A reader merges the row's statistic_json (NULL,
+#: or what a collector wrote before 0008) and its chunks
+#: (collector/ledger/statistic_chunks.py).
+statistic_chunks = sa.Table(
+    "statistic_chunks",
+    metadata,
+    sa.Column("policy_id", sa.Text, primary_key=True),
+    sa.Column("policy_version", sa.BigInteger, primary_key=True),
+    sa.Column("window_start", sa.BigInteger, primary_key=True),
+    sa.Column("shard", sa.Text, primary_key=True),
+    sa.Column("n_before", sa.BigInteger, primary_key=True),
+    sa.Column("n", sa.BigInteger, nullable=False),
+    sa.Column("data", sa.LargeBinary, nullable=False),
+)
+
 #: Central-release caps per (subject, purpose), set by an operator, with running totals.
 central_caps = sa.Table(
     "central_caps",

@@ -31,6 +31,7 @@ aggregator's mergeable merge (aggregator/reports.py `merge_partials`).
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import threading
@@ -362,9 +363,7 @@ class ShardedLedger:
     ) -> list[PartialStatistic]:
         """Every shard's partial statistics, each named ``<shard index>/<instance>``."""
         return [
-            PartialStatistic(
-                p.policy_id, p.version, p.window_start, f"{i}/{p.shard}", p.n, p.statistic_json
-            )
+            dataclasses.replace(p, shard=f"{i}/{p.shard}")
             for i, s in enumerate(self.shards)
             for p in s.statistics(policy_id, version, window_start)
         ]

@@ -6,8 +6,9 @@ Stated success rate: with n = 300,000 users, ε = 8, strings of up to 8 bytes
 random words, discovery finds at least 19 of the true top 20 and reports only
 real words; at ε = 4 and n = 200,000 it reports no string that nobody holds.
 Broken variants are caught: a hash whose two distinct prefixes collide with
-probability != 1/g (the low bits of the multiply-add instead of the top bits)
-finds fewer than 19 of the top 20; with few reports per group (n = 3,000,
+probability != 1/g (the low bits of the multiply-add instead of the top bits,
+through the reference analysis; only the first 32-bit chunk of each prefix,
+through the fast one) finds fewer than 19 of the top 20; with few reports per group (n = 3,000,
 ε = 8, g = 4096) a normal-approximation z threshold keeps a chance collision
 that the exact binomial threshold does not; and a threshold rule without the binomial
 cut (keep any positive estimate) reports strings that nobody holds.
@@ -16,6 +17,7 @@ cut (keep any positive estimate) reports strings that nobody holds.
 from __future__ import annotations
 
 import math
+import struct
 from decimal import Decimal
 from statistics import NormalDist
 from typing import Any
@@ -24,7 +26,7 @@ import numpy as np
 import pytest
 from fedldp.aggregator import discovery
 from fedldp.aggregator.discovery import discover, discovery_report
-from fedldp.client.mechanisms import OpenDomain
+from fedldp.client.mechanisms import GroupHashedOutput, OpenDomain
 from fedldp.client.mechanisms.pem import PEM
 
 VOCABULARY = 10_000
@@ -52,12 +54,30 @@ def run(mech: PEM, n: int, seed: int, **options: Any) -> tuple[discovery.Discove
 
 
 class LowBitsPEM(PEM):
-    """Broken: the hash value is the LOW l bits of b + Σ a_i x_i (device and analysis
-    alike), which depend only on the low bits of each chunk: prefixes that differ
-    elsewhere always collide, so the collision probability is not 1/g."""
+    """Broken: the hash value is the LOW l bits of b + Σ a_i x_i (device and the
+    reference analysis alike, which take it through `top_bits`), which depend only on
+    the low bits of each chunk: prefixes that differ elsewhere always collide, so the
+    collision probability is not 1/g. (The fast path counts support through
+    `support_window`, the contract's top bits: it runs with `FirstChunkPEM`.)"""
 
     def top_bits(self, acc: Any) -> Any:
         return acc & np.uint64(self.g - 1)
+
+
+class FirstChunkPEM(PEM):
+    """Broken: the hash reads only the first 32-bit chunk of a prefix (the others are
+    taken as zero, on the device and in both analyses): prefixes that share their
+    first 4 bytes always collide, so the collision probability is not 1/g."""
+
+    def prefix_rows(self, padded: Any, bits: int) -> Any:
+        rows = super().prefix_rows(padded, bits)
+        rows[:, 1:] = 0
+        return rows
+
+    def prefix_words(self, prefixes: Any, bits: int) -> Any:
+        words = super().prefix_words(prefixes, bits)
+        words[:, 1:] = 0
+        return words
 
 
 def pem(cls: type[PEM], epsilon: str) -> PEM:
@@ -75,8 +95,11 @@ def test_discovery_finds_the_top_20_at_epsilon_8() -> None:
     assert np.all(found.estimate.variances > 0)
 
 
-def test_a_hash_without_exact_collision_probability_fails_discovery() -> None:
-    found, words = run(pem(LowBitsPEM, "8"), 300_000, seed=5)
+@pytest.mark.parametrize(("broken", "reference"), [(LowBitsPEM, True), (FirstChunkPEM, False)])
+def test_a_hash_without_exact_collision_probability_fails_discovery(
+    broken: type[PEM], reference: bool
+) -> None:
+    found, words = run(pem(broken, "8"), 300_000, seed=5, reference=reference)
     assert len(set(words[:20]) & set(found.strings)) < 19
 
 
@@ -182,3 +205,56 @@ def test_level_counts_equal_the_mechanisms_support_counts(epsilon: str, n: int, 
     assert found.strings == reference.strings and found.strings
     assert np.array_equal(found.estimate.values, reference.estimate.values)
     assert np.array_equal(found.estimate.variances, reference.estimate.variances)
+
+
+@pytest.mark.parametrize(
+    ("g", "n", "parents", "block"),
+    [
+        (2, 1, 1, 1 << 17),  # one report, the smallest hash range
+        (8, 1_003, 3, 64),  # many blocks, the last one partial, rows not a multiple of 8
+        (4096, 20_000, 33, 1 << 17),  # more parents than the discovery rule keeps
+        (1 << 31, 5_000, 16, 8),  # the largest hash range; blocks of one report per parent
+    ],
+)
+def test_level_counts_at_odd_sizes_equal_the_support_counts(
+    g: int, n: int, parents: int, block: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`level_counts` against `mech.support_counts` (every hash in full) at sizes that
+    split blocks and packed bytes unevenly, at every level of a statistic whose reports
+    support the candidates (their strings share the parents' prefixes)."""
+    monkeypatch.setattr(discovery, "_BLOCK_PAIRS", block)
+    mech = PEM(Decimal(4), OpenDomain(6), g=g)  # two 32-bit chunks
+    rng = np.random.default_rng(g + n)
+    words = ["ab", "abcde", "b", "zz", "\u00e9t\u00e9"]
+    padded = mech.encode_batch(words)[rng.integers(0, len(words), size=n)]
+    stat = mech.new_statistic()
+    mech.accumulate_batch(stat, mech.perturb_batch(padded, rng))
+    for j in range(mech.groups):
+        bits = mech.prefix_bits(j) - mech.step_bits
+        first = int.from_bytes(padded[0].tobytes(), "big") >> (8 * mech.max_bytes - bits)
+        for output in boundary_reports(mech, j, (first << mech.step_bits) | 3, rng):
+            mech.accumulate(stat, output)
+        chosen = sorted({first, *rng.integers(0, 1 << bits, size=parents - 1).tolist()})
+        keys, values = mech.group_arrays(stat, j)
+        candidates = [(x << mech.step_bits) | e for x in chosen for e in range(16)]
+        expected = mech.support_counts(keys, values, mech.prefix_words(candidates, bits + 4))
+        assert np.array_equal(discovery.level_counts(mech, stat, j, chosen), expected), j
+
+
+def boundary_reports(
+    mech: PEM, group: int, prefix: int, rng: np.random.Generator
+) -> list[GroupHashedOutput]:
+    """Reports of `group` whose sum b + Σ a_i x_i for `prefix` sits at an edge of a hash
+    value's interval [v w, (v + 1) w), w = 2^(64-l): on each side of both ends, for
+    v = 0, 1 and g - 1 (random a, b solved for). Random sums land there with
+    probability 2^-(64-l): an off-by-one comparison would pass on them alone."""
+    x = [int(c) for c in mech.prefix_words([prefix], mech.prefix_bits(group))[0]]
+    width = 1 << (64 - mech.hash_bits)
+    out = []
+    for v in (0, 1, mech.g - 1):
+        for acc in (v * width - 1, v * width, (v + 1) * width - 1, (v + 1) * width):
+            a = [int(w) for w in rng.integers(0, 2**63, size=mech.chunks)]
+            b = (acc - sum(ai * xi for ai, xi in zip(a, x, strict=True))) % 2**64
+            key = struct.pack(f"<{mech.chunks + 1}Q", *a, b)
+            out.append(GroupHashedOutput(group, key, v))
+    return out

@@ -25,7 +25,7 @@ from fedldp.collector.ledger.store import _in_statement
 def _stored_statistic(ledger: Ledger, policy: VerifiedPolicy) -> tuple[int, list[int]]:
     parts = ledger.statistics(policy.policy_id, policy.version)
     assert len(parts) == 1
-    stat = policy.mechanism.statistic_from_json(parts[0].statistic_json)
+    stat = policy.mechanism.statistic_from_json(parts[0].statistic_json or "")
     return parts[0].n, list(stat.counts)
 
 

@@ -545,7 +545,7 @@ def test_groups_match_charging_one_report_at_a_time(
         mech = policy.mechanism
         merged = mech.new_statistic()
         for part in ledger.statistics(policy.policy_id, policy.version):
-            mech.merge_statistics(merged, mech.statistic_from_json(part.statistic_json))
+            mech.merge_statistics(merged, mech.statistic_from_json(part.statistic_json or ""))
         reference = mech.new_statistic()
         for index in accepted_outputs[policy.policy_id]:
             mech.accumulate(reference, CategoryOutput(index))

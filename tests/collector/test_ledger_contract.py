@@ -161,7 +161,7 @@ def test_statistics_move_with_the_reports(ledger: Ledger, policy: VerifiedPolicy
     parts = ledger.statistics("color", 1, window)
     assert [p.shard for p in parts] == ["test"]
     assert parts[0].n == 9
-    stat = policy.mechanism.statistic_from_json(parts[0].statistic_json)
+    stat = policy.mechanism.statistic_from_json(parts[0].statistic_json or "")
     assert stat.counts == [3, 0, 6, 0]
     assert ledger.recompute_statistics(policy, window).counts == stat.counts
 

@@ -14,6 +14,7 @@ from typing import Any
 import grpc
 import pytest
 from collector_testkit import Deployment, coarse, make_report
+from fedldp.aggregator.reports import merge_partials, partials_from_ledger
 from fedldp.client.mechanisms import (
     BitVectorOutput,
     IndexBitsOutput,
@@ -124,9 +125,8 @@ def test_outputs_are_charged_and_aggregated(
     parts = ledger.statistics(policy.policy_id, policy.version, window)
     assert sum(p.n for p in parts) == 3
     mech = policy.mechanism
-    merged = mech.new_statistic()
-    for p in parts:
-        mech.merge_statistics(merged, mech.statistic_from_json(p.statistic_json))
+    # Each part's JSON and, for a mechanism that keeps chunk rows (pem), its chunks.
+    merged = merge_partials(mech, partials_from_ledger(ledger, policy, window)).statistic
     assert mech.statistic_to_json(merged) == mech.statistic_to_json(
         ledger.recompute_statistics(policy, window)
     )

@@ -76,7 +76,7 @@ def test_only_grid_doubles_are_accepted_and_a_refusal_changes_nothing(
     def state() -> tuple[Decimal, list[str]]:
         parts = ledger.statistics(policy.policy_id, policy.version, window)
         return ledger.spent(subject, policy.policy_id, window), sorted(
-            p.statistic_json for p in parts
+            p.statistic_json or "" for p in parts
         )
 
     before = state()

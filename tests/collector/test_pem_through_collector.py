@@ -23,6 +23,7 @@ from fedldp.client.mechanisms import GroupHashedOutput, Output
 from fedldp.client.mechanisms.pem import PEM
 from fedldp.client.policy import VerifiedPolicy
 from fedldp.collector.auth import bearer_metadata
+from fedldp.collector.ledger import PartialStatistic
 from fedldp.collector.server import RunningCollector, start_collector
 from fedldp.v1 import collector_pb2 as pb
 from fedldp.v1 import collector_pb2_grpc
@@ -79,11 +80,11 @@ def test_pem_reports_are_checked_charged_once_and_discovered(
     outcome, _ = submit(d, running, policy, mech.perturb("ok", rng=rng), "user0")
     assert outcome.outcome == pb.OUTCOME_BUDGET_EXHAUSTED
 
-    def state() -> tuple[Decimal, list[str]]:
+    def state() -> tuple[Decimal, list[PartialStatistic]]:
+        # Every partial statistic as read: n, its JSON part and its chunk rows.
         parts = ledger.statistics(policy.policy_id, policy.version, window)
-        return ledger.spent("fresh", policy.policy_id, window), sorted(
-            p.statistic_json or "" for p in parts
-        )
+        assert all(p.chunks for p in parts)
+        return ledger.spent("fresh", policy.policy_id, window), parts
 
     before = state()
     good = mech.perturb("ok", rng=rng)

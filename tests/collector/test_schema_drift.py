@@ -7,7 +7,8 @@ database (the suite's server).
   same dialect (columns, their types as the dialect spells them, nullability,
   primary keys, unique constraints, indexes, foreign keys), and Alembic's own
   autogenerate comparison finds nothing to change.
-* Hand-written SQL vs both: every statement of `sql.all_statements` compiles
+* Hand-written SQL vs both: every statement of `sql.all_statements` (and of
+  `statistic_chunks.chunk_statements`) compiles
   (EXPLAIN; PostgreSQL's COPY is opened and closed empty in a rolled-back
   transaction) on both databases.
 
@@ -27,6 +28,7 @@ from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from fedldp.collector.ledger import open_ledger, schema
 from fedldp.collector.ledger.sql import all_statements
+from fedldp.collector.ledger.statistic_chunks import chunk_statements
 
 Description = dict[str, dict[str, Any]]
 
@@ -147,6 +149,7 @@ def test_hand_written_sql_compiles_on_alembic_head_and_core_schema(
 ) -> None:
     migrated, fresh = databases
     statements = all_statements(migrated.dialect.name)
+    statements.update(chunk_statements(migrated.dialect.name))
     core = from_core(fresh, schema.metadata)
     try:
         assert compile_statements(migrated, statements) == {}
