@@ -5,8 +5,10 @@ Contribution bounding (done by the engine: aggregator/engines/plan.py): each
 privacy unit contributes to at most L0 groups and at most L∞ rows per group, so
 adding or removing a unit changes at most L0 groups, each by at most L∞ rows
 (Wilson et al. 2020; PipelineDP). Sensitivities over the vector of all groups
-(L1, which bounds L2 too): count L0·L∞; sum L0·L∞·max(|L|, |U|); a mean's sum and
-count parts the same, with half of its ε each; a quantile is one exponential
+(L1, which bounds L2 too): count L0·L∞; sum L0·L∞·max(|L|, |U|); a mean is
+releases.private_mean's centred form per group, M + noisy Σ(x − M) / noisy count
+with M = (L + U)/2: its centred sum L0·L∞·(U − L)/2 and its count L0·L∞, with
+half of its ε each; a quantile is one exponential
 mechanism per group at ε/L0 (a unit moves the scores of at most L0 groups by at
 most L∞·max(Q, D − Q): basic composition over those groups, parallel elsewhere).
 
@@ -46,8 +48,10 @@ from fedldp.aggregator.central.releases import (
     ReleaseRequest,
     RequestFields,
     _run_release,
+    centre_of,
     exact_half,
     exponential_choice,
+    mean_of,
     plan_noise,
 )
 from fedldp.aggregator.central.reservations import CentralLedger
@@ -155,11 +159,14 @@ def _additive(
     rng: random.Random,
 ) -> list[dict[str, object]]:
     """The events of a count, sum or mean over every released group."""
-    bound = max(abs(agg.lower or Decimal(0)), abs(agg.upper or Decimal(0)))
+    lower, upper = agg.lower or Decimal(0), agg.upper or Decimal(0)
+    bound = max(abs(lower), abs(upper))
+    centre = Decimal(0)
     parts = [("count", eps)] if agg.kind == "count" else [("sum", eps)]
     if agg.kind == "mean":
         half = exact_half(eps, "epsilon")
-        parts = [("sum", half), ("count", half)]
+        parts = [("centred_sum", half), ("count", half)]
+        centre, bound = centre_of(lower, upper), exact_half(upper - lower, "upper - lower")
     events = []
     for part, e in parts:
         counted = part == "count"
@@ -180,8 +187,11 @@ def _additive(
                 true = Decimal(s.counts.get(agg.column or "", 0))
             else:
                 true = s.sums.get(agg.column or "", Decimal(0))
+                true -= centre * s.counts.get(agg.column or "", 0)  # 0 unless a mean
             out[label_of(g)] = str(plan.noised(true, rng))
         event = plan.event(f"{agg.label}.{part}" if agg.kind == "mean" else agg.label)
+        if part == "centred_sum":
+            event["centre"] = str(centre)
         event["bins"] = len(groups)
         event["output"] = json.dumps(out, sort_keys=True, separators=(",", ":"))
         events.append(event)
@@ -245,14 +255,11 @@ def table_of(
     for agg in aggregates:
         if agg.kind == "mean":
             assert agg.lower is not None and agg.upper is not None
-            sums, counts = by[f"{agg.label}.sum"], by[f"{agg.label}.count"]
+            centred = f"{agg.label}.centred_sum" in by  # tables recorded before: ".sum"
+            sums = by[f"{agg.label}.centred_sum" if centred else f"{agg.label}.sum"]
+            counts = by[f"{agg.label}.count"]
             for g, s in sums.items():
-                c = Decimal(counts[g])
-                v = (
-                    (agg.lower + agg.upper) / 2
-                    if c < 1
-                    else min(max(Decimal(s) / c, agg.lower), agg.upper)
-                )
+                v = mean_of(Decimal(s), Decimal(counts[g]), agg.lower, agg.upper, centred=centred)
                 table.setdefault(g, {})[agg.label] = str(v)
         else:
             for g, v in by[agg.label].items():

@@ -155,11 +155,30 @@ class HashingReader(io.RawIOBase):
 
 
 def _events_of(ledger: ReceiptLedger, res: Any) -> list[dict[str, Any]]:
+    """The events the ledger stores for the reservation `res`: read from its own row
+    when the ledger offers `release_events` (one read, whatever its subject's history),
+    else picked from every event of its (subject, purpose)."""
+    one = getattr(ledger, "release_events", None)
+    if one is not None:
+        return [dict(e.event) for e in one(res.id)[1]]
     return [
         dict(e.event)
         for e in ledger.central_events(res.subject, res.purpose)
         if e.reservation_id == res.id
     ]
+
+
+def _reservation_and_events(
+    ledger: ReceiptLedger, reservation_id: str
+) -> tuple[Any, list[dict[str, Any]]]:
+    """The reservation and its stored events: one read of its row when the ledger
+    offers `release_events`, else `reservation` then `_events_of`."""
+    one = getattr(ledger, "release_events", None)
+    if one is not None:
+        res, events = one(reservation_id)
+        return res, [dict(e.event) for e in events]
+    res = ledger.reservation(reservation_id)
+    return res, _events_of(ledger, res) if res.status == "settled" else []
 
 
 def release_receipt(
@@ -178,10 +197,9 @@ def release_receipt(
     earlier signature) can only make a receipt more conservative: "seeded"
     marks it not for release whatever the ledger says.
     """
-    res = ledger.reservation(reservation_id)
+    res, events = _reservation_and_events(ledger, reservation_id)
     if res.status != "settled":
         raise ValueError(f"reservation {reservation_id} is {res.status}: nothing was released")
-    events = _events_of(ledger, res)
     source = _recorded_randomness(events)
     if randomness != "os-csprng":
         source = "seeded"
@@ -444,7 +462,7 @@ def _check_events(
 
 
 def _check_value(out: Verification, receipt: dict[str, Any]) -> None:
-    """The released value follows from the events' outputs (mean: noisy sum / noisy count)."""
+    """The released value follows from the events' outputs (mean: `releases.mean_of`)."""
     events = {str(e.get("query")): e for e in receipt.get("events", [])}
     kind, value = receipt.get("kind"), receipt.get("value")
     try:
@@ -456,15 +474,14 @@ def _check_value(out: Verification, receipt: dict[str, Any]) -> None:
             table = table_of(receipt.get("events", []), aggregates_of(meta))
             ok = canonical_json(table).decode() == str(value)
         elif kind == "mean":
+            from fedldp.aggregator.central.releases import mean_of
+
             meta = receipt["ledger"]["metadata"]
             lower, upper = Decimal(meta["lower"]), Decimal(meta["upper"])
-            noisy_sum = Decimal(str(events["sum"]["output"]))
+            centred = "centred_sum" in events  # releases recorded before it: "sum"
+            noisy_sum = Decimal(str(events["centred_sum" if centred else "sum"]["output"]))
             noisy_count = Decimal(str(events["count"]["output"]))
-            expected = (
-                (lower + upper) / 2
-                if noisy_count < 1
-                else min(max(noisy_sum / noisy_count, lower), upper)
-            )
+            expected = mean_of(noisy_sum, noisy_count, lower, upper, centred=centred)
             ok = Decimal(str(value)) == expected
         else:
             ok = str(events[str(kind)]["output"]) == str(value)

@@ -9,7 +9,10 @@ reservation lifecycle it shares with DP-SGD training (reservations.py):
    from the ledger, never from the caller); an exhausted budget raises
    `CentralBudgetExhaustedError` before any data is read;
 3. record durably that the data is being opened (`Ledger.open_data`) - before
-   the first byte is read;
+   the first byte is read; the claim of step 2 commits this mark in its own
+   transaction (`Ledger.reserve(open_data=True)`: nothing can fail between the
+   two), except through a ledger view that must still be able to cancel the
+   claim (the service's analyst-cap hold), which opens separately;
 4. only then call `load()` to read the protected data, compute the true
    aggregate exactly (decimal arithmetic on clipped values), round it to the
    noise lattice and add exact integer noise (`noise.py`);
@@ -32,7 +35,9 @@ reading raises `ReleaseFailedError`, a cancelled one `ReleaseCancelledError`.
 
 Neighbouring datasets differ by adding or removing one record (unbounded DP).
 Sensitivities: count 1; sum of values clipped to [L, U]: max(|L|, |U|); mean
-= noisy sum / noisy count with ε (and δ) split equally (basic composition);
+= M + noisy Σ(x − M) / noisy count, M = (L + U)/2, the centred sum's
+sensitivity (U − L)/2, with ε (and δ) split equally (basic composition;
+`private_mean`);
 the exponential mechanism's utility is the count of each candidate (Δu = 1).
 With a per-unit contribution bound k (`contribution_bound`, for data where one
 privacy unit owns up to k records and the caller has already kept at most k
@@ -409,9 +414,14 @@ def _replay(
                 f"{reservation.lease_expires_at}); it is never released twice: retry later "
                 "for its result"
             )
-        events = [
-            e.event for e in ledger.central_events(subject, purpose) if e.reservation_id == rid
-        ]
+        one = getattr(ledger, "release_events", None)  # this release's row only
+        events = (
+            [e.event for e in one(rid)[1]]
+            if one is not None
+            else [
+                e.event for e in ledger.central_events(subject, purpose) if e.reservation_id == rid
+            ]
+        )
         if not events:
             raise ReleaseFailedError(
                 f"the release with this idempotency key (reservation {rid}) failed after "
@@ -458,6 +468,7 @@ def _run_release(
         metadata=metadata,
         lease_seconds=RELEASE_LEASE_SECONDS,
         receipt_key_id=request.receipt_key_id,
+        open_at_claim=True,  # nothing between claim and read: one commit for both
     )
     held = Reservation.claim(
         ledger, ask, clock=lambda: now, when_taken=_replay(ledger, metadata, subject, purpose)
@@ -685,6 +696,25 @@ def private_sum(
     )
 
 
+def centre_of(lower: Decimal, upper: Decimal) -> Decimal:
+    """The midpoint (lower + upper) / 2 of the clipping bounds, exactly."""
+    return exact_half(lower + upper, "lower + upper")
+
+
+def mean_of(
+    noisy_sum: Decimal, noisy_count: Decimal, lower: Decimal, upper: Decimal, *, centred: bool
+) -> Decimal:
+    """The released mean from its two noisy parts (post-processing, one copy for the
+    releases, grouped tables and receipt verification): the midpoint when the noisy
+    count is below 1, else clipped into [lower, upper] either the centred form
+    midpoint + noisy Σ(x − midpoint) / noisy count, or (`centred=False`, the form of
+    releases recorded before it) noisy Σx / noisy count."""
+    if noisy_count < 1:
+        return (lower + upper) / 2
+    ratio = noisy_sum / noisy_count
+    return min(max(centre_of(lower, upper) + ratio if centred else ratio, lower), upper)
+
+
 def private_mean(
     ledger: CentralLedger,
     *,
@@ -698,18 +728,29 @@ def private_mean(
     calibration: GaussianCalibration | str = GaussianCalibration.ANALYTIC,
     **fields: Unpack[RequestFields],
 ) -> CentralRelease:
-    """Noised sum / noised count, each with half of (ε, δ); clipped into [lower, upper].
+    """midpoint + noised Σ(x − midpoint) / noised count, each part with half of (ε, δ);
+    clipped into [lower, upper] (x: the values clipped to [lower, upper]).
 
-    Sensitivities k·max(|lower|, |upper|) and k for contribution bound k.
-
-    The ratio is post-processing; the result is clipped to the bounds and is
-    the midpoint when the noised count is below 1. `parts` holds the two
-    released parts (noised sum and noised count), which are public too.
+    The centred sum (event "centred_sum", its midpoint recorded as "centre") has
+    sensitivity k·(upper − lower)/2: one unit's k clipped values each move it by at
+    most half the range, where a plain sum moves by max(|lower|, |upper|) (twice
+    as much for bounds [0, U]). This is the mean of PipelineDP
+    (`dp_computations.compute_dp_mean`: "normalized sum" around the middle of the
+    bounds) and of Google's differential-privacy library (BoundedMean); the
+    estimator is Li et al. 2016, "Differential Privacy: From Theory to Practice",
+    Section 2.5.3 (noisy sum of values shifted by the midpoint over a noisy count).
+    The count's sensitivity is k. The budget split, ε/2 and δ/2 per part
+    (basic composition), is in each event. The ratio is post-processing; the
+    result is clipped to the bounds and is the midpoint when the noised count is
+    below 1 (`mean_of`). `parts` holds the two released parts (the noised centred
+    sum and the noised count), which are public too.
     `fields`: the `ReleaseRequest` (who is charged, key, clock, rng, data digest, k).
     """
     request = ReleaseRequest(**fields)
     k = _bound(request.contribution_bound)
-    sens = _check_bounds(lower, upper) * k
+    _check_bounds(lower, upper)
+    centre = centre_of(lower, upper)
+    sens = exact_half(upper - lower, "upper - lower") * k
     half_eps, half_delta = exact_half(epsilon, "epsilon"), exact_half(delta, "delta")
     sum_plan = plan_noise(
         mechanism,
@@ -731,8 +772,9 @@ def private_mean(
 
     def compute() -> list[dict[str, object]]:
         total, count = _clipped_sum(load(), lower, upper)
-        e_sum = sum_plan.event("sum")
-        e_sum["output"] = str(sum_plan.noised(total, r))
+        e_sum = sum_plan.event("centred_sum")
+        e_sum["centre"] = str(centre)
+        e_sum["output"] = str(sum_plan.noised(total - centre * count, r))
         e_count = count_plan.event("count")
         e_count["output"] = str(count_plan.noised(Decimal(count), r))
         return [e_sum, e_count]
@@ -746,11 +788,10 @@ def private_mean(
         compute=compute,
         randomness=request.randomness,
     )
-    noisy_sum, noisy_count = _output(events, "sum"), _output(events, "count")
-    if noisy_count < 1:
-        mean = (lower + upper) / 2
-    else:
-        mean = min(max(noisy_sum / noisy_count, lower), upper)
+    centred = any(e.get("query") == "centred_sum" for e in events)  # a replay may be older
+    noisy_sum = _output(events, "centred_sum" if centred else "sum")
+    noisy_count = _output(events, "count")
+    mean = mean_of(noisy_sum, noisy_count, lower, upper, centred=centred)
     return CentralRelease(
         "mean",
         mean,
@@ -762,7 +803,7 @@ def private_mean(
         sum_plan.noise_scale,
         sum_plan.calibration,
         rid,
-        parts={"sum": noisy_sum, "count": noisy_count},
+        parts={"centred_sum" if centred else "sum": noisy_sum, "count": noisy_count},
     )
 
 

@@ -14,7 +14,11 @@ charge a central budget the same way:
    `ask.lease_seconds`; the cap is the ledger's, and a refusal (exhausted cap,
    no cap, a conflicting key) raises before anything is read.
 2. **Open.** `open_data` commits that the data is being opened, before its
-   first byte is read; from then on the reservation is never refunded.
+   first byte is read; from then on the reservation is never refunded. A run
+   that reads right after its claim (a release) asks for both in one ledger
+   transaction (`ReservationAsk.open_at_claim`, `Ledger.reserve(open_data=True)`):
+   there is nothing between them to refund, and the mark is still durable
+   before the first read.
 3. **Renew.** A run longer than its lease renews it (`renew`) before each
    stretch of work, so an operator never sees it stale while it runs.
 4. **Settle.** `settle` charges the spend (≤ the reservation; the rest is
@@ -74,6 +78,7 @@ class CentralLedger(Protocol):
         owner: str | None = None,
         lease_seconds: int = ...,
         receipt_key_id: str = ...,
+        open_data: bool = ...,
     ) -> Any:
         """See `Ledger.reserve`."""
         ...
@@ -119,7 +124,8 @@ class CentralLedger(Protocol):
 class ReservationAsk:
     """What a run asks the ledger to reserve: (ε, δ) for (subject, purpose), under
     `idempotency_key`, recorded with `metadata`, leased for `lease_seconds`; the
-    receipt may be signed only by the key of id `receipt_key_id` ("" none)."""
+    receipt may be signed only by the key of id `receipt_key_id` ("" none);
+    `open_at_claim`: the claim also commits the data-opened mark (module docstring)."""
 
     subject: str
     purpose: str
@@ -129,6 +135,9 @@ class ReservationAsk:
     metadata: Mapping[str, str]
     lease_seconds: int
     receipt_key_id: str = ""
+    #: Open the data in the claim's own transaction (`Ledger.reserve(open_data=True)`):
+    #: for a run that reads right after its claim, with nothing to refund between.
+    open_at_claim: bool = False
 
 
 class Closed(str, enum.Enum):
@@ -207,17 +216,25 @@ class Reservation:
             owner=owner,
             lease_seconds=ask.lease_seconds,
             receipt_key_id=ask.receipt_key_id,
+            open_data=ask.open_at_claim,
         )
         if not record.held_by(owner):
             return when_taken(record)
-        return cls(ledger, ask, record, owner, clock)
+        held = cls(ledger, ask, record, owner, clock)
+        # Opened by the claim only when the ledger committed the mark with it (a view
+        # such as holds.AnalystCapLedger may take the claim without it).
+        held.opened = getattr(record, "data_opened_at", None) is not None
+        return held
 
     def ledger_id(self) -> str:
         """The id of the ledger holding the reservation (for receipts)."""
         return str(self.ledger.ledger_id())
 
     def open_data(self) -> None:
-        """Commit, durably and before the first read, that this run opens the data."""
+        """Commit, durably and before the first read, that this run opens the data
+        (nothing to do when the claim committed it: `ReservationAsk.open_at_claim`)."""
+        if self.opened:
+            return
         self.ledger.open_data(
             self.reservation_id,
             owner=self.owner,

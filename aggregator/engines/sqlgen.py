@@ -64,6 +64,10 @@ class _Names:
     def idiv(self, a: str, b: str) -> str:
         return f"(({a}) // ({b}))" if self.dialect == "duckdb" else f"(({a}) DIV ({b}))"
 
+    def same(self, a: str, b: str) -> str:
+        """NULL-safe equality (NULL equals NULL, as in a PARTITION BY)."""
+        return f"({a} IS NOT DISTINCT FROM {b})" if self.dialect == "duckdb" else f"({a} <=> {b})"
+
 
 def _raw(q: BoundedQuery, col: str, d: Dialect) -> str:
     """The typed value of a source column: fixed-point decimal or text."""
@@ -215,6 +219,8 @@ def compile_query(q: BoundedQuery, source: str, dialect: Dialect) -> str:
         if q.split is None and not q.sums:
             return _count_only(q, source, dialect)
         return _ungrouped(q, source, dialect)
+    if q.split is None:
+        return _grouped_by_pairs(q, source, dialect)
     n = _Names(dialect)
     fields = q.fields()
     fcols = [n.col(i) for i in range(len(fields))]
@@ -253,6 +259,85 @@ def compile_query(q: BoundedQuery, source: str, dialect: Dialect) -> str:
         f"rk AS (SELECT *, {ranks} FROM hk), "
         f"kept AS (SELECT *, {', '.join(keys) or '1 AS one'} FROM rk WHERE {keep}) "
         f"SELECT {', '.join([*group_cols, *stats])} FROM kept{by}"
+    )
+
+
+def _kept_pairs(q: BoundedQuery, source: str, dialect: Dialect) -> str:
+    """The WITH clause whose last table, `kp`, holds each kept (unit, group) pair with
+    its row count `n` and its Σ / non-NULL count of each sum column over all its rows
+    (`ps<j>`, `pc<j>`). L0 (`groups_per_unit`) ranks the pairs of a unit by the keyed
+    group hash (plan.py step 4), and only for units with more than L0 pairs: a unit
+    with at most L0 groups keeps them all whichever the key."""
+    n = _Names(dialect)
+    fields = q.fields()
+    gcols = [n.col(i) for i in range(len(q.group_by))]
+    stats = ["count(*) AS n"]
+    for j, col in enumerate(q.sums):
+        f = n.col(fields.index(col))
+        stats += [f"sum(CAST({f} AS DECIMAL(38, 0))) AS ps{j}", f"count({f}) AS pc{j}"]
+    pair_cols = ", ".join(["u", *gcols, "n", *(f"ps{j}, pc{j}" for j in range(len(q.sums)))])
+    by = ", ".join(["u", *gcols])
+    head = (
+        f"WITH src AS ({_src(q, source, dialect)}), "
+        f"pairs AS (SELECT {by}, {', '.join(stats)} FROM src GROUP BY {by})"
+    )
+    if q.groups_per_unit is None:
+        return f"{head}, kp AS (SELECT {pair_cols} FROM pairs)"
+    l0 = int(q.groups_per_unit)
+    texts = ["u", *(f"CAST({c} AS STRING)" for c in gcols)]
+    gh = n.sha(f"{text(q.key_hex)} || '|g|' || {_content(texts, n)}")
+    return (
+        f"{head}, "
+        "ng AS (SELECT *, count(*) OVER (PARTITION BY u) AS n_g FROM pairs), "
+        f"gr AS (SELECT {pair_cols}, row_number() OVER (PARTITION BY u ORDER BY {gh}) AS gr "
+        f"FROM ng WHERE n_g > {l0}), "
+        f"kp AS (SELECT {pair_cols} FROM ng WHERE n_g <= {l0} "
+        f"UNION ALL SELECT {pair_cols} FROM gr WHERE gr <= {l0})"
+    )
+
+
+def _grouped_by_pairs(q: BoundedQuery, source: str, dialect: Dialect) -> str:
+    """A grouped query without a split (grouped count, sum, mean; DP SQL): the same
+    totals as the row-ranking statement, but a kept (unit, group) pair with at most L∞
+    rows contributes its pair totals (all its rows are kept whichever the key, and a
+    group's `units` counts its kept pairs); only the rows of pairs with more than L∞
+    rows are ranked by the keyed row hash (plan.py step 4)."""
+    n = _Names(dialect)
+    fields = q.fields()
+    fcols = [n.col(i) for i in range(len(fields))]
+    depth = len(q.group_by)
+    gcols = fcols[:depth]
+    c = int(q.rows_per_unit)
+    texts = ["u", *(f"CAST({f} AS STRING)" for f in fcols)]
+    row_h = n.sha(f"{text(q.key_hex)} || '|' || {_content(texts, n)} || '|' || CAST(dup AS STRING)")
+    joined = " AND ".join(n.same(f"s.{x}", f"b.{x}") for x in ["u", *gcols])
+    part_all = ", ".join(["u", *fcols])
+    part_group = ", ".join(["u", *gcols])
+    easy = [*gcols, "n AS n_rows", "1 AS n_units"]
+    hard = [*gcols, "1 AS n_rows", "CASE WHEN rn = 1 THEN 1 ELSE 0 END AS n_units"]
+    out = [*(f"{g} AS g{i}" for i, g in enumerate(gcols)), "coalesce(sum(n_rows), 0) AS n_rows"]
+    out.append("coalesce(sum(n_units), 0) AS n_units")
+    for j, col in enumerate(q.sums):
+        f = n.col(fields.index(col))
+        easy += [f"ps{j} AS s{j}", f"pc{j} AS c{j}"]
+        hard += [
+            f"CAST({f} AS DECIMAL(38, 0)) AS s{j}",
+            f"CASE WHEN {f} IS NULL THEN 0 ELSE 1 END AS c{j}",
+        ]
+        out += [f"coalesce(sum(s{j}), 0) AS s{j}", f"coalesce(sum(c{j}), 0) AS c{j}"]
+    by = f" GROUP BY {', '.join(gcols)}" if gcols else ""
+    return (
+        f"{_kept_pairs(q, source, dialect)}, "
+        f"big AS (SELECT {', '.join(['u', *gcols])} FROM kp WHERE n > {c}), "
+        f"hrows AS (SELECT {', '.join('s.' + x for x in ['u', *fcols])} FROM src AS s "
+        f"JOIN big AS b ON {joined}), "
+        f"dup AS (SELECT *, row_number() OVER (PARTITION BY {part_all} ORDER BY u) AS dup "
+        "FROM hrows), "
+        f"rk AS (SELECT *, row_number() OVER (PARTITION BY {part_group} ORDER BY {row_h}) AS rn "
+        "FROM dup), "
+        f"parts AS (SELECT {', '.join(easy)} FROM kp WHERE n <= {c} "
+        f"UNION ALL SELECT {', '.join(hard)} FROM rk WHERE rn <= {c}) "
+        f"SELECT {', '.join(out)} FROM parts{by}"
     )
 
 

@@ -303,15 +303,17 @@ def _add_mean(
     events: dict[str, Any],
     meta: dict[str, Any],
 ) -> None:
-    s, c = result.parts["sum"], result.parts["count"]
+    part = "centred_sum" if "centred_sum" in result.parts else "sum"  # a replay may be older
+    s, c = result.parts[part], result.parts["count"]
     lower, upper = Decimal(str(meta["lower"])), Decimal(str(meta["upper"]))
     bar = errorbars.mean(
-        errorbars.additive(events["sum"], s),
+        errorbars.additive(events[part], s),
         errorbars.additive(events["count"], c),
         s,
         c,
         lower,
         upper,
+        offset=rel.centre_of(lower, upper) if part == "centred_sum" else Decimal(0),
     )
     _add(out, "mean", Decimal(str(result.value)), bar)
 

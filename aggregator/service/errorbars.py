@@ -14,10 +14,12 @@ the rounding), with coverage at least `confidence` over the noise:
   P[|X| ≥ λ] ≤ 2 exp(−λ²/(2σ²)) (CKS20, Section 2.1: N_Z(0, σ²) is
   σ-subgaussian), so λ = σ √(2 ln(2/α)) is a valid (conservative) half-width
   and σ an upper bound on the standard deviation.
-* mean = noisy sum / noisy count: a delta-method approximation,
-  sd ≈ √(sd_S² + m² sd_C²) / C, interval m ± z sd clipped to the declared
-  bounds (approximate: it ignores the count's noise in the denominator's
-  nonlinearity beyond first order, and clipping).
+* mean = M + noisy S / noisy count, S the sum of values minus their centre M
+  (releases.private_mean; M = 0 for a mean recorded as a plain sum): a
+  delta-method approximation, with r = S / C, sd ≈ √(sd_S² + r² sd_C²) / C,
+  interval M + r ± z sd clipped to the declared bounds (approximate: it
+  ignores the count's noise in the denominator's nonlinearity beyond first
+  order, and clipping).
 * quantile (exponential mechanism over a grid): no additive noise, so the
   error bar is in ranks, not values: with probability ≥ `confidence` the
   released v has #{x < v} ≤ q·n + e and #{x > v} ≤ (1 − q)·n + e, with e the
@@ -101,14 +103,16 @@ def mean(
     noisy_count: Decimal,
     lower: Decimal,
     upper: Decimal,
+    offset: Decimal = Decimal(0),
 ) -> ErrorBar:
-    """The delta-method error bar of noisy_sum / noisy_count (module docstring)."""
+    """The delta-method error bar of offset + noisy_sum / noisy_count (module
+    docstring; `offset`: the centre M of a centred sum)."""
     if noisy_count < 1:
         spread = float(upper - lower) / math.sqrt(12.0)  # uniform over the bounds
         return ErrorBar(spread, CONFIDENCE, lower, upper)
     m = float(noisy_sum / noisy_count)
     sd = math.sqrt(sum_bar.noise_stddev**2 + (m * count_bar.noise_stddev) ** 2) / float(noisy_count)
     z = float(norm.ppf(1 - float(1 - CONFIDENCE) / 2))
-    centre = min(max(noisy_sum / noisy_count, lower), upper)
+    centre = min(max(offset + noisy_sum / noisy_count, lower), upper)
     half = Decimal(repr(z * sd))
     return ErrorBar(sd, CONFIDENCE, max(centre - half, lower), min(centre + half, upper))

@@ -52,7 +52,12 @@ class AnalystCapLedger:
         return getattr(self._ledger, name)
 
     def reserve(self, **kwargs: Any) -> Any:
-        """The release's reservation; a fresh one also takes the analyst's hold."""
+        """The release's reservation; a fresh one also takes the analyst's hold.
+
+        Never opened by the claim (`open_data` is dropped): a refused hold must
+        still be able to cancel the release's reservation; `open_data` opens both.
+        """
+        kwargs.pop("open_data", None)
         res = self._ledger.reserve(**kwargs)
         owner, now = kwargs["owner"], kwargs["now"]
         if not res.held_by(owner):

@@ -242,6 +242,7 @@ class CentralReservations(LedgerCore):
         owner: str | None = None,
         lease_seconds: int = DEFAULT_LEASE_SECONDS,
         receipt_key_id: str = "",
+        open_data: bool = False,
     ) -> Reservation:
         """Claim (ε, δ) for one central run before any protected data is read.
 
@@ -263,6 +264,15 @@ class CentralReservations(LedgerCore):
         of its Ed25519 public key, signing.py): `fedldp verify` refuses a receipt
         of this reservation signed by any other key, even a trusted one. "" (the
         default) records that the run signs no receipt.
+
+        `open_data=True` also records, in the same transaction, that the claimant
+        opens the data (`open_data`'s mark, logged as "data_opened"): for a run
+        that reads right after its claim and has nothing to refund between the
+        two, it saves a commit. The mark is durable before the call returns, so
+        before the first read, and from then on the reservation is never
+        cancelled (the refund rule), exactly as after a separate `open_data`. A
+        key claimed before returns its reservation unchanged (not opened by this
+        call).
         """
         _exact_decimal("epsilon", epsilon, positive=True)
         _exact_decimal("delta", delta, positive=False)
@@ -329,7 +339,7 @@ class CentralReservations(LedgerCore):
                     closed_at=None,
                     owner=claimant,
                     lease_expires_at=now + lease_seconds,
-                    data_opened_at=None,
+                    data_opened_at=now if open_data else None,
                     close_reason=None,
                     receipt_key_id=receipt_key_id,
                 )
@@ -342,6 +352,8 @@ class CentralReservations(LedgerCore):
                 )
             )
             _log(conn, rid, now, "reserved", epsilon=str(epsilon), delta=str(delta))
+            if open_data:
+                _log(conn, rid, now, "data_opened")
             return Reservation(
                 rid,
                 subject,
@@ -357,6 +369,7 @@ class CentralReservations(LedgerCore):
                 None,
                 claimant,
                 now + lease_seconds,
+                data_opened_at=now if open_data else None,
                 receipt_key_id=receipt_key_id,
             )
 
@@ -774,33 +787,56 @@ class CentralReservations(LedgerCore):
         return self.transaction(tx, write=False)
 
     def central_events(self, subject: str, purpose: str) -> list[CentralEvent]:
-        """Every event of every settled release of (subject, purpose), oldest first."""
-        out: list[CentralEvent] = []
-        for res in self.reservations(subject, purpose):
-            if res.status != "settled":
-                continue
-            assert res.epsilon_spent is not None and res.delta_spent is not None
-            out.extend(
-                CentralEvent(
-                    res.id,
-                    res.subject,
-                    res.purpose,
-                    res.epsilon_spent,
-                    res.delta_spent,
-                    res.closed_at or res.created_at,
-                    ev,
-                )
-                for ev in self._events_of(res.id)
-            )
-        return out
+        """Every event of every settled release of (subject, purpose), oldest first
+        (one read transaction)."""
 
-    def _events_of(self, reservation_id: str) -> list[dict[str, object]]:
-        def tx(conn: sa.Connection) -> list[dict[str, object]]:
-            text = conn.execute(
-                sa.select(central_reservations.c.events_json).where(
-                    central_reservations.c.id == reservation_id
+        def tx(conn: sa.Connection) -> list[CentralEvent]:
+            q = (
+                sa.select(central_reservations)
+                .where(
+                    central_reservations.c.subject == subject,
+                    central_reservations.c.purpose == purpose,
+                    central_reservations.c.status == "settled",
                 )
-            ).scalar_one()
-            return list(json.loads(text)) if text else []
+                .order_by(central_reservations.c.created_at, central_reservations.c.id)
+            )
+            out: list[CentralEvent] = []
+            for row in conn.execute(q):
+                out.extend(_events_of(_reservation(row), row.events_json))
+            return out
 
         return self.transaction(tx, write=False)
+
+    def release_events(self, reservation_id: str) -> tuple[Reservation, list[CentralEvent]]:
+        """One reservation and its events (none unless settled), in one read transaction:
+        what a receipt or a replay of one release needs, without reading the other
+        releases of its subject (`central_events`). ReservationNotFoundError when
+        there is no such reservation."""
+
+        def tx(conn: sa.Connection) -> tuple[Reservation, list[CentralEvent]]:
+            row = conn.execute(
+                sa.select(central_reservations).where(central_reservations.c.id == reservation_id)
+            ).first()
+            if row is None:
+                raise ReservationNotFoundError(f"no reservation {reservation_id!r}")
+            res = _reservation(row)
+            return res, _events_of(res, row.events_json) if res.status == "settled" else []
+
+        return self.transaction(tx, write=False)
+
+
+def _events_of(res: Reservation, events_json: str | None) -> list[CentralEvent]:
+    """The `CentralEvent`s of a settled reservation from its stored events."""
+    assert res.epsilon_spent is not None and res.delta_spent is not None
+    return [
+        CentralEvent(
+            res.id,
+            res.subject,
+            res.purpose,
+            res.epsilon_spent,
+            res.delta_spent,
+            res.closed_at or res.created_at,
+            ev,
+        )
+        for ev in (json.loads(events_json) if events_json else [])
+    ]

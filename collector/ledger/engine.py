@@ -427,7 +427,12 @@ class LedgerCore:
                 time.sleep(random.uniform(0, min(0.05, 0.0005 * 2 ** min(failures, 10))))
 
     def ledger_id(self) -> str:
-        """This ledger's identity (a UUID drawn when its schema was created)."""
+        """This ledger's identity (a UUID drawn when its schema was created). Read once
+        per open ledger: the schema writes it once (migration 0003) and nothing
+        changes it, so every receipt need not read it again."""
+        found: str | None = getattr(self, "_ledger_id", None)
+        if found is not None:
+            return found
 
         def tx(conn: sa.Connection) -> str:
             value = conn.execute(
@@ -435,7 +440,8 @@ class LedgerCore:
             ).scalar_one()
             return str(value)
 
-        return self.transaction(tx, write=False)
+        self._ledger_id: str | None = self.transaction(tx, write=False)
+        return self._ledger_id
 
     def _insert_ignore(self, table: sa.Table) -> Any:
         if self.dialect == "postgresql":

@@ -56,10 +56,21 @@ def ledger(url: str) -> Iterator[Ledger]:
 
 
 class LedgerDown:
-    """The real ledger, except that recording `open_data` fails (an unreachable ledger)."""
+    """The real ledger, except that recording the data-opened mark fails (an unreachable
+    ledger): `open_data`, and a claim asked to commit the mark with it
+    (`reserve(open_data=True)`: nothing is claimed). `separate_open`: a view that takes
+    the claim without the mark (as service/holds.py does), so the mark is a call of
+    its own."""
 
-    def __init__(self, ledger: Ledger) -> None:
-        self._ledger = ledger
+    def __init__(self, ledger: Ledger, *, separate_open: bool = False) -> None:
+        self._ledger, self._separate = ledger, separate_open
+
+    def reserve(self, **kwargs: Any) -> Any:
+        if self._separate:
+            kwargs.pop("open_data", None)
+        elif kwargs.get("open_data"):
+            raise ConnectionError("ledger unreachable")
+        return self._ledger.reserve(**kwargs)
 
     def open_data(self, *args: Any, **kwargs: Any) -> Any:
         raise ConnectionError("ledger unreachable")
@@ -105,6 +116,28 @@ def _rows_then(exc: BaseException) -> Callable[[], Iterator[str]]:
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_release_failing_before_the_first_read_is_cancelled(ledger: Ledger, kind: str) -> None:
+    """Through a view that opens separately: the claim commits, the mark does not, and
+    the claim is cancelled (the refund rule's one refund)."""
+    reads: list[int] = []
+
+    def load() -> list[str]:
+        reads.append(1)
+        return ["a"]
+
+    with pytest.raises(ConnectionError):
+        _release(kind)(LedgerDown(ledger, separate_open=True), "k", load)
+    assert reads == []
+    (res,) = ledger.reservations(SUBJECT, PURPOSE)
+    assert res.status == "cancelled" and res.data_opened_at is None
+    assert ledger.central_spend(SUBJECT, PURPOSE) == (Decimal(0), Decimal(0))
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_release_whose_claim_with_the_mark_fails_reserves_nothing(
+    ledger: Ledger, kind: str
+) -> None:
+    """The plain ledger: the claim and the mark are one transaction; when it fails,
+    nothing was claimed, nothing read, nothing charged."""
     reads: list[int] = []
 
     def load() -> list[str]:
@@ -113,10 +146,30 @@ def test_release_failing_before_the_first_read_is_cancelled(ledger: Ledger, kind
 
     with pytest.raises(ConnectionError):
         _release(kind)(LedgerDown(ledger), "k", load)
-    assert reads == []
-    (res,) = ledger.reservations(SUBJECT, PURPOSE)
-    assert res.status == "cancelled" and res.data_opened_at is None
+    assert reads == [] and ledger.reservations(SUBJECT, PURPOSE) == []
     assert ledger.central_spend(SUBJECT, PURPOSE) == (Decimal(0), Decimal(0))
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_release_claims_and_opens_in_one_transaction(ledger: Ledger, kind: str) -> None:
+    """The mark is committed with the claim, before `load` runs: the reservation seen
+    from inside `load` is opened already and can no longer be cancelled."""
+    seen: list[Any] = []
+
+    def load() -> list[str]:
+        (res,) = ledger.reservations(SUBJECT, PURPOSE)
+        seen.append(res)
+        with pytest.raises(DataOpenedError):
+            ledger.cancel(res.id, now=1)
+        return ["a"] if kind == "choice" else ["3"]
+
+    _release(kind)(ledger, "k", load)
+    assert seen[0].status == "reserved" and seen[0].data_opened_at == seen[0].created_at
+    assert [e["action"] for e in ledger.reservation_log(seen[0].id)] == [
+        "reserved",
+        "data_opened",
+        "settled",
+    ]
 
 
 @pytest.mark.parametrize("kind", KINDS)

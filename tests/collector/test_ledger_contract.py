@@ -7,6 +7,7 @@ import secrets
 import threading
 from collections.abc import Iterator
 from decimal import Decimal
+from typing import Any
 
 import pytest
 import sqlalchemy as sa
@@ -20,9 +21,11 @@ from fedldp.collector.ledger import (
     DUPLICATE,
     CentralBudgetExhaustedError,
     CheckedReport,
+    DataOpenedError,
     IdempotencyConflictError,
     Ledger,
     NoCentralCapError,
+    ReservationNotFoundError,
     ReservationStateError,
     open_ledger,
 )
@@ -345,6 +348,59 @@ def test_central_reserve_settle_cancel(ledger: Ledger, now: int) -> None:
     assert ledger.central_spend("model", "train")[0] == Decimal("1.25")
     assert [r.status for r in ledger.reservations("model", "train")] == ["settled", "cancelled"]
     assert ledger.reconcile() == []
+
+
+def test_release_events_read_one_reservation(ledger: Ledger, now: int) -> None:
+    """`release_events`: one reservation and its own events (none unless settled), equal
+    to what `central_events` holds for it; an unknown id is ReservationNotFoundError."""
+    ledger.set_central_cap("model", "train", epsilon_cap=Decimal("9"), delta_cap=Decimal("0"))
+    common: dict[str, Any] = {"subject": "model", "purpose": "train", "delta": Decimal(0)}
+    rids = []
+    for i in range(3):
+        r = ledger.reserve(**common, epsilon=Decimal(1), idempotency_key=f"e{i}", now=now + i)
+        rids.append(r.id)
+        if i < 2:
+            ledger.settle(
+                r.id,
+                epsilon_spent=Decimal(1),
+                delta_spent=Decimal(0),
+                events=[{"query": "count", "output": str(i)}, {"query": "sum", "output": "7"}],
+                now=now + i,
+            )
+    every = ledger.central_events("model", "train")
+    assert [e.reservation_id for e in every] == [rids[0], rids[0], rids[1], rids[1]]
+    for rid in rids[:2]:
+        res, events = ledger.release_events(rid)
+        assert res.id == rid and res.status == "settled"
+        assert events == [e for e in every if e.reservation_id == rid]
+    open_res, none = ledger.release_events(rids[2])
+    assert open_res.status == "reserved" and none == []
+    with pytest.raises(ReservationNotFoundError):
+        ledger.release_events("no-such-id")
+
+
+def test_a_claim_can_commit_its_data_opened_mark(ledger: Ledger, now: int) -> None:
+    """`reserve(open_data=True)`: claimed and opened in one transaction; the refund rule
+    then refuses a cancel; the same key again returns it without a second mark."""
+    ledger.set_central_cap("model", "train", epsilon_cap=Decimal("2"), delta_cap=Decimal("0"))
+    ask: dict[str, Any] = {
+        "subject": "model",
+        "purpose": "train",
+        "epsilon": Decimal(1),
+        "delta": Decimal(0),
+        "idempotency_key": "o1",
+        "owner": "o" * 32,
+    }
+    res = ledger.reserve(**ask, now=now, open_data=True)
+    assert res.data_opened_at == now and ledger.reservation(res.id).data_opened_at == now
+    assert [e["action"] for e in ledger.reservation_log(res.id)] == ["reserved", "data_opened"]
+    again = ledger.reserve(**ask, now=now + 1, open_data=True)
+    assert again.id == res.id and len(ledger.reservation_log(res.id)) == 2
+    with pytest.raises(DataOpenedError):
+        ledger.cancel(res.id, now=now, owner="o" * 32)
+    assert ledger.central_spend("model", "train") == (Decimal(1), Decimal(0))
+    plain = ledger.reserve(**{**ask, "idempotency_key": "o2"}, now=now)
+    assert plain.data_opened_at is None  # the default: the claim alone
 
 
 def test_central_amounts_must_be_exact(ledger: Ledger, now: int) -> None:

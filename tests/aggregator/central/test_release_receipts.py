@@ -312,3 +312,60 @@ def test_an_os_csprng_release_records_its_source(ledger: Ledger) -> None:
     )
     receipt = release_receipt(ledger, rel.reservation_id, value=str(rel.value))
     assert receipt["events"][0]["randomness"] == "os-csprng" and receipt["for_release"] is True
+
+
+class _NoSubjectScan:
+    """The ledger, except that reading every event of a subject fails: a receipt or a
+    replay of one release must read only that release's row (`release_events`)."""
+
+    def __init__(self, ledger: Ledger) -> None:
+        self._ledger = ledger
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._ledger, name)
+
+    def central_events(self, subject: str, purpose: str) -> Any:
+        raise AssertionError("read every event of the subject")
+
+
+def test_a_receipt_reads_its_own_release_only(ledger: Ledger) -> None:
+    """Built from `release_events`, the receipt is the same as from the subject's whole
+    history (the older path, still used by ledgers without it), whatever came before."""
+    rels = [
+        private_count(
+            ledger,
+            subject=SUBJECT,
+            purpose=PURPOSE,
+            epsilon=Decimal("0.5"),
+            idempotency_key=f"h{i}",
+            now=1 + i,
+            load=lambda: ["1"] * 3,
+        )
+        for i in range(4)
+    ]
+    again = private_count(
+        _NoSubjectScan(ledger),
+        subject=SUBJECT,
+        purpose=PURPOSE,
+        epsilon=Decimal("0.5"),
+        idempotency_key="h2",
+        now=9,
+        load=lambda: pytest.fail("a replay reads no data"),
+    )
+    assert again == rels[2]  # the replay read the row of its own reservation
+
+    class _Older:  # what release_receipt falls back to: reservation + central_events
+        def ledger_id(self) -> str:
+            return ledger.ledger_id()
+
+        def reservation(self, rid: str) -> Any:
+            return ledger.reservation(rid)
+
+        def central_events(self, subject: str, purpose: str) -> Any:
+            return ledger.central_events(subject, purpose)
+
+    for rel in rels:
+        fast = release_receipt(_NoSubjectScan(ledger), rel.reservation_id, value=str(rel.value))
+        slow = release_receipt(_Older(), rel.reservation_id, value=str(rel.value))
+        assert fast == slow and len(fast["events"]) == 1
+        assert fast["ledger"]["reservation_id"] == rel.reservation_id

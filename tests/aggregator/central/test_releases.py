@@ -23,6 +23,8 @@ from fedldp.aggregator.central.releases import (
     ReleaseInProgressError,
     _clipped_sum,
     _round_half_up,
+    centre_of,
+    mean_of,
     plan_noise,
     private_choice,
     private_count,
@@ -278,6 +280,74 @@ def test_sensitivity_of_clipped_sum_on_the_lattice() -> None:
             c1 = _round_half_up(Fraction(s1) / Fraction(granularity))
             c2 = _round_half_up(Fraction(s2) / Fraction(granularity))
             assert abs(c2 - c1) <= plan.lattice_sensitivity
+
+
+@pytest.mark.parametrize(("lower", "upper"), [("0", "100"), ("-5", "20"), ("-30", "-10")])
+def test_the_mean_noises_a_centred_sum_of_half_the_range(
+    ledger: Ledger, lower: str, upper: str
+) -> None:
+    """The mean's sum part is Σ(x − M), M = (L + U)/2, recorded with sensitivity
+    k·(U − L)/2 and its centre; ε is halved between it and the count; the value
+    is M + noisy Σ(x − M) / noisy count, clipped."""
+    lo, hi = Decimal(lower), Decimal(upper)
+    rel = private_mean(
+        ledger,
+        subject=SUBJECT,
+        purpose=PURPOSE,
+        epsilon=Decimal("1"),
+        idempotency_key=f"centred-{lower}",
+        now=1,
+        lower=lo,
+        upper=hi,
+        contribution_bound=3,
+        load=lambda: DATA,
+    )
+    (res,) = [r for r in ledger.reservations(SUBJECT, PURPOSE) if r.id == rel.reservation_id]
+    events = {e.event["query"]: e.event for e in ledger.central_events(SUBJECT, PURPOSE)}
+    assert res.id == rel.reservation_id and set(events) == {"centred_sum", "count"}
+    centred, count = events["centred_sum"], events["count"]
+    assert Decimal(str(centred["sensitivity"])) == 3 * (hi - lo) / 2 < 3 * max(abs(lo), abs(hi))
+    assert Decimal(str(centred["centre"])) == centre_of(lo, hi) == (lo + hi) / 2
+    assert centred["epsilon"] == count["epsilon"] == "0.5"
+    assert Decimal(str(count["sensitivity"])) == 3
+    noisy_sum, noisy_count = Decimal(str(centred["output"])), Decimal(str(count["output"]))
+    assert rel.parts == {"centred_sum": noisy_sum, "count": noisy_count}
+    assert rel.value == mean_of(noisy_sum, noisy_count, lo, hi, centred=True)
+    expected = min(max((lo + hi) / 2 + noisy_sum / noisy_count, lo), hi)
+    assert rel.value == expected
+
+
+@pytest.mark.parametrize("broken", [False, True])
+def test_one_unit_moves_the_centred_sum_by_at_most_its_sensitivity(broken: bool) -> None:
+    """Adding a unit of k records (any values, clipped) to any data moves Σ(x − M) by
+    at most k·(U − L)/2, and the bound is reached; the broken variant, half of
+    max(|L|, |U|) (a plain sum's sensitivity halved), is exceeded."""
+    rng = random.Random(11)
+    k = 3
+    exceeded = []
+    for lower, upper in ((Decimal(-5), Decimal(20)), (Decimal(0), Decimal(100))):
+        centre = centre_of(lower, upper)
+        sens = k * (max(abs(lower), abs(upper)) / 2 if broken else (upper - lower) / 2)
+        worst = Decimal(0)
+        for _ in range(200):
+            data = [Decimal(rng.randint(-4000, 12000)) / 100 for _ in range(rng.randint(0, 20))]
+            unit = [Decimal(rng.choice([-1e9, 1e9, rng.uniform(-40, 120)])) for _ in range(k)]
+            s1, n1 = _clipped_sum(data, lower, upper)
+            s2, n2 = _clipped_sum([*data, *unit], lower, upper)
+            worst = max(worst, abs((s2 - centre * n2) - (s1 - centre * n1)))
+        exceeded.append(worst > sens)
+    # the broken sensitivity is caught on [-5, 20] (on [0, 100] both are 50 per record)
+    assert exceeded == ([True, False] if broken else [False, False])
+
+
+def test_a_mean_recorded_as_a_plain_sum_still_reads_back() -> None:
+    """Means released before the centred form (events "sum"/"count") keep their value:
+    noisy Σx / noisy count, clipped; the midpoint below a count of 1."""
+    lo, hi = Decimal(0), Decimal(100)
+    assert mean_of(Decimal(500), Decimal(10), lo, hi, centred=False) == 50
+    assert mean_of(Decimal(-100), Decimal(10), lo, hi, centred=True) == 40
+    assert mean_of(Decimal(5000), Decimal(10), lo, hi, centred=True) == 100
+    assert mean_of(Decimal(7), Decimal("0.5"), lo, hi, centred=True) == 50
 
 
 def test_choice_picks_the_clear_winner(ledger: Ledger) -> None:

@@ -237,10 +237,40 @@ def test_releases_refuse_a_key_still_held_or_cancelled(ledger: Ledger) -> None:
 
 
 class _LostOpen(_UnansweredOpen):
-    """The ledger, except that open_data fails before it commits."""
+    """A ledger view that takes the claim without its data-opened mark (as
+    service/holds.py does), and whose open_data fails before it commits."""
+
+    def reserve(self, **kwargs: Any) -> Any:
+        kwargs.pop("open_data", None)
+        return self._ledger.reserve(**kwargs)
 
     def open_data(self, reservation_id: str, **kwargs: Any) -> Any:
         raise ConnectionError("the ledger went away")
+
+
+def test_a_claim_asked_to_open_commits_the_mark_with_it(ledger: Ledger) -> None:
+    """`open_at_claim`: one transaction claims and opens; `open_data` then has nothing to
+    do, and the reservation can no longer be cancelled (the refund rule)."""
+    held = _claim(ledger, Clock(), _ask(open_at_claim=True))
+    assert held.opened
+    res = ledger.reservation(held.reservation_id)
+    assert res.data_opened_at == START and res.status == "reserved"
+    assert _actions(ledger, res.id) == ["reserved", "data_opened"]
+    held.open_data()  # already opened: no second mark
+    assert len(ledger.reservation_log(res.id)) == 2
+    with pytest.raises(DataOpenedError):
+        ledger.cancel(res.id, now=START, owner=held.owner)
+    assert held.close_failed(RuntimeError("x")) is Closed.SPENT
+    assert ledger.central_spend(SUBJECT, PURPOSE) == (Decimal(1), Decimal(0))
+
+
+def test_another_runs_key_is_not_opened_by_a_claim_asked_to_open(ledger: Ledger) -> None:
+    first = _claim(ledger, Clock())
+    seen: list[Any] = []
+    Reservation.claim(ledger, _ask(open_at_claim=True), clock=Clock(), when_taken=seen.append)
+    assert [r.id for r in seen] == [first.reservation_id]
+    assert ledger.reservation(first.reservation_id).data_opened_at is None
+    assert first.close_failed(RuntimeError("x")) is Closed.CANCELLED
 
 
 def test_training_refuses_another_runs_key(ledger: Ledger) -> None:

@@ -373,6 +373,35 @@ def test_concurrent_requests_never_exceed_the_cap_postgresql(
     _race(make_service(ledger_url=postgresql_url, eps_cap="1"), client_for)
 
 
+@pytest.mark.parametrize("store", ["sqlite", "postgresql"])
+def test_a_release_costs_the_same_ledger_transactions_whatever_came_before(
+    make_service: Make, client_for: ClientFor, request: pytest.FixtureRequest, store: str
+) -> None:
+    """A count costs two writes (claim with its data-opened mark, settle) and one read
+    (the receipt's own reservation row), the 2nd release as the 12th: the receipt does
+    not read every event of the subject."""
+    url = None if store == "sqlite" else str(request.getfixturevalue("postgresql_url"))
+    svc = make_service(ledger_url=url, eps_cap="10")
+    alice = client_for(svc.port, "alice")
+    real = svc.ledger.transaction
+    seen: list[bool] = []
+
+    def counting(fn: Any, *, write: bool = True) -> Any:
+        seen.append(write)
+        return real(fn, write=write)
+
+    svc.ledger.transaction = counting  # type: ignore[method-assign]
+    costs = []
+    for i in range(12):
+        seen.clear()
+        resp = _count(alice, f"tx-{i}", eps="0.1")
+        assert json.loads(resp.receipt)["payload"]
+        costs.append((seen.count(True), seen.count(False)))
+    # the first release also reads the ledger's id, once per open ledger
+    assert costs[0] == (2, 2) and costs[1:] == [(2, 1)] * 11, costs
+    svc.ledger.transaction = real  # type: ignore[method-assign]
+
+
 # --- 7. the true aggregate leaves through no channel ---
 
 
