@@ -27,17 +27,6 @@ for _name in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_name, "1")
 
 
-def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
-    """`-n auto`: two workers per core. About half of the suite's wall time is spent
-    waiting (on collector and demo processes, sockets, PostgreSQL), not computing; a
-    second worker per core computes meanwhile. PYTEST_XDIST_AUTO_NUM_WORKERS overrides
-    it, as it does xdist's own default."""
-    override = os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS", "")
-    if override.isdigit() and int(override) > 0:
-        return int(override)
-    return 2 * (os.cpu_count() or 1)
-
-
 def start_postgres() -> Iterator[Any]:
     """Start a PostgreSQL server, yield it, stop it (skips when PostgreSQL is not installed)."""
     pytest.importorskip("sqlalchemy", reason="the collector extra is not installed")
