@@ -103,12 +103,8 @@ def _require_modules(*names: str) -> None:
 
     for name in names:
         try:
-            found = (
-                sys.modules[name] is not None
-                if name in sys.modules
-                else bool(importlib.util.find_spec(name))
-            )
-        except ValueError:  # in sys.modules without a spec
+            found = importlib.util.find_spec(name) is not None  # None also when blocked
+        except ValueError:  # imported, without a spec
             found = True
         if not found:
             raise ModuleNotFoundError(f"No module named {name!r}", name=name)

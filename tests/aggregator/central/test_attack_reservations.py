@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from decimal import Decimal
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -18,13 +17,6 @@ from fedldp.collector.ledger import Ledger, open_ledger
 
 SUBJECT, PURPOSE = "s", "p"
 START = 1_000_000
-
-
-@pytest.fixture(params=["sqlite", "postgresql"])
-def url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path / 'ledger.db'}"
-    return str(request.getfixturevalue("postgresql_url"))
 
 
 @pytest.fixture

@@ -36,12 +36,9 @@ from fedldp.cli import main
 SUBJECT, PURPOSE = "team", "weekly"
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
-def url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    if request.param == "sqlite":
-        url = f"sqlite:///{tmp_path / 'ledger.db'}"
-    else:
-        url = str(request.getfixturevalue("postgresql_url"))
+@pytest.fixture
+def url(url: str) -> str:
+    """The store's ledger URL (conftest.py), with the purpose's cap set."""
     led = open_ledger(url)
     led.set_central_cap(SUBJECT, PURPOSE, epsilon_cap=Decimal(10), delta_cap=Decimal("1e-4"))
     led.close()

@@ -29,13 +29,6 @@ from fedldp.cli import main
 SUBJECT, PURPOSE = "team", "weekly"
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
-def url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path / 'ledger.db'}"
-    return str(request.getfixturevalue("postgresql_url"))
-
-
 @pytest.fixture
 def ledger(url: str) -> Any:
     led = open_ledger(url)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from decimal import Decimal
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -30,13 +29,6 @@ from fedldp.collector.ledger.store import ReservationStateError
 SUBJECT, PURPOSE, ANALYST = "s", "p", "analyst"
 START = 1_000_000
 LEASE = 60
-
-
-@pytest.fixture(params=["sqlite", "postgresql"])
-def url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path / 'ledger.db'}"
-    return str(request.getfixturevalue("postgresql_url"))
 
 
 @pytest.fixture
