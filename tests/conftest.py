@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import pwd
+import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -25,6 +26,14 @@ import pytest
 # Child processes (collectors, demos) inherit it.
 for _name in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_name, "1")
+
+# Bytecode caches on, for this process and every process it starts: on a machine that sets
+# PYTHONDONTWRITEBYTECODE (the CI machines do), each collector, demo and CLI process the
+# suite starts would otherwise compile the project's modules from source again, and each
+# xdist worker would redo pytest's assertion rewriting. Python writes each .pyc through a
+# temporary file and a rename, so concurrent processes never read a torn one.
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+sys.dont_write_bytecode = False
 
 
 def start_postgres() -> Iterator[Any]:
