@@ -49,7 +49,9 @@ def _table(path: Path) -> None:
 # The JVM of a test-sized local session: C1 only, one compiler thread, the serial collector.
 # Its start-up and JIT cost 35 s of CPU with the defaults, 18 s with these (the Python side
 # of the test is 3 s); a real cluster keeps the JVM defaults.
-_TEST_JVM_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:CICompilerCount=1 -XX:+UseSerialGC -XX:-UsePerfData"
+_TEST_JVM_OPTIONS = (
+    "-XX:TieredStopAtLevel=1 -XX:CICompilerCount=1 -XX:+UseSerialGC -XX:-UsePerfData"
+)
 
 
 def test_spark_local_matches_the_reference(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
