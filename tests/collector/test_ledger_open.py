@@ -12,7 +12,9 @@ from pathlib import Path
 from fedldp.collector.ledger import open_ledger
 from fedldp.collector.ledger.sqlite_ingest import BUSY_TIMEOUT_MS
 
-ROUNDS = 50
+#: The previous order (journal mode on every connection) failed 31 of 50 rounds:
+#: it passes 25 rounds with probability (19/50)^25 < 1e-10.
+ROUNDS = 25
 
 
 def _open_each(paths: list[str], barrier: Barrier, results: multiprocessing.Queue[str]) -> None:
@@ -26,8 +28,8 @@ def _open_each(paths: list[str], barrier: Barrier, results: multiprocessing.Queu
             results.put(f"{type(exc).__name__}: {exc}")
 
 
-def test_two_processes_open_a_new_ledger_together_50_times(tmp_path: Path) -> None:
-    """Two processes (as the supervisor starts them) open 50 new ledgers, each pair
+def test_two_processes_open_a_new_ledger_together_25_times(tmp_path: Path) -> None:
+    """Two processes (as the supervisor starts them) open 25 new ledgers, each pair
     released together by a barrier: every open succeeds, every file is in WAL mode.
     (The previous order — journal mode on every connection — failed in 31 of 50.)"""
     paths = [str(tmp_path / f"ledger-{i}.db") for i in range(ROUNDS)]

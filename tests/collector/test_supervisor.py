@@ -8,6 +8,8 @@ import signal
 import threading
 import time
 import urllib.request
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from decimal import Decimal
 from pathlib import Path
 
@@ -47,6 +49,15 @@ def _children(proc: CollectorProcess) -> list[int]:
 def _stop(proc: CollectorProcess) -> int:
     proc.proc.send_signal(signal.SIGTERM)
     return proc.proc.wait(timeout=60)
+
+
+def _wait_until(condition: Callable[[], bool], *, seconds: float = 60.0) -> None:
+    """Poll `condition` until it holds; AssertionError after `seconds` (a bound for
+    the wait, not a timing assertion)."""
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.02)
 
 
 def test_restart_delay_backs_off() -> None:
@@ -163,7 +174,7 @@ def test_a_killed_process_is_restarted_and_nothing_acknowledged_is_lost(
     try:
         for t in threads:
             t.start()
-        time.sleep(1.0)
+        _wait_until(lambda: len(acknowledged) >= 50)  # the load is flowing
         victim = _children(proc)[0]
         os.kill(victim, signal.SIGKILL)  # kill -9 one process mid-load
         deadline = time.monotonic() + 60
@@ -174,8 +185,7 @@ def test_a_killed_process_is_restarted_and_nothing_acknowledged_is_lost(
             time.sleep(0.1)
         assert len(children) == 2 and victim not in children
         before = len(acknowledged)
-        time.sleep(2.0)  # and the service goes on
-        assert len(acknowledged) > before
+        _wait_until(lambda: len(acknowledged) > before)  # and the service goes on
     finally:
         stop.set()
         for t in threads:
@@ -188,37 +198,54 @@ def test_a_killed_process_is_restarted_and_nothing_acknowledged_is_lost(
         assert led.reconcile() == []
 
 
-def test_metrics_sum_every_process(two: Deployment, tmp_path: Path, now: int) -> None:
-    url = f"sqlite:///{tmp_path / 'ledger.db'}"
+@dataclass
+class Reloading:
+    """A 2-process supervisor serving the policy "first" and its metrics endpoint."""
+
+    deployment: Deployment
+    base: Path
+    proc: CollectorProcess
+    metrics_port: int
+
+
+@pytest.fixture(scope="module")
+def reloading(now: int, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Reloading]:
+    """One supervisor shared by the metrics and SIGHUP tests (either order: the
+    metrics test submits under "first" only; the SIGHUP test adds "second")."""
+    base = tmp_path_factory.mktemp("reloading")
+    d = Deployment.create(now=now)
+    d.add_categorical("first", epsilon="0.1", epsilon_cap="1")
     port = free_port()
-    config = write_config(
-        two, tmp_path, url, "multi", processes=2, metrics_listen=f"127.0.0.1:{port}"
-    )
+    url = f"sqlite:///{base / 'ledger.db'}"
+    config = write_config(d, base, url, "multi", processes=2, metrics_listen=f"127.0.0.1:{port}")
     proc = spawn(config, "multi")
-    wide = two.verified(two.envelopes[0])
     try:
-        for i in range(12):
-            reports = [make_report(wide, CategoryOutput(1), coarse_time=coarse(now))]
-            auth = bearer_metadata(two.token(f"m{i}"))
-            with grpc.insecure_channel(
-                proc.address, options=[("grpc.use_local_subchannel_pool", 1)]
-            ) as ch:
-                collector_pb2_grpc.CollectorStub(ch).Submit(
-                    pb.SubmitRequest(reports=reports), metadata=auth, timeout=30
-                )
-        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read()
+        yield Reloading(d, base, proc, port)
     finally:
         assert _stop(proc) == 0
+
+
+def test_metrics_sum_every_process(reloading: Reloading, now: int) -> None:
+    d, proc = reloading.deployment, reloading.proc
+    first = d.verified(d.envelopes[0])
+    for i in range(12):
+        reports = [make_report(first, CategoryOutput(1), coarse_time=coarse(now))]
+        auth = bearer_metadata(d.token(f"m{i}"))
+        with grpc.insecure_channel(
+            proc.address, options=[("grpc.use_local_subchannel_pool", 1)]
+        ) as ch:
+            collector_pb2_grpc.CollectorStub(ch).Submit(
+                pb.SubmitRequest(reports=reports), metadata=auth, timeout=30
+            )
+    url = f"http://127.0.0.1:{reloading.metrics_port}/metrics"
+    text = urllib.request.urlopen(url, timeout=10).read()
     lines = text.decode().splitlines()
     assert 'fedldp_collector_reports_total{outcome="accepted",reason="unspecified"} 12.0' in lines
     assert "fedldp_collector_commit_queue_requests 0.0" in lines
 
 
-def test_sighup_reloads_policies_in_every_process(now: int, tmp_path: Path) -> None:
-    d = Deployment.create(now=now)
-    d.add_categorical("first", epsilon="0.1", epsilon_cap="1")
-    config = write_config(d, tmp_path, f"sqlite:///{tmp_path / 'ledger.db'}", "multi", processes=2)
-    proc = spawn(config, "multi")
+def test_sighup_reloads_policies_in_every_process(reloading: Reloading) -> None:
+    d, proc = reloading.deployment, reloading.proc
 
     def listed() -> list[int]:
         """How many policies 16 fresh connections see (spread over both processes: all
@@ -236,20 +263,17 @@ def test_sighup_reloads_policies_in_every_process(now: int, tmp_path: Path) -> N
             seen.append(len(response.policies))
         return seen
 
-    try:
-        assert listed() == [1] * 16
-        d.add_categorical("second", epsilon="0.1", epsilon_cap="1")
-        d.write_folders(tmp_path)
-        proc.proc.send_signal(signal.SIGHUP)
-        deadline = time.monotonic() + 30
-        while True:
-            seen = listed()
-            if seen == [2] * 16 or time.monotonic() > deadline:
-                break
-            time.sleep(0.2)
-        assert seen == [2] * 16
-    finally:
-        assert _stop(proc) == 0
+    assert listed() == [1] * 16
+    d.add_categorical("second", epsilon="0.1", epsilon_cap="1")
+    d.write_folders(reloading.base)
+    proc.proc.send_signal(signal.SIGHUP)
+    deadline = time.monotonic() + 30
+    while True:
+        seen = listed()
+        if seen == [2] * 16 or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert seen == [2] * 16
 
 
 def _alive(pid: int) -> bool:
