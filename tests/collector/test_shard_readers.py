@@ -170,13 +170,25 @@ def test_dashboard_and_consolidate_refuse_part_of_the_shards(
     partial_readers: list[tuple[list[str], str]],
     tmp_path: Path,
     now: int,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    """The refusals come before any server is built, so the dashboard runs in this
+    process; were one to get as far as serving, `serve_forever` records it and
+    returns (the test then fails) instead of serving until Ctrl-C."""
+    from fedldp.aggregator.dashboard.app import DashboardServer
+
+    served: list[list[str]] = []
     folders = ["--policies", str(tmp_path / "policies"), "--trust", str(tmp_path / "trust")]
     out = tmp_path / "consolidated.db"
     for options, refusal in partial_readers:
-        served, seen = _serve_once([*options, *folders])
-        assert served.exit_code == 1 and refusal in served.output, (options, served.output)
-        assert seen == {}
+        monkeypatch.setattr(
+            DashboardServer, "serve_forever", lambda self, o=options: served.append(o)
+        )
+        shown = CliRunner().invoke(
+            main, ["dashboard", *options, *folders, "--listen", "127.0.0.1:0"]
+        )
+        assert shown.exit_code == 1 and refusal in shown.output, (options, shown.output)
         made = CliRunner().invoke(main, [*_consolidate(tmp_path, now, out), *options])
         assert made.exit_code == 1 and refusal in made.output, (options, made.output)
         assert not out.exists()
+    assert served == []
