@@ -8,18 +8,29 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 from click.testing import CliRunner
-from fedldp.collector.ledger.migrate import current_revision, head_revision
+from fedldp.collector.ledger.migrate import current_revision, head_revision, scripts
 
 from fedldp.cli import main
 
 
 def _revision(url: str) -> str | None:
+    """`current_revision` at `url`, checked against Alembic's own reading."""
+    from alembic.runtime.migration import MigrationContext
+
     engine = sa.create_engine(url)
     try:
         with engine.connect() as connection:
-            return current_revision(connection)
+            at = current_revision(connection)
+            assert at == MigrationContext.configure(connection).get_current_revision()
+            return at
     finally:
         engine.dispose()
+
+
+def test_head_revision_is_the_newest_migration_script() -> None:
+    """`HEAD_REVISION`, what every opener compares with (without Alembic), is the head
+    of the migration scripts: a new migration must update it."""
+    assert head_revision() == scripts().get_current_head()
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
