@@ -194,7 +194,7 @@ def test_kill_9_at_random_points_under_load_loses_nothing(tmp_path: Path, now: i
     port = free_port()
     config = write_config(d, tmp_path, url, "victim", listen=f"127.0.0.1:{port}")
     proc = spawn(config, "victim")
-    fleet = Fleet(d, policy, now, devices=8, batches=300)  # more than they get to
+    fleet = Fleet(d, policy, now, devices=4, batches=300)  # more than they get to
     stop = threading.Event()
     sender = threading.Thread(
         target=fleet.run,
