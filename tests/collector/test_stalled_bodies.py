@@ -164,12 +164,12 @@ def test_the_default_process_count_withstands_withheld_bodies(
 def test_a_withheld_body_is_refused_with_a_hint_at_the_body_deadline(
     deployment: Deployment, sqlite_url: str, now: int
 ) -> None:
-    """body_timeout_ms = 300: each stalled call ends RESOURCE_EXHAUSTED with the hint,
+    """body_timeout_ms = 150: each stalled call ends RESOURCE_EXHAUSTED with the hint,
     counted as `body deadline`, its reservation given back; calls past the
     subject's share are refused at once (`subject bytes`), never admitted."""
     for server in ("asyncio", "sync"):
         config = deployment.config(
-            sqlite_url.replace("ledger.db", f"{server}.db"), server=server, body_timeout_ms=300
+            sqlite_url.replace("ledger.db", f"{server}.db"), server=server, body_timeout_ms=150
         )
         running = start_collector(config, registry=deployment.registry())
         try:
@@ -269,12 +269,12 @@ def test_a_subject_refused_again_and_again_is_told_to_wait_longer(
 ) -> None:
     """With its share held by withheld bodies, each further call of the subject is
     refused with a hint that doubles per refusal of its streak (`RefusalHints`;
-    the base scaled down to 20 ms here so the asyncio server, which answers after
-    the hint, keeps the test short). Without the growth every hint would stay in
-    [10, 30) ms; the sixth refusal's is at least 10 * 2^5 ms."""
+    the base scaled down to 10 ms here, as both servers answer after the hint).
+    Without the growth every hint would stay in [5, 15) ms; the sixth refusal's is
+    at least 5 * 2^5 ms."""
     from fedldp.collector import admission as adm
 
-    monkeypatch.setattr(adm, "RETRY_AFTER_MS", 20)
+    monkeypatch.setattr(adm, "RETRY_AFTER_MS", 10)
     monkeypatch.setattr(adm, "MAX_RETRY_AFTER_MS", 5_000)
     running, staller, attack = _share_held(deployment, sqlite_url, server)
     try:
@@ -293,8 +293,8 @@ def test_a_subject_refused_again_and_again_is_told_to_wait_longer(
     finally:
         attack.stop()
         running.stop(1.0)
-    assert hints[0] < 30, hints  # the first refusal: the base hint
-    assert hints[5] >= 10 * 2**5, hints  # doubled per refusal of the streak
+    assert hints[0] < 15, hints  # the first refusal: the base hint
+    assert hints[5] >= 5 * 2**5, hints  # doubled per refusal of the streak
     assert all(h <= 5_000 for h in hints), hints
     # Both servers answer after the (grown) hint: the sync server on one of the
     # threads it has beyond `workers` for this (TARPIT_MAX_CALLS).
@@ -315,6 +315,7 @@ def test_a_draining_sync_server_answers_held_refusals_at_once(
     monkeypatch.setattr(adm, "RETRY_AFTER_MS", 20_000)
     monkeypatch.setattr(srv, "TARPIT_MAX_SECONDS", 5.0)
     running, staller, attack = _share_held(deployment, sqlite_url, "sync")
+    servicer = running.transport.servicer  # type: ignore[union-attr]
     ended: list[float] = []
     try:
         request = _valid(deployment, now)()
@@ -328,13 +329,15 @@ def test_a_draining_sync_server_answers_held_refusals_at_once(
 
         caller = threading.Thread(target=refused_call)
         caller.start()
-        time.sleep(1.0)
-        assert not ended  # held for its hint
+        deadline = time.monotonic() + 30
+        while not servicer.held_refusals:  # the server holds the refusal for its hint
+            assert time.monotonic() < deadline and not ended, ended
+            time.sleep(0.02)
+        assert not ended  # held, not answered
         started = time.monotonic()
     finally:
         attack.stop()
         running.stop(0.5)
-    servicer = running.transport.servicer  # type: ignore[union-attr]
     stopped = time.monotonic() - started
     caller.join(30)
     assert stopped < 5, stopped

@@ -228,10 +228,15 @@ def _held(running: RunningCollector, until: Callable[[], bool]) -> None:
 
 
 def test_overload_and_share_refusals_share_admission(
-    deployment: Deployment, sqlite_url: str, now: int
+    deployment: Deployment, sqlite_url: str, now: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A gRPC call withholding its body holds the only RPC slot (then a subject's
-    share): web calls are refused exactly as gRPC calls are."""
+    share): web calls are refused exactly as gRPC calls are. (The asyncio server
+    answers a share refusal after its hint: the base is scaled down to 20 ms here,
+    as in test_stalled_bodies.py, so the three refusals' growing hints stay short.)"""
+    from fedldp.collector import admission as adm
+
+    monkeypatch.setattr(adm, "RETRY_AFTER_MS", 20)
     running = _start(
         deployment, sqlite_url, max_concurrent_rpcs=1, body_timeout_ms=30_000, server="asyncio"
     )

@@ -41,6 +41,15 @@ from sdk_testkit import (
 
 #: A generous bound on "delivered after wake()" (loopback delivery takes milliseconds).
 DELIVERY_BOUND_S = 10.0
+#: How long the broken wake() test watches for a delivery that only the end of the
+#: 120 s `LONG` pause could bring (a wake() that ends it delivers in milliseconds).
+BROKEN_WAKE_WATCH_S = 2.0
+#: How long a flush() waits where the device is paused far longer (`LONG`, or a
+#: 60 s retry hint): any call it makes comes at once, not after a wait.
+PAUSED_FLUSH_S = 0.3
+#: The collector's rate limit in the hint-window tests (burst 1): its retry hints
+#: last up to 1/RATE s = 200 ms, four times the broken gate's 50 ms backoff ceiling.
+RATE_PER_S = 5.0
 #: How long the wake() tests wait: half the `LONG` pause, so a delivery within it can
 #: only come from a wake() that ended the pause, however loaded the machine.
 WAKE_BOUND_S = 60.0
@@ -82,9 +91,10 @@ def _never_pause(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def _rate_limited_run(deployment: Deployment, tmp_path: Path) -> tuple[FaultProxy, int]:
-    """Six batches through a counting proxy to a collector allowing 2 calls/s, burst 1."""
+    """Six batches through a counting proxy to a collector allowing `RATE_PER_S` calls/s,
+    burst 1."""
     deployment.categorical(epsilon="0.01", epsilon_cap="100")
-    collector = deployment.start(rate_limit_per_second=2.0, rate_limit_burst=1.0)
+    collector = deployment.start(rate_limit_per_second=RATE_PER_S, rate_limit_burst=1.0)
     proxy = FaultProxy(collector.address)
     try:
         with deployment.client(
@@ -265,7 +275,7 @@ def test_broken_wake_that_only_signals_waits_out_the_backoff(
 ) -> None:
     """The broken variant (the old wake(): wake the thread, change nothing) is caught."""
     monkeypatch.setattr(Client, "wake", lambda self: self._signal.notify())
-    delivered, _ = _wake_after_long_backoff(deployment, tmp_path, DELIVERY_BOUND_S)
+    delivered, _ = _wake_after_long_backoff(deployment, tmp_path, BROKEN_WAKE_WATCH_S)
     assert not delivered
 
 
@@ -277,7 +287,7 @@ def test_backoff_survives_restart_and_flush_retry_now(
     with deployment.client(collector.address, tmp_path / "d", backoff=LONG) as c:
         hold = deployment.outage(collector)
         _record(c, 2)
-        first = c.flush(timeout=2)
+        first = c.flush(timeout=PAUSED_FLUSH_S)
         assert (first.failed_attempts, first.pending) == (1, 2)
     deployment.restart(hold)
     # A restarted app honours the stored pause: no call at all.
@@ -285,7 +295,7 @@ def test_backoff_survives_restart_and_flush_retry_now(
         collector.address, tmp_path / "d", backoff=LONG, fetch_policies=False
     ) as c:
         watch = SubmitWatch(c)
-        assert c.flush(timeout=1).pending == 2
+        assert c.flush(timeout=PAUSED_FLUSH_S).pending == 2
         assert watch.calls == []
         # retry_now: one probe, now, and everything is delivered.
         result = c.flush(timeout=DELIVERY_BOUND_S, retry_now=True)
@@ -304,9 +314,9 @@ def test_wake_does_not_override_a_retry_hint(deployment: Deployment, tmp_path: P
             proxy.address, tmp_path / "d", backoff=Backoff(0.01, 0.05), fetch_policies=True
         ) as c:
             _record(c, 1)
-            assert c.flush(timeout=1).failed_attempts == 1
+            assert c.flush(timeout=PAUSED_FLUSH_S).failed_attempts == 1
             c.wake()
-            assert c.flush(timeout=1, retry_now=True).pending == 1
+            assert c.flush(timeout=PAUSED_FLUSH_S, retry_now=True).pending == 1
     finally:
         proxy.close()
     assert proxy.outcomes == ["fail"]
@@ -327,7 +337,7 @@ def test_async_client_wake_and_retry_now(deployment: Deployment, tmp_path: Path)
         ) as ac:
             hold = deployment.outage(collector)
             await ac.record("browser.homepage", LABELS[0])
-            failed = (await ac.flush(timeout=1)).failed_attempts
+            failed = (await ac.flush(timeout=PAUSED_FLUSH_S)).failed_attempts
             deployment.restart(hold)
             ac.wake()  # non-blocking: fine on the event loop
             return failed, (await ac.flush(timeout=DELIVERY_BOUND_S)).acknowledged
@@ -340,17 +350,20 @@ def test_async_client_wake_and_retry_now(deployment: Deployment, tmp_path: Path)
 SENDER_CHILD = Path(__file__).with_name("sdk_sender_child.py")
 #: Processes sharing the state folder in the multi-process tests.
 PROCESSES = 3
+#: The collector's rate limit there (burst 1): hints of up to 100 ms, while the other
+#: processes' calls come milliseconds apart (the broken variant's calls inside them).
+SHARED_RATE_PER_S = 10.0
 
 
 def _shared_folder_run(deployment: Deployment, tmp_path: Path, gate: str) -> tuple[FaultProxy, int]:
     """18 batches of 2, flushed at once by `PROCESSES` processes on one state folder.
 
-    The collector allows 2 calls/s, burst 1, behind a counting proxy. The parent
+    The collector allows `SHARED_RATE_PER_S` calls/s, burst 1, behind a counting proxy. The parent
     records (and fetches the policy once); the children flush. `gate` is passed
     to `sdk_sender_child.py` ("stored": as shipped; "local": the broken variant).
     """
     deployment.categorical(epsilon="0.01", epsilon_cap="100")
-    collector = deployment.start(rate_limit_per_second=2.0, rate_limit_burst=1.0)
+    collector = deployment.start(rate_limit_per_second=SHARED_RATE_PER_S, rate_limit_burst=1.0)
     state = tmp_path / "d"
     with deployment.client(collector.address, state) as c:
         _record(c, 36)

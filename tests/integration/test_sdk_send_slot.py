@@ -105,7 +105,7 @@ def test_fallback_claim_of_a_killed_holder_blocks_and_flush_says_so(
         _killed_mid_send(deployment, tmp_path, "lease") as (state, target),
         deployment.client(target, state, fetch_policies=False) as c,
     ):
-        result = c.flush(timeout=1.0)
+        result = c.flush(timeout=0.3)  # the claim lasts CHILD_TIMEOUT_S + 5 s
     assert (result.acknowledged, result.pending, result.stopped) == (0, 3, "SENDER_BUSY")
 
 
@@ -115,25 +115,25 @@ def test_flush_waits_for_a_pause_and_says_until_when(
     """`while c.pending(): c.flush(timeout=t)` makes about pause / t calls, not thousands."""
     deployment.categorical(epsilon="0.01", epsilon_cap="100")
     collector = deployment.start()
-    proxy = FaultProxy(collector.address, fail_first=1, retry_after_ms=1500)
+    proxy = FaultProxy(collector.address, fail_first=1, retry_after_ms=600)
     try:
         with deployment.client(
             proxy.address, tmp_path / "d", backoff=Backoff(base_seconds=0.01, max_seconds=0.05)
         ) as c:
             c.record("browser.homepage", LABELS[0])
             started = time.time()
-            first = c.flush(timeout=0.3)
+            first = c.flush(timeout=0.12)
             calls, results = 1, [first]
             while c.pending() and calls < 200:
-                results.append(c.flush(timeout=0.3))
+                results.append(c.flush(timeout=0.12))
                 calls += 1
     finally:
         proxy.close()
     assert first.failed_attempts == 1 and first.last_error is not None
     assert first.stopped == "PAUSED" and first.paused_until is not None
-    assert started + 1.5 <= first.paused_until <= time.time() + 1.5
+    assert started + 0.6 <= first.paused_until <= time.time() + 0.6
     assert results[-1].stopped == "DONE" and results[-1].acknowledged == 1
-    # 1.5 s of pause in flushes of 0.3 s: at most 6 of them (each waits its timeout
+    # 0.6 s of pause in flushes of 0.12 s: at most 6 of them (each waits its timeout
     # or until the pause ends) and the delivering one; a flush that returned at once
     # would have made 200.
     assert calls <= 8, [r.stopped for r in results]

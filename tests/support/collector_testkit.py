@@ -433,7 +433,8 @@ class PostgresServer:
 
     Started with the installed initdb/pg_ctl; as the ``postgres`` user when we
     run as root (PostgreSQL refuses to run as root). Superuser ``postgres``,
-    trust authentication on 127.0.0.1, fsync on (commits are durable).
+    trust authentication on 127.0.0.1, fsync on (commits are durable) unless
+    started with ``fsync=False`` (the test suite's servers: see tests/conftest.py).
     """
 
     host: str
@@ -445,7 +446,9 @@ class PostgresServer:
     opts: str = ""  # the server's options (pg_ctl -o), for `restart`
 
     @classmethod
-    def start(cls, bindir: Path, *, max_connections: int = 200) -> PostgresServer:
+    def start(
+        cls, bindir: Path, *, max_connections: int = 200, fsync: bool = True
+    ) -> PostgresServer:
         """initdb + pg_ctl start; raises RuntimeError with the server log on failure."""
         runner: list[str] = []
         base = Path(tempfile.mkdtemp(prefix="fedldp-pg-"))
@@ -478,6 +481,7 @@ class PostgresServer:
             opts = (
                 f"-p {port} -k {base} -c listen_addresses=127.0.0.1 "
                 f"-c max_connections={max_connections} -c shared_buffers=64MB"
+                + ("" if fsync else " -c fsync=off")
             )
             done = _pg_ctl_start(runner, bindir, base, opts)
             if done.returncode == 0:
