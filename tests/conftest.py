@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import pwd
+import shutil
 import sys
 from collections.abc import Iterator
 from typing import Any
@@ -36,6 +37,23 @@ os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
 sys.dont_write_bytecode = False
 
 
+def _memory_folder() -> str | None:
+    """/dev/shm when it is a writable folder with 4 GiB free, else None (the default temp).
+
+    The servers' data on tmpfs: a session's ~180 fresh databases (7.5 MB each) are
+    created in ~0.05 s instead of ~0.2 s, and deleting them at the end takes under a
+    second instead of the 37–41 s an ext4 folder mounted with `discard` took, which
+    every xdist worker paid at its end.
+    """
+    shm = "/dev/shm"
+    try:
+        if os.path.isdir(shm) and os.access(shm, os.W_OK) and shutil.disk_usage(shm).free > 4 << 30:
+            return shm
+    except OSError:
+        pass
+    return None
+
+
 def start_postgres() -> Iterator[Any]:
     """Start a PostgreSQL server, yield it, stop it (skips when PostgreSQL is not installed)."""
     pytest.importorskip("sqlalchemy", reason="the collector extra is not installed")
@@ -56,7 +74,7 @@ def start_postgres() -> Iterator[Any]:
     # immediate shutdown (`PostgresServer.kill`, a crash of the server) loses
     # nothing; only an OS crash could, and the data is thrown away at the end.
     # Each fresh database (`create_database`, ~7.5 MB of WAL) costs no disk flush.
-    server = PostgresServer.start(bindir, fsync=False)
+    server = PostgresServer.start(bindir, fsync=False, parent=_memory_folder())
     try:
         yield server
     finally:

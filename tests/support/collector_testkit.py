@@ -447,11 +447,19 @@ class PostgresServer:
 
     @classmethod
     def start(
-        cls, bindir: Path, *, max_connections: int = 200, fsync: bool = True
+        cls,
+        bindir: Path,
+        *,
+        max_connections: int = 200,
+        fsync: bool = True,
+        parent: str | None = None,
     ) -> PostgresServer:
-        """initdb + pg_ctl start; raises RuntimeError with the server log on failure."""
+        """initdb + pg_ctl start in a new folder under `parent` (default: the temp folder).
+
+        Raises RuntimeError with the server log on failure.
+        """
         runner: list[str] = []
-        base = Path(tempfile.mkdtemp(prefix="fedldp-pg-"))
+        base = Path(tempfile.mkdtemp(prefix="fedldp-pg-", dir=parent))
         if os.geteuid() == 0:
             pw = pwd.getpwnam("postgres")  # KeyError: no user to run the server as
             os.chown(base, pw.pw_uid, pw.pw_gid)
