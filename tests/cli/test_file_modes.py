@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 from collector_testkit import Deployment, spawn, write_config
+from demo_testkit import PLAIN_DEMO_UMASK, DemoRun
 from fedldp.collector.ledger import open_ledger
 
 FEDLDP = str(Path(sys.executable).with_name("fedldp"))
@@ -95,8 +96,12 @@ def test_collector_serve_creates_a_0600_ledger(tmp_path: Path) -> None:
     _assert_private(ledgers)
 
 
-def test_demo_creates_a_0600_ledger(tmp_path: Path) -> None:
-    out = tmp_path / "demo"
-    _fedldp(0o000, "demo", "--devices", "150", "--processes", "1", "--seed", "7", "--out", str(out))
-    _assert_private(out, "ledger.db")
-    _assert_private(out / "keys")  # signing keys and the token secret
+def test_demo_creates_a_0600_ledger(plain_demo: DemoRun) -> None:
+    """The session's shared `fedldp demo` ran under umask 000 (demo_testkit); the modes
+    of the files it left, read as it exited."""
+    assert PLAIN_DEMO_UMASK == 0o000
+    assert plain_demo.returncode == 0, plain_demo.stderr[-2000:]
+    for prefix in ("ledger.db", "keys/"):  # the ledger; the signing keys and token secret
+        modes = {p: m for p, m in plain_demo.modes_at_exit.items() if p.startswith(prefix)}
+        assert modes, f"no {prefix} files"
+        assert all(m == 0o600 for m in modes.values()), modes
