@@ -104,4 +104,4 @@ def test_demo_creates_a_0600_ledger(plain_demo: DemoRun) -> None:
     for prefix in ("ledger.db", "keys/"):  # the ledger; the signing keys and token secret
         modes = {p: m for p, m in plain_demo.modes_at_exit.items() if p.startswith(prefix)}
         assert modes, f"no {prefix} files"
-        assert all(m == 0o600 for m in modes.values()), modes
+        assert all(m == 0o600 for m in modes.values()), {p: oct(m) for p, m in modes.items()}
