@@ -7,6 +7,9 @@ requires), on a free loopback port, and stopped at the end
 `postgresql_url` (a fresh database each) and are skipped with a clear reason
 only when no PostgreSQL binaries are installed. A second server
 (`postgresql_url_b`) is started for the ledger-shard tests only.
+
+`plain_demo` is one `fedldp demo` run for the session (`demo_testkit`), shared by the
+tests that check different things about the same output.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from demo_testkit import DemoRun, run_plain_demo
 
 # One BLAS/OpenMP thread per test process, set before anything imports numpy or torch:
 # pytest-xdist already runs one worker per core, and a multi-threaded BLAS beside it
@@ -104,3 +108,10 @@ def postgresql_url_b(postgresql_server_b: Any) -> str:
 def postgresql_url(postgresql_server: Any) -> str:
     """A fresh, empty database on the session's PostgreSQL server."""
     return str(postgresql_server.create_database())
+
+
+@pytest.fixture(scope="session")
+def plain_demo(tmp_path_factory: pytest.TempPathFactory) -> DemoRun:
+    """One `fedldp demo` for the session (`demo_testkit.run_plain_demo`: homepage, 200
+    devices, a fixed seed, umask 000), for every test that checks its output."""
+    return run_plain_demo(tmp_path_factory.mktemp("demo") / "run")

@@ -36,7 +36,7 @@ from decimal import Decimal
 from fractions import Fraction
 
 from fedldp.aggregator.central.quantile import quantile_fraction, rank_error
-from scipy.stats import norm
+from fedldp.aggregator.intervals import bonferroni_z
 
 CONFIDENCE = Decimal("0.95")
 
@@ -112,7 +112,7 @@ def mean(
         return ErrorBar(spread, CONFIDENCE, lower, upper)
     m = float(noisy_sum / noisy_count)
     sd = math.sqrt(sum_bar.noise_stddev**2 + (m * count_bar.noise_stddev) ** 2) / float(noisy_count)
-    z = float(norm.ppf(1 - float(1 - CONFIDENCE) / 2))
+    z = bonferroni_z(float(1 - CONFIDENCE), tests=2)  # Φ⁻¹(1 − α/2): one α/2 per tail
     centre = min(max(offset + noisy_sum / noisy_count, lower), upper)
     half = Decimal(repr(z * sd))
     return ErrorBar(sd, CONFIDENCE, max(centre - half, lower), min(centre + half, upper))

@@ -1,14 +1,15 @@
 """Every command that creates a SQLite ledger file creates it 0600, whatever the umask.
 
-`ledger init`, `ledger migrate` (of a new file), `ledger backup`, `ledger restore`,
-`collector serve` and `demo` each run as a subprocess under a permissive umask
-(0o022, the usual default, and 0o000); then every file they left beside the
-ledger, and the -wal/-shm files SQLite makes while the ledger is open, must be
-0600 (owner read/write only).
+`ledger init`, `ledger migrate` (of a new file), `ledger backup`, `ledger restore`
+(the four in one process), `collector serve` and `demo` (the session's shared run,
+demo_testkit) each run in a subprocess under a permissive umask (0o022, the usual
+default, and 0o000); then every file they left beside the ledger, and the -wal/-shm
+files SQLite makes while the ledger is open, must be 0600 (owner read/write only).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import stat
@@ -19,21 +20,32 @@ from pathlib import Path
 
 import pytest
 from collector_testkit import Deployment, spawn, write_config
+from demo_testkit import PLAIN_DEMO_UMASK, DemoRun
 from fedldp.collector.ledger import open_ledger
 
-FEDLDP = str(Path(sys.executable).with_name("fedldp"))
+# The commands of one test, in order, in one interpreter (one import of the ledger stack,
+# not one per command), each through the CLI as `fedldp ARGS` runs it; stops at a failure.
+_COMMANDS_CHILD = """
+import json, sys
+from click.testing import CliRunner
+from fedldp.cli import main
+for args in json.loads(sys.stdin.read()):
+    result = CliRunner().invoke(main, args)
+    if result.exit_code != 0:
+        sys.exit(f"fedldp {args}: exit {result.exit_code}: {result.output[-2000:]!r} "
+                 f"{result.exception!r}")
+"""
 
 
-def _fedldp(umask: int, *args: str) -> None:
-    """Run `fedldp ARGS` under `umask`; it must succeed."""
+def _fedldp(umask: int, *commands: list[str]) -> None:
+    """Run each `fedldp ARGS` of `commands`, in order, in one process under `umask`; each
+    must succeed."""
     done = subprocess.run(
-        ["sh", "-c", f'umask {umask:03o} && exec "$0" "$@"', FEDLDP, *args],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    assert done.returncode == 0, (args, done.stderr[-2000:])
+        ["sh", "-c", f'umask {umask:03o} && exec "$0" "$@"', sys.executable, "-c",
+         _COMMANDS_CHILD],
+        input=json.dumps(commands), capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, (commands, done.stderr[-3000:])
 
 
 def _modes(folder: Path, prefix: str = "") -> dict[str, str]:
@@ -63,10 +75,13 @@ def test_ledger_commands_create_0600_files(tmp_path: Path, umask: int) -> None:
     folder = tmp_path / "ledgers"
     folder.mkdir()
     url = f"sqlite:///{folder}"
-    _fedldp(umask, "ledger", "init", "--ledger", f"{url}/init.db")
-    _fedldp(umask, "ledger", "migrate", "--ledger", f"{url}/migrated.db")
-    _fedldp(umask, "ledger", "backup", "--ledger", f"{url}/init.db", str(folder / "backup.db"))
-    _fedldp(umask, "ledger", "restore", "--ledger", f"{url}/restored.db", str(folder / "backup.db"))
+    _fedldp(
+        umask,
+        ["ledger", "init", "--ledger", f"{url}/init.db"],
+        ["ledger", "migrate", "--ledger", f"{url}/migrated.db"],
+        ["ledger", "backup", "--ledger", f"{url}/init.db", str(folder / "backup.db")],
+        ["ledger", "restore", "--ledger", f"{url}/restored.db", str(folder / "backup.db")],
+    )
     assert {"init.db", "migrated.db", "backup.db", "restored.db"} <= set(_modes(folder))
     _assert_private(folder)
     # A backup is one file (rollback journal): restoring from it created nothing beside it.
@@ -95,8 +110,12 @@ def test_collector_serve_creates_a_0600_ledger(tmp_path: Path) -> None:
     _assert_private(ledgers)
 
 
-def test_demo_creates_a_0600_ledger(tmp_path: Path) -> None:
-    out = tmp_path / "demo"
-    _fedldp(0o000, "demo", "--devices", "150", "--processes", "1", "--seed", "7", "--out", str(out))
-    _assert_private(out, "ledger.db")
-    _assert_private(out / "keys")  # signing keys and the token secret
+def test_demo_creates_a_0600_ledger(plain_demo: DemoRun) -> None:
+    """The session's shared `fedldp demo` ran under umask 000 (demo_testkit); the modes
+    of the files it left, read as it exited."""
+    assert PLAIN_DEMO_UMASK == 0o000
+    assert plain_demo.returncode == 0, plain_demo.stderr[-2000:]
+    for prefix in ("ledger.db", "keys/"):  # the ledger; the signing keys and token secret
+        modes = {p: m for p, m in plain_demo.modes_at_exit.items() if p.startswith(prefix)}
+        assert modes, f"no {prefix} files"
+        assert all(m == 0o600 for m in modes.values()), {p: oct(m) for p, m in modes.items()}

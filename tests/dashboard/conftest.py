@@ -1,7 +1,7 @@
 """Fixtures for the dashboard tests: real ledgers fed by simulated devices, a served dashboard.
 
-* `demo_run`: `fedldp demo` in a subprocess (a real collector process, real SDK
-  devices over gRPC, the demo's signed policy), once per session.
+* `demo_run`: the session's shared `fedldp demo` (`plain_demo`, tests/conftest.py: a
+  real collector process, real SDK devices over gRPC, the demo's signed policy).
 * `rich`: a ledger written by the collector's own `Ledger.submit` over six past
   daily windows (a real collector serves only the current window), with a
   categorical and a numeric policy, one window below the release gate, subjects at
@@ -11,8 +11,6 @@
 from __future__ import annotations
 
 import random
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -20,6 +18,7 @@ from decimal import Decimal
 from pathlib import Path
 
 import pytest
+from demo_testkit import DemoRun
 from fedldp.aggregator.dashboard.app import DashboardServer
 from fedldp.authoring import Authority, write_envelope, write_public_key
 from fedldp.client.policy import VerifiedPolicy, verify_policy
@@ -183,28 +182,11 @@ def rich(tmp_path_factory: pytest.TempPathFactory) -> Setup:
 
 
 @pytest.fixture(scope="session")
-def demo_run(tmp_path_factory: pytest.TempPathFactory) -> Setup:
-    """`fedldp demo` with 400 simulated devices (real collector process, real SDK)."""
-    out = tmp_path_factory.mktemp("demo") / "run"
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "fedldp.cli",
-            "demo",
-            "--devices",
-            "400",
-            "--processes",
-            "1",
-            "--seed",
-            "5",
-            "--out",
-            str(out),
-        ],
-        check=True,
-        capture_output=True,
-        timeout=240,
-    )
+def demo_run(plain_demo: DemoRun) -> Setup:
+    """The session's shared `fedldp demo` (demo_testkit: 200 simulated devices, a real
+    collector process, real SDK devices), read-only."""
+    assert plain_demo.returncode == 0, plain_demo.stderr[-3000:]
+    out = plain_demo.out
     return Setup(
         out, out / "ledger.db", out / "policies", out / "trust", "demo", ("demo.browser-homepage",)
     )

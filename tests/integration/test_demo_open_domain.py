@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from demo_testkit import one_collector_process_env
+
 
 def test_open_domain_demo_discovers_words_into_the_html_report(tmp_path: Path) -> None:
     out = tmp_path / "demo"
@@ -32,6 +34,7 @@ def test_open_domain_demo_discovers_words_into_the_html_report(tmp_path: Path) -
         capture_output=True,
         text=True,
         timeout=300,
+        env=one_collector_process_env(),  # the collector's process count is not tested here
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "PEM, strings of up to 8 bytes, ε=8 per report" in result.stdout

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from demo_testkit import one_collector_process_env
 
 
 @pytest.mark.slow  # five processes and 100 SDK devices: ~5 s idle, ~20 s on a loaded machine
@@ -21,6 +22,7 @@ def test_demo_shuffle_runs_the_three_roles(tmp_path: Path) -> None:
          "demo", "--shuffle", "--devices", "100", "--processes", "1", "--threads", "8",
          "--seed", "3", "--reinstall-fraction", "0", "--out", str(tmp_path / "demo")],
         capture_output=True, text=True, timeout=300, check=False,
+        env=one_collector_process_env(),  # the collector's process count is not tested here
     )  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
     out = done.stdout

@@ -9,18 +9,24 @@ reports moves the estimates by many standard errors and fails.
 
 from __future__ import annotations
 
+import os
 import random
+import re
 import secrets
-import socket
+import shutil
+import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections import Counter
 from collections.abc import Iterator
 from decimal import Decimal
 from pathlib import Path
+from typing import IO
 
 import pytest
+from demo_testkit import PLAIN_DEMO_DEVICES, DemoRun, one_collector_process_env, port_is_closed
 from fedldp.aggregator.estimation import FrequencyReport
 from fedldp.aggregator.reports import report_from_ledgers
 from fedldp.authoring import Authority
@@ -87,20 +93,36 @@ class Pipeline:
 
 
 @pytest.fixture
-def pipeline(tmp_path: Path) -> Iterator[Pipeline]:
-    running = Pipeline(tmp_path)
+def state(tmp_path: Path) -> Iterator[Path]:
+    """A folder for the ledger and the devices' state: on tmpfs when there is one (as the
+    demo keeps its devices' state), where SQLite's fsyncs cost nothing; durability is not
+    what this module tests (tests/collector/test_faults.py, tests/integration/test_sdk_crash.py)."""
+    shm = Path("/dev/shm")
+    if not (shm.is_dir() and os.access(shm, os.W_OK)):
+        yield tmp_path
+        return
+    folder = Path(tempfile.mkdtemp(prefix="fedldp-pipeline-", dir=shm))
+    try:
+        yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.fixture
+def pipeline(state: Path) -> Iterator[Pipeline]:
+    running = Pipeline(state)
     try:
         yield running
     finally:
         running.collector.stop(grace=1.0)
 
 
-def test_estimates_cover_the_truth_over_real_grpc(pipeline: Pipeline, tmp_path: Path) -> None:
+def test_estimates_cover_the_truth_over_real_grpc(pipeline: Pipeline, state: Path) -> None:
     population = random.Random(20261130)
     values = population.choices(range(len(LABELS)), weights=TRUE_WEIGHTS, k=DEVICES)
     for device, value in enumerate(values):
         with pipeline.client(
-            tmp_path / f"device-{device}", f"device-{device}", random.Random(device)
+            state / f"device-{device}", f"device-{device}", random.Random(device)
         ) as client:
             client.record("browser.homepage", LABELS[value])
             # The cap is one report per window: the device's own guard refuses a second.
@@ -127,14 +149,12 @@ def test_estimates_cover_the_truth_over_real_grpc(pipeline: Pipeline, tmp_path: 
     assert report.by_label("news").ci_low > 0.2
 
 
-def test_a_wiped_device_is_refused_by_the_collector_ledger(
-    pipeline: Pipeline, tmp_path: Path
-) -> None:
-    with pipeline.client(tmp_path / "first", "device-x", random.Random(1)) as client:
+def test_a_wiped_device_is_refused_by_the_collector_ledger(pipeline: Pipeline, state: Path) -> None:
+    with pipeline.client(state / "first", "device-x", random.Random(1)) as client:
         client.record("browser.homepage", "news")
         assert client.flush(timeout=30).acknowledged == 1
     # Same subject, fresh state: the device guard has forgotten; the ledger has not.
-    with pipeline.client(tmp_path / "reinstalled", "device-x", random.Random(2)) as client:
+    with pipeline.client(state / "reinstalled", "device-x", random.Random(2)) as client:
         client.record("browser.homepage", "mail")
         result = client.flush(timeout=30)
         assert (result.acknowledged, result.refused) == (0, 1)
@@ -145,81 +165,66 @@ def test_a_wiped_device_is_refused_by_the_collector_ledger(
     assert spent == Decimal("2")
 
 
-def _port_is_closed(port: int) -> bool:
-    with socket.socket() as probe:
-        return probe.connect_ex(("127.0.0.1", port)) != 0
-
-
-def test_demo_command_runs_and_stops_its_collector(tmp_path: Path) -> None:
-    out = tmp_path / "demo"
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "fedldp.cli",
-            "demo",
-            "--devices",
-            "300",
-            "--processes",
-            "1",
-            "--seed",
-            "7",
-            "--out",
-            str(out),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert "reports accepted:                    300" in result.stdout
-    assert "refused by the collector for budget: 6" in result.stdout
-    assert "refused on device by budget guard:   30" in result.stdout
-    html = (out / "report.html").read_text(encoding="utf-8")
+def test_demo_command_runs_and_stops_its_collector(plain_demo: DemoRun) -> None:
+    """The session's shared `fedldp demo` (demo_testkit: 200 devices, seed 7)."""
+    assert plain_demo.returncode == 0, plain_demo.stderr[-3000:]
+    devices = PLAIN_DEMO_DEVICES
+    assert f"reports accepted:                    {devices}" in plain_demo.stdout
+    # round(2%) of the devices reinstall; every tenth tries a second report on device.
+    assert f"refused by the collector for budget: {round(devices * 0.02)}" in plain_demo.stdout
+    assert f"refused on device by budget guard:   {devices // 10}" in plain_demo.stdout
+    html = (plain_demo.out / "report.html").read_text(encoding="utf-8")
     assert "<svg" in html and "Privacy budget" in html and "window (UTC)" in html
-    assert _port_is_closed(int((out / "collector.port").read_text()))
+    assert plain_demo.port_closed_at_exit
+
+
+def _progress(stream: IO[bytes], pattern: re.Pattern[bytes], deadline: float) -> bool:
+    """Read `stream` (unbuffered) until `pattern` matches what was read; False at its end
+    or past `deadline` (time.monotonic())."""
+    seen = b""
+    while time.monotonic() < deadline:
+        chunk = os.read(stream.fileno(), 4096)
+        if not chunk:
+            return False
+        seen = seen[-4096:] + chunk
+        if pattern.search(seen):
+            return True
+    return False
 
 
 def test_demo_stops_its_collector_on_ctrl_c(tmp_path: Path) -> None:
+    """Ctrl-C while devices are being simulated: the demo exits non-zero, collector stopped.
+
+    Its collector runs on one process (demo_testkit.one_collector_process_env): the shared
+    demo (test_demo_command_runs_and_stops_its_collector) stops one with its default
+    processes, through the same `finally` that Ctrl-C reaches."""
     out = tmp_path / "demo"
     process = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "fedldp.cli",
-            "demo",
-            "--devices",
-            "100000",
-            "--processes",
-            "1",
-            "--out",
-            str(out),
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
-    )
+        [sys.executable, "-m", "fedldp.cli", "demo", "--devices", "100000",
+         "--processes", "1", "--out", str(out)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=one_collector_process_env(),
+    )  # fmt: skip
     try:
-        assert process.stdout is not None
+        assert process.stdout is not None and process.stderr is not None
         for line in process.stdout:
-            if line.startswith("collector listening"):
+            if line.startswith(b"collector listening"):
                 break
         port = int((out / "collector.port").read_text())
-        assert not _port_is_closed(port)
-        time.sleep(2.0)  # devices are being simulated
-        process.send_signal(2)  # SIGINT, as Ctrl-C
-        process.wait(timeout=60)
+        assert not port_is_closed(port)
+        # Devices are being simulated: the progress bar has counted a finished chunk.
+        finished = re.compile(rb"[1-9][0-9]*/100000")
+        assert _progress(process.stderr, finished, time.monotonic() + 120)
+        process.send_signal(signal.SIGINT)  # as Ctrl-C
+        process.communicate(timeout=60)
     finally:
         if process.poll() is None:
             process.kill()
             process.wait()
     assert process.returncode != 0
-    assert _port_is_closed(port)
+    assert port_is_closed(port)
 
 
-def test_devices_sharing_a_channel_keep_their_own_identity(
-    pipeline: Pipeline, tmp_path: Path
-) -> None:
+def test_devices_sharing_a_channel_keep_their_own_identity(pipeline: Pipeline, state: Path) -> None:
     """A fleet simulation shares one connection; subjects, state and budgets stay apart."""
     import grpc
 
@@ -231,7 +236,7 @@ def test_devices_sharing_a_channel_keep_their_own_identity(
                 trust_root=TrustRoot(
                     pipeline.authority.root_envelope, pipeline.authority.root_public_keys
                 ),
-                state_dir=tmp_path / subject,
+                state_dir=state / subject,
                 credentials=Credentials.insecure_bearer(
                     pipeline.tokens.mint(subject, expires_at=pipeline.now + 3600)
                 ),
