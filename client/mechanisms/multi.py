@@ -603,11 +603,20 @@ def _part_codes(mechanism: Any, batch: Any) -> npt.NDArray[np.uint64]:
 def _unique_rows(
     codes: npt.NDArray[np.uint64],
 ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
-    """(the first row of each distinct row, each row's distinct index) of `codes` (n, w)."""
+    """(the first row of each distinct row, each row's distinct index) of `codes` (n, w).
+
+    Column by column: the distinct rows so far (index r < m) and the column's distinct
+    values (index c < u) give the row index r u + c < n^2, renumbered (1-D sorts)."""
     import numpy as np
 
-    _, first, inverse = np.unique(codes, axis=0, return_index=True, return_inverse=True)
-    return first.astype(np.int64), inverse.reshape(-1).astype(np.int64)
+    combined = np.zeros(codes.shape[0], dtype=np.int64)
+    for column in codes.T:
+        values, index = np.unique(column, return_inverse=True)
+        combined = combined * values.shape[0] + index.reshape(-1)
+        _, combined = np.unique(combined, return_inverse=True)
+        combined = combined.reshape(-1).astype(np.int64)
+    _, first = np.unique(combined, return_index=True)
+    return first.astype(np.int64), combined
 
 
 def _batch_size(batch: Any) -> int:
