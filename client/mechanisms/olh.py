@@ -397,19 +397,6 @@ class OLH(FrequencyOracle):
     def outputs(self) -> Iterator[Output]:
         return (HashedOutput(s, y) for s in range(self.seed_space) for y in range(self.g))
 
-    def exact_law(self, value: int) -> dict[Output, Fraction]:
-        """`exact_probability` of every output, in `outputs()` order: one hash per seed
-        (a subclass with its own `exact_probability` gets the generic enumeration)."""
-        if type(self).exact_probability is not OLH.exact_probability:
-            return super().exact_law(value)
-        hit, miss = self._report_mass
-        law: dict[Output, Fraction] = {}
-        for seed in range(self.seed_space):
-            hashed = hash_value(seed, value, self.g, self.m)
-            for y in range(self.g):
-                law[HashedOutput(seed, y)] = hit if y == hashed else miss
-        return law
-
 
 __all__ = [
     "OLH",
