@@ -255,10 +255,15 @@ class Sketch(Mechanism[str, SketchStatistic]):
         import numpy as np
 
         array = np.asarray(values, dtype=object).reshape(-1)
-        unique, inverse = np.unique(array, return_inverse=True)
-        table = self.hash_table(unique.tolist())
+        first: dict[Any, int] = {}  # each distinct string -> its row of the hash table
+        inverse = np.fromiter(
+            (first.setdefault(v, len(first)) for v in array.tolist()),
+            dtype=np.int64,
+            count=array.shape[0],
+        )
+        table = self.hash_table(list(first))
         rows = rng.integers(0, self.k, size=array.shape[0], dtype=np.int64)
-        return rows, table[inverse.reshape(-1), rows] if array.size else rows.copy()
+        return rows, table[inverse, rows] if array.size else rows.copy()
 
     # --- statistic ---
 
