@@ -245,8 +245,10 @@ def sample_batch(
     """`users` simulated devices each sending `reports` reports of `value` (numpy path)."""
     if kind == "joint":  # a multi-attribute mechanism: one value per attribute
         columns = [np.full(users, v) for v in value]
-        outputs = mech.batch_outputs(mech.perturb_batch(columns, generator))  # type: ignore[attr-defined]
-        return Reports(kind, [device_column(kind, outputs)])
+        batch = mech.perturb_batch(columns, generator)
+        distinct, inverse = mech.distinct_outputs(batch)  # type: ignore[attr-defined]
+        keys = np.fromiter(map(joint_key, distinct), dtype=np.int64, count=len(distinct))
+        return Reports(kind, [keys[inverse]])
     dtype = np.float64 if kind == "numeric" or isinstance(value, float) else np.int64
     values: Any = [value] * users if isinstance(value, str) else np.full(users, value, dtype=dtype)
     if reports == 1:

@@ -92,11 +92,23 @@ def _on(universe: IntArray, h: Histogram) -> IntArray:
 def _best_prefix(
     universe: IntArray, hits: IntArray, misses: IntArray, n: int, level: float
 ) -> tuple[IntArray, float]:
-    """The likelihood-ratio threshold set with the largest bound, and that bound."""
+    """The likelihood-ratio threshold set with the largest bound, and that bound.
+
+    The bound of prefix i, ln cp_lower(H_i) - ln cp_upper(M_i) (H, M the cumulative
+    hits and misses), is increasing in H_i and decreasing in M_i, so only the prefixes
+    that no other prefix dominates are evaluated: those whose last key has hits
+    (else prefix i - 1 has the same H and no more misses) and whose next key has
+    misses (else prefix i + 1 has more hits and the same M). The first maximum over
+    these is the first maximum over all prefixes. With no hits at all every bound is
+    -inf and the first prefix is taken."""
     order = np.argsort(-(hits + 0.5) / (misses + 0.5), kind="stable")
-    bounds = log_ratio_bound(np.cumsum(hits[order]), np.cumsum(misses[order]), n, level)
+    h, m = hits[order], misses[order]
+    candidates = np.flatnonzero((h > 0) & np.append(m[1:] > 0, True))
+    if candidates.shape[0] == 0:
+        candidates = np.zeros(1, dtype=np.int64)
+    bounds = log_ratio_bound(np.cumsum(h)[candidates], np.cumsum(m)[candidates], n, level)
     best = int(np.argmax(bounds))
-    return universe[order[: best + 1]], float(bounds[best])
+    return universe[order[: int(candidates[best]) + 1]], float(bounds[best])
 
 
 def select_event(x: Histogram, y: Histogram, level: float) -> Event:

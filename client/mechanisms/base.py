@@ -399,6 +399,19 @@ class MomentStatistic:
         self.sum_scaled += total
         self.sum_sq_scaled += total_sq
 
+    def add_counted(self, values: Iterable[float], counts: Iterable[int]) -> None:
+        """Add each finite output `values[i]` `counts[i]` times, exactly: the same sums as
+        `add_many` over the repeated outputs (integer sums do not depend on the order)."""
+        total = total_sq = count = 0
+        for value, times in zip(values, counts, strict=True):
+            scaled, scaled_sq = _scaled(value)
+            total += scaled * times
+            total_sq += scaled_sq * times
+            count += times
+        self.n += count
+        self.sum_scaled += total
+        self.sum_sq_scaled += total_sq
+
     @property
     def total(self) -> float:
         """The sum of the outputs, correctly rounded."""

@@ -374,17 +374,42 @@ class MultiAttribute(Mechanism[Sequence[Any], MultiStatistic]):
 
     def batch_outputs(self, batch: MultiBatch) -> list[MultiOutput]:
         """The reports of a `MultiBatch` as `MultiOutput`s, in report order (audits, tests)."""
+        distinct, inverse = self.distinct_outputs(batch)
+        return [distinct[i] for i in inverse.tolist()]
+
+    def distinct_outputs(
+        self, batch: MultiBatch
+    ) -> tuple[list[MultiOutput], npt.NDArray[np.int64]]:
+        """The distinct reports of a `MultiBatch`, and per report (in report order) the
+        index of its own among them: `batch_outputs(batch)[i] == distinct[inverse[i]]`.
+
+        Two reports are the same exactly when their wire payloads are: every part's
+        attribute, and its payload bits (a numeric part by its binary64 pattern, so
+        +0.0 and -0.0 differ). Found with numpy over the batch arrays; one
+        `MultiOutput` is built per distinct report (a batch repeats few of them)."""
+        import numpy as np
+
         reports = self._batch_reports(batch)
-        per_attribute = [
-            _part_outputs(m, p) for m, p in zip(self.mechanisms, batch.parts, strict=True)
-        ]
-        if batch.chosen is None:
-            return [
-                MultiOutput(tuple((j, outs[i]) for j, outs in enumerate(per_attribute)))
-                for i in range(reports)
-            ]
-        cursors = [iter(outs) for outs in per_attribute]
-        return [MultiOutput(((int(j), next(cursors[int(j)])),)) for j in batch.chosen]
+        inverse = np.empty(reports, dtype=np.int64)
+        distinct: list[MultiOutput] = []
+        if batch.chosen is None:  # split: a report is the row of all its parts' codes
+            codes = [_part_codes(m, p) for m, p in zip(self.mechanisms, batch.parts, strict=True)]
+            first, inverse[:] = _unique_rows(np.hstack(codes))
+            for i in first.tolist():
+                parts = zip(self.mechanisms, batch.parts, strict=True)
+                distinct.append(
+                    MultiOutput(tuple((j, _part_output(m, p, i)) for j, (m, p) in enumerate(parts)))
+                )
+            return distinct, inverse
+        chosen = np.asarray(batch.chosen, dtype=np.int64)
+        for j, (m, p) in enumerate(zip(self.mechanisms, batch.parts, strict=True)):
+            rows = np.flatnonzero(chosen == j)  # part j holds these reports, in order
+            if rows.size == 0:
+                continue
+            first, local = _unique_rows(_part_codes(m, p))
+            inverse[rows] = len(distinct) + local
+            distinct.extend(MultiOutput(((j, _part_output(m, p, i)),)) for i in first.tolist())
+        return distinct, inverse
 
 
 class MultiSplit(MultiAttribute):
@@ -546,6 +571,52 @@ def _part_outputs(mechanism: Any, batch: Any) -> list[AttributeOutput]:
     if array.ndim == 2:
         return [BitVectorOutput(row.tobytes(), mechanism.k) for row in array]
     return [CategoryOutput(int(i)) for i in array]
+
+
+def _part_output(mechanism: Any, batch: Any, i: int) -> AttributeOutput:
+    """Report i of one attribute mechanism's batch layout, as `_part_outputs` builds it."""
+    if isinstance(batch, tuple):
+        return _part_outputs(mechanism, tuple(part[i : i + 1] for part in batch))[0]
+    return _part_outputs(mechanism, batch[i : i + 1])[0]
+
+
+def _part_codes(mechanism: Any, batch: Any) -> npt.NDArray[np.uint64]:
+    """One attribute mechanism's batch layout as uint64 words, one row per report, equal
+    rows exactly when `_part_outputs` gives equal outputs (numeric: the binary64 bits;
+    (seeds, values); a row's bytes zero-padded to whole 8-byte words; an index)."""
+    import numpy as np
+
+    if _is_numeric(mechanism):
+        floats = np.ascontiguousarray(batch, dtype=np.float64)
+        return floats.view(np.uint64).reshape(-1, 1)
+    if isinstance(batch, tuple):
+        return np.stack([np.asarray(part).astype(np.uint64) for part in batch], axis=1)
+    array = np.asarray(batch)
+    if array.ndim == 2:  # the bytes of each row, as `row.tobytes()` gives them
+        raw = np.ascontiguousarray(array).view(np.uint8).reshape(array.shape[0], -1)
+        padded = np.zeros((raw.shape[0], -(-raw.shape[1] // 8) * 8), dtype=np.uint8)
+        padded[:, : raw.shape[1]] = raw
+        return padded.view("<u8").astype(np.uint64)
+    return array.astype(np.uint64).reshape(-1, 1)
+
+
+def _unique_rows(
+    codes: npt.NDArray[np.uint64],
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+    """(the first row of each distinct row, each row's distinct index) of `codes` (n, w).
+
+    Column by column: the distinct rows so far (index r < m) and the column's distinct
+    values (index c < u) give the row index r u + c < n^2, renumbered (1-D sorts)."""
+    import numpy as np
+
+    combined = np.zeros(codes.shape[0], dtype=np.int64)
+    for column in codes.T:
+        values, index = np.unique(column, return_inverse=True)
+        combined = combined * values.shape[0] + index.reshape(-1)
+        _, combined = np.unique(combined, return_inverse=True)
+        combined = combined.reshape(-1).astype(np.int64)
+    _, first = np.unique(combined, return_index=True)
+    return first.astype(np.int64), combined
 
 
 def _batch_size(batch: Any) -> int:

@@ -613,7 +613,9 @@ class MeanMechanism(NumericMechanism):
             raise OutputDomainError(
                 "OUT_OF_DOMAIN", f"{self._name} outputs must be the policy's grid values"
             )
-        statistic.add_many(y.tolist())
+        # Table values repeat: each distinct bit pattern is scaled once, times its count.
+        bits, counts = np.unique(y.view(np.uint64), return_counts=True)
+        statistic.add_counted(bits.view(np.float64).tolist(), counts.tolist())
 
     def estimate(self, statistic: MomentStatistic) -> Estimate:
         return self._mean_estimate(statistic.n, statistic.total, statistic.total_sq)

@@ -254,11 +254,13 @@ class Sketch(Mechanism[str, SketchStatistic]):
         """(rows J_i, cells h_{J_i}(s_i)) for a batch, hashing each distinct string once."""
         import numpy as np
 
-        array = np.asarray(values, dtype=object).reshape(-1)
-        unique, inverse = np.unique(array, return_inverse=True)
-        table = self.hash_table(unique.tolist())
-        rows = rng.integers(0, self.k, size=array.shape[0], dtype=np.int64)
-        return rows, table[inverse.reshape(-1), rows] if array.size else rows.copy()
+        items = np.asarray(values, dtype=object).reshape(-1).tolist()
+        distinct = list(dict.fromkeys(items))  # in order of first appearance
+        row_of = {v: i for i, v in enumerate(distinct)}  # its row of the hash table
+        inverse = np.fromiter(map(row_of.__getitem__, items), dtype=np.int64, count=len(items))
+        table = self.hash_table(distinct)
+        rows = rng.integers(0, self.k, size=len(items), dtype=np.int64)
+        return rows, table[inverse, rows] if items else rows.copy()
 
     # --- statistic ---
 

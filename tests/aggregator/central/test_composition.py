@@ -16,6 +16,7 @@ from collections import defaultdict
 from collections.abc import Callable
 from decimal import Decimal
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -252,9 +253,8 @@ def test_a_ledger_with_training_composes_tightly_and_an_unknown_kind_fails_the_c
     ledger.close()
 
 
-@pytest.mark.parametrize("delta", ["2", "1", "0", "-1", "inf", "nan", "-inf"])
-def test_spend_refuses_a_delta_outside_the_unit_interval(ledger: Ledger, delta: str) -> None:
-    """Finding 07: --delta outside (0, 1) printed epsilon 0.0 / NaN / Infinity with exit 0."""
+def _spend_with_training(ledger: Ledger, delta: str) -> Any:
+    """`release spend --composition pld --delta=<delta>` on a ledger holding one training."""
     from click.testing import CliRunner
 
     from fedldp.cli_report import release
@@ -268,10 +268,20 @@ def test_spend_refuses_a_delta_outside_the_unit_interval(ledger: Ledger, delta: 
     }
     _settled(ledger, "train", "3", "1e-5", [training])
     args = ["spend", "--ledger", ledger.url, "--subject", "s", "--purpose", "p"]
-    out = CliRunner().invoke(release, [*args, "--composition", "pld", f"--delta={delta}"])
+    return CliRunner().invoke(release, [*args, "--composition", "pld", f"--delta={delta}"])
+
+
+@pytest.mark.parametrize("delta", ["2", "1", "0", "-1", "inf", "nan", "-inf"])
+def test_spend_refuses_a_delta_outside_the_unit_interval(ledger: Ledger, delta: str) -> None:
+    """Finding 07: --delta outside (0, 1) printed epsilon 0.0 / NaN / Infinity with exit 0.
+    (The same ledger with a delta inside: the next test.)"""
+    out = _spend_with_training(ledger, delta)
     assert out.exit_code == 2 and "0 < delta < 1" in out.output
     errors = [line for line in out.output.splitlines() if line.startswith("Error:")]
     assert errors == ["Error: Invalid value for --delta: must satisfy 0 < delta < 1"]
     assert "epsilon" not in out.output
-    good = CliRunner().invoke(release, [*args, "--composition", "pld", "--delta=0.00001"])
+
+
+def test_spend_composes_with_a_delta_inside_the_unit_interval(ledger: Ledger) -> None:
+    good = _spend_with_training(ledger, "0.00001")
     assert good.exit_code == 0 and math.isfinite(json.loads(good.output)["epsilon"])

@@ -93,14 +93,22 @@ def _win_probabilities(utilities: list[int], lam: float, terms: int = 4000) -> l
 
 
 def _worst_ratio(lam: float) -> float:
-    """Largest P_D[o]/P_D'[o] over neighbours whose utilities each move by at most 1."""
+    """Largest P_D[o]/P_D'[o] over neighbours whose utilities each move by at most 1
+    (each utility pair's law computed once)."""
+    laws: dict[tuple[int, int], list[float]] = {}
+
+    def law(u0: int, u1: int) -> list[float]:
+        if (u0, u1) not in laws:
+            laws[u0, u1] = _win_probabilities([u0, u1], lam)
+        return laws[u0, u1]
+
     worst = 1.0
     for u0 in range(0, 6):
         for u1 in range(0, 6):
             for du0 in (-1, 0, 1):
                 for du1 in (-1, 0, 1):
-                    a = _win_probabilities([u0, u1], lam)
-                    b = _win_probabilities([u0 + du0, u1 + du1], lam)
+                    a = law(u0, u1)
+                    b = law(u0 + du0, u1 + du1)
                     worst = max(worst, *(x / y for x, y in zip(a, b, strict=True)))
     return worst
 

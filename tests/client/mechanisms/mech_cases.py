@@ -255,9 +255,34 @@ def max_ratio(laws: list[dict[bytes, Fraction]]) -> Fraction | None:
     return worst
 
 
+def level_wire_weights(mech: NumericMechanism, level: int) -> dict[bytes, int]:
+    """`level_wire_law` before the division by the level's total weight (integers)."""
+    weights: dict[bytes, int] = {}
+    for y, w in zip(mech.table, mech.index_weights(level), strict=True):
+        if w:
+            key = wire_bytes(y)
+            weights[key] = weights.get(key, 0) + w
+    return weights
+
+
 def numeric_max_ratio(mech: NumericMechanism) -> Fraction | None:
-    """`max_ratio` over every input level (real inputs mix these; see numeric.py)."""
-    return max_ratio([level_wire_law(mech, j) for j in range(mech.levels + 1)])
+    """`max_ratio` over every input level (real inputs mix these; see numeric.py).
+
+    When every level's weights have one total T (the shipped grids), P[y|j] = W_j(y)/T
+    and the ratio of two levels is W_j(y)/W_j'(y): compared in integers, the same value."""
+    levels = range(mech.levels + 1)
+    if len({sum(mech.index_weights(j)) for j in levels}) != 1:
+        return max_ratio([level_wire_law(mech, j) for j in levels])
+    laws = [level_wire_weights(mech, j) for j in levels]
+    worst_num, worst_den = 1, 1
+    for key in set().union(*laws):
+        weights = [law.get(key, 0) for law in laws]
+        high, low = max(weights), min(weights)
+        if low == 0:
+            return None
+        if high * worst_den > worst_num * low:
+            worst_num, worst_den = high, low
+    return Fraction(worst_num, worst_den)
 
 
 def exp_bounds(epsilon: Decimal) -> tuple[Fraction, Fraction]:

@@ -25,34 +25,61 @@ from fedldp.client.mechanisms import create
 Law = Callable[[int, int], Fraction]  # (value or slot, response) -> probability
 
 
-def _joint(seq: Sequence[int], y: Sequence[int], responses: int, perm: Law, inst: Law) -> Fraction:
-    """P[y | seq]: one permanent response per distinct input, reports given them."""
+def _integer_law(law: Law, rows: int, columns: int) -> tuple[list[list[int]], int]:
+    """law(r, c) for r < rows, c < columns as integers over one common denominator D."""
+    denominator = math.lcm(*(law(r, c).denominator for r in range(rows) for c in range(columns)))
+    table = [[int(law(r, c) * denominator) for c in range(columns)] for r in range(rows)]
+    return table, denominator
+
+
+def _joint(
+    seq: Sequence[int],
+    ys: Sequence[Sequence[int]],
+    responses: int,
+    perm: list[list[int]],
+    perm_d: int,
+    inst: list[list[int]],
+) -> list[int]:
+    """P[y | seq] for each y, times D_perm^T D_inst^T (an integer): one permanent response
+    per distinct input (c of them, each a factor over D_perm, the product then scaled
+    by D_perm^(T - c)), the T reports given them (each a factor over D_inst)."""
     distinct = sorted(set(seq))
-    total = Fraction(0)
+    scale = perm_d ** (len(seq) - len(distinct))
+    totals = [0] * len(ys)
     for bs in itertools.product(range(responses), repeat=len(distinct)):
         b = dict(zip(distinct, bs, strict=True))
-        term = Fraction(1)
+        weight = scale
         for u in distinct:
-            term *= perm(u, b[u])
-        for t, x in enumerate(seq):
-            term *= inst(b[x], y[t])
-        total += term
-    return total
+            weight *= perm[u][b[u]]
+        if weight == 0:
+            continue
+        answers = [b[x] for x in seq]
+        for n, y in enumerate(ys):
+            term = weight
+            for t, response in enumerate(answers):
+                term *= inst[response][y[t]]
+            totals[n] += term
+    return totals
 
 
 def _worst_loss(
     inputs: int, responses: int, outputs: int, reports: int, perm: Law, inst: Law
 ) -> float:
-    """max over sequence pairs and outputs of ln P[y|x]/P[y|x'] (float of an exact ratio)."""
+    """max over sequence pairs and outputs of ln P[y|x]/P[y|x'] (float of an exact ratio).
+
+    Exact in integers: every P[y | x] is its numerator over the one denominator
+    D_perm^T D_inst^T, so a ratio of two is the ratio of their numerators."""
+    perm_table, perm_d = _integer_law(perm, inputs, responses)
+    inst_table, _ = _integer_law(inst, responses, outputs)
     seqs = list(itertools.product(range(inputs), repeat=reports))
     ys = list(itertools.product(range(outputs), repeat=reports))
-    table = {s: [_joint(s, y, responses, perm, inst) for y in ys] for s in seqs}
-    worst = Fraction(1)
+    table = {s: _joint(s, ys, responses, perm_table, perm_d, inst_table) for s in seqs}
+    worst_num, worst_den = 1, 1
     for a, b in itertools.product(seqs, repeat=2):
         for pa, pb in zip(table[a], table[b], strict=True):
-            if pa > worst * pb:
-                worst = pa / pb
-    return math.log(worst)
+            if pa * worst_den > worst_num * pb:
+                worst_num, worst_den = pa, pb
+    return math.log(Fraction(worst_num, worst_den))
 
 
 def _grr_laws(g: int, p_inf: Fraction, p_r: Fraction) -> tuple[Law, Law]:
