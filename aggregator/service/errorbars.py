@@ -36,7 +36,6 @@ from decimal import Decimal
 from fractions import Fraction
 
 from fedldp.aggregator.central.quantile import quantile_fraction, rank_error
-from scipy.stats import norm
 
 CONFIDENCE = Decimal("0.95")
 
@@ -112,6 +111,8 @@ def mean(
         return ErrorBar(spread, CONFIDENCE, lower, upper)
     m = float(noisy_sum / noisy_count)
     sd = math.sqrt(sum_bar.noise_stddev**2 + (m * count_bar.noise_stddev) ** 2) / float(noisy_count)
+    from scipy.stats import norm  # here: only a mean's error bar needs the slow import
+
     z = float(norm.ppf(1 - float(1 - CONFIDENCE) / 2))
     centre = min(max(offset + noisy_sum / noisy_count, lower), upper)
     half = Decimal(repr(z * sd))
