@@ -162,6 +162,28 @@ def _prv_epsilon(
     return float(eps_upper)
 
 
+@functools.lru_cache(maxsize=256)
+def _reference_epsilon(
+    mechanism: str, steps: tuple[Segment, ...], delta: float, eps_error: float
+) -> float:
+    """ε from Opacus's own PRVAccountant or RDPAccountant object, unmodified.
+
+    Memoized on its exact inputs (the accountants are deterministic): one
+    verification replays the same history for the receipt and for the ledger's
+    event, and a process that verifies a receipt again gets the value Opacus
+    computed the first time. An accountant that raises caches nothing.
+    """
+    if mechanism == "prv":
+        prv = PRVAccountant()
+        prv.history = list(steps)
+        return float(
+            prv.get_epsilon(delta, eps_error=eps_error, delta_error=prv_delta_error(delta))
+        )
+    rdp = RDPAccountant()
+    rdp.history = list(steps)
+    return float(rdp.get_epsilon(delta))
+
+
 def epsilon(
     mechanism: str,
     history: Sequence[Segment],
@@ -173,7 +195,7 @@ def epsilon(
     """ε of `history` at `delta` under `mechanism` ('prv' or 'rdp'); 0 for no steps.
 
     `reference=True` calls Opacus's PRVAccountant/RDPAccountant objects
-    themselves (slower; what `verify` replays with); otherwise the cached path
+    themselves (slower, memoized; what `verify` replays with); otherwise the cached path
     above, which computes the same numbers. Raises AccountantError when the
     accountant raises or returns NaN/inf/negative.
     """
@@ -181,16 +203,10 @@ def epsilon(
     if not steps:
         return 0.0
     try:
-        if mechanism == "prv" and reference:
-            prv = PRVAccountant()
-            prv.history = steps
-            value = prv.get_epsilon(delta, eps_error=eps_error, delta_error=prv_delta_error(delta))
+        if mechanism in ("prv", "rdp") and reference:
+            value = _reference_epsilon(mechanism, tuple(steps), float(delta), float(eps_error))
         elif mechanism == "prv":
             value = _prv_epsilon(steps, delta, eps_error)
-        elif mechanism == "rdp" and reference:
-            rdp = RDPAccountant()
-            rdp.history = steps
-            value = rdp.get_epsilon(delta)
         elif mechanism == "rdp":
             value = _rdp_epsilon(steps, delta)
         else:

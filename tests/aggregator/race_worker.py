@@ -3,6 +3,8 @@
     python race_worker.py release URL KEY MARKER GO OUT
     python race_worker.py train CONFIG.json MARKER GO OUT
 
+(or `release_outcome` called in the test's own process, as the run that must not read).
+
 The data loader first appends a line to MARKER (so the test counts reads across
 processes), then waits for the file GO to exist (so the test decides when the
 first run may finish). OUT receives one JSON line: the outcome.
@@ -13,6 +15,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+from collections.abc import Callable
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -31,11 +34,12 @@ def _gated(marker: Path, go: Path, rows: Any) -> Any:
     return rows
 
 
-def release(url: str, key: str, marker: Path, go: Path, out: Path) -> None:
+def release_outcome(url: str, key: str, load: Callable[[], Any]) -> dict[str, Any]:
+    """One private sum of 1..100 under idempotency `key` with the data loader `load`:
+    {"ok": value, "reservation": id} or {"error": exception name, "message": ...}."""
     from fedldp.aggregator.central.releases import ReleaseError, private_sum
     from fedldp.collector.ledger import open_ledger
 
-    data = [Decimal(x) for x in range(1, 101)]
     with open_ledger(url) as ledger:
         try:
             rel = private_sum(
@@ -45,14 +49,18 @@ def release(url: str, key: str, marker: Path, go: Path, out: Path) -> None:
                 epsilon=Decimal(1),
                 idempotency_key=key,
                 now=int(time.time()),
-                load=lambda: _gated(marker, go, data),
+                load=load,
                 lower=Decimal(0),
                 upper=Decimal(100),
             )
-            result: dict[str, Any] = {"ok": str(rel.value), "reservation": rel.reservation_id}
+            return {"ok": str(rel.value), "reservation": rel.reservation_id}
         except ReleaseError as exc:
-            result = {"error": type(exc).__name__, "message": str(exc)}
-    out.write_text(json.dumps(result))
+            return {"error": type(exc).__name__, "message": str(exc)}
+
+
+def release(url: str, key: str, marker: Path, go: Path, out: Path) -> None:
+    data = [Decimal(x) for x in range(1, 101)]
+    out.write_text(json.dumps(release_outcome(url, key, lambda: _gated(marker, go, data))))
 
 
 def train(config_json: Path, marker: Path, go: Path, out: Path) -> None:

@@ -82,16 +82,20 @@ def _serve(base: Path, ledger_url: str) -> tuple[subprocess.Popen[str], int]:
 
 
 def _job(port: int, job_id: str) -> pb.TrainingJob:
+    with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+        return _job_on(channel, job_id)
+
+
+def _job_on(channel: grpc.Channel, job_id: str) -> pb.TrainingJob:
     metadata = bearer_metadata(
         TokenAuthority(SECRET, audience=RELEASE_SERVICE_AUDIENCE).mint(
             "alice", expires_at=int(time.time()) + 600
         )
     )
-    with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
-        stub = release_pb2_grpc.ReleaseServiceStub(channel)
-        job: pb.TrainingJob = stub.GetTrainingJob(
-            pb.GetTrainingJobRequest(job_id=job_id), metadata=metadata
-        )
+    stub = release_pb2_grpc.ReleaseServiceStub(channel)
+    job: pb.TrainingJob = stub.GetTrainingJob(
+        pb.GetTrainingJobRequest(job_id=job_id), metadata=metadata
+    )
     return job
 
 
@@ -143,12 +147,12 @@ def test_a_crash_mid_training_leaves_the_reservation_spent_and_a_restart_reports
         with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
             stub = release_pb2_grpc.ReleaseServiceStub(channel)
             job_id = stub.SubmitTraining(job, metadata=metadata).job_id
-        # wait (bounded) for the job to open the data: from then on it is charged
-        deadline = time.monotonic() + 120
-        while not _job(port, job_id).charged:
-            assert time.monotonic() < deadline, "the job never opened its data"
-            time.sleep(0.1)
-        assert _job(port, job_id).state == pb.TRAINING_JOB_STATE_RUNNING
+            # wait (bounded) for the job to open the data: from then on it is charged
+            deadline = time.monotonic() + 120
+            while not (polled := _job_on(channel, job_id)).charged:
+                assert time.monotonic() < deadline, "the job never opened its data"
+                time.sleep(0.1)
+        assert polled.state == pb.TRAINING_JOB_STATE_RUNNING
     finally:
         proc.kill()  # SIGKILL: no handler, no settle, no cleanup
         proc.wait(timeout=30)

@@ -7,12 +7,11 @@ Opacus are installed.
 from __future__ import annotations
 
 import datetime
-import json
-from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
+import torch.multiprocessing as mp
 from fedldp.aggregator.training.step import ShardPoissonSampler, build_private_step
 from torch import nn
 
@@ -59,35 +58,62 @@ def _shard_batches(total: int, sample_rate: float) -> list[list[int]]:
     return [list(b) for b in sampler]
 
 
-def noise_probe(index: int, store: str, out: str) -> None:
-    """Rank `index` of a 2-process group: the noise scale of the engine's distributed step
+def noise_probe(rank: int, store: str) -> dict[str, Any]:
+    """Rank `rank` of a 2-process group: the noise scale of the engine's distributed step
     (hooks with an empty local batch on rank 1, ghost), of the broken each-rank-noises
-    variant, and the shard sampler's batches; rank 0 writes them to `out` as JSON."""
+    variant, and both ranks' shard-sampler batches (gathered)."""
     torch.manual_seed(0)
     torch.set_num_threads(1)
     dist.init_process_group(
         "gloo",
         init_method=f"file://{store}",
-        rank=index,
+        rank=rank,
         world_size=2,
         timeout=datetime.timedelta(seconds=120),
     )
     try:
         result: dict[str, Any] = {
             "hooks": _zero_gradient_step(
-                "hooks", 5 if index == 0 else 0, distributed=True, rank=index
+                "hooks", 5 if rank == 0 else 0, distributed=True, rank=rank
             ),
-            "ghost": _zero_gradient_step("ghost", 5, distributed=True, rank=index),
-            "broken": _zero_gradient_step("hooks", 5, distributed=False, rank=index),
+            "ghost": _zero_gradient_step("ghost", 5, distributed=True, rank=rank),
+            "broken": _zero_gradient_step("hooks", 5, distributed=False, rank=rank),
         }
         batches = _shard_batches(7, 0.1)
         gathered: list[Any] = [None, None]
         dist.all_gather_object(gathered, batches)
         result["shard_batches"] = gathered
-        if index == 0:
-            Path(out).write_text(json.dumps(result))
+        return result
     finally:
         dist.destroy_process_group()
+
+
+def noise_probe_rank_one(_index: int, store: str) -> None:
+    """The spawned half of `noise_probe` (the test process is rank 0)."""
+    noise_probe(1, store)
+
+
+def noise_probe_two_ranks(store: str) -> dict[str, Any]:
+    """Run `noise_probe` as rank 0 here with rank 1 spawned; rank 0's result.
+
+    The global torch RNG of this process is restored afterwards; rank 1 is
+    terminated if rank 0 fails, and must exit cleanly otherwise."""
+    worker = mp.start_processes(  # type: ignore[attr-defined,no-untyped-call]
+        noise_probe_rank_one, args=(store,), nprocs=1, join=False, start_method="spawn"
+    )
+    threads = torch.get_num_threads()
+    try:
+        with torch.random.fork_rng(devices=[]):
+            result = noise_probe(0, store)
+    except BaseException:
+        for proc in worker.processes:
+            proc.terminate()
+        raise
+    finally:
+        torch.set_num_threads(threads)
+        worker.join(60)
+    assert [proc.exitcode for proc in worker.processes] == [0]
+    return result
 
 
 class FailsOnRankOne(nn.Module):

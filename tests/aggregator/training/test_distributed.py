@@ -7,7 +7,6 @@ each on the shared 2-core machine (mostly the workers importing torch and Opacus
 
 from __future__ import annotations
 
-import json
 import multiprocessing
 import tempfile
 import warnings
@@ -23,7 +22,6 @@ pytest.importorskip("opacus", reason="needs the train extra: pip install 'fedldp
 
 import numpy as np
 import torch
-import torch.multiprocessing as mp
 from click.testing import CliRunner
 from fedldp.aggregator.training import (
     DistributedError,
@@ -216,15 +214,7 @@ def test_noise_is_added_once_per_step_in_total(tmp_path: Path) -> None:
     The broken variant (each rank adds the full noise at its own batch, then the ranks
     average) gives √2 ≈ 1.41 and is rejected; so would a noise N times smaller.
     """
-    out = tmp_path / "noise.json"
-    mp.start_processes(  # type: ignore[attr-defined,no-untyped-call]
-        ddp_helpers.noise_probe,
-        args=(str(tmp_path / "store"), str(out)),
-        nprocs=2,
-        join=True,
-        start_method="spawn",
-    )
-    result = json.loads(out.read_text())
+    result = ddp_helpers.noise_probe_two_ranks(str(tmp_path / "store"))
     assert 0.93 <= result["hooks"] <= 1.07, result  # rank 1's local batch was empty
     assert 0.93 <= result["ghost"] <= 1.07, result
     assert not 0.93 <= result["broken"] <= 1.07, result
