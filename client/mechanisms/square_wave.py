@@ -213,49 +213,36 @@ class BandedTransition:
     (prefix-sum differences: an absolute error of a few ulps of Σ x, resp. Σ y).
     """
 
-    #: (w, J + 1) bucket indices and weights of L's rows: (L x)_j = Σ_e weight x[index].
+    #: (w, J + 1) bucket indices of L's rows, with the weights (a - b) / Z L[j, index].
     row_index: npt.NDArray[np.intp]
     row_weight: npt.NDArray[np.float64]
-    #: (w', B) level indices and weights of L's columns: (L^T h)_k likewise.
+    #: (w', B) level indices of L's columns, with the weights (a - b) / Z L[index, k].
     column_index: npt.NDArray[np.intp]
     column_weight: npt.NDArray[np.float64]
-    #: Per cell i: the prefix-sum rows min(i, J) + 1 and max(i - W + 1, 0) of L x.
-    top: npt.NDArray[np.intp]
-    bottom: npt.NDArray[np.intp]
+    #: W, and b / Z.
     band: int
-    #: b / Z and (a - b) / Z.
     low: float
-    high_minus_low: float
 
     @classmethod
     def build(
         cls, level_law: npt.NDArray[np.float64], band: int, low: float, high_minus_low: float
     ) -> BandedTransition:
         """From L (J + 1, B), W, b / Z and (a - b) / Z."""
-        import numpy as np
-
-        levels = level_law.shape[0] - 1
         row_index, row_weight = _padded_rows(level_law)
         column_index, column_weight = _padded_rows(level_law.T)
-        i = np.arange(levels + band)
-        top = np.minimum(i, levels) + 1
-        bottom = np.maximum(i - band + 1, 0)
         return cls(
             row_index,
-            row_weight,
+            high_minus_low * row_weight,
             column_index,
-            column_weight,
-            top,
-            bottom,
+            high_minus_low * column_weight,
             band,
             low,
-            high_minus_low,
         )
 
     @property
     def shape(self) -> tuple[int, int]:
         """(N, B), as the dense matrix's."""
-        return (int(self.top.shape[0]), int(self.column_index.shape[1]))
+        return (int(self.row_index.shape[1]) + self.band - 1, int(self.column_index.shape[1]))
 
     def forward(self, x: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
         """M x for x of shape (B, R)."""
@@ -265,23 +252,27 @@ class BandedTransition:
         levels, band = lx.shape[0] - 1, self.band
         # prefix[W + j] = Σ_{j' <= j} (L x)_j', zero before and constant after, so that
         # cell i's window (i - W, i] of levels is prefix[W + i] - prefix[i].
-        prefix = np.zeros((levels + 2 * band, lx.shape[1]))
+        prefix = np.empty((levels + 2 * band, lx.shape[1]))
+        prefix[:band] = 0.0
         np.cumsum(lx, axis=0, out=prefix[band : band + levels + 1])
         prefix[band + levels + 1 :] = prefix[band + levels]
         cells = levels + band
-        in_band = prefix[band : band + cells] - prefix[:cells]
-        return np.asarray(self.low * np.sum(x, axis=0) + self.high_minus_low * in_band)
+        out = prefix[band : band + cells] - prefix[:cells]
+        out += self.low * np.sum(x, axis=0)
+        return out
 
     def adjoint(self, y: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
         """M^T y for y of shape (N, R)."""
         import numpy as np
 
         cells = y.shape[0]
-        prefix = np.zeros((cells + 1, y.shape[1]))
+        prefix = np.empty((cells + 1, y.shape[1]))
+        prefix[0] = 0.0
         np.cumsum(y, axis=0, out=prefix[1:])
         h = prefix[self.band :] - prefix[: cells + 1 - self.band]  # (J + 1, R)
-        lth = np.sum(self.column_weight[:, :, None] * h[self.column_index], axis=0)
-        return np.asarray(self.low * prefix[-1] + self.high_minus_low * lth)
+        out = np.sum(self.column_weight[:, :, None] * h[self.column_index], axis=0)
+        out += self.low * prefix[-1]
+        return np.asarray(out)
 
 
 def _padded_rows(

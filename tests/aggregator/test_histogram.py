@@ -120,6 +120,22 @@ def test_ems_returns_distributions_and_freezes_converged_columns() -> None:
         ems(counts[:-1], matrix)
     with pytest.raises(ValueError, match="zero reports"):
         ems(np.zeros_like(counts), matrix)
+    with pytest.raises(ValueError, match="cells"):
+        ems(counts[:-1], mech.transition(8))
+
+
+@pytest.mark.parametrize(("epsilon", "levels"), [("1", "256"), ("4", "256"), ("2", "64")])
+def test_ems_on_the_factored_law_is_ems_on_the_dense_matrix(epsilon: str, levels: str) -> None:
+    """What `bootstrap` iterates with (`SquareWave.transition`) gives the dense matrix's
+    EMS: the same iterations and the same distributions to 1e-12, one column or many."""
+    mech = sw(epsilon, {"levels": levels})
+    counts = np.asarray(collect(mech, population("bimodal", seed=3)[:5000], seed=4).counts)
+    columns = np.random.default_rng(5).multinomial(5000, counts / counts.sum(), size=3).T
+    for c in (counts, columns):
+        dense, dense_iterations = ems(c, mech.transition_matrix(256))
+        banded, banded_iterations = ems(c, mech.transition(256))
+        assert banded_iterations == dense_iterations
+        np.testing.assert_allclose(banded, dense, rtol=1e-12, atol=1e-15)
 
 
 # --- bands: stated coverage on fixed seeds, and the check catches narrow bands --------
