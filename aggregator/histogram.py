@@ -15,7 +15,11 @@ followed by the smoothing step of EMS: x <- S x with the binomial kernel
 (1, 2, 1)/4, (2, 1)/3 and (1, 2)/3 at the two ends, then renormalized. It stops
 when the mean log-likelihood per report, (1/n) Σ_i c_i log (M x)_i, rises by
 less than `TOLERANCE` in one iteration, or after `MAX_ITERATIONS` (our choices,
-stated here; smoothing makes EMS converge quickly). The result is a
+stated here; smoothing makes EMS converge quickly). M x and M^T y are the
+products one step needs: the fit of one count vector takes them from the dense
+matrix, the bootstrap's R refits from M factored (`SquareWave.transition`: a
+band of W cells over a level law with a few levels per bucket, O((N + D) R) per
+step instead of O(N D R); the same products to float64 rounding). The result is a
 distribution: non-negative, summing to 1; the reported histogram sums it into
 the B requested buckets (D / B fine buckets each). Its mean is Σ_k x_k m_k over the bucket
 midpoints m_k, reported beside the mechanism's own unbiased mean

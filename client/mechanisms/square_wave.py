@@ -24,7 +24,8 @@ the outputs span [-1 - (W - 1)/J, 1 + (W - 1)/J] (the paper's [-b, 1 + b]).
 Statistic: the count of reports per output cell (`CountStatistic`, exact JSON
 integers), from which the aggregator reconstructs the distribution over B
 buckets with EMS (`fedldp.aggregator.histogram`, the paper's Section 5) using
-`transition_matrix`.
+`transition_matrix`, or the same matrix factored (`transition`,
+`BandedTransition`) where it iterates on many count vectors at once.
 
 Mean (`estimate`). The counts also give an unbiased mean: with
 u_i = β (i - (N - 1)/2), β = 2Z / (J (a - b) W), E[u | j] = t_j, since the band
