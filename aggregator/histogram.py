@@ -187,7 +187,8 @@ class DenseTransition:
 
     def adjoint(self, y: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
         """M^T y."""
-        return self.matrix.T @ y
+        transposed: npt.NDArray[np.float64] = self.matrix.T
+        return transposed @ y
 
 
 def ems(
