@@ -169,7 +169,7 @@ class Transition(Protocol):
         ...
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # array fields: identity, not ==
 class DenseTransition:
     """A dense transition matrix M (N x B) as a `Transition`."""
 

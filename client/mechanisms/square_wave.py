@@ -196,7 +196,7 @@ class SquareWave(OnPiecewiseGrid, NumericMechanism):
         return np.asarray(np.diff(antiderivative, axis=1) / np.diff(edges)[None, :])
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # array fields: identity, not ==
 class BandedTransition:
     """Square Wave's transition matrix M (N x B, `SquareWave.transition_matrix`) factored as
 
