@@ -249,7 +249,7 @@ class BandedTransition:
         """M x for x of shape (B, R)."""
         import numpy as np
 
-        lx = np.sum(self.row_weight[:, :, None] * x[self.row_index], axis=0)  # (J + 1, R)
+        lx = _gathered_sum(self.row_index, self.row_weight, x)  # (J + 1, R)
         levels, band = lx.shape[0] - 1, self.band
         # prefix[W + j] = Σ_{j' <= j} (L x)_j', zero before and constant after, so that
         # cell i's window (i - W, i] of levels is prefix[W + i] - prefix[i].
@@ -271,9 +271,19 @@ class BandedTransition:
         prefix[0] = 0.0
         np.cumsum(y, axis=0, out=prefix[1:])
         h = prefix[self.band :] - prefix[: cells + 1 - self.band]  # (J + 1, R)
-        out = np.sum(self.column_weight[:, :, None] * h[self.column_index], axis=0)
+        out = _gathered_sum(self.column_index, self.column_weight, h)
         out += self.low * prefix[-1]
-        return np.asarray(out)
+        return out
+
+
+def _gathered_sum(
+    index: npt.NDArray[np.intp], weight: npt.NDArray[np.float64], v: npt.NDArray[np.float64]
+) -> npt.NDArray[np.float64]:
+    """Σ_e weight[e, r] v[index[e, r]] per row r (`_padded_rows`), for v of shape (K, R)."""
+    out = weight[0][:, None] * v[index[0]]
+    for e in range(1, index.shape[0]):
+        out += weight[e][:, None] * v[index[e]]
+    return out
 
 
 def _padded_rows(
