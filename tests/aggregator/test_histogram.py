@@ -307,7 +307,8 @@ def test_cli_report_prints_the_histogram_for_an_sw_policy(
     ledger_factory: Callable[..., Ledger],
     tmp_path: Path,
 ) -> None:
-    policy = make_policy("dist", labels=None, lo="0", hi="100", mechanism="sw", epsilon="2")
+    # ε = 4: EMS converges in fewer steps than at 2; the grid is the same default J = 256.
+    policy = make_policy("dist", labels=None, lo="0", hi="100", mechanism="sw", epsilon="4")
     assert policy.message.mechanism.params["levels"] == "256"  # written at authoring
     ledger = ledger_factory("dist")
     submit(ledger, policy, outputs_for(policy, 600, seed=15))
