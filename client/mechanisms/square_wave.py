@@ -280,7 +280,7 @@ def _gathered_sum(
     index: npt.NDArray[np.intp], weight: npt.NDArray[np.float64], v: npt.NDArray[np.float64]
 ) -> npt.NDArray[np.float64]:
     """Σ_e weight[e, r] v[index[e, r]] per row r (`_padded_rows`), for v of shape (K, R)."""
-    out = weight[0][:, None] * v[index[0]]
+    out: npt.NDArray[np.float64] = weight[0][:, None] * v[index[0]]
     for e in range(1, index.shape[0]):
         out += weight[e][:, None] * v[index[e]]
     return out
