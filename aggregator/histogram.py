@@ -15,7 +15,11 @@ followed by the smoothing step of EMS: x <- S x with the binomial kernel
 (1, 2, 1)/4, (2, 1)/3 and (1, 2)/3 at the two ends, then renormalized. It stops
 when the mean log-likelihood per report, (1/n) Σ_i c_i log (M x)_i, rises by
 less than `TOLERANCE` in one iteration, or after `MAX_ITERATIONS` (our choices,
-stated here; smoothing makes EMS converge quickly). The result is a
+stated here; smoothing makes EMS converge quickly). M x and M^T y are the
+products one step needs: the fit of one count vector takes them from the dense
+matrix, the bootstrap's R refits from M factored (`SquareWave.transition`: a
+band of W cells over a level law with a few levels per bucket, O((N + D) R) per
+step instead of O(N D R); the same products to float64 rounding). The result is a
 distribution: non-negative, summing to 1; the reported histogram sums it into
 the B requested buckets (D / B fine buckets each). Its mean is Σ_k x_k m_k over the bucket
 midpoints m_k, reported beside the mechanism's own unbiased mean
@@ -47,7 +51,7 @@ Deterministic given (counts, B, confidence, R, seed).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     import numpy as np
@@ -65,8 +69,8 @@ MAX_ITERATIONS = 5000
 DEFAULT_BUCKETS = 32
 DEFAULT_REPLICATES = 100
 DEFAULT_SEED = 0
-#: Replicates fitted together (wider blocks run slower on a busy multi-threaded BLAS).
-_CHUNK = 8
+#: Replicates fitted together (one block bounds the memory of the refits).
+_CHUNK = 128
 #: Bounds on what a caller may ask for (memory and time of the analysis).
 MAX_BUCKETS = 1024
 MAX_REPLICATES = 10_000
@@ -147,46 +151,90 @@ def smoothing_matrix(buckets: int) -> npt.NDArray[np.float64]:
     return np.asarray(s / s.sum(axis=1, keepdims=True), dtype=np.float64)
 
 
+class Transition(Protocol):
+    """The products EMS needs of a transition matrix M (N x B): a dense matrix
+    (`DenseTransition`) or Square Wave's factored one (`SquareWave.transition`)."""
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        """(N, B)."""
+        ...
+
+    def forward(self, x: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
+        """M x, x of shape (B, R)."""
+        ...
+
+    def adjoint(self, y: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
+        """M^T y, y of shape (N, R)."""
+        ...
+
+
+@dataclass(frozen=True, eq=False)  # array fields: identity, not ==
+class DenseTransition:
+    """A dense transition matrix M (N x B) as a `Transition`."""
+
+    matrix: npt.NDArray[np.float64]
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        """(N, B)."""
+        rows, columns = self.matrix.shape
+        return (int(rows), int(columns))
+
+    def forward(self, x: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
+        """M x."""
+        return self.matrix @ x
+
+    def adjoint(self, y: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
+        """M^T y."""
+        transposed: npt.NDArray[np.float64] = self.matrix.T
+        return transposed @ y
+
+
 def ems(
     counts: npt.NDArray[np.float64] | npt.NDArray[np.int64],
-    matrix: npt.NDArray[np.float64],
+    matrix: npt.NDArray[np.float64] | Transition,
     *,
     tolerance: float = TOLERANCE,
     max_iterations: int = MAX_ITERATIONS,
 ) -> tuple[npt.NDArray[np.float64], int]:
     """EMS (module docstring) on one count vector (N,) or many as columns (N, R).
 
-    Returns (x, iterations): x of shape (B,) or (B, R), each column a
-    distribution; every column iterates until its own log-likelihood gain is
-    below `tolerance` (a converged column is frozen).
+    `matrix` is M dense (N, B) or any `Transition` with M's products (the same
+    iterates, to float64 rounding). Returns (x, iterations): x of shape (B,) or
+    (B, R), each column a distribution; every column iterates until its own
+    log-likelihood gain is below `tolerance` (a converged column is frozen).
     """
     import numpy as np
 
+    law_of = matrix if not isinstance(matrix, np.ndarray) else DenseTransition(matrix)
     c = np.asarray(counts, dtype=np.float64)
     single = c.ndim == 1
     c = c[:, None] if single else c
-    cells, buckets = matrix.shape
+    cells, buckets = law_of.shape
     if c.shape[0] != cells:
         raise ValueError(f"{c.shape[0]} counts for a transition matrix with {cells} cells")
     n = c.sum(axis=0)
     if np.any(n <= 0):
         raise ValueError("cannot reconstruct a distribution from zero reports")
     x = np.full((buckets, c.shape[1]), 1.0 / buckets)
-    mx = matrix @ x  # the law of the outputs under x, kept from step to step
+    mx = law_of.forward(x)  # the law of the outputs under x, kept from step to step
     active = np.ones(c.shape[1], dtype=bool)
     previous = np.full(c.shape[1], -np.inf)
     iterations = 0
     while iterations < max_iterations and active.any():
         iterations += 1
         index = np.flatnonzero(active)
-        ca, na = c[:, index], n[index]
-        step = _smooth(x[:, index] * (matrix.T @ (ca / mx[:, index])) / na)
+        # Views while every column iterates, copies of the active ones after.
+        cols = slice(None) if index.shape[0] == active.shape[0] else index
+        ca, na = c[:, cols], n[cols]
+        step = _smooth(x[:, cols] * law_of.adjoint(ca / mx[:, cols]) / na)
         step /= step.sum(axis=0, keepdims=True)
-        law = matrix @ step
+        law = law_of.forward(step)
         loglik = np.sum(ca * np.log(law), axis=0) / na
-        x[:, index], mx[:, index] = step, law
-        active[index[loglik - previous[index] < tolerance]] = False
-        previous[index] = loglik
+        x[:, cols], mx[:, cols] = step, law
+        active[index[loglik - previous[cols] < tolerance]] = False
+        previous[cols] = loglik
     result = x[:, 0] if single else x
     return np.asarray(result, dtype=np.float64), iterations
 
@@ -254,12 +302,15 @@ def bootstrap(
     if statistic.n <= 0:
         raise ValueError("cannot reconstruct a distribution from zero reports")
     per_bucket = -(-FINE_BUCKETS // buckets)
+    # One column: the dense matrix (one matrix-vector product per step beats the
+    # factored law's dozen small numpy calls); the R refits: the factored law.
     matrix = mechanism.transition_matrix(buckets * per_bucket)
     counts = np.asarray(statistic.counts, dtype=np.float64)
     fine, iterations = ems(counts, matrix)
     draws = replicate_counts(statistic.n, matrix @ fine, replicates, np.random.default_rng(seed))
+    law = mechanism.transition(buckets * per_bucket)
     boot_fine = np.hstack(
-        [ems(draws[:, k : k + _CHUNK], matrix)[0] for k in range(0, replicates, _CHUNK)]
+        [ems(draws[:, k : k + _CHUNK], law)[0] for k in range(0, replicates, _CHUNK)]
     )
     return Bootstrap(
         fitted=np.asarray(fine.reshape(buckets, per_bucket).sum(axis=1), dtype=np.float64),
@@ -340,7 +391,9 @@ def point_mass_wasserstein(mean: float, values: Any) -> float:
 
 __all__ = [
     "Bootstrap",
+    "DenseTransition",
     "Histogram",
+    "Transition",
     "bootstrap",
     "bootstrap_band",
     "ems",

@@ -19,8 +19,12 @@ Per (distribution, ε, mechanism), medians over --runs runs with min and max:
   "point mass at true mean" is the floor for any mean-only summary (mean |x - mean|).
 * |mean error|: |estimated mean - true mean|; for sw, the mechanism's unbiased
   mean (`estimate`) and, in its own row, the mean of the EMS reconstruction.
-* EMS seconds (sw): from the counts to the histogram (EMS only; the bands' bootstrap
-  costs about R times that and is not timed here).
+* EMS seconds (sw): from the counts to the histogram (one EMS fit).
+* bands seconds (sw): the histogram with its bands as a report computes it
+  (`bootstrap`: the fit and R = --time-replicates parametric-bootstrap refits, on
+  Square Wave's factored transition law), and, as the reference in the same run,
+  the same fit, draws and refits on the dense transition matrix (numpy's BLAS
+  products, refits in blocks of 8: the aggregator before 2026-12-07).
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ from fedldp.aggregator.histogram import (
     bootstrap_band,
     ems,
     point_mass_wasserstein,
+    replicate_counts,
     wasserstein_to_sample,
 )
 from fedldp.client.mechanisms import create
@@ -69,12 +74,38 @@ class Row:
     w1: Timing | None  # None: a mean with no distribution (sw's unbiased mean)
     mean_error: Timing
     ems_seconds: Timing | None = None
+    bands_seconds: Timing | None = None
+    dense_bands_seconds: Timing | None = None
+
+
+def _dense_bootstrap(mech: SquareWave, counts: np.ndarray, buckets: int, replicates: int) -> None:
+    """The reference for `bootstrap`: the fit, draws and refits on the dense matrix."""
+    matrix = mech.transition_matrix(buckets * -(-FINE_BUCKETS // buckets))
+    fine, _ = ems(counts, matrix)
+    n = int(counts.sum())
+    draws = replicate_counts(n, matrix @ fine, replicates, np.random.default_rng(0))
+    for k in range(0, replicates, 8):
+        ems(draws[:, k : k + 8], matrix)
+
+
+def _bands_seconds(
+    mech: SquareWave, statistic: Any, buckets: int, replicates: int
+) -> tuple[float, float]:
+    """(seconds of `bootstrap`, seconds of its dense reference) on one statistic."""
+    start = time.perf_counter()
+    bootstrap(mech, statistic, buckets=buckets, replicates=replicates, seed=0)
+    seconds = time.perf_counter() - start
+    start = time.perf_counter()
+    _dense_bootstrap(mech, np.asarray(statistic.counts, dtype=np.float64), buckets, replicates)
+    return seconds, time.perf_counter() - start
 
 
 def _sw_run(
-    mech: SquareWave, values: np.ndarray, buckets: int, rng: np.random.Generator
-) -> tuple[float, float, float, float]:
-    """(W1 of EMS, |unbiased mean error|, |EMS mean error|, EMS seconds) for one run."""
+    mech: SquareWave, values: np.ndarray, args: argparse.Namespace, rng: np.random.Generator
+) -> tuple[float, float, float, float, float, float]:
+    """(W1 of EMS, |unbiased mean error|, |EMS mean error|, EMS seconds, bands seconds,
+    dense bands seconds) for one run."""
+    buckets = args.buckets
     statistic = mech.new_statistic()
     mech.accumulate_batch(statistic, mech.perturb_batch(values, rng))
     per_bucket = -(-FINE_BUCKETS // buckets)
@@ -92,6 +123,7 @@ def _sw_run(
         abs(unbiased - truth),
         abs(float(mids @ x) - truth),
         seconds,
+        *_bands_seconds(mech, statistic, buckets, args.time_replicates),
     )
 
 
@@ -105,11 +137,10 @@ def run(args: argparse.Namespace) -> list[Row]:
             rng = np.random.default_rng([args.seed, int(Decimal(eps) * 1000)])
             sw = create("sw", epsilon, (Decimal(LO), Decimal(HI)))
             assert isinstance(sw, SquareWave)
-            runs = [_sw_run(sw, values, args.buckets, rng) for _ in range(args.runs)]
-            w1, unbiased, ems_err, seconds = (list(c) for c in zip(*runs, strict=True))
-            rows.append(
-                Row(kind, eps, "sw + EMS", summarize(w1), summarize(ems_err), summarize(seconds))
-            )
+            runs = [_sw_run(sw, values, args, rng) for _ in range(args.runs)]
+            w1, unbiased, ems_err, *timed = (list(c) for c in zip(*runs, strict=True))
+            seconds = [summarize(t) for t in timed]
+            rows.append(Row(kind, eps, "sw + EMS", summarize(w1), summarize(ems_err), *seconds))
             rows.append(Row(kind, eps, "sw (unbiased mean)", None, summarize(unbiased)))
             for wire_id in MEAN_ONLY:
                 mech = create(wire_id, epsilon, (Decimal(LO), Decimal(HI)))
@@ -199,6 +230,7 @@ def _cell(t: Timing | None) -> str:
 
 def render(rows: Sequence[Row], args: argparse.Namespace) -> str:
     headers = ["data", "ε", "method", "W1 (value units)", "|mean error|", "EMS s"]
+    headers += ["bands s", "bands s, dense"]
     body = [
         [
             r.distribution,
@@ -207,12 +239,15 @@ def render(rows: Sequence[Row], args: argparse.Namespace) -> str:
             _cell(r.w1),
             _cell(r.mean_error),
             _cell(r.ems_seconds),
+            _cell(r.bands_seconds),
+            _cell(r.dense_bands_seconds),
         ]
         for r in rows
     ]
     note = (
         f"n = {args.n:,} per run, {args.runs} runs (median [min, max]), range [0, 100], "
-        f"{args.buckets} EMS buckets; W1 against the empirical law of the true values."
+        f"{args.buckets} EMS buckets; W1 against the empirical law of the true values; "
+        f"bands: R = {args.time_replicates} refits."
     )
     return format_table(headers, body) + "\n" + note
 
@@ -239,12 +274,16 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--replicates", type=int, default=100, help="bootstrap replicates R")
     parser.add_argument("--confidence", type=float, default=0.9, help="band level")
+    parser.add_argument(
+        "--time-replicates", type=int, help="refits in the timed bands (default 100; quick 8)"
+    )
     args = parser.parse_args(argv)
     if args.coverage:
         args.buckets = 16 if args.buckets == 32 else args.buckets
         if args.quick:
             args.replicates, args.eps, args.distributions = 20, args.eps or ["2"], ["beta"]
     args.n = args.n or (20_000 if args.quick else 100_000)
+    args.time_replicates = args.time_replicates or (8 if args.quick else 100)
     args.eps = args.eps or (["1", "4"] if args.quick else ["1", "2", "4"])
     if args.runs < 1 or args.n < 1 or args.buckets < 1:
         parser.error("--runs, --n and --buckets must be positive")
@@ -276,6 +315,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "w1": r.w1,
                 "mean_error": r.mean_error,
                 "ems_seconds": r.ems_seconds,
+                "bands_seconds": r.bands_seconds,
+                "dense_bands_seconds": r.dense_bands_seconds,
             }
             for r in rows
         ]

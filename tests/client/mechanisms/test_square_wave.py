@@ -1,6 +1,7 @@
 """Square Wave (sw) beyond the shared numeric contract (mech_cases.NUMERIC_CASES,
 test_numeric_exact.py): its band is the paper's closed form, its table is the cell
-centres, its transition matrix is the sampler's exact law, its statistic is exact
+centres, its transition matrix is the sampler's exact law (and its factored form
+has the same products), its statistic is exact
 counts, its policy params are validated, and two broken variants are caught: a
 band weight rounded up (exact ratio above e^ε) and a continuous float output
 (not a table value, bits that depend on the input)."""
@@ -64,6 +65,35 @@ def test_transition_matrix_is_the_exact_law_averaged_over_each_bucket() -> None:
                 w = np.array(mech.index_weights(level), dtype=np.float64)
                 law += float(prob) * w / w.sum()
         assert np.allclose(matrix[:, k], law / points, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    ("epsilon", "levels", "cells", "buckets"),
+    [
+        ("1", None, None, 256),  # the policy default grid, EMS's fine buckets
+        ("4", None, None, 256),
+        ("0.5", None, None, 300),  # buckets not a multiple of the levels
+        ("2", 32, None, 8),  # several levels per bucket
+        ("1", 256, 400, 128),  # a wider band than the default
+        ("3", 100, None, 7),
+        ("1", 16, None, 1),
+        ("1", 8, 12, 4),
+    ],
+)
+def test_banded_transition_has_the_transition_matrixs_products(
+    epsilon: str, levels: int | None, cells: int | None, buckets: int
+) -> None:
+    """`transition(B)` (what EMS iterates with) is `transition_matrix(B)` factored: the
+    same shape, M x and M^T y for several columns to float64 rounding."""
+    mech = SquareWave(Decimal(epsilon), Decimal(0), Decimal(1), levels, cells)
+    matrix, law = mech.transition_matrix(buckets), mech.transition(buckets)
+    assert law.shape == matrix.shape
+    rng = np.random.default_rng(1)
+    x = rng.random((buckets, 3))
+    x[:, 0] /= x[:, 0].sum()
+    y = rng.random((mech.cells, 3)) * [1.0, 100.0, 1e4]
+    np.testing.assert_allclose(law.forward(x), matrix @ x, rtol=1e-13, atol=0)
+    np.testing.assert_allclose(law.adjoint(y), matrix.T @ y, rtol=1e-13, atol=0)
 
 
 def test_statistic_is_exact_counts_and_merges() -> None:
