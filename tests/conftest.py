@@ -32,11 +32,12 @@ from demo_testkit import DemoRun, run_plain_demo
 for _name in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_name, "1")
 
-# Bytecode caches on, for this process and every process it starts: on a machine that sets
-# PYTHONDONTWRITEBYTECODE (the CI machines do), each collector, demo and CLI process the
-# suite starts would otherwise compile the project's modules from source again, and each
-# xdist worker would redo pytest's assertion rewriting. Python writes each .pyc through a
-# temporary file and a rename, so concurrent processes never read a torn one.
+# Bytecode caches on, for this process and every process it starts: on a machine that
+# sets PYTHONDONTWRITEBYTECODE (the development machine does; CI runs on one like it),
+# each collector, demo and CLI process the suite starts would otherwise compile the
+# project's modules from source again, and each xdist worker would redo pytest's
+# assertion rewriting. Python writes each .pyc through a temporary file and a rename,
+# so concurrent processes never read a torn one.
 os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
 sys.dont_write_bytecode = False
 
