@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import IO
 
 import pytest
-from demo_testkit import PLAIN_DEMO_DEVICES, DemoRun, one_collector_process_env, port_is_closed
+from demo_testkit import PLAIN_DEMO_DEVICES, DemoRun, port_is_closed
 from fedldp.aggregator.estimation import FrequencyReport
 from fedldp.aggregator.reports import report_from_ledgers
 from fedldp.authoring import Authority
@@ -193,16 +193,14 @@ def _progress(stream: IO[bytes], pattern: re.Pattern[bytes], deadline: float) ->
 
 
 def test_demo_stops_its_collector_on_ctrl_c(tmp_path: Path) -> None:
-    """Ctrl-C while devices are being simulated: the demo exits non-zero, collector stopped.
-
-    Its collector runs on one process (demo_testkit.one_collector_process_env): the shared
-    demo (test_demo_command_runs_and_stops_its_collector) stops one with its default
-    processes, through the same `finally` that Ctrl-C reaches."""
+    """Ctrl-C while devices are being simulated: the demo exits non-zero, and its collector
+    (a supervisor and its processes, one per core by default) is stopped: the port, which
+    every collector process binds, accepts nothing afterwards."""
     out = tmp_path / "demo"
     process = subprocess.Popen(
         [sys.executable, "-m", "fedldp.cli", "demo", "--devices", "100000",
          "--processes", "1", "--out", str(out)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=one_collector_process_env(),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
     )  # fmt: skip
     try:
         assert process.stdout is not None and process.stderr is not None

@@ -68,7 +68,7 @@ def test_discrete_laplace_has_the_exact_distribution(scale: Fraction) -> None:
 
 
 #: Draws of the discrete Gaussian tests: against the 1.3x variance, the chi-square's
-#: noncentrality is >= 277 for both σ² (critical values <= 95 at ALPHA), power > 1 - 1e-9.
+#: noncentrality is >= 277 for both σ² (critical values <= 101 at ALPHA), power > 1 - 1e-9.
 GAUSSIAN_DRAWS = 10_000
 
 
