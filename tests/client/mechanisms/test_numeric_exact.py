@@ -45,6 +45,7 @@ from mech_cases import (  # type: ignore[import-not-found]
     LO,
     exp_bounds,
     input_wire_law,
+    level_wire_weights,
     max_ratio,
     wire_bytes,
 )
@@ -62,16 +63,6 @@ def build(wire_id: str, epsilon: str, params: dict[str, str] | None = None) -> N
     mech = create(wire_id, Decimal(epsilon), (LO, HI), params or {})
     assert isinstance(mech, NumericMechanism)
     return mech
-
-
-def level_wire_weights(mech: NumericMechanism, level: int) -> dict[bytes, int]:
-    """Integer weight of every wire value given a level (same total for every level)."""
-    law: dict[bytes, int] = {}
-    for y, w in zip(mech.table, mech.index_weights(level), strict=True):
-        if w:
-            key = wire_bytes(y)
-            law[key] = law.get(key, 0) + w
-    return law
 
 
 def max_level_ratio(mech: NumericMechanism) -> Fraction | None:
