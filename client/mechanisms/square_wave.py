@@ -204,22 +204,19 @@ class BandedTransition:
 
     L (J + 1, B) the level law (`_level_law`), A (N, J + 1) the band incidence
     A[i, j] = [j <= i < j + W]. L has a few non-zeros per row and per column (the
-    levels whose hat meets a bucket), kept as padded gathers, and A is a window sum
-    of W terms, done with prefix sums; so, for R columns,
+    levels whose hat meets a bucket), kept as a scipy sparse matrix, and A is a window
+    sum of W terms, done with prefix sums; so, for R columns,
 
         M x = (b Σ_k x_k + (a - b) Σ_{j = i-W+1..i} (L x)_j) / Z,
         M^T y = (b Σ_i y_i + (a - b) (L^T h)_k) / Z,  h_j = Σ_{i = j..j+W-1} y_i,
 
     cost O((N + B) R) each and agree with the dense products to float64 rounding
     (prefix-sum differences: an absolute error of a few ulps of Σ x, resp. Σ y).
+    Needs scipy (the aggregator's), imported by `build`.
     """
 
-    #: (w, J + 1) bucket indices of L's rows, with the weights (a - b) / Z L[j, index].
-    row_index: npt.NDArray[np.intp]
-    row_weight: npt.NDArray[np.float64]
-    #: (w', B) level indices of L's columns, with the weights (a - b) / Z L[index, k].
-    column_index: npt.NDArray[np.intp]
-    column_weight: npt.NDArray[np.float64]
+    #: (a - b) / Z L, sparse (J + 1, B).
+    scaled_levels: Any
     #: W, and b / Z.
     band: int
     low: float
@@ -229,27 +226,21 @@ class BandedTransition:
         cls, level_law: npt.NDArray[np.float64], band: int, low: float, high_minus_low: float
     ) -> BandedTransition:
         """From L (J + 1, B), W, b / Z and (a - b) / Z."""
-        row_index, row_weight = _padded_rows(level_law)
-        column_index, column_weight = _padded_rows(level_law.T)
-        return cls(
-            row_index,
-            high_minus_low * row_weight,
-            column_index,
-            high_minus_low * column_weight,
-            band,
-            low,
-        )
+        from scipy import sparse
+
+        return cls(sparse.csr_array(high_minus_low * level_law), band, low)
 
     @property
     def shape(self) -> tuple[int, int]:
         """(N, B), as the dense matrix's."""
-        return (int(self.row_index.shape[1]) + self.band - 1, int(self.column_index.shape[1]))
+        levels, buckets = self.scaled_levels.shape
+        return (int(levels) + self.band - 1, int(buckets))
 
     def forward(self, x: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
         """M x for x of shape (B, R)."""
         import numpy as np
 
-        lx = _gathered_sum(self.row_index, self.row_weight, x)  # (J + 1, R)
+        lx = np.asarray(self.scaled_levels @ x)  # (J + 1, R)
         levels, band = lx.shape[0] - 1, self.band
         # prefix[W + j] = Σ_{j' <= j} (L x)_j', zero before and constant after, so that
         # cell i's window (i - W, i] of levels is prefix[W + i] - prefix[i].
@@ -258,7 +249,7 @@ class BandedTransition:
         np.cumsum(lx, axis=0, out=prefix[band : band + levels + 1])
         prefix[band + levels + 1 :] = prefix[band + levels]
         cells = levels + band
-        out = prefix[band : band + cells] - prefix[:cells]
+        out: npt.NDArray[np.float64] = prefix[band : band + cells] - prefix[:cells]
         out += self.low * np.sum(x, axis=0)
         return out
 
@@ -271,34 +262,9 @@ class BandedTransition:
         prefix[0] = 0.0
         np.cumsum(y, axis=0, out=prefix[1:])
         h = prefix[self.band :] - prefix[: cells + 1 - self.band]  # (J + 1, R)
-        out = _gathered_sum(self.column_index, self.column_weight, h)
+        out: npt.NDArray[np.float64] = np.asarray(self.scaled_levels.T @ h)
         out += self.low * prefix[-1]
         return out
-
-
-def _gathered_sum(
-    index: npt.NDArray[np.intp], weight: npt.NDArray[np.float64], v: npt.NDArray[np.float64]
-) -> npt.NDArray[np.float64]:
-    """Σ_e weight[e, r] v[index[e, r]] per row r (`_padded_rows`), for v of shape (K, R)."""
-    out: npt.NDArray[np.float64] = weight[0][:, None] * v[index[0]]
-    for e in range(1, index.shape[0]):
-        out += weight[e][:, None] * v[index[e]]
-    return out
-
-
-def _padded_rows(
-    matrix: npt.NDArray[np.float64],
-) -> tuple[npt.NDArray[np.intp], npt.NDArray[np.float64]]:
-    """(index, weight), each (w, rows), w the most non-zeros in a row, such that
-    Σ_e weight[e, r] v[index[e, r]] = (matrix @ v)[r]: each row's non-zero columns in
-    order, padded with zero columns (whose weight is 0)."""
-    import numpy as np
-
-    nonzero = matrix != 0
-    width = max(1, int(nonzero.sum(axis=1).max()))
-    order = np.argsort(~nonzero, axis=1, kind="stable")[:, :width]
-    weight = np.take_along_axis(matrix, order, axis=1)
-    return np.ascontiguousarray(order.T), np.ascontiguousarray(weight.T)
 
 
 def _hat_antiderivative(s: Any) -> Any:
