@@ -389,15 +389,8 @@ class MomentStatistic:
 
     def add_many(self, values: Iterable[float]) -> None:
         """Add finite outputs exactly (a Python loop: exactness over speed)."""
-        total = total_sq = count = 0
-        for value in values:
-            scaled, scaled_sq = _scaled(value)
-            total += scaled
-            total_sq += scaled_sq
-            count += 1
-        self.n += count
-        self.sum_scaled += total
-        self.sum_sq_scaled += total_sq
+        listed = list(values)
+        self.add_counted(listed, [1] * len(listed))
 
     def add_counted(self, values: Iterable[float], counts: Iterable[int]) -> None:
         """Add each finite output `values[i]` `counts[i]` times, exactly: the same sums as
