@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import os
 import pwd
-import shutil
 import sys
 from collections.abc import Iterator
 from typing import Any
@@ -42,27 +41,10 @@ os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
 sys.dont_write_bytecode = False
 
 
-def _memory_folder() -> str | None:
-    """/dev/shm when it is a writable folder with 4 GiB free, else None (the default temp).
-
-    The servers' data on tmpfs: a session's ~180 fresh databases (7.5 MB each) are
-    created in ~0.05 s instead of ~0.2 s, and deleting them at the end takes under a
-    second instead of the 37–41 s an ext4 folder mounted with `discard` took, which
-    every xdist worker paid at its end.
-    """
-    shm = "/dev/shm"
-    try:
-        if os.path.isdir(shm) and os.access(shm, os.W_OK) and shutil.disk_usage(shm).free > 4 << 30:
-            return shm
-    except OSError:
-        pass
-    return None
-
-
 def start_postgres() -> Iterator[Any]:
     """Start a PostgreSQL server, yield it, stop it (skips when PostgreSQL is not installed)."""
     pytest.importorskip("sqlalchemy", reason="the collector extra is not installed")
-    from collector_testkit import PostgresServer, postgres_bindir
+    from collector_testkit import PostgresServer, memory_folder, postgres_bindir
 
     bindir = postgres_bindir()
     if bindir is None:
@@ -79,7 +61,11 @@ def start_postgres() -> Iterator[Any]:
     # immediate shutdown (`PostgresServer.kill`, a crash of the server) loses
     # nothing; only an OS crash could, and the data is thrown away at the end.
     # Each fresh database (`create_database`, ~7.5 MB of WAL) costs no disk flush.
-    server = PostgresServer.start(bindir, fsync=False, parent=_memory_folder())
+    # The data on /dev/shm when it has 4 GiB free: a session's ~180 fresh databases
+    # (7.5 MB each) are created in ~0.05 s instead of ~0.2 s, and deleting them at the
+    # end takes under a second instead of the 37–41 s an ext4 folder mounted with
+    # `discard` took, which every xdist worker paid at its end.
+    server = PostgresServer.start(bindir, fsync=False, parent=memory_folder(4 << 30))
     try:
         yield server
     finally:

@@ -27,7 +27,7 @@ from typing import Any
 
 import grpc
 import pytest
-from collector_testkit import Deployment, coarse
+from collector_testkit import Deployment, coarse, memory_folder
 from fedldp.client.policy import VerifiedPolicy
 from fedldp.collector.auth import bearer_metadata
 from fedldp.collector.server import RunningCollector, start_collector
@@ -103,10 +103,10 @@ def fuzzed(tmp_path_factory: pytest.TempPathFactory, now: int) -> Iterator[Fuzze
     d.add_categorical("olh", mechanism="olh", epsilon="0.001", epsilon_cap="1000000")
     # The ledger on tmpfs when there is one: its fsyncs cost nothing there, and
     # durability is not what this module tests (test_faults.py does).
-    shm = Path("/dev/shm")
+    shm = memory_folder()
     base = (
         Path(tempfile.mkdtemp(prefix="fedldp-fuzz-", dir=shm))
-        if shm.is_dir() and os.access(shm, os.W_OK)
+        if shm
         else tmp_path_factory.mktemp("fuzz")
     )
     config = d.config(

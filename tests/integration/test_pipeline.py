@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import IO
 
 import pytest
+from collector_testkit import memory_folder
 from demo_testkit import PLAIN_DEMO_DEVICES, DemoRun, port_is_closed
 from fedldp.aggregator.estimation import FrequencyReport
 from fedldp.aggregator.reports import report_from_ledgers
@@ -97,8 +98,8 @@ def state(tmp_path: Path) -> Iterator[Path]:
     """A folder for the ledger and the devices' state: on tmpfs when there is one (as the
     demo keeps its devices' state), where SQLite's fsyncs cost nothing; durability is not
     what this module tests (tests/collector/test_faults.py, tests/integration/test_sdk_crash.py)."""
-    shm = Path("/dev/shm")
-    if not (shm.is_dir() and os.access(shm, os.W_OK)):
+    shm = memory_folder()
+    if shm is None:
         yield tmp_path
         return
     folder = Path(tempfile.mkdtemp(prefix="fedldp-pipeline-", dir=shm))

@@ -397,6 +397,19 @@ def postgres_bindir() -> Path | None:
     return None
 
 
+def memory_folder(min_free_bytes: int = 0) -> str | None:
+    """/dev/shm when it is a writable folder with `min_free_bytes` free, else None (the
+    default temporary folder): for test data whose fsyncs and deletion should cost
+    nothing, where durability is not what the test checks."""
+    shm = "/dev/shm"
+    try:
+        if os.path.isdir(shm) and os.access(shm, os.W_OK):
+            return shm if shutil.disk_usage(shm).free >= min_free_bytes else None
+    except OSError:
+        pass
+    return None
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
